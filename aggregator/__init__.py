@@ -1,0 +1,1 @@
+"""Aggregator backends behind one contract (Python reference; DPDK and BMv2 to come)."""

@@ -1,0 +1,60 @@
+"""``ncina bench``: benchmarks that print one JSON line of figures and write it to a file.
+
+Speed targets are measured here, never by timed assertions in tests. Each benchmark is one module
+of this package exposing ``add_parser(subparsers)`` and ``run(args) -> dict`` (the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS: dict[str, str] = {
+    "codec": "ncina.bench.codec",
+    "allreduce": "ncina.bench.allreduce",
+}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``ncina bench`` and its benchmarks."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="run a benchmark; prints a JSON line and writes it to --output",
+        description="Benchmarks. Each prints one JSON line of figures and appends it to a file.",
+    )
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, module in BENCHMARKS.items():
+        mod = importlib.import_module(module)
+        p = mod.add_parser(sub)
+        p.add_argument(
+            "--output",
+            default=f"runs/bench/{name}.jsonl",
+            help="file the JSON line is appended to (default: %(default)s)",
+        )
+        p.set_defaults(_bench=mod.run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen benchmark, print its figures as JSON and append them to ``--output``."""
+    figures: dict[str, Any] = {
+        "benchmark": args.benchmark,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+    }
+    figures.update(args._bench(args))
+    line = json.dumps(figures, sort_keys=False)
+    print(line)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as f:
+        f.write(line + "\n")
+    return 0

@@ -1,0 +1,51 @@
+"""The ncina wire protocol: header layout, payload formats, NC8 codec, scapy layers.
+
+``docs/protocol.md`` is the specification. Public names:
+
+- ``PORT``, ``VERSION``, ``Format``, ``Header``, ``pack``, ``parse``, ``ProtocolError``
+  (``ncina.proto.header``: the fast path);
+- ``NcinaHeader`` (``ncina.proto.layers``: the scapy layer, imported lazily because scapy is slow
+  to import and the data path does not need it);
+- ``ncina.proto.nc8``: the NC8 codec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ncina.proto.header import (
+    FLAG_POOL,
+    FLAG_RESULT,
+    FLAG_RETX,
+    HEADER_SIZE,
+    PORT,
+    VERSION,
+    Format,
+    Header,
+    ProtocolError,
+    pack,
+    parse,
+)
+
+__all__ = [
+    "FLAG_POOL",
+    "FLAG_RESULT",
+    "FLAG_RETX",
+    "HEADER_SIZE",
+    "PORT",
+    "VERSION",
+    "Format",
+    "Header",
+    "NcinaHeader",
+    "ProtocolError",
+    "pack",
+    "parse",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "NcinaHeader":
+        from ncina.proto.layers import NcinaHeader
+
+        return NcinaHeader
+    raise AttributeError(f"module 'ncina.proto' has no attribute {name!r}")

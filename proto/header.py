@@ -1,0 +1,192 @@
+"""The ncina header on the data path: struct and numpy packing, and datagram validation.
+
+The layout is specified in ``docs/protocol.md``; ``ncina.proto.layers`` is the scapy form of the same
+layout, and the tests check that both agree byte for byte. Everything here works on UDP payloads
+(the ncina header plus its payload); Ethernet/IP/UDP are the transport's business.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+from typing import NamedTuple
+
+import numpy as np
+
+VERSION = 1
+PORT = 47000
+
+FLAG_RESULT = 0x01  # set by the aggregator on results
+FLAG_RETX = 0x02  # the worker re-sends this chunk after a timeout
+FLAG_POOL = 0x04  # pool version of the slot (SwitchML's shadow copy)
+FLAGS_KNOWN = FLAG_RESULT | FLAG_RETX | FLAG_POOL
+
+# version, flags, format, emin (signed), job, rank, slot, count, offset; network byte order.
+HEADER = struct.Struct("!BBBbHHHHI")
+HEADER_SIZE = HEADER.size  # 16
+
+# The same layout as a numpy record, for packing many chunks at once.
+HEADER_DTYPE = np.dtype(
+    [
+        ("version", "u1"),
+        ("flags", "u1"),
+        ("format", "u1"),
+        ("emin", "i1"),
+        ("job", ">u2"),
+        ("rank", ">u2"),
+        ("slot", ">u2"),
+        ("count", ">u2"),
+        ("offset", ">u4"),
+    ]
+)
+assert HEADER_DTYPE.itemsize == HEADER_SIZE
+
+
+class Format(IntEnum):
+    """Payload format of a packet."""
+
+    NC8 = 0  # one NC8 code per element (uplink and downlink)
+    INT = 1  # exact sums, signed 64-bit big-endian, in units of 2**e_min (downlink)
+
+
+ELEMENT_SIZE = {Format.NC8: 1, Format.INT: 8}
+INT_DTYPE = np.dtype(">i8")  # element type of the INT payload
+
+# Drop reasons found by `parse`; the aggregator adds the job-level ones (see docs/protocol.md).
+TRUNCATED = "truncated"
+BAD_VERSION = "bad_version"
+BAD_FLAGS = "bad_flags"
+BAD_FORMAT = "bad_format"
+BAD_LENGTH = "bad_length"
+BAD_COUNT = "bad_count"
+
+
+class Header(NamedTuple):
+    """One decoded header; field order and meaning as in docs/protocol.md."""
+
+    version: int
+    flags: int
+    format: int
+    emin: int
+    job: int
+    rank: int
+    slot: int
+    count: int
+    offset: int
+
+    @property
+    def pool(self) -> int:
+        """The pool version bit, 0 or 1."""
+        return (self.flags & FLAG_POOL) >> 2
+
+    @property
+    def is_result(self) -> bool:
+        return bool(self.flags & FLAG_RESULT)
+
+    @property
+    def is_retx(self) -> bool:
+        return bool(self.flags & FLAG_RETX)
+
+
+class ProtocolError(ValueError):
+    """A datagram that is not a well-formed ncina packet; ``reason`` is its drop counter's name."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def flags_for(pool: int, *, result: bool = False, retx: bool = False) -> int:
+    """Compose the flags byte from the pool version and the two booleans."""
+    return (
+        (FLAG_POOL if pool else 0) | (FLAG_RESULT if result else 0) | (FLAG_RETX if retx else 0)
+    )
+
+
+def pack(
+    *,
+    job: int,
+    rank: int,
+    slot: int,
+    offset: int,
+    count: int,
+    emin: int,
+    flags: int = 0,
+    fmt: int = Format.NC8,
+    payload: bytes | memoryview = b"",
+) -> bytes:
+    """One datagram: header followed by ``payload`` (which must hold ``count`` elements of ``fmt``)."""
+    return HEADER.pack(VERSION, flags, fmt, emin, job, rank, slot, count, offset) + bytes(payload)
+
+
+def parse(datagram: bytes | bytearray | memoryview) -> tuple[Header, memoryview]:
+    """Validate the job-independent part of a datagram and split it into header and payload.
+
+    Raises ``ProtocolError`` whose ``reason`` names the drop counter: ``truncated``,
+    ``bad_version``, ``bad_flags``, ``bad_format``, ``bad_count`` (zero elements) or
+    ``bad_length`` (payload is not exactly ``count`` elements).
+    """
+    view = memoryview(datagram)
+    if len(view) < HEADER_SIZE:
+        raise ProtocolError(TRUNCATED, f"{len(view)} bytes, the header needs {HEADER_SIZE}")
+    hdr = Header._make(HEADER.unpack_from(view))
+    if hdr.version != VERSION:
+        raise ProtocolError(BAD_VERSION, f"version {hdr.version}, expected {VERSION}")
+    if hdr.flags & ~FLAGS_KNOWN:
+        raise ProtocolError(BAD_FLAGS, f"unknown flag bits 0x{hdr.flags & ~FLAGS_KNOWN:02x}")
+    size = ELEMENT_SIZE.get(hdr.format)  # type: ignore[call-overload]
+    if size is None:
+        raise ProtocolError(BAD_FORMAT, f"payload format {hdr.format}")
+    if hdr.count == 0:
+        raise ProtocolError(BAD_COUNT, "zero elements")
+    payload = view[HEADER_SIZE:]
+    if len(payload) != hdr.count * size:
+        raise ProtocolError(
+            BAD_LENGTH, f"{len(payload)} payload bytes for {hdr.count} elements of {size} bytes"
+        )
+    return hdr, payload
+
+
+def pack_chunks(
+    codes: np.ndarray,
+    *,
+    k: int,
+    job: int,
+    rank: int,
+    emin: int,
+    slots: np.ndarray,
+    pools: np.ndarray,
+    base_offset: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pack a whole NC8-coded tensor into uplink datagrams at once.
+
+    Returns ``(frames, lengths)``: ``frames`` is a ``(chunks, 16 + k)`` uint8 array whose row ``i``
+    is the datagram of chunk ``i`` (elements ``i*k`` up to ``i*k + k``) padded to the row width,
+    ``lengths[i]`` its real length (the last chunk may be short). ``slots`` and ``pools`` give each
+    chunk's slot and pool version. Setting the RETX flag later is a write to column 1.
+    """
+    codes = np.ascontiguousarray(codes, dtype=np.uint8).reshape(-1)
+    n = codes.size
+    chunks = -(-n // k)
+    if slots.shape != (chunks,) or pools.shape != (chunks,):
+        raise ValueError(f"slots and pools must have one entry per chunk ({chunks})")
+    frames = np.zeros((chunks, HEADER_SIZE + k), dtype=np.uint8)
+    whole, rest = divmod(n, k)
+    counts = np.full(chunks, k, dtype=np.int64)
+    if rest:
+        counts[-1] = rest
+    hdr = frames[:, :HEADER_SIZE].view(HEADER_DTYPE)[:, 0]
+    hdr["version"] = VERSION
+    hdr["flags"] = np.where(pools != 0, FLAG_POOL, 0)
+    hdr["format"] = Format.NC8
+    hdr["emin"] = emin
+    hdr["job"] = job
+    hdr["rank"] = rank
+    hdr["slot"] = slots
+    hdr["count"] = counts
+    hdr["offset"] = base_offset + np.arange(chunks, dtype=np.int64) * k
+    body = frames[:, HEADER_SIZE:]
+    body[:whole] = codes[: whole * k].reshape(whole, k)
+    if rest:
+        body[whole, :rest] = codes[whole * k :]
+    return frames, HEADER_SIZE + counts
