@@ -1,8 +1,8 @@
 """The ncina header on the data path: struct and numpy packing, and datagram validation.
 
-The layout is specified in ``docs/protocol.md``; ``ncina.proto.layers`` is the scapy form of the same
-layout, and the tests check that both agree byte for byte. Everything here works on UDP payloads
-(the ncina header plus its payload); Ethernet/IP/UDP are the transport's business.
+The layout is specified in ``docs/protocol.md``; ``ncina.proto.layers`` is the scapy form of the
+same layout, and the tests check that both agree byte for byte. Everything here works on UDP
+payloads (the ncina header plus its payload); Ethernet/IP/UDP are the transport's business.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def pack(
     fmt: int = Format.NC8,
     payload: bytes | memoryview = b"",
 ) -> bytes:
-    """One datagram: header followed by ``payload`` (which must hold ``count`` elements of ``fmt``)."""
+    """One datagram: the header, then ``payload`` (``count`` elements of format ``fmt``)."""
     return HEADER.pack(VERSION, flags, fmt, emin, job, rank, slot, count, offset) + bytes(payload)
 
 

@@ -7,6 +7,7 @@ either direction (results come from ``sport=PORT``). The layout is the one in
 
 from __future__ import annotations
 
+from ncina.proto.header import PORT, VERSION, Format
 from scapy.fields import (
     ByteEnumField,
     ByteField,
@@ -17,8 +18,6 @@ from scapy.fields import (
 )
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_layers
-
-from ncina.proto.header import PORT, VERSION, Format
 
 # Flag names from bit 0 upwards: RESULT (0x01), RETX (0x02), POOL (0x04).
 FLAG_NAMES = ["RESULT", "RETX", "POOL"]
