@@ -1,0 +1,268 @@
+"""AllreduceClient against a scripted fake aggregator on loopback.
+
+The fake is a thread with a UDP socket that plays a whole job: it answers each uplink chunk at
+once with the result the real aggregator would send if every one of ``workers`` workers had sent
+the same chunk (so the mean is the input, exactly, for power-of-two inputs). It can drop the first
+copy of chunks of chosen slots, duplicate its results, and precede each result by stale, foreign
+and malformed datagrams.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from ncina.proto import nc8
+from ncina.proto.header import (
+    FLAG_POOL,
+    FLAG_RESULT,
+    FLAG_RETX,
+    INT_DTYPE,
+    Format,
+    pack,
+    parse,
+)
+from ncina.worker.client import AllreduceClient
+
+JOB = 7
+
+
+def powers_of_two(n: int, seed: int) -> np.ndarray:
+    """Signed powers of two well inside every test window, and some zeros."""
+    rng = np.random.default_rng(seed)
+    x = np.ldexp(rng.choice([-1.0, 1.0], n), rng.integers(-40, 8, n)).astype(np.float32)
+    x[rng.random(n) < 0.1] = 0.0
+    return x
+
+
+class FakeAggregator(threading.Thread):
+    """A job of ``workers`` identical workers, answered at once; see the module doc."""
+
+    def __init__(
+        self,
+        *,
+        workers: int = 1,
+        result: Format = Format.NC8,
+        drop_first_in_slots: frozenset[int] = frozenset(),
+        duplicate: bool = False,
+        junk: bool = False,
+    ) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.05)
+        self.address = self.sock.getsockname()
+        self.shift = workers.bit_length() - 1  # log2(workers): the sum is workers * x
+        assert 1 << self.shift == workers
+        self.result = result
+        self.drop_first_in_slots = drop_first_in_slots
+        self.duplicate = duplicate
+        self.junk = junk
+        self.uplink: list[tuple[int, int, int, int]] = []  # (flags, slot, offset, count)
+        self.seen: set[tuple[int, int, int]] = set()
+        self.junk_sent = 0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                data, peer = self.sock.recvfrom(65535)
+            except TimeoutError:
+                continue
+            hdr, payload = parse(data)
+            self.uplink.append((hdr.flags, hdr.slot, hdr.offset, hdr.count))
+            chunk = (hdr.slot, hdr.pool, hdr.offset)
+            first = chunk not in self.seen
+            self.seen.add(chunk)
+            if first and hdr.slot in self.drop_first_in_slots:
+                continue
+            fields = dict(
+                job=hdr.job, rank=hdr.rank, slot=hdr.slot, offset=hdr.offset, count=hdr.count,
+                emin=hdr.emin, flags=FLAG_RESULT | (hdr.flags & FLAG_POOL), fmt=self.result,
+            )
+            body = self.sum_payload(np.frombuffer(payload, dtype=np.uint8))
+            if self.junk:
+                for datagram in self.junk_for(fields, body):
+                    self.sock.sendto(datagram, peer)
+                    self.junk_sent += 1
+            result = pack(**fields, payload=body)
+            self.sock.sendto(result, peer)
+            if self.duplicate:
+                self.sock.sendto(result, peer)
+
+    def sum_payload(self, codes: np.ndarray) -> bytes:
+        """The result payload for ``workers`` copies of ``codes``."""
+        magnitude = (codes & 0x7F).astype(np.int64)
+        negative = (codes & 0x80) != 0
+        if self.result == Format.NC8:
+            summed = np.where(magnitude > 0, magnitude + self.shift, 0)
+            return (summed | np.where(negative, 0x80, 0)).astype(np.uint8).tobytes()
+        power = np.left_shift(1, np.maximum(magnitude - 1, 0) + self.shift)
+        ints = np.where(magnitude > 0, power, 0)
+        return np.where(negative, -ints, ints).astype(INT_DTYPE).tobytes()
+
+    def junk_for(self, fields: dict[str, int], body: bytes) -> list[bytes]:
+        """Datagrams that look like this result but must be ignored."""
+        def variant(**change: int) -> bytes:
+            return pack(**{**fields, **change}, payload=body)
+
+        return [
+            variant(job=fields["job"] + 1),  # another job
+            variant(rank=fields["rank"] + 1),  # another worker's copy
+            variant(flags=fields["flags"] ^ FLAG_POOL),  # the slot's other (stale) version
+            variant(offset=fields["offset"] + fields["count"]),  # another chunk
+            variant(emin=fields["emin"] + 1),  # another window
+            variant(slot=fields["slot"] + 1000),  # no such slot
+            variant(flags=fields["flags"] & ~FLAG_RESULT),  # an uplink packet, not a result
+            variant(fmt=Format.INT if self.result == Format.NC8 else Format.NC8),
+            variant()[:-1],  # short payload
+            b"\x01\x01",  # truncated header
+        ]
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+        self.sock.close()
+
+
+@contextmanager
+def fake(**options: object) -> Iterator[FakeAggregator]:
+    agg = FakeAggregator(**options)  # type: ignore[arg-type]
+    agg.start()
+    try:
+        yield agg
+    finally:
+        agg.stop()
+
+
+def client_for(address: tuple[str, int], **options: object) -> AllreduceClient:
+    settings: dict[str, object] = dict(job=JOB, rank=0, workers=1, k=64, pool_size=8, seed=1)
+    settings.update(options)
+    return AllreduceClient(address, **settings)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("result", ["nc8", "int"])
+def test_mean_and_sum_of_powers_of_two_are_exact(result: str) -> None:
+    x = powers_of_two(5000, seed=2).reshape(50, 100)
+    fmt = Format.NC8 if result == "nc8" else Format.INT
+    with fake(workers=4, result=fmt) as agg, client_for(
+        agg.address, workers=4, result_format=result
+    ) as client:
+        mean = client.allreduce(x)
+        total = client.allreduce(x, op="sum")
+        stats = client.stats
+    assert mean.dtype == np.float32 and mean.shape == x.shape
+    np.testing.assert_array_equal(mean, x)
+    np.testing.assert_array_equal(total, 4 * x)
+    chunks = -(-x.size // 64)
+    assert stats["packets_sent"] == stats["packets_received"] == 2 * chunks
+    assert stats["retransmissions"] == stats["results_ignored"] == 0
+    assert stats["allreduce_calls"] == 2 and stats["elements"] == 2 * x.size
+
+
+def test_lost_packets_are_resent_with_retx() -> None:
+    x = powers_of_two(64 * 20, seed=3)
+    with fake(drop_first_in_slots=frozenset({1, 5})) as agg, client_for(
+        agg.address, timeout=0.02
+    ) as client:
+        np.testing.assert_array_equal(client.allreduce(x), x)
+        stats = client.stats
+        uplink = list(agg.uplink)
+    # 20 chunks in 8 slots: slots 1 and 5 carry chunks 1, 9, 17 and 5, 13; each first copy lost.
+    resent = sorted(offset // 64 for flags, _, offset, _ in uplink if flags & FLAG_RETX)
+    assert resent == [1, 5, 9, 13, 17]
+    first = [offset // 64 for flags, _, offset, _ in uplink if not flags & FLAG_RETX]
+    assert sorted(first) == list(range(20))
+    assert stats["retransmissions"] == 5
+    assert stats["timeouts"] >= 1
+    assert stats["packets_sent"] == 25
+
+
+def test_stale_foreign_and_duplicate_results_are_ignored() -> None:
+    x = powers_of_two(64 * 30, seed=4)
+    with fake(junk=True, duplicate=True) as agg, client_for(agg.address) as client:
+        for _ in range(2):  # the second call sees the first call's late duplicates
+            np.testing.assert_array_equal(client.allreduce(x), x)
+        stats = client.stats
+        junk_sent = agg.junk_sent
+    assert junk_sent == 2 * 30 * 10
+    # Every junk datagram precedes its chunk's result; the duplicates of the first call's results
+    # arrive before the second call's; some of the second call's may still be in flight.
+    assert 2 * 30 * 10 + 30 <= stats["results_ignored"] <= 2 * 30 * 10 + 2 * 30
+    assert stats["retransmissions"] == 0
+    assert stats["packets_sent"] == 2 * 30
+
+
+def test_slots_and_pool_versions_continue_across_calls() -> None:
+    pool_size, k = 4, 8
+    with fake() as agg, client_for(agg.address, k=k, pool_size=pool_size) as client:
+        client.allreduce(powers_of_two(10 * k, seed=5))  # 10 chunks
+        client.allreduce(powers_of_two(6 * k - 3, seed=6))  # 6 chunks, the last one short
+        uplink = list(agg.uplink)
+    # SwitchML: chunk i of a tensor uses slot i % S; a slot's version flips on every use, and
+    # the sequence carries over to the next tensor.
+    uses = [0] * pool_size
+    expected: dict[int, list[tuple[int, int, int]]] = {s: [] for s in range(pool_size)}
+    for chunks, last in ((10, k), (6, k - 3)):
+        for i in range(chunks):
+            slot = i % pool_size
+            expected[slot].append((uses[slot] & 1, i * k, last if i == chunks - 1 else k))
+            uses[slot] += 1
+    got: dict[int, list[tuple[int, int, int]]] = {s: [] for s in range(pool_size)}
+    for flags, slot, offset, count in uplink:
+        got[slot].append((int(bool(flags & FLAG_POOL)), offset, count))
+    assert got == expected
+
+
+def test_silent_aggregator_times_out_naming_job_rank_and_slots() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        host, port = silent.getsockname()
+        with client_for(
+            (host, port), rank=2, workers=4, pool_size=8, timeout=0.02, max_timeout=0.05,
+            deadline=0.3,
+        ) as client:
+            with pytest.raises(TimeoutError) as error:
+                client.allreduce(np.ones(64 * 3, dtype=np.float32))
+            message = str(error.value)
+            assert f"aggregator {host}:{port}" in message
+            assert "job 7" in message and "rank 2" in message
+            assert "3 slots outstanding [0-2]" in message and "192 elements" in message
+            assert client.stats["retransmissions"] > 3
+            with pytest.raises(RuntimeError, match="unusable"):
+                client.allreduce(np.ones(4, dtype=np.float32))
+
+
+def test_nan_raises_before_anything_is_sent() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.setblocking(False)
+        x = np.ones(1000, dtype=np.float32)
+        x[517] = np.nan
+        with client_for(silent.getsockname()) as client:
+            with pytest.raises(ValueError, match="517"):
+                client.allreduce(x)
+            assert client.stats["packets_sent"] == 0
+        with pytest.raises(BlockingIOError):
+            silent.recv(65535)
+
+
+def test_rejects_integer_input_and_unknown_op() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        with client_for(silent.getsockname()) as client:
+            with pytest.raises(ValueError, match="floating-point"):
+                client.allreduce(np.arange(10))
+            with pytest.raises(ValueError, match="op"):
+                client.allreduce(np.ones(10, dtype=np.float32), op="max")
+
+
+def test_window_is_the_jobs() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        with client_for(silent.getsockname(), workers=4, window_max=12) as client:
+            assert client.window == nc8.Window.for_job(4, e_max=12)

@@ -1,0 +1,406 @@
+"""The worker side of one all-reduce job: NC8 uplink, SwitchML slot window, retransmission.
+
+``AllreduceClient`` sums a float32 tensor with the other workers of a job through an aggregator
+(any backend), following ``docs/protocol.md``:
+
+- the tensor is encoded once (``ncina.proto.nc8.encode``) and packed into one datagram per chunk
+  of ``k`` elements (``ncina.proto.header.pack_chunks``); chunk ``i`` goes to slot ``i % S``, and
+  the slot's pool version flips on every use. The version state outlives a call, so consecutive
+  tensors continue the sequence and every worker of the job stays in step (SwitchML);
+- self-clocking: at most one chunk per slot is outstanding; the result of a slot releases the
+  slot's next chunk;
+- loss recovery: a slot whose result has not come back within its retransmission timeout (RTO) is
+  re-sent with the ``RETX`` flag and its RTO doubles up to a cap; the aggregator answers a
+  duplicate of a completed slot with the stored result. With no valid result for ``deadline``
+  seconds the call gives up with ``TimeoutError``.
+
+Per-packet work is kept to a few Python operations: a result is accepted when its 16-byte header
+equals the header expected for the slot's outstanding chunk (one comparison that covers what
+``header.parse`` checks plus job, rank, window, slot, pool version, offset, count and format) and
+its length is right; its payload is copied into a buffer for the whole tensor, which is decoded
+once at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import select
+import socket
+import time
+from types import TracebackType
+
+import numpy as np
+from ncina.proto import nc8
+from ncina.proto.header import (
+    ELEMENT_SIZE,
+    FLAG_POOL,
+    FLAG_RESULT,
+    FLAG_RETX,
+    HEADER_SIZE,
+    INT_DTYPE,
+    Format,
+    pack_chunks,
+)
+
+log = logging.getLogger(__name__)
+
+RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT}
+OPS = ("mean", "sum")
+MAX_DATAGRAM = 65535
+SOCKET_BUFFER = 4 << 20  # requested SO_RCVBUF/SO_SNDBUF; the kernel caps it at rmem_max/wmem_max
+
+STAT_KEYS = (
+    "packets_sent",
+    "packets_received",
+    "bytes_sent",
+    "bytes_received",
+    "retransmissions",
+    "timeouts",
+    "results_ignored",
+    "saturated",
+    "allreduce_calls",
+    "elements",
+)
+
+
+class BackoffTimer:
+    """Retransmission timeout of a slot: starts at ``initial``, doubles per retransmission, capped.
+
+    The client asks only ``initial`` (for a fresh chunk) and ``backoff(rto)`` (after a timeout), so
+    an adaptive estimator (RTT samples, as in TCP) can replace this class without touching the
+    send/receive loop.
+    """
+
+    def __init__(self, initial: float, cap: float) -> None:
+        if not 0 < initial <= cap:
+            raise ValueError(f"need 0 < timeout <= max_timeout, got {initial} and {cap}")
+        self.initial = initial
+        self.cap = cap
+
+    def backoff(self, rto: float) -> float:
+        """The RTO after one more retransmission of a chunk whose RTO was ``rto``."""
+        return min(2.0 * rto, self.cap)
+
+
+class AllreduceClient:
+    """One worker (``rank`` of ``workers``) of job ``job`` at ``aggregator``; see the module doc.
+
+    ``k`` elements per packet, ``pool_size`` slots, ``window_max`` the largest in-window exponent
+    (the window is ``nc8.Window.for_job(workers, window_max)``); ``result_format`` is the job's
+    downlink format (``nc8`` or ``int``), which must match the aggregator's. ``seed`` seeds the
+    stochastic rounding. ``timeout``/``max_timeout`` are the initial and largest retransmission
+    timeouts, ``deadline`` the longest wait for any progress. After a ``TimeoutError`` the slot
+    sequence is out of step with the job's, so the client refuses further calls.
+    """
+
+    def __init__(
+        self,
+        aggregator: tuple[str, int],
+        *,
+        job: int,
+        rank: int,
+        workers: int,
+        k: int = 256,
+        pool_size: int = 64,
+        window_max: int = 10,
+        result_format: str = "nc8",
+        seed: int | None = None,
+        timeout: float = 0.05,
+        max_timeout: float = 1.0,
+        deadline: float = 10.0,
+        bind: tuple[str, int] = ("0.0.0.0", 0),
+    ) -> None:
+        if not 0 <= job < 1 << 16:
+            raise ValueError(f"job must be in [0, 65535], got {job}")
+        if not 0 < workers < 1 << 16 or not 0 <= rank < workers:
+            raise ValueError(f"need 0 <= rank < workers <= 65535, got rank {rank} of {workers}")
+        if not 1 <= k < 1 << 16:
+            raise ValueError(f"k must be in [1, 65535], got {k}")
+        if not 1 <= pool_size < 1 << 16:
+            raise ValueError(f"pool_size must be in [1, 65535], got {pool_size}")
+        if result_format not in RESULT_FORMATS:
+            raise ValueError(f"result_format must be one of {sorted(RESULT_FORMATS)}")
+        if deadline <= 0:
+            raise ValueError(f"deadline must be positive, got {deadline}")
+        self.job = job
+        self.rank = rank
+        self.workers = workers
+        self.k = k
+        self.pool_size = pool_size
+        self.window = nc8.Window.for_job(workers, e_max=window_max)
+        self.result_format = result_format
+        self.deadline = deadline
+        self.timer = BackoffTimer(timeout, max_timeout)
+        self._format = RESULT_FORMATS[result_format]
+        self._rng = np.random.default_rng(seed)
+        # Pool version each slot takes on its next use; flips per use, across calls.
+        self._next_pool = np.zeros(pool_size, dtype=np.int64)
+        self._stats = dict.fromkeys(STAT_KEYS, 0)
+        self._broken = ""  # why the client is unusable, if it is
+        # Resolve once: sendto() with a host name would resolve it on every packet.
+        family, _, _, _, address = socket.getaddrinfo(
+            aggregator[0], aggregator[1], socket.AF_INET, socket.SOCK_DGRAM
+        )[0]
+        self.aggregator: tuple[str, int] = address
+        self._sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                self._sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+            self._sock.bind(bind)
+            self._sock.setblocking(False)
+        except OSError:
+            self._sock.close()
+            raise
+        self._poll = select.poll()
+        self._poll.register(self._sock, select.POLLIN)
+        self._buf = bytearray(MAX_DATAGRAM)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The local address results come back to."""
+        return self._sock.getsockname()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Cumulative counters (a copy). ``timeouts`` counts timer checks that found expired
+        slots; ``retransmissions`` the chunks re-sent by them; ``results_ignored`` datagrams that
+        were not the expected result of an outstanding chunk (stale, duplicate, foreign, malformed).
+        """
+        return dict(self._stats)
+
+    def close(self) -> None:
+        """Close the socket."""
+        self._sock.close()
+
+    def __enter__(self) -> AllreduceClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def allreduce(self, x: np.ndarray, op: str = "mean") -> np.ndarray:
+        """Sum (``op="sum"``) or average (``"mean"``) ``x`` over the job's workers.
+
+        ``x`` is a floating-point array (cast to float32); the result is float32 of the same
+        shape. NaN or infinity raises ``ValueError`` before anything is sent. Raises
+        ``TimeoutError`` when no valid result arrives for ``deadline`` seconds.
+        """
+        if op not in OPS:
+            raise ValueError(f"op must be one of {OPS}, got {op!r}")
+        if self._broken:
+            raise RuntimeError(f"client unusable after an earlier failure: {self._broken}")
+        x = np.asarray(x)
+        if not np.issubdtype(x.dtype, np.floating):
+            raise ValueError(f"allreduce needs a floating-point array, got {x.dtype}")
+        flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        n = flat.size
+        if n >= 1 << 32:
+            raise ValueError(f"{n} elements do not fit the 32-bit offset field")
+        encoded = nc8.encode(flat, self.window, self._rng)
+        self._stats["allreduce_calls"] += 1
+        self._stats["elements"] += n
+        if encoded.saturated:
+            self._stats["saturated"] += encoded.saturated
+            log.warning(
+                "job %d rank %d: %d of %d elements saturated at 2**%d (window too small?)",
+                self.job, self.rank, encoded.saturated, n, self.window.e_max,
+            )
+        if n == 0:
+            return np.zeros(x.shape, dtype=np.float32)
+        element_size = ELEMENT_SIZE[self._format]
+        received = bytearray(n * element_size)
+        self._exchange(encoded.codes, received)
+        if self._format == Format.NC8:
+            total = nc8.decode(np.frombuffer(received, dtype=np.uint8), self.window)
+        else:
+            sums = np.frombuffer(received, dtype=INT_DTYPE).astype(np.int64)
+            total = nc8.ints_to_float(sums, self.window)
+        if op == "mean":
+            total /= np.float32(self.workers)
+        return total.reshape(x.shape)
+
+    def _schedule(self, chunks: int) -> tuple[np.ndarray, np.ndarray]:
+        """Slot and pool version of each chunk of a tensor; advances the per-slot versions."""
+        s = self.pool_size
+        index = np.arange(chunks, dtype=np.int64)
+        slots = index % s
+        pools = (self._next_pool[slots] + index // s) & 1
+        uses = np.bincount(slots, minlength=s)
+        self._next_pool ^= uses & 1
+        return slots, pools
+
+    def _exchange(self, codes: np.ndarray, received: bytearray) -> None:
+        """Send every chunk of ``codes``; copy each chunk's result payload into ``received``."""
+        chunks = -(-codes.size // self.k)
+        slots, pools = self._schedule(chunks)
+        frames, lengths = pack_chunks(
+            codes, k=self.k, job=self.job, rank=self.rank, emin=self.window.e_min,
+            slots=slots, pools=pools,
+        )
+        try:
+            _Transfer(self, frames, lengths, pools, received).run()
+        except TimeoutError as exc:
+            self._broken = str(exc)
+            raise
+
+
+class _Transfer:
+    """The send/receive loop of one tensor: slot state, result checks, timers.
+
+    Per slot it keeps the outstanding chunk (-1: none), the header and length its result must
+    have, its send time and its RTO. The hot loop copies what it touches into locals.
+    """
+
+    def __init__(
+        self,
+        client: AllreduceClient,
+        frames: np.ndarray,
+        lengths: np.ndarray,
+        pools: np.ndarray,
+        received: bytearray,
+    ) -> None:
+        self.client = client
+        self.chunks = frames.shape[0]
+        self.row = frames.shape[1]
+        self.frames = memoryview(frames.reshape(-1))
+        self.sizes: list[int] = lengths.tolist()
+        self.counts: list[int] = (lengths - HEADER_SIZE).tolist()
+        self.element_size = ELEMENT_SIZE[client._format]
+        # The header each chunk's result must carry, byte for byte: the uplink header with the
+        # RESULT flag (no RETX) and the job's result format.
+        expected = frames[:, :HEADER_SIZE].copy()
+        expected[:, 1] = np.where(pools != 0, FLAG_RESULT | FLAG_POOL, FLAG_RESULT)
+        expected[:, 2] = client._format
+        self.expected = expected.tobytes()
+        self.out = memoryview(received)
+        s = client.pool_size
+        self.current = [-1] * s
+        self.want_header: list[bytes | None] = [None] * s
+        self.want_length = [0] * s
+        self.sent_at = [0.0] * s
+        self.rto = [client.timer.initial] * s
+        self.refused = 0
+
+    def send(self, i: int, slot: int, now: float) -> None:
+        """Send chunk ``i`` into ``slot``; a send the kernel refuses counts as a lost packet."""
+        start = i * self.row
+        size = self.sizes[i]
+        try:
+            self.client._sock.sendto(self.frames[start : start + size], self.client.aggregator)
+        except (BlockingIOError, ConnectionRefusedError):
+            self.refused += 1  # the slot's timer re-sends it
+        stats = self.client._stats
+        stats["packets_sent"] += 1
+        stats["bytes_sent"] += size
+        self.sent_at[slot] = now
+
+    def start(self, i: int, slot: int, now: float) -> None:
+        """Make chunk ``i`` the outstanding chunk of ``slot`` and send it."""
+        begin = i * HEADER_SIZE
+        self.current[slot] = i
+        self.want_header[slot] = self.expected[begin : begin + HEADER_SIZE]
+        self.want_length[slot] = HEADER_SIZE + self.counts[i] * self.element_size
+        self.rto[slot] = self.client.timer.initial
+        self.send(i, slot, now)
+
+    def run(self) -> None:
+        """Drive the window until every chunk's result is in."""
+        client = self.client
+        s, chunks = client.pool_size, self.chunks
+        sock, poll, stats = client._sock, client._poll, client._stats
+        buf = client._buf
+        view = memoryview(buf)
+        out, current, want_header, want_length = (
+            self.out, self.current, self.want_header, self.want_length,
+        )
+        stride = client.k * self.element_size
+        start = self.start
+        now = time.monotonic()
+        for i in range(min(s, chunks)):
+            start(i, i, now)
+        done = 0
+        last_progress = now
+        next_check = now + client.timer.initial
+        while done < chunks:
+            try:
+                size = sock.recv_into(buf)
+            except (BlockingIOError, ConnectionRefusedError):
+                size = -1
+            now = time.monotonic()
+            if size >= 0:
+                stats["packets_received"] += 1
+                stats["bytes_received"] += size
+                slot = (buf[8] << 8) | buf[9] if size >= HEADER_SIZE else s
+                if slot < s and buf[1] & FLAG_RETX:
+                    buf[1] ^= FLAG_RETX  # an echoed RETX flag does not make a result foreign
+                if slot >= s or size != want_length[slot] or buf[:HEADER_SIZE] != want_header[slot]:
+                    stats["results_ignored"] += 1
+                else:
+                    i = current[slot]
+                    begin = i * stride
+                    out[begin : begin + size - HEADER_SIZE] = view[HEADER_SIZE:size]
+                    done += 1
+                    last_progress = now
+                    if i + s < chunks:
+                        start(i + s, slot, now)
+                    else:
+                        current[slot] = -1
+                        want_header[slot] = None
+            elif now < next_check:
+                poll.poll(max(1, math.ceil((next_check - now) * 1000)))
+                continue
+            if now >= next_check:
+                next_check = self.check_timers(now, last_progress)
+
+    def check_timers(self, now: float, last_progress: float) -> float:
+        """Re-send expired slots with RETX; raise ``TimeoutError`` past the deadline.
+
+        Returns the time of the next check: the earliest expiry, and no later than one initial
+        RTO from now (a chunk sent after this check expires no earlier than that).
+        """
+        client = self.client
+        outstanding = [slot for slot, i in enumerate(self.current) if i >= 0]
+        if now - last_progress >= client.deadline:
+            elements = sum(self.counts[self.current[slot]] for slot in outstanding)
+            host, port = client.aggregator
+            hint = f"; {self.refused} sends refused (nothing listening?)" if self.refused else ""
+            raise TimeoutError(
+                f"allreduce: no result from aggregator {host}:{port} for {client.deadline:g} s "
+                f"(job {client.job}, rank {client.rank}): {len(outstanding)} slots outstanding "
+                f"{_ranges(outstanding)} holding {elements} elements{hint}"
+            )
+        timer = client.timer
+        next_check = now + timer.initial
+        expired = 0
+        for slot in outstanding:
+            due = self.sent_at[slot] + self.rto[slot]
+            if due <= now:
+                i = self.current[slot]
+                flags = i * self.row + 1
+                self.frames[flags] |= FLAG_RETX
+                self.rto[slot] = timer.backoff(self.rto[slot])
+                self.send(i, slot, now)
+                expired += 1
+                due = now + self.rto[slot]
+            next_check = min(next_check, due)
+        if expired:
+            client._stats["retransmissions"] += expired
+            client._stats["timeouts"] += 1
+        return next_check
+
+
+def _ranges(values: list[int]) -> str:
+    """``[0-3, 7, 9-10]`` for sorted integers, so an error message stays short."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and runs[-1][1] == v - 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return "[" + ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs) + "]"
