@@ -1,0 +1,191 @@
+"""Compile small C extensions with cffi (API mode) on first use, cached and process-safe.
+
+Several worker processes of one job start at the same moment and all want the same extension, so
+the build is keyed by a hash of everything that affects the binary (sources, declarations, flags,
+Python ABI, cffi version) and serialised by an ``fcntl`` lock; the finished shared object is moved
+into place atomically, so a reader never sees a half-written file. The cache lives in
+``$NCINA_CACHE`` or ``~/.cache/ncina``, one directory ``<name>-<hash>`` per build.
+
+Flags are portable (``-O3``, no ``-march=native``): the cache may be shared between machines of
+different CPU types.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import cffi
+
+DEFAULT_COMPILE_ARGS: tuple[str, ...] = ("-O3", "-std=c11", "-Wall", "-Wextra")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def cache_root() -> Path:
+    """The directory builds are cached in: ``$NCINA_CACHE`` or ``~/.cache/ncina``."""
+    env = os.environ.get("NCINA_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "ncina"
+
+
+def _pkg_config(package: str) -> tuple[list[str], list[str]]:
+    """Return (compile flags, link flags) of a pkg-config package, or explain what is missing."""
+    exe = shutil.which("pkg-config")
+    if exe is None:
+        raise RuntimeError(f"pkg-config is not installed; it is needed to find {package}")
+    flags = []
+    for what in ("--cflags", "--libs"):
+        proc = subprocess.run([exe, what, package], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            detail = proc.stderr.strip() or f"pkg-config {what} {package} failed"
+            raise RuntimeError(f"{package} development files not found: {detail}")
+        flags.append(shlex.split(proc.stdout))
+    return flags[0], flags[1]
+
+
+def _check_toolchain() -> None:
+    """Raise a RuntimeError naming the missing compiler or Python headers."""
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None and shutil.which("cc") is None:
+        raise RuntimeError(f"no C compiler found ({cc!r} or 'cc'); install gcc")
+    include = Path(sysconfig.get_paths()["include"])
+    if not (include / "Python.h").is_file():
+        raise RuntimeError(
+            f"Python headers not found ({include / 'Python.h'}); install python3-dev"
+        )
+
+
+def _digest(parts: Sequence[bytes]) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()[:16]
+
+
+def build_extension(
+    name: str,
+    cdef: str,
+    sources: Sequence[Path],
+    *,
+    preamble: str | None = None,
+    extra_compile_args: Sequence[str] = DEFAULT_COMPILE_ARGS,
+    libraries: Sequence[str] = (),
+    include_dirs: Sequence[Path] = (),
+    depends: Sequence[Path] = (),
+    pkg_config: str | None = None,
+) -> ModuleType:
+    """Build (or reuse) the cffi extension ``name`` and return its module (``.ffi``, ``.lib``).
+
+    ``cdef`` declares what Python sees; ``preamble`` is the C text the generated wrapper starts
+    with and must declare the same functions (default: ``<stdint.h>``, ``<stddef.h>`` and the
+    ``cdef`` itself, which suffices when it holds plain prototypes). ``sources`` are compiled
+    and linked into the module; their folders are on the include path, and ``depends`` (headers)
+    only enter the cache key. ``pkg_config`` names a package whose flags are added (for example
+    ``"libdpdk"``). Raises ``RuntimeError`` naming what is missing when the build fails.
+    """
+    if not _NAME.match(name):
+        raise ValueError(f"extension name {name!r} is not a C identifier")
+    sources = [Path(s).resolve() for s in sources]
+    if preamble is None:
+        preamble = "#include <stdint.h>\n#include <stddef.h>\n" + cdef
+    cflags = list(extra_compile_args)
+    ldflags: list[str] = []
+    if pkg_config is not None:
+        pc_cflags, pc_libs = _pkg_config(pkg_config)
+        cflags += pc_cflags
+        ldflags += pc_libs
+    includes = [
+        str(p) for p in dict.fromkeys([*map(str, include_dirs), *(str(s.parent) for s in sources)])
+    ]
+
+    key = _digest(
+        [
+            cdef.encode(),
+            preamble.encode(),
+            *(s.read_bytes() for s in [*sources, *map(Path, depends)]),
+            "\0".join([*cflags, *ldflags, *libraries, *includes]).encode(),
+            (sysconfig.get_config_var("EXT_SUFFIX") or "").encode(),
+            f"{sys.implementation.cache_tag} {platform.machine()} cffi {cffi.__version__}".encode(),
+        ]
+    )
+    module_name = f"_{name}_{key}"
+    build_dir = cache_root() / f"{name}-{key}"
+    target = build_dir / (module_name + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+
+    if not target.exists():
+        build_dir.mkdir(parents=True, exist_ok=True)
+        with open(build_dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not target.exists():
+                _compile(
+                    module_name,
+                    cdef,
+                    preamble,
+                    sources,
+                    cflags,
+                    ldflags,
+                    libraries,
+                    includes,
+                    build_dir,
+                    target,
+                )
+    return _import(module_name, target)
+
+
+def _compile(
+    module_name: str,
+    cdef: str,
+    preamble: str,
+    sources: list[Path],
+    cflags: list[str],
+    ldflags: list[str],
+    libraries: Sequence[str],
+    includes: list[str],
+    build_dir: Path,
+    target: Path,
+) -> None:
+    """Compile in a private temporary folder, then move the result into place atomically."""
+    _check_toolchain()
+    ffi = cffi.FFI()
+    ffi.cdef(cdef)
+    ffi.set_source(
+        module_name,
+        preamble,
+        sources=[str(s) for s in sources],
+        include_dirs=includes,
+        extra_compile_args=cflags,
+        extra_link_args=ldflags,
+        libraries=list(libraries),
+    )
+    with tempfile.TemporaryDirectory(dir=build_dir, prefix="tmp-") as tmp:
+        try:
+            built = ffi.compile(tmpdir=tmp, verbose=False)
+        except Exception as exc:  # cffi wraps compiler and linker failures in several types
+            raise RuntimeError(f"building C extension {module_name} failed: {exc}") from exc
+        os.replace(built, target)
+
+
+def _import(module_name: str, target: Path) -> ModuleType:
+    """Import a built extension from its file (it is not on ``sys.path``)."""
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, target)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot import C extension {target}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[module_name] = module
+    return module
