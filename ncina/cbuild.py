@@ -174,7 +174,10 @@ def _compile(
         try:
             built = ffi.compile(tmpdir=tmp, verbose=False)
         except Exception as exc:  # cffi wraps compiler and linker failures in several types
-            raise RuntimeError(f"building C extension {module_name} failed: {exc}") from exc
+            raise RuntimeError(
+                f"building C extension {module_name} failed (compiler messages above): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         os.replace(built, target)
 
 

@@ -391,12 +391,13 @@ class Codec:
         src = np.asarray(x)
         if src.dtype not in (np.float32, np.float64, np.float16):
             raise TypeError(f"encode needs float32 (or float64/float16) values, got {src.dtype}")
-        flat = _flat(src.astype(np.float32, copy=False))
+        with np.errstate(over="ignore"):  # float64 beyond float32: inf, reported below
+            flat = _flat(src.astype(np.float32, copy=False))
         codes = _result(out, src.shape, np.uint8)
         saturated, bad = self._k.encode(flat, codes.reshape(-1), key, window)
         if bad:
             i = int(np.flatnonzero(~np.isfinite(flat))[0])
-            raise ValueError(f"cannot encode non-finite value {src.flat[i]!r} at flat index {i}")
+            raise ValueError(f"cannot encode {float(src.flat[i])} at flat index {i}")
         return Encoded(codes, saturated)
 
     def decode(
