@@ -1,0 +1,186 @@
+"""What an aggregator knows about a job: ``JobConfig``, its validation, and address parsing.
+
+A job is configured once (today from the command line, later from a control API) and then read by
+the slot state machine of every backend, so every limit a backend relies on is checked here, with a
+message that says what to change.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, Format
+from ncina.proto.nc8 import Window
+
+Address = tuple[str, int]
+"""An IPv4 UDP endpoint as ``socket.recvfrom`` reports it: ``(dotted quad, port)``."""
+
+# A worker bitmap of at most 64 bits is one register word in every backend: a P4 `bit<64>`
+# register cell in BMv2 and a `uint64_t` in the DPDK data plane (the Python backend follows the
+# same contract so that all three accept the same jobs).
+MAX_WORKERS = 64
+WORKERS_WHY = " (a worker bitmap is one 64-bit register word in every backend)"
+MAX_K = 1024
+MAX_POOL_SIZE = 0xFFFF  # the header's slot field is 16 bits
+MAX_JOB_ID = 0xFFFF  # the header's job field is 16 bits
+DEFAULT_POOL_SIZE = 64
+DEFAULT_WINDOW_MAX = 10
+DEFAULT_MTU = 1500
+
+# Bytes of a result frame around its payload: Ethernet, IPv4 (no options), UDP, ncina header.
+ETHERNET_HEADER = 14
+IPV4_HEADER = 20
+UDP_HEADER = 8
+FRAME_OVERHEAD = ETHERNET_HEADER + IPV4_HEADER + UDP_HEADER + HEADER_SIZE
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One job: its id, ``workers`` ranks, chunk size ``k``, result format, window and pool.
+
+    ``members`` maps a rank to its configured address; ranks not in it are learned from their
+    first valid packet. Construct with ``JobConfig.create`` (which derives the window); direct
+    construction validates the same way.
+    """
+
+    job: int
+    workers: int
+    k: int
+    result_format: Format
+    window: Window
+    pool_size: int = DEFAULT_POOL_SIZE
+    members: Mapping[int, Address] = field(default_factory=dict)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_range("job id", self.job, 0, MAX_JOB_ID)
+        _check_range("workers", self.workers, 1, MAX_WORKERS, WORKERS_WHY)
+        _check_range("k (elements per packet)", self.k, 1, MAX_K)
+        _check_range("pool size", self.pool_size, 1, MAX_POOL_SIZE)
+        object.__setattr__(self, "result_format", Format(self.result_format))
+        expected = Window.for_job(self.workers, self.window.e_max)
+        if self.window != expected:
+            raise ValueError(
+                f"window {self.window} is not the one docs/protocol.md derives for "
+                f"{self.workers} workers and e_max {self.window.e_max}: {expected}"
+            )
+        for rank in self.members:
+            if not 0 <= rank < self.workers:
+                raise ValueError(
+                    f"member rank {rank} is out of range: job {self.job} has ranks "
+                    f"0..{self.workers - 1}"
+                )
+        object.__setattr__(self, "members", MappingProxyType(dict(self.members)))
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        job: int,
+        workers: int,
+        k: int,
+        result_format: Format | str,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        window_max: int = DEFAULT_WINDOW_MAX,
+        members: Iterable[tuple[int, Address]] = (),
+        seed: int | None = None,
+    ) -> JobConfig:
+        """Validate the parameters and build the job, deriving its window from ``workers`` and
+        ``window_max`` (e_max) as docs/protocol.md specifies. Raises ``ValueError``."""
+        if isinstance(result_format, str):
+            try:
+                result_format = Format[result_format.upper()]
+            except KeyError:
+                names = ", ".join(f.name.lower() for f in Format)
+                raise ValueError(
+                    f"unknown result format {result_format!r} (one of {names})"
+                ) from None
+        _check_range("workers", workers, 1, MAX_WORKERS, WORKERS_WHY)
+        try:
+            window = Window.for_job(workers, window_max)
+        except ValueError as exc:
+            raise ValueError(f"no exponent window with e_max {window_max}: {exc}") from None
+        by_rank: dict[int, Address] = {}
+        for rank, address in members:
+            if rank in by_rank:
+                raise ValueError(f"member rank {rank} is given twice")
+            by_rank[rank] = address
+        return cls(
+            job=job,
+            workers=workers,
+            k=k,
+            result_format=result_format,
+            window=window,
+            pool_size=pool_size,
+            members=by_rank,
+            seed=seed,
+        )
+
+    @property
+    def result_frame_size(self) -> int:
+        """Bytes of the largest result frame on the wire, Ethernet header included."""
+        return FRAME_OVERHEAD + self.k * ELEMENT_SIZE[self.result_format]
+
+    def check_mtu(self, mtu: int) -> None:
+        """Raise ``ValueError`` unless a full result frame fits a link of this MTU (IP bytes)."""
+        if self.result_frame_size <= mtu + ETHERNET_HEADER:
+            return
+        size = ELEMENT_SIZE[self.result_format]
+        largest = (mtu + ETHERNET_HEADER - FRAME_OVERHEAD) // size
+        name = self.result_format.name.lower()
+        raise ValueError(
+            f"a result frame of k={self.k} {name} elements is {self.result_frame_size} bytes, "
+            f"more than MTU {mtu} + {ETHERNET_HEADER}; the largest k for {name} results at "
+            f"this MTU is {largest}"
+        )
+
+
+def _check_range(what: str, value: int, low: int, high: int, why: str = "") -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{what} must be in {low}..{high}{why}, not {value}")
+
+
+def parse_address(text: str) -> Address:
+    """``HOST:PORT`` to an ``Address``; HOST is an IPv4 address or a name resolved to one.
+
+    Raises ``ValueError`` with a message fit for a command line.
+    """
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{text!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 0xFFFF:
+        raise ValueError(f"{text!r}: port {port} is not in 0..65535")
+    try:
+        return str(ipaddress.IPv4Address(host)), port
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"{text!r}: cannot resolve {host!r} to an IPv4 address ({exc})") from None
+    return infos[0][4][0], port
+
+
+def parse_member(text: str) -> tuple[int, Address]:
+    """``RANK=HOST:PORT`` (the ``--member`` option) to ``(rank, address)``."""
+    rank_text, sep, address = text.partition("=")
+    if not sep:
+        raise ValueError(f"{text!r} is not RANK=HOST:PORT")
+    try:
+        rank = int(rank_text)
+    except ValueError:
+        raise ValueError(f"{text!r}: rank {rank_text!r} is not a number") from None
+    if rank < 0:
+        raise ValueError(f"{text!r}: rank must not be negative")
+    host, port = parse_address(address)
+    if port == 0:
+        raise ValueError(f"{text!r}: a member's port cannot be 0")
+    return rank, (host, port)

@@ -1,0 +1,271 @@
+"""The aggregator's logic without sockets: datagram in, datagrams out (docs/protocol.md).
+
+``JobSlots`` is one job's SwitchML slot state machine: given a parsed uplink header, its payload
+and the sender's address it validates the packet against the job, updates the slot, and returns
+the result datagrams to send. ``Aggregator`` is the whole data plane's logic: it parses raw
+datagrams, routes them to their job by id and counts what no job can claim.
+
+Backends with their own data path (DPDK, BMv2) are checked against this module: feed the same
+datagrams to both and compare what comes out and the counters.
+
+Per-packet cost matters (the Python backend runs this for every packet): the state lives in flat
+lists indexed by ``[version][slot]`` and one ``(2, S, K)`` int64 array per job, allocated once.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.stats import GlobalStats, JobStats
+from ncina.proto import nc8
+from ncina.proto.header import (
+    BAD_COUNT,
+    BAD_FLAGS,
+    BAD_FORMAT,
+    BAD_VERSION,
+    FLAG_POOL,
+    FLAG_RESULT,
+    FLAG_RETX,
+    HEADER,
+    HEADER_SIZE,
+    INT_DTYPE,
+    TRUNCATED,
+    VERSION,
+    Format,
+    Header,
+    ProtocolError,
+    parse,
+)
+
+# Job-level drop reasons (the parse-level ones are in ncina.proto.header).
+NON_MEMBER = "non_member"
+WINDOW_MISMATCH = "window_mismatch"
+BAD_SLOT = "bad_slot"
+BAD_CODE = "bad_code"
+CHUNK_MISMATCH = "chunk_mismatch"
+UNKNOWN_JOB = "unknown_job"
+
+Datagrams = Sequence[tuple[bytes, Address]]
+"""What to send: ``(UDP payload, destination)`` pairs, in order."""
+
+NOTHING: Datagrams = ()
+
+_JOB_FIELD = struct.Struct("!H")
+_JOB_FIELD_OFFSET = 4
+
+
+def _code_values(max_code: int) -> np.ndarray:
+    """The switch ALU's input for every byte: ``nc8.codes_to_int`` of the valid uplink codes
+    (exponent code up to ``max_code``), 0 for the others (which are dropped before use).
+
+    One ``take`` from this table per packet is the aggregator's decode: measured about three times
+    cheaper than ``nc8.accumulate``, whose argument checks dominate at K <= 1024.
+    """
+    byte = np.arange(256, dtype=np.uint8)
+    valid = (byte & 0x7F) <= max_code
+    table = np.zeros(256, dtype=np.int64)
+    table[valid] = nc8.codes_to_int(byte[valid])
+    table.setflags(write=False)
+    return table
+
+
+class JobSlots:
+    """The slot pool of one job and the rules of docs/protocol.md, "Slots, pool versions and loss
+    recovery". Counts into ``stats`` (a fresh ``JobStats`` unless one is given)."""
+
+    def __init__(self, config: JobConfig, stats: JobStats | None = None) -> None:
+        self.config = config
+        self.stats = stats if stats is not None else JobStats()
+        n, s, k = config.workers, config.pool_size, config.k
+        self._workers = n
+        self._pool_size = s
+        self._k = k
+        self._job = config.job
+        self._emin = config.window.e_min
+        self._result_format = int(config.result_format)
+        # Every byte that is not a valid uplink code: c & 0x7f above the window's top code.
+        top = config.window.max_code
+        self._bad_codes = bytes(c for c in range(256) if (c & 0x7F) > top)
+        self._code_values = _code_values(top)
+        self._rng = np.random.default_rng(config.seed)
+        # Member addresses by rank: configured, or learned from the rank's first valid packet.
+        self.members: list[Address | None] = [config.members.get(r) for r in range(n)]
+        # Per [version][slot]: contributors' bitmap, contributions since the slot's first one,
+        # the chunk's offset and count, and the encoded result payload (valid once complete).
+        self._bitmap = [[0] * s, [0] * s]
+        self._seen = [[0] * s, [0] * s]
+        self._offset = [[0] * s, [0] * s]
+        self._count = [[0] * s, [0] * s]
+        self._result = [[b""] * s, [b""] * s]
+        self.accumulators = np.zeros((2, s, k), dtype=np.int64)
+        self._rows = [list(self.accumulators[0]), list(self.accumulators[1])]
+
+    def handle(self, header: Header, payload: memoryview | bytes, source: Address) -> Datagrams:
+        """Process one parsed uplink packet of this job from ``source``; return what to send.
+
+        ``header`` and ``payload`` come from ``ncina.proto.header.parse`` (so version, flag bits,
+        format value, count >= 1 and payload length are already checked). Drops are counted in
+        ``stats.drops`` and return nothing.
+        """
+        stats = self.stats
+        stats.packets_in += 1
+        stats.bytes_in += HEADER_SIZE + len(payload)
+        _, flags, fmt, emin, _, rank, slot, count, offset = header
+        if flags & FLAG_RESULT:
+            return self._drop(BAD_FLAGS)
+        if fmt != Format.NC8:
+            return self._drop(BAD_FORMAT)
+        if rank >= self._workers:
+            return self._drop(NON_MEMBER)
+        known = self.members[rank]
+        if known is not None and known != source:
+            return self._drop(NON_MEMBER)
+        if emin != self._emin:
+            return self._drop(WINDOW_MISMATCH)
+        if slot >= self._pool_size:
+            return self._drop(BAD_SLOT)
+        if count > self._k:
+            return self._drop(BAD_COUNT)
+        codes = bytes(payload)
+        if len(codes.translate(None, self._bad_codes)) != count:
+            return self._drop(BAD_CODE)
+        if known is None:
+            self.members[rank] = source
+        if flags & FLAG_RETX:
+            stats.retx_seen += 1
+        version = (flags & FLAG_POOL) >> 2
+        return self._apply(version, slot, rank, offset, count, codes)
+
+    def _apply(
+        self, version: int, slot: int, rank: int, offset: int, count: int, codes: bytes
+    ) -> Datagrams:
+        """The slot rules for a valid packet of ``rank`` for ``(slot, version)``."""
+        stats = self.stats
+        bit = 1 << rank
+        bitmaps = self._bitmap[version]
+        bitmap = bitmaps[slot]
+        first = bitmap == 0
+        if not first and (
+            self._offset[version][slot] != offset or self._count[version][slot] != count
+        ):
+            return self._drop(CHUNK_MISMATCH)
+        if bitmap & bit:
+            if self._seen[version][slot] >= self._workers:
+                stats.results_resent += 1
+                return self._send(version, slot, (rank,))
+            stats.duplicates += 1
+            return NOTHING
+        row = self._rows[version][slot]
+        acc = row if count == self._k else row[:count]
+        values = self._code_values.take(np.frombuffer(codes, dtype=np.uint8))
+        if first:
+            acc[:] = values
+            self._offset[version][slot] = offset
+            self._count[version][slot] = count
+            self._seen[version][slot] = 0
+        else:
+            acc += values
+        bitmaps[slot] = bitmap | bit
+        self._bitmap[1 - version][slot] &= ~bit
+        stats.contributions += 1
+        seen = self._seen[version][slot] + 1
+        self._seen[version][slot] = seen
+        if seen != self._workers:
+            return NOTHING
+        stats.slots_completed += 1
+        if self._result_format == Format.NC8:
+            self._result[version][slot] = nc8.int_to_codes(acc, self._rng).tobytes()
+        else:
+            self._result[version][slot] = acc.astype(INT_DTYPE).tobytes()
+        stats.results_sent += self._workers
+        return self._send(version, slot, range(self._workers))
+
+    def _send(self, version: int, slot: int, ranks: Sequence[int]) -> Datagrams:
+        """The stored result of ``(slot, version)``, one datagram for each of ``ranks``."""
+        payload = self._result[version][slot]
+        flags = FLAG_RESULT | (FLAG_POOL if version else 0)
+        offset = self._offset[version][slot]
+        count = self._count[version][slot]
+        out = [
+            (
+                HEADER.pack(
+                    VERSION,
+                    flags,
+                    self._result_format,
+                    self._emin,
+                    self._job,
+                    rank,
+                    slot,
+                    count,
+                    offset,
+                )
+                + payload,
+                self.members[rank],
+            )
+            for rank in ranks
+        ]
+        stats = self.stats
+        stats.packets_out += len(out)
+        stats.bytes_out += len(out) * (HEADER_SIZE + len(payload))
+        return out  # type: ignore[return-value]  # every rank of a complete slot has an address
+
+    def count_malformed(self, reason: str, size: int) -> None:
+        """Count a datagram of ``size`` bytes naming this job that ``parse`` rejected."""
+        stats = self.stats
+        stats.packets_in += 1
+        stats.bytes_in += size
+        stats.drops[reason] += 1
+
+    def _drop(self, reason: str) -> Datagrams:
+        self.stats.drops[reason] += 1
+        return NOTHING
+
+
+class Aggregator:
+    """Every job of one aggregator, keyed by job id, and the datagram-level validation."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, JobSlots] = {}
+        self.stats = GlobalStats()
+
+    def add_job(self, config: JobConfig) -> JobSlots:
+        """Install a job; its id must be new."""
+        if config.job in self.jobs:
+            raise ValueError(f"job {config.job} is already installed")
+        slots = JobSlots(config)
+        self.jobs[config.job] = slots
+        return slots
+
+    def handle(self, datagram: bytes | bytearray | memoryview, source: Address) -> Datagrams:
+        """Process one received UDP payload from ``source``; return what to send.
+
+        A malformed datagram counts under its job when its header is readable (16 bytes,
+        version 1) and names an installed job, otherwise under ``stats`` (the global section).
+        """
+        try:
+            header, payload = parse(datagram)
+        except ProtocolError as exc:
+            return self._malformed(datagram, exc.reason)
+        job = self.jobs.get(header.job)
+        if job is None:
+            return self._drop_global(UNKNOWN_JOB, len(datagram))
+        return job.handle(header, payload, source)
+
+    def _malformed(self, datagram: bytes | bytearray | memoryview, reason: str) -> Datagrams:
+        size = len(datagram)
+        if reason not in (TRUNCATED, BAD_VERSION):
+            job = self.jobs.get(_JOB_FIELD.unpack_from(datagram, _JOB_FIELD_OFFSET)[0])
+            if job is not None:
+                job.count_malformed(reason, size)
+                return NOTHING
+        return self._drop_global(reason, size)
+
+    def _drop_global(self, reason: str, size: int) -> Datagrams:
+        stats = self.stats
+        stats.packets_in += 1
+        stats.bytes_in += size
+        stats.drops[reason] += 1
+        return NOTHING

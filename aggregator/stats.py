@@ -1,0 +1,144 @@
+"""Aggregator counters and their JSON form: the stats contract every backend writes.
+
+The schema is documented in docs/protocol.md ("Counters"); the key sets below are that schema.
+Counters are plain attributes of ``__slots__`` classes so the per-packet path increments them
+without creating objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+
+# Drops counted under a job: everything wrong with a packet whose header names a configured job.
+JOB_DROP_REASONS = (
+    "bad_flags",
+    "bad_format",
+    "bad_count",
+    "bad_length",
+    "non_member",
+    "window_mismatch",
+    "bad_slot",
+    "bad_code",
+    "chunk_mismatch",
+)
+# Drops counted aggregator-wide: packets that cannot be attributed to a configured job, and
+# failures of the aggregator itself (``internal_error``: a bug, logged with its traceback).
+GLOBAL_DROP_REASONS = (
+    "truncated",
+    "bad_version",
+    "bad_flags",
+    "bad_format",
+    "bad_count",
+    "bad_length",
+    "unknown_job",
+    "internal_error",
+)
+
+
+class JobStats:
+    """Counters of one job (meanings in docs/protocol.md, "Counters")."""
+
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "contributions",
+        "drops",
+        "duplicates",
+        "packets_in",
+        "packets_out",
+        "results_resent",
+        "results_sent",
+        "retx_seen",
+        "slots_completed",
+    )
+
+    def __init__(self) -> None:
+        self.packets_in = 0
+        self.bytes_in = 0
+        self.packets_out = 0
+        self.bytes_out = 0
+        self.contributions = 0
+        self.slots_completed = 0
+        self.results_sent = 0
+        self.results_resent = 0
+        self.duplicates = 0
+        self.retx_seen = 0
+        self.drops = dict.fromkeys(JOB_DROP_REASONS, 0)
+
+    def to_json(self) -> dict[str, Any]:
+        """The job's section of the stats document."""
+        doc: dict[str, Any] = {
+            name: getattr(self, name)
+            for name in (
+                "packets_in",
+                "bytes_in",
+                "packets_out",
+                "bytes_out",
+                "contributions",
+                "slots_completed",
+                "results_sent",
+                "results_resent",
+                "duplicates",
+                "retx_seen",
+            )
+        }
+        doc["drops"] = dict(self.drops)
+        return doc
+
+
+class GlobalStats:
+    """Aggregator-wide counters: packets no job can claim, and the aggregator's own failures."""
+
+    __slots__ = ("bytes_in", "drops", "packets_in", "send_errors")
+
+    def __init__(self) -> None:
+        self.packets_in = 0
+        self.bytes_in = 0
+        self.send_errors = 0
+        self.drops = dict.fromkeys(GLOBAL_DROP_REASONS, 0)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``global`` section of the stats document."""
+        return {
+            "packets_in": self.packets_in,
+            "bytes_in": self.bytes_in,
+            "send_errors": self.send_errors,
+            "drops": dict(self.drops),
+        }
+
+
+def snapshot(
+    *, backend: str, started: float, global_stats: GlobalStats, jobs: Mapping[int, JobStats]
+) -> dict[str, Any]:
+    """The whole stats document at this moment; ``started`` is the backend's start (Unix time)."""
+    return {
+        "schema": SCHEMA,
+        "backend": backend,
+        "started": started,
+        "time": time.time(),
+        "global": global_stats.to_json(),
+        "jobs": {str(job): stats.to_json() for job, stats in sorted(jobs.items())},
+    }
+
+
+def write_atomically(path: str | os.PathLike[str], document: Mapping[str, Any]) -> None:
+    """Write ``document`` as JSON to ``path`` so that a reader sees the old or the new file, never
+    a partial one (a temporary file in the same directory, then ``os.replace``)."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(document, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -1,0 +1,219 @@
+"""Helpers shared by packet-level tests: aggregator processes, worker sockets, crafted packets.
+
+Import with ``from ncina_testlib import ...`` (``tests/`` is on pytest's ``pythonpath``).
+
+Packets are built with the scapy layer (``NcinaHeader() / Raw()``) rather than the fast packer,
+so a packer bug cannot hide an aggregator bug. Tests synchronise on the aggregator's replies, never
+on sleeps: a UDP socket on loopback delivers in order, so once the reply to a later packet is
+back, every earlier packet has been handled.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ncina.proto.layers import NcinaHeader
+from scapy.packet import Raw
+
+Address = tuple[str, int]
+
+AGGREGATOR_BACKENDS = ("python",)
+"""Backends ``start_aggregator`` can run; packet-level tests are parametrised over them."""
+
+READY = re.compile(r"listening on (\d+\.\d+\.\d+\.\d+):(\d+)")
+START_TIMEOUT = 60.0  # generous: the first start may compile the NC8 C extension
+
+
+def free_udp_port(host: str = "127.0.0.1") -> int:
+    """A UDP port that was free a moment ago (prefer ``--listen HOST:0`` where possible)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningAggregator:
+    """An ``ncina aggregator`` child process and where it listens, logs and writes stats."""
+
+    process: subprocess.Popen[bytes]
+    address: Address
+    stats_path: Path
+    log_path: Path
+
+    def log(self) -> str:
+        """Everything the process wrote on stderr and stdout so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def stats(self, timeout: float = 10.0) -> dict[str, Any]:
+        """Ask for the stats now (SIGUSR1) and return the first document written after asking."""
+        asked = time.time()
+        self.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                document = json.loads(self.stats_path.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                document = None
+            if document is not None and document["time"] >= asked:
+                return document
+            if self.process.poll() is not None:
+                status = self.process.returncode
+                raise AssertionError(f"aggregator exited ({status}):\n{self.log()}")
+            time.sleep(0.01)
+        raise AssertionError(f"no stats written within {timeout} s of SIGUSR1:\n{self.log()}")
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, wait, and return the exit status (SIGKILL if it does not exit in time)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def aggregator_command(backend: str, arguments: Sequence[str]) -> list[str]:
+    """The command line of ``ncina aggregator --backend BACKEND ARGUMENTS``."""
+    if backend not in AGGREGATOR_BACKENDS:
+        raise ValueError(f"unknown aggregator backend {backend!r}")
+    return [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend, *arguments]
+
+
+def start_aggregator(
+    backend: str,
+    workdir: Path,
+    *,
+    job: int,
+    workers: int,
+    k: int,
+    result: str,
+    extra: Sequence[str] = (),
+    listen: str = "127.0.0.1:0",
+) -> RunningAggregator:
+    """Start an aggregator for one job and wait for its readiness line (socket bound).
+
+    Stats go to ``workdir/stats.json``, stderr and stdout to ``workdir/aggregator.log``.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    stats_path = workdir / "stats.json"
+    log_path = workdir / "aggregator.log"
+    arguments = [
+        "--listen", listen, "--job", str(job), "--workers", str(workers), "--k", str(k),
+        "--result", result, "--stats", str(stats_path), *extra,
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            aggregator_command(backend, arguments),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    running = RunningAggregator(process, ("", 0), stats_path, log_path)
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        found = READY.search(running.log())
+        if found:
+            running.address = (found.group(1), int(found.group(2)))
+            return running
+        if process.poll() is not None:
+            raise AssertionError(f"aggregator exited with {process.returncode}:\n{running.log()}")
+        time.sleep(0.02)
+    running.stop()
+    raise AssertionError(f"aggregator not ready within {START_TIMEOUT} s:\n{running.log()}")
+
+
+def uplink(
+    *,
+    job: int,
+    rank: int,
+    slot: int,
+    offset: int,
+    codes: bytes | Sequence[int],
+    emin: int,
+    pool: int = 0,
+    retx: bool = False,
+    **fields: Any,
+) -> bytes:
+    """A worker's datagram (ncina header and NC8 payload) built with scapy.
+
+    ``count`` defaults to the number of codes; any other header field can be overridden through
+    ``fields`` (``flags=...``, ``format=1``, ``version=2``, ``count=...``) to craft bad packets.
+    """
+    payload = bytes(codes)
+    header: dict[str, Any] = {
+        "flags": (0x04 if pool else 0) | (0x02 if retx else 0),
+        "format": 0,
+        "emin": emin,
+        "job": job,
+        "rank": rank,
+        "slot": slot,
+        "count": len(payload),
+        "offset": offset,
+    }
+    header.update(fields)
+    return bytes(NcinaHeader(**header) / Raw(payload))
+
+
+def code_values(codes: Iterable[int]) -> list[int]:
+    """Integer value of each NC8 code in units of 2**e_min: 0 or +-2**(c - 1), computed here
+    independently of the codec under test."""
+    return [0 if c & 0x7F == 0 else (-1 if c & 0x80 else 1) << ((c & 0x7F) - 1) for c in codes]
+
+
+def exact_sums(per_worker_codes: Iterable[Sequence[int]]) -> list[int]:
+    """Element-wise exact sum of the workers' code values (units of 2**e_min)."""
+    return [sum(column) for column in zip(*(code_values(c) for c in per_worker_codes), strict=True)]
+
+
+def is_nc8_rounding(code: int, exact: int) -> bool:
+    """Whether ``code`` is one of the two powers of two around ``exact`` (same sign), as the
+    aggregator's unbiased re-compression must produce; ``exact == 0`` needs code 0."""
+    value = code_values([code])[0]
+    if exact == 0:
+        return value == 0
+    low = 1 << (abs(exact).bit_length() - 1)  # 2**h <= |exact| < 2**(h + 1)
+    return value in ((low, 2 * low) if exact > 0 else (-low, -2 * low))
+
+
+def dissect(datagram: bytes) -> tuple[dict[str, int], bytes]:
+    """Header fields and payload of a datagram, dissected with the scapy layer."""
+    layer = NcinaHeader(datagram)
+    fields = {f.name: int(layer.getfieldval(f.name)) for f in NcinaHeader.fields_desc}
+    return fields, bytes(layer.payload)
+
+
+class Worker:
+    """A worker's UDP socket on 127.0.0.1 (its own port) talking to one aggregator address."""
+
+    def __init__(self, aggregator: Address, timeout: float = 10.0) -> None:
+        self.aggregator = aggregator
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.settimeout(timeout)
+        self.address: Address = self.socket.getsockname()
+
+    def send(self, datagram: bytes) -> None:
+        self.socket.sendto(datagram, self.aggregator)
+
+    def receive(self) -> bytes:
+        """The next datagram (``TimeoutError`` if none comes); it must come from the aggregator's
+        listening address and port."""
+        data, source = self.socket.recvfrom(0xFFFF)
+        assert source == self.aggregator, f"datagram from {source}, not {self.aggregator}"
+        return data
+
+    def close(self) -> None:
+        self.socket.close()
+
