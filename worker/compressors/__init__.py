@@ -1,0 +1,75 @@
+"""Gradient compressors behind one contract (:mod:`.base`), one module per method.
+
+``create("qsgd:s=16,bucket=256")`` builds a compressor from a spec ``[ef+]name[:key=value,...]``;
+values are read as int, else float, else text. ``ef+`` wraps the method in
+:class:`ErrorFeedback`; methods defined with error feedback (1-bit, sign, 3LC) get it without
+asking. Each tensor needs its own :class:`State` (random generator, error-feedback memory).
+The methods, their payload layouts and measured figures are in ``docs/compressors.md``.
+"""
+
+from __future__ import annotations
+
+from ncina.worker.compressors.base import Compressor, State
+from ncina.worker.compressors.ef import ErrorFeedback
+from ncina.worker.compressors.fft import FFTSparsify
+from ncina.worker.compressors.natdither import NaturalDithering
+from ncina.worker.compressors.nc import NaturalCompression
+from ncina.worker.compressors.onebit import OneBitSGD, SignSGD
+from ncina.worker.compressors.qsgd import QSGD
+from ncina.worker.compressors.randk import RandomK
+from ncina.worker.compressors.terngrad import TernGrad
+from ncina.worker.compressors.threelc import ThreeLC
+from ncina.worker.compressors.topk import TopK
+
+REGISTRY: dict[str, type[Compressor]] = {
+    cls.name: cls
+    for cls in (
+        NaturalCompression,
+        NaturalDithering,
+        QSGD,
+        TernGrad,
+        TopK,
+        RandomK,
+        SignSGD,
+        OneBitSGD,
+        FFTSparsify,
+        ThreeLC,
+    )
+}
+"""Method name -> compressor class."""
+
+EF_PREFIX = "ef+"
+
+__all__ = ["EF_PREFIX", "REGISTRY", "Compressor", "ErrorFeedback", "State", "create"]
+
+
+def _value(text: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def create(spec: str) -> Compressor:
+    """The compressor of ``spec`` = ``[ef+]name[:key=value,...]``, e.g. ``ef+topk:ratio=0.01``.
+
+    Raises ``ValueError`` for an unknown name, a malformed or unknown parameter, or a bad value.
+    """
+    ef = spec.startswith(EF_PREFIX)
+    name, _, params = spec.removeprefix(EF_PREFIX).partition(":")
+    cls = REGISTRY.get(name)
+    if cls is None:
+        raise ValueError(f"unknown compressor {name!r}; known: {', '.join(REGISTRY)}")
+    kwargs: dict[str, int | float | str] = {}
+    for item in filter(None, params.split(",")):
+        key, eq, text = item.partition("=")
+        if not eq:
+            raise ValueError(f"compressor parameter {item!r} is not key=value")
+        kwargs[key.strip()] = _value(text.strip())
+    try:
+        compressor = cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"bad parameters for {name}: {exc}") from None
+    return ErrorFeedback(compressor) if ef or cls.error_feedback else compressor

@@ -1,0 +1,115 @@
+"""The compressor contract: one class per method, payloads that decompress on their own.
+
+A compressor turns a float32 tensor into ``bytes`` and back:
+
+- ``compress(x, state) -> bytes``: ``x`` is flattened (C order). Every payload starts with the
+  common header :data:`HEAD` (method tag, element count) followed by the method's own fields
+  and sections (see ``docs/compressors.md``), so ``decompress(payload)`` needs nothing else.
+- ``decompress(payload) -> np.ndarray``: flat float32 of the original length.
+- ``ina``: whether payloads of several workers can be summed by a switch as integers (they are
+  NC8 codes of one window), or need server mode (decompress, sum in float, re-compress).
+- ``unbiased``: whether ``E[decompress(compress(x))] == x``.
+- ``nominal_bits(n)``: bits per element of a payload for an ``n``-element tensor, from the
+  format (fixed-size formats) or from the method's published bound (variable-length ones),
+  header excluded; the benchmark reports the measured size next to it.
+
+Randomness and per-tensor memory live in :class:`State`, one per tensor.
+"""
+
+from __future__ import annotations
+
+import struct
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+HEAD = struct.Struct("!BI")
+"""Common payload header: method tag (uint8), element count n (uint32), network byte order."""
+
+
+@dataclass
+class State:
+    """Per-tensor state of a compressor, kept by the caller between calls.
+
+    ``rng`` makes every random choice (one seeded ``numpy.random.Generator``). ``residual`` is the
+    error-feedback memory ``e`` (float32, the tensor's flat shape; ``None`` before the first
+    call): what earlier payloads failed to carry, added to the next input by
+    :class:`~ncina.worker.compressors.ef.ErrorFeedback`. ``saturated`` counts elements clipped
+    to the top of an NC8 window over all calls (biased; should stay 0).
+    """
+
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    residual: np.ndarray | None = None
+    saturated: int = 0
+
+
+def as_vector(x: np.ndarray) -> np.ndarray:
+    """``x`` as a flat float32 array; ``ValueError`` naming the first NaN or infinity.
+
+    The check mirrors the NC8 codec's: a non-finite gradient is an error the caller sees.
+    """
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if flat.size >= 1 << 32:
+        raise ValueError(f"{flat.size} elements do not fit the uint32 element count")
+    if not np.isfinite(flat).all():
+        i = int(np.flatnonzero(~np.isfinite(flat))[0])
+        raise ValueError(f"cannot compress non-finite value {flat[i]!r} at flat index {i}")
+    return flat
+
+
+class Compressor(ABC):
+    """One compression method; subclasses are frozen dataclasses of their parameters."""
+
+    name: ClassVar[str]
+    """Registry name."""
+    tag: ClassVar[int]
+    """First payload byte, so a payload given to the wrong method is rejected."""
+    ina: ClassVar[bool]
+    """Payloads are integer-summable in a switch (NC8 codes)."""
+    unbiased: ClassVar[bool]
+    """``E[decompress(compress(x))] == x``."""
+    error_feedback: ClassVar[bool] = False
+    """The method is defined with error feedback (the registry wraps it by default)."""
+    layout: ClassVar[struct.Struct] = struct.Struct("!")
+    """The method's header fields after :data:`HEAD`."""
+
+    @abstractmethod
+    def nominal_bits(self, n: int) -> float:
+        """Bits per element of the payload of an ``n``-element tensor, header excluded."""
+
+    @abstractmethod
+    def compress(self, x: np.ndarray, state: State) -> bytes:
+        """The payload of ``x`` (any shape, flattened); random choices from ``state.rng``."""
+
+    @abstractmethod
+    def decompress(self, payload: bytes) -> np.ndarray:
+        """The flat float32 tensor a payload stands for."""
+
+    def header(self, n: int, *fields: float) -> bytes:
+        """:data:`HEAD` and the method's header fields."""
+        return HEAD.pack(self.tag, n) + self.layout.pack(*fields)
+
+    def parse(self, payload: bytes) -> tuple[int, tuple, memoryview]:
+        """Split a payload into (n, method header fields, body); ``ValueError`` if malformed."""
+        size = HEAD.size + self.layout.size
+        if len(payload) < size:
+            raise ValueError(f"{self.name} payload of {len(payload)} bytes: header is {size}")
+        tag, n = HEAD.unpack_from(payload)
+        if tag != self.tag:
+            raise ValueError(f"payload tag {tag} is not {self.name}'s ({self.tag})")
+        return n, self.layout.unpack_from(payload, HEAD.size), memoryview(payload)[size:]
+
+
+def take(body: memoryview, size: int, what: str) -> tuple[memoryview, memoryview]:
+    """Split ``size`` bytes off the front of ``body``; ``ValueError`` naming ``what`` if short."""
+    if len(body) < size:
+        raise ValueError(f"payload truncated in {what}: {len(body)} of {size} bytes")
+    return body[:size], body[size:]
+
+
+def expect_end(rest: memoryview, name: str) -> None:
+    """``ValueError`` if bytes are left over after the last section of a payload."""
+    if len(rest):
+        raise ValueError(f"{name} payload has {len(rest)} trailing bytes")
