@@ -7,6 +7,7 @@ the 9/8 second-moment bound), C/numpy parity on random bit patterns, and the cff
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 from ncina.proto import nc8
 from ncina.proto.nc8 import Window
 
+from ncina.bench import codec as bench
 from ncina.cbuild import build_extension
 
 W4 = Window.for_job(4)  # [-50, 10], the paper's window
@@ -668,3 +670,19 @@ def test_build_extension_reports_compile_errors(
     src.write_text("int broken(void) { return }\n")
     with pytest.raises(RuntimeError, match="building C extension"):
         build_extension("t_broken", "int broken(void);", [src])
+
+
+def test_codec_benchmark_smoke() -> None:
+    parser = argparse.ArgumentParser()
+    args = bench.add_parser(parser.add_subparsers()).parse_args(
+        ["--elements", "3000", "--repeat", "2"]
+    )
+    try:
+        nc8.codec("c")
+    except RuntimeError:
+        args.impl = "numpy"
+    figures = bench.run(args)
+    assert figures["memcpy_gbps"] > 0
+    for name in ("c", "numpy") if args.impl == "both" else ("numpy",):
+        assert figures[name]["encode_gbps"] > 0 and figures[name]["decode_vs_memcpy"] > 0
+    assert figures.get("identical_codes", True)
