@@ -313,50 +313,60 @@ class _Transfer:
         """Drive the window until every chunk's result is in."""
         client = self.client
         s, chunks = client.pool_size, self.chunks
-        sock, poll, stats = client._sock, client._poll, client._stats
+        recv_into, poll = client._sock.recv_into, client._poll.poll
         buf = client._buf
         view = memoryview(buf)
         out, current, want_header, want_length = (
             self.out, self.current, self.want_header, self.want_length,
         )
         stride = client.k * self.element_size
-        start = self.start
-        now = time.monotonic()
+        start, clock = self.start, time.monotonic
+        now = clock()
         for i in range(min(s, chunks)):
             start(i, i, now)
-        done = 0
+        done = received = received_bytes = ignored = 0
         last_progress = now
         next_check = now + client.timer.initial
-        while done < chunks:
-            try:
-                size = sock.recv_into(buf)
-            except (BlockingIOError, ConnectionRefusedError):
-                size = -1
-            now = time.monotonic()
-            if size >= 0:
-                stats["packets_received"] += 1
-                stats["bytes_received"] += size
-                slot = (buf[8] << 8) | buf[9] if size >= HEADER_SIZE else s
-                if slot < s and buf[1] & FLAG_RETX:
-                    buf[1] ^= FLAG_RETX  # an echoed RETX flag does not make a result foreign
-                if slot >= s or size != want_length[slot] or buf[:HEADER_SIZE] != want_header[slot]:
-                    stats["results_ignored"] += 1
-                else:
-                    i = current[slot]
-                    begin = i * stride
-                    out[begin : begin + size - HEADER_SIZE] = view[HEADER_SIZE:size]
-                    done += 1
-                    last_progress = now
-                    if i + s < chunks:
-                        start(i + s, slot, now)
+        try:
+            while done < chunks:
+                try:
+                    size = recv_into(buf)
+                except (BlockingIOError, ConnectionRefusedError):
+                    size = -1
+                now = clock()
+                if size >= 0:
+                    received += 1
+                    received_bytes += size
+                    slot = (buf[8] << 8) | buf[9] if size >= HEADER_SIZE else s
+                    if slot < s and buf[1] & FLAG_RETX:
+                        buf[1] ^= FLAG_RETX  # an echoed RETX flag does not make it foreign
+                    if (
+                        slot >= s
+                        or size != want_length[slot]
+                        or buf[:HEADER_SIZE] != want_header[slot]
+                    ):
+                        ignored += 1
                     else:
-                        current[slot] = -1
-                        want_header[slot] = None
-            elif now < next_check:
-                poll.poll(max(1, math.ceil((next_check - now) * 1000)))
-                continue
-            if now >= next_check:
-                next_check = self.check_timers(now, last_progress)
+                        i = current[slot]
+                        begin = i * stride
+                        out[begin : begin + size - HEADER_SIZE] = view[HEADER_SIZE:size]
+                        done += 1
+                        last_progress = now
+                        if i + s < chunks:
+                            start(i + s, slot, now)
+                        else:
+                            current[slot] = -1
+                            want_header[slot] = None
+                elif now < next_check:
+                    poll(max(1, math.ceil((next_check - now) * 1000)))
+                    continue
+                if now >= next_check:
+                    next_check = self.check_timers(now, last_progress)
+        finally:
+            stats = client._stats
+            stats["packets_received"] += received
+            stats["bytes_received"] += received_bytes
+            stats["results_ignored"] += ignored
 
     def check_timers(self, now: float, last_progress: float) -> float:
         """Re-send expired slots with RETX; raise ``TimeoutError`` past the deadline.

@@ -1,0 +1,112 @@
+"""``ncina allreduce``: all-reduce one tensor from a ``.npy`` file through an aggregator.
+
+One process is one worker: it reads its float tensor, runs ``AllreduceClient.allreduce`` and
+writes the job's float32 result; run it once per rank. A summary line goes to stderr, the
+client's counters optionally to a JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ncina.worker.client import OPS, RESULT_FORMATS, AllreduceClient
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """Parse ``HOST:PORT`` (argparse type)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 1 << 16:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``ncina allreduce``."""
+    p = subparsers.add_parser(
+        "allreduce",
+        help="all-reduce a .npy tensor with the other workers of a job",
+        description="Act as one worker of a job: send the tensor in --input through the "
+        "aggregator (NC8 uplink) and write the job's sum or mean to --output (float32).",
+    )
+    p.add_argument("--aggregator", type=host_port, required=True, metavar="HOST:PORT")
+    p.add_argument("--job", type=int, required=True, help="job id")
+    p.add_argument("--rank", type=int, required=True, help="this worker's rank, 0..N-1")
+    p.add_argument("--workers", type=int, required=True, metavar="N", help="workers in the job")
+    p.add_argument("--k", type=int, required=True, help="elements per packet (the job's K)")
+    p.add_argument("--input", type=Path, required=True, metavar="X.npy", help="float tensor")
+    p.add_argument("--output", type=Path, required=True, metavar="Y.npy", help="float32 result")
+    p.add_argument("--op", choices=OPS, default="mean", help="default: %(default)s")
+    p.add_argument("--seed", type=int, default=None, help="seed of the stochastic rounding")
+    p.add_argument("--pool-size", type=int, default=64, help="slots (default: %(default)s)")
+    p.add_argument(
+        "--window-max", type=int, default=10, metavar="E",
+        help="largest in-window exponent e_max (default: %(default)s)",
+    )
+    p.add_argument(
+        "--result", choices=sorted(RESULT_FORMATS), default="nc8",
+        help="the job's result format (default: %(default)s)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=0.05, metavar="S",
+        help="initial retransmission timeout in seconds (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-timeout", type=float, default=1.0, metavar="S",
+        help="largest retransmission timeout in seconds (default: %(default)s)",
+    )
+    p.add_argument(
+        "--deadline", type=float, default=10.0, metavar="S",
+        help="give up after this many seconds without progress (default: %(default)s)",
+    )
+    p.add_argument("--stats", type=Path, default=None, metavar="FILE", help="counters as JSON")
+    return p
+
+
+def load_tensor(path: Path) -> np.ndarray:
+    """Read a float tensor as float32; other float widths are cast with a note on stderr."""
+    x = np.load(path, allow_pickle=False)
+    if not np.issubdtype(x.dtype, np.floating):
+        raise ValueError(f"{path}: expected a float array, got dtype {x.dtype}")
+    if x.dtype != np.float32:
+        print(f"ncina allreduce: note: casting {path} from {x.dtype} to float32", file=sys.stderr)
+        x = x.astype(np.float32)
+    return x
+
+
+def run(args: argparse.Namespace) -> int:
+    """All-reduce ``--input`` and write ``--output``; returns the exit status."""
+    x = load_tensor(args.input)
+    began = time.monotonic()
+    with AllreduceClient(
+        args.aggregator,
+        job=args.job,
+        rank=args.rank,
+        workers=args.workers,
+        k=args.k,
+        pool_size=args.pool_size,
+        window_max=args.window_max,
+        result_format=args.result,
+        seed=args.seed,
+        timeout=args.timeout,
+        max_timeout=args.max_timeout,
+        deadline=args.deadline,
+    ) as client:
+        result = client.allreduce(x, op=args.op)
+        stats = client.stats
+    seconds = time.monotonic() - began
+    np.save(args.output, result)
+    if args.stats is not None:
+        args.stats.write_text(json.dumps(stats, indent=2) + "\n")
+    print(
+        f"ncina allreduce: rank {args.rank}: {stats['elements']} elements, "
+        f"{stats['packets_sent']} packets sent, {stats['packets_received']} received, "
+        f"{stats['retransmissions']} retransmissions, {seconds:.3f} s",
+        file=sys.stderr,
+    )
+    return 0
