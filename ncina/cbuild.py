@@ -4,7 +4,9 @@ Several worker processes of one job start at the same moment and all want the sa
 the build is keyed by a hash of everything that affects the binary (sources, declarations, flags,
 Python ABI, cffi version) and serialised by an ``fcntl`` lock; the finished shared object is moved
 into place atomically, so a reader never sees a half-written file. The cache lives in
-``$NCINA_CACHE`` or ``~/.cache/ncina``, one directory ``<name>-<hash>`` per build.
+``$NCINA_CACHE`` or ``~/.cache/ncina``, one directory ``<name>-<hash>`` per build; a build
+happens in a temporary folder there, and cffi changes the process's working directory to it
+meanwhile (build before starting threads that rely on the working directory).
 
 Flags are portable (``-O3``, no ``-march=native``): the cache may be shared between machines of
 different CPU types.
@@ -57,9 +59,9 @@ def _pkg_config(package: str) -> tuple[list[str], list[str]]:
 
 def _check_toolchain() -> None:
     """Raise a RuntimeError naming the missing compiler or Python headers."""
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(cc) is None and shutil.which("cc") is None:
-        raise RuntimeError(f"no C compiler found ({cc!r} or 'cc'); install gcc")
+    cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")[0]
+    if shutil.which(cc) is None:
+        raise RuntimeError(f"no C compiler found ({cc!r}, from $CC or Python's build); install gcc")
     include = Path(sysconfig.get_paths()["include"])
     if not (include / "Python.h").is_file():
         raise RuntimeError(
@@ -107,9 +109,8 @@ def build_extension(
         pc_cflags, pc_libs = _pkg_config(pkg_config)
         cflags += pc_cflags
         ldflags += pc_libs
-    includes = [
-        str(p) for p in dict.fromkeys([*map(str, include_dirs), *(str(s.parent) for s in sources)])
-    ]
+    includes = list(dict.fromkeys([*map(str, include_dirs), *(str(s.parent) for s in sources)]))
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
     key = _digest(
         [
@@ -117,65 +118,43 @@ def build_extension(
             preamble.encode(),
             *(s.read_bytes() for s in [*sources, *map(Path, depends)]),
             "\0".join([*cflags, *ldflags, *libraries, *includes]).encode(),
-            (sysconfig.get_config_var("EXT_SUFFIX") or "").encode(),
-            f"{sys.implementation.cache_tag} {platform.machine()} cffi {cffi.__version__}".encode(),
+            f"{suffix} {sys.implementation.cache_tag} {platform.machine()}".encode(),
+            f"cffi {cffi.__version__}".encode(),
         ]
     )
     module_name = f"_{name}_{key}"
     build_dir = cache_root() / f"{name}-{key}"
-    target = build_dir / (module_name + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+    target = build_dir / (module_name + suffix)
 
     if not target.exists():
         build_dir.mkdir(parents=True, exist_ok=True)
         with open(build_dir / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not target.exists():
-                _compile(
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not target.exists():  # another process may have built it meanwhile
+                ffi = cffi.FFI()
+                ffi.cdef(cdef)
+                ffi.set_source(
                     module_name,
-                    cdef,
                     preamble,
-                    sources,
-                    cflags,
-                    ldflags,
-                    libraries,
-                    includes,
-                    build_dir,
-                    target,
+                    sources=[str(s) for s in sources],
+                    include_dirs=includes,
+                    extra_compile_args=cflags,
+                    extra_link_args=ldflags,
+                    libraries=list(libraries),
                 )
+                _compile(ffi, build_dir, target)
     return _import(module_name, target)
 
 
-def _compile(
-    module_name: str,
-    cdef: str,
-    preamble: str,
-    sources: list[Path],
-    cflags: list[str],
-    ldflags: list[str],
-    libraries: Sequence[str],
-    includes: list[str],
-    build_dir: Path,
-    target: Path,
-) -> None:
+def _compile(ffi: cffi.FFI, build_dir: Path, target: Path) -> None:
     """Compile in a private temporary folder, then move the result into place atomically."""
     _check_toolchain()
-    ffi = cffi.FFI()
-    ffi.cdef(cdef)
-    ffi.set_source(
-        module_name,
-        preamble,
-        sources=[str(s) for s in sources],
-        include_dirs=includes,
-        extra_compile_args=cflags,
-        extra_link_args=ldflags,
-        libraries=list(libraries),
-    )
     with tempfile.TemporaryDirectory(dir=build_dir, prefix="tmp-") as tmp:
         try:
             built = ffi.compile(tmpdir=tmp, verbose=False)
         except Exception as exc:  # cffi wraps compiler and linker failures in several types
             raise RuntimeError(
-                f"building C extension {module_name} failed (compiler messages above): "
+                f"building C extension {target.name} failed (compiler messages above): "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         os.replace(built, target)
