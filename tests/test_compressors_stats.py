@@ -1,0 +1,124 @@
+"""Statistical properties of the compressors, measured with fixed seeds.
+
+Unbiasedness is tested on tiled vectors: one call compresses many copies of a short pattern, and
+the mean over the copies of each pattern element must be within 6 standard errors of it. The
+variance figures are the papers' bounds (NC: second moment <= 9/8; QSGD: variance <=
+min(d / s**2, sqrt(d) / s); random-k: n / k - 1; TernGrad: its closed form) and the direction of
+Theorem 5 of the Natural Compression paper (natural dithering beats standard dithering with the
+same number of levels).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from ncina.worker.compressors import State, create
+
+# Norm-independent methods: any pattern works.
+PATTERN = np.array([0.3, -1.7, 5e-3, 2.5, -0.05, 1.0, 0.7, -3.1e-4], dtype=np.float32)
+# With the inf norm a largest element of 4 makes the norm exact under NC.
+INF_PATTERN = np.array([0.3, -1.7, 5e-3, 2.5, -0.05, 1.0, 0.7, -4.0], dtype=np.float32)
+# For natural dithering with p = 2 the norm is itself naturally compressed (one random draw per
+# call), so the pattern has an exact power-of-two norm: 4096 copies of (5, -5, 3, -1, 2) / 8 have
+# ||x||_2 = sqrt(4096 * 64 / 64) = 64. Its ratios y are not powers of two, and 1/8 / 64 lies
+# below the lowest of 8 levels, so both rounding regimes are exercised.
+DYADIC = np.array([5, -5, 3, -1, 2], dtype=np.float32) / 8
+
+
+def relative_error(spec: str, x: np.ndarray, seed: int = 0) -> float:
+    """||C(x) - x||^2 / ||x||^2 of one call."""
+    comp = create(spec)
+    out = comp.decompress(comp.compress(x, State(np.random.default_rng(seed)))).astype(np.float64)
+    return float(np.sum((out - x) ** 2) / np.sum(x.astype(np.float64) ** 2))
+
+
+def assert_unbiased(spec: str, pattern: np.ndarray, copies: int, calls: int = 1) -> None:
+    comp = create(spec)
+    state = State(np.random.default_rng(7))
+    x = np.tile(pattern, copies)
+    samples = np.concatenate(
+        [comp.decompress(comp.compress(x, state)).reshape(copies, -1) for _ in range(calls)]
+    ).astype(np.float64)
+    mean = samples.mean(axis=0)
+    stderr = samples.std(axis=0) / math.sqrt(samples.shape[0])
+    assert np.all(np.abs(mean - pattern) <= 6 * stderr + 1e-7 * np.abs(pattern)), (
+        f"{spec}: mean {mean} vs {pattern}, stderr {stderr}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "pattern", "copies", "calls"),
+    [
+        ("nc", PATTERN, 50_000, 1),
+        ("natdither:s=8", DYADIC, 4096, 20),
+        ("natdither:s=3,packed=1", DYADIC, 4096, 20),
+        ("natdither:p=inf,s=4", INF_PATTERN, 20_000, 1),
+        ("qsgd:s=4,bucket=64", PATTERN, 20_000, 1),
+        ("qsgd:s=2,bucket=16,encoding=sparse", PATTERN, 20_000, 5),
+        ("terngrad", PATTERN, 50_000, 1),
+        ("randk:ratio=0.25", PATTERN, 20_000, 5),
+    ],
+)
+def test_unbiased(spec: str, pattern: np.ndarray, copies: int, calls: int) -> None:
+    assert_unbiased(spec, pattern, copies, calls)
+
+
+def test_topk_is_biased() -> None:
+    """The control: the same test catches a biased method."""
+    with pytest.raises(AssertionError):
+        assert_unbiased("topk:ratio=0.25", PATTERN, 20_000)
+
+
+def test_nc_second_moment_is_at_most_nine_eighths() -> None:
+    """Theorem 1: E C(x)^2 <= 9/8 x^2, tight at x = 4/3 * 2**k (rounds to 1 or 2 times 2**k)."""
+    rng = np.random.default_rng(1)
+    gaussian = rng.standard_normal(200_000).astype(np.float32)
+    worst = np.full(200_000, 4 / 3, dtype=np.float32) * np.exp2(rng.integers(-20, 5, 200_000))
+    comp = create("nc")
+    for x, low, high in ((gaussian, 1.0, 1.125), (worst.astype(np.float32), 1.12, 1.13)):
+        out = comp.decompress(comp.compress(x, State(np.random.default_rng(2))))
+        moment = float(np.sum(out.astype(np.float64) ** 2) / np.sum(x.astype(np.float64) ** 2))
+        assert low <= moment <= high
+
+
+def test_qsgd_variance_bound() -> None:
+    """E||Q(v) - v||^2 <= min(d / s^2, sqrt(d) / s) ||v||^2 per bucket."""
+    x = np.random.default_rng(3).standard_normal(65_536).astype(np.float32)
+    for s, d in ((1, 256), (4, 256), (16, 256), (2, 4096)):
+        bound = min(d / s**2, math.sqrt(d) / s)
+        assert relative_error(f"qsgd:s={s},bucket={d}", x) <= bound
+
+
+def test_randk_variance_is_n_over_k_minus_one() -> None:
+    x = np.random.default_rng(4).standard_normal(4000).astype(np.float32)
+    errors = [relative_error("randk:ratio=0.1", x, seed) for seed in range(40)]
+    assert np.mean(errors) == pytest.approx(9.0, rel=0.05)
+
+
+def test_terngrad_variance_matches_its_closed_form() -> None:
+    """Each element is scale or 0: variance sum |x_i| (scale - |x_i|)."""
+    x = np.random.default_rng(5).standard_normal(100_000).astype(np.float64)
+    a = np.abs(x)
+    expected = float(np.sum(a * (a.max() - a)) / np.sum(x**2))
+    assert relative_error("terngrad", x.astype(np.float32)) == pytest.approx(expected, rel=0.02)
+
+
+def test_natural_dithering_beats_standard_dithering_with_as_many_levels() -> None:
+    """Theorem 5: with the same s, natural dithering's variance is at least ~2**(s-1)/s times
+    smaller (the lowest level is 2**(1-s) instead of 1/s; same levels at s = 2)."""
+    x = np.random.default_rng(6).standard_normal(16_384).astype(np.float32)
+    for s in range(2, 9):
+        natural = relative_error(f"natdither:s={s}", x)
+        standard = relative_error(f"qsgd:s={s},bucket=0", x)
+        assert standard / natural >= 0.9 * 2 ** (s - 1) / s
+
+
+def test_standard_dithering_needs_exponentially_more_levels() -> None:
+    """Theorem 5 and the paper's Fig. 10: u = 2**(s-1) standard levels match s natural ones."""
+    x = np.random.default_rng(6).standard_normal(16_384).astype(np.float32)
+    for s in range(3, 9):
+        natural = relative_error(f"natdither:s={s}", x)
+        standard = relative_error(f"qsgd:s={2 ** (s - 1)},bucket=0", x)
+        assert 0.8 < natural / standard < 1.25
