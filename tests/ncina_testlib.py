@@ -91,7 +91,7 @@ def aggregator_command(backend: str, arguments: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend, *arguments]
 
 
-def start_aggregator(
+def launch_aggregator(
     backend: str,
     workdir: Path,
     *,
@@ -102,7 +102,7 @@ def start_aggregator(
     extra: Sequence[str] = (),
     listen: str = "127.0.0.1:0",
 ) -> RunningAggregator:
-    """Start an aggregator for one job and wait for its readiness line (socket bound).
+    """Start an aggregator for one job without waiting for it (see ``wait_ready``).
 
     Stats go to ``workdir/stats.json``, stderr and stdout to ``workdir/aggregator.log``.
     """
@@ -120,18 +120,28 @@ def start_aggregator(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    running = RunningAggregator(process, ("", 0), stats_path, log_path)
+    return RunningAggregator(process, ("", 0), stats_path, log_path)
+
+
+def wait_ready(running: RunningAggregator) -> RunningAggregator:
+    """Wait for the readiness line (the socket is bound) and record the address it names."""
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         found = READY.search(running.log())
         if found:
             running.address = (found.group(1), int(found.group(2)))
             return running
-        if process.poll() is not None:
-            raise AssertionError(f"aggregator exited with {process.returncode}:\n{running.log()}")
+        if running.process.poll() is not None:
+            status = running.process.returncode
+            raise AssertionError(f"aggregator exited with {status}:\n{running.log()}")
         time.sleep(0.02)
     running.stop()
     raise AssertionError(f"aggregator not ready within {START_TIMEOUT} s:\n{running.log()}")
+
+
+def start_aggregator(backend: str, workdir: Path, **options: Any) -> RunningAggregator:
+    """``launch_aggregator`` and ``wait_ready``."""
+    return wait_ready(launch_aggregator(backend, workdir, **options))
 
 
 def uplink(
@@ -217,3 +227,76 @@ class Worker:
     def close(self) -> None:
         self.socket.close()
 
+
+
+def window_e_min(workers: int, e_max: int = 10) -> int:
+    """The job's e_min as docs/protocol.md derives it: e_max - (62 - ceil(log2(workers)))."""
+    return e_max - (62 - (workers - 1).bit_length())
+
+
+class Cluster:
+    """One job on a running aggregator, with one ``Worker`` socket per rank.
+
+    ``open`` completes slot 0 (version 0) once, so every rank's address is learned and any rank
+    can ``ping``: a retransmission for that slot, whose stored result must be the next datagram
+    the rank receives, which proves that nothing else was sent to it meanwhile and that the
+    aggregator has handled everything sent before.
+    """
+
+    PING_SLOT = 0
+
+    def __init__(self, aggregator: RunningAggregator, *, job: int, workers: int, k: int) -> None:
+        self.aggregator = aggregator
+        self.job = job
+        self.k = k
+        self.emin = window_e_min(workers)
+        self.workers = [Worker(aggregator.address) for _ in range(workers)]
+        self._next_slot = self.PING_SLOT + 1
+
+    def open(self) -> Cluster:
+        """Complete the ping slot; returns self."""
+        results = self.reduce(self.PING_SLOT, [[1] * self.k] * len(self.workers))
+        self._ping_replies = [datagram for datagram, _ in results]
+        return self
+
+    def next_slot(self) -> int:
+        """A slot no test has used yet (tests sharing a cluster each take their own)."""
+        slot = self._next_slot
+        self._next_slot += 1
+        return slot
+
+    def packet(
+        self, rank: int, slot: int, codes: bytes | Sequence[int], *, offset: int | None = None,
+        **fields: Any,
+    ) -> bytes:  # fmt: skip
+        """Rank's uplink datagram for ``slot`` (offset ``slot * k`` unless given)."""
+        offset = slot * self.k if offset is None else offset
+        fields = {"job": self.job, "emin": self.emin, **fields}
+        return uplink(rank=rank, slot=slot, offset=offset, codes=codes, **fields)
+
+    def send(self, rank: int, slot: int, codes: bytes | Sequence[int], **fields: Any) -> None:
+        self.workers[rank].send(self.packet(rank, slot, codes, **fields))
+
+    def receive(self, rank: int) -> tuple[bytes, dict[str, int], bytes]:
+        """The next datagram of ``rank``: raw, header fields, payload."""
+        datagram = self.workers[rank].receive()
+        fields, payload = dissect(datagram)
+        return datagram, fields, payload
+
+    def reduce(
+        self, slot: int, codes: Sequence[Sequence[int]], **fields: Any
+    ) -> list[tuple[bytes, dict[str, int]]]:
+        """Every rank sends its codes for ``slot``; returns each rank's result (raw, fields)."""
+        for rank, c in enumerate(codes):
+            self.send(rank, slot, c, **fields)
+        return [self.receive(rank)[:2] for rank in range(len(self.workers))]
+
+    def ping(self, rank: int) -> None:
+        """Assert that the next datagram of ``rank`` is the reply to a retransmission now."""
+        self.send(rank, self.PING_SLOT, [1] * self.k, retx=True)
+        datagram, fields, _ = self.receive(rank)
+        assert datagram == self._ping_replies[rank], f"unexpected datagram before ping: {fields}"
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()

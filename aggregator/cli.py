@@ -1,0 +1,172 @@
+"""``ncina aggregator``: run an aggregator backend for one job (the control API will add more)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ncina.aggregator.jobs import (
+    DEFAULT_MTU,
+    DEFAULT_POOL_SIZE,
+    DEFAULT_WINDOW_MAX,
+    MAX_K,
+    MAX_POOL_SIZE,
+    MAX_WORKERS,
+    JobConfig,
+    parse_address,
+    parse_member,
+)
+from ncina.proto.header import PORT, Format
+
+BACKENDS = ("python",)
+
+DESCRIPTION = f"""\
+Run an in-network aggregator for one job: workers send NC8-coded chunks over UDP, the aggregator
+adds them in 64-bit integer slots (SwitchML pool of --pool-size slots, two versions each) and
+sends each completed slot's sum back to every worker, re-compressed to NC8 (--result nc8) or as
+exact integers (--result int). The wire format is docs/protocol.md.
+
+On start it prints one line on stderr, "ncina aggregator: listening on HOST:PORT ...", once the
+socket is bound. SIGUSR1 writes the stats now; SIGTERM and SIGINT write them and exit with 0.
+Limits: 1 <= --workers <= {MAX_WORKERS}, 1 <= --k <= {MAX_K}, 1 <= --pool-size <= {MAX_POOL_SIZE},
+and a full result frame (Ethernet + IPv4 + UDP + 16-byte header + K elements) must fit --mtu.
+"""
+
+
+def _address(text: str) -> tuple[str, int]:
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _member(text: str) -> tuple[int, tuple[str, int]]:
+    try:
+        return parse_member(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``ncina aggregator`` and its options."""
+    parser = subparsers.add_parser(
+        "aggregator",
+        help="run an aggregator (switch) for one job",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="python",
+        help="data plane implementation (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--listen",
+        type=_address,
+        default=("0.0.0.0", PORT),
+        metavar="HOST:PORT",
+        help=f"IPv4 address and UDP port to serve; port 0 picks a free one, reported in the "
+        f"readiness line (default: 0.0.0.0:{PORT})",
+    )
+    parser.add_argument("--job", type=int, required=True, help="job id (0..65535)")
+    parser.add_argument(
+        "--workers", type=int, required=True, metavar="N", help="number of workers (ranks 0..N-1)"
+    )
+    parser.add_argument(
+        "--k", type=int, required=True, help="elements per packet (chunk size) of the job"
+    )
+    parser.add_argument(
+        "--result",
+        choices=[f.name.lower() for f in Format],
+        required=True,
+        help="result payload: nc8 (sums re-compressed to NC8, 1 byte per element) or int "
+        "(exact sums, 8 bytes per element)",
+    )
+    parser.add_argument(
+        "--pool-size",
+        type=int,
+        default=DEFAULT_POOL_SIZE,
+        metavar="S",
+        help="slots in the job's pool (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--window-max",
+        type=int,
+        default=DEFAULT_WINDOW_MAX,
+        metavar="E",
+        help="largest exponent of the NC8 window, e_max; e_min follows from it and --workers "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--member",
+        type=_member,
+        action="append",
+        default=[],
+        metavar="RANK=HOST:PORT",
+        help="fix a rank's address (repeatable); ranks not given are learned from their first "
+        "valid packet, and packets for a rank from any other address are dropped",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the random stream that re-compresses nc8 results (default: from the OS)",
+    )
+    parser.add_argument(
+        "--mtu",
+        type=int,
+        default=DEFAULT_MTU,
+        help="link MTU in bytes that a result frame must fit (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--stats",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the counters as JSON to FILE (atomically) every --stats-interval seconds, "
+        "on SIGUSR1 and at exit; without it they are printed on stderr on SIGUSR1 and at exit",
+    )
+    parser.add_argument(
+        "--stats-interval",
+        type=_positive_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="period of the stats file writes (default: %(default)s)",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the job, start the chosen backend and serve until SIGTERM/SIGINT."""
+    config = JobConfig.create(
+        job=args.job,
+        workers=args.workers,
+        k=args.k,
+        result_format=args.result,
+        pool_size=args.pool_size,
+        window_max=args.window_max,
+        members=args.member,
+        seed=args.seed,
+    )
+    config.check_mtu(args.mtu)
+    from ncina.aggregator.python_backend import PythonBackend
+    from ncina.aggregator.slots import Aggregator
+
+    aggregator = Aggregator()
+    aggregator.add_job(config)
+    backend = PythonBackend(
+        aggregator, args.listen, stats_path=args.stats, stats_interval=args.stats_interval
+    )
+    return backend.run()

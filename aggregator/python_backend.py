@@ -1,0 +1,181 @@
+"""The Python reference backend: one blocking UDP socket in front of ``slots.Aggregator``.
+
+The loop receives into one preallocated buffer, hands the datagram to the aggregator logic and
+sends what it returns. The socket has a kernel receive timeout (``SO_RCVTIMEO``) rather than a
+Python-level one, so an idle loop still wakes up to write stats and notice signals, while a busy
+loop does one ``recvfrom`` system call per packet (a Python socket timeout would add a ``poll``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, TextIO
+
+from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.slots import Aggregator
+from ncina.aggregator.stats import snapshot, write_atomically
+
+NAME = "python"
+RECEIVE_TIMEOUT_US = 200_000  # how long an idle loop sleeps before looking at stats and signals
+SOCKET_BUFFER_BYTES = 4 << 20  # asked for SO_RCVBUF and SO_SNDBUF; the kernel may cap it
+MAX_DATAGRAM = 0xFFFF  # the whole of any UDP datagram, so oversized ones are seen and counted
+
+
+def open_socket(listen: Address) -> socket.socket:
+    """A bound, blocking IPv4 UDP socket with big buffers and a kernel receive timeout."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            # Best effort: the kernel's default buffers still work, with more loss under bursts.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+        timeout = struct.pack("@ll", 0, RECEIVE_TIMEOUT_US)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
+        sock.bind(listen)
+    except OSError as exc:
+        sock.close()
+        where = f"{listen[0]}:{listen[1]}/udp"
+        raise OSError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
+    return sock
+
+
+class PythonBackend:
+    """Serves an ``Aggregator`` on a UDP socket until SIGTERM/SIGINT (or ``request_stop``).
+
+    Stats go to ``stats_path`` (atomically) every ``stats_interval`` seconds, on SIGUSR1 and at
+    exit; without a path they are printed as one JSON line on ``log`` on SIGUSR1 and at exit.
+    """
+
+    def __init__(
+        self,
+        aggregator: Aggregator,
+        listen: Address,
+        *,
+        stats_path: Path | None = None,
+        stats_interval: float = 1.0,
+        log: TextIO = sys.stderr,
+    ) -> None:
+        self.aggregator = aggregator
+        self.stats_path = stats_path
+        self.stats_interval = stats_interval
+        self.log = log
+        self.started = time.time()
+        self.socket = open_socket(listen)
+        self.address: Address = self.socket.getsockname()
+        self._stop = False
+        self._stats_requested = False
+        self._internal_error_logged = False
+
+    def run(self) -> int:
+        """Install the signal handlers, announce readiness on ``log``, serve, write final stats."""
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGUSR1, self._on_stats_signal)
+        if self.stats_path is not None:
+            self.write_stats()  # fails early on an unwritable path, and shows the schema at once
+        host, port = self.address
+        jobs = "; ".join(_describe(slots.config) for slots in self.aggregator.jobs.values())
+        print(
+            f"ncina aggregator: listening on {host}:{port} (udp), backend {NAME}, pid "
+            f"{os.getpid()}, {jobs}",
+            file=self.log,
+            flush=True,
+        )
+        try:
+            self.serve()
+        finally:
+            self.socket.close()
+            self.write_stats()
+        return 0
+
+    def serve(self) -> None:
+        """The packet loop; returns after ``request_stop``."""
+        buffer = bytearray(MAX_DATAGRAM)
+        view = memoryview(buffer)
+        receive = self.socket.recvfrom_into
+        send = self.socket.sendto
+        handle = self.aggregator.handle
+        global_stats = self.aggregator.stats
+        clock = time.monotonic
+        next_write = clock() + self.stats_interval
+        while not self._stop:
+            try:
+                size, source = receive(buffer)
+            except BlockingIOError:  # SO_RCVTIMEO expired: idle
+                pass
+            else:
+                try:
+                    for datagram, destination in handle(view[:size], source):
+                        try:
+                            send(datagram, destination)
+                        except OSError:
+                            global_stats.send_errors += 1
+                except Exception:
+                    self._internal_error(source)
+            if self._stats_requested or (
+                self.stats_path is not None and clock() >= next_write
+            ):
+                self._stats_requested = False
+                next_write = clock() + self.stats_interval
+                try:
+                    self.write_stats()
+                except OSError as exc:  # keep serving; the next write may succeed
+                    print(f"ncina aggregator: cannot write stats: {exc}", file=self.log, flush=True)
+
+    def request_stop(self) -> None:
+        """Make ``serve`` return within one receive timeout."""
+        self._stop = True
+
+    def stats_document(self) -> dict[str, Any]:
+        """The stats JSON document (docs/protocol.md, "Counters") as of now."""
+        return snapshot(
+            backend=NAME,
+            started=self.started,
+            global_stats=self.aggregator.stats,
+            jobs={job: slots.stats for job, slots in self.aggregator.jobs.items()},
+        )
+
+    def write_stats(self) -> None:
+        """Write the stats document to ``stats_path``, or print it as one line on ``log``."""
+        document = self.stats_document()
+        if self.stats_path is None:
+            print(json.dumps(document), file=self.log, flush=True)
+        else:
+            write_atomically(self.stats_path, document)
+
+    def _internal_error(self, source: Address) -> None:
+        self.aggregator.stats.drops["internal_error"] += 1
+        if self._internal_error_logged:
+            return
+        self._internal_error_logged = True
+        print(
+            f"ncina aggregator: internal error on a packet from {source[0]}:{source[1]} "
+            "(counted as internal_error; later ones are only counted):",
+            file=self.log,
+        )
+        traceback.print_exc(file=self.log)
+        self.log.flush()
+
+    def _on_stop_signal(self, signum: int, frame: object) -> None:
+        self._stop = True
+
+    def _on_stats_signal(self, signum: int, frame: object) -> None:
+        self._stats_requested = True
+
+
+def _describe(config: JobConfig) -> str:
+    window = config.window
+    return (
+        f"job {config.job}: {config.workers} workers, k={config.k}, "
+        f"{config.result_format.name.lower()} results, pool {config.pool_size}, "
+        f"window 2^{window.e_min}..2^{window.e_max}"
+    )

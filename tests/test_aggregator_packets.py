@@ -1,0 +1,396 @@
+"""Packet level: scapy-built datagrams against a running ``ncina aggregator`` process.
+
+Every test runs for each backend in ``AGGREGATOR_BACKENDS`` (the ``backend`` fixture). Two
+aggregators are shared by the module (starting one costs seconds): ``pair`` (2 workers, nc8
+results) and ``trio`` (3 workers, int results); each test takes its own slots. Tests synchronise
+on replies (``Cluster.ping``), never on sleeps, and check counters as differences of the stats
+document before and after.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from ncina.proto.header import FLAG_POOL, FLAG_RESULT, INT_DTYPE
+from ncina_testlib import (
+    AGGREGATOR_BACKENDS,
+    Cluster,
+    Worker,
+    aggregator_command,
+    exact_sums,
+    is_nc8_rounding,
+    launch_aggregator,
+    start_aggregator,
+    uplink,
+    wait_ready,
+    window_e_min,
+)
+
+K = 16
+PAIR_JOB = 21
+TRIO_JOB = 31
+
+
+@pytest.fixture(scope="module", params=AGGREGATOR_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def clusters(
+    backend: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Cluster]]:
+    """The module's two shared aggregators, started concurrently."""
+    workdir = tmp_path_factory.mktemp(f"aggregators-{backend}")
+    specs = {"pair": (PAIR_JOB, 2, "nc8"), "trio": (TRIO_JOB, 3, "int")}
+    running = {
+        name: launch_aggregator(
+            backend, workdir / name, job=job, workers=n, k=K, result=result, extra=["--seed", "1"]
+        )
+        for name, (job, n, result) in specs.items()
+    }
+    made: dict[str, Cluster] = {}
+    try:
+        for name, (job, n, _) in specs.items():
+            made[name] = Cluster(wait_ready(running[name]), job=job, workers=n, k=K).open()
+        yield made
+    finally:
+        for cluster in made.values():
+            cluster.close()
+        for process in running.values():
+            process.stop()
+
+
+@pytest.fixture
+def pair(clusters: dict[str, Cluster]) -> Cluster:
+    return clusters["pair"]
+
+
+@pytest.fixture
+def trio(clusters: dict[str, Cluster]) -> Cluster:
+    return clusters["trio"]
+
+
+def random_codes(seed: int, workers: int, top: int = 40) -> list[list[int]]:
+    """Valid codes of both signs (exponent code 0..top) for every worker."""
+    rng = random.Random(seed)
+    return [
+        [rng.choice((0, 0x80)) | e if (e := rng.randint(0, top)) else 0 for _ in range(K)]
+        for _ in range(workers)
+    ]
+
+
+def check_result(
+    cluster: Cluster,
+    results: list[tuple[bytes, dict[str, int]]],
+    *,
+    slot: int,
+    pool: int,
+    offset: int,
+    exact: list[int],
+    result: str,
+) -> None:
+    """Each rank got the documented result header, and the same payload: the exact sum (int)
+    or one of the powers of two around it (nc8)."""
+    payloads = set()
+    for rank, (datagram, fields) in enumerate(results):
+        assert fields == {
+            "version": 1,
+            "flags": FLAG_RESULT | (FLAG_POOL if pool else 0),
+            "format": 0 if result == "nc8" else 1,
+            "emin": cluster.emin,
+            "job": cluster.job,
+            "rank": rank,
+            "slot": slot,
+            "count": len(exact),
+            "offset": offset,
+        }
+        payloads.add(datagram[16:])
+    assert len(payloads) == 1
+    payload = payloads.pop()
+    if result == "int":
+        assert np.frombuffer(payload, dtype=INT_DTYPE).tolist() == exact
+    else:
+        assert len(payload) == len(exact)
+        assert all(is_nc8_rounding(c, s) for c, s in zip(payload, exact, strict=True))
+
+
+def counters(stats: dict[str, Any], job: int) -> collections.Counter[str]:
+    """The document flattened to ``section.counter`` / ``section.drops.reason`` counts."""
+    flat: collections.Counter[str] = collections.Counter()
+    for name, section in (("global", stats["global"]), ("job", stats["jobs"][str(job)])):
+        for key, value in section.items():
+            if key == "drops":
+                flat.update({f"{name}.drops.{r}": n for r, n in value.items()})
+            else:
+                flat[f"{name}.{key}"] = value
+    return flat
+
+
+def delta(before: dict[str, Any], after: dict[str, Any], job: int) -> dict[str, int]:
+    """Counters that changed, with their increase."""
+    b, a = counters(before, job), counters(after, job)
+    return {k: a[k] - b[k] for k in a if a[k] != b[k]}
+
+
+# --- reduction --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["pair", "trio"])
+def test_basic_reduction_reaches_every_worker(clusters: dict[str, Cluster], name: str) -> None:
+    cluster = clusters[name]
+    result = "nc8" if name == "pair" else "int"
+    for seed in range(3):
+        slot = cluster.next_slot()
+        codes = random_codes(seed, len(cluster.workers))
+        results = cluster.reduce(slot, codes)
+        check_result(cluster, results, slot=slot, pool=0, offset=slot * K,
+                     exact=exact_sums(codes), result=result)  # fmt: skip
+
+
+def test_int_results_are_exact_sums_at_the_edges_of_the_window(trio: Cluster) -> None:
+    top = 61  # 3 workers: span = 62 - ceil(log2 3) = 60, top code span + 1
+    codes = [[top, top | 0x80, 1, 0x81, 0] + [top] * (K - 5)] * 3
+    slot = trio.next_slot()
+    exact = exact_sums(codes)
+    assert exact[0] == 3 << 60
+    check_result(trio, trio.reduce(slot, codes), slot=slot, pool=0, offset=slot * K,
+                 exact=exact, result="int")  # fmt: skip
+
+
+def test_short_chunk(pair: Cluster) -> None:
+    codes = [[5, 0x86, 0], [5, 3, 0x81]]
+    slot = pair.next_slot()
+    results = pair.reduce(slot, codes, offset=12345)
+    check_result(pair, results, slot=slot, pool=0, offset=12345, exact=exact_sums(codes),
+                 result="nc8")  # fmt: skip
+
+
+def test_retransmission_after_completion_gets_the_identical_stored_result(pair: Cluster) -> None:
+    slot = pair.next_slot()
+    codes = random_codes(7, 2)
+    first = pair.reduce(slot, codes)
+    before = pair.aggregator.stats()
+    for _ in range(2):
+        pair.send(1, slot, codes[1], retx=True)
+        assert pair.receive(1)[0] == first[1][0]  # the same bytes (nc8: not re-randomised)
+    pair.ping(0)  # rank 0 got nothing meanwhile
+    pair.ping(1)
+    after = pair.aggregator.stats()
+    assert delta(before, after, PAIR_JOB) == {
+        "job.packets_in": 4, "job.bytes_in": 4 * (16 + K), "job.packets_out": 4,
+        "job.bytes_out": 4 * (16 + K), "job.results_resent": 4, "job.retx_seen": 4,
+    }  # fmt: skip
+
+
+def test_duplicate_before_completion_is_ignored(trio: Cluster) -> None:
+    slot = trio.next_slot()
+    codes = random_codes(8, 3)
+    trio.ping(0)
+    before = trio.aggregator.stats()
+    trio.send(0, slot, codes[0])
+    trio.send(0, slot, codes[0])
+    trio.send(0, slot, codes[0], retx=True)
+    trio.send(1, slot, codes[1])
+    trio.send(2, slot, codes[2])
+    results = [trio.receive(rank)[:2] for rank in range(3)]
+    check_result(trio, results, slot=slot, pool=0, offset=slot * K, exact=exact_sums(codes),
+                 result="int")  # fmt: skip
+    for rank in range(3):
+        trio.ping(rank)
+    change = delta(before, trio.aggregator.stats(), TRIO_JOB)
+    assert change["job.duplicates"] == 2 and change["job.contributions"] == 3
+    assert change["job.slots_completed"] == 1 and change["job.retx_seen"] == 4  # 1 + 3 pings
+
+
+@pytest.mark.parametrize("name", ["pair", "trio"])
+def test_pool_versions_alternate_and_slots_are_reused(
+    clusters: dict[str, Cluster], name: str
+) -> None:
+    cluster = clusters[name]
+    result = "nc8" if name == "pair" else "int"
+    slot = cluster.next_slot()
+    for use in range(4):  # versions 0, 1, 0, 1: each use overwrites the slot's last one
+        codes = random_codes(100 + use, len(cluster.workers))
+        offset = 1000 * use
+        results = cluster.reduce(slot, codes, pool=use % 2, offset=offset)
+        check_result(cluster, results, slot=slot, pool=use % 2, offset=offset,
+                     exact=exact_sums(codes), result=result)  # fmt: skip
+
+
+def test_retransmission_for_the_previous_version_is_answered(trio: Cluster) -> None:
+    """Rank 2 lost the result of version 0 while ranks 0 and 1 moved on to version 1."""
+    slot = trio.next_slot()
+    old, new = random_codes(11, 3), random_codes(12, 3)
+    first = trio.reduce(slot, old, pool=0, offset=0)
+    trio.send(0, slot, new[0], pool=1, offset=K)
+    trio.send(1, slot, new[1], pool=1, offset=K)
+    trio.send(2, slot, old[2], pool=0, offset=0, retx=True)
+    assert trio.receive(2)[0] == first[2][0]
+    trio.send(2, slot, new[2], pool=1, offset=K)
+    results = [trio.receive(rank)[:2] for rank in range(3)]
+    check_result(trio, results, slot=slot, pool=1, offset=K, exact=exact_sums(new),
+                 result="int")  # fmt: skip
+
+
+# --- drops ------------------------------------------------------------------------------------
+
+
+def bad_packets(trio: Cluster, slot: int) -> list[tuple[str, str, bytes]]:
+    """(counter, who sends it, datagram): every kind of packet the aggregator must drop. The
+    member is rank 0, which has contributed to ``slot`` (offset ``slot * K``)."""
+    good = {"codes": [1] * K}
+    return [
+        ("global.drops.truncated", "member", b"\x01\x00\x00\x00"),
+        ("global.drops.truncated", "member", b""),
+        ("global.drops.bad_version", "member", trio.packet(0, slot, **good, version=2)),
+        ("job.drops.bad_flags", "member", trio.packet(0, slot, **good, flags=0x10)),
+        ("job.drops.bad_flags", "member", trio.packet(0, slot, **good, flags=FLAG_RESULT)),
+        ("job.drops.bad_format", "member", trio.packet(0, slot, codes=[0] * 8 * K, count=K,
+                                                       format=1)),
+        ("job.drops.bad_format", "member", trio.packet(0, slot, **good, format=9)),
+        ("job.drops.bad_count", "member", trio.packet(0, slot, codes=[1] * (K + 1))),
+        ("job.drops.bad_length", "member", trio.packet(0, slot, **good, count=K - 1)),
+        ("global.drops.unknown_job", "member", trio.packet(0, slot, **good, job=TRIO_JOB + 1)),
+        ("job.drops.non_member", "member", trio.packet(3, slot, **good)),
+        ("job.drops.non_member", "stranger", trio.packet(0, slot, **good)),
+        ("job.drops.non_member", "stranger", trio.packet(2, slot, **good)),
+        ("job.drops.window_mismatch", "member", trio.packet(0, slot, **good, emin=trio.emin + 1)),
+        ("job.drops.bad_slot", "member", trio.packet(0, 64, **good)),  # default pool of 64
+        ("job.drops.bad_code", "member", trio.packet(0, slot, codes=[62] + [1] * (K - 1))),
+        ("job.drops.bad_code", "member", trio.packet(0, slot, codes=[0xFF] * K)),
+        ("job.drops.chunk_mismatch", "member", trio.packet(0, slot, **good, offset=1)),
+    ]
+
+
+def test_malformed_and_foreign_packets_are_dropped_counted_and_unanswered(trio: Cluster) -> None:
+    slot = trio.next_slot()
+    codes = random_codes(13, 3)
+    stranger = Worker(trio.aggregator.address)
+    try:
+        trio.send(0, slot, codes[0])  # slot in use: offset slot * K, rank 0 contributed
+        packets = bad_packets(trio, slot)
+        trio.ping(0)
+        before = trio.aggregator.stats()
+        for _, who, datagram in packets:
+            (trio.workers[0] if who == "member" else stranger).send(datagram)
+        trio.ping(0)  # nothing came back for them, and the aggregator still serves
+        after = trio.aggregator.stats()
+    finally:
+        stranger.close()
+    expected = collections.Counter(counter for counter, _, _ in packets)
+    member_bytes = sum(len(d) for c, _, d in packets if c.startswith("job."))
+    global_bytes = sum(len(d) for c, _, d in packets if c.startswith("global."))
+    expected.update({
+        "job.packets_in": sum(1 for c, _, _ in packets if c.startswith("job.")) + 1,
+        "job.bytes_in": member_bytes + 16 + K,
+        "global.packets_in": sum(1 for c, _, _ in packets if c.startswith("global.")),
+        "global.bytes_in": global_bytes,
+        "job.results_resent": 1, "job.packets_out": 1, "job.bytes_out": 16 + 8 * K,
+        "job.retx_seen": 1,
+    })  # fmt: skip
+    assert delta(before, after, TRIO_JOB) == {k: v for k, v in expected.items() if v}
+    # The slot was not disturbed: the two other ranks complete it with the exact sum.
+    trio.send(1, slot, codes[1])
+    trio.send(2, slot, codes[2])
+    results = [trio.receive(rank)[:2] for rank in range(3)]
+    check_result(trio, results, slot=slot, pool=0, offset=slot * K, exact=exact_sums(codes),
+                 result="int")  # fmt: skip
+
+
+def test_random_datagrams_never_break_the_aggregator(pair: Cluster) -> None:
+    """Random bytes and mutated valid packets from a stranger: all counted, none answered."""
+    rng = random.Random(2024)
+    stranger = Worker(pair.aggregator.address)
+    pair.ping(0)
+    before = pair.aggregator.stats()
+    sent = 0
+    try:
+        for _ in range(6):  # batches, each ended by a ping, so no socket buffer overflows
+            for _ in range(50):
+                if rng.random() < 0.5:
+                    datagram = bytearray(rng.randbytes(rng.randint(0, 40)))
+                else:
+                    datagram = bytearray(pair.packet(rng.randint(0, 2), rng.randint(0, 70),
+                                                     rng.randbytes(rng.randint(1, K))))  # fmt: skip
+                    datagram[rng.randrange(len(datagram))] = rng.randrange(256)
+                stranger.send(bytes(datagram))
+                sent += 1
+            pair.ping(0)
+            pair.ping(1)
+        after = pair.aggregator.stats()
+    finally:
+        stranger.close()
+    change = delta(before, after, PAIR_JOB)
+    assert after["global"]["drops"]["internal_error"] == 0
+    assert change.get("job.contributions", 0) == 0 and change.get("job.slots_completed", 0) == 0
+    assert change["job.results_resent"] == 12  # the pings, and nothing else was answered
+    assert change.get("job.packets_in", 0) + change.get("global.packets_in", 0) == sent + 12
+
+
+# --- the process: configured members, stats file, signals, command line ------------------------
+
+
+def test_configured_members_final_stats_and_clean_exit(backend: str, tmp_path: Path) -> None:
+    workers = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    for s in workers:
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(10)
+    members = [f"--member={r}=127.0.0.1:{s.getsockname()[1]}" for r, s in enumerate(workers)]
+    aggregator = start_aggregator(backend, tmp_path, job=5, workers=2, k=4, result="int",
+                                  extra=[*members, "--pool-size", "2"])  # fmt: skip
+    stranger = Worker(aggregator.address)
+    try:
+        packet = {"job": 5, "slot": 1, "offset": 0, "emin": window_e_min(2)}
+        stranger.send(uplink(rank=1, codes=[1] * 4, **packet))  # rank 1 is configured elsewhere
+        for rank, s in enumerate(workers):
+            s.sendto(uplink(rank=rank, codes=[3, 0x83, 1, 0], **packet), aggregator.address)
+        for rank, s in enumerate(workers):
+            data, source = s.recvfrom(0xFFFF)
+            assert source == aggregator.address
+            assert data[6:8] == rank.to_bytes(2, "big")
+            assert np.frombuffer(data[16:], dtype=INT_DTYPE).tolist() == [8, -8, 2, 0]
+    finally:
+        stranger.close()
+        for s in workers:
+            s.close()
+        status = aggregator.stop()
+    assert status == 0, aggregator.log()
+    document = json.loads(aggregator.stats_path.read_text())
+    assert document["schema"] == 1 and document["backend"] == backend
+    job = document["jobs"]["5"]
+    assert job["drops"]["non_member"] == 1 and job["slots_completed"] == 1
+    assert job["results_sent"] == 2 and job["packets_in"] == 3
+    assert "Traceback" not in aggregator.log()
+
+
+@pytest.mark.parametrize(
+    "arguments,status,message",
+    [
+        (["--member", "0=nowhere"], 2, "argument --member: 'nowhere' is not HOST:PORT"),
+        (["--result", "int", "--k", "183"], 1, "largest k for int results at this MTU is 182"),
+        (["--workers", "65"], 1, "workers must be in 1..64"),
+    ],
+)
+def test_command_line_errors_are_one_clear_line(
+    backend: str, arguments: list[str], status: int, message: str
+) -> None:
+    base = {"--job": "1", "--workers": "2", "--k": "8", "--result": "nc8"}
+    base["--listen"] = "127.0.0.1:0"
+    for option, value in zip(arguments[::2], arguments[1::2], strict=True):
+        base[option] = value
+    argv = [item for pair in base.items() for item in pair]
+    proc = subprocess.run(aggregator_command(backend, argv), capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == status, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
