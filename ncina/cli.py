@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "aggregator": "ncina.aggregator.cli",
     "allreduce": "ncina.worker.cli",
     "bench": "ncina.bench",
+    "train": "ncina.worker.train",
 }
 
 

@@ -1,0 +1,71 @@
+"""``ncina train``: one rank of data-parallel SGD on the digits data set, INA+NC8 or gloo.
+
+Every rank runs this command (``ncina topo`` starts one per worker host). ``torch.distributed``
+(gloo, TCP rendezvous at ``--master``) brings the ranks together and DDP broadcasts rank 0's
+initial parameters. The gradient all-reduce then goes either
+
+- through the in-network aggregator(s) given with ``--ina`` (NC8 uplink, the job's result format
+  downlink), by the DDP communication hook of :mod:`ncina.worker.torch_hook`; or
+- (no ``--ina``) through gloo's own fp32 ring all-reduce: the baseline.
+
+Each rank trains on its shard of the training set (``DistributedSampler``, same shuffle on all
+ranks), evaluates the full test set after every epoch, prints progress lines and appends JSON events
+to ``--metrics``: ``start``; ``step`` (loss, counters); ``epoch`` (test loss and accuracy);
+``verify`` (with ``--verify``); ``end``. Times are training time: the clock stops while the test
+set is evaluated. Bytes and packets are the deltas, since training started, of the interface
+counters (``/sys/class/net/<--iface>/statistics``): everything the host put on its link, whichever
+protocol carried it, so both modes are measured the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ncina.worker.cli import host_port
+from ncina.worker.client import RESULT_FORMATS
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``ncina train``."""
+    p = subparsers.add_parser(
+        "train",
+        help="one rank of data-parallel training on digits (INA+NC8 hook, or gloo baseline)",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--master", type=host_port, required=True, metavar="HOST:PORT",
+                   help="gloo rendezvous address (rank 0 listens there)")
+    p.add_argument("--ina", type=host_port, action="append", default=[], metavar="HOST:PORT",
+                   help="aggregator; repeat to shard tensors across several (none: gloo baseline)")
+    p.add_argument("--iface", help="interface whose counters measure the traffic (and gloo binds)")
+    p.add_argument("--model", default="mlp", help="a name from ncina.worker.models.MODELS")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
+    p.add_argument("--batch-size", type=int, default=32, help="per rank (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size")
+    p.add_argument("--k", type=int, default=256, help="elements per packet")
+    p.add_argument("--pool-size", type=int, default=64)
+    p.add_argument("--window-max", type=int, default=10)
+    p.add_argument("--result", choices=sorted(RESULT_FORMATS), default="nc8",
+                   help="downlink format, as configured on the aggregator")
+    p.add_argument("--deadline", type=float, default=30.0,
+                   help="seconds without progress before an all-reduce fails")
+    p.add_argument("--verify", action="store_true",
+                   help="also all-reduce every bucket exactly with gloo and record the NC error")
+    p.add_argument("--metrics", type=Path, help="JSON-lines file the events are appended to")
+    p.add_argument("--log-every", type=int, default=1, help="print every Nth step")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train (PyTorch is imported here); returns 0. Errors raise."""
+    from ncina.worker.training import run_rank
+
+    run_rank(args)
+    return 0
