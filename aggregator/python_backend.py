@@ -93,7 +93,7 @@ class PythonBackend:
         try:
             self.serve()
         finally:
-            self.socket.close()
+            self.close()
             self.write_stats()
         return 0
 
@@ -130,6 +130,10 @@ class PythonBackend:
                     self.write_stats()
                 except OSError as exc:  # keep serving; the next write may succeed
                     print(f"ncina aggregator: cannot write stats: {exc}", file=self.log, flush=True)
+
+    def close(self) -> None:
+        """Release the socket (``run`` does it on its way out)."""
+        self.socket.close()
 
     def request_stop(self) -> None:
         """Make ``serve`` return within one receive timeout."""

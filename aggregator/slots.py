@@ -53,6 +53,8 @@ Datagrams = Sequence[tuple[bytes, Address]]
 
 NOTHING: Datagrams = ()
 
+_NC8 = int(Format.NC8)  # a plain int: enum attribute lookups are slow on the per-packet path
+
 _JOB_FIELD = struct.Struct("!H")
 _JOB_FIELD_OFFSET = 4
 
@@ -116,7 +118,7 @@ class JobSlots:
         _, flags, fmt, emin, _, rank, slot, count, offset = header
         if flags & FLAG_RESULT:
             return self._drop(BAD_FLAGS)
-        if fmt != Format.NC8:
+        if fmt != _NC8:
             return self._drop(BAD_FORMAT)
         if rank >= self._workers:
             return self._drop(NON_MEMBER)
@@ -176,7 +178,7 @@ class JobSlots:
         if seen != self._workers:
             return NOTHING
         stats.slots_completed += 1
-        if self._result_format == Format.NC8:
+        if self._result_format == _NC8:
             self._result[version][slot] = nc8.int_to_codes(acc, self._rng).tobytes()
         else:
             self._result[version][slot] = acc.astype(INT_DTYPE).tobytes()

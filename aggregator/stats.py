@@ -133,7 +133,10 @@ def write_atomically(path: str | os.PathLike[str], document: Mapping[str, Any]) 
     """Write ``document`` as JSON to ``path`` so that a reader sees the old or the new file, never
     a partial one (a temporary file in the same directory, then ``os.replace``)."""
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise OSError(f"cannot write stats to {target}: {exc.strerror}") from exc
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(document, f, indent=1)

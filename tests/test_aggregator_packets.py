@@ -10,16 +10,21 @@ document before and after.
 from __future__ import annotations
 
 import collections
+import io
 import json
 import random
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.python_backend import PythonBackend
+from ncina.aggregator.slots import Aggregator, Datagrams
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, INT_DTYPE
 from ncina_testlib import (
     AGGREGATOR_BACKENDS,
@@ -394,3 +399,35 @@ def test_command_line_errors_are_one_clear_line(
     assert proc.returncode == status, proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_python_backend_counts_an_internal_error_logs_it_once_and_keeps_serving() -> None:
+    """A bug in the packet handler must cost one packet, never the aggregator."""
+
+    class Faulty(Aggregator):
+        def handle(self, datagram: bytes | bytearray | memoryview, source: Address) -> Datagrams:
+            if bytes(datagram) == b"boom":
+                raise RuntimeError("injected fault")
+            return super().handle(datagram, source)
+
+    aggregator = Faulty()
+    aggregator.add_job(JobConfig.create(job=1, workers=1, k=4, result_format="int"))
+    log = io.StringIO()
+    backend = PythonBackend(aggregator, ("127.0.0.1", 0), log=log)
+    thread = threading.Thread(target=backend.serve)
+    thread.start()
+    worker = Worker(backend.address)
+    try:
+        worker.send(b"boom")
+        worker.send(b"boom")
+        worker.send(uplink(job=1, rank=0, slot=0, offset=0, codes=[1, 2, 3, 0x84],
+                           emin=window_e_min(1)))  # fmt: skip
+        result = worker.receive()
+    finally:
+        worker.close()
+        backend.request_stop()
+        thread.join()
+        backend.close()
+    assert np.frombuffer(result[16:], dtype=INT_DTYPE).tolist() == [1, 2, 4, -8]
+    assert aggregator.stats.drops["internal_error"] == 2
+    assert log.getvalue().count("Traceback") == 1 and "injected fault" in log.getvalue()
