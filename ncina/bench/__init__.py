@@ -18,6 +18,7 @@ from typing import Any
 BENCHMARKS: dict[str, str] = {
     "codec": "ncina.bench.codec",
     "allreduce": "ncina.bench.allreduce",
+    "compressors": "ncina.bench.compressors",
 }
 
 
