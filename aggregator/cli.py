@@ -17,6 +17,8 @@ from ncina.aggregator.jobs import (
     parse_address,
     parse_member,
 )
+from ncina.aggregator.python_backend import PythonBackend
+from ncina.aggregator.slots import Aggregator
 from ncina.proto.header import PORT, Format
 
 BACKENDS = ("python",)
@@ -161,11 +163,9 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     config.check_mtu(args.mtu)
-    from ncina.aggregator.python_backend import PythonBackend
-    from ncina.aggregator.slots import Aggregator
-
     aggregator = Aggregator()
     aggregator.add_job(config)
+    # argparse admits only the backends in BACKENDS, and python is the only one so far.
     backend = PythonBackend(
         aggregator, args.listen, stats_path=args.stats, stats_interval=args.stats_interval
     )
