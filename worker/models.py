@@ -38,3 +38,9 @@ def cnn() -> nn.Module:
 
 
 MODELS = {"mlp": mlp, "cnn": cnn}
+
+
+def check(name: str) -> None:
+    """Raise ``ValueError`` naming the models when ``name`` is not one of them."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; models: {', '.join(sorted(MODELS))}")

@@ -32,7 +32,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train",
         help="one rank of data-parallel training on digits (INA+NC8 hook, or gloo baseline)",
-        description=__doc__.split("\n\n")[0],
+        description="One rank of data-parallel SGD on the digits data set; run it once per "
+        "rank. Gradients go through the aggregator(s) given with --ina (NC8), or through gloo's "
+        "fp32 all-reduce without it.",
     )
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world-size", type=int, required=True)
@@ -45,7 +47,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, default=32, help="per rank (default: %(default)s)")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size")

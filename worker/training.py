@@ -18,9 +18,9 @@ from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
+from ncina.worker import models
 from ncina.worker.client import AllreduceClient
 from ncina.worker.data import digits
-from ncina.worker.models import MODELS
 from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.torch_hook import InaHookState, VerifyingState, ina_hook, verifying_hook
 from torch import nn
@@ -116,8 +116,7 @@ def run_rank(args: argparse.Namespace) -> None:
 
     Errors (unknown model, aggregator gone, NaN gradients) raise.
     """
-    if args.model not in MODELS:
-        raise ValueError(f"unknown model {args.model!r}; models: {', '.join(sorted(MODELS))}")
+    models.check(args.model)
     if args.iface:
         os.environ["GLOO_SOCKET_IFNAME"] = args.iface
     torch.manual_seed(args.seed)
@@ -141,7 +140,7 @@ def run_rank(args: argparse.Namespace) -> None:
 def train(args: argparse.Namespace, events: Events, fabric: ShardedAllreduce | None) -> None:
     """The training loop of one rank (see the module doc for the events it emits)."""
     train_set, test_set = digits(args.seed)
-    model = DistributedDataParallel(MODELS[args.model](), bucket_cap_mb=args.bucket_cap_mb)
+    model = DistributedDataParallel(models.MODELS[args.model](), bucket_cap_mb=args.bucket_cap_mb)
     verify: VerifyingState | None = None
     if fabric:
         state = InaHookState(fabric)
