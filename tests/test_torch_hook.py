@@ -1,0 +1,169 @@
+"""The DDP communication hook against gloo, with two real ranks and loopback aggregators.
+
+Each test starts Python aggregators and two rank processes running this file as a script
+(``python tests/test_torch_hook.py SPEC``); the ranks train a model of three independent linear
+branches with DDP, the hook wrapped by ``verifying_hook`` (which also all-reduces every bucket with
+gloo and records the difference), and write the records as JSON.
+
+- ``int`` results, inputs and loss weights that are powers of two: every gradient is a power of two,
+  NC8 encodes it exactly and the aggregator sums it exactly, so the hook's mean must equal gloo's
+  bit for bit, before and after DDP rebuilds its buckets (which it does after the first
+  iteration: the branches run in an order that differs from their registration order);
+- ``nc8`` results on Gaussian gradients: every element within the deterministic NC bound, the
+  squared error within the variance bound;
+- the same exact check with the tensor sharded across two aggregators (the ``multi`` topology).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from ncina.worker.client import AllreduceClient
+from ncina.worker.sharding import ShardedAllreduce
+from ncina.worker.torch_hook import InaHookState, VerifyingState, verifying_hook
+from ncina_testlib import start_aggregator
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+WORLD = 2
+ITERATIONS = 3
+K = 64
+POOL = 16
+BUCKET_CAP_MB = 0.002  # about 500 floats: several buckets once DDP rebuilds them
+BRANCHES = ((16, 32), (8, 8), (32, 16))  # (in, out) of each linear branch
+FORWARD_ORDER = (2, 0, 1)  # not the registration order, so the rebuilt buckets differ
+
+
+class Branches(nn.Module):
+    """Independent linear branches, run in ``FORWARD_ORDER``; the loss weighs each output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.branches = nn.ModuleList(nn.Linear(i, o) for i, o in BRANCHES)
+
+    def forward(self, inputs: list[torch.Tensor], weights: list[torch.Tensor]) -> torch.Tensor:
+        return sum((self.branches[b](inputs[b]) * weights[b]).sum() for b in FORWARD_ORDER)
+
+
+def run_ranks(
+    tmp_path: Path, result: str, gradients: str, aggregators: int = 1
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Start the aggregators and both ranks; return each rank's records per iteration and the
+    aggregators' stats."""
+    running = [
+        start_aggregator(
+            "python", tmp_path / f"aggregator{j}", job=1, workers=WORLD, k=K, result=result,
+            extra=["--pool-size", str(POOL), "--seed", str(j)],
+        )
+        for j in range(aggregators)
+    ]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(WORLD):
+            spec = {
+                "rank": rank, "result": result, "gradients": gradients,
+                "aggregators": [list(a.address) for a in running],
+                "rendezvous": str(tmp_path / "rendezvous"), "out": str(tmp_path / f"{rank}.json"),
+            }
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+            procs.append(subprocess.Popen([sys.executable, __file__, json.dumps(spec)], env=env))
+        for proc in procs:
+            assert proc.wait(timeout=180) == 0
+        stats = [agg.stats()["jobs"]["1"] for agg in running]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for agg in running:
+            agg.stop()
+    records = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(WORLD)]
+    return records, stats
+
+
+def test_int_results_equal_gloo_across_bucket_rebuild(tmp_path: Path) -> None:
+    ranks, _ = run_ranks(tmp_path, "int", "powers")
+    for iterations in ranks:
+        assert len(iterations) == ITERATIONS
+        layouts = [[r["elements"] for r in records] for records in iterations]
+        total = sum(i * o + o for i, o in BRANCHES)
+        assert all(sum(layout) == total for layout in layouts)
+        assert layouts[0] != layouts[1], "DDP did not rebuild its buckets"
+        assert len(layouts[1]) > 1 and layouts[1] == layouts[2]
+        for records in iterations:
+            assert [r["max_abs_error"] for r in records] == [0.0] * len(records)
+    assert ranks[0] == ranks[1]  # both ranks saw the same buckets and the same (zero) errors
+
+
+def test_nc8_results_within_nc_bounds(tmp_path: Path) -> None:
+    ranks, _ = run_ranks(tmp_path, "nc8", "gaussian")
+    records = [r for iterations in ranks for records in iterations for r in records]
+    assert max(r["worst_ratio"] for r in records) <= 1.0
+    assert max(r["variance_ratio"] for r in records) <= 2.0
+    assert sum(r["variance_ratio"] for r in records) / len(records) <= 1.0
+    assert max(r["max_abs_error"] for r in records) > 0  # NC8 is lossy: the check is not vacuous
+
+
+def test_sharded_across_two_aggregators_is_exact(tmp_path: Path) -> None:
+    ranks, stats = run_ranks(tmp_path, "int", "powers", aggregators=2)
+    for iterations in ranks:
+        for records in iterations:
+            assert [r["max_abs_error"] for r in records] == [0.0] * len(records)
+    # Every bucket is cut in two halves on chunk boundaries, one per aggregator.
+    buckets = [r["elements"] for records in ranks[0] for r in records]
+    chunks = [-(-n // K) for n in buckets]
+    assert [s["slots_completed"] for s in stats] == [
+        sum(c // 2 for c in chunks), sum(c - c // 2 for c in chunks)
+    ]
+
+
+def rank_main(spec: dict[str, Any]) -> None:
+    """One rank: DDP over the branches, the verifying INA hook, ``ITERATIONS`` backward passes."""
+    rank = spec["rank"]
+    dist.init_process_group(
+        "gloo", init_method=f"file://{spec['rendezvous']}", rank=rank, world_size=WORLD
+    )
+    torch.manual_seed(0)
+    model = DistributedDataParallel(Branches(), bucket_cap_mb=BUCKET_CAP_MB)
+    fabric = ShardedAllreduce(
+        [
+            AllreduceClient(
+                tuple(a), job=1, rank=rank, workers=WORLD, k=K, pool_size=POOL,
+                result_format=spec["result"], seed=rank,
+            )
+            for a in spec["aggregators"]
+        ]
+    )
+    state = VerifyingState(InaHookState(fabric))
+    model.register_comm_hook(state, verifying_hook)
+    generator = torch.Generator().manual_seed(100 + rank)
+
+    def sample(*shape: int) -> torch.Tensor:
+        if spec["gradients"] == "gaussian":
+            return torch.randn(*shape, generator=generator)
+        signs = torch.randint(0, 2, shape, generator=generator) * 2 - 1
+        return signs * 2.0 ** -torch.randint(0, 8, shape, generator=generator).float()
+
+    iterations = []
+    for _ in range(ITERATIONS):
+        # Batch of one: d(loss)/dW = c x^T and d(loss)/db = c, products of powers of two.
+        inputs = [sample(1, i) for i, _ in BRANCHES]
+        weights = [sample(1, o) for _, o in BRANCHES]
+        model.zero_grad()
+        model(inputs, weights).backward()
+        iterations.append(list(state.records))
+        state.records.clear()
+    fabric.close()
+    dist.destroy_process_group()
+    Path(spec["out"]).write_text(json.dumps(iterations))
+
+
+if __name__ == "__main__":
+    rank_main(json.loads(sys.argv[1]))
