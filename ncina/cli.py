@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "allreduce": "ncina.worker.cli",
     "bench": "ncina.bench",
     "train": "ncina.worker.train",
+    "topo": "ncina.topo.cli",
 }
 
 

@@ -1,0 +1,94 @@
+"""``ncina topo``: train over an emulated network, INA+NC8 against the gloo fp32 baseline.
+
+``make topo`` runs this command; see ``docs/topo.md``. Mininet (and with it the runner) is imported
+only when the command runs, so ``ncina --help`` works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ncina.topo.config import TopoConfig
+
+ROOT_NEEDED = (
+    "ncina topo needs root: Mininet creates network namespaces, virtual links and a bridge "
+    "(run it, or make topo, as root)"
+)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``ncina topo``."""
+    p = subparsers.add_parser(
+        "topo",
+        help="Mininet: train over the emulated switch, INA+NC8 then the gloo fp32 baseline",
+        description="Bring up a Mininet topology (workers and aggregator nodes on a Linux "
+        "bridge), train a model with its gradients summed by the aggregator (NC8), then train "
+        "again with gloo's fp32 ring all-reduce on the same network; write results.json, logs "
+        "and a plot under runs/.",
+    )
+    d = TopoConfig  # the defaults
+    p.add_argument("--topo", choices=("star", "multi"), default=d.topo,
+                   help="star: one aggregator; multi: tensors sharded across --aggregators")
+    p.add_argument("--workers", type=int, default=d.workers, help="default: %(default)s")
+    p.add_argument("--aggregators", type=int, help="aggregator nodes (star: 1, multi: default 2)")
+    p.add_argument("--backend", default=d.backend, help="aggregator backend (default: %(default)s)")
+    p.add_argument("--bw", type=float, help="link bandwidth in Mbit/s (default: unshaped)")
+    p.add_argument("--loss", type=float, default=d.loss,
+                   help="percent of packets lost per link direction (iptables; default: 0)")
+    p.add_argument("--model", default=d.model,
+                   help="a name from ncina.worker.models.MODELS (default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=d.epochs, help="default: %(default)s")
+    p.add_argument("--max-steps", type=int, help="stop each training run after this many steps")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="per worker (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr, help="SGD step size (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
+    p.add_argument("--k", type=int, default=d.k, help="elements per packet (default: %(default)s)")
+    p.add_argument("--pool-size", type=int, default=d.pool_size, help="default: %(default)s")
+    p.add_argument("--window-max", type=int, default=d.window_max, help="default: %(default)s")
+    p.add_argument("--result", choices=("nc8", "int"), default=d.result,
+                   help="downlink format (default: %(default)s)")
+    p.add_argument("--verify", action="store_true",
+                   help="check every INA result against an exact gloo all-reduce (extra traffic)")
+    p.add_argument("--no-baseline", dest="baseline", action="store_false",
+                   help="skip the gloo fp32 run")
+    p.add_argument("--out", type=Path, help="run directory (default: runs/<timestamp>)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check root and options, then run the topology (see :mod:`ncina.topo.runner`)."""
+    if os.geteuid() != 0:
+        raise PermissionError(ROOT_NEEDED)
+    if args.topo == "star" and args.aggregators not in (None, 1):
+        raise ValueError("the star topology has one aggregator; use --topo multi")
+    from ncina.topo.runner import run_topology
+
+    run_topology(
+        TopoConfig(
+            out=args.out or Path("runs", time.strftime("%Y%m%d-%H%M%S")),
+            topo=args.topo,
+            workers=args.workers,
+            aggregators=args.aggregators or (2 if args.topo == "multi" else 1),
+            backend=args.backend,
+            bw=args.bw,
+            loss=args.loss,
+            model=args.model,
+            epochs=args.epochs,
+            max_steps=args.max_steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            seed=args.seed,
+            k=args.k,
+            pool_size=args.pool_size,
+            window_max=args.window_max,
+            result=args.result,
+            verify=args.verify,
+            baseline=args.baseline,
+        )
+    )
+    return 0

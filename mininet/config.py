@@ -1,0 +1,41 @@
+"""What a topology run depends on: :class:`TopoConfig` (no Mininet or PyTorch import here, so the
+``ncina topo`` parser can show its defaults cheaply)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class TopoConfig:
+    """Everything a topology run depends on (recorded in results.json as ``config``).
+
+    topo: ``star`` or ``multi``; bw: Mbit/s per link (None: unshaped); loss: percent per link
+    direction; batch_size: per worker; result: downlink format; verify: check every INA result
+    against gloo (extra traffic); baseline: also train with gloo fp32; timeout: seconds one
+    training run may take; prefix: of node and interface names (unique per process).
+    """
+
+    out: Path
+    topo: str = "star"
+    workers: int = 4
+    aggregators: int = 1
+    backend: str = "python"
+    bw: float | None = None
+    loss: float = 0.0
+    model: str = "mlp"
+    epochs: int = 10
+    max_steps: int | None = None
+    batch_size: int = 32
+    lr: float = 0.1
+    seed: int = 0
+    k: int = 256
+    pool_size: int = 64
+    window_max: int = 10
+    result: str = "nc8"
+    verify: bool = False
+    baseline: bool = True
+    timeout: float = 3600.0
+    prefix: str = field(default_factory=lambda: f"n{os.getpid() % 100000}")

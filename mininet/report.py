@@ -1,0 +1,148 @@
+"""Results of a topology run: per-run summaries, ``results.json``, the final table, the plot.
+
+A run's summary is built from the JSON events ``ncina train`` wrote per worker (see
+:mod:`ncina.worker.train`) and the aggregators' stats files. ``results.json`` holds::
+
+    config       the run's TopoConfig
+    runs         {"ina": summary, "gloo": summary}  (gloo absent with --no-baseline)
+    comparison   bytes_ratio, time_ratio (ina / gloo), accuracy_delta (ina - gloo, points)
+
+and each summary::
+
+    mode, label, epochs, steps, time_s, time_per_epoch_s,
+    bytes_per_worker, packets_per_worker, rx_bytes_per_worker   (interface counters, mean of ranks)
+    final_accuracy, final_test_loss                              (rank 0, percent / nats)
+    workers      per rank: rank, tx_bytes, rx_bytes, tx_packets, rx_packets, fabric (client stats)
+    fabric       client stats summed over the workers ({} for gloo)
+    aggregators  the aggregators' stats files ([] for gloo)
+    verify       with --verify: buckets checked, max_abs_error, worst_ratio, variance_ratio (max)
+    curve        rank 0: steps [[time_s, tx_bytes, loss]], epochs [[time_s, tx_bytes, acc, loss]]
+
+Time is training time (evaluation excluded); bytes are what a worker's interface transmitted
+during training, all protocols included.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+LABELS = {"ina": "INA+NC8", "gloo": "gloo fp32"}
+RESULTS = "results.json"
+PLOT = "plot.png"
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The events of one worker's metrics file."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarize(mode: str, metrics: list[Path], stats: list[Path]) -> dict[str, Any]:
+    """Summary of one training run from its workers' metrics files (rank order) and stats."""
+    events = [read_events(p) for p in metrics]
+    ends = [next(e for e in evs if e["event"] == "end") for evs in events]
+    # Wire figures at the end of the last epoch (before the final barrier), per rank.
+    lasts = [[e for e in evs if e["event"] == "epoch"][-1] for evs in events]
+    rank0 = events[0]
+    start = next(e for e in rank0 if e["event"] == "start")
+    epochs = [e for e in rank0 if e["event"] == "epoch"]
+    checks = [e for evs in events for e in evs if e["event"] == "verify"]
+    n = len(metrics)
+    time_s = max(e["time"] for e in lasts)
+    return {
+        "mode": mode,
+        "label": LABELS[mode],
+        "epochs": len(epochs),
+        "steps": ends[0]["steps"],
+        "time_s": time_s,
+        "time_per_epoch_s": time_s / len(epochs),
+        "bytes_per_worker": sum(e["tx_bytes"] for e in lasts) / n,
+        "packets_per_worker": sum(e["tx_packets"] for e in lasts) / n,
+        "rx_bytes_per_worker": sum(e["rx_bytes"] for e in lasts) / n,
+        "final_accuracy": epochs[-1]["test_acc"],
+        "final_test_loss": epochs[-1]["test_loss"],
+        "workers": [
+            {"rank": r, **{k: last[k] for k in ("tx_bytes", "rx_bytes", "tx_packets",
+                                                 "rx_packets")}, "fabric": end["fabric"]}
+            for r, (last, end) in enumerate(zip(lasts, ends, strict=True))
+        ],
+        "fabric": {
+            k: sum(end["fabric"][k] for end in ends) for k in ends[0]["fabric"]
+        },
+        "aggregators": [json.loads(p.read_text()) for p in stats],
+        "verify": {
+            "buckets": len(checks),
+            **{k: max(c[k] for c in checks)
+               for k in ("max_abs_error", "worst_ratio", "variance_ratio")},
+        } if checks else None,
+        "curve": {
+            "steps": [[e["time"], e["tx_bytes"], e["loss"]] for e in rank0 if e["event"] == "step"],
+            "epochs": [[0.0, 0, start["test_acc"], start["test_loss"]]]
+            + [[e["time"], e["tx_bytes"], e["test_acc"], e["test_loss"]] for e in epochs],
+        },
+    }
+
+
+def compare(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """INA against the baseline: ratios of bytes and time, difference of accuracy."""
+    if "gloo" not in runs:
+        return {}
+    ina, gloo = runs["ina"], runs["gloo"]
+    return {
+        "bytes_ratio": ina["bytes_per_worker"] / gloo["bytes_per_worker"],
+        "time_ratio": ina["time_s"] / gloo["time_s"],
+        "accuracy_delta": ina["final_accuracy"] - gloo["final_accuracy"],
+    }
+
+
+def table(runs: dict[str, dict[str, Any]]) -> str:
+    """The final table: one line per run."""
+    head = f"{'run':<10} {'time s':>8} {'s/epoch':>8} {'MB/worker':>10} {'pkts/worker':>12} "
+    head += f"{'retx':>6} {'accuracy':>9}"
+    lines = [head]
+    for run in runs.values():
+        lines.append(
+            f"{run['label']:<10} {run['time_s']:>8.2f} {run['time_per_epoch_s']:>8.3f} "
+            f"{run['bytes_per_worker'] / 1e6:>10.3f} {run['packets_per_worker']:>12.0f} "
+            f"{run['fabric'].get('retransmissions', 0):>6} {run['final_accuracy']:>8.2f}%"
+        )
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
+    """Loss and test accuracy against training time and against bytes sent per worker (rank 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for run in runs.values():
+        steps, epochs = run["curve"]["steps"], run["curve"]["epochs"]
+        for col, scale in ((0, 1.0), (1, 1e-6)):  # column 0: time (s); 1: bytes (MB)
+            axes[0][col].plot([s[col] * scale for s in steps], [s[2] for s in steps],
+                              label=run["label"], linewidth=0.8)
+            axes[1][col].plot([e[col] * scale for e in epochs], [e[2] for e in epochs],
+                              marker="o", label=run["label"])
+    for col, xlabel in enumerate(("training time (s)", "bytes sent per worker (MB)")):
+        axes[0][col].set(xlabel=xlabel, ylabel="training loss (rank 0)")
+        axes[1][col].set(xlabel=xlabel, ylabel="test accuracy (%)")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write(out: Path, config: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Write ``results.json`` and ``plot.png`` into ``out``; print the table; return the results."""
+    results = {"config": config, "runs": runs, "comparison": compare(runs)}
+    (out / RESULTS).write_text(json.dumps(results, indent=1) + "\n")
+    plot(runs, out / PLOT)
+    print(table(runs))
+    for key, value in results["comparison"].items():
+        print(f"{key}: {value:.4f}")
+    print(f"results: {out / RESULTS}, plot: {out / PLOT}")
+    return results

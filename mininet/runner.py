@@ -1,0 +1,226 @@
+"""The topology runner: one Mininet network, training over it with INA+NC8, then the gloo baseline.
+
+:func:`run_topology` builds the topology (:mod:`ncina.topo.topos`) on Linux bridges, starts
+``ncina aggregator`` on every aggregator node and ``ncina train`` on every worker host, waits for
+training to finish while echoing rank 0's progress, stops the aggregators (which write their stats
+on SIGTERM), then trains again with gloo's fp32 all-reduce on the same network. Everything a run
+writes goes to its directory: per-worker logs and metrics (``<mode>/worker<r>.log|.jsonl``),
+aggregator logs and stats (``ina/aggregator<j>.log|.json``), ``results.json`` and ``plot.png``.
+
+The runner owns every process it starts (:class:`Processes`) and stops each by its PID, then
+stops the network, whatever happened: nothing is left behind, and nothing it did not start is
+touched. Node and interface names carry a per-process prefix so that concurrent runs (a test
+while ``make topo`` runs) do not collide.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TextIO
+
+from ncina.aggregator.cli import BACKENDS
+from ncina.proto.header import PORT
+from ncina.topo import report
+from ncina.topo.config import TopoConfig
+from ncina.topo.topos import StarTopo, aggregator_ip, topos, worker_ip
+from ncina.worker import models
+
+from mininet.net import Mininet
+from mininet.node import Host
+from mininet.nodelib import LinuxBridge
+
+NCINA = Path(sys.executable).with_name("ncina")  # the console script of this environment
+JOB = 1  # the job id ``ncina train`` uses
+READY = "listening on"  # the aggregator's readiness line on stderr
+# What each backend the design names needs, for the error when this build lacks it.
+BACKEND_NEEDS = {
+    "dpdk": "the DPDK data plane (ncina.aggregator.dpdk, built with cffi against libdpdk)",
+    "bmv2": "the BMv2 backend (simple_switch_grpc, p4c-bm2-ss, p4runtime-shell and ncina's "
+    "bmv2 control plane)",
+}
+GLOO_PORTS = {"ina": 29500, "gloo": 29501}  # rendezvous port of each mode (no TIME_WAIT clash)
+STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
+
+
+def check_backend(backend: str) -> None:
+    """Raise a clear error when the chosen aggregator backend is not part of this build."""
+    if backend not in BACKENDS:
+        needs = BACKEND_NEEDS.get(backend, f"an aggregator backend called {backend!r}")
+        raise RuntimeError(
+            f"BACKEND={backend} is not available: it needs {needs}, which is missing from this "
+            f"build (available: {', '.join(BACKENDS)})"
+        )
+
+
+class Processes:
+    """The processes of a run: started in Mininet hosts, stopped by PID."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, host: Host, argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in ``host``'s namespace, stdout and stderr to ``log``."""
+        with log.open("wb") as out:
+            proc = host.popen(list(argv), stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, procs: Sequence[subprocess.Popen[bytes]]) -> None:
+        """SIGTERM each running process, SIGKILL those still running after the grace period."""
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def stop_all(self) -> None:
+        self.stop(self.procs)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a log, for error messages."""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def build_net(cfg: TopoConfig) -> tuple[Mininet, StarTopo]:
+    """The network of ``cfg`` (not started)."""
+    topo = topos[cfg.topo](
+        workers=cfg.workers, aggregators=cfg.aggregators, bw=cfg.bw, loss=cfg.loss,
+        prefix=cfg.prefix,
+    )
+    net = Mininet(topo=topo, switch=LinuxBridge, controller=None, autoStaticArp=True)
+    return net, topo
+
+
+def start_aggregators(
+    net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, run_dir: Path
+) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    """Start one ``ncina aggregator`` per aggregator node; wait until each is listening."""
+    started, addresses = [], []
+    for j, name in enumerate(topo.aggregator_names):
+        address = f"{aggregator_ip(j)}:{PORT}"
+        log = run_dir / f"aggregator{j}.log"
+        argv = [
+            str(NCINA), "aggregator", "--backend", cfg.backend, "--listen", address,
+            "--job", str(JOB), "--workers", str(cfg.workers), "--k", str(cfg.k),
+            "--result", cfg.result, "--pool-size", str(cfg.pool_size),
+            "--window-max", str(cfg.window_max), "--seed", str(cfg.seed + j),
+            "--stats", str(run_dir / f"aggregator{j}.json"),
+        ]
+        started.append(procs.start(net.get(name), argv, log))
+        addresses.append(address)
+    for j, proc in enumerate(started):
+        log = run_dir / f"aggregator{j}.log"
+        deadline = time.monotonic() + 30.0
+        while READY not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"aggregator {j} did not come up (exit status {proc.poll()}):\n{tail(log)}"
+                )
+            time.sleep(0.05)
+    return started, addresses
+
+
+def train(
+    net: Mininet,
+    topo: StarTopo,
+    cfg: TopoConfig,
+    procs: Processes,
+    run_dir: Path,
+    aggregators: Sequence[str],
+) -> list[Path]:
+    """Run ``ncina train`` on every worker (INA when ``aggregators`` is not empty, else gloo).
+
+    Echoes rank 0's output while waiting; returns the metrics files in rank order.
+    """
+    mode = "ina" if aggregators else "gloo"
+    master = f"{worker_ip(0)}:{GLOO_PORTS[mode]}"
+    workers, metrics = [], []
+    for rank, name in enumerate(topo.worker_names):
+        host = net.get(name)
+        metrics.append(run_dir / f"worker{rank}.jsonl")
+        argv = [
+            str(NCINA), "train", "--rank", str(rank), "--world-size", str(cfg.workers),
+            "--master", master, "--iface", host.defaultIntf().name, "--model", cfg.model,
+            "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
+            "--lr", str(cfg.lr), "--seed", str(cfg.seed), "--k", str(cfg.k),
+            "--pool-size", str(cfg.pool_size), "--window-max", str(cfg.window_max),
+            "--result", cfg.result, "--metrics", str(metrics[-1]),
+        ]
+        argv += [arg for a in aggregators for arg in ("--ina", a)]
+        argv += ["--max-steps", str(cfg.max_steps)] if cfg.max_steps else []
+        argv += ["--verify"] if cfg.verify else []
+        workers.append(procs.start(host, argv, run_dir / f"worker{rank}.log"))
+    with (run_dir / "worker0.log").open(errors="replace") as rank0:
+        wait_workers(workers, rank0, run_dir, time.monotonic() + cfg.timeout)
+    return metrics
+
+
+def wait_workers(
+    workers: Sequence[subprocess.Popen[bytes]], echo: TextIO, run_dir: Path, deadline: float
+) -> None:
+    """Wait until every worker has exited 0, copying ``echo`` to stdout; raise on any failure."""
+    while True:
+        sys.stdout.write(echo.read())
+        sys.stdout.flush()
+        codes = [w.poll() for w in workers]
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            r = failed[0]
+            log = run_dir / f"worker{r}.log"
+            raise RuntimeError(f"worker {r} exited with status {codes[r]}:\n{tail(log)}")
+        if all(c == 0 for c in codes):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"training did not finish in time; logs in {run_dir}")
+        time.sleep(0.2)
+
+
+def run_mode(
+    net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, mode: str
+) -> dict[str, Any]:
+    """One training run (``ina`` or ``gloo``) on the running network; its summary."""
+    run_dir = cfg.out / mode
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"*** {report.LABELS[mode]}: {cfg.workers} workers, {cfg.model}, logs in {run_dir}")
+    aggregators: list[subprocess.Popen[bytes]] = []
+    addresses: list[str] = []
+    if mode == "ina":
+        aggregators, addresses = start_aggregators(net, topo, cfg, procs, run_dir)
+    try:
+        metrics = train(net, topo, cfg, procs, run_dir, addresses)
+    finally:
+        procs.stop(aggregators)  # SIGTERM: the aggregators write their stats and exit
+    stats = [run_dir / f"aggregator{j}.json" for j in range(len(aggregators))]
+    return report.summarize(mode, metrics, stats)
+
+
+def run_topology(cfg: TopoConfig) -> dict[str, Any]:
+    """Build the network, train with INA+NC8 (and the gloo baseline), write the results."""
+    check_backend(cfg.backend)
+    models.check(cfg.model)
+    if not NCINA.exists():
+        raise RuntimeError(f"{NCINA} not found: install ncina into this environment (make setup)")
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    net, topo = build_net(cfg)
+    procs = Processes()
+    try:
+        net.start()
+        runs = {mode: run_mode(net, topo, cfg, procs, mode)
+                for mode in (("ina", "gloo") if cfg.baseline else ("ina",))}
+    finally:
+        procs.stop_all()
+        net.stop()
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
+    return report.write(cfg.out, config, runs)

@@ -1,0 +1,170 @@
+"""Mininet topologies for ncina: workers and aggregator nodes behind one Linux-bridge switch.
+
+This file imports only the standard library and Mininet, so ``mn`` can load it directly (with
+``--switch lxbr --controller none --arp``)::
+
+    mn --custom mininet/topos.py --topo star,4 ...
+    mn --custom mininet/topos.py --topo multi,4,2,bw=100,loss=1 ...
+
+(``ncina topo`` builds the same topologies and runs training over them.)
+
+Addressing (one /16, one broadcast domain): worker ``i`` is ``10.0.0.(i+1)``, aggregator ``j`` is
+``10.0.1.(j+1)``. Node names are ``<prefix>w<i>``, ``<prefix>a<j>`` and ``<prefix>s1``; interface
+names derive from them (``w0-eth0``), so runs that may overlap in time use different prefixes.
+
+Links: bandwidth shaping with tc (HTB, or TBF with ``use_tbf``) on both ends of each host link,
+checksum offloads and GRO off. Packet loss is injected with iptables inside the hosts, never with
+netem: every drop happens in the INPUT chain of the receiving host (a DROP in OUTPUT would make the
+sender's ``sendto`` fail with EPERM instead of losing the packet on the wire, and the sender's
+interface counters would miss it). The downlink of host ``h`` (switch -> h) is one rule on h's
+interface; the uplink of host ``g`` (g -> switch) is one rule per receiver matching g's source
+address. Each rule draws its own random number, so a packet from g to h is lost with probability
+``1 - (1 - up_g) * (1 - down_h)``, as on two lossy links in series.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mininet.link import TCIntf, TCLink
+from mininet.node import Host
+from mininet.topo import Topo
+
+WORKER_NET = "10.0.0"
+AGGREGATOR_NET = "10.0.1"
+PREFIX_LEN = 16
+MAX_NODES_PER_ROLE = 254
+# tc options that Mininet implements with netem (sch_netem).
+NETEM_OPTIONS = ("delay", "jitter", "loss", "max_queue_size")
+
+
+def worker_ip(rank: int) -> str:
+    """Address of worker ``rank``."""
+    return f"{WORKER_NET}.{rank + 1}"
+
+
+def aggregator_ip(index: int) -> str:
+    """Address of aggregator ``index``."""
+    return f"{AGGREGATOR_NET}.{index + 1}"
+
+
+class InaHost(Host):
+    """A host with IPv6 off and the topology's iptables loss rules installed.
+
+    ``drops`` is a list of ``(source, percent)``: drop that share of the packets arriving on the
+    host's interface, from ``source`` only (an address) or from anyone (``None``).
+    """
+
+    def config(self, drops: list[tuple[str | None, float]] = (), **params: Any) -> dict:
+        result = super().config(**params)
+        for key in ("all", "default", "lo"):
+            self.cmd(f"sysctl -qw net.ipv6.conf.{key}.disable_ipv6=1")
+        intf = self.defaultIntf()
+        for source, percent in drops:
+            if percent <= 0:
+                continue
+            match = f"-s {source} " if source else ""
+            rule = (
+                f"iptables -A INPUT -i {intf} {match}-m statistic --mode random "
+                f"--probability {percent / 100:.6f} -j DROP"
+            )
+            out = self.cmd(rule + " 2>&1 && echo ok").strip()
+            if not out.endswith("ok"):
+                raise RuntimeError(f"{self.name}: iptables loss rule failed ({rule!r}): {out}")
+        return result
+
+
+class InaIntf(TCIntf):
+    """A tc-shaped interface that fails loudly where Mininet only logs.
+
+    Mininet prints tc failures and carries on; a run that asked for delay or loss through netem on
+    a kernel without sch_netem (or for a bandwidth outside Mininet's range) would then silently
+    measure an unshaped link. Here any such failure raises.
+    """
+
+    def config(self, bw: float | None = None, **params: Any) -> dict | None:
+        if bw is not None and not 0 < bw <= self.bwParamMax:
+            raise ValueError(f"{self}: bandwidth {bw} Mbit/s outside 0..{self.bwParamMax}")
+        result = super().config(bw=bw, **params)
+        for out in (result or {}).get("tcoutputs", []):
+            if "Error" in out or "RTNETLINK" in out:
+                asked = [k for k in NETEM_OPTIONS if params.get(k)]
+                hint = (
+                    f" ({', '.join(asked)} need the netem qdisc, which this kernel may lack;"
+                    " inject loss with the topology's iptables loss= option instead)"
+                    if asked
+                    else ""
+                )
+                raise RuntimeError(f"tc failed on {self}: {out.strip()}{hint}")
+        return result
+
+    def bwCmds(self, **params: Any) -> tuple[list[str], str]:  # noqa: N802 (Mininet's name)
+        """Mininet's commands, with an explicit HTB quantum (one frame).
+
+        Without it the kernel derives the quantum from the rate and warns that it is too big for
+        rates above ~16 Mbit/s; with one class per interface the quantum has no other effect.
+        """
+        cmds, parent = super().bwCmds(**params)
+        return [c + " quantum 1514" if "htb rate" in c else c for c in cmds], parent
+
+
+class InaLink(TCLink):
+    """A TCLink whose two ends are :class:`InaIntf`."""
+
+    def __init__(self, *args: Any, **params: Any) -> None:
+        params.setdefault("cls1", InaIntf)
+        params.setdefault("cls2", InaIntf)
+        super().__init__(*args, **params)
+
+
+class StarTopo(Topo):
+    """``workers`` hosts and ``aggregators`` aggregator nodes, all on one switch.
+
+    bw: link bandwidth in Mbit/s (None: unshaped); use_tbf: shape with TBF instead of HTB.
+    loss: percent of packets lost on every host link in each direction; loss_up/loss_down
+    override it for the host -> switch and switch -> host directions.
+    """
+
+    def build(
+        self,
+        workers: int = 4,
+        aggregators: int = 1,
+        bw: float | None = None,
+        loss: float = 0.0,
+        loss_up: float | None = None,
+        loss_down: float | None = None,
+        use_tbf: bool = False,
+        prefix: str = "",
+    ) -> None:
+        for count, role in ((workers, "workers"), (aggregators, "aggregators")):
+            if not 1 <= count <= MAX_NODES_PER_ROLE:
+                raise ValueError(f"{role}: {count} not in 1..{MAX_NODES_PER_ROLE}")
+        up = loss if loss_up is None else loss_up
+        down = loss if loss_down is None else loss_down
+        for percent in (up, down):
+            if not 0 <= percent < 100:
+                raise ValueError(f"loss {percent}% not in [0, 100)")
+        # Host names in rank order and in shard order, for the runner.
+        self.worker_names = [f"{prefix}w{i}" for i in range(workers)]
+        self.aggregator_names = [f"{prefix}a{j}" for j in range(aggregators)]
+        nodes = list(zip(self.worker_names, map(worker_ip, range(workers)), strict=True))
+        nodes += zip(self.aggregator_names, map(aggregator_ip, range(aggregators)), strict=True)
+        switch = self.addSwitch(f"{prefix}s1")
+        link_opts: dict[str, Any] = {"cls": InaLink, "txo": False, "rxo": False, "gro": False}
+        if bw is not None:
+            link_opts.update(bw=bw, use_tbf=use_tbf)
+        for name, ip in nodes:
+            drops = [(None, down)] + [(other, up) for _, other in nodes if other != ip]
+            self.addHost(name, cls=InaHost, ip=f"{ip}/{PREFIX_LEN}", drops=drops)
+            self.addLink(name, switch, **link_opts)
+
+
+class MultiTopo(StarTopo):
+    """Star with several aggregator nodes (default 2); the workers shard each tensor across them."""
+
+    def build(self, workers: int = 4, aggregators: int = 2, **opts: Any) -> None:
+        super().build(workers=workers, aggregators=aggregators, **opts)
+
+
+# For `mn --custom`.
+topos = {"star": StarTopo, "multi": MultiTopo}

@@ -1,0 +1,167 @@
+"""Topologies and sharding without a network: node and link counts, addresses, options, names.
+
+Nothing here needs root: a Mininet ``Topo`` is only a graph until ``Mininet`` builds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from mininet.util import buildTopo
+from ncina.topo import cli as topo_cli
+from ncina.topo import topos as topos_module
+from ncina.topo.runner import check_backend
+from ncina.topo.topos import InaHost, InaLink, MultiTopo, StarTopo, aggregator_ip, worker_ip
+from ncina.worker.sharding import ShardedAllreduce, shard_bounds
+
+IFNAMSIZ = 15  # longest Linux interface name
+
+
+def test_star_has_workers_one_aggregator_and_one_switch() -> None:
+    topo = StarTopo(workers=3)
+    assert topo.worker_names == ["w0", "w1", "w2"]
+    assert topo.aggregator_names == ["a0"]
+    assert topo.switches() == ["s1"]
+    assert sorted(topo.hosts()) == ["a0", "w0", "w1", "w2"]
+    assert sorted(topo.links()) == [("a0", "s1"), ("w0", "s1"), ("w1", "s1"), ("w2", "s1")]
+    ips = {h: topo.nodeInfo(h)["ip"] for h in topo.hosts()}
+    assert ips == {"w0": "10.0.0.1/16", "w1": "10.0.0.2/16", "w2": "10.0.0.3/16",
+                   "a0": "10.0.1.1/16"}
+    assert all(topo.nodeInfo(h)["cls"] is InaHost for h in topo.hosts())
+
+
+def test_links_are_tc_links_with_offloads_off_and_optional_bandwidth() -> None:
+    unshaped = StarTopo(workers=2)
+    for a, b in unshaped.links():
+        opts = unshaped.linkInfo(a, b)
+        assert opts["cls"] is InaLink
+        assert (opts["txo"], opts["rxo"], opts["gro"]) == (False, False, False)
+        assert "bw" not in opts
+    shaped = StarTopo(workers=2, bw=100, use_tbf=True)
+    options = [shaped.linkInfo(a, b) for a, b in shaped.links()]
+    assert {(o["bw"], o["use_tbf"]) for o in options} == {(100, True)}
+
+
+def test_loss_becomes_input_drop_rules_per_direction() -> None:
+    topo = StarTopo(workers=2, loss=1.0, loss_up=2.0)
+    # w0 loses 1 % of everything arriving (its downlink) and 2 % of what each other host sends
+    # (their uplinks).
+    assert topo.nodeInfo("w0")["drops"] == [(None, 1.0), ("10.0.0.2", 2.0), ("10.0.1.1", 2.0)]
+    assert topo.nodeInfo("a0")["drops"] == [(None, 1.0), ("10.0.0.1", 2.0), ("10.0.0.2", 2.0)]
+
+
+@pytest.mark.parametrize(
+    "options", [{"workers": 0}, {"aggregators": 0}, {"workers": 255}, {"loss": 100},
+                {"loss_down": -1}]
+)
+def test_bad_options_are_refused(options: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        StarTopo(**options)
+
+
+def test_multi_has_several_aggregators_in_shard_order() -> None:
+    assert MultiTopo().aggregator_names == ["a0", "a1"]
+    topo = MultiTopo(4, 3)
+    assert topo.worker_names == ["w0", "w1", "w2", "w3"]
+    assert topo.aggregator_names == ["a0", "a1", "a2"]
+    assert [topo.nodeInfo(a)["ip"] for a in topo.aggregator_names] == [
+        f"{aggregator_ip(j)}/16" for j in range(3)
+    ]
+    assert len(topo.links()) == 7
+
+
+def test_prefixed_names_fit_linux_interface_names() -> None:
+    topo = StarTopo(workers=254, prefix="n99999")
+    ports = len(topo.hosts())
+    assert len(f"{topo.switches()[0]}-eth{ports}") <= IFNAMSIZ
+    assert all(len(f"{h}-eth0") <= IFNAMSIZ for h in topo.hosts())
+    assert worker_ip(253) == "10.0.0.254"
+
+
+def test_mn_custom_loads_the_file_alone() -> None:
+    # What `mn --custom mininet/topos.py --topo multi,4,2,bw=100` does.
+    path = Path(topos_module.__file__)
+    customs: dict[str, Any] = {}
+    exec(compile(path.read_text(), str(path), "exec"), customs, customs)
+    assert set(customs["topos"]) == {"star", "multi"}
+    topo = buildTopo(customs["topos"], "multi,4,2,bw=100")
+    assert len(topo.hosts()) == 6
+    assert {topo.linkInfo(*e)["bw"] for e in topo.links()} == {100}
+
+
+@pytest.mark.parametrize(("n", "k", "shards"), [(1000, 64, 2), (17226, 256, 8), (100, 64, 3),
+                                                (0, 64, 2), (64, 64, 1)])
+def test_shard_bounds_cut_chunks_evenly(n: int, k: int, shards: int) -> None:
+    bounds = shard_bounds(n, k, shards)
+    assert len(bounds) == shards
+    assert bounds[0][0] == 0 and bounds[-1][1] == n
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+    assert all(start % k == 0 for start, _ in bounds)
+    chunks = [-(-(stop - start) // k) for start, stop in bounds]
+    assert max(chunks) - min(chunks) <= 1
+    assert sum(chunks) == -(-n // k)
+
+
+class FakeClient:
+    """Stands in for an AllreduceClient: records what it was given, returns it times 10."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.calls: list[np.ndarray] = []
+        self.closed = False
+
+    def allreduce(self, x: np.ndarray, op: str) -> np.ndarray:
+        assert op == "mean"
+        self.calls.append(x.copy())
+        return x * 10
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {"packets_sent": len(self.calls), "saturated": 0}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_sharded_allreduce_gives_each_aggregator_its_own_chunks() -> None:
+    clients = [FakeClient(4) for _ in range(3)]
+    fabric = ShardedAllreduce(clients)  # type: ignore[arg-type]
+    x = np.arange(30, dtype=np.float32)
+    np.testing.assert_array_equal(fabric.allreduce(x), x * 10)
+    # 8 chunks of 4: 2, 3 and 3 chunks.
+    assert [c.calls[0].tolist() for c in clients] == [
+        list(range(0, 8)), list(range(8, 20)), list(range(20, 30))
+    ]
+    small = np.ones(3, dtype=np.float32)  # one chunk: only the last aggregator gets it
+    fabric.allreduce(small)
+    assert [len(c.calls) for c in clients] == [1, 1, 2]
+    assert fabric.stats == {"packets_sent": 4, "saturated": 0}
+    fabric.close()
+    assert all(c.closed for c in clients)
+
+
+def test_sharded_allreduce_needs_one_k() -> None:
+    with pytest.raises(ValueError, match="same k"):
+        ShardedAllreduce([FakeClient(4), FakeClient(8)])  # type: ignore[list-item]
+
+
+def test_unavailable_backend_names_what_is_missing() -> None:
+    check_backend("python")
+    with pytest.raises(RuntimeError, match=r"BACKEND=dpdk .*DPDK data plane"):
+        check_backend("dpdk")
+    with pytest.raises(RuntimeError, match=r"BACKEND=bmv2 .*simple_switch_grpc"):
+        check_backend("bmv2")
+
+
+def test_topo_without_root_says_root_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(topo_cli.os, "geteuid", lambda: 1000)
+    parser = argparse.ArgumentParser()
+    topo_cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["topo"])
+    with pytest.raises(PermissionError, match="needs root"):
+        topo_cli.run(args)
