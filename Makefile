@@ -5,8 +5,18 @@ PY := $(VENV)/bin/python
 # Debian packages the project uses at run time and in tests (Mininet, its Linux-bridge switch, links).
 APT_PACKAGES ?= mininet bridge-utils iproute2 iptables ethtool gcc libc6-dev python3-venv python3-dev
 PYTEST_ARGS ?=
+# make topo: star topology, INA+NC8 through the aggregator, then the gloo fp32 baseline (docs/topo.md).
+# BW: link bandwidth in Mbit/s (empty: unshaped); LOSS: percent of packets lost per link direction;
+# TOPO_ARGS: any other `ncina topo` options, e.g. --topo multi --aggregators 2.
+WORKERS ?= 4
+BACKEND ?= python
+BW ?= 100
+LOSS ?= 0
+EPOCHS ?= 10
+MODEL ?= mlp
+TOPO_ARGS ?=
 
-.PHONY: help setup apt venv test lint topo clean
+.PHONY: help setup apt venv test lint topo need-root clean
 
 help:
 	@echo "make topo    bring up the Mininet topology and train a model through the aggregator"
@@ -45,6 +55,14 @@ lint: venv
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Mininet needs root: a non-root user gets one sentence, before anything is installed.
+need-root:
+	@[ "$$(id -u)" = 0 ] || { echo "make topo needs root: Mininet creates network namespaces, virtual links and a bridge."; exit 1; }
+
+topo: need-root setup
+	$(VENV)/bin/ncina topo --workers $(WORKERS) --backend $(BACKEND) $(if $(BW),--bw $(BW)) \
+	  --loss $(LOSS) --epochs $(EPOCHS) --model $(MODEL) $(TOPO_ARGS)
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache
