@@ -1,0 +1,249 @@
+/* EAL and port setup, and the burst loop (after DPDK's l2fwd): receive a burst, decide each
+ * frame with the engine, build results into mbufs from the pool, buffer them for TX, flush. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_malloc.h>
+#include <rte_mbuf.h>
+
+#include "ncd_priv.h"
+
+#define BURST 32
+#define NB_MBUF 8191
+#define MBUF_CACHE 256
+#define NB_RXD 1024
+#define NB_TXD 1024
+#define IDLE_POLLS 256
+
+extern char ncd_errbuf[256];
+
+static uint16_t port_id;
+static struct rte_mempool *pool;
+static struct rte_eth_dev_tx_buffer *txb;
+static int eal_up, port_up;
+static volatile int stopping;
+
+#define FAIL(...)                                                   \
+    do {                                                            \
+        snprintf(ncd_errbuf, sizeof ncd_errbuf, __VA_ARGS__);       \
+        return -1;                                                  \
+    } while (0)
+
+static void count_tx_drops(struct rte_mbuf **pkts, uint16_t unsent, void *userdata)
+{
+    (void)userdata;
+    ncd_iostats.tx_dropped += unsent;
+    ncd_iostats.tx_frames -= unsent;
+    rte_pktmbuf_free_bulk(pkts, unsent);
+}
+
+int ncd_init(int argc, char **argv)
+{
+    if (eal_up)
+        FAIL("EAL is already running in this process");
+    if (rte_eal_init(argc, argv) < 0)
+        FAIL("rte_eal_init failed: %s", rte_strerror(rte_errno));
+    eal_up = 1;
+    if (rte_eth_dev_count_avail() < 1)
+        FAIL("no ethdev port (is the --vdev=net_af_packet0,iface=... interface up?)");
+    RTE_ETH_FOREACH_DEV(port_id) break;
+
+    pool = rte_pktmbuf_pool_create("ncd_mbufs", NB_MBUF, MBUF_CACHE, 0,
+                                   RTE_MBUF_DEFAULT_BUF_SIZE, rte_socket_id());
+    if (pool == NULL)
+        FAIL("cannot create the mbuf pool: %s", rte_strerror(rte_errno));
+
+    struct rte_eth_conf conf;
+    memset(&conf, 0, sizeof conf);
+    int rc = rte_eth_dev_configure(port_id, 1, 1, &conf);
+    if (rc < 0)
+        FAIL("rte_eth_dev_configure: %s", rte_strerror(-rc));
+    uint16_t nrxd = NB_RXD, ntxd = NB_TXD;
+    rc = rte_eth_dev_adjust_nb_rx_tx_desc(port_id, &nrxd, &ntxd);
+    if (rc < 0)
+        FAIL("rte_eth_dev_adjust_nb_rx_tx_desc: %s", rte_strerror(-rc));
+    const int socket = rte_eth_dev_socket_id(port_id);
+    rc = rte_eth_rx_queue_setup(port_id, 0, nrxd, socket, NULL, pool);
+    if (rc < 0)
+        FAIL("rte_eth_rx_queue_setup: %s", rte_strerror(-rc));
+    rc = rte_eth_tx_queue_setup(port_id, 0, ntxd, socket, NULL);
+    if (rc < 0)
+        FAIL("rte_eth_tx_queue_setup: %s", rte_strerror(-rc));
+
+    txb = rte_zmalloc_socket("ncd_txb", RTE_ETH_TX_BUFFER_SIZE(BURST), 0, socket);
+    if (txb == NULL)
+        FAIL("cannot allocate the TX buffer");
+    rte_eth_tx_buffer_init(txb, BURST);
+    rte_eth_tx_buffer_set_err_callback(txb, count_tx_drops, NULL);
+
+    rc = rte_eth_dev_start(port_id);
+    if (rc < 0)
+        FAIL("rte_eth_dev_start: %s", rte_strerror(-rc));
+    port_up = 1;
+    rte_eth_promiscuous_enable(port_id); /* best effort: the veth peer sends to our MAC anyway */
+    rte_eth_macaddr_get(port_id, &ncd_mac);
+    return 0;
+}
+
+static inline void send_frame(struct rte_mbuf *m, uint32_t len)
+{
+    m->data_len = (uint16_t)len;
+    m->pkt_len = len;
+    ncd_iostats.tx_frames++;
+    rte_eth_tx_buffer(port_id, 0, txb, m);
+}
+
+/* A completed slot: one result per member. */
+static void send_all(const struct ncd_action *a)
+{
+    struct rte_mbuf *out[NCD_MAX_WORKERS];
+    const unsigned n = a->job->n;
+    if (rte_pktmbuf_alloc_bulk(pool, out, n) != 0) {
+        ncd_iostats.no_mbuf += n;
+        return;
+    }
+    for (uint16_t r = 0; r < n; r++) {
+        uint8_t *buf = rte_pktmbuf_mtod(out[r], uint8_t *);
+        send_frame(out[r], ncd_build_result(buf, a->job, a->slot, a->version, r));
+    }
+}
+
+static void send_one_fresh(const struct ncd_action *a)
+{
+    struct rte_mbuf *m = rte_pktmbuf_alloc(pool);
+    if (m == NULL) {
+        ncd_iostats.no_mbuf++;
+        return;
+    }
+    send_frame(m, ncd_build_result(rte_pktmbuf_mtod(m, uint8_t *), a->job, a->slot, a->version,
+                                   a->rank));
+}
+
+static void handle(struct rte_mbuf *m)
+{
+    struct ncd_action a;
+    uint8_t *frame = rte_pktmbuf_mtod(m, uint8_t *);
+    switch (ncd_engine_input(frame, rte_pktmbuf_data_len(m), &a)) {
+    case NCD_V_ARP:
+        ncd_build_arp_reply(frame);
+        ncd_iostats.arp_replies++;
+        send_frame(m, m->data_len);
+        return;
+    case NCD_V_SEND_ONE:
+        /* Reuse the input mbuf when the stored result fits its buffer (it always does for
+         * frames of a standard MTU), else take a fresh one. */
+        if (ncd_result_frame_len(a.job, a.slot) <= (uint32_t)(m->buf_len - m->data_off)) {
+            send_frame(m, ncd_build_result(frame, a.job, a.slot, a.version, a.rank));
+            return;
+        }
+        send_one_fresh(&a);
+        break;
+    case NCD_V_SEND_ALL:
+        send_all(&a);
+        break;
+    case NCD_V_IGNORE:
+        ncd_iostats.ignored++;
+        break;
+    case NCD_V_NONE:
+        break;
+    }
+    rte_pktmbuf_free(m);
+}
+
+static inline void forward(struct rte_mbuf *m)
+{
+    struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, struct rte_ether_hdr *);
+    struct rte_ether_addr tmp = eth->dst_addr;
+    eth->dst_addr = eth->src_addr;
+    eth->src_addr = tmp;
+    send_frame(m, m->data_len);
+}
+
+int ncd_run(int mode, unsigned idle_sleep_us)
+{
+    if (!port_up)
+        FAIL("the port is not started (ncd_init)");
+    const int registered = rte_lcore_id() == LCORE_ID_ANY && rte_thread_register() == 0;
+    const struct timespec nap = {0, (long)idle_sleep_us * 1000};
+    struct rte_mbuf *rx[BURST];
+    unsigned idle = 0;
+
+    while (!stopping) {
+        const uint16_t n = rte_eth_rx_burst(port_id, 0, rx, BURST);
+        ncd_iostats.loops++;
+        if (n == 0) {
+            if (idle_sleep_us && ++idle >= IDLE_POLLS)
+                nanosleep(&nap, NULL);
+            continue;
+        }
+        idle = 0;
+        ncd_iostats.rx_frames += n;
+        if (mode == 1) {
+            for (uint16_t i = 0; i < n; i++)
+                forward(rx[i]);
+        } else {
+            for (uint16_t i = 0; i < n; i++) {
+                if (i + 1 < n)
+                    rte_prefetch0(rte_pktmbuf_mtod(rx[i + 1], void *));
+                handle(rx[i]);
+            }
+        }
+        rte_eth_tx_buffer_flush(port_id, 0, txb);
+    }
+    rte_eth_tx_buffer_flush(port_id, 0, txb);
+    if (registered)
+        rte_thread_unregister();
+    return 0;
+}
+
+void ncd_stop(void)
+{
+    stopping = 1;
+}
+
+void ncd_close(void)
+{
+    if (port_up) {
+        rte_eth_dev_stop(port_id);
+        rte_eth_dev_close(port_id);
+        port_up = 0;
+    }
+    if (eal_up) {
+        rte_eal_cleanup();
+        eal_up = 0;
+    }
+}
+
+/* Offline: the same engine and frame builders on caller-provided buffers. */
+int ncd_process_frame(const uint8_t *frame, uint32_t len, uint8_t *out, uint32_t stride,
+                      uint32_t max_out, uint32_t *out_lens)
+{
+    struct ncd_action a;
+    switch (ncd_engine_input(frame, len, &a)) {
+    case NCD_V_ARP:
+        if (max_out < 1 || len > stride)
+            return -1;
+        memcpy(out, frame, len);
+        ncd_build_arp_reply(out);
+        out_lens[0] = len;
+        return 1;
+    case NCD_V_SEND_ONE:
+        if (max_out < 1 || ncd_result_frame_len(a.job, a.slot) > stride)
+            return -1;
+        out_lens[0] = ncd_build_result(out, a.job, a.slot, a.version, a.rank);
+        return 1;
+    case NCD_V_SEND_ALL:
+        if (max_out < a.job->n || ncd_result_frame_len(a.job, a.slot) > stride)
+            return -1;
+        for (uint16_t r = 0; r < a.job->n; r++)
+            out_lens[r] = ncd_build_result(out + (size_t)r * stride, a.job, a.slot, a.version, r);
+        return a.job->n;
+    default:
+        return 0;
+    }
+}

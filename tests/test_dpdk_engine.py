@@ -1,0 +1,242 @@
+"""The DPDK data plane's engine offline (no EAL, no network): the C parse/slots/result code fed
+frame by frame next to the Python reference (``ncina.aggregator.slots``), output frames and
+counters compared; plus the frames' own correctness (IPv4 and UDP checksums, ARP replies).
+
+These need only the DPDK development files (the extension links libdpdk); the packet-level
+tests over a veth pair are in test_dpdk_packets.py.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+from ncina.aggregator.jobs import JobConfig
+from ncina.aggregator.slots import Aggregator
+from ncina.proto.layers import NcinaHeader
+from ncina_testlib import uplink
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import ARP, Ether
+from scapy.packet import Raw
+
+binding = pytest.importorskip("ncina.aggregator.dpdk.binding")
+_MISSING = binding.missing()
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
+
+AGG_MAC = "02:00:00:00:0a:01"
+AGG_IP = "10.77.0.1"
+WORKER_MAC = "02:00:00:00:0b:01"
+PORT = 47000
+STRIDE = 2048
+
+
+@pytest.fixture
+def plane() -> Iterator[object]:
+    """The process's engine, emptied; jobs are installed by the test."""
+    from ncina.aggregator.dpdk.driver import DataPlane
+
+    dp = DataPlane(binding.load())
+    dp.lib.ncd_reset()
+    dp.set_mac(AGG_MAC)
+    dp.set_address((AGG_IP, PORT))
+    yield dp
+    dp.lib.ncd_reset()
+
+
+Datagrams = list[tuple[bytes, tuple[str, int]]]
+
+
+def frame(
+    datagram: bytes, src: tuple[str, int], *, dst_ip: str = AGG_IP, dport: int = PORT
+) -> bytes:
+    return bytes(
+        Ether(src=WORKER_MAC, dst=AGG_MAC)
+        / IP(src=src[0], dst=dst_ip)
+        / UDP(sport=src[1], dport=dport)
+        / Raw(datagram)
+    )
+
+
+def process(dp: object, raw: bytes) -> list[bytes]:
+    """Feed one frame to the C engine; return the frames it sends."""
+    ffi, lib = dp.ffi, dp.lib  # type: ignore[attr-defined]
+    out = ffi.new(f"uint8_t[{STRIDE * 64}]")
+    lens = ffi.new("uint32_t[64]")
+    n = lib.ncd_process_frame(raw, len(raw), out, STRIDE, 64, lens)
+    assert n >= 0, "output buffer too small"
+    buf = ffi.buffer(out)
+    return [bytes(buf[i * STRIDE : i * STRIDE + lens[i]]) for i in range(n)]
+
+
+def as_datagrams(frames: list[bytes]) -> list[tuple[bytes, tuple[str, int]]]:
+    """Check each result frame's headers and checksums; return (UDP payload, destination)."""
+    out = []
+    for raw in frames:
+        pkt = Ether(raw)
+        assert pkt.src == AGG_MAC and pkt.dst == WORKER_MAC
+        ip, udp = pkt[IP], pkt[UDP]
+        assert ip.src == AGG_IP and ip.ttl == 64 and ip.flags == "DF" and ip.ihl == 5
+        assert udp.sport == PORT
+        # Recompute both checksums with scapy and compare with what the C code wrote.
+        again = Ether(raw)
+        again[IP].chksum = None
+        again[UDP].chksum = None
+        rebuilt = Ether(bytes(again))
+        assert rebuilt[IP].chksum == ip.chksum, "IPv4 header checksum"
+        assert rebuilt[UDP].chksum == udp.chksum, "UDP checksum"
+        assert udp.len == len(raw) - 34 and ip.len == len(raw) - 14
+        out.append((bytes(udp.payload), (ip.dst, udp.dport)))
+    return out
+
+
+def job(**kw: object) -> JobConfig:
+    args: dict[str, object] = {"job": 7, "workers": 3, "k": 32, "result_format": "int", "seed": 11}
+    args.update(kw)
+    return JobConfig.create(**args)  # type: ignore[arg-type]
+
+
+def counters(dp: object, ref: Aggregator, job_id: int) -> tuple[dict, dict, dict, dict]:
+    mine_job = dp.job_stats(job_id).to_json()  # type: ignore[attr-defined]
+    mine_global = dp.global_stats()[0].to_json()  # type: ignore[attr-defined]
+    ref_job = ref.jobs[job_id].stats.to_json()
+    ref_global = ref.stats.to_json()
+    return mine_job, ref_job, mine_global, ref_global
+
+
+def run_both(dp: object, configs: list[JobConfig], packets: Datagrams) -> Aggregator:
+    """Feed the same datagrams to the C engine and the reference; assert equal output, in order."""
+    ref = Aggregator()
+    for c in configs:
+        ref.add_job(c)
+        dp.add_job(c)  # type: ignore[attr-defined]
+    for datagram, src in packets:
+        want = list(ref.handle(datagram, src))
+        got = as_datagrams(process(dp, frame(datagram, src)))
+        assert got == want, f"packet {NcinaHeader(datagram).summary()} from {src}"
+    for c in configs:
+        mj, rj, mg, rg = counters(dp, ref, c.job)
+        assert mj == rj
+        assert mg == rg
+    return ref
+
+
+def random_traffic(config: JobConfig, rounds: int, seed: int) -> Datagrams:
+    """A SwitchML-like schedule: every rank sends each chunk into slot i mod S with flipping
+    versions; shuffled within a round, with duplicates, retransmissions after completion, and
+    some malformed packets mixed in."""
+    rnd = random.Random(seed)
+    top = config.window.span + 1
+    n, s, k = config.workers, config.pool_size, config.k
+    out: list[tuple[bytes, tuple[str, int]]] = []
+    addr = [(f"10.77.1.{r + 1}", 5000 + r) for r in range(n)]
+    for chunk in range(rounds):
+        slot, pool = chunk % s, (chunk // s) % 2
+        count = k if rnd.random() < 0.8 else rnd.randint(1, k)
+        round_pkts = []
+        for r in range(n):
+            codes = bytes(rnd.choice([0, rnd.randint(1, top), 0x80 | rnd.randint(1, top)])
+                          for _ in range(count))
+            d = uplink(job=config.job, rank=r, slot=slot, offset=chunk * k, codes=codes,
+                       emin=config.window.e_min, pool=pool)
+            round_pkts.append((d, addr[r]))
+            if rnd.random() < 0.2:
+                round_pkts.append((d, addr[r]))  # duplicate before completion (or resend after)
+        rnd.shuffle(round_pkts)
+        out += round_pkts
+        for _ in range(rnd.randint(0, 2)):  # lost results: retransmissions with RETX
+            r = rnd.randrange(n)
+            d = bytearray(rnd.choice([p for p in round_pkts if p[1] == addr[r]])[0])
+            d[1] |= 0x02
+            out.append((bytes(d), addr[r]))
+        if rnd.random() < 0.3:
+            bad = bytearray(round_pkts[0][0])
+            which = rnd.randrange(6)
+            if which == 0:
+                bad[0] = 2  # bad_version
+            elif which == 1:
+                bad = bad[:10]  # truncated
+            elif which == 2:
+                bad[3] = (bad[3] + 1) & 0xFF  # window_mismatch
+            elif which == 3:
+                bad[16] = top + 1  # bad_code
+            elif which == 4:
+                bad[5] ^= 0x55  # unknown job
+            else:
+                bad = bad[:-1]  # bad_length
+            out.append((bytes(bad), addr[0]))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["int", "nc8"])
+def test_parity_random_schedule(plane: object, fmt: str) -> None:
+    config = job(result_format=fmt, pool_size=4, workers=4, k=64)
+    run_both(plane, [config], random_traffic(config, rounds=40, seed=3))
+
+
+def test_parity_two_jobs_and_members(plane: object) -> None:
+    a = job(job=1, workers=2, result_format="nc8", seed=5,
+            members=[(0, ("10.77.1.1", 5000))])
+    b = job(job=2, workers=3, k=8, result_format="int", pool_size=2)
+    packets = random_traffic(a, 12, seed=1) + random_traffic(b, 12, seed=2)
+    random.Random(9).shuffle(packets)
+    # A packet claiming rank 0 of job 1 from another address: non_member.
+    packets.append((uplink(job=1, rank=0, slot=0, offset=0, codes=b"\x01",
+                           emin=a.window.e_min), ("10.77.9.9", 5000)))
+    run_both(plane, [a, b], packets)
+
+
+def test_malformed_reasons(plane: object) -> None:
+    config = job(workers=2, k=4, pool_size=2)
+    e = config.window.e_min
+    src = ("10.77.1.1", 5000)
+    bad = [
+        b"\x01" * 5,  # truncated
+        uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01", emin=e, version=2),
+        uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01", emin=e, flags=0x08),
+        uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01", emin=e, flags=0x01),
+        uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01", emin=e, format=1, count=0),
+        uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01" * 8, emin=e, format=1, count=1),
+        uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01", emin=e, format=9),
+        uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01\x01", emin=e, count=3),
+        uplink(job=7, rank=5, slot=0, offset=0, codes=b"\x01", emin=e),
+        uplink(job=7, rank=0, slot=2, offset=0, codes=b"\x01", emin=e),
+        uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01" * 5, emin=e),
+        uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x7f", emin=e),
+        uplink(job=8, rank=0, slot=0, offset=0, codes=b"\x01", emin=e),
+        uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01", emin=e + 1),
+        uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01", emin=e),
+        uplink(job=7, rank=1, slot=0, offset=4, codes=b"\x01", emin=e),  # chunk_mismatch
+        uplink(job=7, rank=1, slot=0, offset=0, codes=b"\x01\x01", emin=e),  # chunk_mismatch
+    ]
+    ref = run_both(plane, [config], [(d, src if i < 15 else ("10.77.1.2", 5001))
+                                     for i, d in enumerate(bad)])
+    drops = {k: v for k, v in ref.jobs[7].stats.drops.items() if v}
+    drops.update({f"global.{k}": v for k, v in ref.stats.drops.items() if v})
+    assert drops == {
+        "global.truncated": 1, "global.bad_version": 1, "bad_flags": 2, "bad_count": 2,
+        "bad_length": 1, "bad_format": 2, "non_member": 1, "bad_slot": 1, "bad_code": 1,
+        "global.unknown_job": 1, "window_mismatch": 1, "chunk_mismatch": 2,
+    }  # fmt: skip
+
+
+def test_not_ncina_is_ignored(plane: object) -> None:
+    plane.add_job(job())  # type: ignore[attr-defined]
+    d = uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01", emin=job().window.e_min)
+    assert process(plane, frame(d, ("10.77.1.1", 5000), dport=47001)) == []
+    assert process(plane, frame(d, ("10.77.1.1", 5000), dst_ip="10.77.0.2")) == []
+    assert process(plane, b"\x00" * 10) == []
+    stats = plane.job_stats(7)  # type: ignore[attr-defined]
+    assert stats.packets_in == 0
+
+
+def test_arp_reply(plane: object) -> None:
+    req = bytes(Ether(src=WORKER_MAC, dst="ff:ff:ff:ff:ff:ff")
+                / ARP(op=1, hwsrc=WORKER_MAC, psrc="10.77.1.1", pdst=AGG_IP))
+    (reply,) = process(plane, req)
+    arp = Ether(reply)[ARP]
+    assert arp.op == 2 and arp.hwsrc == AGG_MAC and arp.psrc == AGG_IP
+    assert arp.hwdst == WORKER_MAC and arp.pdst == "10.77.1.1"
+    other = bytes(Ether(src=WORKER_MAC, dst="ff:ff:ff:ff:ff:ff")
+                  / ARP(op=1, hwsrc=WORKER_MAC, psrc="10.77.1.1", pdst="10.77.0.99"))
+    assert process(plane, other) == []
