@@ -33,6 +33,7 @@ SPECS = [
     "natdither",
     "natdither:p=inf,s=4",
     "natdither:packed=1,s=3",
+    "natdither:packed=1,nc_norm=0,s=5",
     "qsgd",
     "qsgd:encoding=sparse,s=2,bucket=64",
     "qsgd:bucket=0,s=7",
@@ -214,6 +215,9 @@ def test_natural_dithering_payload_golden() -> None:
     assert packed == head(2, 4, "BBHbf", 3, 1, 4, 10, 4.0) + bytes([0b00111001, 0b10000000])
     for payload in (ina, packed):
         assert create("natdither").decompress(payload).tolist() == x.tolist()
+    # the float32 norm itself: 3 (not a power of two); 3/3 = level 1, 1.5/3 = level 1/2
+    exact = create("natdither:s=2,p=inf,packed=1,nc_norm=0").compress(f32(3.0, -1.5), State())
+    assert exact == head(2, 2, "BBHbf", 2, 1, 4, 10, 3.0) + bytes([0b00111000])
 
 
 def test_qsgd_payload_golden() -> None:
@@ -417,6 +421,7 @@ def test_create_parses_specs() -> None:
         ("qsgd:encoding=huffman", "encoding"),
         ("natdither:p=1", "norms"),
         ("natdither:s=0", "levels"),
+        ("natdither:nc_norm=0", "NC8 payloads"),
         ("3lc:s=2", "multiplier"),
         ("fft:theta=1", "theta"),
         ("fft:bits=40", "bits"),

@@ -15,7 +15,9 @@ Two payload modes (network byte order)::
     packed == 1:  n fields of 1 + bit_length(s) bits, MSB first: sign bit, then the level
                   index j (0: zero, j >= 1: level 2**(1 - j)); value = norm * level
 
-``norm`` is the naturally compressed norm (a power of two or 0). In the INA mode each output
+``norm`` is the naturally compressed norm (a power of two or 0), or with ``nc_norm = 0``
+(packed mode only) the float32 norm itself: the setting of the paper's variance experiments
+(Appendix B.2), which measure the levels alone. In the INA mode each output
 ``+-norm * 2**(1 - j)`` is itself a power of two, encoded by the NC8 codec (exact inside the
 window; below it, the codec's unbiased rounding), so NC8 payloads of several workers add up in a
 switch. The packed mode sends the same values in fewer bits, for server mode.
@@ -44,6 +46,7 @@ class NaturalDithering(Compressor):
     s: int = 8
     p: float = 2
     packed: bool = False
+    nc_norm: bool = True
     workers: int = 4
     e_max: int = 10
 
@@ -57,6 +60,8 @@ class NaturalDithering(Compressor):
             raise ValueError(f"natural dithering needs 1..{MAX_LEVELS} levels, got s={self.s}")
         if self.p not in (2, math.inf):
             raise ValueError(f"natural dithering supports the 2 and inf norms, got p={self.p}")
+        if not (self.nc_norm or self.packed):
+            raise ValueError("NC8 payloads need the naturally compressed norm (nc_norm=1)")
         self.window()
 
     @property
@@ -77,31 +82,32 @@ class NaturalDithering(Compressor):
         norm = float(np.max(np.abs(v), initial=0.0)) if self.p == math.inf else float(
             np.linalg.norm(v.astype(np.float64))
         )
-        enc = nc8.encode(np.array([norm], dtype=np.float32), window, state.rng)
-        state.saturated += enc.saturated
-        nc_norm = float(nc8.decode(enc.codes, window)[0])
-        level = self._levels(v, norm, state.rng) if nc_norm else np.zeros(v.size, np.int64)
-        head = self.header(v.size, self.s, self.packed, self.workers, self.e_max, nc_norm)
+        if self.nc_norm:
+            enc = nc8.encode(np.array([norm], dtype=np.float32), window, state.rng)
+            state.saturated += enc.saturated
+            sent = float(nc8.decode(enc.codes, window)[0])
+        else:
+            sent = norm = float(np.float32(norm))  # the levels use the norm that is sent
+        level = self._levels(v, norm, state.rng) if sent else np.zeros(v.size, np.int32)
+        head = self.header(v.size, self.s, self.packed, self.workers, self.e_max, sent)
         neg = np.signbit(v) & (level > 0)
         if self.packed:
             width = self.s.bit_length()
             return head + pack_bits((neg.astype(np.int64) << width) | level, 1 + width)
-        values = np.ldexp(np.where(neg, -nc_norm, nc_norm).astype(np.float32), 1 - level)
+        values = np.ldexp(np.where(neg, -sent, sent).astype(np.float32), 1 - level)
         values[level == 0] = 0.0
         enc = nc8.encode(values, window, state.rng)
         state.saturated += enc.saturated
         return head + enc.codes.tobytes()
 
     def _levels(self, v: np.ndarray, norm: float, rng: np.random.Generator) -> np.ndarray:
-        """Level index per element: 0 for zero, ``j >= 1`` for level ``2**(1 - j)``."""
-        y = np.minimum(np.abs(v).astype(np.float64) / norm, 1.0)  # rounding may exceed 1
-        t = np.frexp(y)[1] - 1  # floor(log2 y) for y > 0
-        low = t >= 1 - self.s
-        base = np.ldexp(1.0, np.where(low, t, 1 - self.s))  # lower level, or the lowest level
-        p_up = np.where(low, (y - base) / base, y / base)
-        up = rng.random(v.size) < p_up
-        level = np.where(low, 1 - t - up, np.where(up, self.s, 0))
-        return np.where(y > 0, level, 0).astype(np.int64)
+        """Level index per element (int32): 0 for zero, ``j >= 1`` for level ``2**(1 - j)``."""
+        y = np.minimum(np.abs(v) / np.float64(norm), 1.0)  # float rounding may exceed 1
+        t = (y.view(np.uint64) >> np.uint64(52)).astype(np.int32) - 1023  # floor(log2 y)
+        low = t >= 1 - self.s  # at or above the lowest level (y == 0 is not: t = -1023)
+        ratio = y / np.ldexp(1.0, np.where(low, t, np.int32(1 - self.s)))
+        up = rng.random(v.size) < np.where(low, ratio - 1, ratio)
+        return np.where(low, 1 - t - up, np.where(up, np.int32(self.s), np.int32(0)))
 
     def decompress(self, payload: bytes) -> np.ndarray:
         n, (s, packed, workers, e_max, norm), body = self.parse(payload)
@@ -114,7 +120,7 @@ class NaturalDithering(Compressor):
         data, rest = take(body, packed_size(n * (1 + width)), "levels")
         expect_end(rest, self.name)
         fields = unpack_bits(data, 1 + width, n).astype(np.int64)
-        level = fields & ((1 << width) - 1)
+        level = (fields & ((1 << width) - 1)).astype(np.int32)
         if np.any(level > s):
             raise ValueError(f"natural dithering level index above s={s}")
         mag = np.where(level > 0, np.ldexp(np.float32(norm), 1 - level), 0).astype(np.float32)
