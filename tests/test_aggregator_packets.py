@@ -32,6 +32,7 @@ from ncina_testlib import (
     Worker,
     aggregator_command,
     exact_sums,
+    free_udp_port,
     is_nc8_rounding,
     launch_aggregator,
     start_aggregator,
@@ -351,8 +352,11 @@ def test_configured_members_final_stats_and_clean_exit(backend: str, tmp_path: P
         s.bind(("127.0.0.1", 0))
         s.settimeout(10)
     members = [f"--member={r}=127.0.0.1:{s.getsockname()[1]}" for r, s in enumerate(workers)]
+    port = free_udp_port()
     aggregator = start_aggregator(backend, tmp_path, job=5, workers=2, k=4, result="int",
-                                  extra=[*members, "--pool-size", "2"])  # fmt: skip
+                                  extra=[*members, "--pool-size", "2"],
+                                  listen=f"127.0.0.1:{port}")  # fmt: skip
+    assert aggregator.address == ("127.0.0.1", port)
     stranger = Worker(aggregator.address)
     try:
         packet = {"job": 5, "slot": 1, "offset": 0, "emin": window_e_min(2)}
@@ -399,6 +403,8 @@ def test_command_line_errors_are_one_clear_line(
     assert proc.returncode == status, proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+    if status == 1:  # past argparse (whose usage lines come first): exactly one line
+        assert proc.stderr.count("\n") == 1
 
 
 def test_python_backend_counts_an_internal_error_logs_it_once_and_keeps_serving() -> None:
