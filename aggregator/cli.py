@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ncina.aggregator.dpdk import driver as dpdk_driver
 from ncina.aggregator.jobs import (
     DEFAULT_MTU,
     DEFAULT_POOL_SIZE,
@@ -21,7 +22,7 @@ from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import Aggregator
 from ncina.proto.header import PORT, Format
 
-BACKENDS = ("python",)
+BACKENDS = ("python", "dpdk")
 
 DESCRIPTION = f"""\
 Run an in-network aggregator for one job: workers send NC8-coded chunks over UDP, the aggregator
@@ -147,6 +148,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="period of the stats file writes (default: %(default)s)",
     )
+    dpdk_driver.add_arguments(parser)
     return parser
 
 
@@ -163,9 +165,10 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     config.check_mtu(args.mtu)
+    if args.backend == "dpdk":
+        return dpdk_driver.serve(config, args)
     aggregator = Aggregator()
     aggregator.add_job(config)
-    # argparse admits only the backends in BACKENDS, and python is the only one so far.
     backend = PythonBackend(
         aggregator, args.listen, stats_path=args.stats, stats_interval=args.stats_interval
     )

@@ -39,6 +39,7 @@ from ncina_testlib import (
     uplink,
     wait_ready,
     window_e_min,
+    worker_host,
 )
 
 K = 16
@@ -347,16 +348,17 @@ def test_random_datagrams_never_break_the_aggregator(pair: Cluster) -> None:
 
 
 def test_configured_members_final_stats_and_clean_exit(backend: str, tmp_path: Path) -> None:
+    host = worker_host(backend)
     workers = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
     for s in workers:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         s.settimeout(10)
-    members = [f"--member={r}=127.0.0.1:{s.getsockname()[1]}" for r, s in enumerate(workers)]
+    members = [f"--member={r}={host}:{s.getsockname()[1]}" for r, s in enumerate(workers)]
     port = free_udp_port()
     aggregator = start_aggregator(backend, tmp_path, job=5, workers=2, k=4, result="int",
                                   extra=[*members, "--pool-size", "2"],
                                   listen=f"127.0.0.1:{port}")  # fmt: skip
-    assert aggregator.address == ("127.0.0.1", port)
+    assert aggregator.address[1] == port
     stranger = Worker(aggregator.address)
     try:
         packet = {"job": 5, "slot": 1, "offset": 0, "emin": window_e_min(2)}

@@ -68,8 +68,9 @@ MODES = {"aggregate": 0, "forward": 1}
 def eal_arguments(iface: str, extra: Sequence[str] = (), *, vdev_options: str = "") -> list[str]:
     """The EAL command line for one af_packet port on ``iface`` without hugepages or PCI.
 
-    ``--in-memory`` keeps no files in /var/run (several data planes may run at once), and the
-    main lcore may run on any CPU this process may use (EAL would otherwise pin it to one).
+    ``--no-shconf`` and a per-process ``--file-prefix`` let several data planes run at once
+    (``--in-memory`` would, but it is incompatible with ``--no-huge``), and the main lcore may
+    run on any CPU this process may use (EAL would otherwise pin it to one).
     """
     cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     vdev = f"net_af_packet0,iface={iface}" + (f",{vdev_options}" if vdev_options else "")
@@ -77,11 +78,13 @@ def eal_arguments(iface: str, extra: Sequence[str] = (), *, vdev_options: str = 
         "ncina-dpdk",
         "--no-huge",
         "--no-pci",
-        "--in-memory",
+        "--no-shconf",
+        f"--file-prefix=ncd{os.getpid()}",
         "-m",
         "128",
         f"--lcores=0@({cpus})",
         "--log-level=lib.eal:error",
+        "--no-telemetry",
         f"--vdev={vdev}",
         *extra,
     ]
@@ -324,3 +327,51 @@ def _describe(config: JobConfig) -> str:
         f"{config.result_format.name.lower()} results, pool {config.pool_size}, "
         f"window 2^{window.e_min}..2^{window.e_max}"
     )
+
+
+def add_arguments(parser: Any) -> None:
+    """The ``ncina aggregator`` options of the dpdk backend."""
+    group = parser.add_argument_group("dpdk backend")
+    group.add_argument(
+        "--iface",
+        metavar="IF",
+        help="dpdk: the network interface DPDK's af_packet port attaches to (required)",
+    )
+    group.add_argument(
+        "--eal-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="dpdk: an extra EAL argument, passed through (repeatable, e.g. --eal-arg=-m256)",
+    )
+    group.add_argument(
+        "--vdev-options",
+        default="",
+        metavar="K=V,...",
+        help="dpdk: extra net_af_packet options (e.g. framecnt=4096,qdisc_bypass=1)",
+    )
+    group.add_argument(
+        "--idle-sleep-us",
+        type=int,
+        default=DEFAULT_IDLE_SLEEP_US,
+        metavar="US",
+        help="dpdk: when idle, sleep this long between polls; 0 polls flat out "
+        "(default: %(default)s)",
+    )
+
+
+def serve(config: JobConfig, args: Any) -> int:
+    """Run the dpdk backend for ``config`` with the parsed command line ``args``."""
+    if not args.iface:
+        raise ValueError("the dpdk backend needs --iface IF (the interface to attach to)")
+    backend = DpdkBackend(
+        [config],
+        args.iface,
+        args.listen,
+        eal_extra=args.eal_arg,
+        vdev_options=args.vdev_options,
+        stats_path=args.stats,
+        stats_interval=args.stats_interval,
+        idle_sleep_us=args.idle_sleep_us,
+    )
+    return backend.run()
