@@ -1,0 +1,95 @@
+"""``ncina train`` on loopback (no root): two ranks, INA through a Python aggregator and gloo.
+
+Checks the command end to end as the topology runner uses it: the JSON events each rank writes,
+that both modes start from the same parameters and batches, and the summary, table and plot that
+``ncina.topo.report`` builds from them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from ncina.topo import report
+from ncina_testlib import start_aggregator
+
+WORLD = 2
+STEPS = 3
+CHUNKS = -(-17226 // 256)  # packets per rank and step: the MLP's one bucket in chunks of 256
+NCINA = Path(sys.executable).with_name("ncina")
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(tmp_path: Path, mode: str, ina: list[str]) -> list[Path]:
+    """Run both ranks of ``ncina train`` for ``STEPS`` steps; return their metrics files."""
+    port = free_tcp_port()
+    metrics = [tmp_path / f"{mode}{rank}.jsonl" for rank in range(WORLD)]
+    procs = [
+        subprocess.Popen(
+            [str(NCINA), "train", "--rank", str(rank), "--world-size", str(WORLD),
+             "--master", f"127.0.0.1:{port}", "--iface", "lo", "--max-steps", str(STEPS),
+             "--metrics", str(metrics[rank]), *[a for agg in ina for a in ("--ina", agg)]],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for rank in range(WORLD)
+    ]
+    try:
+        outputs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out
+    assert f"[{mode} rank 0] epoch 1 step {STEPS} loss" in outputs[0]
+    return metrics
+
+
+def test_ina_and_gloo_runs_and_their_summary(tmp_path: Path) -> None:
+    agg = start_aggregator("python", tmp_path / "aggregator", job=1, workers=WORLD, k=256,
+                           result="nc8", extra=["--seed", "0"])
+    try:
+        host, port = agg.address
+        ina = train(tmp_path, "ina", [f"{host}:{port}"])
+    finally:
+        assert agg.stop() == 0
+    gloo = train(tmp_path, "gloo", [])
+    runs = {
+        "ina": report.summarize("ina", ina, [agg.stats_path]),
+        "gloo": report.summarize("gloo", gloo, []),
+    }
+    events = report.read_events(ina[0])
+    assert [e["event"] for e in events] == ["start", "step", "step", "step", "epoch", "end"]
+    ina_start, gloo_start = (report.read_events(m[0])[0] for m in (ina, gloo))
+    assert ina_start["test_loss"] == gloo_start["test_loss"]  # same initial parameters
+    for run in runs.values():
+        assert run["steps"] == STEPS and run["epochs"] == 1
+        assert len(run["workers"]) == WORLD
+    # Loopback counts everything on one interface (both ranks, and the aggregator's results):
+    # fewer bytes than gloo's fp32, but not per worker (tests/test_topo_mininet.py measures that).
+    assert 0 < runs["ina"]["bytes_per_worker"] < runs["gloo"]["bytes_per_worker"]
+    assert runs["ina"]["fabric"]["packets_sent"] == WORLD * STEPS * CHUNKS
+    assert runs["ina"]["aggregators"][0]["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS
+    results = report.write(tmp_path, {"test": True}, runs)
+    assert set(results["comparison"]) == {"bytes_ratio", "time_ratio", "accuracy_delta"}
+    assert (tmp_path / report.PLOT).stat().st_size > 0
+
+
+def test_unknown_model_is_refused(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [str(NCINA), "train", "--rank", "0", "--world-size", "1", "--master",
+         f"127.0.0.1:{free_tcp_port()}", "--model", "resnet"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"},
+    )
+    assert out.returncode == 1
+    assert "unknown model 'resnet'; models: cnn, mlp" in out.stderr
+
