@@ -351,6 +351,13 @@ def add_arguments(parser: Any) -> None:
         help="dpdk: extra net_af_packet options (e.g. framecnt=4096,qdisc_bypass=1)",
     )
     group.add_argument(
+        "--dpdk-mode",
+        choices=tuple(MODES),
+        default="aggregate",
+        help="dpdk: aggregate, or forward (the no-op forwarder that echoes every frame: the "
+        "I/O limit, for benchmarks) (default: %(default)s)",
+    )
+    group.add_argument(
         "--idle-sleep-us",
         type=int,
         default=DEFAULT_IDLE_SLEEP_US,
@@ -373,5 +380,6 @@ def serve(config: JobConfig, args: Any) -> int:
         stats_path=args.stats,
         stats_interval=args.stats_interval,
         idle_sleep_us=args.idle_sleep_us,
+        mode=args.dpdk_mode,
     )
     return backend.run()

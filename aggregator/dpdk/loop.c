@@ -10,6 +10,8 @@
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 #include <rte_mbuf.h>
+#include <rte_ip.h>
+#include <rte_udp.h>
 
 #include "ncd_priv.h"
 
@@ -155,12 +157,35 @@ static void handle(struct rte_mbuf *m)
     rte_pktmbuf_free(m);
 }
 
+/* The no-op forwarder: every frame goes back where it came from. IPv4/UDP frames become the
+ * echo of their datagram (addresses and ports swapped; the checksums stay valid), so a UDP
+ * sender gets its own datagram back, one reply per packet like the aggregator. */
 static inline void forward(struct rte_mbuf *m)
 {
     struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, struct rte_ether_hdr *);
     struct rte_ether_addr tmp = eth->dst_addr;
     eth->dst_addr = eth->src_addr;
     eth->src_addr = tmp;
+    if (eth->ether_type == rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) &&
+        m->data_len >= RTE_ETHER_HDR_LEN + 28) {
+        struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
+        if (ip->version_ihl == RTE_IPV4_VHL_DEF && ip->next_proto_id == IPPROTO_UDP) {
+            const uint32_t a = ip->src_addr;
+            ip->src_addr = ip->dst_addr;
+            ip->dst_addr = a;
+            struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
+            const uint16_t p = udp->src_port;
+            udp->src_port = udp->dst_port;
+            udp->dst_port = p;
+        }
+    } else if (eth->ether_type == rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP)) {
+        struct ncd_pkt unused;
+        if (ncd_classify((const uint8_t *)eth, m->data_len, &unused) == NCD_V_ARP) {
+            eth->src_addr = eth->dst_addr; /* undo the swap: the reply builder sets both */
+            ncd_build_arp_reply((uint8_t *)eth);
+            ncd_iostats.arp_replies++;
+        }
+    }
     send_frame(m, m->data_len);
 }
 

@@ -103,4 +103,24 @@ void ncd_close(void);
 int ncd_process_frame(const uint8_t *frame, uint32_t len, uint8_t *out, uint32_t stride,
                       uint32_t max_out, uint32_t *out_lens);
 
+/* ---- benchmark load (gen.c; plain sockets, no DPDK) ---- */
+
+struct ncd_gen_stats {
+    uint64_t sent;              /* datagrams sent */
+    uint64_t received;          /* datagrams received */
+    uint64_t completed;         /* chunks whose result came back (per rank) */
+    uint64_t send_errors;
+    uint64_t retransmit_rounds; /* quiet spells that re-sent every outstanding chunk */
+    double seconds;
+};
+
+/* nranks connected UDP sockets (fds) act as ranks 0..nranks-1 of job: each keeps window slots
+ * outstanding with k codes per chunk (codes: k bytes), sends the next chunk into a slot when
+ * its result (or, against the no-op forwarder, its echo) comes back, and re-sends everything
+ * outstanding after retx_after seconds without progress. Runs for seconds. 0, or -1 for bad
+ * parameters. */
+int ncd_gen_run(const int *fds, unsigned nranks, uint16_t job, int emin, unsigned k,
+                unsigned window, double seconds, double retx_after, const uint8_t *codes,
+                struct ncd_gen_stats *st);
+
 #endif

@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "codec": "ncina.bench.codec",
     "allreduce": "ncina.bench.allreduce",
     "compressors": "ncina.bench.compressors",
+    "aggregator": "ncina.bench.aggregator",
 }
 
 

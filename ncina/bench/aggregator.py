@@ -1,0 +1,173 @@
+"""``ncina bench aggregator``: aggregator throughput over veth, as ratios measured in one run.
+
+Four emulated workers (one connected UDP socket each, driven by a C closed loop: a window of
+slots per rank, the next chunk into a slot when its result is back) send K-element NC8 chunks
+through a Linux bridge and a veth pair to an aggregator in its own namespace. The same load runs
+against the chosen backend, the Python backend, and the DPDK no-op forwarder on the same
+af_packet path (it echoes every datagram: one reply per packet, like the aggregator; the I/O
+limit of this machine). Needs root and DPDK (``apt-get install dpdk libdpdk-dev``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PORT = 47000
+JOB = 1
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``ncina bench aggregator``."""
+    p = subparsers.add_parser(
+        "aggregator",
+        help="aggregator packets/s and elements/s over veth, against Python and a no-op forwarder",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--backend", choices=("dpdk", "python"), default="dpdk",
+                   help="the backend measured (default: %(default)s)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=4, help="senders (default: %(default)s)")
+    p.add_argument("--k", type=int, default=256, help="elements per packet (default: %(default)s)")
+    p.add_argument("--window", type=int, default=64,
+                   help="outstanding slots per worker (default: %(default)s)")  # fmt: skip
+    p.add_argument("--seconds", type=float, default=5.0,
+                   help="duration of each measurement (default: %(default)s)")  # fmt: skip
+    p.add_argument("--result", choices=("nc8", "int"), default="nc8")
+    p.add_argument("--idle-sleep-us", type=int, default=20,
+                   help="the DPDK loop's idle sleep (0: poll flat out) (default: %(default)s)")
+    p.add_argument("--workdir", type=Path, default=Path("runs/bench/aggregator"))
+    return p
+
+
+def _wait_ready(log: Path, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if b"listening on" in log.read_bytes():
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"aggregator exited ({proc.returncode}):\n{log.read_text()}")
+        time.sleep(0.05)
+    raise RuntimeError(f"aggregator not ready:\n{log.read_text()}")
+
+
+def _stats(path: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    asked = time.time()
+    proc.send_signal(signal.SIGUSR1)
+    for _ in range(200):
+        try:
+            doc = json.loads(path.read_text())
+            if doc["time"] >= asked:
+                return doc
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        time.sleep(0.02)
+    raise RuntimeError("no stats from the aggregator")
+
+
+def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
+    """One measurement: an aggregator of ``kind`` (python, dpdk, forward) on a new site."""
+    from ncina.aggregator.dpdk.binding import load
+    from ncina.proto.nc8 import Window
+
+    site = star.add_site()
+    work = args.workdir / kind
+    work.mkdir(parents=True, exist_ok=True)
+    stats_path, log_path = work / "stats.json", work / "aggregator.log"
+    backend = "python" if kind == "python" else "dpdk"
+    cmd = [
+        sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend,
+        "--job", str(JOB), "--workers", str(args.workers), "--k", str(args.k),
+        "--result", args.result, "--pool-size", str(args.window), "--seed", "1",
+        "--stats", str(stats_path), "--stats-interval", "60", "--listen", f"{site.ip}:{PORT}",
+    ]  # fmt: skip
+    if kind == "python":  # a kernel socket needs the address on the interface
+        subprocess.run(["ip", "-n", site.ns, "addr", "add", f"{site.ip}/24", "dev", site.iface],
+                       check=True)  # fmt: skip
+    else:
+        cmd += ["--iface", site.iface, "--idle-sleep-us", str(args.idle_sleep_us),
+                "--vdev-options", "framecnt=4096,qdisc_bypass=1"]  # fmt: skip
+        if kind == "forward":
+            cmd += ["--dpdk-mode", "forward"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(site.command(cmd), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_ready(log_path, proc)
+        module = load()
+        ffi, lib = module.ffi, module.lib
+        socks = []
+        for _ in range(args.workers):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            s.bind((star.host_ip, 0))
+            s.connect((site.ip, PORT))
+            socks.append(s)
+        window = Window.for_job(args.workers)
+        rng = np.random.default_rng(0)
+        codes = (rng.integers(1, 20, args.k) | (rng.integers(0, 2, args.k) << 7)).astype(np.uint8)
+        fds = ffi.new("int[]", [s.fileno() for s in socks])
+        st = ffi.new("struct ncd_gen_stats *")
+        before = _stats(stats_path, proc)
+        rc = lib.ncd_gen_run(fds, args.workers, JOB, window.e_min, args.k, args.window,
+                             args.seconds, 0.05, ffi.from_buffer(codes), st)  # fmt: skip
+        after = _stats(stats_path, proc)
+        for s in socks:
+            s.close()
+        if rc != 0:
+            raise ValueError("bad load parameters")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    secs = st.seconds
+    job_b, job_a = before["jobs"][str(JOB)], after["jobs"][str(JOB)]
+    contributions = job_a["contributions"] - job_b["contributions"]
+    completed = job_a["slots_completed"] - job_b["slots_completed"]
+    if kind == "forward":
+        contributions = st.sent  # every packet is handled (echoed) once
+    return {
+        "packets_per_s": round(st.sent / secs),
+        "replies_per_s": round(st.received / secs),
+        "elements_per_s": round(contributions * args.k / secs),
+        "slots_completed_per_s": round(completed / secs),
+        "retransmit_rounds": int(st.retransmit_rounds),
+        "send_errors": int(st.send_errors),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure the chosen backend, the Python backend and the no-op forwarder; return figures."""
+    from ncina.aggregator.dpdk import binding, netns
+
+    reason = netns.missing() or binding.missing()
+    if reason:
+        raise RuntimeError(f"the aggregator benchmark needs root and DPDK: {reason}")
+    star = netns.Star.create()
+    figures: dict[str, Any] = {
+        "workers": args.workers, "k": args.k, "window": args.window, "result": args.result,
+        "seconds": args.seconds, "backend": args.backend,
+    }  # fmt: skip
+    try:
+        kinds = ["python", "forward"] + (["dpdk"] if args.backend == "dpdk" else [])
+        for kind in kinds:
+            figures[kind] = measure(args, star, kind)
+    finally:
+        star.close()
+    measured = figures[args.backend]
+    figures["vs_python"] = round(measured["packets_per_s"] / figures["python"]["packets_per_s"], 2)
+    figures["vs_noop_forwarder"] = round(
+        measured["packets_per_s"] / figures["forward"]["packets_per_s"], 3
+    )
+    return figures
