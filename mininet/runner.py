@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ncina.aggregator.cli import BACKENDS
+from ncina.aggregator.dpdk import netns as dpdk_netns
 from ncina.proto.header import PORT
 from ncina.topo import report
 from ncina.topo.config import TopoConfig
@@ -118,6 +119,8 @@ def start_aggregators(
             "--window-max", str(cfg.window_max), "--seed", str(cfg.seed + j),
             "--stats", str(run_dir / f"aggregator{j}.json"),
         ]
+        if cfg.backend == "dpdk":  # DPDK serves the host's interface; its kernel must stay silent
+            argv += dpdk_netns.prepare_host(net.get(name))
         started.append(procs.start(net.get(name), argv, log))
         addresses.append(address)
     for j, proc in enumerate(started):

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ncina.proto.header import PORT
 
@@ -146,3 +147,19 @@ def shared_star() -> Star:
     if _STAR is None:
         _STAR = Star.create()
     return _STAR
+
+
+def prepare_host(node: Any, port: int = PORT) -> list[str]:
+    """Make a Mininet host ready for the dpdk aggregator; returns the extra ``ncina aggregator``
+    arguments (``--iface``).
+
+    DPDK's af_packet port sees the host interface's frames next to the host's kernel, which owns
+    the interface's address: without a socket on the port, the kernel would answer every uplink
+    packet with an ICMP port unreachable. An iptables rule in the host's namespace drops the
+    port's UDP on INPUT (packet sockets see frames before netfilter, so DPDK still gets them).
+    """
+    rule = f"INPUT -p udp --dport {port} -j DROP"
+    out = node.cmd(f"iptables -C {rule} 2>/dev/null || iptables -A {rule}; echo rc=$?")
+    if "rc=0" not in out:
+        raise RuntimeError(f"cannot install the iptables rule on {node.name}: {out.strip()}")
+    return ["--iface", node.defaultIntf().name]
