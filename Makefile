@@ -2,8 +2,10 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Debian packages the project uses at run time and in tests (Mininet, its Linux-bridge switch, links).
-APT_PACKAGES ?= mininet bridge-utils iproute2 iptables ethtool gcc libc6-dev python3-venv python3-dev
+# Debian packages the project uses at run time and in tests (Mininet, its Linux-bridge switch, links,
+# the C compiler for the cffi extensions, DPDK for the dpdk backend).
+APT_PACKAGES ?= mininet bridge-utils iproute2 iptables ethtool gcc libc6-dev python3-venv python3-dev \
+	dpdk libdpdk-dev pkg-config
 PYTEST_ARGS ?=
 # make topo: star topology, INA+NC8 through the aggregator, then the gloo fp32 baseline (docs/topo.md).
 # BW: link bandwidth in Mbit/s (empty: unshaped); LOSS: percent of packets lost per link direction;
