@@ -36,9 +36,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=d.workers, help="default: %(default)s")
     p.add_argument("--aggregators", type=int, help="aggregator nodes (star: 1, multi: default 2)")
     p.add_argument("--backend", default=d.backend, help="aggregator backend (default: %(default)s)")
-    p.add_argument("--bw", type=float, help="link bandwidth in Mbit/s (default: unshaped)")
+    p.add_argument("--bw", type=float, help="worker link bandwidth in Mbit/s (default: unshaped)")
+    p.add_argument("--agg-bw", type=float,
+                   help="aggregator link bandwidth in Mbit/s (default: unshaped, like the switch)")
     p.add_argument("--loss", type=float, default=d.loss,
-                   help="percent of packets lost per link direction (iptables; default: 0)")
+                   help="percent of packets lost per worker link direction (iptables; default: 0)")
     p.add_argument("--model", default=d.model,
                    help="a name from ncina.worker.models.MODELS (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=d.epochs, help="default: %(default)s")
@@ -76,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
             aggregators=args.aggregators or (2 if args.topo == "multi" else 1),
             backend=args.backend,
             bw=args.bw,
+            agg_bw=args.agg_bw,
             loss=args.loss,
             model=args.model,
             epochs=args.epochs,

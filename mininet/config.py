@@ -12,10 +12,11 @@ from pathlib import Path
 class TopoConfig:
     """Everything a topology run depends on (recorded in results.json as ``config``).
 
-    topo: ``star`` or ``multi``; bw: Mbit/s per link (None: unshaped); loss: percent per link
-    direction; batch_size: per worker; result: downlink format; verify: check every INA result
-    against gloo (extra traffic); baseline: also train with gloo fp32; timeout: seconds one
-    training run may take; prefix: of node and interface names (unique per process).
+    topo: ``star`` or ``multi``; bw: Mbit/s per worker link (None: unshaped); agg_bw: the same
+    per aggregator link (None: unshaped, the aggregators stand in for the switch); loss: percent
+    per worker link direction; batch_size: per worker; result: downlink format; verify: check
+    every INA result against gloo (extra traffic); baseline: also train with gloo fp32; timeout:
+    seconds one training run may take; prefix: of node and interface names (unique per process).
     """
 
     out: Path
@@ -24,6 +25,7 @@ class TopoConfig:
     aggregators: int = 1
     backend: str = "python"
     bw: float | None = None
+    agg_bw: float | None = None
     loss: float = 0.0
     model: str = "mlp"
     epochs: int = 10

@@ -41,7 +41,6 @@ JOB = 1  # the job id ``ncina train`` uses
 READY = "listening on"  # the aggregator's readiness line on stderr
 # What each backend the design names needs, for the error when this build lacks it.
 BACKEND_NEEDS = {
-    "dpdk": "the DPDK data plane (ncina.aggregator.dpdk, built with cffi against libdpdk)",
     "bmv2": "the BMv2 backend (simple_switch_grpc, p4c-bm2-ss, p4runtime-shell and ncina's "
     "bmv2 control plane)",
 }
@@ -97,8 +96,8 @@ def tail(path: Path, lines: int = 15) -> str:
 def build_net(cfg: TopoConfig) -> tuple[Mininet, StarTopo]:
     """The network of ``cfg`` (not started)."""
     topo = topos[cfg.topo](
-        workers=cfg.workers, aggregators=cfg.aggregators, bw=cfg.bw, loss=cfg.loss,
-        prefix=cfg.prefix,
+        workers=cfg.workers, aggregators=cfg.aggregators, bw=cfg.bw, agg_bw=cfg.agg_bw,
+        loss=cfg.loss, prefix=cfg.prefix,
     )
     net = Mininet(topo=topo, switch=LinuxBridge, controller=None, autoStaticArp=True)
     return net, topo

@@ -12,12 +12,13 @@ Addressing (one /16, one broadcast domain): worker ``i`` is ``10.0.0.(i+1)``, ag
 ``10.0.1.(j+1)``. Node names are ``<prefix>w<i>``, ``<prefix>a<j>`` and ``<prefix>s1``; interface
 names derive from them (``w0-eth0``), so runs that may overlap in time use different prefixes.
 
-Links: bandwidth shaping with tc (HTB, or TBF with ``use_tbf``) on both ends of each host link,
-checksum offloads and GRO off. Packet loss is injected with iptables inside the hosts, never with
-netem: every drop happens in the INPUT chain of the receiving host (a DROP in OUTPUT would make the
-sender's ``sendto`` fail with EPERM instead of losing the packet on the wire, and the sender's
-interface counters would miss it). The downlink of host ``h`` (switch -> h) is one rule on h's
-interface; the uplink of host ``g`` (g -> switch) is one rule per receiver matching g's source
+Links: bandwidth shaping with tc (HTB, or TBF with ``use_tbf``) on both ends of each worker link
+(aggregator links only with ``agg_bw``: see :class:`StarTopo`), checksum offloads and GRO off.
+Packet loss on worker links is injected with iptables inside the hosts, never with netem: every
+drop happens in the INPUT chain of the receiving host (a DROP in OUTPUT would make the sender's
+``sendto`` fail with EPERM instead of losing the packet on the wire, and the sender's interface
+counters would miss it). The downlink of worker ``h`` (switch -> h) is one rule on h's interface;
+the uplink of worker ``g`` (g -> switch) is one rule in every other host matching g's source
 address. Each rule draws its own random number, so a packet from g to h is lost with probability
 ``1 - (1 - up_g) * (1 - down_h)``, as on two lossy links in series.
 """
@@ -120,9 +121,16 @@ class InaLink(TCLink):
 class StarTopo(Topo):
     """``workers`` hosts and ``aggregators`` aggregator nodes, all on one switch.
 
-    bw: link bandwidth in Mbit/s (None: unshaped); use_tbf: shape with TBF instead of HTB.
-    loss: percent of packets lost on every host link in each direction; loss_up/loss_down
-    override it for the host -> switch and switch -> host directions.
+    The aggregator nodes stand in for the switch's data plane (in a real INA switch, aggregation
+    happens inside it, and each result is multicast out of the workers' ports): their links are
+    neither shaped nor lossy unless asked (``agg_bw``), since every worker's packets cross them.
+    Otherwise an aggregator link at the workers' bandwidth would carry N times a worker's traffic
+    each way, and INA would be measured against a parameter server's bottleneck.
+
+    bw: bandwidth of each worker link in Mbit/s (None: unshaped); agg_bw: the same for each
+    aggregator link; use_tbf: shape with TBF instead of HTB. loss: percent of packets lost on
+    each worker link in each direction; loss_up/loss_down override it for the worker -> switch
+    and switch -> worker directions.
     """
 
     def build(
@@ -133,6 +141,7 @@ class StarTopo(Topo):
         loss: float = 0.0,
         loss_up: float | None = None,
         loss_down: float | None = None,
+        agg_bw: float | None = None,
         use_tbf: bool = False,
         prefix: str = "",
     ) -> None:
@@ -147,16 +156,22 @@ class StarTopo(Topo):
         # Host names in rank order and in shard order, for the runner.
         self.worker_names = [f"{prefix}w{i}" for i in range(workers)]
         self.aggregator_names = [f"{prefix}a{j}" for j in range(aggregators)]
-        nodes = list(zip(self.worker_names, map(worker_ip, range(workers)), strict=True))
-        nodes += zip(self.aggregator_names, map(aggregator_ip, range(aggregators)), strict=True)
+        worker_ips = [worker_ip(i) for i in range(workers)]
         switch = self.addSwitch(f"{prefix}s1")
         link_opts: dict[str, Any] = {"cls": InaLink, "txo": False, "rxo": False, "gro": False}
-        if bw is not None:
-            link_opts.update(bw=bw, use_tbf=use_tbf)
-        for name, ip in nodes:
-            drops = [(None, down)] + [(other, up) for _, other in nodes if other != ip]
+        for name, ip in zip(self.worker_names, worker_ips, strict=True):
+            drops = [(None, down)] + [(other, up) for other in worker_ips if other != ip]
             self.addHost(name, cls=InaHost, ip=f"{ip}/{PREFIX_LEN}", drops=drops)
-            self.addLink(name, switch, **link_opts)
+            self.addLink(name, switch, **link_opts, **shaping(bw, use_tbf))
+        for j, name in enumerate(self.aggregator_names):
+            drops = [(other, up) for other in worker_ips]
+            self.addHost(name, cls=InaHost, ip=f"{aggregator_ip(j)}/{PREFIX_LEN}", drops=drops)
+            self.addLink(name, switch, **link_opts, **shaping(agg_bw, use_tbf))
+
+
+def shaping(bw: float | None, use_tbf: bool) -> dict[str, Any]:
+    """Link options of a bandwidth limit (none for ``None``)."""
+    return {} if bw is None else {"bw": bw, "use_tbf": use_tbf}
 
 
 class MultiTopo(StarTopo):
