@@ -37,7 +37,7 @@ from mininet.node import Host
 from mininet.nodelib import LinuxBridge
 
 NCINA = Path(sys.executable).with_name("ncina")  # the console script of this environment
-JOB = 1  # the job id ``ncina train`` uses
+JOB = 1  # the job id of every run
 READY = "listening on"  # the aggregator's readiness line on stderr
 # What each backend the design names needs, for the error when this build lacks it.
 BACKEND_NEEDS = {
@@ -158,7 +158,7 @@ def train(
             "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
             "--lr", str(cfg.lr), "--seed", str(cfg.seed), "--k", str(cfg.k),
             "--pool-size", str(cfg.pool_size), "--window-max", str(cfg.window_max),
-            "--result", cfg.result, "--metrics", str(metrics[-1]),
+            "--result", cfg.result, "--job", str(JOB), "--metrics", str(metrics[-1]),
         ]
         argv += [arg for a in aggregators for arg in ("--ina", a)]
         argv += ["--max-steps", str(cfg.max_steps)] if cfg.max_steps else []

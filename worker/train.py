@@ -42,6 +42,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="gloo rendezvous address (rank 0 listens there)")
     p.add_argument("--ina", type=host_port, action="append", default=[], metavar="HOST:PORT",
                    help="aggregator; repeat to shard tensors across several (none: gloo baseline)")
+    p.add_argument("--job", type=int, default=1, help="INA job id, as on the aggregator(s)")
     p.add_argument("--iface", help="interface whose counters measure the traffic (and gloo binds)")
     p.add_argument("--model", default="mlp", help="a name from ncina.worker.models.MODELS")
     p.add_argument("--epochs", type=int, default=5)

@@ -30,7 +30,6 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 COUNTERS = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
 # Client counters worth a line of progress (the rest go to the end event).
 FABRIC_PROGRESS = ("packets_sent", "retransmissions", "timeouts", "saturated")
-JOB = 1
 
 
 class Counters:
@@ -101,7 +100,7 @@ def make_fabric(args: argparse.Namespace) -> ShardedAllreduce:
     return ShardedAllreduce(
         [
             AllreduceClient(
-                agg, job=JOB, rank=args.rank, workers=args.world_size, k=args.k,
+                agg, job=args.job, rank=args.rank, workers=args.world_size, k=args.k,
                 pool_size=args.pool_size, window_max=args.window_max,
                 result_format=args.result, seed=(args.seed << 16) + args.rank,
                 deadline=args.deadline,
@@ -157,9 +156,9 @@ def train(args: argparse.Namespace, events: Events, fabric: ShardedAllreduce | N
     mode = "ina" if fabric else "gloo"
     tag = f"[{mode} rank {args.rank}]"
     params = sum(p.numel() for p in model.parameters())
+    test_loss, test_acc = evaluate(model.module, test_set)
     dist.barrier()  # every rank starts its counters and clock together
     counters, clock = Counters(args.iface), Clock()
-    test_loss, test_acc = evaluate(model.module, test_set)
     events.emit(
         "start", f"{tag} {args.model}, {params} parameters, {len(loader)} steps/epoch",
         rank=args.rank, world_size=args.world_size, mode=mode, model=args.model,
@@ -175,31 +174,30 @@ def train(args: argparse.Namespace, events: Events, fabric: ShardedAllreduce | N
             loss.backward()
             optimizer.step()
             step += 1
-            wire = counters.delta()
+            now, wire, value = clock(), counters.delta(), loss.item()
             progress = {k: v for k, v in (fabric.stats if fabric else {}).items()
                         if k in FABRIC_PROGRESS}
             line = None
             if step % args.log_every == 0:
                 extra = "".join(f" {k}={v}" for k, v in progress.items())
-                line = (f"{tag} epoch {epoch} step {step} loss {loss.item():.4f} "
-                        f"tx {wire.get('tx_bytes', 0)} B{extra} t {clock():.2f} s")
-            events.emit("step", line, step=step, epoch=epoch, loss=loss.item(), time=clock(),
-                        **wire, fabric=progress)
+                line = (f"{tag} epoch {epoch} step {step} loss {value:.4f} "
+                        f"tx {wire.get('tx_bytes', 0)} B{extra} t {now:.2f} s")
+            events.emit("step", line, step=step, epoch=epoch, loss=value, time=now, **wire,
+                        fabric=progress)
             if verify:
                 for record in verify.records:
                     events.emit("verify", step=step, **record)
                 verify.records.clear()
             if step == args.max_steps:
                 break
-        elapsed = clock()
+        elapsed, wire = clock(), counters.delta()
         with clock.pause():
             test_loss, test_acc = evaluate(model.module, test_set)
         events.emit(
             "epoch",
             f"{tag} epoch {epoch} done: test loss {test_loss:.4f} accuracy {test_acc:.2f}% "
-            f"t {elapsed:.2f} s tx {counters.delta().get('tx_bytes', 0)} B",
-            epoch=epoch, step=step, time=elapsed, test_loss=test_loss, test_acc=test_acc,
-            **counters.delta(),
+            f"t {elapsed:.2f} s tx {wire.get('tx_bytes', 0)} B",
+            epoch=epoch, step=step, time=elapsed, test_loss=test_loss, test_acc=test_acc, **wire,
         )
         if step == args.max_steps:
             break
