@@ -94,12 +94,13 @@ def tail(path: Path, lines: int = 15) -> str:
 
 
 def build_net(cfg: TopoConfig) -> tuple[Mininet, StarTopo]:
-    """The network of ``cfg`` (not started)."""
+    """The network of ``cfg``, not yet built: ``net.start()`` builds it (inside the caller's
+    ``try``, so that ``net.stop()`` also removes a half-built network)."""
     topo = topos[cfg.topo](
         workers=cfg.workers, aggregators=cfg.aggregators, bw=cfg.bw, agg_bw=cfg.agg_bw,
         loss=cfg.loss, prefix=cfg.prefix,
     )
-    net = Mininet(topo=topo, switch=LinuxBridge, controller=None, autoStaticArp=True)
+    net = Mininet(topo=topo, switch=LinuxBridge, controller=None, autoStaticArp=True, build=False)
     return net, topo
 
 
