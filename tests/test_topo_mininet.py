@@ -78,6 +78,19 @@ def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
     )
 
 
+def test_multi_shards_each_bucket_across_the_aggregators(tmp_path: Path) -> None:
+    cfg = TopoConfig(out=tmp_path / "run", topo="multi", workers=2, aggregators=2, epochs=1,
+                     max_steps=2, baseline=False, prefix=PREFIX)
+    results = run_topology(cfg)
+    ina = results["runs"]["ina"]
+    chunks = math.ceil(PARAMETERS / cfg.k)
+    # Each step's one bucket: chunks [0, 34) to the first aggregator, [34, 68) to the second.
+    assert [a["jobs"]["1"]["slots_completed"] for a in ina["aggregators"]] == [
+        2 * (chunks // 2), 2 * (chunks - chunks // 2)
+    ]
+    assert ina["fabric"]["packets_sent"] == 2 * 2 * chunks
+
+
 @pytest.fixture
 def net() -> Iterator[Mininet]:
     """A started star network (2 workers, 2 % loss each way, 50 Mbit/s) without processes."""
