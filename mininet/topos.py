@@ -25,6 +25,7 @@ address. Each rule draws its own random number, so a packet from g to h is lost 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from mininet.link import TCIntf, TCLink
@@ -52,11 +53,11 @@ def aggregator_ip(index: int) -> str:
 class InaHost(Host):
     """A host with IPv6 off and the topology's iptables loss rules installed.
 
-    ``drops`` is a list of ``(source, percent)``: drop that share of the packets arriving on the
+    ``drops`` is a sequence of ``(source, percent)``: drop that share of the packets arriving on the
     host's interface, from ``source`` only (an address) or from anyone (``None``).
     """
 
-    def config(self, drops: list[tuple[str | None, float]] = (), **params: Any) -> dict:
+    def config(self, drops: Sequence[tuple[str | None, float]] = (), **params: Any) -> dict:
         result = super().config(**params)
         for key in ("all", "default", "lo"):
             self.cmd(f"sysctl -qw net.ipv6.conf.{key}.disable_ipv6=1")
