@@ -120,6 +120,15 @@ class JobConfig:
             seed=seed,
         )
 
+    def describe(self) -> str:
+        """One line naming the job's settings, for logs and readiness lines."""
+        window = self.window
+        return (
+            f"job {self.job}: {self.workers} workers, k={self.k}, "
+            f"{self.result_format.name.lower()} results, pool {self.pool_size}, "
+            f"window 2^{window.e_min}..2^{window.e_max}"
+        )
+
     @property
     def result_frame_size(self) -> int:
         """Bytes of the largest result frame on the wire, Ethernet header included."""

@@ -20,7 +20,8 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.jobs import Address
+from ncina.aggregator.process import ready_line
 from ncina.aggregator.slots import Aggregator
 from ncina.aggregator.stats import snapshot, write_atomically
 
@@ -82,14 +83,9 @@ class PythonBackend:
         signal.signal(signal.SIGUSR1, self._on_stats_signal)
         if self.stats_path is not None:
             self.write_stats()  # fails early on an unwritable path, and shows the schema at once
-        host, port = self.address
-        jobs = "; ".join(_describe(slots.config) for slots in self.aggregator.jobs.values())
-        print(
-            f"ncina aggregator: listening on {host}:{port} (udp), backend {NAME}, pid "
-            f"{os.getpid()}, {jobs}",
-            file=self.log,
-            flush=True,
-        )
+        jobs = "; ".join(slots.config.describe() for slots in self.aggregator.jobs.values())
+        line = ready_line(self.address, NAME, f"pid {os.getpid()}, {jobs}")
+        print(line, file=self.log, flush=True)
         try:
             self.serve()
         finally:
@@ -174,12 +170,3 @@ class PythonBackend:
 
     def _on_stats_signal(self, signum: int, frame: object) -> None:
         self._stats_requested = True
-
-
-def _describe(config: JobConfig) -> str:
-    window = config.window
-    return (
-        f"job {config.job}: {config.workers} workers, k={config.k}, "
-        f"{config.result_format.name.lower()} results, pool {config.pool_size}, "
-        f"window 2^{window.e_min}..2^{window.e_max}"
-    )

@@ -41,6 +41,19 @@ GLOBAL_DROP_REASONS = (
     "unknown_job",
     "internal_error",
 )
+# The job's plain counters, in the order of the JSON document (``drops`` follows them).
+JOB_COUNTERS = (
+    "packets_in",
+    "bytes_in",
+    "packets_out",
+    "bytes_out",
+    "contributions",
+    "slots_completed",
+    "results_sent",
+    "results_resent",
+    "duplicates",
+    "retx_seen",
+)
 
 
 class JobStats:
@@ -75,21 +88,7 @@ class JobStats:
 
     def to_json(self) -> dict[str, Any]:
         """The job's section of the stats document."""
-        doc: dict[str, Any] = {
-            name: getattr(self, name)
-            for name in (
-                "packets_in",
-                "bytes_in",
-                "packets_out",
-                "bytes_out",
-                "contributions",
-                "slots_completed",
-                "results_sent",
-                "results_resent",
-                "duplicates",
-                "retx_seen",
-            )
-        }
+        doc: dict[str, Any] = {name: getattr(self, name) for name in JOB_COUNTERS}
         doc["drops"] = dict(self.drops)
         return doc
 

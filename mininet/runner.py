@@ -24,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
+from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import BACKENDS
 from ncina.aggregator.dpdk import netns as dpdk_netns
 from ncina.proto.header import PORT
@@ -38,7 +39,6 @@ from mininet.nodelib import LinuxBridge
 
 NCINA = Path(sys.executable).with_name("ncina")  # the console script of this environment
 JOB = 1  # the job id of every run
-READY = "listening on"  # the aggregator's readiness line on stderr
 # What each backend the design names needs, for the error when this build lacks it.
 BACKEND_NEEDS = {
     "bmv2": "the BMv2 backend (simple_switch_grpc, p4c-bm2-ss, p4runtime-shell and ncina's "
@@ -88,11 +88,6 @@ class Processes:
         self.stop(self.procs)
 
 
-def tail(path: Path, lines: int = 15) -> str:
-    """The last lines of a log, for error messages."""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
 def build_net(cfg: TopoConfig) -> tuple[Mininet, StarTopo]:
     """The network of ``cfg``, not yet built: ``net.start()`` builds it (inside the caller's
     ``try``, so that ``net.stop()`` also removes a half-built network)."""
@@ -124,14 +119,7 @@ def start_aggregators(
         started.append(procs.start(net.get(name), argv, log))
         addresses.append(address)
     for j, proc in enumerate(started):
-        log = run_dir / f"aggregator{j}.log"
-        deadline = time.monotonic() + 30.0
-        while READY not in log.read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"aggregator {j} did not come up (exit status {proc.poll()}):\n{tail(log)}"
-                )
-            time.sleep(0.05)
+        aggproc.wait_ready(proc, run_dir / f"aggregator{j}.log", timeout=30.0)
     return started, addresses
 
 
@@ -182,7 +170,7 @@ def wait_workers(
         if failed:
             r = failed[0]
             log = run_dir / f"worker{r}.log"
-            raise RuntimeError(f"worker {r} exited with status {codes[r]}:\n{tail(log)}")
+            raise RuntimeError(f"worker {r} exited with status {codes[r]}:\n{aggproc.tail(log)}")
         if all(c == 0 for c in codes):
             return
         if time.monotonic() > deadline:

@@ -10,18 +10,15 @@ back, every earlier packet has been handled.
 
 from __future__ import annotations
 
-import json
-import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ncina.aggregator import process as aggproc
 from ncina.proto.layers import NcinaHeader
 from scapy.packet import Raw
 
@@ -30,7 +27,6 @@ Address = tuple[str, int]
 AGGREGATOR_BACKENDS = ("python", "dpdk")
 """Backends ``start_aggregator`` can run; packet-level tests are parametrised over them."""
 
-READY = re.compile(r"listening on (\d+\.\d+\.\d+\.\d+):(\d+)")
 START_TIMEOUT = 60.0  # generous: the first start may compile the NC8 C extension
 
 
@@ -56,32 +52,11 @@ class RunningAggregator:
 
     def stats(self, timeout: float = 10.0) -> dict[str, Any]:
         """Ask for the stats now (SIGUSR1) and return the first document written after asking."""
-        asked = time.time()
-        self.process.send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                document = json.loads(self.stats_path.read_text())
-            except (FileNotFoundError, json.JSONDecodeError):
-                document = None
-            if document is not None and document["time"] >= asked:
-                return document
-            if self.process.poll() is not None:
-                status = self.process.returncode
-                raise AssertionError(f"aggregator exited ({status}):\n{self.log()}")
-            time.sleep(0.01)
-        raise AssertionError(f"no stats written within {timeout} s of SIGUSR1:\n{self.log()}")
+        return aggproc.request_stats(self.process, self.stats_path, timeout)
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM, wait, and return the exit status (SIGKILL if it does not exit in time)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return aggproc.stop(self.process, timeout)
 
 
 def aggregator_command(backend: str, arguments: Sequence[str]) -> list[str]:
@@ -150,18 +125,12 @@ def launch_aggregator(
 
 def wait_ready(running: RunningAggregator) -> RunningAggregator:
     """Wait for the readiness line (the socket is bound) and record the address it names."""
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        found = READY.search(running.log())
-        if found:
-            running.address = (found.group(1), int(found.group(2)))
-            return running
-        if running.process.poll() is not None:
-            status = running.process.returncode
-            raise AssertionError(f"aggregator exited with {status}:\n{running.log()}")
-        time.sleep(0.02)
-    running.stop()
-    raise AssertionError(f"aggregator not ready within {START_TIMEOUT} s:\n{running.log()}")
+    try:
+        running.address = aggproc.wait_ready(running.process, running.log_path, START_TIMEOUT)
+    except RuntimeError:
+        running.stop()
+        raise
+    return running
 
 
 def start_aggregator(backend: str, workdir: Path, **options: Any) -> RunningAggregator:

@@ -21,8 +21,10 @@ from typing import Any, TextIO
 
 import numpy as np
 from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.process import ready_line
 from ncina.aggregator.stats import (
     GLOBAL_DROP_REASONS,
+    JOB_COUNTERS,
     JOB_DROP_REASONS,
     GlobalStats,
     JobStats,
@@ -45,18 +47,6 @@ DROP_NAMES = (
     "bad_length",
     "bad_code",
     "chunk_mismatch",
-)
-JOB_COUNTERS = (
-    "packets_in",
-    "bytes_in",
-    "packets_out",
-    "bytes_out",
-    "contributions",
-    "slots_completed",
-    "results_sent",
-    "results_resent",
-    "duplicates",
-    "retx_seen",
 )
 IO_COUNTERS = ("rx_frames", "ignored", "arp_replies", "tx_frames", "tx_dropped", "no_mbuf", "loops")
 KEY_RING = 1 << 18  # nc8 result keys buffered per job (2 MiB); refilled every poll
@@ -252,15 +242,10 @@ class DpdkBackend:
             self.write_stats()
         thread = threading.Thread(target=self._loop, name="ncd_run", daemon=True)
         thread.start()
-        host, port = self.listen
-        jobs = "; ".join(_describe(c) for c in self.configs)
+        jobs = "; ".join(c.describe() for c in self.configs)
         mode = "no-op forwarder" if self.mode else "aggregator"
-        print(
-            f"ncina aggregator: listening on {host}:{port} (udp), backend {NAME} ({mode}), pid "
-            f"{os.getpid()}, iface {self.iface} mac {self.plane.mac}, {jobs}",
-            file=self.log,
-            flush=True,
-        )
+        details = f"{mode}, pid {os.getpid()}, iface {self.iface} mac {self.plane.mac}, {jobs}"
+        print(ready_line(self.listen, NAME, details), file=self.log, flush=True)
         try:
             self._poll()
         finally:
@@ -318,15 +303,6 @@ class DpdkBackend:
 
     def _on_stats_signal(self, signum: int, frame: object) -> None:
         self._stats_requested = True
-
-
-def _describe(config: JobConfig) -> str:
-    window = config.window
-    return (
-        f"job {config.job}: {config.workers} workers, k={config.k}, "
-        f"{config.result_format.name.lower()} results, pool {config.pool_size}, "
-        f"window 2^{window.e_min}..2^{window.e_max}"
-    )
 
 
 def add_arguments(parser: Any) -> None:

@@ -11,18 +11,18 @@ limit of this machine). Needs root and DPDK (``apt-get install dpdk libdpdk-dev`
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-PORT = 47000
+from ncina.aggregator import process as aggproc
+from ncina.proto.header import PORT
+
 JOB = 1
 
 
@@ -47,31 +47,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the DPDK loop's idle sleep (0: poll flat out) (default: %(default)s)")
     p.add_argument("--workdir", type=Path, default=Path("runs/bench/aggregator"))
     return p
-
-
-def _wait_ready(log: Path, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if b"listening on" in log.read_bytes():
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"aggregator exited ({proc.returncode}):\n{log.read_text()}")
-        time.sleep(0.05)
-    raise RuntimeError(f"aggregator not ready:\n{log.read_text()}")
-
-
-def _stats(path: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
-    asked = time.time()
-    proc.send_signal(signal.SIGUSR1)
-    for _ in range(200):
-        try:
-            doc = json.loads(path.read_text())
-            if doc["time"] >= asked:
-                return doc
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
-        time.sleep(0.02)
-    raise RuntimeError("no stats from the aggregator")
 
 
 def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
@@ -101,7 +76,7 @@ def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
     with log_path.open("wb") as log:
         proc = subprocess.Popen(site.command(cmd), stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_ready(log_path, proc)
+        aggproc.wait_ready(proc, log_path, timeout=120.0)
         module = load()
         ffi, lib = module.ffi, module.lib
         socks = []
@@ -116,10 +91,10 @@ def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
         codes = (rng.integers(1, 20, args.k) | (rng.integers(0, 2, args.k) << 7)).astype(np.uint8)
         fds = ffi.new("int[]", [s.fileno() for s in socks])
         st = ffi.new("struct ncd_gen_stats *")
-        before = _stats(stats_path, proc)
+        before = aggproc.request_stats(proc, stats_path)
         rc = lib.ncd_gen_run(fds, args.workers, JOB, window.e_min, args.k, args.window,
                              args.seconds, 0.05, ffi.from_buffer(codes), st)  # fmt: skip
-        after = _stats(stats_path, proc)
+        after = aggproc.request_stats(proc, stats_path)
         for s in socks:
             s.close()
         if rc != 0:

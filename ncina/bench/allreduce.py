@@ -17,7 +17,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -29,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from ncina.aggregator import process as aggproc
 from ncina.proto import nc8
 
 JOB = 1
-READY = re.compile(r"listening on (\S+):(\d+)")
 START_TIMEOUT = 30.0  # seconds for an aggregator or a worker to get ready
 
 
@@ -145,34 +144,18 @@ def start_aggregator(
     ]
     with log_path.open("wb") as log:  # a file, not a pipe: a full pipe would stall the process
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        text = log_path.read_text(errors="replace")
-        match = READY.search(text)
-        if match:
-            return proc, (match.group(1), int(match.group(2))), stats_path
-        if proc.poll() is not None:
-            raise RuntimeError(f"aggregator exited with {proc.returncode}: {text.strip()}")
-        time.sleep(0.02)
-    stop(proc)
-    raise RuntimeError(f"aggregator not ready within {START_TIMEOUT} s: {text.strip()}")
+    try:
+        address = aggproc.wait_ready(proc, log_path, START_TIMEOUT)
+    except RuntimeError:
+        aggproc.stop(proc)
+        raise
+    return proc, address, stats_path
 
 
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of process ``pid`` so far (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the aggregator by PID (it writes its final stats), then reap it."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def one_repeat(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -214,7 +197,7 @@ def one_repeat(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             if worker.is_alive():
                 os.kill(worker.pid, signal.SIGTERM)
             worker.join(10)
-        stop(aggregator)
+        aggproc.stop(aggregator)
     job = json.loads(stats_path.read_text())["jobs"][str(JOB)]
     wall = max(r["ended"] for r in reports.values()) - min(r["began"] for r in reports.values())
     return {

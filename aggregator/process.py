@@ -1,0 +1,96 @@
+"""An aggregator as a child process: its readiness line, stats on request, stop by PID.
+
+Every backend announces readiness with one line on its log (stderr) once its socket or port is
+serving; benchmarks, the topology runner and the tests start ``ncina aggregator`` and wait for that
+line, ask for counters with SIGUSR1, and stop it with SIGTERM. This module is the one place that
+knows those conventions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from ncina.aggregator.jobs import Address
+
+READY = re.compile(r"listening on (\S+):(\d+) ")
+"""The readiness line names the address the aggregator serves (see :func:`ready_line`)."""
+
+
+def ready_line(address: Address, backend: str, details: str) -> str:
+    """The line a backend prints once it serves ``address``; :data:`READY` finds it."""
+    host, port = address
+    return f"ncina aggregator: listening on {host}:{port} (udp), backend {backend}, {details}"
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a log file, for error messages ('' if there is none)."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_ready(proc: subprocess.Popen[bytes], log_path: Path, timeout: float = 60.0) -> Address:
+    """Wait for the readiness line in ``log_path`` and return the address it names.
+
+    Raises ``RuntimeError`` with the end of the log if the process exits first or stays silent
+    for ``timeout`` seconds (generous by default: a first start may compile a C extension).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = READY.search(log_path.read_text(errors="replace"))
+        except FileNotFoundError:
+            found = None
+        if found:
+            return found.group(1), int(found.group(2))
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"aggregator exited with status {proc.returncode} before it was ready "
+                f"(log {log_path}):\n{tail(log_path)}"
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"aggregator not ready within {timeout:g} s (log {log_path}):\n{tail(log_path)}"
+            )
+        time.sleep(0.02)
+
+
+def request_stats(
+    proc: subprocess.Popen[bytes], stats_path: Path, timeout: float = 10.0
+) -> dict[str, Any]:
+    """Ask for the counters now (SIGUSR1) and return the first document written after asking."""
+    asked = time.time()
+    proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            document = json.loads(stats_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            document = None
+        if document is not None and document["time"] >= asked:
+            return document
+        if proc.poll() is not None:
+            raise RuntimeError(f"aggregator exited with status {proc.returncode}")
+        time.sleep(0.01)
+    raise RuntimeError(f"no stats written to {stats_path} within {timeout:g} s of SIGUSR1")
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> int:
+    """SIGTERM by PID (the aggregator writes its final stats), SIGKILL after ``grace`` seconds;
+    return the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
