@@ -31,6 +31,11 @@ static inline uint64_t splitmix64(uint64_t z)
     return z;
 }
 
+uint64_t nc8_mix64(uint64_t z)
+{
+    return splitmix64(z);
+}
+
 NC8_CPU_CLONES
 int nc8_encode(const float *x, uint8_t *codes, size_t n, uint64_t key, int e_min, int span,
                uint64_t *saturated)

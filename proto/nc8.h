@@ -30,4 +30,7 @@ void nc8_accumulate(int64_t *acc, const uint8_t *codes, size_t n);
 /* Stochastic re-compression of integer sums to codes (at most 64), exactly unbiased. */
 void nc8_int_to_codes(const int64_t *sums, uint8_t *codes, size_t n, uint64_t key);
 
+/* The splitmix64 finalizer of the random stream, for callers that derive keys from it. */
+uint64_t nc8_mix64(uint64_t z);
+
 #endif

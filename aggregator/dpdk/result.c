@@ -9,16 +9,6 @@
 #include "nc8.h"
 #include "ncd_priv.h"
 
-static inline uint64_t mix64(uint64_t z)
-{
-    z ^= z >> 30;
-    z *= 0xBF58476D1CE4E5B9ULL;
-    z ^= z >> 27;
-    z *= 0x94D049BB133111EBULL;
-    z ^= z >> 31;
-    return z;
-}
-
 /* The key of the nc8 result stream for the job's next slot completion: the control plane's
  * key (the Python reference's stream) when the ring has one, else a function of the seed, the
  * job and the completion index. */
@@ -28,7 +18,7 @@ uint64_t ncd_next_key(struct ncd_job *job)
     if (job->keys != NULL && n < __atomic_load_n(&job->keys_written, __ATOMIC_ACQUIRE))
         return job->keys[n & job->key_mask];
     job->c.key_underruns++;
-    return mix64(mix64(job->seed ^ ((uint64_t)job->id << 48)) + n);
+    return nc8_mix64(nc8_mix64(job->seed ^ ((uint64_t)job->id << 48)) + n);
 }
 
 void ncd_encode_result(struct ncd_job *job, struct ncd_slot *s)
