@@ -84,7 +84,8 @@ def nc_error_model(inputs: np.ndarray, result_format: str) -> dict[str, np.ndarr
     n = inputs.shape[0]
     x = np.abs(inputs.astype(np.float64))
     _, exponent = np.frexp(x)  # x = m * 2^exponent with m in [0.5, 1)
-    low = np.ldexp(0.5, exponent)  # 2^e with |x| in [2^e, 2^(e+1))
+    # 2^e with |x| in [2^e, 2^(e+1)); a zero is sent exactly (frexp gives it exponent 0)
+    low = np.where(x > 0, np.ldexp(0.5, exponent), 0.0)
     v_up = ((2 * low - x) * (x - low)).sum(axis=0)
     total = inputs.astype(np.float64).sum(axis=0)
     absolute = x.sum(axis=0)
