@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator.dpdk import driver as dpdk_driver
+from ncina.aggregator.faults import FaultConfig
 from ncina.aggregator.jobs import (
     DEFAULT_MTU,
     DEFAULT_POOL_SIZE,
@@ -148,6 +149,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="period of the stats file writes (default: %(default)s)",
     )
+    faults = parser.add_argument_group(
+        "emulated network faults (python backend; seeded, counted in the stats' faults section)"
+    )
+    for flag, what in (
+        ("--drop-up", "drop each received datagram"),
+        ("--drop-down", "drop each result datagram to each worker"),
+        ("--duplicate", "process each received datagram twice"),
+        ("--reorder", "hold each received datagram back behind the next one"),
+    ):
+        faults.add_argument(flag, type=float, default=0.0, metavar="P", help=f"{what} with "
+                            "probability P (default: 0)")  # fmt: skip
+    faults.add_argument("--fault-seed", type=int, default=0, help="seed of the fault decisions")
     dpdk_driver.add_arguments(parser)
     return parser
 
@@ -165,11 +178,24 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     config.check_mtu(args.mtu)
+    faults = FaultConfig(
+        drop_up=args.drop_up,
+        drop_down=args.drop_down,
+        duplicate=args.duplicate,
+        reorder=args.reorder,
+        seed=args.fault_seed,
+    )
     if args.backend == "dpdk":
+        if faults.active:
+            raise ValueError("fault injection (--drop-up ...) is a python backend feature")
         return dpdk_driver.serve(config, args)
     aggregator = Aggregator()
     aggregator.add_job(config)
     backend = PythonBackend(
-        aggregator, args.listen, stats_path=args.stats, stats_interval=args.stats_interval
+        aggregator,
+        args.listen,
+        stats_path=args.stats,
+        stats_interval=args.stats_interval,
+        faults=faults,
     )
     return backend.run()

@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
+from ncina.aggregator.faults import FaultConfig, FaultyPath
 from ncina.aggregator.jobs import Address
 from ncina.aggregator.process import ready_line
 from ncina.aggregator.slots import Aggregator
@@ -64,6 +65,7 @@ class PythonBackend:
         stats_path: Path | None = None,
         stats_interval: float = 1.0,
         log: TextIO = sys.stderr,
+        faults: FaultConfig | None = None,
     ) -> None:
         self.aggregator = aggregator
         self.stats_path = stats_path
@@ -75,6 +77,12 @@ class PythonBackend:
         self._stop = False
         self._stats_requested = False
         self._internal_error_logged = False
+        # Emulated network faults (``--drop-up`` ...): None keeps the plain loop below.
+        self.faults = (
+            FaultyPath(faults, aggregator.handle, self._send)
+            if faults is not None and faults.active
+            else None
+        )
 
     def run(self) -> int:
         """Install the signal handlers, announce readiness on ``log``, serve, write final stats."""
@@ -101,20 +109,25 @@ class PythonBackend:
         send = self.socket.sendto
         handle = self.aggregator.handle
         global_stats = self.aggregator.stats
+        faults = self.faults
         clock = time.monotonic
         next_write = clock() + self.stats_interval
         while not self._stop:
             try:
                 size, source = receive(buffer)
             except BlockingIOError:  # SO_RCVTIMEO expired: idle
-                pass
+                if faults is not None:
+                    faults.idle()
             else:
                 try:
-                    for datagram, destination in handle(view[:size], source):
-                        try:
-                            send(datagram, destination)
-                        except OSError:
-                            global_stats.send_errors += 1
+                    if faults is not None:  # a held-back datagram must outlive the buffer
+                        faults.deliver(bytes(view[:size]), source)
+                    else:
+                        for datagram, destination in handle(view[:size], source):
+                            try:
+                                send(datagram, destination)
+                            except OSError:
+                                global_stats.send_errors += 1
                 except Exception:
                     self._internal_error(source)
             if self._stats_requested or (
@@ -126,6 +139,13 @@ class PythonBackend:
                     self.write_stats()
                 except OSError as exc:  # keep serving; the next write may succeed
                     print(f"ncina aggregator: cannot write stats: {exc}", file=self.log, flush=True)
+
+    def _send(self, datagram: bytes, destination: Address) -> None:
+        """Send one datagram; a failure is counted (``send_errors``), never raised."""
+        try:
+            self.socket.sendto(datagram, destination)
+        except OSError:
+            self.aggregator.stats.send_errors += 1
 
     def close(self) -> None:
         """Release the socket (``run`` does it on its way out)."""
@@ -142,6 +162,7 @@ class PythonBackend:
             started=self.started,
             global_stats=self.aggregator.stats,
             jobs={job: slots.stats for job, slots in self.aggregator.jobs.items()},
+            faults=self.faults.counts if self.faults is not None else None,
         )
 
     def write_stats(self) -> None:

@@ -115,10 +115,18 @@ class GlobalStats:
 
 
 def snapshot(
-    *, backend: str, started: float, global_stats: GlobalStats, jobs: Mapping[int, JobStats]
+    *,
+    backend: str,
+    started: float,
+    global_stats: GlobalStats,
+    jobs: Mapping[int, JobStats],
+    faults: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The whole stats document at this moment; ``started`` is the backend's start (Unix time)."""
-    return {
+    """The whole stats document at this moment; ``started`` is the backend's start (Unix time).
+
+    ``faults``: the emulated faults' counts, present only when fault injection is on.
+    """
+    document = {
         "schema": SCHEMA,
         "backend": backend,
         "started": started,
@@ -126,6 +134,9 @@ def snapshot(
         "global": global_stats.to_json(),
         "jobs": {str(job): stats.to_json() for job, stats in sorted(jobs.items())},
     }
+    if faults is not None:
+        document["faults"] = dict(faults)
+    return document
 
 
 def write_atomically(path: str | os.PathLike[str], document: Mapping[str, Any]) -> None:

@@ -1,0 +1,205 @@
+"""Loss, duplication and reordering: the aggregator's seeded fault knobs, and recovery through them.
+
+Unit tests pin down what each knob does to the datagrams around a handler. End to end, four
+workers all-reduce through an aggregator that drops 1-10 % of the datagrams on the way in, on the
+way out or both (or duplicates and reorders them): with ``int`` results (exact sums) the outcome
+must be bit-identical to a lossless run with the same inputs and client seeds, and the losses must
+show up as retransmissions; with ``nc8`` results, whose stochastic re-compression draws keys in
+completion order (which loss changes), every element must still be one of the two powers of two
+around the exact sum that the lossless ``int`` run measured.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ncina.aggregator.faults import FaultConfig, FaultyPath
+from ncina.proto.nc8 import Window
+from ncina.worker.client import AllreduceClient
+from ncina_testlib import start_aggregator
+
+JOB = 21
+WORKERS = 4
+ELEMENTS = 60_000
+K = 128  # an int result frame of 128 elements fits a 1500-byte MTU
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# --- the knobs, without sockets ----------------------------------------------------------------
+
+
+def run_path(config: FaultConfig, datagrams: list[bytes]) -> tuple[list[bytes], list, dict]:
+    """Feed ``datagrams`` through a ``FaultyPath`` whose handler echoes each datagram to two
+    destinations; return what the handler saw, what was sent, and the counts."""
+    seen: list[bytes] = []
+    sent: list = []
+
+    def handle(datagram: bytes, source: tuple[str, int]) -> list:
+        seen.append(datagram)
+        return [(datagram, ("a", 1)), (datagram, ("b", 2))]
+
+    path = FaultyPath(config, handle, lambda d, dst: sent.append((d, dst)))
+    for d in datagrams:
+        path.deliver(d, ("w", 9))
+    path.idle()
+    return seen, sent, path.counts
+
+
+DATAGRAMS = [i.to_bytes(2, "big") for i in range(2000)]  # sortable: big-endian order
+
+
+def test_no_fault_is_a_plain_pass_through() -> None:
+    assert not FaultConfig().active
+    seen, sent, counts = run_path(FaultConfig(), DATAGRAMS[:5])
+    assert seen == DATAGRAMS[:5]
+    assert [d for d, _ in sent] == [d for d in DATAGRAMS[:5] for _ in (0, 1)]
+    assert not any(counts.values())
+
+
+def test_drop_up_removes_datagrams_before_the_logic() -> None:
+    seen, sent, counts = run_path(FaultConfig(drop_up=0.1, seed=1), DATAGRAMS)
+    assert counts["dropped_up"] == len(DATAGRAMS) - len(seen)
+    assert 140 <= counts["dropped_up"] <= 260  # 200 expected, binomial sd ~13
+    assert seen == sorted(seen)  # order kept
+    assert len(sent) == 2 * len(seen)
+
+
+def test_drop_down_decides_per_destination() -> None:
+    seen, sent, counts = run_path(FaultConfig(drop_down=0.1, seed=2), DATAGRAMS)
+    assert seen == DATAGRAMS
+    assert counts["dropped_down"] == 2 * len(DATAGRAMS) - len(sent)
+    assert 300 <= counts["dropped_down"] <= 500  # 400 expected
+    # some datagram reached one destination and not the other
+    by_datagram: dict[bytes, set] = {}
+    for d, dst in sent:
+        by_datagram.setdefault(d, set()).add(dst)
+    assert any(len(dsts) == 1 for dsts in by_datagram.values())
+
+
+def test_duplicate_hands_a_datagram_over_twice() -> None:
+    seen, _, counts = run_path(FaultConfig(duplicate=0.1, seed=3), DATAGRAMS)
+    assert len(seen) == len(DATAGRAMS) + counts["duplicated"]
+    assert 140 <= counts["duplicated"] <= 260
+    assert sorted(set(seen)) == DATAGRAMS
+
+
+def test_reorder_swaps_neighbours_and_loses_nothing() -> None:
+    seen, _, counts = run_path(FaultConfig(reorder=0.1, seed=4), DATAGRAMS)
+    assert sorted(seen) == DATAGRAMS  # nothing lost or added
+    swaps = sum(1 for a, b in pairwise(seen) if a > b)
+    assert swaps == counts["reordered"]
+    assert 140 <= swaps <= 260
+
+
+def test_same_seed_same_faults() -> None:
+    config = FaultConfig(drop_up=0.05, drop_down=0.05, duplicate=0.05, reorder=0.05, seed=9)
+    assert run_path(config, DATAGRAMS) == run_path(config, DATAGRAMS)
+
+
+@pytest.mark.parametrize("field", ["drop_up", "drop_down", "duplicate", "reorder"])
+def test_probabilities_are_checked(field: str) -> None:
+    with pytest.raises(ValueError, match="outside"):
+        FaultConfig(**{field: 1.0})
+    with pytest.raises(ValueError, match="outside"):
+        FaultConfig(**{field: -0.1})
+
+
+# --- end to end through the aggregator process --------------------------------------------------
+
+
+def inputs() -> list[np.ndarray]:
+    rng = np.random.default_rng(42)
+    return [rng.standard_normal(ELEMENTS).astype(np.float32) * 1e-2 for _ in range(WORKERS)]
+
+
+def allreduce(tmp: Path, result: str, faults: dict[str, float]) -> tuple[list, list, dict]:
+    """One sum all-reduce of ``inputs()`` by 4 worker threads through an aggregator with the
+    given fault knobs; returns the outputs, the clients' stats and the aggregator's stats."""
+    extra = ["--seed", "3", "--fault-seed", "11"]
+    for name, p in faults.items():
+        extra += [f"--{name.replace('_', '-')}", str(p)]
+    agg = start_aggregator("python", tmp, job=JOB, workers=WORKERS, k=K, result=result,
+                           extra=extra)  # fmt: skip
+    data = inputs()
+
+    def worker(rank: int) -> tuple[np.ndarray, dict]:
+        with AllreduceClient(agg.address, job=JOB, rank=rank, workers=WORKERS, k=K,
+                             result_format=result, seed=100 + rank, timeout=0.02,
+                             max_timeout=0.2, deadline=30.0) as client:  # fmt: skip
+            return client.allreduce(data[rank], op="sum"), client.stats
+
+    try:
+        with ThreadPoolExecutor(WORKERS) as pool:
+            done = list(pool.map(worker, range(WORKERS)))
+        stats = agg.stats()
+    finally:
+        assert agg.stop() == 0, agg.log()
+    return [out for out, _ in done], [s for _, s in done], stats
+
+
+@pytest.fixture(scope="module")
+def lossless_sums(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    """The exact per-element sums of the workers' codes (``int`` results, no faults)."""
+    outputs, clients, stats = allreduce(tmp_path_factory.mktemp("lossless"), "int", {})
+    for out in outputs[1:]:
+        np.testing.assert_array_equal(out, outputs[0])
+    assert sum(c["retransmissions"] for c in clients) == 0
+    assert "faults" not in stats
+    return outputs[0]
+
+
+SCENARIOS = {
+    "up1": {"drop_up": 0.01},
+    "up5": {"drop_up": 0.05},
+    "up10": {"drop_up": 0.10},
+    "down1": {"drop_down": 0.01},
+    "down5": {"drop_down": 0.05},
+    "down10": {"drop_down": 0.10},
+    "both5": {"drop_up": 0.05, "drop_down": 0.05},
+    "both10": {"drop_up": 0.10, "drop_down": 0.10},
+    "dup_reorder": {"duplicate": 0.05, "reorder": 0.05},
+}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_int_results_are_identical_to_the_lossless_run(
+    scenario: str, lossless_sums: np.ndarray, tmp_path: Path
+) -> None:
+    faults = SCENARIOS[scenario]
+    outputs, clients, stats = allreduce(tmp_path, "int", faults)
+    for out in outputs:
+        np.testing.assert_array_equal(out, lossless_sums)
+    counted = stats["faults"]
+    job = stats["jobs"][str(JOB)]
+    chunks = -(-ELEMENTS // K)
+    assert job["slots_completed"] == chunks  # every slot completed exactly once
+    assert sum(job["drops"].values()) == 0
+    if "drop_up" in faults or "drop_down" in faults:
+        lost = counted["dropped_up"] + counted["dropped_down"]
+        assert lost > 0
+        assert sum(c["retransmissions"] for c in clients) > 0
+        assert job["retx_seen"] > 0
+    if "duplicate" in faults:
+        assert counted["duplicated"] > 0 and counted["reordered"] > 0
+        assert job["duplicates"] + job["results_resent"] >= counted["duplicated"]
+
+
+def test_nc8_results_round_the_exact_sums_under_loss(
+    lossless_sums: np.ndarray, tmp_path: Path
+) -> None:
+    outputs, clients, _ = allreduce(tmp_path, "nc8", {"drop_up": 0.05, "drop_down": 0.05})
+    assert sum(c["retransmissions"] for c in clients) > 0
+    for out in outputs[1:]:
+        np.testing.assert_array_equal(out, outputs[0])  # every worker got the same results
+    e_min = Window.for_job(WORKERS).e_min
+    exact = lossless_sums.astype(np.float64) / 2.0**e_min  # integer sums of the codes
+    got = outputs[0].astype(np.float64) / 2.0**e_min
+    assert np.array_equal(np.sign(got), np.sign(exact))
+    nonzero = exact != 0
+    low = 2.0 ** np.floor(np.log2(np.abs(exact[nonzero])))
+    assert np.all((np.abs(got[nonzero]) == low) | (np.abs(got[nonzero]) == 2 * low))
