@@ -12,7 +12,9 @@ import json
 import re
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,21 @@ def tail(path: Path, lines: int = 20) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def start(
+    arguments: Sequence[str], log_path: Path, timeout: float = 60.0
+) -> tuple[subprocess.Popen[bytes], Address]:
+    """Run ``ncina aggregator ARGUMENTS`` with this interpreter, its output in ``log_path``;
+    return the process and the address it serves once it is ready (stopped again if it is not)."""
+    command = [sys.executable, "-m", "ncina.cli", "aggregator", *arguments]
+    with log_path.open("wb") as log:  # a file, not a pipe: a full pipe would stall the process
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    try:
+        return proc, wait_ready(proc, log_path, timeout)
+    except RuntimeError:
+        stop(proc)
+        raise
 
 
 def wait_ready(proc: subprocess.Popen[bytes], log_path: Path, timeout: float = 60.0) -> Address:

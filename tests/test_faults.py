@@ -11,7 +11,6 @@ around the exact sum that the lossless ``int`` run measured.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from pathlib import Path
 
@@ -19,10 +18,9 @@ import numpy as np
 import pytest
 from ncina.aggregator.faults import FaultConfig, FaultyPath
 from ncina.proto.nc8 import Window
-from ncina.worker.client import AllreduceClient
-from ncina_testlib import start_aggregator
 
-JOB = 21
+from ncina.bench.reliability import JOB, allreduce_with_faults
+
 WORKERS = 4
 ELEMENTS = 60_000
 K = 128  # an int result frame of 128 elements fits a 1500-byte MTU
@@ -120,26 +118,8 @@ def inputs() -> list[np.ndarray]:
 def allreduce(tmp: Path, result: str, faults: dict[str, float]) -> tuple[list, list, dict]:
     """One sum all-reduce of ``inputs()`` by 4 worker threads through an aggregator with the
     given fault knobs; returns the outputs, the clients' stats and the aggregator's stats."""
-    extra = ["--seed", "3", "--fault-seed", "11"]
-    for name, p in faults.items():
-        extra += [f"--{name.replace('_', '-')}", str(p)]
-    agg = start_aggregator("python", tmp, job=JOB, workers=WORKERS, k=K, result=result,
-                           extra=extra)  # fmt: skip
-    data = inputs()
-
-    def worker(rank: int) -> tuple[np.ndarray, dict]:
-        with AllreduceClient(agg.address, job=JOB, rank=rank, workers=WORKERS, k=K,
-                             result_format=result, seed=100 + rank, timeout=0.02,
-                             max_timeout=0.2, deadline=30.0) as client:  # fmt: skip
-            return client.allreduce(data[rank], op="sum"), client.stats
-
-    try:
-        with ThreadPoolExecutor(WORKERS) as pool:
-            done = list(pool.map(worker, range(WORKERS)))
-        stats = agg.stats()
-    finally:
-        assert agg.stop() == 0, agg.log()
-    return [out for out, _ in done], [s for _, s in done], stats
+    run = allreduce_with_faults(inputs(), tmp, k=K, result=result, faults=faults)
+    return run.outputs, run.clients, run.aggregator
 
 
 @pytest.fixture(scope="module")

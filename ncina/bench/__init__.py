@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "allreduce": "ncina.bench.allreduce",
     "compressors": "ncina.bench.compressors",
     "aggregator": "ncina.bench.aggregator",
+    "reliability": "ncina.bench.reliability",
 }
 
 

@@ -19,7 +19,6 @@ import multiprocessing
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -135,21 +134,14 @@ def start_aggregator(
 ) -> tuple[subprocess.Popen[bytes], tuple[str, int], Path]:
     """Start ``ncina aggregator`` on a free loopback port, its stats and log in ``tmp``; return
     the process and its address once its readiness line is in the log, and the stats path."""
-    stats_path, log_path = tmp / "aggregator-stats.json", tmp / "aggregator.log"
-    command = [
-        sys.executable, "-m", "ncina.cli", "aggregator", "--backend", args.backend,
-        "--listen", "127.0.0.1:0", "--job", str(JOB), "--workers", str(args.workers),
-        "--k", str(args.k), "--result", args.result, "--pool-size", str(args.pool_size),
-        "--window-max", str(args.window_max), "--seed", str(args.seed),
-        "--stats", str(stats_path),
-    ]
-    with log_path.open("wb") as log:  # a file, not a pipe: a full pipe would stall the process
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-    try:
-        address = aggproc.wait_ready(proc, log_path, START_TIMEOUT)
-    except RuntimeError:
-        aggproc.stop(proc)
-        raise
+    stats_path = tmp / "aggregator-stats.json"
+    arguments = [
+        "--backend", args.backend, "--listen", "127.0.0.1:0", "--job", str(JOB),
+        "--workers", str(args.workers), "--k", str(args.k), "--result", args.result,
+        "--pool-size", str(args.pool_size), "--window-max", str(args.window_max),
+        "--seed", str(args.seed), "--stats", str(stats_path),
+    ]  # fmt: skip
+    proc, address = aggproc.start(arguments, tmp / "aggregator.log", START_TIMEOUT)
     return proc, address, stats_path
 
 
