@@ -26,7 +26,7 @@ from ncina.proto.header import (
     pack,
     parse,
 )
-from ncina.worker.client import AllreduceClient
+from ncina.worker.client import AllreduceClient, RtoEstimator
 
 JOB = 7
 
@@ -180,6 +180,48 @@ def test_lost_packets_are_resent_with_retx() -> None:
     assert stats["retransmissions"] == 5
     assert stats["timeouts"] >= 1
     assert stats["packets_sent"] == 25
+
+
+def test_rto_follows_rfc_6298_between_floor_and_cap() -> None:
+    timer = RtoEstimator(0.05, cap=1.0, floor=0.01)
+    assert timer.rto == 0.05 and timer.samples == 0  # the configured timeout until a sample
+    timer.sample(0.02)  # first: SRTT = R, RTTVAR = R/2, RTO = R + 4 R/2
+    assert (timer.srtt, timer.rttvar) == (0.02, 0.01)
+    assert timer.rto == pytest.approx(0.06)
+    timer.sample(0.04)  # RTTVAR = 3/4 0.01 + 1/4 |0.02 - 0.04|, then SRTT = 7/8 0.02 + 1/8 0.04
+    assert timer.rttvar == pytest.approx(0.0125) and timer.srtt == pytest.approx(0.0225)
+    assert timer.rto == pytest.approx(0.0225 + 0.05)
+    for _ in range(100):  # a steady RTT drives RTTVAR to 0: SRTT + G, but not under the floor
+        timer.sample(0.001)
+    assert timer.rto == 0.01 and timer.samples == 102
+    assert timer.backoff(0.3) == 0.6 and timer.rto == 0.6  # a timeout backs off fresh chunks too
+    assert timer.backoff(0.6) == 1.0  # capped
+    timer.sample(5.0)
+    assert timer.rto == 1.0
+    with pytest.raises(ValueError, match="min_timeout <= timeout"):
+        RtoEstimator(0.005, cap=1.0, floor=0.01)
+
+
+def test_rto_adapts_to_the_measured_rtt() -> None:
+    x = powers_of_two(64 * 40, seed=5)
+    with fake() as agg, client_for(agg.address, timeout=0.5, min_timeout=0.002) as client:
+        np.testing.assert_array_equal(client.allreduce(x), x)
+        stats = client.stats
+    assert stats["rtt_samples"] == 5  # slot 0 of 8 carries chunks 0, 8, 16, 24, 32
+    assert 0.002 <= stats["rto_s"] < 0.5  # loopback answers in well under the initial RTO
+    assert stats["retransmissions"] == 0
+
+
+def test_no_rtt_sample_from_a_retransmitted_chunk() -> None:
+    x = powers_of_two(64 * 20, seed=6)
+    with fake(drop_first_in_slots=frozenset({0})) as agg, client_for(
+        agg.address, timeout=0.02
+    ) as client:
+        np.testing.assert_array_equal(client.allreduce(x), x)
+        stats = client.stats
+    assert stats["retransmissions"] == 3  # chunks 0, 8, 16: the only ones slot 0 samples from
+    assert stats["rtt_samples"] == 0  # Karn: their results cannot say which copy they answer
+    assert stats["rto_s"] >= 0.04  # backed off, and no sample to bring it down
 
 
 def test_stale_foreign_and_duplicate_results_are_ignored() -> None:

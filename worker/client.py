@@ -10,7 +10,8 @@
 - self-clocking: at most one chunk per slot is outstanding; the result of a slot releases the
   slot's next chunk;
 - loss recovery: a slot whose result has not come back within its retransmission timeout (RTO) is
-  re-sent with the ``RETX`` flag and its RTO doubles up to a cap; the aggregator answers a
+  re-sent with the ``RETX`` flag and its RTO doubles up to a cap. The RTO of a fresh chunk
+  adapts to the measured round-trip time (RFC 6298, ``RtoEstimator``); the aggregator answers a
   duplicate of a completed slot with the stored result. With no valid result for ``deadline``
   seconds the call gives up with ``TimeoutError``.
 
@@ -64,23 +65,51 @@ STAT_KEYS = (
 )
 
 
-class BackoffTimer:
-    """Retransmission timeout of a slot: starts at ``initial``, doubles per retransmission, capped.
+class RtoEstimator:
+    """Retransmission timeout from measured round-trip times, as TCP does it (RFC 6298).
 
-    The client asks only ``initial`` (for a fresh chunk) and ``backoff(rto)`` (after a timeout), so
-    an adaptive estimator (RTT samples, as in TCP) can replace this class without touching the
-    send/receive loop.
+    ``rto`` is the timeout a fresh chunk gets: ``initial`` until the first sample, then
+    ``SRTT + max(G, 4 RTTVAR)`` clamped to ``[floor, cap]``. A timed-out chunk's own timeout
+    doubles per retransmission up to ``cap`` (``backoff``), and the doubled value also becomes
+    ``rto`` until the next sample, as RFC 6298 backs off its single timer. Callers pass only
+    samples from chunks that were never retransmitted (Karn's algorithm): the result of a re-sent
+    chunk cannot say which copy it answers. The RTT of a slot includes the queueing behind the
+    rest of the window, which is the delay a timeout must wait out.
     """
 
-    def __init__(self, initial: float, cap: float) -> None:
-        if not 0 < initial <= cap:
-            raise ValueError(f"need 0 < timeout <= max_timeout, got {initial} and {cap}")
+    ALPHA = 0.125  # SRTT gain (RFC 6298)
+    BETA = 0.25  # RTTVAR gain
+    GRANULARITY = 0.001  # G: the loop's poll() sleeps in whole milliseconds
+
+    def __init__(self, initial: float, cap: float, floor: float) -> None:
+        if not 0 < floor <= initial <= cap:
+            raise ValueError(
+                f"need 0 < min_timeout <= timeout <= max_timeout, got {floor}, {initial}, {cap}"
+            )
         self.initial = initial
         self.cap = cap
+        self.floor = floor
+        self.rto = initial
+        self.srtt = 0.0
+        self.rttvar = 0.0
+        self.samples = 0
+
+    def sample(self, rtt: float) -> None:
+        """Take one RTT measurement (seconds) of a chunk sent once, and recompute ``rto``."""
+        if self.samples:
+            self.rttvar += self.BETA * (abs(self.srtt - rtt) - self.rttvar)
+            self.srtt += self.ALPHA * (rtt - self.srtt)
+        else:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        self.samples += 1
+        rto = self.srtt + max(self.GRANULARITY, 4 * self.rttvar)
+        self.rto = min(max(rto, self.floor), self.cap)
 
     def backoff(self, rto: float) -> float:
-        """The RTO after one more retransmission of a chunk whose RTO was ``rto``."""
-        return min(2.0 * rto, self.cap)
+        """The timeout after one more retransmission of a chunk whose timeout was ``rto``."""
+        doubled = min(2.0 * rto, self.cap)
+        self.rto = max(self.rto, doubled)
+        return doubled
 
 
 class AllreduceClient:
@@ -89,8 +118,9 @@ class AllreduceClient:
     ``k`` elements per packet, ``pool_size`` slots, ``window_max`` the largest in-window exponent
     (the window is ``nc8.Window.for_job(workers, window_max)``); ``result_format`` is the job's
     downlink format (``nc8`` or ``int``), which must match the aggregator's. ``seed`` seeds the
-    stochastic rounding. ``timeout``/``max_timeout`` are the initial and largest retransmission
-    timeouts, ``deadline`` the longest wait for any progress. After a ``TimeoutError`` the slot
+    stochastic rounding. ``timeout`` is the retransmission timeout until the first RTT sample,
+    ``min_timeout``/``max_timeout`` the floor and cap of the adaptive one, ``deadline``
+    the longest wait for any progress. After a ``TimeoutError`` the slot
     sequence is out of step with the job's, so the client refuses further calls.
     """
 
@@ -108,6 +138,7 @@ class AllreduceClient:
         seed: int | None = None,
         timeout: float = 0.05,
         max_timeout: float = 1.0,
+        min_timeout: float = 0.02,
         deadline: float = 10.0,
         bind: tuple[str, int] = ("0.0.0.0", 0),
     ) -> None:
@@ -131,7 +162,7 @@ class AllreduceClient:
         self.window = nc8.Window.for_job(workers, e_max=window_max)
         self.result_format = result_format
         self.deadline = deadline
-        self.timer = BackoffTimer(timeout, max_timeout)
+        self.timer = RtoEstimator(timeout, max_timeout, min_timeout)
         self._format = RESULT_FORMATS[result_format]
         self._rng = np.random.default_rng(seed)
         # Pool version each slot takes on its next use; flips per use, across calls.
@@ -162,12 +193,13 @@ class AllreduceClient:
         return self._sock.getsockname()
 
     @property
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         """Cumulative counters (a copy). ``timeouts`` counts timer checks that found expired
         slots; ``retransmissions`` the chunks re-sent by them; ``results_ignored`` datagrams that
         were not the expected result of an outstanding chunk (stale, duplicate, foreign, malformed).
+        ``rtt_samples`` counts the RTT measurements taken, ``rto_s`` is the current RTO (s).
         """
-        return dict(self._stats)
+        return {**self._stats, "rtt_samples": self.timer.samples, "rto_s": self.timer.rto}
 
     def close(self) -> None:
         """Close the socket."""
@@ -254,7 +286,10 @@ class _Transfer:
     """The send/receive loop of one tensor: slot state, result checks, timers.
 
     Per slot it keeps the outstanding chunk (-1: none), the header and length its result must
-    have, its send time and its RTO. The hot loop copies what it touches into locals.
+    have, its send time and its RTO. The hot loop copies what it touches into locals. The RTT is
+    sampled from slot 0 only, once per round of the window (RFC 6298 asks for at least one sample
+    per RTT), which keeps the estimator off the per-packet path; ``clean`` says the slot's chunk
+    was sent once (Karn).
     """
 
     def __init__(
@@ -284,7 +319,8 @@ class _Transfer:
         self.want_header: list[bytes | None] = [None] * s
         self.want_length = [0] * s
         self.sent_at = [0.0] * s
-        self.rto = [client.timer.initial] * s
+        self.rto = [client.timer.rto] * s
+        self.clean = False
 
     def send(self, i: int, slot: int, now: float) -> None:
         """Send chunk ``i`` into ``slot``. A full send buffer loses the packet like the network
@@ -306,7 +342,9 @@ class _Transfer:
         self.current[slot] = i
         self.want_header[slot] = self.expected[begin : begin + HEADER_SIZE]
         self.want_length[slot] = HEADER_SIZE + self.counts[i] * self.element_size
-        self.rto[slot] = self.client.timer.initial
+        self.rto[slot] = self.client.timer.rto
+        if slot == 0:
+            self.clean = True
         self.send(i, slot, now)
 
     def run(self) -> None:
@@ -326,7 +364,7 @@ class _Transfer:
             start(i, i, now)
         done = received = received_bytes = ignored = 0
         last_progress = now
-        next_check = now + client.timer.initial
+        next_check = now + client.timer.rto
         try:
             while done < chunks:
                 try:
@@ -352,6 +390,8 @@ class _Transfer:
                         out[begin : begin + size - HEADER_SIZE] = view[HEADER_SIZE:size]
                         done += 1
                         last_progress = now
+                        if slot == 0 and self.clean:
+                            client.timer.sample(now - self.sent_at[0])
                         if i + s < chunks:
                             start(i + s, slot, now)
                         else:
@@ -371,8 +411,9 @@ class _Transfer:
     def check_timers(self, now: float, last_progress: float) -> float:
         """Re-send expired slots with RETX; raise ``TimeoutError`` past the deadline.
 
-        Returns the time of the next check: the earliest expiry, and no later than one initial
-        RTO from now (a chunk sent after this check expires no earlier than that).
+        Returns the time of the next check: the earliest expiry, and no later than one fresh
+        chunk's RTO from now (a chunk sent after this check expires no earlier than that, unless
+        an RTT sample lowers the RTO meanwhile: it then waits for this check).
         """
         client = self.client
         outstanding = [slot for slot, i in enumerate(self.current) if i >= 0]
@@ -385,7 +426,7 @@ class _Transfer:
                 f"{_ranges(outstanding)} holding {elements} elements"
             )
         timer = client.timer
-        next_check = now + timer.initial
+        next_check = now + timer.rto
         expired = 0
         for slot in outstanding:
             due = self.sent_at[slot] + self.rto[slot]
@@ -394,6 +435,8 @@ class _Transfer:
                 flags = i * self.row + 1
                 self.frames[flags] |= FLAG_RETX
                 self.rto[slot] = timer.backoff(self.rto[slot])
+                if slot == 0:
+                    self.clean = False
                 self.send(i, slot, now)
                 expired += 1
                 due = now + self.rto[slot]
