@@ -70,16 +70,20 @@ class RtoEstimator:
 
     ``rto`` is the timeout a fresh chunk gets: ``initial`` until the first sample, then
     ``SRTT + max(G, 4 RTTVAR)`` clamped to ``[floor, cap]``. A timed-out chunk's own timeout
-    doubles per retransmission up to ``cap`` (``backoff``), and the doubled value also becomes
-    ``rto`` until the next sample, as RFC 6298 backs off its single timer. Callers pass only
-    samples from chunks that were never retransmitted (Karn's algorithm): the result of a re-sent
-    chunk cannot say which copy it answers. The RTT of a slot includes the queueing behind the
-    rest of the window, which is the delay a timeout must wait out.
+    doubles per retransmission up to ``cap`` (``backoff``). Unlike TCP's single timer, a timeout
+    does not raise ``rto`` for every fresh chunk: here one slot timing out means a lost packet far
+    more often than a slower path, and at 10 % loss such a shared backoff kept the timeouts near
+    the cap and made the transfer four times slower. A slower path is still learned: the sampling
+    slot keeps its backed-off timeout for its next chunk until one comes back in time (Karn), and
+    callers pass only samples from chunks that were sent once, since the result of a re-sent chunk
+    cannot say which copy it answers. The RTT of a slot includes the queueing behind the rest of
+    the window and the wait for the other workers, which is the delay a timeout must wait out.
     """
 
     ALPHA = 0.125  # SRTT gain (RFC 6298)
     BETA = 0.25  # RTTVAR gain
     GRANULARITY = 0.001  # G: the loop's poll() sleeps in whole milliseconds
+    OUTLIER_STREAK = 4  # slow samples in a row taken as a slower path
 
     def __init__(self, initial: float, cap: float, floor: float) -> None:
         if not 0 < floor <= initial <= cap:
@@ -93,9 +97,25 @@ class RtoEstimator:
         self.srtt = 0.0
         self.rttvar = 0.0
         self.samples = 0
+        self.outliers = 0
+        self.streak = 0  # slow samples skipped in a row
 
     def sample(self, rtt: float) -> None:
-        """Take one RTT measurement (seconds) of a chunk sent once, and recompute ``rto``."""
+        """Take one RTT measurement (seconds) of a chunk sent once, and recompute ``rto``.
+
+        A sample above twice SRTT is skipped (counted in ``outliers``) unless it is the
+        ``OUTLIER_STREAK``-th such sample in a row: in an aggregation the result waits for every
+        worker, so a lone slow sample mostly measures another worker's loss recovery, and feeding
+        those in raised every worker's RTO, which slowed that recovery further (at 10 % loss both
+        ways the RTOs climbed towards the cap). A path that really got slower gives slow samples
+        in a row (the sampling slot keeps its backed-off timeout until one comes back).
+        """
+        if self.samples and rtt > 2 * self.srtt:
+            self.streak += 1
+            if self.streak < self.OUTLIER_STREAK:
+                self.outliers += 1
+                return
+        self.streak = 0
         if self.samples:
             self.rttvar += self.BETA * (abs(self.srtt - rtt) - self.rttvar)
             self.srtt += self.ALPHA * (rtt - self.srtt)
@@ -107,9 +127,7 @@ class RtoEstimator:
 
     def backoff(self, rto: float) -> float:
         """The timeout after one more retransmission of a chunk whose timeout was ``rto``."""
-        doubled = min(2.0 * rto, self.cap)
-        self.rto = max(self.rto, doubled)
-        return doubled
+        return min(2.0 * rto, self.cap)
 
 
 class AllreduceClient:
@@ -197,9 +215,12 @@ class AllreduceClient:
         """Cumulative counters (a copy). ``timeouts`` counts timer checks that found expired
         slots; ``retransmissions`` the chunks re-sent by them; ``results_ignored`` datagrams that
         were not the expected result of an outstanding chunk (stale, duplicate, foreign, malformed).
-        ``rtt_samples`` counts the RTT measurements taken, ``rto_s`` is the current RTO (s).
+        ``rtt_samples`` counts the RTT measurements taken, ``rtt_outliers`` those skipped as a
+        wait for another worker's recovery, ``rto_s`` is the current RTO (s).
         """
-        return {**self._stats, "rtt_samples": self.timer.samples, "rto_s": self.timer.rto}
+        timer = self.timer
+        return {**self._stats, "rtt_samples": timer.samples, "rtt_outliers": timer.outliers,
+                "rto_s": timer.rto}
 
     def close(self) -> None:
         """Close the socket."""
@@ -288,8 +309,9 @@ class _Transfer:
     Per slot it keeps the outstanding chunk (-1: none), the header and length its result must
     have, its send time and its RTO. The hot loop copies what it touches into locals. The RTT is
     sampled from slot 0 only, once per round of the window (RFC 6298 asks for at least one sample
-    per RTT), which keeps the estimator off the per-packet path; ``clean`` says the slot's chunk
-    was sent once (Karn).
+    per RTT), which keeps the estimator off the per-packet path; ``clean`` says slot 0's chunk was
+    sent once (Karn). After a retransmission slot 0's next chunk keeps the backed-off timeout, so
+    that a path slower than the RTO still yields a sample.
     """
 
     def __init__(
@@ -342,8 +364,11 @@ class _Transfer:
         self.current[slot] = i
         self.want_header[slot] = self.expected[begin : begin + HEADER_SIZE]
         self.want_length[slot] = HEADER_SIZE + self.counts[i] * self.element_size
-        self.rto[slot] = self.client.timer.rto
-        if slot == 0:
+        if slot:
+            self.rto[slot] = self.client.timer.rto
+        else:
+            if self.clean:  # else keep the backed-off timeout until a sample comes back (Karn)
+                self.rto[0] = self.client.timer.rto
             self.clean = True
         self.send(i, slot, now)
 
