@@ -27,6 +27,7 @@ from ncina.proto.header import (
     parse,
 )
 from ncina.worker.client import AllreduceClient, RtoEstimator
+from ncina.worker.sharding import ShardedAllreduce
 
 JOB = 7
 
@@ -228,6 +229,21 @@ def test_no_rtt_sample_from_a_retransmitted_chunk() -> None:
     assert stats["retransmissions"] == 3  # chunks 0, 8, 16: the only ones slot 0 samples from
     assert stats["rtt_samples"] == 0  # Karn: their results cannot say which copy they answer
     assert stats["rto_s"] == 0.02  # still the configured timeout: no sample, no shared backoff
+
+
+def test_sharded_stats_sum_counters_and_keep_the_largest_rto() -> None:
+    x = powers_of_two(64 * 10, seed=7)
+    with fake() as one, fake() as two:
+        fabric = ShardedAllreduce([
+            client_for(one.address, timeout=0.03), client_for(two.address, timeout=0.05),
+        ])
+        try:
+            np.testing.assert_array_equal(fabric.allreduce(x), x)
+            stats = fabric.stats
+        finally:
+            fabric.close()
+    assert stats["packets_sent"] == 10 and stats["rtt_samples"] == 2
+    assert 0.01 <= stats["rto_s"] <= 0.05  # one client's timeout, not the sum of both
 
 
 def test_stale_foreign_and_duplicate_results_are_ignored() -> None:

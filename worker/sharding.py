@@ -64,12 +64,16 @@ class ShardedAllreduce:
         return out
 
     @property
-    def stats(self) -> dict[str, int]:
-        """The clients' counters, summed."""
-        total: dict[str, int] = {}
+    def stats(self) -> dict[str, float]:
+        """The clients' counters, summed; ``rto_s``, a current timeout rather than a count, is
+        the largest client's."""
+        total: dict[str, float] = {}
         for client in self.clients:
             for key, value in client.stats.items():
-                total[key] = total.get(key, 0) + value
+                if key == "rto_s":
+                    total[key] = max(total.get(key, 0.0), value)
+                else:
+                    total[key] = total.get(key, 0) + value
         return total
 
     def close(self) -> None:
