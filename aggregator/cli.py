@@ -21,7 +21,7 @@ from ncina.aggregator.jobs import (
 )
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import Aggregator
-from ncina.proto.header import PORT, Format
+from ncina.proto.header import ELEMENT_SIZE, PORT
 
 BACKENDS = ("python", "dpdk")
 
@@ -93,7 +93,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--result",
-        choices=[f.name.lower() for f in Format],
+        choices=[f.name.lower() for f in ELEMENT_SIZE],
         required=True,
         help="result payload: nc8 (sums re-compressed to NC8, 1 byte per element) or int "
         "(exact sums, 8 bytes per element)",

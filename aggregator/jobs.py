@@ -62,6 +62,11 @@ class JobConfig:
         _check_range("k (elements per packet)", self.k, 1, MAX_K)
         _check_range("pool size", self.pool_size, 1, MAX_POOL_SIZE)
         object.__setattr__(self, "result_format", Format(self.result_format))
+        if self.result_format not in ELEMENT_SIZE:
+            raise ValueError(
+                f"{self.result_format.name.lower()} is server mode's payload format, not an INA "
+                "result format"
+            )
         expected = Window.for_job(self.workers, self.window.e_max)
         if self.window != expected:
             raise ValueError(

@@ -39,6 +39,7 @@ from ncina.proto.header import (
     ProtocolError,
     parse,
 )
+from ncina.worker.compressors import Compressor, State
 
 # Job-level drop reasons (the parse-level ones are in ncina.proto.header).
 NON_MEMBER = "non_member"
@@ -76,7 +77,14 @@ def _code_values(max_code: int) -> np.ndarray:
 
 class JobSlots:
     """The slot pool of one job and the rules of docs/protocol.md, "Slots, pool versions and loss
-    recovery". Counts into ``stats`` (a fresh ``JobStats`` unless one is given)."""
+    recovery". Counts into ``stats`` (a fresh ``JobStats`` unless one is given).
+
+    INA mode: NC8 contributions summed as integers. ``ServerSlots`` keeps the same slot rules and
+    replaces the payload hooks (``_decode``, ``_encode``) and the class attributes below.
+    """
+
+    _uplink_format = _NC8
+    _accumulator_dtype: type = np.int64
 
     def __init__(self, config: JobConfig, stats: JobStats | None = None) -> None:
         self.config = config
@@ -102,7 +110,7 @@ class JobSlots:
         self._offset = [[0] * s, [0] * s]
         self._count = [[0] * s, [0] * s]
         self._result = [[b""] * s, [b""] * s]
-        self.accumulators = np.zeros((2, s, k), dtype=np.int64)
+        self.accumulators = np.zeros((2, s, k), dtype=self._accumulator_dtype)
         self._rows = [list(self.accumulators[0]), list(self.accumulators[1])]
 
     def handle(self, header: Header, payload: memoryview | bytes, source: Address) -> Datagrams:
@@ -118,7 +126,7 @@ class JobSlots:
         _, flags, fmt, emin, _, rank, slot, count, offset = header
         if flags & FLAG_RESULT:
             return self._drop(BAD_FLAGS)
-        if fmt != _NC8:
+        if fmt != self._uplink_format:
             return self._drop(BAD_FORMAT)
         if rank >= self._workers:
             return self._drop(NON_MEMBER)
@@ -131,20 +139,35 @@ class JobSlots:
             return self._drop(BAD_SLOT)
         if count > self._k:
             return self._drop(BAD_COUNT)
-        codes = bytes(payload)
-        if len(codes.translate(None, self._bad_codes)) != count:
+        values = self._decode(payload, count)
+        if values is None:
             return self._drop(BAD_CODE)
         if known is None:
             self.members[rank] = source
         if flags & FLAG_RETX:
             stats.retx_seen += 1
         version = (flags & FLAG_POOL) >> 2
-        return self._apply(version, slot, rank, offset, count, codes)
+        return self._apply(version, slot, rank, offset, count, values)
+
+    def _decode(self, payload: memoryview | bytes, count: int) -> np.ndarray | None:
+        """The switch ALU's integer inputs of an NC8 payload, or ``None`` if a code is outside
+        the job's window (``bad_code``)."""
+        codes = bytes(payload)
+        if len(codes.translate(None, self._bad_codes)) != count:
+            return None
+        return self._code_values.take(np.frombuffer(codes, dtype=np.uint8))
+
+    def _encode(self, acc: np.ndarray, offset: int) -> bytes:
+        """The result payload of a complete slot's sum ``acc`` (chunk at ``offset``)."""
+        if self._result_format == _NC8:
+            return nc8.int_to_codes(acc, self._rng).tobytes()
+        return acc.astype(INT_DTYPE).tobytes()
 
     def _apply(
-        self, version: int, slot: int, rank: int, offset: int, count: int, codes: bytes
+        self, version: int, slot: int, rank: int, offset: int, count: int, values: np.ndarray
     ) -> Datagrams:
-        """The slot rules for a valid packet of ``rank`` for ``(slot, version)``."""
+        """The slot rules for a valid packet of ``rank`` for ``(slot, version)`` whose decoded
+        contribution is ``values``."""
         stats = self.stats
         bit = 1 << rank
         bitmaps = self._bitmap[version]
@@ -162,7 +185,6 @@ class JobSlots:
             return NOTHING
         row = self._rows[version][slot]
         acc = row if count == self._k else row[:count]
-        values = self._code_values.take(np.frombuffer(codes, dtype=np.uint8))
         if first:
             acc[:] = values
             self._offset[version][slot] = offset
@@ -178,10 +200,7 @@ class JobSlots:
         if seen != self._workers:
             return NOTHING
         stats.slots_completed += 1
-        if self._result_format == _NC8:
-            self._result[version][slot] = nc8.int_to_codes(acc, self._rng).tobytes()
-        else:
-            self._result[version][slot] = acc.astype(INT_DTYPE).tobytes()
+        self._result[version][slot] = self._encode(acc, offset)
         stats.results_sent += self._workers
         return self._send(version, slot, range(self._workers))
 
@@ -226,6 +245,44 @@ class JobSlots:
         return NOTHING
 
 
+class ServerSlots(JobSlots):
+    """Server mode (docs/protocol.md, "Server mode"): the same slot rules on BLOB payloads.
+
+    Each contribution is decompressed with ``compressor`` on arrival and added in float32; a
+    complete slot's mean is compressed with ``compressor`` and that payload is the stored result.
+    A payload that does not decode to exactly ``count`` elements is dropped as ``bad_code``.
+    ``compressor`` keeps one ``State`` per chunk offset, so with an error-feedback compressor
+    (``ef+`` spec, or a method defined with it) the server compensates its own compression error
+    chunk by chunk: DoubleSqueeze's server-side error feedback. The job's result format is unused.
+    """
+
+    _uplink_format = int(Format.BLOB)
+    _accumulator_dtype = np.float32
+
+    def __init__(
+        self, config: JobConfig, compressor: Compressor, stats: JobStats | None = None
+    ) -> None:
+        super().__init__(config, stats)
+        self.compressor = compressor
+        self._result_format = int(Format.BLOB)
+        self._seed = config.seed
+        self._states: dict[int, State] = {}
+
+    def _decode(self, payload: memoryview | bytes, count: int) -> np.ndarray | None:
+        try:
+            values = self.compressor.decompress(bytes(payload))
+        except (ValueError, struct.error):
+            return None
+        return values if values.size == count else None
+
+    def _encode(self, acc: np.ndarray, offset: int) -> bytes:
+        state = self._states.get(offset)
+        if state is None:
+            seed = None if self._seed is None else (self._seed, offset)
+            state = self._states[offset] = State(rng=np.random.default_rng(seed))
+        return self.compressor.compress(acc / np.float32(self._workers), state)
+
+
 class Aggregator:
     """Every job of one aggregator, keyed by job id, and the datagram-level validation."""
 
@@ -233,11 +290,12 @@ class Aggregator:
         self.jobs: dict[int, JobSlots] = {}
         self.stats = GlobalStats()
 
-    def add_job(self, config: JobConfig) -> JobSlots:
-        """Install a job; its id must be new."""
+    def add_job(self, config: JobConfig, compressor: Compressor | None = None) -> JobSlots:
+        """Install a job; its id must be new. With a ``compressor`` the job runs in server mode
+        (``ServerSlots``), otherwise in INA mode."""
         if config.job in self.jobs:
             raise ValueError(f"job {config.job} is already installed")
-        slots = JobSlots(config)
+        slots = JobSlots(config) if compressor is None else ServerSlots(config, compressor)
         self.jobs[config.job] = slots
         return slots
 

@@ -47,9 +47,11 @@ class Format(IntEnum):
 
     NC8 = 0  # one NC8 code per element (uplink and downlink)
     INT = 1  # exact sums, signed 64-bit big-endian, in units of 2**e_min (downlink)
+    BLOB = 2  # server mode: one self-describing compressor payload of the chunk (both ways)
 
 
 ELEMENT_SIZE = {Format.NC8: 1, Format.INT: 8}
+"""Bytes per element of the fixed-size formats (BLOB payloads have their own length)."""
 INT_DTYPE = np.dtype(">i8")  # element type of the INT payload
 
 # Drop reasons found by `parse`; the aggregator adds the job-level ones (see docs/protocol.md).
@@ -124,7 +126,7 @@ def parse(datagram: bytes | bytearray | memoryview) -> tuple[Header, memoryview]
 
     Raises ``ProtocolError`` whose ``reason`` names the drop counter: ``truncated``,
     ``bad_version``, ``bad_flags``, ``bad_format``, ``bad_count`` (zero elements) or
-    ``bad_length`` (payload is not exactly ``count`` elements).
+    ``bad_length`` (payload is not exactly ``count`` elements; an empty one for BLOB).
     """
     view = memoryview(datagram)
     if len(view) < HEADER_SIZE:
@@ -134,13 +136,17 @@ def parse(datagram: bytes | bytearray | memoryview) -> tuple[Header, memoryview]
         raise ProtocolError(BAD_VERSION, f"version {hdr.version}, expected {VERSION}")
     if hdr.flags & ~FLAGS_KNOWN:
         raise ProtocolError(BAD_FLAGS, f"unknown flag bits 0x{hdr.flags & ~FLAGS_KNOWN:02x}")
+    blob = hdr.format == Format.BLOB
     size = ELEMENT_SIZE.get(hdr.format)  # type: ignore[call-overload]
-    if size is None:
+    if size is None and not blob:
         raise ProtocolError(BAD_FORMAT, f"payload format {hdr.format}")
     if hdr.count == 0:
         raise ProtocolError(BAD_COUNT, "zero elements")
     payload = view[HEADER_SIZE:]
-    if len(payload) != hdr.count * size:
+    if blob:
+        if not len(payload):
+            raise ProtocolError(BAD_LENGTH, "empty blob payload")
+    elif len(payload) != hdr.count * size:
         raise ProtocolError(
             BAD_LENGTH, f"{len(payload)} payload bytes for {hdr.count} elements of {size} bytes"
         )

@@ -1,0 +1,141 @@
+"""Server mode in the aggregator's logic, without sockets: BLOB contributions averaged in float,
+the mean re-compressed (with server-side error feedback when the compressor has it), the stored
+result re-sent on retransmission, malformed blobs dropped, and DoubleSqueeze's convergence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ncina.aggregator.jobs import JobConfig
+from ncina.aggregator.slots import Aggregator, ServerSlots
+from ncina.proto.header import BAD_LENGTH, ProtocolError, flags_for, pack, parse
+from ncina.worker.compressors import State, create
+from ncina_testlib import dissect
+
+JOB = 3
+K = 32
+
+
+def address(rank: int) -> tuple[str, int]:
+    return (f"10.0.0.{rank + 1}", 6000 + rank)
+
+
+def server(workers: int, spec: str, *, pool_size: int = 4) -> tuple[Aggregator, ServerSlots]:
+    config = JobConfig.create(
+        job=JOB, workers=workers, k=K, result_format="nc8", pool_size=pool_size, seed=5
+    )
+    aggregator = Aggregator()
+    slots = aggregator.add_job(config, create(spec))
+    assert isinstance(slots, ServerSlots)
+    return aggregator, slots
+
+
+def blob(
+    slots: ServerSlots, rank: int, payload: bytes, *, slot: int, offset: int, count: int,
+    pool: int = 0, retx: bool = False,
+) -> bytes:  # fmt: skip
+    return pack(
+        job=JOB, rank=rank, slot=slot, offset=offset, count=count,
+        emin=slots.config.window.e_min, flags=flags_for(pool, retx=retx), fmt=2, payload=payload,
+    )  # fmt: skip
+
+
+def test_blob_parse_rule() -> None:
+    """A blob's length is its own business; only an empty one is malformed."""
+    hdr, payload = parse(pack(job=1, rank=0, slot=0, offset=0, count=100, emin=0, fmt=2,
+                              payload=b"\x01\x02"))  # fmt: skip
+    assert (hdr.format, hdr.count, bytes(payload)) == (2, 100, b"\x01\x02")
+    with pytest.raises(ProtocolError) as exc:
+        parse(pack(job=1, rank=0, slot=0, offset=0, count=100, emin=0, fmt=2))
+    assert exc.value.reason == BAD_LENGTH
+
+
+def test_mean_is_recompressed_and_stored_result_resent() -> None:
+    """Three workers' top-k payloads: the result is top-k of their float mean, sent to all; a
+    retransmission after completion gets the same bytes, a duplicate before it nothing."""
+    aggregator, slots = server(3, "topk:ratio=0.25")
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((3, 20)).astype(np.float32)
+    compressor = slots.compressor
+    payloads = [compressor.compress(x, State()) for x in xs]
+    out = aggregator.handle(blob(slots, 0, payloads[0], slot=1, offset=40, count=20), address(0))
+    assert out == ()
+    dup = blob(slots, 0, payloads[0], slot=1, offset=40, count=20, retx=True)
+    assert aggregator.handle(dup, address(0)) == ()
+    assert aggregator.handle(blob(slots, 1, payloads[1], slot=1, offset=40, count=20),
+                             address(1)) == ()  # fmt: skip
+    out = aggregator.handle(blob(slots, 2, payloads[2], slot=1, offset=40, count=20), address(2))
+    assert [dest for _, dest in out] == [address(r) for r in range(3)]
+    mean = np.mean([compressor.decompress(p) for p in payloads], axis=0, dtype=np.float32)
+    expected = compressor.compress(mean, State())
+    for datagram, _ in out:
+        fields, payload = dissect(datagram)
+        assert (fields["format"], fields["count"], fields["offset"], fields["slot"]) == (
+            2, 20, 40, 1)  # fmt: skip
+        assert payload == expected
+    again = aggregator.handle(dup, address(0))
+    assert again == [(out[0][0], address(0))]
+    stats = slots.stats
+    assert (stats.duplicates, stats.results_resent, stats.slots_completed) == (1, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("payload", "count"), [(b"\xff\x00", 20), (None, 19)], ids=["undecodable", "wrong_count"]
+)
+def test_malformed_blob_dropped_and_counted(payload: bytes | None, count: int) -> None:
+    """A blob that does not decode to exactly ``count`` elements is dropped as ``bad_code`` and
+    leaves the slot untouched; an NC8 packet is the wrong format for a server-mode job."""
+    aggregator, slots = server(2, "topk:ratio=0.25")
+    good = slots.compressor.compress(np.ones(20, np.float32), State())
+    bad = blob(slots, 0, good if payload is None else payload, slot=0, offset=0, count=count)
+    assert aggregator.handle(bad, address(0)) == ()
+    nc8 = pack(job=JOB, rank=0, slot=0, offset=0, count=1, emin=slots.config.window.e_min,
+               payload=b"\x00")  # fmt: skip
+    assert aggregator.handle(nc8, address(0)) == ()
+    assert slots.stats.drops["bad_code"] == 1 and slots.stats.drops["bad_format"] == 1
+    assert aggregator.handle(blob(slots, 0, good, slot=0, offset=0, count=20), address(0)) == ()
+    assert len(aggregator.handle(blob(slots, 1, good, slot=0, offset=0, count=20),
+                                 address(1))) == 2  # fmt: skip
+
+
+def least_squares_loss(spec: str, *, steps: int = 300, lr: float = 0.1) -> float:
+    """Distributed gradient descent on a least-squares problem, 4 workers, every gradient
+    exchanged through a server-mode job with compressor ``spec`` on workers and server (one
+    compressor state per worker and chunk: worker-side error feedback when ``spec`` has it).
+    Returns the final loss over all workers' data minus the optimum's."""
+    workers, dim, rows = 4, 64, 48
+    rng = np.random.default_rng(42)
+    a = rng.standard_normal((workers, rows, dim)).astype(np.float32)
+    b = rng.standard_normal((workers, rows)).astype(np.float32)
+    aggregator, slots = server(workers, spec, pool_size=2)
+    compressor = slots.compressor
+    chunks = dim // K
+    states = [[State(rng=np.random.default_rng((r, c))) for c in range(chunks)]
+              for r in range(workers)]  # fmt: skip
+    x = np.zeros(dim, np.float32)
+    for step in range(steps):
+        grads = [a[r].T @ (a[r] @ x - b[r]) / rows for r in range(workers)]
+        update = np.zeros(dim, np.float32)
+        for c in range(chunks):
+            for r in range(workers):
+                payload = compressor.compress(grads[r][c * K : (c + 1) * K], states[r][c])
+                datagram = blob(slots, r, payload, slot=c, offset=c * K, count=K, pool=step % 2)
+                out = aggregator.handle(datagram, address(r))
+            assert len(out) == workers  # the last contribution completes the slot
+            update[c * K : (c + 1) * K] = compressor.decompress(dissect(out[0][0])[1])
+        x -= lr * update
+
+    def loss(v: np.ndarray) -> float:
+        return float(sum(np.sum((a[r] @ v - b[r]) ** 2) for r in range(workers)) / (2 * rows))
+
+    best = np.linalg.lstsq(a.reshape(-1, dim), b.reshape(-1), rcond=None)[0]
+    return loss(x) - loss(best.astype(np.float32))
+
+
+def test_doublesqueeze_converges_where_plain_topk_does_worse() -> None:
+    """Top-k (10 %) both ways: with worker- and server-side error feedback (DoubleSqueeze) the
+    excess loss after 300 steps is near zero (measured 0.011), without it far from it (0.27)."""
+    plain = least_squares_loss("topk:ratio=0.1")
+    doublesqueeze = least_squares_loss("ef+topk:ratio=0.1")
+    assert doublesqueeze < 0.05
+    assert doublesqueeze * 10 < plain
