@@ -22,6 +22,7 @@ from ncina.aggregator.jobs import (
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import Aggregator
 from ncina.proto.header import ELEMENT_SIZE, PORT
+from ncina.worker.compressors import create
 
 BACKENDS = ("python", "dpdk")
 
@@ -97,6 +98,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         required=True,
         help="result payload: nc8 (sums re-compressed to NC8, 1 byte per element) or int "
         "(exact sums, 8 bytes per element)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("ina", "server"),
+        default="ina",
+        help="ina: NC8 contributions summed as integers (default); server: --compressor payloads "
+        "decompressed, averaged in float and the mean re-compressed (python backend; --result "
+        "is then unused)",
+    )
+    parser.add_argument(
+        "--compressor",
+        default=None,
+        metavar="SPEC",
+        help="server mode's compressor, [ef+]name[:key=value,...] (docs/compressors.md); with "
+        "ef+ the server keeps error feedback per chunk (DoubleSqueeze)",
     )
     parser.add_argument(
         "--pool-size",
@@ -178,6 +194,9 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     config.check_mtu(args.mtu)
+    if (args.mode == "server") != (args.compressor is not None):
+        raise ValueError("--compressor goes with --mode server, and --mode server needs one")
+    compressor = create(args.compressor) if args.compressor is not None else None
     faults = FaultConfig(
         drop_up=args.drop_up,
         drop_down=args.drop_down,
@@ -186,11 +205,13 @@ def run(args: argparse.Namespace) -> int:
         seed=args.fault_seed,
     )
     if args.backend == "dpdk":
+        if compressor is not None:
+            raise ValueError("server mode (--mode server) is a python backend feature")
         if faults.active:
             raise ValueError("fault injection (--drop-up ...) is a python backend feature")
         return dpdk_driver.serve(config, args)
     aggregator = Aggregator()
-    aggregator.add_job(config)
+    aggregator.add_job(config, compressor)
     backend = PythonBackend(
         aggregator,
         args.listen,

@@ -4,13 +4,16 @@ result re-sent on retransmission, malformed blobs dropped, and DoubleSqueeze's c
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import numpy as np
 import pytest
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.slots import Aggregator, ServerSlots
 from ncina.proto.header import BAD_LENGTH, ProtocolError, flags_for, pack, parse
 from ncina.worker.compressors import State, create
-from ncina_testlib import dissect
+from ncina_testlib import dissect, start_aggregator
 
 JOB = 3
 K = 32
@@ -139,3 +142,47 @@ def test_doublesqueeze_converges_where_plain_topk_does_worse() -> None:
     doublesqueeze = least_squares_loss("ef+topk:ratio=0.1")
     assert doublesqueeze < 0.05
     assert doublesqueeze * 10 < plain
+
+
+def test_server_mode_end_to_end_on_loopback(tmp_path: Path) -> None:
+    """The aggregator process in server mode (``--mode server --compressor ef+topk``): three
+    workers' blobs for two chunks come back as top-k of their mean, the same bytes to everyone,
+    and a retransmission after completion gets them again; the stats count it all."""
+    workers, count = 3, 20
+    spec = "ef+topk:ratio=0.25"
+    compressor = create(spec)
+    config = JobConfig.create(job=JOB, workers=workers, k=K, result_format="nc8")
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(workers)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(10)
+    aggregator = start_aggregator(
+        "python", tmp_path, job=JOB, workers=workers, k=K, result="nc8",
+        extra=["--mode", "server", "--compressor", spec, "--seed", "1"],
+    )  # fmt: skip
+    try:
+        rng = np.random.default_rng(3)
+        for chunk in range(2):
+            xs = rng.standard_normal((workers, count)).astype(np.float32)
+            payloads = [compressor.compress(x, State()) for x in xs]
+            for rank, s in enumerate(sockets):
+                s.sendto(pack(job=JOB, rank=rank, slot=chunk, offset=chunk * count, count=count,
+                              emin=config.window.e_min, fmt=2, payload=payloads[rank]),
+                         aggregator.address)  # fmt: skip
+            mean = np.mean([compressor.decompress(p) for p in payloads], axis=0, dtype=np.float32)
+            expected = compressor.compress(mean, State())  # the server's residual starts at 0
+            for s in sockets:
+                fields, payload = dissect(s.recv(2048))
+                assert (fields["format"], fields["offset"], fields["count"]) == (
+                    2, chunk * count, count)  # fmt: skip
+                assert payload == expected
+        sockets[1].sendto(pack(job=JOB, rank=1, slot=1, offset=count, count=count,
+                               emin=config.window.e_min, fmt=2, flags=flags_for(0, retx=True),
+                               payload=payloads[1]), aggregator.address)  # fmt: skip
+        assert dissect(sockets[1].recv(2048))[1] == expected
+        job = aggregator.stats()["jobs"][str(JOB)]
+        assert (job["slots_completed"], job["results_resent"], job["contributions"]) == (2, 1, 6)
+    finally:
+        assert aggregator.stop() == 0
+        for s in sockets:
+            s.close()
