@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from ncina.aggregator.jobs import (
 )
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import Aggregator
-from ncina.proto.header import ELEMENT_SIZE, PORT
+from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT
 from ncina.worker.compressors import create
 
 BACKENDS = ("python", "dpdk")
@@ -145,6 +146,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="seed of the random stream that re-compresses nc8 results (default: from the OS)",
     )
     parser.add_argument(
+        "--generation",
+        type=int,
+        choices=range(1, MAX_GENERATION + 1),
+        default=None,
+        metavar="G",
+        help=f"this start's generation, 1..{MAX_GENERATION}, stamped on every result so that "
+        "workers notice a restart (default: random; pin it to test restarts)",
+    )
+    parser.add_argument(
         "--mtu",
         type=int,
         default=DEFAULT_MTU,
@@ -210,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
         if faults.active:
             raise ValueError("fault injection (--drop-up ...) is a python backend feature")
         return dpdk_driver.serve(config, args)
-    aggregator = Aggregator()
+    generation = args.generation or 1 + secrets.randbelow(MAX_GENERATION)
+    aggregator = Aggregator(generation)
     aggregator.add_job(config, compressor)
     backend = PythonBackend(
         aggregator,

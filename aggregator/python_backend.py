@@ -92,7 +92,8 @@ class PythonBackend:
         if self.stats_path is not None:
             self.write_stats()  # fails early on an unwritable path, and shows the schema at once
         jobs = "; ".join(slots.config.describe() for slots in self.aggregator.jobs.values())
-        line = ready_line(self.address, NAME, f"pid {os.getpid()}, {jobs}")
+        details = f"pid {os.getpid()}, generation {self.aggregator.generation}, {jobs}"
+        line = ready_line(self.address, NAME, details)
         print(line, file=self.log, flush=True)
         try:
             self.serve()

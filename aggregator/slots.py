@@ -29,9 +29,12 @@ from ncina.proto.header import (
     FLAG_POOL,
     FLAG_RESULT,
     FLAG_RETX,
+    GENERATION_MASK,
+    GENERATION_SHIFT,
     HEADER,
     HEADER_SIZE,
     INT_DTYPE,
+    NOTICE,
     TRUNCATED,
     VERSION,
     Format,
@@ -47,6 +50,7 @@ WINDOW_MISMATCH = "window_mismatch"
 BAD_SLOT = "bad_slot"
 BAD_CODE = "bad_code"
 CHUNK_MISMATCH = "chunk_mismatch"
+STALE_GENERATION = "stale_generation"
 UNKNOWN_JOB = "unknown_job"
 
 Datagrams = Sequence[tuple[bytes, Address]]
@@ -101,6 +105,9 @@ class JobSlots:
         self._bad_codes = bytes(c for c in range(256) if (c & 0x7F) > top)
         self._code_values = _code_values(top)
         self._rng = np.random.default_rng(config.seed)
+        # The aggregator's generation, set by ``Aggregator.add_job``; 0 is an aggregator without
+        # generations (no notices; generation bits on uplink are ``bad_flags``).
+        self.generation = 0
         # Member addresses by rank: configured, or learned from the rank's first valid packet.
         self.members: list[Address | None] = [config.members.get(r) for r in range(n)]
         # Per [version][slot]: contributors' bitmap, contributions since the slot's first one,
@@ -133,6 +140,12 @@ class JobSlots:
         known = self.members[rank]
         if known is not None and known != source:
             return self._drop(NON_MEMBER)
+        stamp = flags & GENERATION_MASK
+        if stamp and stamp != self.generation << GENERATION_SHIFT:
+            if not self.generation:
+                return self._drop(BAD_FLAGS)
+            self.stats.drops[STALE_GENERATION] += 1
+            return self._notice(rank, flags & FLAG_POOL, slot, offset, 0, source)
         if emin != self._emin:
             return self._drop(WINDOW_MISMATCH)
         if slot >= self._pool_size:
@@ -182,7 +195,9 @@ class JobSlots:
                 stats.results_resent += 1
                 return self._send(version, slot, (rank,))
             stats.duplicates += 1
-            return NOTHING
+            if not self.generation:
+                return NOTHING
+            return self._notice(rank, version, slot, offset, bitmap, self.members[rank])
         row = self._rows[version][slot]
         acc = row if count == self._k else row[:count]
         if first:
@@ -207,7 +222,7 @@ class JobSlots:
     def _send(self, version: int, slot: int, ranks: Sequence[int]) -> Datagrams:
         """The stored result of ``(slot, version)``, one datagram for each of ``ranks``."""
         payload = self._result[version][slot]
-        flags = FLAG_RESULT | (FLAG_POOL if version else 0)
+        flags = FLAG_RESULT | (FLAG_POOL if version else 0) | self.generation << GENERATION_SHIFT
         offset = self._offset[version][slot]
         count = self._count[version][slot]
         out = [
@@ -232,6 +247,21 @@ class JobSlots:
         stats.packets_out += len(out)
         stats.bytes_out += len(out) * (HEADER_SIZE + len(payload))
         return out  # type: ignore[return-value]  # every rank of a complete slot has an address
+
+    def _notice(
+        self, rank: int, version: int, slot: int, offset: int, bitmap: int, destination: Address
+    ) -> Datagrams:
+        """A notice to ``rank`` about its packet for ``(slot, version)`` at ``offset``: the
+        aggregator's generation in the flags and the bitmap of the contributors it holds."""
+        flags = FLAG_RESULT | (FLAG_POOL if version else 0) | self.generation << GENERATION_SHIFT
+        datagram = HEADER.pack(
+            VERSION, flags, self._result_format, self._emin, self._job, rank, slot, 0, offset
+        ) + NOTICE.pack(bitmap)
+        stats = self.stats
+        stats.notices_sent += 1
+        stats.packets_out += 1
+        stats.bytes_out += len(datagram)
+        return ((datagram, destination),)
 
     def count_malformed(self, reason: str, size: int) -> None:
         """Count a datagram of ``size`` bytes naming this job that ``parse`` rejected."""
@@ -284,9 +314,15 @@ class ServerSlots(JobSlots):
 
 
 class Aggregator:
-    """Every job of one aggregator, keyed by job id, and the datagram-level validation."""
+    """Every job of one aggregator, keyed by job id, and the datagram-level validation.
 
-    def __init__(self) -> None:
+    ``generation`` (1..15) goes on every result and notice; uplink packets that carry another
+    non-zero generation are stale (docs/protocol.md, "Generations and notices"). 0, the
+    default, keeps protocol version 1 without generations: no notices, and generation bits on
+    uplink are dropped as ``bad_flags`` (what a backend that does not implement them does)."""
+
+    def __init__(self, generation: int = 0) -> None:
+        self.generation = generation
         self.jobs: dict[int, JobSlots] = {}
         self.stats = GlobalStats()
 
@@ -297,6 +333,7 @@ class Aggregator:
             raise ValueError(f"job {config.job} is already installed")
         slots = JobSlots(config) if compressor is None else ServerSlots(config, compressor)
         self.jobs[config.job] = slots
+        slots.generation = self.generation
         return slots
 
     def handle(self, datagram: bytes | bytearray | memoryview, source: Address) -> Datagrams:

@@ -28,6 +28,7 @@ JOB_DROP_REASONS = (
     "bad_slot",
     "bad_code",
     "chunk_mismatch",
+    "stale_generation",
 )
 # Drops counted aggregator-wide: packets that cannot be attributed to a configured job, and
 # failures of the aggregator itself (``internal_error``: a bug, logged with its traceback).
@@ -65,6 +66,7 @@ class JobStats:
         "contributions",
         "drops",
         "duplicates",
+        "notices_sent",
         "packets_in",
         "packets_out",
         "results_resent",
@@ -84,11 +86,14 @@ class JobStats:
         self.results_resent = 0
         self.duplicates = 0
         self.retx_seen = 0
+        self.notices_sent = 0
         self.drops = dict.fromkeys(JOB_DROP_REASONS, 0)
 
     def to_json(self) -> dict[str, Any]:
-        """The job's section of the stats document."""
+        """The job's section of the stats document. ``notices_sent`` is outside
+        ``JOB_COUNTERS`` until every backend sends notices (docs/protocol.md)."""
         doc: dict[str, Any] = {name: getattr(self, name) for name in JOB_COUNTERS}
+        doc["notices_sent"] = self.notices_sent
         doc["drops"] = dict(self.drops)
         return doc
 

@@ -19,7 +19,16 @@ PORT = 47000
 FLAG_RESULT = 0x01  # set by the aggregator on results
 FLAG_RETX = 0x02  # the worker re-sends this chunk after a timeout
 FLAG_POOL = 0x04  # pool version of the slot (SwitchML's shadow copy)
-FLAGS_KNOWN = FLAG_RESULT | FLAG_RETX | FLAG_POOL
+# Bits 3-6: the aggregator's generation, 1..15, chosen anew at every start; 0 on uplink means
+# "not known yet" (docs/protocol.md, "Generations and notices"). Bit 7 is reserved.
+GENERATION_SHIFT = 3
+GENERATION_MASK = 0x78
+MAX_GENERATION = GENERATION_MASK >> GENERATION_SHIFT
+FLAGS_KNOWN = FLAG_RESULT | FLAG_RETX | FLAG_POOL | GENERATION_MASK
+
+# A notice (RESULT set, count 0) carries one big-endian 64-bit word: the bitmap of the ranks
+# whose contribution to the slot's version the aggregator holds.
+NOTICE = struct.Struct("!Q")
 
 # version, flags, format, emin (signed), job, rank, slot, count, offset; network byte order.
 HEADER = struct.Struct("!BBBbHHHHI")
@@ -89,6 +98,11 @@ class Header(NamedTuple):
     def is_retx(self) -> bool:
         return bool(self.flags & FLAG_RETX)
 
+    @property
+    def generation(self) -> int:
+        """The generation bits, 0..15 (0: the sender does not know the aggregator's yet)."""
+        return (self.flags & GENERATION_MASK) >> GENERATION_SHIFT
+
 
 class ProtocolError(ValueError):
     """A datagram that is not a well-formed ncina packet; ``reason`` is its drop counter's name."""
@@ -98,10 +112,13 @@ class ProtocolError(ValueError):
         self.reason = reason
 
 
-def flags_for(pool: int, *, result: bool = False, retx: bool = False) -> int:
-    """Compose the flags byte from the pool version and the two booleans."""
+def flags_for(
+    pool: int, *, result: bool = False, retx: bool = False, generation: int = 0
+) -> int:
+    """Compose the flags byte from the pool version, the two booleans and the generation."""
     return (
         (FLAG_POOL if pool else 0) | (FLAG_RESULT if result else 0) | (FLAG_RETX if retx else 0)
+        | generation << GENERATION_SHIFT
     )
 
 

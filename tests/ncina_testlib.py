@@ -251,6 +251,8 @@ class Cluster:
         """Complete the ping slot; returns self."""
         results = self.reduce(self.PING_SLOT, [[1] * self.k] * len(self.workers))
         self._ping_replies = [datagram for datagram, _ in results]
+        # The aggregator's generation (docs/protocol.md), in bits 3-6 of every result's flags.
+        self.generation = results[0][1]["flags"] >> 3 & 0xF
         return self
 
     def next_slot(self) -> int:

@@ -13,7 +13,12 @@
   re-sent with the ``RETX`` flag and its RTO doubles up to a cap. The RTO of a fresh chunk
   adapts to the measured round-trip time (RFC 6298, ``RtoEstimator``); the aggregator answers a
   duplicate of a completed slot with the stored result. With no valid result for ``deadline``
-  seconds the call gives up with ``TimeoutError``.
+  seconds the call gives up with ``TimeoutError``, naming the ranks the aggregator's notices
+  said it still waits for;
+- restarts: the client learns the aggregator's generation from its first result and stamps it on
+  every packet; a result or notice of another generation means the aggregator restarted and lost
+  its slots, and the call fails at once with ``AggregatorRestartedError`` (docs/protocol.md,
+  "Generations and notices").
 
 Per-packet work is kept to a few Python operations: a result is accepted when its 16-byte header
 equals the header expected for the slot's outstanding chunk (one comparison that covers what
@@ -38,8 +43,12 @@ from ncina.proto.header import (
     FLAG_POOL,
     FLAG_RESULT,
     FLAG_RETX,
+    GENERATION_MASK,
+    GENERATION_SHIFT,
+    HEADER,
     HEADER_SIZE,
     INT_DTYPE,
+    NOTICE,
     Format,
     pack_chunks,
 )
@@ -59,10 +68,16 @@ STAT_KEYS = (
     "retransmissions",
     "timeouts",
     "results_ignored",
+    "notices",
     "saturated",
     "allreduce_calls",
     "elements",
 )
+
+
+class AggregatorRestartedError(RuntimeError):
+    """The aggregator restarted (a result or notice of another generation): the slot state of
+    the all-reduce in progress is lost, so it cannot complete; nothing partial is returned."""
 
 
 class RtoEstimator:
@@ -183,6 +198,7 @@ class AllreduceClient:
         self.timer = RtoEstimator(timeout, max_timeout, min_timeout)
         self._format = RESULT_FORMATS[result_format]
         self._rng = np.random.default_rng(seed)
+        self.generation = 0  # the aggregator's, from its first result (0: not known yet)
         # Pool version each slot takes on its next use; flips per use, across calls.
         self._next_pool = np.zeros(pool_size, dtype=np.int64)
         self._stats = dict.fromkeys(STAT_KEYS, 0)
@@ -215,8 +231,10 @@ class AllreduceClient:
         """Cumulative counters (a copy). ``timeouts`` counts timer checks that found expired
         slots; ``retransmissions`` the chunks re-sent by them; ``results_ignored`` datagrams that
         were not the expected result of an outstanding chunk (stale, duplicate, foreign, malformed).
-        ``rtt_samples`` counts the RTT measurements taken, ``rtt_outliers`` those skipped as a
-        wait for another worker's recovery, ``rto_s`` is the current RTO (s).
+        ``notices`` counts the aggregator's notices (slot status, docs/protocol.md), which are
+        also in ``results_ignored``. ``rtt_samples`` counts the RTT measurements taken,
+        ``rtt_outliers`` those skipped as a wait for another worker's recovery, ``rto_s`` is
+        the current RTO (s).
         """
         timer = self.timer
         return {**self._stats, "rtt_samples": timer.samples, "rtt_outliers": timer.outliers,
@@ -242,7 +260,8 @@ class AllreduceClient:
 
         ``x`` is a floating-point array (cast to float32); the result is float32 of the same
         shape. NaN or infinity raises ``ValueError`` before anything is sent. Raises
-        ``TimeoutError`` when no valid result arrives for ``deadline`` seconds.
+        ``TimeoutError`` when no valid result arrives for ``deadline`` seconds, and
+        ``AggregatorRestartedError`` when the aggregator restarted during the call.
         """
         if op not in OPS:
             raise ValueError(f"op must be one of {OPS}, got {op!r}")
@@ -296,6 +315,7 @@ class AllreduceClient:
             codes, k=self.k, job=self.job, rank=self.rank, emin=self.window.e_min,
             slots=slots, pools=pools,
         )
+        frames[:, 1] |= self.generation << GENERATION_SHIFT
         try:
             _Transfer(self, frames, lengths, pools, received).run()
         except BaseException as exc:  # the job's slots moved on without this worker's chunks
@@ -325,6 +345,7 @@ class _Transfer:
         self.client = client
         self.chunks = frames.shape[0]
         self.row = frames.shape[1]
+        self.frame_array = frames
         self.frames = memoryview(frames.reshape(-1))
         self.sizes: list[int] = lengths.tolist()
         self.counts: list[int] = (lengths - HEADER_SIZE).tolist()
@@ -333,6 +354,7 @@ class _Transfer:
         # RESULT flag (no RETX) and the job's result format.
         expected = frames[:, :HEADER_SIZE].copy()
         expected[:, 1] = np.where(pools != 0, FLAG_RESULT | FLAG_POOL, FLAG_RESULT)
+        expected[:, 1] |= client.generation << GENERATION_SHIFT
         expected[:, 2] = client._format
         self.expected = expected.tobytes()
         self.out = memoryview(received)
@@ -343,6 +365,9 @@ class _Transfer:
         self.sent_at = [0.0] * s
         self.rto = [client.timer.rto] * s
         self.clean = False
+        # Per slot, the last notice: (offset of the chunk it is about, bitmap of the ranks whose
+        # contribution the aggregator holds).
+        self.notices: dict[int, tuple[int, int]] = {}
 
     def send(self, i: int, slot: int, now: float) -> None:
         """Send chunk ``i`` into ``slot``. A full send buffer loses the packet like the network
@@ -407,7 +432,7 @@ class _Transfer:
                         slot >= s
                         or size != want_length[slot]
                         or buf[:HEADER_SIZE] != want_header[slot]
-                    ):
+                    ) and not self.unexpected(size, slot):
                         ignored += 1
                     else:
                         i = current[slot]
@@ -433,6 +458,64 @@ class _Transfer:
             stats["bytes_received"] += received_bytes
             stats["results_ignored"] += ignored
 
+    def unexpected(self, size: int, slot: int) -> bool:
+        """Look closer at a datagram in ``client._buf`` that is not the expected result of
+        ``slot`` (off the per-packet path): a notice is noted, another generation than the one
+        learned raises ``AggregatorRestartedError``, and the first result of a generation is
+        adopted. Returns True when the datagram is the expected result after all."""
+        client = self.client
+        buf = client._buf
+        if slot >= client.pool_size or self.current[slot] < 0:  # slot >= S also if size < 16
+            return False
+        _, flags, _, _, job, rank, _, count, offset = HEADER.unpack_from(buf)
+        if not flags & FLAG_RESULT or job != client.job or rank != client.rank:
+            return False
+        generation = (flags & GENERATION_MASK) >> GENERATION_SHIFT
+        if client.generation and generation != client.generation:
+            host, port = client.aggregator
+            raise AggregatorRestartedError(
+                f"allreduce: aggregator {host}:{port} restarted (generation "
+                f"{client.generation}, now {generation}; job {client.job}, rank {client.rank}): "
+                f"the slots of this call are lost, nothing is returned; every rank must start "
+                f"a new client"
+            )
+        if count == 0:
+            if size == HEADER_SIZE + NOTICE.size:
+                client._stats["notices"] += 1
+                self.notices[slot] = (offset, NOTICE.unpack_from(buf, HEADER_SIZE)[0])
+            return False
+        if not generation:
+            return False
+        bits = generation << GENERATION_SHIFT
+        header = bytearray(buf[:HEADER_SIZE])
+        header[1] ^= bits
+        if size != self.want_length[slot] or header != self.want_header[slot]:
+            return False
+        client.generation = generation
+        self.frame_array[:, 1] |= bits
+        expected = np.frombuffer(self.expected, dtype=np.uint8).reshape(-1, HEADER_SIZE).copy()
+        expected[:, 1] |= bits
+        self.expected = expected.tobytes()
+        for s, i in enumerate(self.current):
+            if i >= 0:
+                self.want_header[s] = self.expected[i * HEADER_SIZE : (i + 1) * HEADER_SIZE]
+        return True
+
+    def waiting_for(self, outstanding: list[int]) -> str:
+        """The ranks the aggregator's latest notices about the outstanding chunks say it has no
+        contribution from, as a phrase for an error message."""
+        client = self.client
+        everyone = (1 << client.workers) - 1
+        missing = 0
+        for slot in outstanding:
+            offset, held = self.notices.get(slot, (-1, 0))
+            if offset == self.current[slot] * client.k:
+                missing |= everyone & ~held
+        if not missing:
+            return "no notice from the aggregator names a missing rank"
+        ranks = [r for r in range(client.workers) if missing >> r & 1]
+        return f"the aggregator has nothing from rank(s) {_ranges(ranks)} for them"
+
     def check_timers(self, now: float, last_progress: float) -> float:
         """Re-send expired slots with RETX; raise ``TimeoutError`` past the deadline.
 
@@ -448,7 +531,8 @@ class _Transfer:
             raise TimeoutError(
                 f"allreduce: no result from aggregator {host}:{port} for {client.deadline:g} s "
                 f"(job {client.job}, rank {client.rank}): {len(outstanding)} slots outstanding "
-                f"{_ranges(outstanding)} holding {elements} elements"
+                f"{_ranges(outstanding)} holding {elements} elements; "
+                f"{self.waiting_for(outstanding)}"
             )
         timer = client.timer
         next_check = now + timer.rto
