@@ -1,5 +1,6 @@
 """``ncina bench reliability``: all-reduce through an aggregator that loses, duplicates and
-reorders packets, against a lossless run of the same inputs in the same session.
+reorders packets, against a lossless run of the same inputs in the same session; then the
+faults: a worker killed mid-allreduce, and the aggregator restarted mid-allreduce.
 
 Each scenario starts a Python aggregator with its seeded fault knobs (``--drop-up`` ...), runs
 the workers as threads of this process (one ``AllreduceClient`` each, the same inputs and seeds
@@ -8,11 +9,17 @@ completion time as a ratio to the lossless run's, the retransmissions and the fa
 With ``--result int`` (exact sums, the default) "identical" is the guarantee under test; with
 ``nc8`` the aggregator's re-compression keys follow completion order, which loss changes, so
 only the lossless run itself is expected to match (docs/reliability.md).
+
+In the fault scenarios nothing may return a wrong or partial result: a killed worker makes the
+others raise ``TimeoutError`` naming its rank after their deadline, a restarted aggregator makes
+every worker still in the call raise ``AggregatorRestartedError`` at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ncina.aggregator import process as aggproc
-from ncina.worker.client import AllreduceClient
+from ncina.worker.client import AggregatorRestartedError, AllreduceClient
 
 JOB = 21
 SCENARIOS: dict[str, dict[str, float]] = {
@@ -95,6 +102,119 @@ def allreduce_with_faults(
     return Run([d[0] for d in done], [d[1] for d in done], document, seconds)
 
 
+@dataclass
+class FaultRun:
+    """How each rank's all-reduce ended when a worker or the aggregator died during it."""
+
+    outcomes: list[np.ndarray | BaseException | None]  # result, exception, or None (killed)
+    seconds: float  # from the first worker's start until the last surviving worker returned
+    retransmissions: int  # summed over the surviving workers
+    killed_at: int  # slots the aggregator had completed when the process was killed
+
+
+def _chunks_completed(proc: subprocess.Popen[bytes], stats_path: Path) -> int:
+    document = aggproc.request_stats(proc, stats_path)
+    return document["jobs"][str(JOB)]["slots_completed"]
+
+
+def _kill_when(proc: subprocess.Popen[bytes], aggregator: subprocess.Popen[bytes],
+               stats_path: Path, completed: int) -> int:  # fmt: skip
+    """SIGKILL ``proc`` (by PID) once the aggregator has completed ``completed`` slots; return
+    the number it had then."""
+    while (done := _chunks_completed(aggregator, stats_path)) < completed:
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    return done
+
+
+def _survivors(inputs: list[np.ndarray], address: tuple[str, int], ranks: range, *, k: int,
+               result: str, deadline: float, pool: ThreadPoolExecutor) -> list[Any]:  # fmt: skip
+    """Start worker threads for ``ranks``; each future gives (result or exception, stats, end)."""
+    def worker(rank: int) -> tuple[np.ndarray | BaseException, dict[str, Any], float]:
+        with AllreduceClient(
+            address, job=JOB, rank=rank, workers=len(inputs), k=k, result_format=result,
+            seed=100 + rank, timeout=0.02, max_timeout=0.2, deadline=deadline,
+        ) as client:  # fmt: skip
+            try:
+                out: np.ndarray | BaseException = client.allreduce(inputs[rank], op="sum")
+            except (TimeoutError, AggregatorRestartedError) as exc:
+                out = exc
+            return out, client.stats, time.monotonic()
+
+    return [pool.submit(worker, rank) for rank in ranks]
+
+
+def _fault_run(futures: list[Any], began: float, killed_at: int,
+               killed: list[None]) -> FaultRun:  # fmt: skip
+    done = [f.result() for f in futures]
+    return FaultRun(
+        outcomes=[d[0] for d in done] + killed,  # type: ignore[operator]
+        seconds=max(d[2] for d in done) - began,
+        retransmissions=sum(d[1]["retransmissions"] for d in done),
+        killed_at=killed_at,
+    )
+
+
+def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: int, result: str,
+                               deadline: float, at: int) -> FaultRun:  # fmt: skip
+    """The last rank is an ``ncina allreduce`` process, SIGKILLed once the aggregator has
+    completed ``at`` slots; the other ranks are threads of this process."""
+    workers = len(inputs)
+    stats_path = workdir / "stats.json"
+    proc, address = aggproc.start([
+        "--listen", "127.0.0.1:0", "--job", str(JOB), "--workers", str(workers), "--k", str(k),
+        "--result", result, "--stats", str(stats_path),
+    ], workdir / "aggregator.log")  # fmt: skip
+    np.save(workdir / "x.npy", inputs[-1])
+    try:
+        with ThreadPoolExecutor(workers - 1) as pool:
+            began = time.monotonic()
+            futures = _survivors(inputs, address, range(workers - 1), k=k, result=result,
+                                 deadline=deadline, pool=pool)  # fmt: skip
+            child = subprocess.Popen([
+                sys.executable, "-m", "ncina.cli", "allreduce", "--aggregator",
+                f"{address[0]}:{address[1]}", "--job", str(JOB), "--rank", str(workers - 1),
+                "--workers", str(workers), "--k", str(k), "--result", result,
+                "--input", str(workdir / "x.npy"), "--output", str(workdir / "y.npy"),
+            ], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+               stderr=subprocess.DEVNULL)  # fmt: skip
+            try:
+                killed_at = _kill_when(child, proc, stats_path, at)
+            finally:
+                child.kill()
+                child.wait()
+            return _fault_run(futures, began, killed_at, [None])
+    finally:
+        aggproc.stop(proc)
+
+
+def allreduce_across_restart(inputs: list[np.ndarray], workdir: Path, *, k: int, result: str,
+                             deadline: float, at: int) -> FaultRun:  # fmt: skip
+    """Every rank is a thread; the aggregator (generation 1) is SIGKILLed once it has completed
+    ``at`` slots and started again on the same port as generation 2."""
+    workers = len(inputs)
+    stats_path = workdir / "stats.json"
+    arguments = ["--job", str(JOB), "--workers", str(workers), "--k", str(k), "--result", result,
+                 "--stats", str(stats_path)]  # fmt: skip
+    proc, address = aggproc.start(
+        ["--listen", "127.0.0.1:0", "--generation", "1", *arguments], workdir / "first.log"
+    )
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            began = time.monotonic()
+            futures = _survivors(inputs, address, range(workers), k=k, result=result,
+                                 deadline=deadline, pool=pool)  # fmt: skip
+            killed_at = _kill_when(proc, proc, stats_path, at)
+            listen = f"{address[0]}:{address[1]}"
+            proc, _ = aggproc.start(
+                ["--listen", listen, "--generation", "2", *arguments], workdir / "second.log"
+            )
+            return _fault_run(futures, began, killed_at, [])
+    finally:
+        aggproc.stop(proc)
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``ncina bench reliability``."""
     p = subparsers.add_parser(
@@ -109,6 +229,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="elements per packet (int results: at most 182 at MTU 1500)")  # fmt: skip
     p.add_argument("--result", choices=("int", "nc8"), default="int", help="default: int")
     p.add_argument("--seed", type=int, default=42, help="input seed")
+    p.add_argument("--deadline", type=float, default=2.0,
+                   help="the workers' deadline in the killed-worker scenario (s)")  # fmt: skip
     return p
 
 
@@ -136,4 +258,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "slots_completed": job["slots_completed"],
                 "faults": got.aggregator.get("faults", {}),
             })  # fmt: skip
+        assert baseline is not None
+        chunks = -(-args.elements // args.k)
+        for name, scenario in (("one worker killed", allreduce_with_dead_worker),
+                               ("aggregator restarted", allreduce_across_restart)):  # fmt: skip
+            workdir = Path(tmp) / name.replace(" ", "-")
+            workdir.mkdir()
+            fault = scenario(inputs, workdir, k=args.k, result=args.result,
+                             deadline=args.deadline, at=chunks // 4)  # fmt: skip
+            rows.append(_fault_row(name, args.elements, fault, baseline.seconds, chunks))
     return {"workers": args.workers, "k": args.k, "result": args.result, "rows": rows}
+
+
+def _fault_row(name: str, elements: int, run: FaultRun, lossless: float,
+               chunks: int) -> dict[str, Any]:  # fmt: skip
+    """A table row for a fault scenario: how every surviving worker's call ended."""
+    errors = {type(o).__name__ for o in run.outcomes if isinstance(o, BaseException)}
+    returned = sum(isinstance(o, np.ndarray) for o in run.outcomes)
+    return {
+        "scenario": name,
+        "elements": elements,
+        "exact": f"no result: {', '.join(sorted(errors))} in every survivor" if not returned
+        else f"{returned} rank(s) returned",
+        "seconds": round(run.seconds, 3),
+        "time_vs_lossless": round(run.seconds / lossless, 2),
+        "retransmissions": run.retransmissions,
+        "killed_at_slot": f"{run.killed_at}/{chunks}",
+        "errors": [str(o) for o in run.outcomes if isinstance(o, BaseException)][:1],
+    }
