@@ -7,6 +7,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from ncina.aggregator.control import JobsDirectory
 from ncina.aggregator.dpdk import driver as dpdk_driver
 from ncina.aggregator.faults import FaultConfig
 from ncina.aggregator.jobs import (
@@ -175,6 +176,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="period of the stats file writes (default: %(default)s)",
     )
+    parser.add_argument(
+        "--jobs-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="control interface (python backend): every DIR/*.json file is one more job, added "
+        "when the file appears and removed when it goes, while the others run "
+        "(docs/reliability.md, 'Several jobs')",
+    )
     faults = parser.add_argument_group(
         "emulated network faults (python backend; seeded, counted in the stats' faults section)"
     )
@@ -219,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("server mode (--mode server) is a python backend feature")
         if faults.active:
             raise ValueError("fault injection (--drop-up ...) is a python backend feature")
+        if args.jobs_dir is not None:
+            raise ValueError("--jobs-dir is a python backend feature")
         return dpdk_driver.serve(config, args)
     generation = args.generation or 1 + secrets.randbelow(MAX_GENERATION)
     aggregator = Aggregator(generation)
@@ -229,5 +241,6 @@ def run(args: argparse.Namespace) -> int:
         stats_path=args.stats,
         stats_interval=args.stats_interval,
         faults=faults,
+        control=JobsDirectory(args.jobs_dir, mtu=args.mtu) if args.jobs_dir else None,
     )
     return backend.run()

@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
+from ncina.aggregator.control import JobsDirectory
 from ncina.aggregator.faults import FaultConfig, FaultyPath
 from ncina.aggregator.jobs import Address
 from ncina.aggregator.process import ready_line
@@ -30,6 +31,7 @@ NAME = "python"
 RECEIVE_TIMEOUT_US = 200_000  # how long an idle loop sleeps before looking at stats and signals
 SOCKET_BUFFER_BYTES = 4 << 20  # asked for SO_RCVBUF and SO_SNDBUF; the kernel may cap it
 MAX_DATAGRAM = 0xFFFF  # the whole of any UDP datagram, so oversized ones are seen and counted
+CONTROL_INTERVAL = 0.2  # seconds between looks at the jobs directory
 
 
 def open_socket(listen: Address) -> socket.socket:
@@ -55,6 +57,8 @@ class PythonBackend:
 
     Stats go to ``stats_path`` (atomically) every ``stats_interval`` seconds, on SIGUSR1 and at
     exit; without a path they are printed as one JSON line on ``log`` on SIGUSR1 and at exit.
+    With ``control`` (``ncina.aggregator.control``) jobs are added and removed from its
+    directory every ``CONTROL_INTERVAL`` seconds while the others run, each change logged.
     """
 
     def __init__(
@@ -66,8 +70,10 @@ class PythonBackend:
         stats_interval: float = 1.0,
         log: TextIO = sys.stderr,
         faults: FaultConfig | None = None,
+        control: JobsDirectory | None = None,
     ) -> None:
         self.aggregator = aggregator
+        self.control = control
         self.stats_path = stats_path
         self.stats_interval = stats_interval
         self.log = log
@@ -111,8 +117,10 @@ class PythonBackend:
         handle = self.aggregator.handle
         global_stats = self.aggregator.stats
         faults = self.faults
+        control = self.control
         clock = time.monotonic
         next_write = clock() + self.stats_interval
+        next_poll = 0.0
         while not self._stop:
             try:
                 size, source = receive(buffer)
@@ -140,6 +148,24 @@ class PythonBackend:
                     self.write_stats()
                 except OSError as exc:  # keep serving; the next write may succeed
                     print(f"ncina aggregator: cannot write stats: {exc}", file=self.log, flush=True)
+            if control is not None and clock() >= next_poll:
+                next_poll = clock() + CONTROL_INTERVAL
+                self.apply_control()
+
+    def apply_control(self) -> None:
+        """Add and remove jobs as the jobs directory says, and log each change."""
+        aggregator = self.aggregator
+        assert self.control is not None
+        for action, what in self.control.changes(set(aggregator.jobs)):
+            if action == "add":
+                aggregator.add_job(what)  # type: ignore[arg-type]
+                message = f"added {what.describe()}"  # type: ignore[union-attr]
+            elif action == "remove":
+                aggregator.remove_job(what)  # type: ignore[arg-type]
+                message = f"removed job {what}"
+            else:
+                message = f"ignored {what}"
+            print(f"ncina aggregator: {message}", file=self.log, flush=True)
 
     def _send(self, datagram: bytes, destination: Address) -> None:
         """Send one datagram; a failure is counted (``send_errors``), never raised."""

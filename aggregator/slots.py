@@ -336,6 +336,10 @@ class Aggregator:
         slots.generation = self.generation
         return slots
 
+    def remove_job(self, job: int) -> JobSlots:
+        """Uninstall a job (its slots and counters go with it); return what it was."""
+        return self.jobs.pop(job)
+
     def handle(self, datagram: bytes | bytearray | memoryview, source: Address) -> Datagrams:
         """Process one received UDP payload from ``source``; return what to send.
 

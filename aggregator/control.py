@@ -1,0 +1,89 @@
+"""The aggregator's control interface: a directory of job files, watched while it serves.
+
+Each ``*.json`` file in the directory (``ncina aggregator --jobs-dir DIR``) is one job, with the
+keys of ``JobConfig.create``: ``job``, ``workers``, ``k``, ``result_format`` and optionally
+``pool_size``, ``window_max``, ``members`` (``{"RANK": "HOST:PORT"}``) and ``seed``. Writing a
+file adds its job, deleting it removes the job, while the other jobs keep running; a file whose
+content changes is the removal of the old job and the addition of the new one. Write a file
+atomically (to a temporary name not ending in ``.json``, then rename) so that a half-written one
+is never read. A file that does not describe a valid job, or names a job id that another file
+already holds, is reported once on the log and otherwise ignored until it changes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ncina.aggregator.jobs import DEFAULT_MTU, JobConfig, parse_member
+
+SUFFIX = ".json"
+
+
+def job_from_json(document: dict[str, Any]) -> JobConfig:
+    """A ``JobConfig`` from one job file's content; ``ValueError`` with a readable message."""
+    if not isinstance(document, dict):
+        raise ValueError("a job file holds one JSON object")
+    options = dict(document)
+    members = options.pop("members", {})
+    if not isinstance(members, dict):
+        raise ValueError('"members" maps a rank to "HOST:PORT"')
+    try:
+        return JobConfig.create(
+            members=[parse_member(f"{rank}={where}") for rank, where in members.items()],
+            **options,
+        )
+    except TypeError as exc:  # unknown or missing keys
+        raise ValueError(str(exc).replace("create() ", "")) from None
+
+
+@dataclass
+class JobsDirectory:
+    """The job files of ``path`` as last seen: file name -> (modification stamp, job id)."""
+
+    path: Path
+    mtu: int = DEFAULT_MTU
+    seen: dict[str, tuple[tuple[int, int], int | None]] = field(default_factory=dict)
+
+    def changes(self, installed: set[int]) -> Iterator[tuple[str, JobConfig | int | str]]:
+        """What changed since the last call, as ``("add", config)``, ``("remove", job id)`` and
+        ``("error", message)``; ``installed`` are the job ids running now (an added job's id
+        must not be among them once the removals before it are applied)."""
+        current = {}
+        for file in sorted(self.path.glob(f"*{SUFFIX}")):
+            try:
+                status = file.stat()
+            except FileNotFoundError:  # deleted meanwhile
+                continue
+            current[file.name] = (status.st_mtime_ns, status.st_size)
+        for name in list(self.seen):
+            stamp, job = self.seen[name]
+            if current.get(name) != stamp:
+                del self.seen[name]
+                if job is not None:
+                    installed.discard(job)
+                    yield "remove", job
+        for name, stamp in current.items():
+            if name in self.seen:
+                continue
+            job_or_error = self._read(self.path / name, installed)
+            if isinstance(job_or_error, JobConfig):
+                self.seen[name] = (stamp, job_or_error.job)
+                installed.add(job_or_error.job)
+                yield "add", job_or_error
+            else:
+                self.seen[name] = (stamp, None)
+                yield "error", f"{self.path / name}: {job_or_error}"
+
+    def _read(self, file: Path, installed: set[int]) -> JobConfig | str:
+        try:
+            config = job_from_json(json.loads(file.read_text()))
+            config.check_mtu(self.mtu)
+        except (OSError, ValueError) as exc:
+            return str(exc)
+        if config.job in installed:
+            return f"job {config.job} is already installed"
+        return config
