@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from ncina.aggregator.dpdk import binding, netns
+from ncina.proto.header import GENERATION_MASK, HEADER_SIZE, NOTICE
 from ncina_testlib import (
     RunningAggregator,
     start_aggregator,
@@ -109,6 +110,19 @@ def replay(
             s.close()
 
 
+NOTICE_SIZE = HEADER_SIZE + NOTICE.size
+
+
+def is_notice(datagram: bytes) -> bool:
+    """A notice: a RESULT datagram of zero elements (docs/protocol.md)."""
+    return len(datagram) == NOTICE_SIZE and datagram[10:12] == b"\x00\x00"
+
+
+def without_generation(datagram: bytes) -> bytes:
+    """``datagram`` with the generation bits of its flags byte cleared."""
+    return datagram[:1] + bytes([datagram[1] & ~GENERATION_MASK]) + datagram[2:]
+
+
 @pytest.mark.parametrize("result", ["int", "nc8"])
 def test_wire_parity_with_the_python_backend(tmp_path: Path, result: str) -> None:
     workers, pool = 3, 4
@@ -124,7 +138,16 @@ def test_wire_parity_with_the_python_backend(tmp_path: Path, result: str) -> Non
             assert agg.stop() == 0, agg.log()
     (py_rx, py_stats), (dp_rx, dp_stats) = outputs["python"], outputs["dpdk"]
     assert sum(map(len, py_rx)) > 30
-    assert dp_rx == py_rx
+    # The Python backend stamps its generation (flags bits 3-6) on results; the DPDK backend does
+    # not implement generations yet (generation 0). Everything else must be the same bytes.
+    # The Python backend also answers duplicates of incomplete slots with notices (count 0), which
+    # the DPDK backend does not send yet; the results themselves must be the same bytes.
+    assert dp_rx == [[without_generation(d) for d in rx if not is_notice(d)] for rx in py_rx]
+    py_job = py_stats["jobs"]["9"]
+    notices = py_job["notices_sent"]
+    assert notices > 0
+    py_job.update(notices_sent=0, packets_out=py_job["packets_out"] - notices,
+                  bytes_out=py_job["bytes_out"] - notices * NOTICE_SIZE)  # fmt: skip
     assert dp_stats["jobs"] == py_stats["jobs"]
     assert dp_stats["global"] == py_stats["global"]
     assert dp_stats["dpdk"]["key_underruns"] == 0
