@@ -43,6 +43,7 @@ from ncina.proto.header import (
     parse,
 )
 from ncina.worker.compressors import Compressor, State
+from ncina.worker.compressors.base import HEAD
 
 # Job-level drop reasons (the parse-level ones are in ncina.proto.header).
 NON_MEMBER = "non_member"
@@ -296,9 +297,13 @@ class ServerSlots(JobSlots):
         self.compressor = compressor
         self._result_format = int(Format.BLOB)
         self._seed = config.seed
-        self._states: dict[int, State] = {}
+        self._states: dict[tuple[int, int], State] = {}
 
     def _decode(self, payload: memoryview | bytes, count: int) -> np.ndarray | None:
+        # The payload's own element count is checked before decompressing, so a forged count
+        # (up to 2**32 - 1) costs nothing instead of a huge allocation.
+        if len(payload) < HEAD.size or HEAD.unpack_from(payload)[1] != count:
+            return None
         try:
             values = self.compressor.decompress(bytes(payload))
         except (ValueError, struct.error):
@@ -306,10 +311,13 @@ class ServerSlots(JobSlots):
         return values if values.size == count else None
 
     def _encode(self, acc: np.ndarray, offset: int) -> bytes:
-        state = self._states.get(offset)
+        # One error-feedback memory per chunk (offset and length): chunks of different lengths at
+        # the same offset (the last chunks of tensors of different sizes) never share one.
+        key = (offset, acc.size)
+        state = self._states.get(key)
         if state is None:
-            seed = None if self._seed is None else (self._seed, offset)
-            state = self._states[offset] = State(rng=np.random.default_rng(seed))
+            seed = None if self._seed is None else (self._seed, offset, acc.size)
+            state = self._states[key] = State(rng=np.random.default_rng(seed))
         return self.compressor.compress(acc / np.float32(self._workers), state)
 
 

@@ -101,6 +101,41 @@ def test_malformed_blob_dropped_and_counted(payload: bytes | None, count: int) -
                                  address(1))) == 2  # fmt: skip
 
 
+def test_forged_element_count_is_dropped_before_decompressing() -> None:
+    """A blob claiming 2**32 - 1 elements for a 20-element chunk is dropped as bad_code without
+    being decompressed (which would allocate gigabytes)."""
+    import struct
+    import tracemalloc
+
+    aggregator, slots = server(2, "topk:ratio=0.25")
+    forged = struct.pack("!BI", create("topk").tag, 2**32 - 1) + bytes(4)
+    tracemalloc.start()
+    try:
+        out = aggregator.handle(blob(slots, 0, forged, slot=0, offset=0, count=20), address(0))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out == ()
+    assert slots.stats.drops["bad_code"] == 1
+    assert peak < 1 << 20
+
+
+def test_error_feedback_memory_is_per_chunk_length() -> None:
+    """Chunks of different lengths at the same offset (two tensors' last chunks) each complete,
+    with their own server-side error-feedback memory."""
+    aggregator, slots = server(2, "ef+topk:ratio=0.25")
+    plain = create("topk:ratio=0.25")
+    for slot, n in enumerate((32, 20)):
+        for rank in range(2):
+            x = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
+            payload = plain.compress(x, State(np.random.default_rng(0)))
+            out = aggregator.handle(blob(slots, rank, payload, slot=slot, offset=0, count=n),
+                                    address(rank))  # fmt: skip
+        assert len(out) == 2
+        assert plain.decompress(dissect(out[0][0])[1]).size == n
+    assert aggregator.stats.drops["internal_error"] == 0
+
+
 def least_squares_loss(spec: str, *, steps: int = 300, lr: float = 0.1) -> float:
     """Distributed gradient descent on a least-squares problem, 4 workers, every gradient
     exchanged through a server-mode job with compressor ``spec`` on workers and server (one
