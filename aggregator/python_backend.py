@@ -9,7 +9,6 @@ loop does one ``recvfrom`` system call per packet (a Python socket timeout would
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -25,7 +24,7 @@ from ncina.aggregator.faults import FaultConfig, FaultyPath
 from ncina.aggregator.jobs import Address
 from ncina.aggregator.process import ready_line
 from ncina.aggregator.slots import Aggregator
-from ncina.aggregator.stats import snapshot, write_atomically
+from ncina.aggregator.stats import publish, snapshot
 
 NAME = "python"
 RECEIVE_TIMEOUT_US = 200_000  # how long an idle loop sleeps before looking at stats and signals
@@ -194,11 +193,7 @@ class PythonBackend:
 
     def write_stats(self) -> None:
         """Write the stats document to ``stats_path``, or print it as one line on ``log``."""
-        document = self.stats_document()
-        if self.stats_path is None:
-            print(json.dumps(document), file=self.log, flush=True)
-        else:
-            write_atomically(self.stats_path, document)
+        publish(self.stats_document(), self.stats_path, self.log)
 
     def _internal_error(self, source: Address) -> None:
         self.aggregator.stats.drops["internal_error"] += 1

@@ -13,7 +13,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 SCHEMA = 1
 
@@ -142,6 +142,17 @@ def snapshot(
     if faults is not None:
         document["faults"] = dict(faults)
     return document
+
+
+def publish(
+    document: Mapping[str, Any], path: str | os.PathLike[str] | None, log: TextIO
+) -> None:
+    """Write ``document`` to ``path`` atomically, or without a path print it as one JSON line on
+    ``log`` (what ``ncina aggregator`` does with and without ``--stats``)."""
+    if path is None:
+        print(json.dumps(document), file=log, flush=True)
+    else:
+        write_atomically(path, document)
 
 
 def write_atomically(path: str | os.PathLike[str], document: Mapping[str, Any]) -> None:

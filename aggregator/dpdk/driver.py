@@ -8,7 +8,6 @@ rings topped up and write the stats document (the schema of ``ncina.aggregator.s
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import signal
 import sys
@@ -28,8 +27,8 @@ from ncina.aggregator.stats import (
     JOB_DROP_REASONS,
     GlobalStats,
     JobStats,
+    publish,
     snapshot,
-    write_atomically,
 )
 
 NAME = "dpdk"
@@ -292,11 +291,7 @@ class DpdkBackend:
 
     def write_stats(self) -> None:
         """Write the stats document to ``stats_path``, or print it as one line on ``log``."""
-        document = self.stats_document()
-        if self.stats_path is None:
-            print(json.dumps(document), file=self.log, flush=True)
-        else:
-            write_atomically(self.stats_path, document)
+        publish(self.stats_document(), self.stats_path, self.log)
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self._stop.set()
