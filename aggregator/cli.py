@@ -1,4 +1,4 @@
-"""``ncina aggregator``: run an aggregator backend for one job (the control API will add more)."""
+"""``ncina aggregator``: run an aggregator backend for a job (and more from ``--jobs-dir``)."""
 
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ from ncina.worker.compressors import create
 BACKENDS = ("python", "dpdk")
 
 DESCRIPTION = f"""\
-Run an in-network aggregator for one job: workers send NC8-coded chunks over UDP, the aggregator
-adds them in 64-bit integer slots (SwitchML pool of --pool-size slots, two versions each) and
-sends each completed slot's sum back to every worker, re-compressed to NC8 (--result nc8) or as
-exact integers (--result int). The wire format is docs/protocol.md.
+Run an in-network aggregator for a job (more with --jobs-dir): workers send NC8-coded chunks over
+UDP, the aggregator adds them in 64-bit integer slots (SwitchML pool of --pool-size slots, two
+versions each) and sends each completed slot's sum back to every worker, re-compressed to NC8
+(--result nc8) or as exact integers (--result int); --mode server averages compressed payloads
+instead. The wire format is docs/protocol.md.
 
 On start it prints one line on stderr, "ncina aggregator: listening on HOST:PORT ...", once the
 socket is bound. SIGUSR1 writes the stats now; SIGTERM and SIGINT write them and exit with 0.
@@ -69,7 +70,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``ncina aggregator`` and its options."""
     parser = subparsers.add_parser(
         "aggregator",
-        help="run an aggregator (switch) for one job",
+        help="run an aggregator (switch): one job from the flags, more from --jobs-dir",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
