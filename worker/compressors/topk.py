@@ -67,15 +67,13 @@ def sparse_vector(n: int, k: int, body: memoryview, name: str) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class TopK(Compressor):
-    """The ``ceil(ratio * n)`` largest-magnitude elements."""
+class Sparsifier(Compressor):
+    """What top-k and random-k share: the kept fraction ``ratio``, the index + value payload, and
+    its decoding; a subclass only chooses the ``k`` elements (:meth:`choose`)."""
 
     ratio: float = 0.01
 
-    name: ClassVar[str] = "topk"
-    tag: ClassVar[int] = 5
     ina: ClassVar[bool] = False
-    unbiased: ClassVar[bool] = False
     layout: ClassVar[struct.Struct] = SPARSE_LAYOUT
 
     def __post_init__(self) -> None:
@@ -84,13 +82,30 @@ class TopK(Compressor):
     def nominal_bits(self, n: int) -> float:
         return sparse_bits(self.ratio, n)
 
+    def choose(self, v: np.ndarray, k: int, state: State) -> tuple[np.ndarray, np.ndarray]:
+        """Ascending int64 indices of the ``k`` elements to send, and their values."""
+        raise NotImplementedError
+
     def compress(self, x: np.ndarray, state: State) -> bytes:
         v = as_vector(x)
         k = kept(self.ratio, v.size)
-        idx = np.sort(np.argpartition(np.abs(v), v.size - k)[v.size - k :]) if k else np.zeros(0)
-        idx = idx.astype(np.int64)
-        return self.header(v.size, k) + sparse_body(v.size, idx, v[idx])
+        idx, values = self.choose(v, k, state)
+        return self.header(v.size, k) + sparse_body(v.size, idx, values)
 
     def decompress(self, payload: bytes) -> np.ndarray:
         n, (k,), body = self.parse(payload)
         return sparse_vector(n, k, body, self.name)
+
+
+@dataclass(frozen=True)
+class TopK(Sparsifier):
+    """The ``ceil(ratio * n)`` largest-magnitude elements."""
+
+    name: ClassVar[str] = "topk"
+    tag: ClassVar[int] = 5
+    unbiased: ClassVar[bool] = False
+
+    def choose(self, v: np.ndarray, k: int, state: State) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.sort(np.argpartition(np.abs(v), v.size - k)[v.size - k :]) if k else np.zeros(0)
+        idx = idx.astype(np.int64)
+        return idx, v[idx]
