@@ -18,19 +18,18 @@ import numpy as np
 import pytest
 from ncina.aggregator.control import JobsDirectory
 from ncina.worker.client import AllreduceClient
-from ncina_testlib import RunningAggregator, Worker, start_aggregator, uplink, window_e_min
+from ncina_testlib import (
+    RunningAggregator,
+    Worker,
+    powers_of_two,
+    start_aggregator,
+    uplink,
+    window_e_min,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
 STATIC_JOB = 21
-
-
-def powers_of_two(n: int, seed: int) -> np.ndarray:
-    """Signed powers of two and zeros: NC8 encodes them exactly, so sums are exact."""
-    rng = np.random.default_rng(seed)
-    x = np.ldexp(rng.choice([-1.0, 1.0], n), rng.integers(-8, 8, n)).astype(np.float32)
-    x[rng.random(n) < 0.1] = 0.0
-    return x
 
 
 def write_job(directory: Path, job: dict[str, Any]) -> Path:
@@ -53,7 +52,7 @@ def allreduce_job(address: tuple[str, int], job: int, workers: int, k: int, resu
                   n: int, seed: int, *, pool_size: int = 64,
                   binds: list[int] | None = None) -> list[np.ndarray]:  # fmt: skip
     """Every rank of ``job`` as a thread; returns their sums, checked exact for int results."""
-    inputs = [powers_of_two(n, seed + r) for r in range(workers)]
+    inputs = [powers_of_two(n, seed + r, lowest=-8) for r in range(workers)]
 
     def rank(r: int) -> np.ndarray:
         bind = ("127.0.0.1", binds[r] if binds else 0)

@@ -28,16 +28,9 @@ from ncina.proto.header import (
 )
 from ncina.worker.client import AllreduceClient, RtoEstimator
 from ncina.worker.sharding import ShardedAllreduce
+from ncina_testlib import powers_of_two
 
 JOB = 7
-
-
-def powers_of_two(n: int, seed: int) -> np.ndarray:
-    """Signed powers of two well inside every test window, and some zeros."""
-    rng = np.random.default_rng(seed)
-    x = np.ldexp(rng.choice([-1.0, 1.0], n), rng.integers(-40, 8, n)).astype(np.float32)
-    x[rng.random(n) < 0.1] = 0.0
-    return x
 
 
 class FakeAggregator(threading.Thread):
