@@ -13,8 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, Format
+from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, TAG_SIZE, Format
 from ncina.proto.nc8 import Window
+from ncina.proto.tag import check_key, key_from_hex
 
 Address = tuple[str, int]
 """An IPv4 UDP endpoint as ``socket.recvfrom`` reports it: ``(dotted quad, port)``."""
@@ -55,6 +56,8 @@ class JobConfig:
     pool_size: int = DEFAULT_POOL_SIZE
     members: Mapping[int, Address] = field(default_factory=dict)
     seed: int | None = None
+    # The job's shared secret for the authentication tag (docs/protocol.md); None: untagged.
+    key: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _check_range("job id", self.job, 0, MAX_JOB_ID)
@@ -80,6 +83,8 @@ class JobConfig:
                     f"0..{self.workers - 1}"
                 )
         object.__setattr__(self, "members", MappingProxyType(dict(self.members)))
+        if self.key is not None:
+            check_key(self.key)
 
     @classmethod
     def create(
@@ -93,9 +98,13 @@ class JobConfig:
         window_max: int = DEFAULT_WINDOW_MAX,
         members: Iterable[tuple[int, Address]] = (),
         seed: int | None = None,
+        key: bytes | str | None = None,
     ) -> JobConfig:
         """Validate the parameters and build the job, deriving its window from ``workers`` and
-        ``window_max`` (e_max) as docs/protocol.md specifies. Raises ``ValueError``."""
+        ``window_max`` (e_max) as docs/protocol.md specifies; ``key`` is the tag's secret, as
+        bytes or hex text. Raises ``ValueError``."""
+        if isinstance(key, str):
+            key = key_from_hex(key)
         if isinstance(result_format, str):
             try:
                 result_format = Format[result_format.upper()]
@@ -123,6 +132,7 @@ class JobConfig:
             pool_size=pool_size,
             members=by_rank,
             seed=seed,
+            key=key,
         )
 
     def describe(self) -> str:
@@ -132,19 +142,21 @@ class JobConfig:
             f"job {self.job}: {self.workers} workers, k={self.k}, "
             f"{self.result_format.name.lower()} results, pool {self.pool_size}, "
             f"window 2^{window.e_min}..2^{window.e_max}"
+            + (", tagged" if self.key is not None else "")
         )
 
     @property
     def result_frame_size(self) -> int:
         """Bytes of the largest result frame on the wire, Ethernet header included."""
-        return FRAME_OVERHEAD + self.k * ELEMENT_SIZE[self.result_format]
+        tag = TAG_SIZE if self.key is not None else 0
+        return FRAME_OVERHEAD + self.k * ELEMENT_SIZE[self.result_format] + tag
 
     def check_mtu(self, mtu: int) -> None:
         """Raise ``ValueError`` unless a full result frame fits a link of this MTU (IP bytes)."""
         if self.result_frame_size <= mtu + ETHERNET_HEADER:
             return
         size = ELEMENT_SIZE[self.result_format]
-        largest = (mtu + ETHERNET_HEADER - FRAME_OVERHEAD) // size
+        largest = (mtu + ETHERNET_HEADER - (self.result_frame_size - self.k * size)) // size
         name = self.result_format.name.lower()
         raise ValueError(
             f"a result frame of k={self.k} {name} elements is {self.result_frame_size} bytes, "

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from ncina.aggregator.jobs import Address, JobConfig
 from ncina.aggregator.stats import GlobalStats, JobStats
-from ncina.proto import nc8
+from ncina.proto import nc8, tag
 from ncina.proto.header import (
     BAD_COUNT,
     BAD_FLAGS,
@@ -29,12 +29,14 @@ from ncina.proto.header import (
     FLAG_POOL,
     FLAG_RESULT,
     FLAG_RETX,
+    FLAG_TAG,
     GENERATION_MASK,
     GENERATION_SHIFT,
     HEADER,
     HEADER_SIZE,
     INT_DTYPE,
     NOTICE,
+    TAG_SIZE,
     TRUNCATED,
     VERSION,
     Format,
@@ -52,6 +54,7 @@ BAD_SLOT = "bad_slot"
 BAD_CODE = "bad_code"
 CHUNK_MISMATCH = "chunk_mismatch"
 STALE_GENERATION = "stale_generation"
+BAD_TAG = "bad_tag"
 UNKNOWN_JOB = "unknown_job"
 
 Datagrams = Sequence[tuple[bytes, Address]]
@@ -109,6 +112,9 @@ class JobSlots:
         # The aggregator's generation, set by ``Aggregator.add_job``; 0 is an aggregator without
         # generations (no notices; generation bits on uplink are ``bad_flags``).
         self.generation = 0
+        # The tag's key (None: an untagged job) and the flag bit every datagram of the job has.
+        self.key = config.key
+        self._tag_flag = FLAG_TAG if config.key is not None else 0
         # Member addresses by rank: configured, or learned from the rank's first valid packet.
         self.members: list[Address | None] = [config.members.get(r) for r in range(n)]
         # Per [version][slot]: contributors' bitmap, contributions since the slot's first one,
@@ -130,8 +136,8 @@ class JobSlots:
         """
         stats = self.stats
         stats.packets_in += 1
-        stats.bytes_in += HEADER_SIZE + len(payload)
         _, flags, fmt, emin, _, rank, slot, count, offset = header
+        stats.bytes_in += HEADER_SIZE + len(payload) + (TAG_SIZE if flags & FLAG_TAG else 0)
         if flags & FLAG_RESULT:
             return self._drop(BAD_FLAGS)
         if fmt != self._uplink_format:
@@ -223,7 +229,7 @@ class JobSlots:
     def _send(self, version: int, slot: int, ranks: Sequence[int]) -> Datagrams:
         """The stored result of ``(slot, version)``, one datagram for each of ``ranks``."""
         payload = self._result[version][slot]
-        flags = FLAG_RESULT | (FLAG_POOL if version else 0) | self.generation << GENERATION_SHIFT
+        flags = self._downlink_flags(version)
         offset = self._offset[version][slot]
         count = self._count[version][slot]
         out = [
@@ -244,20 +250,31 @@ class JobSlots:
             )
             for rank in ranks
         ]
+        if self.key is not None:
+            out = [(tag.sign(self.key, datagram), to) for datagram, to in out]
         stats = self.stats
         stats.packets_out += len(out)
-        stats.bytes_out += len(out) * (HEADER_SIZE + len(payload))
+        stats.bytes_out += sum(len(datagram) for datagram, _ in out)
         return out  # type: ignore[return-value]  # every rank of a complete slot has an address
+
+    def _downlink_flags(self, version: int) -> int:
+        """The flags of a result or notice for pool ``version``."""
+        return (
+            FLAG_RESULT | (FLAG_POOL if version else 0) | self.generation << GENERATION_SHIFT
+            | self._tag_flag
+        )
 
     def _notice(
         self, rank: int, version: int, slot: int, offset: int, bitmap: int, destination: Address
     ) -> Datagrams:
         """A notice to ``rank`` about its packet for ``(slot, version)`` at ``offset``: the
         aggregator's generation in the flags and the bitmap of the contributors it holds."""
-        flags = FLAG_RESULT | (FLAG_POOL if version else 0) | self.generation << GENERATION_SHIFT
         datagram = HEADER.pack(
-            VERSION, flags, self._result_format, self._emin, self._job, rank, slot, 0, offset
+            VERSION, self._downlink_flags(version), self._result_format, self._emin, self._job,
+            rank, slot, 0, offset,
         ) + NOTICE.pack(bitmap)
+        if self.key is not None:
+            datagram = tag.sign(self.key, datagram)
         stats = self.stats
         stats.notices_sent += 1
         stats.packets_out += 1
@@ -361,6 +378,11 @@ class Aggregator:
         job = self.jobs.get(header.job)
         if job is None:
             return self._drop_global(UNKNOWN_JOB, len(datagram))
+        if (job.key is not None or header.flags & FLAG_TAG) and not (
+            header.flags & FLAG_TAG and job.key is not None and tag.verify(job.key, datagram)
+        ):
+            job.count_malformed(BAD_TAG, len(datagram))
+            return NOTHING
         return job.handle(header, payload, source)
 
     def _malformed(self, datagram: bytes | bytearray | memoryview, reason: str) -> Datagrams:

@@ -23,6 +23,7 @@ JOB_DROP_REASONS = (
     "bad_format",
     "bad_count",
     "bad_length",
+    "bad_tag",
     "non_member",
     "window_mismatch",
     "bad_slot",
@@ -35,7 +36,6 @@ JOB_DROP_REASONS = (
 GLOBAL_DROP_REASONS = (
     "truncated",
     "bad_version",
-    "bad_flags",
     "bad_format",
     "bad_count",
     "bad_length",

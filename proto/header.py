@@ -20,11 +20,13 @@ FLAG_RESULT = 0x01  # set by the aggregator on results
 FLAG_RETX = 0x02  # the worker re-sends this chunk after a timeout
 FLAG_POOL = 0x04  # pool version of the slot (SwitchML's shadow copy)
 # Bits 3-6: the aggregator's generation, 1..15, chosen anew at every start; 0 on uplink means
-# "not known yet" (docs/protocol.md, "Generations and notices"). Bit 7 is reserved.
+# "not known yet" (docs/protocol.md, "Generations and notices").
 GENERATION_SHIFT = 3
 GENERATION_MASK = 0x78
 MAX_GENERATION = GENERATION_MASK >> GENERATION_SHIFT
-FLAGS_KNOWN = FLAG_RESULT | FLAG_RETX | FLAG_POOL | GENERATION_MASK
+# Bit 7: the datagram ends in an authentication tag (ncina.proto.tag; keyed jobs only).
+FLAG_TAG = 0x80
+TAG_SIZE = 8
 
 # A notice (RESULT set, count 0) carries one big-endian 64-bit word: the bitmap of the ranks
 # whose contribution to the slot's version the aggregator holds.
@@ -63,7 +65,8 @@ ELEMENT_SIZE = {Format.NC8: 1, Format.INT: 8}
 """Bytes per element of the fixed-size formats (BLOB payloads have their own length)."""
 INT_DTYPE = np.dtype(">i8")  # element type of the INT payload
 
-# Drop reasons found by `parse`; the aggregator adds the job-level ones (see docs/protocol.md).
+# Drop reasons found by `parse` (all but BAD_FLAGS: every flag bit has a meaning, so which flags
+# are wrong depends on the job); the aggregator adds the job-level ones (docs/protocol.md).
 TRUNCATED = "truncated"
 BAD_VERSION = "bad_version"
 BAD_FLAGS = "bad_flags"
@@ -103,6 +106,10 @@ class Header(NamedTuple):
         """The generation bits, 0..15 (0: the sender does not know the aggregator's yet)."""
         return (self.flags & GENERATION_MASK) >> GENERATION_SHIFT
 
+    @property
+    def is_tagged(self) -> bool:
+        return bool(self.flags & FLAG_TAG)
+
 
 class ProtocolError(ValueError):
     """A datagram that is not a well-formed ncina packet; ``reason`` is its drop counter's name."""
@@ -141,8 +148,10 @@ def pack(
 def parse(datagram: bytes | bytearray | memoryview) -> tuple[Header, memoryview]:
     """Validate the job-independent part of a datagram and split it into header and payload.
 
+    With the ``TAG`` flag the last ``TAG_SIZE`` bytes are the tag, not payload: the payload
+    returned stops before it (checking the tag needs the job's key: ``ncina.proto.tag.verify``).
     Raises ``ProtocolError`` whose ``reason`` names the drop counter: ``truncated``,
-    ``bad_version``, ``bad_flags``, ``bad_format``, ``bad_count`` (zero elements) or
+    ``bad_version``, ``bad_format``, ``bad_count`` (zero elements) or
     ``bad_length`` (payload is not exactly ``count`` elements; an empty one for BLOB).
     """
     view = memoryview(datagram)
@@ -151,15 +160,14 @@ def parse(datagram: bytes | bytearray | memoryview) -> tuple[Header, memoryview]
     hdr = Header._make(HEADER.unpack_from(view))
     if hdr.version != VERSION:
         raise ProtocolError(BAD_VERSION, f"version {hdr.version}, expected {VERSION}")
-    if hdr.flags & ~FLAGS_KNOWN:
-        raise ProtocolError(BAD_FLAGS, f"unknown flag bits 0x{hdr.flags & ~FLAGS_KNOWN:02x}")
     blob = hdr.format == Format.BLOB
     size = ELEMENT_SIZE.get(hdr.format)  # type: ignore[call-overload]
     if size is None and not blob:
         raise ProtocolError(BAD_FORMAT, f"payload format {hdr.format}")
     if hdr.count == 0:
         raise ProtocolError(BAD_COUNT, "zero elements")
-    payload = view[HEADER_SIZE:]
+    end = len(view) - TAG_SIZE if hdr.flags & FLAG_TAG else len(view)
+    payload = view[HEADER_SIZE:end]  # empty if a tagged datagram is too short for its tag
     if blob:
         if not len(payload):
             raise ProtocolError(BAD_LENGTH, "empty blob payload")

@@ -25,7 +25,7 @@ import pytest
 from ncina.aggregator.jobs import Address, JobConfig
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import Aggregator, Datagrams
-from ncina.proto.header import FLAG_POOL, FLAG_RESULT, INT_DTYPE
+from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE
 from ncina_testlib import (
     AGGREGATOR_BACKENDS,
     Cluster,
@@ -264,7 +264,7 @@ def bad_packets(trio: Cluster, slot: int) -> list[tuple[str, str, bytes]]:
         ("global.drops.truncated", "member", b"\x01\x00\x00\x00"),
         ("global.drops.truncated", "member", b""),
         ("global.drops.bad_version", "member", trio.packet(0, slot, **good, version=2)),
-        ("job.drops.bad_flags", "member", trio.packet(0, slot, **good, flags=0x80)),
+        ("job.drops.bad_tag", "member", trio.packet(0, slot, **good, flags=FLAG_TAG) + bytes(8)),
         ("job.drops.bad_flags", "member", trio.packet(0, slot, **good, flags=FLAG_RESULT)),
         ("job.drops.bad_format", "member", trio.packet(0, slot, codes=[0] * 8 * K, count=K,
                                                        format=1)),

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ncina.aggregator.jobs import JobConfig, parse_address, parse_member
 from ncina.aggregator.slots import Aggregator, JobSlots
 from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_DROP_REASONS, GlobalStats, JobStats
-from ncina.proto.header import FLAG_POOL, FLAG_RESULT, INT_DTYPE, Format, pack
+from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE, Format, pack
 from ncina_testlib import code_values, dissect, exact_sums, is_nc8_rounding, uplink
 
 JOB = 9
@@ -285,7 +285,8 @@ DROPS: list[tuple[str, str, dict[str, Any]]] = [
     ("bad_version", "global", {"version": 0, "job": 12345}),
     ("bad_flags", "job", {"flags": 0x08}),
     ("bad_flags", "job", {"flags": FLAG_RESULT}),
-    ("bad_flags", "global", {"flags": 0x80, "job": 12345}),
+    ("bad_tag", "job", {"flags": FLAG_TAG, "count": K, "codes": [1] * (K + 8)}),  # untagged job
+    ("bad_length", "global", {"flags": FLAG_TAG, "job": 12345}),  # no room for the tag
     ("bad_format", "job", {"format": Format.INT, "count": K, "codes": [0] * (8 * K)}),
     ("bad_format", "job", {"format": 7}),
     ("bad_count", "job", {"count": 0, "codes": []}),

@@ -95,7 +95,7 @@ def good(**kw: int) -> bytes:
     (b"", "truncated"),
     (good()[:15], "truncated"),
     (b"\x02" + good()[1:], "bad_version"),
-    (good()[:1] + b"\x80" + good()[2:], "bad_flags"),
+    (good()[:1] + b"\x80" + good()[2:], "bad_length"),  # TAG set: the last 8 bytes are no payload
     (good()[:2] + b"\x07" + good()[3:], "bad_format"),
     (good(count=0)[:-2], "bad_count"),
     (good()[:-1], "bad_length"),
