@@ -24,6 +24,7 @@ from ncina.aggregator.jobs import (
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import Aggregator
 from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT
+from ncina.proto.tag import key_file_argument
 from ncina.worker.compressors import create
 
 BACKENDS = ("python", "dpdk")
@@ -148,6 +149,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="seed of the random stream that re-compresses nc8 results (default: from the OS)",
     )
     parser.add_argument(
+        "--key-file",
+        type=key_file_argument,
+        default=None,
+        metavar="FILE",
+        help="the job's shared secret, 16-64 bytes as hex in FILE: every datagram of the job "
+        "must then carry a valid authentication tag, and results carry one "
+        "(docs/protocol.md, 'Authentication tag')",
+    )
+    parser.add_argument(
         "--generation",
         type=int,
         choices=range(1, MAX_GENERATION + 1),
@@ -213,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
         window_max=args.window_max,
         members=args.member,
         seed=args.seed,
+        key=args.key_file,
     )
     config.check_mtu(args.mtu)
     if (args.mode == "server") != (args.compressor is not None):
@@ -232,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("fault injection (--drop-up ...) is a python backend feature")
         if args.jobs_dir is not None:
             raise ValueError("--jobs-dir is a python backend feature")
+        if config.key is not None:
+            raise ValueError("the authentication tag (--key-file) is a python backend feature")
         return dpdk_driver.serve(config, args)
     generation = args.generation or 1 + secrets.randbelow(MAX_GENERATION)
     aggregator = Aggregator(generation)

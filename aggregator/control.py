@@ -2,7 +2,8 @@
 
 Each ``*.json`` file in the directory (``ncina aggregator --jobs-dir DIR``) is one job, with the
 keys of ``JobConfig.create``: ``job``, ``workers``, ``k``, ``result_format`` and optionally
-``pool_size``, ``window_max``, ``members`` (``{"RANK": "HOST:PORT"}``) and ``seed``. Writing a
+``pool_size``, ``window_max``, ``members`` (``{"RANK": "HOST:PORT"}``), ``seed`` and ``key`` (the
+authentication tag's secret as hex, docs/protocol.md). Writing a
 file adds its job, deleting it removes the job, while the other jobs keep running; a file whose
 content changes is the removal of the old job and the addition of the new one. Write a file
 atomically (to a temporary name not ending in ``.json``, then rename) so that a half-written one

@@ -9,13 +9,15 @@ tests check that the two agree.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import hmac
 from pathlib import Path
 
 from ncina.proto.header import TAG_SIZE
 
-__all__ = ["TAG_SIZE", "check_key", "compute", "key_from_hex", "read_key_file", "sign", "verify"]
+__all__ = ["TAG_SIZE", "check_key", "compute", "key_file_argument", "key_from_hex",
+           "read_key_file", "sign", "verify"]
 
 MIN_KEY_SIZE = 16  # 128 bits: shorter keys are refused, not padded
 MAX_KEY_SIZE = 64  # BLAKE2b's own limit
@@ -48,6 +50,14 @@ def read_key_file(path: str | Path) -> bytes:
         raise ValueError(f"key file {path}: {exc.strerror}") from None
     except ValueError as exc:
         raise ValueError(f"key file {path}: {exc}") from None
+
+
+def key_file_argument(text: str) -> bytes:
+    """An argparse ``type`` for ``--key-file FILE`` options: the key in that file."""
+    try:
+        return read_key_file(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def compute(key: bytes, message: bytes | bytearray | memoryview) -> bytes:

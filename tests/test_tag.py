@@ -3,11 +3,37 @@
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import numpy as np
 import pytest
 from ncina.aggregator.jobs import JobConfig
+from ncina.aggregator.slots import Aggregator
 from ncina.proto import tag
-from ncina.proto.header import FLAG_TAG, HEADER_SIZE, TAG_SIZE, pack, parse
+from ncina.proto.header import (
+    FLAG_RETX,
+    FLAG_TAG,
+    HEADER,
+    HEADER_SIZE,
+    INT_DTYPE,
+    NOTICE,
+    TAG_SIZE,
+    Header,
+    pack,
+    parse,
+)
+from ncina.worker.client import AllreduceClient
+from ncina_testlib import (
+    AGGREGATOR_BACKENDS,
+    Worker,
+    powers_of_two,
+    start_aggregator,
+    uplink,
+    worker_host,
+)
+
+pytestmark = pytest.mark.timeout(120)
 
 KEY = bytes(range(16))
 
@@ -74,3 +100,108 @@ def test_a_keyed_job_says_so_without_showing_its_key() -> None:
     # The tag is part of every result frame: the MTU check counts it.
     untagged = JobConfig.create(job=1, workers=2, k=8, result_format="int")
     assert config.result_frame_size == untagged.result_frame_size + TAG_SIZE
+
+
+# --- a keyed job in the aggregator's logic, without sockets --------------------------------------
+
+
+def keyed_aggregator(generation: int = 3) -> tuple[Aggregator, int]:
+    agg = Aggregator(generation)
+    config = JobConfig.create(job=7, workers=2, k=4, result_format="int", pool_size=4, key=KEY)
+    agg.add_job(config)
+    return agg, config.window.e_min
+
+
+def uplink_packet(
+    emin: int, rank: int, key: bytes | None = KEY, *, slot: int = 1, offset: int = 4, flags: int = 0
+) -> bytes:
+    """Rank ``rank``'s chunk of codes (2, -2, 1, 0), tagged with ``key`` (None: untagged)."""
+    flags |= FLAG_TAG if key is not None else 0
+    datagram = uplink(job=7, rank=rank, slot=slot, offset=offset, codes=[2, 0x82, 1, 0],
+                      emin=emin, flags=flags)  # fmt: skip
+    return datagram if key is None else tag.sign(key, datagram)
+
+
+def peer(rank: int) -> tuple[str, int]:
+    return ("10.0.0.1", 6000 + rank)
+
+
+def test_keyed_job_drops_every_unauthenticated_packet_before_it_changes_anything() -> None:
+    agg, emin = keyed_aggregator()
+    good = uplink_packet(emin, 0)
+    forged = [
+        uplink_packet(emin, 0, key=None),  # no tag at all
+        uplink_packet(emin, 0, key=bytes(16)),  # another key
+        good[:-1] + bytes([good[-1] ^ 1]),  # a changed tag
+        good[:20] + bytes([good[20] ^ 1]) + good[21:],  # a changed payload
+    ]
+    for datagram in forged:  # from rank 1's address: had it been believed, rank 0 is taken
+        assert agg.handle(datagram, peer(1)) == ()
+    stats = agg.jobs[7].stats.to_json()
+    assert stats["drops"]["bad_tag"] == len(forged) and stats["packets_in"] == len(forged)
+    assert stats["bytes_in"] == sum(len(d) for d in forged)
+    assert stats["contributions"] == 0 and agg.jobs[7].members == [None, None]
+    # The genuine packets still make a complete slot, and its results are tagged.
+    assert agg.handle(good, peer(0)) == ()
+    out = agg.handle(uplink_packet(emin, 1), peer(1))
+    assert [to for _, to in out] == [peer(0), peer(1)]
+    for rank, (datagram, _) in enumerate(out):
+        header, payload = parse(datagram)
+        assert header.flags & FLAG_TAG and header.rank == rank and tag.verify(KEY, datagram)
+        assert np.frombuffer(payload, dtype=INT_DTYPE).tolist() == [4, -4, 2, 0]
+
+
+def test_keyed_job_tags_its_notices() -> None:
+    agg, emin = keyed_aggregator(generation=3)
+    assert agg.handle(uplink_packet(emin, 0), peer(0)) == ()
+    (notice, to), = agg.handle(uplink_packet(emin, 0, flags=FLAG_RETX), peer(0))
+    assert to == peer(0) and len(notice) == HEADER_SIZE + NOTICE.size + TAG_SIZE
+    header = Header._make(HEADER.unpack_from(notice))  # count 0: not a datagram parse accepts
+    assert header.count == 0 and header.is_tagged and header.generation == 3
+    assert tag.verify(KEY, notice)
+    assert NOTICE.unpack_from(notice, HEADER_SIZE)[0] == 0b01
+
+
+# --- a keyed job end to end: the aggregator process and real clients ----------------------------
+
+
+@pytest.mark.parametrize("backend", AGGREGATOR_BACKENDS)
+def test_keyed_job_end_to_end(backend: str, tmp_path: Path) -> None:
+    workers, k, elements = 3, 64, 20_000
+    key_file = tmp_path / "job.key"
+    key_file.write_text(KEY.hex())
+    agg = start_aggregator(backend, tmp_path, job=7, workers=workers, k=k, result="int",
+                           extra=["--key-file", str(key_file)])  # fmt: skip
+    host = worker_host(backend)
+    try:
+        emin = JobConfig.create(job=7, workers=workers, k=k, result_format="int").window.e_min
+        forger = Worker(agg.address)
+        try:  # a rank's place taken by a packet with a wrong tag would stall rank 0 below
+            forger.send(uplink_packet(emin, 0, key=bytes(16), slot=0, offset=0))
+            forger.send(uplink_packet(emin, 0, key=None, slot=0, offset=0))
+        finally:
+            forger.close()
+        with (
+            AllreduceClient(agg.address, job=7, rank=0, workers=workers, k=k,
+                            result_format="int", bind=(host, 0), deadline=0.5) as stranger,
+            pytest.raises(TimeoutError),  # no key: not one of its packets is accepted
+        ):
+            stranger.allreduce(np.ones(100, dtype=np.float32))
+        inputs = [powers_of_two(elements, seed=r) for r in range(workers)]
+
+        def run(rank: int) -> np.ndarray:
+            with AllreduceClient(agg.address, job=7, rank=rank, workers=workers, k=k,
+                                 result_format="int", bind=(host, 0), key=KEY,
+                                 seed=rank) as client:  # fmt: skip
+                return client.allreduce(inputs[rank], op="sum")
+
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(run, range(workers)))
+        exact = np.sum(np.stack(inputs).astype(np.float64), axis=0)
+        for result in results:
+            np.testing.assert_array_equal(result, exact.astype(np.float32))
+        job = agg.stats()["jobs"]["7"]
+        assert job["drops"]["bad_tag"] >= 3 and job["drops"]["non_member"] == 0
+        assert job["slots_completed"] == -(-elements // k)
+    finally:
+        assert agg.stop() == 0, agg.log()

@@ -3,8 +3,9 @@
 The fake is a thread with a UDP socket that plays a whole job: it answers each uplink chunk at
 once with the result the real aggregator would send if every one of ``workers`` workers had sent
 the same chunk (so the mean is the input, exactly, for power-of-two inputs). It can drop the first
-copy of chunks of chosen slots, duplicate its results, and precede each result by stale, foreign
-and malformed datagrams.
+copy of chunks of chosen slots, duplicate its results, precede each result by stale, foreign
+and malformed datagrams, and play a keyed job (checking uplink tags, tagging its results, and
+preceding each result by a forgery: the same header with another payload and a wrong tag).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from ncina.proto import nc8
+from ncina.proto import nc8, tag
 from ncina.proto.header import (
     FLAG_POOL,
     FLAG_RESULT,
     FLAG_RETX,
+    FLAG_TAG,
     INT_DTYPE,
     Format,
     pack,
@@ -44,6 +46,7 @@ class FakeAggregator(threading.Thread):
         drop_first_in_slots: frozenset[int] = frozenset(),
         duplicate: bool = False,
         junk: bool = False,
+        key: bytes | None = None,
     ) -> None:
         super().__init__(daemon=True)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -59,6 +62,8 @@ class FakeAggregator(threading.Thread):
         self.uplink: list[tuple[int, int, int, int]] = []  # (flags, slot, offset, count)
         self.seen: set[tuple[int, int, int]] = set()
         self.junk_sent = 0
+        self.key = key
+        self.bad_uplink_tags = 0
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -68,6 +73,9 @@ class FakeAggregator(threading.Thread):
             except TimeoutError:
                 continue
             hdr, payload = parse(data)
+            if self.key is not None and not (hdr.is_tagged and tag.verify(self.key, data)):
+                self.bad_uplink_tags += 1
+                continue
             self.uplink.append((hdr.flags, hdr.slot, hdr.offset, hdr.count))
             chunk = (hdr.slot, hdr.pool, hdr.offset)
             first = chunk not in self.seen
@@ -84,6 +92,11 @@ class FakeAggregator(threading.Thread):
                     self.sock.sendto(datagram, peer)
                     self.junk_sent += 1
             result = pack(**fields, payload=body)
+            if self.key is not None:
+                fields["flags"] |= FLAG_TAG
+                forged = pack(**fields, payload=bytes(len(body)))
+                self.sock.sendto(tag.sign(bytes(reversed(self.key)), forged), peer)
+                result = tag.sign(self.key, pack(**fields, payload=body))
             self.sock.sendto(result, peer)
             if self.duplicate:
                 self.sock.sendto(result, peer)
@@ -156,6 +169,36 @@ def test_mean_and_sum_of_powers_of_two_are_exact(result: str) -> None:
     assert stats["packets_sent"] == stats["packets_received"] == 2 * chunks
     assert stats["retransmissions"] == stats["results_ignored"] == 0
     assert stats["allreduce_calls"] == 2 and stats["elements"] == 2 * x.size
+
+
+def test_keyed_job_tags_every_packet_and_ignores_forged_results() -> None:
+    key = bytes(range(100, 132))
+    x = powers_of_two(3000, seed=4)
+    with (
+        fake(workers=2, result=Format.INT, key=key, drop_first_in_slots=frozenset({1})) as agg,
+        client_for(agg.address, workers=2, result_format="int", key=key) as client,
+    ):
+        mean = client.allreduce(x)
+        stats = client.stats
+    np.testing.assert_array_equal(mean, x)
+    chunks = -(-x.size // 64)
+    # Every uplink packet verified at the fake, retransmissions (re-tagged with RETX) included.
+    assert agg.bad_uplink_tags == 0 and all(flags & FLAG_TAG for flags, *_ in agg.uplink)
+    assert any(flags & FLAG_RETX for flags, *_ in agg.uplink)
+    # A forgery came before each chunk's result, and each was ignored for its tag (more if a
+    # slow machine made a retransmission spurious: the fake answers every copy).
+    assert stats["bad_tag"] >= chunks and stats["results_ignored"] >= stats["bad_tag"]
+    assert stats["packets_sent"] == chunks + stats["retransmissions"]
+
+
+def test_untagged_client_gets_no_answer_from_a_keyed_job() -> None:
+    with (
+        fake(key=bytes(16)) as agg,
+        client_for(agg.address, deadline=0.3) as client,
+        pytest.raises(TimeoutError),
+    ):
+        client.allreduce(np.ones(10, dtype=np.float32))
+    assert agg.bad_uplink_tags >= 1 and not agg.uplink
 
 
 def test_lost_packets_are_resent_with_retx() -> None:

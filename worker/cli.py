@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ncina.proto.tag import key_file_argument
 from ncina.worker.client import OPS, RESULT_FORMATS, AllreduceClient
 
 
@@ -64,6 +65,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--deadline", type=float, default=10.0, metavar="S",
         help="give up after this many seconds without progress (default: %(default)s)",
     )
+    p.add_argument(
+        "--key-file", type=key_file_argument, default=None, metavar="FILE",
+        help="the job's shared secret (hex), if the aggregator's job has one: every datagram is "
+        "then tagged and results are verified",
+    )
     p.add_argument("--stats", type=Path, default=None, metavar="FILE", help="counters as JSON")
     return p
 
@@ -96,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         max_timeout=args.max_timeout,
         deadline=args.deadline,
+        key=args.key_file,
     ) as client:
         result = client.allreduce(x, op=args.op)
         stats = client.stats

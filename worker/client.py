@@ -18,7 +18,10 @@
 - restarts: the client learns the aggregator's generation from its first result and stamps it on
   every packet; a result or notice of another generation means the aggregator restarted and lost
   its slots, and the call fails at once with ``AggregatorRestartedError`` (docs/protocol.md,
-  "Generations and notices").
+  "Generations and notices");
+- authentication (optional, ``key``): every datagram carries the ``TAG`` flag and a keyed tag
+  (``ncina.proto.tag``); a datagram from the aggregator whose tag does not verify is ignored
+  before anything in it is believed (docs/protocol.md, "Authentication tag").
 
 Per-packet work is kept to a few Python operations: a result is accepted when its 16-byte header
 equals the header expected for the slot's outstanding chunk (one comparison that covers what
@@ -37,18 +40,20 @@ import time
 from types import TracebackType
 
 import numpy as np
-from ncina.proto import nc8
+from ncina.proto import nc8, tag
 from ncina.proto.header import (
     ELEMENT_SIZE,
     FLAG_POOL,
     FLAG_RESULT,
     FLAG_RETX,
+    FLAG_TAG,
     GENERATION_MASK,
     GENERATION_SHIFT,
     HEADER,
     HEADER_SIZE,
     INT_DTYPE,
     NOTICE,
+    TAG_SIZE,
     Format,
     pack_chunks,
 )
@@ -69,6 +74,7 @@ STAT_KEYS = (
     "timeouts",
     "results_ignored",
     "notices",
+    "bad_tag",
     "saturated",
     "allreduce_calls",
     "elements",
@@ -154,7 +160,8 @@ class AllreduceClient:
     stochastic rounding. ``timeout`` is the retransmission timeout until the first RTT sample,
     ``min_timeout``/``max_timeout`` the floor and cap of the adaptive one, ``deadline``
     the longest wait for any progress. After a ``TimeoutError`` the slot
-    sequence is out of step with the job's, so the client refuses further calls.
+    sequence is out of step with the job's, so the client refuses further calls. ``key`` is the
+    job's shared secret when the aggregator's job has one (``ncina.proto.tag``).
     """
 
     def __init__(
@@ -174,6 +181,7 @@ class AllreduceClient:
         min_timeout: float = 0.02,
         deadline: float = 10.0,
         bind: tuple[str, int] = ("0.0.0.0", 0),
+        key: bytes | None = None,
     ) -> None:
         if not 0 <= job < 1 << 16:
             raise ValueError(f"job must be in [0, 65535], got {job}")
@@ -187,6 +195,7 @@ class AllreduceClient:
             raise ValueError(f"result_format must be one of {sorted(RESULT_FORMATS)}")
         if deadline <= 0:
             raise ValueError(f"deadline must be positive, got {deadline}")
+        self.key = None if key is None else tag.check_key(key)
         self.job = job
         self.rank = rank
         self.workers = workers
@@ -316,6 +325,9 @@ class AllreduceClient:
             slots=slots, pools=pools,
         )
         frames[:, 1] |= self.generation << GENERATION_SHIFT
+        if self.key is not None:  # room for the tag after the longest chunk, and the flag
+            frames = np.pad(frames, ((0, 0), (0, TAG_SIZE)))
+            frames[:, 1] |= FLAG_TAG
         try:
             _Transfer(self, frames, lengths, pools, received).run()
         except BaseException as exc:  # the job's slots moved on without this worker's chunks
@@ -350,11 +362,15 @@ class _Transfer:
         self.sizes: list[int] = lengths.tolist()
         self.counts: list[int] = (lengths - HEADER_SIZE).tolist()
         self.element_size = ELEMENT_SIZE[client._format]
+        self.key = client.key
+        self.tag_size = 0 if client.key is None else TAG_SIZE
         # The header each chunk's result must carry, byte for byte: the uplink header with the
         # RESULT flag (no RETX) and the job's result format.
         expected = frames[:, :HEADER_SIZE].copy()
         expected[:, 1] = np.where(pools != 0, FLAG_RESULT | FLAG_POOL, FLAG_RESULT)
         expected[:, 1] |= client.generation << GENERATION_SHIFT
+        if client.key is not None:
+            expected[:, 1] |= FLAG_TAG
         expected[:, 2] = client._format
         self.expected = expected.tobytes()
         self.out = memoryview(received)
@@ -375,6 +391,10 @@ class _Transfer:
         start = i * self.row
         size = self.sizes[i]
         self.sent_at[slot] = now
+        if self.key is not None:  # the tag covers the flags as they are now (RETX, generation)
+            end = start + size
+            size += TAG_SIZE
+            self.frames[end : end + TAG_SIZE] = tag.compute(self.key, self.frames[start:end])
         try:
             self.client._sock.sendto(self.frames[start : start + size], self.client.aggregator)
         except BlockingIOError:
@@ -388,7 +408,7 @@ class _Transfer:
         begin = i * HEADER_SIZE
         self.current[slot] = i
         self.want_header[slot] = self.expected[begin : begin + HEADER_SIZE]
-        self.want_length[slot] = HEADER_SIZE + self.counts[i] * self.element_size
+        self.want_length[slot] = HEADER_SIZE + self.counts[i] * self.element_size + self.tag_size
         if slot:
             self.rto[slot] = self.client.timer.rto
         else:
@@ -408,6 +428,7 @@ class _Transfer:
             self.out, self.current, self.want_header, self.want_length,
         )
         stride = client.k * self.element_size
+        key, payload_end = self.key, -self.tag_size or None
         start, clock = self.start, time.monotonic
         now = clock()
         for i in range(min(s, chunks)):
@@ -426,7 +447,9 @@ class _Transfer:
                     received += 1
                     received_bytes += size
                     slot = (buf[8] << 8) | buf[9] if size >= HEADER_SIZE else s
-                    if slot < s and buf[1] & FLAG_RETX:
+                    if key is not None and not self.authentic(size):
+                        slot = s  # nothing in it is believed
+                    elif slot < s and buf[1] & FLAG_RETX:
                         buf[1] ^= FLAG_RETX  # an echoed RETX flag does not make it foreign
                     if (
                         slot >= s
@@ -437,7 +460,8 @@ class _Transfer:
                     else:
                         i = current[slot]
                         begin = i * stride
-                        out[begin : begin + size - HEADER_SIZE] = view[HEADER_SIZE:size]
+                        body = view[HEADER_SIZE:size][:payload_end]
+                        out[begin : begin + len(body)] = body
                         done += 1
                         last_progress = now
                         if slot == 0 and self.clean:
@@ -460,9 +484,10 @@ class _Transfer:
 
     def unexpected(self, size: int, slot: int) -> bool:
         """Look closer at a datagram in ``client._buf`` that is not the expected result of
-        ``slot`` (off the per-packet path): a notice is noted, another generation than the one
-        learned raises ``AggregatorRestartedError``, and the first result of a generation is
-        adopted. Returns True when the datagram is the expected result after all."""
+        ``slot`` (off the per-packet path; its tag, if the job has a key, is verified): a
+        notice is noted, another generation than the one learned raises
+        ``AggregatorRestartedError``, and the first result of a generation is adopted. Returns
+        True when the datagram is the expected result after all."""
         client = self.client
         buf = client._buf
         if slot >= client.pool_size or self.current[slot] < 0:  # slot >= S also if size < 16
@@ -480,7 +505,7 @@ class _Transfer:
                 f"a new client"
             )
         if count == 0:
-            if size == HEADER_SIZE + NOTICE.size:
+            if size == HEADER_SIZE + NOTICE.size + self.tag_size:
                 client._stats["notices"] += 1
                 self.notices[slot] = (offset, NOTICE.unpack_from(buf, HEADER_SIZE)[0])
             return False
@@ -500,6 +525,16 @@ class _Transfer:
             if i >= 0:
                 self.want_header[s] = self.expected[i * HEADER_SIZE : (i + 1) * HEADER_SIZE]
         return True
+
+    def authentic(self, size: int) -> bool:
+        """Whether the datagram of ``size`` bytes in ``client._buf`` carries the ``TAG`` flag
+        and a tag that verifies with the job's key (a failure is counted as ``bad_tag``)."""
+        buf = self.client._buf
+        key = self.key
+        if key is not None and buf[1] & FLAG_TAG and tag.verify(key, memoryview(buf)[:size]):
+            return True
+        self.client._stats["bad_tag"] += 1
+        return False
 
     def waiting_for(self, outstanding: list[int]) -> str:
         """The ranks the aggregator's latest notices about the outstanding chunks say it has no
