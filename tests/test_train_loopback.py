@@ -77,7 +77,8 @@ def test_ina_and_gloo_runs_and_their_summary(tmp_path: Path) -> None:
     # Loopback counts everything on one interface (both ranks, and the aggregator's results):
     # fewer bytes than gloo's fp32, but not per worker (tests/test_topo_mininet.py measures that).
     assert 0 < runs["ina"]["bytes_per_worker"] < runs["gloo"]["bytes_per_worker"]
-    assert runs["ina"]["fabric"]["packets_sent"] == WORLD * STEPS * CHUNKS
+    fabric = runs["ina"]["fabric"]  # a loaded machine may time out and re-send a chunk or two
+    assert fabric["packets_sent"] - fabric["retransmissions"] == WORLD * STEPS * CHUNKS
     assert runs["ina"]["aggregators"][0]["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS
     results = report.write(tmp_path, {"test": True}, runs)
     assert set(results["comparison"]) == {"bytes_ratio", "time_ratio", "accuracy_delta"}
