@@ -309,6 +309,23 @@ def test_round_trip_lengths(spec: str, n: int) -> None:
         assert np.linalg.norm(out - x) <= 4 * np.sqrt(n) * np.linalg.norm(x)
 
 
+@pytest.mark.parametrize("spec", [*SPECS, "qsgd:encoding=sparse,s=1,bucket=16", "topk:ratio=1"])
+def test_max_payload_size_bounds_every_payload(spec: str) -> None:
+    """No payload exceeds ``max_payload_size`` (what server mode sizes its chunks by), for
+    Gaussian, heavy-tailed, constant and alternating inputs, and the bound is not loose for the
+    fixed-size formats (within the two padding bytes it allows)."""
+    compressor = create(spec)
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 5, 63, 256, 1000):
+        bound = compressor.max_payload_size(n)
+        inputs = [rng.standard_normal(n), rng.standard_t(1, n), np.ones(n),
+                  np.where(np.arange(n) % 2, -1.0, 1.0)]  # fmt: skip
+        sizes = [len(compressor.compress(x.astype(np.float32), State(rng))) for x in inputs]
+        assert max(sizes) <= bound, (n, sizes, bound)
+        if not spec.startswith(("qsgd", "3lc")):
+            assert max(sizes) >= bound - 2, (n, sizes, bound)
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_zero_vector_stays_zero(spec: str) -> None:
     assert not roundtrip(spec, np.zeros(33, dtype=np.float32)).any()

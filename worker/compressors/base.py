@@ -12,12 +12,15 @@ A compressor turns a float32 tensor into ``bytes`` and back:
 - ``nominal_bits(n)``: bits per element of a payload for an ``n``-element tensor, from the
   format (fixed-size formats) or from the method's published bound (variable-length ones),
   header excluded; the benchmark reports the measured size next to it.
+- ``max_payload_size(n)``: bytes that no payload of an ``n``-element tensor exceeds, header
+  included: what server mode sizes its chunks by, so that every payload fits a datagram.
 
 Randomness and per-tensor memory live in :class:`State`, one per tensor.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -27,6 +30,10 @@ import numpy as np
 
 HEAD = struct.Struct("!BI")
 """Common payload header: method tag (uint8), element count n (uint32), network byte order."""
+
+SECTION_PADDING = 2
+"""Bytes a payload's bit sections may add by padding to whole bytes, over ``nominal_bits``:
+no method has more than two padded sections except QSGD, which has its own bound."""
 
 
 @dataclass
@@ -79,6 +86,16 @@ class Compressor(ABC):
     def nominal_bits(self, n: int) -> float:
         """Bits per element of the payload of an ``n``-element tensor, header excluded."""
 
+    def max_payload_size(self, n: int) -> int:
+        """Bytes no payload of an ``n``-element tensor exceeds, :data:`HEAD` included.
+
+        From ``nominal_bits``, which is the exact size of the fixed-size formats and an upper
+        bound for 3LC (its size before zero-run encoding, which never expands); a method whose
+        ``nominal_bits`` is not an upper bound (QSGD's published one) overrides this.
+        """
+        body = math.ceil(self.nominal_bits(n) * n / 8) if n else 0
+        return HEAD.size + self.layout.size + body + SECTION_PADDING
+
     @abstractmethod
     def compress(self, x: np.ndarray, state: State) -> bytes:
         """The payload of ``x`` (any shape, flattened); random choices from ``state.rng``."""
@@ -100,6 +117,19 @@ class Compressor(ABC):
         if tag != self.tag:
             raise ValueError(f"payload tag {tag} is not {self.name}'s ({self.tag})")
         return n, self.layout.unpack_from(payload, HEAD.size), memoryview(payload)[size:]
+
+
+def largest_fitting(compressor: Compressor, room: int, k: int) -> int:
+    """The largest chunk of at most ``k`` elements whose every payload fits ``room`` bytes
+    (``max_payload_size``), or 0 when not even one element's does."""
+    low, high = 0, k  # max_payload_size grows with n: bisect for the last n that fits
+    while low < high:
+        mid = (low + high + 1) // 2
+        if compressor.max_payload_size(mid) <= room:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def take(body: memoryview, size: int, what: str) -> tuple[memoryview, memoryview]:

@@ -43,6 +43,9 @@ class ErrorFeedback(Compressor):
     def nominal_bits(self, n: int) -> float:
         return self.inner.nominal_bits(n)
 
+    def max_payload_size(self, n: int) -> int:
+        return self.inner.max_payload_size(n)
+
     def compress(self, x: np.ndarray, state: State) -> bytes:
         v = as_vector(x)
         if state.residual is not None:

@@ -33,8 +33,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from ncina.worker.compressors.base import Compressor, State, as_vector, expect_end, take
+from ncina.worker.compressors.base import (
+    HEAD,
+    Compressor,
+    State,
+    as_vector,
+    expect_end,
+    take,
+)
 from ncina.worker.compressors.bits import (
+    omega_bits,
     omega_codes,
     omega_decode,
     omega_encode,
@@ -81,6 +89,21 @@ class QSGD(Compressor):
             return FLOAT_BITS / d + per
         k = s2 + math.sqrt(d)
         return (FLOAT_BITS + (3 + 1.5 * math.log2(2 * (s2 + d) / k)) * k) / d
+
+    def max_payload_size(self, n: int) -> int:
+        """A hard bound, unlike ``nominal_bits``: every element non-zero at the top level (taken
+        as ``s + 1``: a float32 norm rounded below the true one can push a level above ``s``),
+        and in the sparse stream every gap as long as a bucket."""
+        d = self._d(n)
+        buckets = -(-n // d)
+        top = omega_bits(np.array([self.s + 2]))  # the dense code of level s + 1
+        if self.encoding == "dense":
+            stream = n * top
+        else:
+            per_element = omega_bits(np.array([d])) + omega_bits(np.array([self.s + 1]))
+            stream = buckets * omega_bits(np.array([d + 1])) + n * per_element
+        return (HEAD.size + self.layout.size + 4 * buckets + packed_size(n)
+                + packed_size(stream))
 
     def compress(self, x: np.ndarray, state: State) -> bytes:
         v = as_vector(x)
