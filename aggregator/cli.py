@@ -18,6 +18,7 @@ from ncina.aggregator.jobs import (
     MAX_POOL_SIZE,
     MAX_WORKERS,
     JobConfig,
+    check_server_mtu,
     parse_address,
     parse_member,
 )
@@ -33,13 +34,16 @@ DESCRIPTION = f"""\
 Run an in-network aggregator for a job (more with --jobs-dir): workers send NC8-coded chunks over
 UDP, the aggregator adds them in 64-bit integer slots (SwitchML pool of --pool-size slots, two
 versions each) and sends each completed slot's sum back to every worker, re-compressed to NC8
-(--result nc8) or as exact integers (--result int); --mode server averages compressed payloads
-instead. The wire format is docs/protocol.md.
+(--result nc8) or as exact integers (--result int). --mode server --compressor SPEC is for
+compressors whose payloads a switch cannot add: each worker's payload is decompressed, the
+float mean re-compressed with SPEC and sent back (no --result). The wire format is
+docs/protocol.md.
 
 On start it prints one line on stderr, "ncina aggregator: listening on HOST:PORT ...", once the
 socket is bound. SIGUSR1 writes the stats now; SIGTERM and SIGINT write them and exit with 0.
 Limits: 1 <= --workers <= {MAX_WORKERS}, 1 <= --k <= {MAX_K}, 1 <= --pool-size <= {MAX_POOL_SIZE},
-and a full result frame (Ethernet + IPv4 + UDP + 16-byte header + K elements) must fit --mtu.
+and a full result frame (Ethernet + IPv4 + UDP + 16-byte header + K elements, in server mode the
+compressor's largest payload of K elements) must fit --mtu.
 """
 
 
@@ -99,17 +103,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--result",
         choices=[f.name.lower() for f in ELEMENT_SIZE],
-        required=True,
-        help="result payload: nc8 (sums re-compressed to NC8, 1 byte per element) or int "
-        "(exact sums, 8 bytes per element)",
+        default=None,
+        help="INA mode's result payload (required there): nc8 (sums re-compressed to NC8, 1 byte "
+        "per element) or int (exact sums, 8 bytes per element); server mode's results are "
+        "always the compressor's payloads (blob), so it takes none",
     )
     parser.add_argument(
         "--mode",
         choices=("ina", "server"),
         default="ina",
         help="ina: NC8 contributions summed as integers (default); server: --compressor payloads "
-        "decompressed, averaged in float and the mean re-compressed (python backend; --result "
-        "is then unused)",
+        "decompressed, averaged in float and the mean re-compressed with the same compressor "
+        "(python backend)",
     )
     parser.add_argument(
         "--compressor",
@@ -214,21 +219,29 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Validate the job, start the chosen backend and serve until SIGTERM/SIGINT."""
+    if (args.mode == "server") != (args.compressor is not None):
+        raise ValueError("--compressor goes with --mode server, and --mode server needs one")
+    if args.mode == "ina" and args.result is None:
+        raise ValueError("INA mode needs --result nc8 or --result int")
+    if args.mode == "server" and args.result is not None:
+        raise ValueError("server mode's results are compressor payloads: drop --result")
     config = JobConfig.create(
         job=args.job,
         workers=args.workers,
         k=args.k,
-        result_format=args.result,
+        # Server mode has no result format of its own: ServerSlots sends blobs, nc8 is a filler.
+        result_format=args.result or "nc8",
         pool_size=args.pool_size,
         window_max=args.window_max,
         members=args.member,
         seed=args.seed,
         key=args.key_file,
     )
-    config.check_mtu(args.mtu)
-    if (args.mode == "server") != (args.compressor is not None):
-        raise ValueError("--compressor goes with --mode server, and --mode server needs one")
     compressor = create(args.compressor) if args.compressor is not None else None
+    if compressor is None:
+        config.check_mtu(args.mtu)
+    else:
+        check_server_mtu(config, compressor, args.mtu)
     faults = FaultConfig(
         drop_up=args.drop_up,
         drop_down=args.drop_down,

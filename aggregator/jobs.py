@@ -16,6 +16,7 @@ from types import MappingProxyType
 from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, TAG_SIZE, Format
 from ncina.proto.nc8 import Window
 from ncina.proto.tag import check_key, key_from_hex
+from ncina.worker.compressors.base import Compressor, largest_fitting
 
 Address = tuple[str, int]
 """An IPv4 UDP endpoint as ``socket.recvfrom`` reports it: ``(dotted quad, port)``."""
@@ -163,6 +164,27 @@ class JobConfig:
             f"more than MTU {mtu} + {ETHERNET_HEADER}; the largest k for {name} results at "
             f"this MTU is {largest}"
         )
+
+
+def check_server_mtu(config: JobConfig, compressor: Compressor, mtu: int) -> None:
+    """Server mode: raise ``ValueError`` unless the compressor's largest payload of ``k``
+    elements (``Compressor.max_payload_size``) fits a result frame on a link of this MTU.
+
+    Workers cut their chunks so that every payload fits their MTU (at most ``k`` elements), and a
+    server result of ``count`` elements is bounded like the uplink payload of ``count``; this
+    check makes ``k`` itself a chunk that fits, so that a worker at the default chunk size needs
+    no smaller one.
+    """
+    tag = TAG_SIZE if config.key is not None else 0
+    room = mtu + ETHERNET_HEADER - FRAME_OVERHEAD - tag
+    if compressor.max_payload_size(config.k) <= room:
+        return
+    raise ValueError(
+        f"a {compressor.name} result of k={config.k} elements may take "
+        f"{compressor.max_payload_size(config.k)} payload bytes, more than the {room} a frame "
+        f"has at MTU {mtu}; the largest k for {compressor.name} at this MTU is "
+        f"{largest_fitting(compressor, room, config.k)}"
+    )
 
 
 def _check_range(what: str, value: int, low: int, high: int, why: str = "") -> None:

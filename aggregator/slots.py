@@ -52,6 +52,7 @@ NON_MEMBER = "non_member"
 WINDOW_MISMATCH = "window_mismatch"
 BAD_SLOT = "bad_slot"
 BAD_CODE = "bad_code"
+BAD_PAYLOAD = "bad_payload"
 CHUNK_MISMATCH = "chunk_mismatch"
 STALE_GENERATION = "stale_generation"
 BAD_TAG = "bad_tag"
@@ -93,6 +94,7 @@ class JobSlots:
 
     _uplink_format = _NC8
     _accumulator_dtype: type = np.int64
+    _undecodable = BAD_CODE  # the drop reason of a payload ``_decode`` rejects
 
     def __init__(self, config: JobConfig, stats: JobStats | None = None) -> None:
         self.config = config
@@ -161,7 +163,7 @@ class JobSlots:
             return self._drop(BAD_COUNT)
         values = self._decode(payload, count)
         if values is None:
-            return self._drop(BAD_CODE)
+            return self._drop(self._undecodable)
         if known is None:
             self.members[rank] = source
         if flags & FLAG_RETX:
@@ -298,14 +300,16 @@ class ServerSlots(JobSlots):
 
     Each contribution is decompressed with ``compressor`` on arrival and added in float32; a
     complete slot's mean is compressed with ``compressor`` and that payload is the stored result.
-    A payload that does not decode to exactly ``count`` elements is dropped as ``bad_code``.
-    ``compressor`` keeps one ``State`` per chunk offset, so with an error-feedback compressor
-    (``ef+`` spec, or a method defined with it) the server compensates its own compression error
-    chunk by chunk: DoubleSqueeze's server-side error feedback. The job's result format is unused.
+    A payload that does not decode to exactly ``count`` elements is dropped as ``bad_payload``.
+    ``compressor`` keeps one ``State`` per chunk (offset and length), so with an error-feedback
+    compressor (``ef+`` spec, or a method defined with it) the server compensates its own
+    compression error chunk by chunk: DoubleSqueeze's server-side error feedback. The job's
+    result format is unused.
     """
 
     _uplink_format = int(Format.BLOB)
     _accumulator_dtype = np.float32
+    _undecodable = BAD_PAYLOAD
 
     def __init__(
         self, config: JobConfig, compressor: Compressor, stats: JobStats | None = None

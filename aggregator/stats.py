@@ -28,6 +28,7 @@ JOB_DROP_REASONS = (
     "window_mismatch",
     "bad_slot",
     "bad_code",
+    "bad_payload",
     "chunk_mismatch",
     "stale_generation",
 )

@@ -99,7 +99,7 @@ def launch_aggregator(
     job: int,
     workers: int,
     k: int,
-    result: str,
+    result: str | None,
     extra: Sequence[str] = (),
     listen: str = "127.0.0.1:0",
 ) -> RunningAggregator:
@@ -112,7 +112,7 @@ def launch_aggregator(
     log_path = workdir / "aggregator.log"
     arguments = [
         "--listen", listen, "--job", str(job), "--workers", str(workers), "--k", str(k),
-        "--result", result, "--stats", str(stats_path), *extra,
+        "--stats", str(stats_path), *(["--result", result] if result else []), *extra,
     ]  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(

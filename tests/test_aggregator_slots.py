@@ -352,9 +352,10 @@ def test_drop_reasons_are_the_documented_counters() -> None:
     keys |= set(JOB_DROP_REASONS) | set(GLOBAL_DROP_REASONS)
     keys |= {"schema", "backend", "started", "time", "global", "jobs", "drops"}
     assert keys <= documented, keys - documented
-    # stale_generation is answered with a notice: tests/test_failures.py
+    # stale_generation is answered with a notice: tests/test_failures.py; bad_payload is
+    # server mode's: tests/test_server_mode.py
     assert set(JOB_DROP_REASONS) | set(GLOBAL_DROP_REASONS) == {r for r, _, _ in DROPS} | {
-        "internal_error", "stale_generation"
+        "internal_error", "stale_generation", "bad_payload"
     }
 
 

@@ -86,7 +86,7 @@ def test_mean_is_recompressed_and_stored_result_resent() -> None:
     ("payload", "count"), [(b"\xff\x00", 20), (None, 19)], ids=["undecodable", "wrong_count"]
 )
 def test_malformed_blob_dropped_and_counted(payload: bytes | None, count: int) -> None:
-    """A blob that does not decode to exactly ``count`` elements is dropped as ``bad_code`` and
+    """A blob that does not decode to exactly ``count`` elements is dropped as ``bad_payload`` and
     leaves the slot untouched; an NC8 packet is the wrong format for a server-mode job."""
     aggregator, slots = server(2, "topk:ratio=0.25")
     good = slots.compressor.compress(np.ones(20, np.float32), State())
@@ -95,14 +95,15 @@ def test_malformed_blob_dropped_and_counted(payload: bytes | None, count: int) -
     nc8 = pack(job=JOB, rank=0, slot=0, offset=0, count=1, emin=slots.config.window.e_min,
                payload=b"\x00")  # fmt: skip
     assert aggregator.handle(nc8, address(0)) == ()
-    assert slots.stats.drops["bad_code"] == 1 and slots.stats.drops["bad_format"] == 1
+    assert slots.stats.drops["bad_payload"] == 1 and slots.stats.drops["bad_format"] == 1
+    assert slots.stats.drops["bad_code"] == 0
     assert aggregator.handle(blob(slots, 0, good, slot=0, offset=0, count=20), address(0)) == ()
     assert len(aggregator.handle(blob(slots, 1, good, slot=0, offset=0, count=20),
                                  address(1))) == 2  # fmt: skip
 
 
 def test_forged_element_count_is_dropped_before_decompressing() -> None:
-    """A blob claiming 2**32 - 1 elements for a 20-element chunk is dropped as bad_code without
+    """A blob claiming 2**32 - 1 elements for a 20-element chunk is dropped as bad_payload without
     being decompressed (which would allocate gigabytes)."""
     import struct
     import tracemalloc
@@ -116,7 +117,7 @@ def test_forged_element_count_is_dropped_before_decompressing() -> None:
     finally:
         tracemalloc.stop()
     assert out == ()
-    assert slots.stats.drops["bad_code"] == 1
+    assert slots.stats.drops["bad_payload"] == 1
     assert peak < 1 << 20
 
 
@@ -192,7 +193,7 @@ def test_server_mode_end_to_end_on_loopback(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.settimeout(10)
     aggregator = start_aggregator(
-        "python", tmp_path, job=JOB, workers=workers, k=K, result="nc8",
+        "python", tmp_path, job=JOB, workers=workers, k=K, result=None,
         extra=["--mode", "server", "--compressor", spec, "--seed", "1"],
     )  # fmt: skip
     try:
