@@ -206,18 +206,67 @@ def pack_chunks(
     counts = np.full(chunks, k, dtype=np.int64)
     if rest:
         counts[-1] = rest
-    hdr = frames[:, :HEADER_SIZE].view(HEADER_DTYPE)[:, 0]
-    hdr["version"] = VERSION
-    hdr["flags"] = np.where(pools != 0, FLAG_POOL, 0)
-    hdr["format"] = Format.NC8
-    hdr["emin"] = emin
-    hdr["job"] = job
-    hdr["rank"] = rank
-    hdr["slot"] = slots
-    hdr["count"] = counts
-    hdr["offset"] = base_offset + np.arange(chunks, dtype=np.int64) * k
+    offsets = base_offset + np.arange(chunks, dtype=np.int64) * k
+    _fill_headers(frames, Format.NC8, emin, job, rank, slots, pools, counts, offsets)
     body = frames[:, HEADER_SIZE:]
     body[:whole] = codes[: whole * k].reshape(whole, k)
     if rest:
         body[whole, :rest] = codes[whole * k :]
     return frames, HEADER_SIZE + counts
+
+
+def pack_blobs(
+    payloads: list[bytes],
+    *,
+    counts: np.ndarray,
+    offsets: np.ndarray,
+    job: int,
+    rank: int,
+    emin: int,
+    slots: np.ndarray,
+    pools: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pack server mode's uplink datagrams: one BLOB per chunk, ``payloads[i]`` standing for
+    ``counts[i]`` elements at ``offsets[i]``.
+
+    Returns ``(frames, lengths)`` as :func:`pack_chunks` does: row ``i`` is chunk ``i``'s datagram
+    padded to the longest one, ``lengths[i]`` its real length.
+    """
+    chunks = len(payloads)
+    if not chunks or any(not p for p in payloads):
+        raise ValueError("every blob chunk needs a non-empty payload")
+    sizes = np.array([len(p) for p in payloads], dtype=np.int64)
+    frames = np.zeros((chunks, HEADER_SIZE + int(sizes.max())), dtype=np.uint8)
+    _fill_headers(frames, Format.BLOB, emin, job, rank, slots, pools, counts, offsets)
+    for row, payload in zip(frames, payloads, strict=True):
+        row[HEADER_SIZE : HEADER_SIZE + len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+    return frames, HEADER_SIZE + sizes
+
+
+def _fill_headers(
+    frames: np.ndarray,
+    fmt: Format,
+    emin: int,
+    job: int,
+    rank: int,
+    slots: np.ndarray,
+    pools: np.ndarray,
+    counts: np.ndarray,
+    offsets: np.ndarray,
+) -> None:
+    """Write the uplink header of every chunk into the first 16 bytes of its row of ``frames``."""
+    chunks = frames.shape[0]
+    for name, column in (("slots", slots), ("pools", pools), ("counts", counts),
+                         ("offsets", offsets)):  # fmt: skip
+        if np.shape(column) != (chunks,):
+            raise ValueError(f"{name} must have one entry per chunk ({chunks})")
+    hdr = frames[:, :HEADER_SIZE].view(HEADER_DTYPE)[:, 0]
+    hdr["version"] = VERSION
+    hdr["flags"] = np.where(pools != 0, FLAG_POOL, 0)
+    hdr["format"] = fmt
+    hdr["emin"] = emin
+    hdr["job"] = job
+    hdr["rank"] = rank
+    hdr["slot"] = slots
+    hdr["count"] = counts
+    hdr["offset"] = offsets

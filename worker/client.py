@@ -21,7 +21,12 @@
   "Generations and notices");
 - authentication (optional, ``key``): every datagram carries the ``TAG`` flag and a keyed tag
   (``ncina.proto.tag``); a datagram from the aggregator whose tag does not verify is ignored
-  before anything in it is believed (docs/protocol.md, "Authentication tag").
+  before anything in it is believed (docs/protocol.md, "Authentication tag");
+- compressors (optional, ``compressor``, docs/compressors.md): in INA mode a method whose
+  payloads a switch can add (``ina``) quantizes the tensor first, and its powers of two go out as
+  NC8 codes as above; in server mode (``mode="server"``, any method) every chunk is one BLOB, the
+  method's payload of the chunk, and the aggregator sends back the compressed mean
+  (docs/protocol.md, "Server mode"). The same slot machinery carries both.
 
 Per-packet work is kept to a few Python operations: a result is accepted when its 16-byte header
 equals the header expected for the slot's outstanding chunk (one comparison that covers what
@@ -37,6 +42,7 @@ import math
 import select
 import socket
 import time
+from collections.abc import Hashable
 from types import TracebackType
 
 import numpy as np
@@ -50,18 +56,25 @@ from ncina.proto.header import (
     GENERATION_MASK,
     GENERATION_SHIFT,
     HEADER,
+    HEADER_DTYPE,
     HEADER_SIZE,
     INT_DTYPE,
     NOTICE,
     TAG_SIZE,
     Format,
+    pack_blobs,
     pack_chunks,
 )
+from ncina.worker.compressors import Compressor, State, create
+from ncina.worker.compressors.base import largest_fitting
 
 log = logging.getLogger(__name__)
 
 RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT}
 OPS = ("mean", "sum")
+MODES = ("ina", "server")
+DEFAULT_MTU = 1500
+IP_UDP_HEADERS = 20 + 8  # IPv4 without options, UDP
 MAX_DATAGRAM = 65535
 SOCKET_BUFFER = 4 << 20  # requested SO_RCVBUF/SO_SNDBUF; the kernel caps it at rmem_max/wmem_max
 
@@ -84,6 +97,17 @@ STAT_KEYS = (
 class AggregatorRestartedError(RuntimeError):
     """The aggregator restarted (a result or notice of another generation): the slot state of
     the all-reduce in progress is lost, so it cannot complete; nothing partial is returned."""
+
+
+def check_mode(compressor: Compressor, mode: str) -> None:
+    """Raise ``ValueError`` unless ``compressor`` can run in ``mode`` (``ina`` or ``server``)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "ina" and not compressor.ina:
+        raise ValueError(
+            f"{compressor.name} payloads cannot be summed by a switch, so it cannot run in INA "
+            "mode: use --mode server (the aggregator decompresses, averages and re-compresses)"
+        )
 
 
 class RtoEstimator:
@@ -162,6 +186,16 @@ class AllreduceClient:
     the longest wait for any progress. After a ``TimeoutError`` the slot
     sequence is out of step with the job's, so the client refuses further calls. ``key`` is the
     job's shared secret when the aggregator's job has one (``ncina.proto.tag``).
+
+    ``compressor`` is a spec ``[ef+]name[:k=v]`` (docs/compressors.md) and ``mode`` where the sum
+    is made: ``ina`` (the switch adds NC8 codes; the method must be ``ina``: it quantizes, NC8
+    carries its values) or ``server`` (the aggregator runs the same spec: see the module doc).
+    In server mode ``result_format`` is unused and each chunk holds at most ``k`` elements, fewer
+    when the method's largest payload (``max_payload_size``) would not fit a datagram on a link of
+    ``mtu`` bytes. Compressor state (random stream, error-feedback memory) is kept per tensor in
+    INA mode and per chunk in server mode, where every tensor also gets its own range of offsets
+    (so that the server's error-feedback memory, kept per offset and length, is its own): see
+    :meth:`allreduce`'s ``tensor``.
     """
 
     def __init__(
@@ -182,6 +216,9 @@ class AllreduceClient:
         deadline: float = 10.0,
         bind: tuple[str, int] = ("0.0.0.0", 0),
         key: bytes | None = None,
+        compressor: str | None = None,
+        mode: str = "ina",
+        mtu: int = DEFAULT_MTU,
     ) -> None:
         if not 0 <= job < 1 << 16:
             raise ValueError(f"job must be in [0, 65535], got {job}")
@@ -207,6 +244,23 @@ class AllreduceClient:
         self.timer = RtoEstimator(timeout, max_timeout, min_timeout)
         self._format = RESULT_FORMATS[result_format]
         self._rng = np.random.default_rng(seed)
+        self.compressor = None if compressor is None else create(compressor)
+        self.mode = mode
+        if self.compressor is None and mode != "ina":
+            raise ValueError(f"mode {mode!r} needs a compressor")
+        self.chunk = k  # elements per chunk
+        if self.compressor is not None:
+            check_mode(self.compressor, mode)
+        if mode == "server":
+            self._format = Format.BLOB
+            room = mtu - IP_UDP_HEADERS - HEADER_SIZE - (0 if self.key is None else TAG_SIZE)
+            self.chunk = largest_fitting(self.compressor, room, k)
+            if not self.chunk:
+                raise ValueError(f"no {compressor} payload fits a datagram at MTU {mtu}")
+        # Per (tensor, size): the first offset of its range (server mode) and the compressor
+        # states, by offset of its chunk (server mode) or of the tensor (INA mode).
+        self._ranges: dict[tuple[Hashable, int], int] = {}
+        self._states: dict[int, State] = {}
         self.generation = 0  # the aggregator's, from its first result (0: not known yet)
         # Pool version each slot takes on its next use; flips per use, across calls.
         self._next_pool = np.zeros(pool_size, dtype=np.int64)
@@ -264,13 +318,20 @@ class AllreduceClient:
     ) -> None:
         self.close()
 
-    def allreduce(self, x: np.ndarray, op: str = "mean") -> np.ndarray:
+    def allreduce(
+        self, x: np.ndarray, op: str = "mean", tensor: Hashable = None
+    ) -> np.ndarray:
         """Sum (``op="sum"``) or average (``"mean"``) ``x`` over the job's workers.
 
         ``x`` is a floating-point array (cast to float32); the result is float32 of the same
         shape. NaN or infinity raises ``ValueError`` before anything is sent. Raises
         ``TimeoutError`` when no valid result arrives for ``deadline`` seconds, and
         ``AggregatorRestartedError`` when the aggregator restarted during the call.
+
+        ``tensor`` names the tensor for the compressor's state: calls with the same name and
+        size continue one tensor (its error-feedback memory, its offsets in server mode), and
+        every worker must make the same calls in the same order. Without a compressor it is
+        unused.
         """
         if op not in OPS:
             raise ValueError(f"op must be one of {OPS}, got {op!r}")
@@ -283,6 +344,14 @@ class AllreduceClient:
         n = flat.size
         if n >= 1 << 32:
             raise ValueError(f"{n} elements do not fit the 32-bit offset field")
+        if self.mode == "server":
+            total = self._server_allreduce(flat, tensor)
+            if op == "sum":
+                total *= np.float32(self.workers)
+            return total.reshape(x.shape)
+        if self.compressor is not None:  # an INA method: its values are NC8-exact powers of two
+            state = self._state(self._range(tensor, n))
+            flat = self.compressor.decompress(self.compressor.compress(flat, state))
         encoded = nc8.encode(flat, self.window, self._rng)
         self._stats["allreduce_calls"] += 1
         self._stats["elements"] += n
@@ -296,7 +365,13 @@ class AllreduceClient:
             return np.zeros(x.shape, dtype=np.float32)
         element_size = ELEMENT_SIZE[self._format]
         received = bytearray(n * element_size)
-        self._exchange(encoded.codes, received)
+        chunks = -(-n // self.k)
+        slots, pools = self._schedule(chunks)
+        frames, lengths = pack_chunks(
+            encoded.codes, k=self.k, job=self.job, rank=self.rank, emin=self.window.e_min,
+            slots=slots, pools=pools,
+        )
+        self._exchange(frames, lengths, pools, received)
         if self._format == Format.NC8:
             total = nc8.decode(np.frombuffer(received, dtype=np.uint8), self.window)
         else:
@@ -305,6 +380,65 @@ class AllreduceClient:
         if op == "mean":
             total /= np.float32(self.workers)
         return total.reshape(x.shape)
+
+    def _server_allreduce(self, flat: np.ndarray, tensor: Hashable) -> np.ndarray:
+        """Server mode: the mean of ``flat`` (float32, 1-D) over the workers, one BLOB a chunk.
+
+        Each chunk is compressed once (a retransmission re-sends the same payload) with its own
+        state; the results are the server's compressed means, decompressed into the output.
+        """
+        assert self.compressor is not None
+        n, c = flat.size, self.chunk
+        self._stats["allreduce_calls"] += 1
+        self._stats["elements"] += n
+        if n == 0:
+            return np.zeros(0, dtype=np.float32)
+        starts = np.arange(0, n, c, dtype=np.int64)
+        counts = np.minimum(c, n - starts)
+        offsets = self._range(tensor, n) + starts
+        payloads = [
+            self.compressor.compress(flat[start : start + c], self._state(int(offset)))
+            for start, offset in zip(starts.tolist(), offsets.tolist(), strict=True)
+        ]
+        slots, pools = self._schedule(starts.size)
+        frames, lengths = pack_blobs(
+            payloads, counts=counts, offsets=offsets, job=self.job, rank=self.rank,
+            emin=self.window.e_min, slots=slots, pools=pools,
+        )
+        results: list[bytes] = [b""] * starts.size
+        self._exchange(frames, lengths, pools, results)
+        out = np.empty(n, dtype=np.float32)
+        for start, count, payload in zip(starts.tolist(), counts.tolist(), results, strict=True):
+            values = self.compressor.decompress(payload)
+            if values.size != count:
+                raise ValueError(
+                    f"allreduce: a result for {count} elements decodes to {values.size}"
+                )
+            out[start : start + count] = values
+        return out
+
+    def _range(self, tensor: Hashable, n: int) -> int:
+        """The first offset of the range of ``n`` offsets of ``tensor`` (allocated on first
+        use, one after the other, so every worker allocates the same ranges)."""
+        key = (tensor, n)
+        base = self._ranges.get(key)
+        if base is None:
+            base = sum(size for _, size in self._ranges)
+            if base + n > 1 << 32:
+                raise ValueError(
+                    f"tensor {tensor!r} of {n} elements: the tensors so far ({base} elements) "
+                    "and it do not fit the 32-bit offset field"
+                )
+            self._ranges[key] = base
+        return base
+
+    def _state(self, offset: int) -> State:
+        """The compressor state of the chunk (or INA tensor) at ``offset``; the random stream
+        is the client's."""
+        state = self._states.get(offset)
+        if state is None:
+            state = self._states[offset] = State(rng=self._rng)
+        return state
 
     def _schedule(self, chunks: int) -> tuple[np.ndarray, np.ndarray]:
         """Slot and pool version of each chunk of a tensor; advances the per-slot versions."""
@@ -316,14 +450,16 @@ class AllreduceClient:
         self._next_pool ^= uses & 1
         return slots, pools
 
-    def _exchange(self, codes: np.ndarray, received: bytearray) -> None:
-        """Send every chunk of ``codes``; copy each chunk's result payload into ``received``."""
-        chunks = -(-codes.size // self.k)
-        slots, pools = self._schedule(chunks)
-        frames, lengths = pack_chunks(
-            codes, k=self.k, job=self.job, rank=self.rank, emin=self.window.e_min,
-            slots=slots, pools=pools,
-        )
+    def _exchange(
+        self,
+        frames: np.ndarray,
+        lengths: np.ndarray,
+        pools: np.ndarray,
+        received: bytearray | list[bytes],
+    ) -> None:
+        """Send every chunk of ``frames`` (``pack_chunks`` or ``pack_blobs``); put each chunk's
+        result payload into ``received``: at its place for fixed-size formats, as item ``i``
+        of the list for BLOBs."""
         frames[:, 1] |= self.generation << GENERATION_SHIFT
         if self.key is not None:  # room for the tag after the longest chunk, and the flag
             frames = np.pad(frames, ((0, 0), (0, TAG_SIZE)))
@@ -344,6 +480,10 @@ class _Transfer:
     per RTT), which keeps the estimator off the per-packet path; ``clean`` says slot 0's chunk was
     sent once (Karn). After a retransmission slot 0's next chunk keeps the backed-off timeout, so
     that a path slower than the RTO still yields a sample.
+
+    Results of a fixed-size format (``received`` a buffer) have a known length and are copied to
+    their place in it; BLOB results (``received`` a list, ``want_length`` 0) have any length that
+    holds more than a header and are stored as item ``i`` of the list.
     """
 
     def __init__(
@@ -352,7 +492,7 @@ class _Transfer:
         frames: np.ndarray,
         lengths: np.ndarray,
         pools: np.ndarray,
-        received: bytearray,
+        received: bytearray | list[bytes],
     ) -> None:
         self.client = client
         self.chunks = frames.shape[0]
@@ -360,8 +500,10 @@ class _Transfer:
         self.frame_array = frames
         self.frames = memoryview(frames.reshape(-1))
         self.sizes: list[int] = lengths.tolist()
-        self.counts: list[int] = (lengths - HEADER_SIZE).tolist()
-        self.element_size = ELEMENT_SIZE[client._format]
+        headers = frames[:, :HEADER_SIZE].view(HEADER_DTYPE)[:, 0]
+        self.counts: list[int] = headers["count"].tolist()
+        self.offsets: list[int] = headers["offset"].tolist()
+        self.element_size = ELEMENT_SIZE.get(client._format, 0)  # 0: BLOB, any length
         self.key = client.key
         self.tag_size = 0 if client.key is None else TAG_SIZE
         # The header each chunk's result must carry, byte for byte: the uplink header with the
@@ -373,7 +515,8 @@ class _Transfer:
             expected[:, 1] |= FLAG_TAG
         expected[:, 2] = client._format
         self.expected = expected.tobytes()
-        self.out = memoryview(received)
+        self.blobs = received if isinstance(received, list) else []
+        self.out = memoryview(received if isinstance(received, bytearray) else b"")
         s = client.pool_size
         self.current = [-1] * s
         self.want_header: list[bytes | None] = [None] * s
@@ -408,7 +551,10 @@ class _Transfer:
         begin = i * HEADER_SIZE
         self.current[slot] = i
         self.want_header[slot] = self.expected[begin : begin + HEADER_SIZE]
-        self.want_length[slot] = HEADER_SIZE + self.counts[i] * self.element_size + self.tag_size
+        self.want_length[slot] = (
+            HEADER_SIZE + self.counts[i] * self.element_size + self.tag_size
+            if self.element_size else 0
+        )
         if slot:
             self.rto[slot] = self.client.timer.rto
         else:
@@ -424,9 +570,10 @@ class _Transfer:
         recv_into, poll = client._sock.recv_into, client._poll.poll
         buf = client._buf
         view = memoryview(buf)
-        out, current, want_header, want_length = (
-            self.out, self.current, self.want_header, self.want_length,
+        out, blobs, current, want_header, want_length = (
+            self.out, self.blobs, self.current, self.want_header, self.want_length,
         )
+        shortest_blob = HEADER_SIZE + self.tag_size + 1
         stride = client.k * self.element_size
         key, payload_end = self.key, -self.tag_size or None
         start, clock = self.start, time.monotonic
@@ -453,15 +600,21 @@ class _Transfer:
                         buf[1] ^= FLAG_RETX  # an echoed RETX flag does not make it foreign
                     if (
                         slot >= s
-                        or size != want_length[slot]
+                        or (
+                            size != want_length[slot]
+                            and (want_length[slot] or size < shortest_blob)
+                        )
                         or buf[:HEADER_SIZE] != want_header[slot]
                     ) and not self.unexpected(size, slot):
                         ignored += 1
                     else:
                         i = current[slot]
-                        begin = i * stride
                         body = view[HEADER_SIZE:size][:payload_end]
-                        out[begin : begin + len(body)] = body
+                        if stride:
+                            begin = i * stride
+                            out[begin : begin + len(body)] = body
+                        else:
+                            blobs[i] = bytes(body)
                         done += 1
                         last_progress = now
                         if slot == 0 and self.clean:
@@ -514,7 +667,10 @@ class _Transfer:
         bits = generation << GENERATION_SHIFT
         header = bytearray(buf[:HEADER_SIZE])
         header[1] ^= bits
-        if size != self.want_length[slot] or header != self.want_header[slot]:
+        want = self.want_length[slot]
+        if (size != want if want else size <= HEADER_SIZE + self.tag_size) or (
+            header != self.want_header[slot]
+        ):
             return False
         client.generation = generation
         self.frame_array[:, 1] |= bits
@@ -544,7 +700,7 @@ class _Transfer:
         missing = 0
         for slot in outstanding:
             offset, held = self.notices.get(slot, (-1, 0))
-            if offset == self.current[slot] * client.k:
+            if offset == self.offsets[self.current[slot]]:
                 missing |= everyone & ~held
         if not missing:
             return "no notice from the aggregator names a missing rank"

@@ -13,7 +13,7 @@ GIL). Every worker cuts the same tensor the same way, so all clients of a job st
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -48,14 +48,15 @@ class ShardedAllreduce:
         self.k = self.clients[0].k
         self._pool = ThreadPoolExecutor(len(self.clients), thread_name_prefix="ncina-shard")
 
-    def allreduce(self, x: np.ndarray) -> np.ndarray:
-        """The mean over the job's workers of the 1-D float32 array ``x`` (a new array)."""
+    def allreduce(self, x: np.ndarray, tensor: Hashable = None) -> np.ndarray:
+        """The mean over the job's workers of the 1-D float32 array ``x`` (a new array);
+        ``tensor`` names it for the clients' compressor state (``AllreduceClient.allreduce``)."""
         if len(self.clients) == 1:
-            return self.clients[0].allreduce(x, op="mean")
+            return self.clients[0].allreduce(x, "mean", tensor)
         out = np.empty(x.shape, dtype=np.float32)
         bounds = shard_bounds(x.size, self.k, len(self.clients))
         futures = [
-            (self._pool.submit(client.allreduce, x[start:stop], "mean"), start, stop)
+            (self._pool.submit(client.allreduce, x[start:stop], "mean", tensor), start, stop)
             for client, (start, stop) in zip(self.clients, bounds, strict=True)
             if stop > start
         ]

@@ -4,12 +4,15 @@
 ``DistributedDataParallel`` model go through the aggregator(s) instead of gloo: the bucket's
 flattened buffer is NC8-encoded, summed in the switch, decoded, averaged, copied back into the
 buffer, and the buffer is returned in an already completed future (the fabric call blocks, so there
-is nothing to overlap). DDP copies the returned tensor into the parameters' ``.grad``.
+is nothing to overlap). DDP copies the returned tensor into the parameters' ``.grad``. With a
+compressor on the fabric's clients (INA or server mode) the bucket goes through it the same way;
+the bucket's index names the tensor, so each bucket keeps its own compressor state.
 
 DDP calls the hook for buckets in index order on every rank, and rebuilds its buckets once after the
 first iteration (in gradient-ready order, the same on every rank); the hook keeps no per-bucket
 state, so the rebuilt buckets need nothing special: every rank sends the same sequence of tensors
-and the fabric's slot sequence stays in step.
+and the fabric's slot sequence stays in step (a compressor's state is per bucket index and size,
+so a rebuilt bucket of another size starts afresh).
 
 :func:`verifying_hook` wraps the hook for tests and ``ncina train --verify``: it also all-reduces
 the raw bucket with gloo and records how far the fabric's mean is from the exact one, against the
@@ -46,7 +49,7 @@ def ina_hook(state: InaHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     buffer = bucket.buffer()
     if buffer.dtype != torch.float32:
         raise TypeError(f"the INA hook handles float32 gradients, bucket has {buffer.dtype}")
-    mean = state.fabric.allreduce(buffer.detach().numpy())
+    mean = state.fabric.allreduce(buffer.detach().numpy(), tensor=bucket.index())
     buffer.copy_(torch.from_numpy(mean))
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(buffer)

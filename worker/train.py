@@ -5,7 +5,11 @@ Every rank runs this command (``ncina topo`` starts one per worker host). ``torc
 initial parameters. The gradient all-reduce then goes either
 
 - through the in-network aggregator(s) given with ``--ina`` (NC8 uplink, the job's result format
-  downlink), by the DDP communication hook of :mod:`ncina.worker.torch_hook`; or
+  downlink), by the DDP communication hook of :mod:`ncina.worker.torch_hook`; with
+  ``--compressor SPEC`` through that method instead: ``--mode ina`` (the default) for methods
+  whose payloads a switch can add (NC8 codes), ``--mode server`` for any method (the aggregator,
+  started with ``--mode server --compressor SPEC``, averages the decompressed payloads and sends
+  the compressed mean); or
 - (no ``--ina``) through gloo's own fp32 ring all-reduce: the baseline.
 
 Each rank trains on its shard of the training set (``DistributedSampler``, same shuffle on all
@@ -24,17 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from ncina.worker.cli import host_port
-from ncina.worker.client import RESULT_FORMATS
+from ncina.worker.client import MODES, RESULT_FORMATS, check_mode
+from ncina.worker.compressors import create
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``ncina train``."""
     p = subparsers.add_parser(
         "train",
-        help="one rank of data-parallel training on digits (INA+NC8 hook, or gloo baseline)",
+        help="one rank of data-parallel training on digits (INA hook, or gloo baseline)",
         description="One rank of data-parallel SGD on the digits data set; run it once per "
-        "rank. Gradients go through the aggregator(s) given with --ina (NC8), or through gloo's "
-        "fp32 all-reduce without it.",
+        "rank. Gradients go through the aggregator(s) given with --ina (NC8, or --compressor "
+        "in --mode ina or server), or through gloo's fp32 all-reduce without it.",
     )
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world-size", type=int, required=True)
@@ -56,7 +61,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--pool-size", type=int, default=64)
     p.add_argument("--window-max", type=int, default=10)
     p.add_argument("--result", choices=sorted(RESULT_FORMATS), default="nc8",
-                   help="downlink format, as configured on the aggregator")
+                   help="INA mode's downlink format, as configured on the aggregator")
+    p.add_argument("--compressor", metavar="SPEC",
+                   help="gradient compressor [ef+]name[:key=value,...] (docs/compressors.md; "
+                   "default: NC8 of the raw gradients, INA mode)")
+    p.add_argument("--mode", choices=MODES, default="ina",
+                   help="where the sum is made: ina (the switch adds NC8 codes; only methods "
+                   "whose payloads are integer-summable) or server (the aggregator decompresses, "
+                   "averages and re-compresses; any method, aggregator started with --mode "
+                   "server --compressor SPEC); default: %(default)s")
     p.add_argument("--deadline", type=float, default=30.0,
                    help="seconds without progress before an all-reduce fails")
     p.add_argument("--verify", action="store_true",
@@ -68,7 +81,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Train (PyTorch is imported here); returns 0. Errors raise."""
+    check_options(args)
     from ncina.worker.training import run_rank
 
     run_rank(args)
     return 0
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse a compressor/mode combination that cannot work, before anything starts."""
+    if args.compressor is None:
+        if args.mode != "ina":
+            raise ValueError(f"--mode {args.mode} needs --compressor")
+        return
+    check_mode(create(args.compressor), args.mode)
+    if args.verify:
+        raise ValueError("--verify checks NC8's error bounds: it does not go with --compressor")

@@ -103,7 +103,7 @@ def make_fabric(args: argparse.Namespace) -> ShardedAllreduce:
                 agg, job=args.job, rank=args.rank, workers=args.world_size, k=args.k,
                 pool_size=args.pool_size, window_max=args.window_max,
                 result_format=args.result, seed=(args.seed << 16) + args.rank,
-                deadline=args.deadline,
+                deadline=args.deadline, compressor=args.compressor, mode=args.mode,
             )
             for agg in args.ina
         ]
@@ -163,6 +163,7 @@ def train(args: argparse.Namespace, events: Events, fabric: ShardedAllreduce | N
         "start", f"{tag} {args.model}, {params} parameters, {len(loader)} steps/epoch",
         rank=args.rank, world_size=args.world_size, mode=mode, model=args.model,
         parameters=params, steps_per_epoch=len(loader), aggregators=len(args.ina),
+        compressor=args.compressor, fabric_mode=args.mode if fabric else None,
         test_loss=test_loss, test_acc=test_acc,
     )
     step = 0
