@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ncina.topo.config import TopoConfig
+from ncina.worker.client import MODES
+from ncina.worker.train import check_options
 
 ROOT_NEEDED = (
     "ncina topo needs root: Mininet creates network namespaces, virtual links and a bridge "
@@ -26,7 +28,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "topo",
         help="Mininet: train over the emulated switch, INA+NC8 then the gloo fp32 baseline",
         description="Bring up a Mininet topology (workers and aggregator nodes on a Linux "
-        "bridge), train a model with its gradients summed by the aggregator (NC8), then train "
+        "bridge), train a model with its gradients summed by the aggregator (NC8, or "
+        "--compressor in --mode ina or server), then train "
         "again with gloo's fp32 ring all-reduce on the same network; write results.json, logs "
         "and a plot under runs/.",
     )
@@ -53,7 +56,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--pool-size", type=int, default=d.pool_size, help="default: %(default)s")
     p.add_argument("--window-max", type=int, default=d.window_max, help="default: %(default)s")
     p.add_argument("--result", choices=("nc8", "int"), default=d.result,
-                   help="downlink format (default: %(default)s)")
+                   help="INA mode's downlink format (default: %(default)s)")
+    p.add_argument("--compressor", metavar="SPEC",
+                   help="workers' gradient compressor [ef+]name[:key=value,...] "
+                   "(docs/compressors.md; default: NC8 of the raw gradients)")
+    p.add_argument("--mode", choices=MODES, default=d.mode,
+                   help="ina: the aggregator adds NC8 codes (integer-summable methods only); "
+                   "server: it is started with --mode server and the same --compressor, and "
+                   "averages the decompressed payloads (any method); default: %(default)s")
     p.add_argument("--verify", action="store_true",
                    help="check every INA result against an exact gloo all-reduce (extra traffic)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
@@ -64,6 +74,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Check root and options, then run the topology (see :mod:`ncina.topo.runner`)."""
+    check_options(args)
     if os.geteuid() != 0:
         raise PermissionError(ROOT_NEEDED)
     if args.topo == "star" and args.aggregators not in (None, 1):
@@ -90,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
             pool_size=args.pool_size,
             window_max=args.window_max,
             result=args.result,
+            compressor=args.compressor,
+            mode=args.mode,
             verify=args.verify,
             baseline=args.baseline,
         )

@@ -14,9 +14,12 @@ class TopoConfig:
 
     topo: ``star`` or ``multi``; bw: Mbit/s per worker link (None: unshaped); agg_bw: the same
     per aggregator link (None: unshaped, the aggregators stand in for the switch); loss: percent
-    per worker link direction; batch_size: per worker; result: downlink format; verify: check
-    every INA result against gloo (extra traffic); baseline: also train with gloo fp32; timeout:
-    seconds one training run may take; prefix: of node and interface names (unique per process).
+    per worker link direction; batch_size: per worker; result: downlink format (INA mode);
+    compressor: the workers' gradient compressor spec (None: NC8 of the raw gradients) and mode
+    where the sum is made, ``ina`` or ``server`` (the aggregators then run the same spec);
+    verify: check every INA result against gloo (extra traffic); baseline: also train with gloo
+    fp32; timeout: seconds one training run may take; prefix: of node and interface names (unique
+    per process).
     """
 
     out: Path
@@ -37,6 +40,8 @@ class TopoConfig:
     pool_size: int = 64
     window_max: int = 10
     result: str = "nc8"
+    compressor: str | None = None
+    mode: str = "ina"
     verify: bool = False
     baseline: bool = True
     timeout: float = 3600.0

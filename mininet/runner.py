@@ -110,10 +110,14 @@ def start_aggregators(
         argv = [
             str(NCINA), "aggregator", "--backend", cfg.backend, "--listen", address,
             "--job", str(JOB), "--workers", str(cfg.workers), "--k", str(cfg.k),
-            "--result", cfg.result, "--pool-size", str(cfg.pool_size),
+            "--pool-size", str(cfg.pool_size),
             "--window-max", str(cfg.window_max), "--seed", str(cfg.seed + j),
             "--stats", str(run_dir / f"aggregator{j}.json"),
         ]
+        if cfg.mode == "server":  # the aggregator runs the workers' compressor
+            argv += ["--mode", "server", "--compressor", str(cfg.compressor)]
+        else:
+            argv += ["--result", cfg.result]
         if cfg.backend == "dpdk":  # DPDK serves the host's interface; its kernel must stay silent
             argv += dpdk_netns.prepare_host(net.get(name))
         started.append(procs.start(net.get(name), argv, log))
@@ -152,6 +156,8 @@ def train(
         argv += [arg for a in aggregators for arg in ("--ina", a)]
         argv += ["--max-steps", str(cfg.max_steps)] if cfg.max_steps else []
         argv += ["--verify"] if cfg.verify else []
+        argv += ["--compressor", cfg.compressor] if cfg.compressor else []
+        argv += ["--mode", cfg.mode]
         workers.append(procs.start(host, argv, run_dir / f"worker{rank}.log"))
     with (run_dir / "worker0.log").open(errors="replace") as rank0:
         wait_workers(workers, rank0, run_dir, time.monotonic() + cfg.timeout)

@@ -5,6 +5,7 @@ result re-sent on retransmission, malformed blobs dropped, and DoubleSqueeze's c
 from __future__ import annotations
 
 import socket
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.slots import Aggregator, ServerSlots
 from ncina.proto.header import BAD_LENGTH, ProtocolError, flags_for, pack, parse
 from ncina.worker.compressors import State, create
-from ncina_testlib import dissect, start_aggregator
+from ncina_testlib import aggregator_command, dissect, start_aggregator
 
 JOB = 3
 K = 32
@@ -222,3 +223,25 @@ def test_server_mode_end_to_end_on_loopback(tmp_path: Path) -> None:
         assert aggregator.stop() == 0
         for s in sockets:
             s.close()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--mode", "server", "--compressor", "topk", "--result", "nc8"],
+         "server mode's results are compressor payloads: drop --result"),
+        ([], "INA mode needs --result nc8 or --result int"),
+        (["--mode", "server", "--compressor", "topk:ratio=1", "--k", "1024"],
+         "a topk result of k=1024 elements may take 5387 payload bytes, more than the 1456 a "
+         "frame has at MTU 1500; the largest k for topk at this MTU is 281"),
+        # 1500 - 20 - 8 - 16 = 1456 bytes; k values of 4 bytes and 10-bit (9-bit up to k = 512)
+        # indices after 5 + 4 header bytes, plus 2 of padding: 281 x 41 / 8 + 11 = 1452 fits.
+    ],
+    ids=["result-in-server-mode", "no-result-in-ina-mode", "server-mtu"],
+)  # fmt: skip
+def test_server_mode_command_line_errors(arguments: list[str], message: str) -> None:
+    argv = ["--listen", "127.0.0.1:0", "--job", "1", "--workers", "2", "--k", "8", *arguments]
+    proc = subprocess.run(aggregator_command("python", argv), capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == f"ncina aggregator: error: {message}\n"

@@ -8,9 +8,11 @@ that both modes start from the same parameters and batches, and the summary, tab
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from ncina.topo import report
@@ -28,15 +30,18 @@ def free_tcp_port() -> int:
         return s.getsockname()[1]
 
 
-def train(tmp_path: Path, mode: str, ina: list[str]) -> list[Path]:
-    """Run both ranks of ``ncina train`` for ``STEPS`` steps; return their metrics files."""
+def train(
+    tmp_path: Path, mode: str, ina: list[str], steps: int = STEPS, extra: Sequence[str] = ()
+) -> list[Path]:
+    """Run both ranks of ``ncina train`` for ``steps`` steps; return their metrics files."""
     port = free_tcp_port()
     metrics = [tmp_path / f"{mode}{rank}.jsonl" for rank in range(WORLD)]
     procs = [
         subprocess.Popen(
             [str(NCINA), "train", "--rank", str(rank), "--world-size", str(WORLD),
-             "--master", f"127.0.0.1:{port}", "--iface", "lo", "--max-steps", str(STEPS),
-             "--metrics", str(metrics[rank]), *[a for agg in ina for a in ("--ina", agg)]],
+             "--master", f"127.0.0.1:{port}", "--iface", "lo", "--max-steps", str(steps),
+             "--metrics", str(metrics[rank]), *[a for agg in ina for a in ("--ina", agg)],
+             *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         for rank in range(WORLD)
@@ -50,7 +55,7 @@ def train(tmp_path: Path, mode: str, ina: list[str]) -> list[Path]:
                 p.wait()
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out
-    assert f"[{mode} rank 0] epoch 1 step {STEPS} loss" in outputs[0]
+    assert re.search(rf"\[{mode} rank 0\] epoch \d+ step {steps} loss", outputs[0])
     return metrics
 
 
@@ -94,3 +99,38 @@ def test_unknown_model_is_refused(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert "unknown model 'resnet'; models: cnn, mlp" in out.stderr
 
+
+
+def test_server_mode_training_learns(tmp_path: Path) -> None:
+    """``ncina train --mode server --compressor ef+topk`` through ``ncina aggregator --mode
+    server`` with the same spec: every gradient chunk is one top-k blob each way, and 30 steps
+    bring the test loss well below the initial one (measured 2.30 -> 1.4)."""
+    spec = "ef+topk:ratio=0.1"
+    agg = start_aggregator("python", tmp_path / "aggregator", job=1, workers=WORLD, k=256,
+                           result=None, extra=["--mode", "server", "--compressor", spec])
+    try:
+        host, port = agg.address
+        metrics = train(tmp_path, "ina", [f"{host}:{port}"], steps=30,
+                        extra=["--compressor", spec, "--mode", "server"])
+    finally:
+        assert agg.stop() == 0
+    run = report.summarize("ina", metrics, [agg.stats_path])
+    start = report.read_events(metrics[0])[0]
+    assert (start["compressor"], start["fabric_mode"]) == (spec, "server")
+    assert run["steps"] == 30
+    assert run["final_test_loss"] < 0.75 * start["test_loss"]
+    job = run["aggregators"][0]["jobs"]["1"]
+    assert job["slots_completed"] == 30 * CHUNKS and job["drops"]["bad_payload"] == 0
+
+
+def test_ina_mode_refuses_a_method_a_switch_cannot_add() -> None:
+    out = subprocess.run(
+        [str(NCINA), "train", "--rank", "0", "--world-size", "1", "--master",
+         f"127.0.0.1:{free_tcp_port()}", "--ina", "127.0.0.1:9", "--compressor", "3lc"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 1
+    assert out.stderr == (
+        "ncina train: error: ef+3lc payloads cannot be summed by a switch, so it cannot run in INA "
+        "mode: use --mode server (the aggregator decompresses, averages and re-compresses)\n"
+    )
