@@ -78,6 +78,25 @@ def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
     )
 
 
+def test_server_mode_topk_through_the_aggregator(tmp_path: Path) -> None:
+    """``--mode server --compressor ef+topk:ratio=0.1``: the aggregator runs in server mode with
+    the same spec, every chunk goes up and comes back as one top-k blob, a tenth of NC8's bytes
+    or less on the uplink."""
+    cfg = TopoConfig(out=tmp_path / "run", workers=2, epochs=1, max_steps=3, baseline=False,
+                     compressor="ef+topk:ratio=0.1", mode="server", prefix=PREFIX)
+    results = run_topology(cfg)
+    ina = results["runs"]["ina"]
+    assert results["config"]["mode"] == "server"
+    chunks = math.ceil(PARAMETERS / cfg.k)
+    job = ina["aggregators"][0]["jobs"]["1"]
+    assert job["slots_completed"] == 3 * chunks and job["drops"]["bad_payload"] == 0
+    fabric = ina["fabric"]
+    assert fabric["packets_sent"] - fabric["retransmissions"] == 2 * 3 * chunks
+    # 26 of 256 values (4 bytes) and indices (8 bits) + 9 + 16 header bytes per chunk: 155 bytes
+    # against NC8's 272.
+    assert fabric["bytes_sent"] <= fabric["packets_sent"] * 155
+
+
 def test_multi_shards_each_bucket_across_the_aggregators(tmp_path: Path) -> None:
     cfg = TopoConfig(out=tmp_path / "run", topo="multi", workers=2, aggregators=2, epochs=1,
                      max_steps=2, baseline=False, prefix=PREFIX)
