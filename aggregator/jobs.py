@@ -136,12 +136,14 @@ class JobConfig:
             key=key,
         )
 
-    def describe(self) -> str:
-        """One line naming the job's settings, for logs and readiness lines."""
+    def describe(self, results: str | None = None) -> str:
+        """One line naming the job's settings, for logs and readiness lines; ``results`` says
+        what the results are when it is not the result format (server mode)."""
         window = self.window
+        results = results or f"{self.result_format.name.lower()} results"
         return (
             f"job {self.job}: {self.workers} workers, k={self.k}, "
-            f"{self.result_format.name.lower()} results, pool {self.pool_size}, "
+            f"{results}, pool {self.pool_size}, "
             f"window 2^{window.e_min}..2^{window.e_max}"
             + (", tagged" if self.key is not None else "")
         )

@@ -96,7 +96,7 @@ class PythonBackend:
         signal.signal(signal.SIGUSR1, self._on_stats_signal)
         if self.stats_path is not None:
             self.write_stats()  # fails early on an unwritable path, and shows the schema at once
-        jobs = "; ".join(slots.config.describe() for slots in self.aggregator.jobs.values())
+        jobs = "; ".join(slots.describe() for slots in self.aggregator.jobs.values())
         details = f"pid {os.getpid()}, generation {self.aggregator.generation}, {jobs}"
         line = ready_line(self.address, NAME, details)
         print(line, file=self.log, flush=True)

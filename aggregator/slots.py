@@ -283,6 +283,10 @@ class JobSlots:
         stats.bytes_out += len(datagram)
         return ((datagram, destination),)
 
+    def describe(self) -> str:
+        """One line naming the job's settings (``JobConfig.describe``)."""
+        return self.config.describe()
+
     def count_malformed(self, reason: str, size: int) -> None:
         """Count a datagram of ``size`` bytes naming this job that ``parse`` rejected."""
         stats = self.stats
@@ -319,6 +323,9 @@ class ServerSlots(JobSlots):
         self._result_format = int(Format.BLOB)
         self._seed = config.seed
         self._states: dict[tuple[int, int], State] = {}
+
+    def describe(self) -> str:
+        return self.config.describe(f"server mode ({self.compressor.name} blob results)")
 
     def _decode(self, payload: memoryview | bytes, count: int) -> np.ndarray | None:
         # The payload's own element count is checked before decompressing, so a forged count

@@ -84,6 +84,7 @@ STAT_KEYS = (
     "bytes_sent",
     "bytes_received",
     "retransmissions",
+    "bytes_retransmitted",
     "timeouts",
     "results_ignored",
     "notices",
@@ -292,8 +293,10 @@ class AllreduceClient:
     @property
     def stats(self) -> dict[str, float]:
         """Cumulative counters (a copy). ``timeouts`` counts timer checks that found expired
-        slots; ``retransmissions`` the chunks re-sent by them; ``results_ignored`` datagrams that
-        were not the expected result of an outstanding chunk (stale, duplicate, foreign, malformed).
+        slots; ``retransmissions`` the chunks re-sent by them and ``bytes_retransmitted`` their
+        bytes (part of ``bytes_sent`` unless the send buffer was full); ``results_ignored``
+        datagrams that were not the expected result of an outstanding chunk (stale, duplicate,
+        foreign, malformed).
         ``notices`` counts the aggregator's notices (slot status, docs/protocol.md), which are
         also in ``results_ignored``. ``rtt_samples`` counts the RTT measurements taken,
         ``rtt_outliers`` those skipped as a wait for another worker's recovery, ``rto_s`` is
@@ -727,7 +730,7 @@ class _Transfer:
             )
         timer = client.timer
         next_check = now + timer.rto
-        expired = 0
+        expired = resent = 0
         for slot in outstanding:
             due = self.sent_at[slot] + self.rto[slot]
             if due <= now:
@@ -739,10 +742,12 @@ class _Transfer:
                     self.clean = False
                 self.send(i, slot, now)
                 expired += 1
+                resent += self.sizes[i] + self.tag_size
                 due = now + self.rto[slot]
             next_check = min(next_check, due)
         if expired:
             client._stats["retransmissions"] += expired
+            client._stats["bytes_retransmitted"] += resent
             client._stats["timeouts"] += 1
         return next_check
 

@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "compressors": "ncina.bench.compressors",
     "aggregator": "ncina.bench.aggregator",
     "reliability": "ncina.bench.reliability",
+    "training": "ncina.bench.training",
 }
 
 
