@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -115,16 +116,19 @@ def test_shard_bounds_cut_chunks_evenly(n: int, k: int, shards: int) -> None:
 
 
 class FakeClient:
-    """Stands in for an AllreduceClient: records what it was given, returns it times 10."""
+    """Stands in for an AllreduceClient: records what it was given (and the tensor's name),
+    returns it times 10."""
 
     def __init__(self, k: int) -> None:
         self.k = k
         self.calls: list[np.ndarray] = []
+        self.tensors: list[Hashable] = []
         self.closed = False
 
-    def allreduce(self, x: np.ndarray, op: str) -> np.ndarray:
+    def allreduce(self, x: np.ndarray, op: str, tensor: Hashable = None) -> np.ndarray:
         assert op == "mean"
         self.calls.append(x.copy())
+        self.tensors.append(tensor)
         return x * 10
 
     @property
@@ -145,8 +149,9 @@ def test_sharded_allreduce_gives_each_aggregator_its_own_chunks() -> None:
         list(range(0, 8)), list(range(8, 20)), list(range(20, 30))
     ]
     small = np.ones(3, dtype=np.float32)  # one chunk: only the last aggregator gets it
-    fabric.allreduce(small)
+    fabric.allreduce(small, tensor="bias")
     assert [len(c.calls) for c in clients] == [1, 1, 2]
+    assert [c.tensors for c in clients] == [[None], [None], [None, "bias"]]  # names pass through
     assert fabric.stats == {"packets_sent": 4, "saturated": 0}
     fabric.close()
     assert all(c.closed for c in clients)
@@ -172,3 +177,20 @@ def test_topo_without_root_says_root_is_needed(monkeypatch: pytest.MonkeyPatch) 
     args = parser.parse_args(["topo"])
     with pytest.raises(PermissionError, match="needs root"):
         topo_cli.run(args)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--compressor", "topk"], r"topk payloads cannot be summed .*: use --mode server"),
+        (["--mode", "server"], "--mode server needs --compressor"),
+        (["--compressor", "3lc", "--mode", "server", "--verify"], "--verify checks NC8"),
+    ],
+)
+def test_topo_refuses_impossible_compressor_options_before_anything_starts(
+    options: list[str], message: str
+) -> None:
+    parser = argparse.ArgumentParser()
+    topo_cli.add_parser(parser.add_subparsers())
+    with pytest.raises(ValueError, match=message):
+        topo_cli.run(parser.parse_args(["topo", *options]))
