@@ -181,3 +181,41 @@ def test_chunks_are_the_largest_whose_payload_fits_the_mtu(key: bytes | None) ->
 def test_ina_mode_refuses_methods_a_switch_cannot_add() -> None:
     with pytest.raises(ValueError, match=r"topk payloads cannot be summed .*: use --mode server"):
         AllreduceClient(("127.0.0.1", 9), job=1, rank=0, workers=2, compressor="topk")
+
+
+def test_ina_mode_sends_an_ina_methods_values_as_nc8_codes(tmp_path: Path) -> None:
+    """Natural dithering in INA mode through an INA aggregator with exact (int) results: the
+    mean is exactly the average of every worker's dithered values (powers of two of the
+    window, which NC8 carries without rounding)."""
+    spec = "natdither:s=8,workers=3"
+    xs = [np.random.default_rng(20 + r).standard_normal(700).astype(np.float32)
+          for r in range(WORKERS)]  # fmt: skip
+    k = 128  # int results: 8 bytes per element
+    aggregator = start_aggregator("python", tmp_path, job=JOB, workers=WORKERS, k=k,
+                                  result="int")  # fmt: skip
+    clients = [AllreduceClient(aggregator.address, job=JOB, rank=r, workers=WORKERS, k=k,
+                               result_format="int", seed=r, compressor=spec)
+               for r in range(WORKERS)]  # fmt: skip
+    results: list[np.ndarray] = [np.empty(0)] * WORKERS
+
+    def work(rank: int) -> None:
+        results[rank] = clients[rank].allreduce(xs[rank], tensor="w")
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(WORKERS)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for c in clients:
+            c.close()
+        assert aggregator.stop() == 0
+    comp = create(spec)
+    dithered = [comp.decompress(comp.compress(x, State(rng=np.random.default_rng(r))))
+                for r, x in enumerate(xs)]  # fmt: skip
+    assert all(np.all(np.abs(d[d != 0]) == 2.0 ** np.round(np.log2(np.abs(d[d != 0]))))
+               for d in dithered)  # fmt: skip
+    expected = (np.sum(dithered, axis=0, dtype=np.float64) / WORKERS).astype(np.float32)
+    for got in results:
+        np.testing.assert_array_equal(got, expected)
