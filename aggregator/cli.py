@@ -151,7 +151,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--seed",
         type=int,
         default=None,
-        help="seed of the random stream that re-compresses nc8 results (default: from the OS)",
+        help="seed of the random stream that re-compresses nc8 results, and in server mode of "
+        "each chunk's compressor state (default: from the OS)",
     )
     parser.add_argument(
         "--key-file",

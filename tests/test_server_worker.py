@@ -26,6 +26,7 @@ JOB = 4
 WORKERS = 3
 K = 256
 SERVER_SEED = 1
+KEY = bytes(range(32))
 # (tensor name, elements, op): two tensors, each twice (error feedback carries over), then a sum.
 CALLS: list[tuple[Hashable, int, str]] = [
     ("a", 1000, "mean"), ("b", 300, "mean"), ("a", 1000, "mean"), ("b", 300, "mean"),
@@ -115,21 +116,29 @@ def run_workers(
         ("qsgd:s=8,bucket=64", {}, []),
         ("topk:ratio=1", {"mtu": 600}, []),  # chunks cut below K to fit the MTU
         ("ef+topk:ratio=0.1", {}, ["--drop-up", "0.15", "--drop-down", "0.15"]),
+        ("ef+topk:ratio=0.1", {"key": KEY}, []),  # tagged both ways
     ],
-    ids=["ef+topk", "3lc", "terngrad", "qsgd", "topk-mtu600", "ef+topk-lossy"],
+    ids=["ef+topk", "3lc", "terngrad", "qsgd", "topk-mtu600", "ef+topk-lossy", "ef+topk-keyed"],
 )
 def test_results_are_the_protocols_compressed_mean(
-    tmp_path: Path, spec: str, options: dict[str, int], faults: list[str]
+    tmp_path: Path, spec: str, options: dict[str, object], faults: list[str]
 ) -> None:
     xs = inputs()
+    keyed = []
+    if "key" in options:
+        (tmp_path / "key").write_text(KEY.hex() + "\n")
+        keyed = ["--key-file", str(tmp_path / "key")]
     aggregator = start_aggregator(
         "python", tmp_path, job=JOB, workers=WORKERS, k=K, result=None,
         extra=["--mode", "server", "--compressor", spec, "--seed", str(SERVER_SEED),
-               "--fault-seed", "3", *faults],
+               "--fault-seed", "3", *faults, *keyed],
     )  # fmt: skip
     try:
         results, stats, chunk = run_workers(aggregator.address, spec, xs, **options)
         job = aggregator.stats()["jobs"][str(JOB)]
+    except BaseException:
+        print(aggregator.log())
+        raise
     finally:
         assert aggregator.stop() == 0, aggregator.log()
     expected = reference(spec, xs, chunk)
@@ -141,7 +150,7 @@ def test_results_are_the_protocols_compressed_mean(
             assert np.array_equal(got, mine)  # one stored result for everyone
             scale = float(np.abs(want).max())
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)
-    if options:
+    if "mtu" in options:
         assert chunk < K
     if faults:  # the losses were repaired, and the result is the same as without them
         assert sum(s["retransmissions"] for s in stats) > 0
