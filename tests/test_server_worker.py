@@ -22,6 +22,8 @@ from ncina.worker.compressors import State, create
 from ncina.worker.compressors.base import largest_fitting
 from ncina_testlib import start_aggregator
 
+from ncina.bench.training import METHODS, mode_of
+
 JOB = 4
 WORKERS = 3
 K = 256
@@ -228,3 +230,11 @@ def test_ina_mode_sends_an_ina_methods_values_as_nc8_codes(tmp_path: Path) -> No
     expected = (np.sum(dithered, axis=0, dtype=np.float64) / WORKERS).astype(np.float32)
     for got in results:
         np.testing.assert_array_equal(got, expected)
+
+
+def test_bench_training_runs_each_method_in_its_mode() -> None:
+    """``ncina bench training`` (the docs' training table): INA for NC8 and the integer-summable
+    methods, server mode for every other one, and every default spec is valid."""
+    modes = {spec: mode_of(spec) for spec in METHODS}
+    assert [s for s, m in modes.items() if m == "ina"] == ["nc8", "natdither:s=8"]
+    assert len(modes) == len(METHODS) == 14
