@@ -38,8 +38,11 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def summarize(mode: str, metrics: list[Path], stats: list[Path]) -> dict[str, Any]:
-    """Summary of one training run from its workers' metrics files (rank order) and stats."""
+def summarize(
+    mode: str, metrics: list[Path], stats: list[Path], label: str | None = None
+) -> dict[str, Any]:
+    """Summary of one training run from its workers' metrics files (rank order) and stats;
+    ``label`` names it in tables and plots (default: the mode's, :data:`LABELS`)."""
     events = [read_events(p) for p in metrics]
     ends = [next(e for e in evs if e["event"] == "end") for evs in events]
     # Wire figures at the end of the last epoch (before the final barrier), per rank.
@@ -52,7 +55,7 @@ def summarize(mode: str, metrics: list[Path], stats: list[Path]) -> dict[str, An
     time_s = max(e["time"] for e in lasts)
     return {
         "mode": mode,
-        "label": LABELS[mode],
+        "label": label or LABELS[mode],
         "epochs": len(epochs),
         "steps": ends[0]["steps"],
         "time_s": time_s,

@@ -190,7 +190,10 @@ def run_mode(
     """One training run (``ina`` or ``gloo``) on the running network; its summary."""
     run_dir = cfg.out / mode
     run_dir.mkdir(parents=True, exist_ok=True)
-    print(f"*** {report.LABELS[mode]}: {cfg.workers} workers, {cfg.model}, logs in {run_dir}")
+    label = report.LABELS[mode]
+    if mode == "ina" and cfg.compressor:  # e.g. "server+3lc", "INA+natdither:s=8"
+        label = f"{'INA' if cfg.mode == 'ina' else 'server'}+{cfg.compressor}"
+    print(f"*** {label}: {cfg.workers} workers, {cfg.model}, logs in {run_dir}")
     aggregators: list[subprocess.Popen[bytes]] = []
     addresses: list[str] = []
     if mode == "ina":
@@ -200,7 +203,7 @@ def run_mode(
     finally:
         procs.stop(aggregators)  # SIGTERM: the aggregators write their stats and exit
     stats = [run_dir / f"aggregator{j}.json" for j in range(len(aggregators))]
-    return report.summarize(mode, metrics, stats)
+    return report.summarize(mode, metrics, stats, label)
 
 
 def run_topology(cfg: TopoConfig) -> dict[str, Any]:

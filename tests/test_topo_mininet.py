@@ -87,6 +87,7 @@ def test_server_mode_topk_through_the_aggregator(tmp_path: Path) -> None:
     results = run_topology(cfg)
     ina = results["runs"]["ina"]
     assert results["config"]["mode"] == "server"
+    assert ina["label"] == "server+ef+topk:ratio=0.1"
     chunks = math.ceil(PARAMETERS / cfg.k)
     job = ina["aggregators"][0]["jobs"]["1"]
     assert job["slots_completed"] == 3 * chunks and job["drops"]["bad_payload"] == 0
