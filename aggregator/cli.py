@@ -250,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
         reorder=args.reorder,
         seed=args.fault_seed,
     )
+    generation = args.generation or 1 + secrets.randbelow(MAX_GENERATION)
     if args.backend == "dpdk":
         if compressor is not None:
             raise ValueError("server mode (--mode server) is a python backend feature")
@@ -257,10 +258,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("fault injection (--drop-up ...) is a python backend feature")
         if args.jobs_dir is not None:
             raise ValueError("--jobs-dir is a python backend feature")
-        if config.key is not None:
-            raise ValueError("the authentication tag (--key-file) is a python backend feature")
-        return dpdk_driver.serve(config, args)
-    generation = args.generation or 1 + secrets.randbelow(MAX_GENERATION)
+        return dpdk_driver.serve(config, args, generation)
     aggregator = Aggregator(generation)
     aggregator.add_job(config, compressor)
     backend = PythonBackend(

@@ -55,6 +55,7 @@ JOB_COUNTERS = (
     "results_resent",
     "duplicates",
     "retx_seen",
+    "notices_sent",
 )
 
 
@@ -91,10 +92,8 @@ class JobStats:
         self.drops = dict.fromkeys(JOB_DROP_REASONS, 0)
 
     def to_json(self) -> dict[str, Any]:
-        """The job's section of the stats document. ``notices_sent`` is outside
-        ``JOB_COUNTERS`` until every backend sends notices (docs/protocol.md)."""
+        """The job's section of the stats document."""
         doc: dict[str, Any] = {name: getattr(self, name) for name in JOB_COUNTERS}
-        doc["notices_sent"] = self.notices_sent
         doc["drops"] = dict(self.drops)
         return doc
 

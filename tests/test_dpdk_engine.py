@@ -8,12 +8,15 @@ tests over a veth pair are in test_dpdk_packets.py.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Iterator
 
 import pytest
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.slots import Aggregator
+from ncina.proto import tag
+from ncina.proto.header import FLAG_TAG
 from ncina.proto.layers import NcinaHeader
 from ncina_testlib import uplink
 from scapy.layers.inet import IP, UDP
@@ -40,8 +43,10 @@ def plane() -> Iterator[object]:
     dp.lib.ncd_reset()
     dp.set_mac(AGG_MAC)
     dp.set_address((AGG_IP, PORT))
+    dp.set_generation(0)
     yield dp
     dp.lib.ncd_reset()
+    dp.set_generation(0)
 
 
 Datagrams = list[tuple[bytes, tuple[str, int]]]
@@ -104,9 +109,13 @@ def counters(dp: object, ref: Aggregator, job_id: int) -> tuple[dict, dict, dict
     return mine_job, ref_job, mine_global, ref_global
 
 
-def run_both(dp: object, configs: list[JobConfig], packets: Datagrams) -> Aggregator:
-    """Feed the same datagrams to the C engine and the reference; assert equal output, in order."""
-    ref = Aggregator()
+def run_both(
+    dp: object, configs: list[JobConfig], packets: Datagrams, generation: int = 0
+) -> Aggregator:
+    """Feed the same datagrams to the C engine and the reference (both at ``generation``);
+    assert equal output, in order."""
+    ref = Aggregator(generation)
+    dp.set_generation(generation)  # type: ignore[attr-defined]
     for c in configs:
         ref.add_job(c)
         dp.add_job(c)  # type: ignore[attr-defined]
@@ -172,6 +181,47 @@ def random_traffic(config: JobConfig, rounds: int, seed: int) -> Datagrams:
 def test_parity_random_schedule(plane: object, fmt: str) -> None:
     config = job(result_format=fmt, pool_size=4, workers=4, k=64)
     run_both(plane, [config], random_traffic(config, rounds=40, seed=3))
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["untagged", "keyed"])
+@pytest.mark.parametrize("fmt", ["int", "nc8"])
+def test_parity_with_generation_notices_and_tags(plane: object, fmt: str, keyed: bool) -> None:
+    key = bytes(range(7, 7 + 48)) if keyed else None
+    config = job(result_format=fmt, pool_size=4, workers=3, k=16, key=key)
+    packets = random_traffic(config, rounds=30, seed=8)
+    rnd = random.Random(2)
+
+    def flagged(datagram: bytes, flags: int) -> bytes:
+        return bytes([datagram[0], datagram[1] | flags]) + datagram[2:]
+
+    traffic: Datagrams = []
+    for datagram, src in packets:
+        variants = [datagram]
+        if rnd.random() < 0.05:  # a packet of an earlier aggregator start: stale, a notice
+            variants.insert(0, flagged(datagram, 9 << 3))
+        if key is not None:
+            variants = [tag.sign(key, flagged(d, FLAG_TAG)) for d in variants]
+            if rnd.random() < 0.05:
+                variants.insert(0, tag.sign(bytes(16), flagged(datagram, FLAG_TAG)))  # forged
+        traffic += [(d, src) for d in variants]
+    ref = run_both(plane, [config], traffic, generation=5)
+    stats = ref.jobs[7].stats
+    assert stats.notices_sent > 0 and stats.drops["stale_generation"] > 0
+    assert (stats.drops["bad_tag"] > 0) == keyed
+
+
+def test_blake2b_matches_hashlib(plane: object) -> None:
+    ffi, lib = plane.ffi, plane.lib  # type: ignore[attr-defined]
+    rnd = random.Random(1)
+    out = ffi.new("uint8_t[64]")
+    for length in [*range(0, 300), 1023, 1024, 1025, 1600]:
+        message = rnd.randbytes(length)
+        shapes = ((16, 8), (rnd.randint(17, 64), 8), (0, 64), (64, rnd.randint(1, 64)))
+        for key_length, digest in shapes:
+            key = rnd.randbytes(key_length)
+            lib.ncd_blake2b(out, digest, key, key_length, message, length)
+            want = hashlib.blake2b(message, digest_size=digest, key=key).digest()
+            assert bytes(ffi.buffer(out, digest)) == want, (length, key_length, digest)
 
 
 def test_parity_two_jobs_and_members(plane: object) -> None:

@@ -2,8 +2,10 @@
 pair through a bridge (``ncina.aggregator.dpdk.netns``).
 
 - wire parity: one recorded schedule (duplicates, retransmissions, malformed packets) sent to
-  the Python backend (loopback) and to the DPDK backend gives the same datagrams to every rank,
-  and the same counters (int results, and nc8 results under one --seed: the same key stream);
+  the Python backend (loopback) and to the DPDK backend under one --generation gives the same
+  datagrams to every rank, notices included, and the same counters (int results, and nc8 results
+  under one --seed: the same key stream); also for a keyed job (tags, forged packets) and with
+  packets of a previous generation;
 - the aggregator's kernel stays silent (no ICMP port unreachable), ARP is answered by DPDK;
 - raw garbage frames are ignored or counted and the process keeps serving; SIGINT exits cleanly.
 
@@ -23,7 +25,8 @@ from typing import Any
 
 import pytest
 from ncina.aggregator.dpdk import binding, netns
-from ncina.proto.header import GENERATION_MASK, HEADER_SIZE, NOTICE
+from ncina.proto import tag
+from ncina.proto.header import FLAG_TAG, GENERATION_MASK, GENERATION_SHIFT
 from ncina_testlib import (
     RunningAggregator,
     start_aggregator,
@@ -38,9 +41,13 @@ pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"dpdk backend: {_M
 K = 8
 
 
-def schedule(job: int, workers: int, rounds: int, pool: int, seed: int) -> list[tuple[int, bytes]]:
+def schedule(
+    job: int, workers: int, rounds: int, pool: int, seed: int, key: bytes | None = None
+) -> list[tuple[int, bytes]]:
     """(sending rank, datagram): SwitchML order (each round's packets shuffled), with
-    duplicates, lost-result retransmissions and malformed packets mixed in."""
+    duplicates, lost-result retransmissions, malformed packets and packets of another generation
+    mixed in. With ``key`` every datagram is tagged (the malformed ones too, so they reach the
+    checks after the tag's) and each round adds one forged packet (a wrong key)."""
     rnd = random.Random(seed)
     emin = window_e_min(workers)
     top = 62 - (workers - 1).bit_length() + 1
@@ -72,7 +79,24 @@ def schedule(job: int, workers: int, rounds: int, pool: int, seed: int) -> list[
         else:
             bad[3] ^= 1
         out.append((packets[0][0], bytes(bad)))
-    return out
+        if chunk % 5 == 4:  # from an aggregator start before this one
+            stale = bytearray(packets[-1][1])
+            stale[1] |= STALE << GENERATION_SHIFT
+            out.append((packets[-1][0], bytes(stale)))
+        if key is not None:
+            forged = bytearray(packets[0][1])
+            forged[1] |= FLAG_TAG
+            out.append((packets[0][0], tag.sign(bytes(16), forged)))
+    if key is None:
+        return out
+    sealed = []
+    for rank, datagram in out:
+        if datagram[1] & FLAG_TAG:  # forged already
+            sealed.append((rank, datagram))
+        else:
+            sealed.append((rank, tag.sign(key, bytes([datagram[0], datagram[1] | FLAG_TAG])
+                                          + datagram[2:])))  # fmt: skip
+    return sealed
 
 
 def replay(
@@ -110,44 +134,41 @@ def replay(
             s.close()
 
 
-NOTICE_SIZE = HEADER_SIZE + NOTICE.size
+GENERATION = 6
+STALE = 11  # the generation of an earlier start
+KEY = bytes(range(32, 64))
 
 
-def is_notice(datagram: bytes) -> bool:
-    """A notice: a RESULT datagram of zero elements (docs/protocol.md)."""
-    return len(datagram) == NOTICE_SIZE and datagram[10:12] == b"\x00\x00"
-
-
-def without_generation(datagram: bytes) -> bytes:
-    """``datagram`` with the generation bits of its flags byte cleared."""
-    return datagram[:1] + bytes([datagram[1] & ~GENERATION_MASK]) + datagram[2:]
-
-
+@pytest.mark.parametrize("keyed", [False, True], ids=["untagged", "keyed"])
 @pytest.mark.parametrize("result", ["int", "nc8"])
-def test_wire_parity_with_the_python_backend(tmp_path: Path, result: str) -> None:
+def test_wire_parity_with_the_python_backend(tmp_path: Path, result: str, keyed: bool) -> None:
     workers, pool = 3, 4
-    packets = schedule(9, workers, rounds=30, pool=pool, seed=4)
+    packets = schedule(9, workers, rounds=30, pool=pool, seed=4, key=KEY if keyed else None)
+    extra = ["--seed", "42", "--pool-size", str(pool), "--generation", str(GENERATION)]
+    if keyed:
+        key_file = tmp_path / "job.key"
+        key_file.write_text(KEY.hex())
+        extra += ["--key-file", str(key_file)]
     outputs = {}
     for backend in ("python", "dpdk"):
         agg = start_aggregator(backend, tmp_path / backend, job=9, workers=workers, k=K,
-                               result=result, extra=["--seed", "42", "--pool-size", str(pool)],
-                               listen="127.0.0.1:0")  # fmt: skip
+                               result=result, extra=extra, listen="127.0.0.1:0")  # fmt: skip
         try:
             outputs[backend] = replay(agg, worker_host(backend), workers, packets)
         finally:
             assert agg.stop() == 0, agg.log()
     (py_rx, py_stats), (dp_rx, dp_stats) = outputs["python"], outputs["dpdk"]
     assert sum(map(len, py_rx)) > 30
-    # The Python backend stamps its generation (flags bits 3-6) on results; the DPDK backend does
-    # not implement generations yet (generation 0). Everything else must be the same bytes.
-    # The Python backend also answers duplicates of incomplete slots with notices (count 0), which
-    # the DPDK backend does not send yet; the results themselves must be the same bytes.
-    assert dp_rx == [[without_generation(d) for d in rx if not is_notice(d)] for rx in py_rx]
-    py_job = py_stats["jobs"]["9"]
-    notices = py_job["notices_sent"]
-    assert notices > 0
-    py_job.update(notices_sent=0, packets_out=py_job["packets_out"] - notices,
-                  bytes_out=py_job["bytes_out"] - notices * NOTICE_SIZE)  # fmt: skip
+    # The same bytes to every rank: results, and notices (duplicates, stale packets).
+    assert dp_rx == py_rx
+    downlink = [d for rx in py_rx for d in rx]
+    assert all(d[1] & GENERATION_MASK == GENERATION << GENERATION_SHIFT for d in downlink)
+    assert all(bool(d[1] & FLAG_TAG) == keyed for d in downlink)
+    if keyed:
+        assert all(tag.verify(KEY, d) for d in downlink)
+    job = py_stats["jobs"]["9"]
+    assert job["notices_sent"] > 0 and job["drops"]["stale_generation"] == 6
+    assert (job["drops"]["bad_tag"] > 0) == keyed
     assert dp_stats["jobs"] == py_stats["jobs"]
     assert dp_stats["global"] == py_stats["global"]
     assert dp_stats["dpdk"]["key_underruns"] == 0

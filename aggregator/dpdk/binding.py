@@ -14,8 +14,8 @@ from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 PROTO = HERE.parent.parent / "proto"
-SOURCES = ("parse.c", "slots.c", "result.c", "loop.c", "gen.c")
-HEADERS = ("ncd.h", "ncd_priv.h")
+SOURCES = ("parse.c", "slots.c", "result.c", "loop.c", "gen.c", "blake2b.c")
+HEADERS = ("ncd.h", "ncd_priv.h", "blake2b.h")
 COMPILE_ARGS = ("-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter")
 
 

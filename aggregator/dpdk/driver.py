@@ -46,6 +46,8 @@ DROP_NAMES = (
     "bad_length",
     "bad_code",
     "chunk_mismatch",
+    "bad_tag",
+    "stale_generation",
 )
 IO_COUNTERS = ("rx_frames", "ignored", "arp_replies", "tx_frames", "tx_dropped", "no_mbuf", "loops")
 KEY_RING = 1 << 18  # nc8 result keys buffered per job (2 MiB); refilled every poll
@@ -117,6 +119,10 @@ class DataPlane:
             raise ValueError(f"the dpdk backend needs a fixed UDP port, not {port}")
         self.lib.ncd_set_address(ipaddress.IPv4Address(host).packed, port)
 
+    def set_generation(self, generation: int) -> None:
+        """The generation stamped on every result and notice (0: none, no notices)."""
+        self.lib.ncd_set_generation(generation)
+
     def add_job(self, config: JobConfig) -> np.random.Generator:
         """Install a job and its members; returns the generator of its nc8 result keys (the
         Python reference's ``default_rng(seed)``), whose first keys are already pushed."""
@@ -138,6 +144,9 @@ class DataPlane:
             ),
             f"installing job {config.job}",
         )
+        if config.key is not None:
+            self._check(self.lib.ncd_job_set_key(config.job, config.key, len(config.key)),
+                        f"job {config.job} key")  # fmt: skip
         for rank, (host, port) in sorted(config.members.items()):
             self._check(
                 self.lib.ncd_member_set(
@@ -211,6 +220,7 @@ class DpdkBackend:
         stats_interval: float = 1.0,
         idle_sleep_us: int = DEFAULT_IDLE_SLEEP_US,
         mode: str = "aggregate",
+        generation: int = 0,
         log: TextIO = sys.stderr,
     ) -> None:
         from ncina.aggregator.dpdk.binding import load
@@ -226,6 +236,8 @@ class DpdkBackend:
         self.started = time.time()
         self.plane = DataPlane(load())
         self.plane.set_address(listen)
+        self.plane.set_generation(generation)
+        self.generation = generation
         self.plane.init(eal_arguments(iface, eal_extra, vdev_options=vdev_options))
         self.rngs = {c.job: self.plane.add_job(c) for c in self.configs}
         self._stop = threading.Event()
@@ -242,7 +254,7 @@ class DpdkBackend:
         thread = threading.Thread(target=self._loop, name="ncd_run", daemon=True)
         thread.start()
         jobs = "; ".join(c.describe() for c in self.configs)
-        mode = "no-op forwarder" if self.mode else "aggregator"
+        mode = "no-op forwarder" if self.mode else f"aggregator, generation {self.generation}"
         details = f"{mode}, pid {os.getpid()}, iface {self.iface} mac {self.plane.mac}, {jobs}"
         print(ready_line(self.listen, NAME, details), file=self.log, flush=True)
         try:
@@ -338,7 +350,7 @@ def add_arguments(parser: Any) -> None:
     )
 
 
-def serve(config: JobConfig, args: Any) -> int:
+def serve(config: JobConfig, args: Any, generation: int) -> int:
     """Run the dpdk backend for ``config`` with the parsed command line ``args``."""
     if not args.iface:
         raise ValueError("the dpdk backend needs --iface IF (the interface to attach to)")
@@ -352,5 +364,6 @@ def serve(config: JobConfig, args: Any) -> int:
         stats_interval=args.stats_interval,
         idle_sleep_us=args.idle_sleep_us,
         mode=args.dpdk_mode,
+        generation=generation,
     )
     return backend.run()

@@ -148,6 +148,14 @@ static void handle(struct rte_mbuf *m)
     case NCD_V_SEND_ALL:
         send_all(&a);
         break;
+    case NCD_V_NOTICE:
+        /* The input frame becomes the notice (a notice is small: any mbuf holds it). */
+        if (ncd_notice_frame_len(a.job) <= (uint32_t)(m->buf_len - m->data_off)) {
+            send_frame(m, ncd_build_notice(frame, &a));
+            return;
+        }
+        ncd_iostats.no_mbuf++;
+        break;
     case NCD_V_IGNORE:
         ncd_iostats.ignored++;
         break;
@@ -268,6 +276,12 @@ int ncd_process_frame(const uint8_t *frame, uint32_t len, uint8_t *out, uint32_t
         for (uint16_t r = 0; r < a.job->n; r++)
             out_lens[r] = ncd_build_result(out + (size_t)r * stride, a.job, a.slot, a.version, r);
         return a.job->n;
+    case NCD_V_NOTICE:
+        if (max_out < 1 || ncd_notice_frame_len(a.job) > stride || len > stride)
+            return -1;
+        memcpy(out, frame, len);
+        out_lens[0] = ncd_build_notice(out, &a);
+        return 1;
     default:
         return 0;
     }

@@ -24,7 +24,9 @@ enum ncd_drop {
     NCD_BAD_LENGTH = 9,
     NCD_BAD_CODE = 10,
     NCD_CHUNK_MISMATCH = 11,
-    NCD_NDROPS = 12
+    NCD_BAD_TAG = 12,
+    NCD_STALE_GENERATION = 13,
+    NCD_NDROPS = 14
 };
 
 /* Counters of one job, or of the aggregator-wide "global" section (packets no job claims);
@@ -40,8 +42,9 @@ struct ncd_counters {
     uint64_t results_resent;
     uint64_t duplicates;
     uint64_t retx_seen;
+    uint64_t notices_sent;
     uint64_t key_underruns;     /* nc8 results keyed by the fallback (key ring empty) */
-    uint64_t drops[12];
+    uint64_t drops[14];
 };
 
 /* Port-level counters of the I/O loop (not protocol counters). */
@@ -70,6 +73,15 @@ void ncd_set_address(const uint8_t *ip, uint16_t udp_port);
 /* Install a job. result_format 0 = nc8, 1 = int. Returns 0, or -1 with ncd_error(). */
 int ncd_job_add(uint16_t job, uint16_t workers, uint16_t k, uint16_t slots, int e_min, int span,
                 int result_format, uint64_t seed);
+/* The aggregator's generation, 0..15 (docs/protocol.md "Generations and notices"): stamped on
+ * every result and notice; 0 is an aggregator without generations (no notices). */
+void ncd_set_generation(uint8_t generation);
+/* The job's authentication key (16..64 bytes; docs/protocol.md "Authentication tag"). Returns 0,
+ * or -1 with ncd_error(). */
+int ncd_job_set_key(uint16_t job, const uint8_t *key, uint32_t keylen);
+/* Keyed BLAKE2b of msg with an outlen-byte digest (the tag's function; for tests). */
+void ncd_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,
+                 const uint8_t *msg, uint32_t len);
 /* Configure a member's address (IPv4 network order, UDP port host order); its MAC is learned
  * from its first packet. Unconfigured members are learned from their first valid packet. */
 /* The nc8 result keys: one per slot completion, in order, drawn by the control plane from the

@@ -7,6 +7,7 @@
 #include <rte_byteorder.h>
 #include <rte_ether.h>
 
+#include "blake2b.h"
 #include "ncd.h"
 
 #define NCD_HDR_LEN 16          /* the ncina header, docs/protocol.md */
@@ -14,7 +15,11 @@
 #define NCD_FLAG_RESULT 0x01
 #define NCD_FLAG_RETX 0x02
 #define NCD_FLAG_POOL 0x04
-#define NCD_FLAGS_KNOWN 0x07
+#define NCD_GEN_SHIFT 3
+#define NCD_GEN_MASK 0x78
+#define NCD_FLAG_TAG 0x80
+#define NCD_TAG_LEN 8
+#define NCD_NOTICE_LEN (NCD_HDR_LEN + 8)   /* header and the 64-bit bitmap, before any tag */
 #define NCD_FMT_NC8 0
 #define NCD_FMT_INT 1
 #define NCD_MAX_WORKERS 64      /* the bitmap is one 64-bit word, as in every backend */
@@ -35,6 +40,7 @@ struct ncd_pkt {
     uint16_t job, rank, slot, count;
     uint32_t offset;
     const uint8_t *payload;
+    uint32_t payload_len;       /* without the tag */
 };
 
 /* A member of a job: where its results go. ip/port network order. */
@@ -70,6 +76,8 @@ struct ncd_job {
     uint64_t keys_written;      /* the key ring's producer index (control plane) */
     uint64_t *keys;             /* key ring, key_mask + 1 entries, or NULL */
     uint32_t key_mask;
+    uint8_t tagged;             /* the job has an authentication key */
+    struct ncd_b2b mac;         /* BLAKE2b state with the key block absorbed (copied per tag) */
     struct ncd_counters c;
     struct ncd_member *members; /* n */
     struct ncd_slot *slots;     /* 2 * nslots: slot s version v at [2 * s + v] */
@@ -82,6 +90,7 @@ enum ncd_verdict {
     NCD_V_SEND_ALL,     /* slot completed: a result to every member */
     NCD_V_SEND_ONE,     /* stored result to the sender */
     NCD_V_IGNORE,       /* not ncina traffic */
+    NCD_V_NOTICE,       /* a notice back to the sender */
 };
 
 struct ncd_action {
@@ -89,6 +98,10 @@ struct ncd_action {
     const struct ncd_slot *slot;
     uint16_t rank;
     uint8_t version;
+    /* NCD_V_NOTICE: the slot and offset of the packet answered, and the contributors' bitmap */
+    uint16_t slot_index;
+    uint32_t offset;
+    uint64_t bitmap;
 };
 
 /* Module state (slots.c). */
@@ -98,6 +111,7 @@ extern struct ncd_io ncd_iostats;
 extern struct rte_ether_addr ncd_mac;
 extern uint32_t ncd_ip;        /* network order; 0 = any */
 extern uint16_t ncd_port_be;   /* network order */
+extern uint8_t ncd_generation;
 
 /* parse.c */
 enum ncd_verdict ncd_classify(const uint8_t *frame, uint32_t len, struct ncd_pkt *p);
@@ -112,6 +126,9 @@ uint32_t ncd_build_result(uint8_t *buf, const struct ncd_job *job, const struct 
                           unsigned version, uint16_t rank);
 void ncd_encode_result(struct ncd_job *job, struct ncd_slot *slot);
 void ncd_build_arp_reply(uint8_t *frame);
+uint32_t ncd_notice_frame_len(const struct ncd_job *job);
+uint32_t ncd_build_notice(uint8_t *frame, const struct ncd_action *a);
+void ncd_tag(const struct ncd_job *job, const uint8_t *msg, uint32_t len, uint8_t *tag);
 uint64_t ncd_next_key(struct ncd_job *job);
 
 #endif

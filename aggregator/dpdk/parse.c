@@ -63,7 +63,8 @@ enum ncd_verdict ncd_classify(const uint8_t *frame, uint32_t len, struct ncd_pkt
 }
 
 /* The job-independent checks, in the order of ncina.proto.header.parse. Returns -1 when the
- * datagram is well formed, else its drop reason. Fills the header fields of p. */
+ * datagram is well formed, else its drop reason. Fills the header fields of p; with the TAG
+ * flag the last NCD_TAG_LEN bytes are the tag, not payload (checked against the job's key). */
 int ncd_parse_dgram(struct ncd_pkt *p)
 {
     if (p->dgram_len < NCD_HDR_LEN)
@@ -81,8 +82,6 @@ int ncd_parse_dgram(struct ncd_pkt *p)
     p->payload = h + NCD_HDR_LEN;
     if (p->version != NCD_VERSION)
         return NCD_BAD_VERSION;
-    if (p->flags & ~NCD_FLAGS_KNOWN)
-        return NCD_BAD_FLAGS;
     uint32_t size;
     if (p->format == NCD_FMT_NC8)
         size = 1;
@@ -92,7 +91,9 @@ int ncd_parse_dgram(struct ncd_pkt *p)
         return NCD_BAD_FORMAT;
     if (p->count == 0)
         return NCD_BAD_COUNT;
-    if (p->dgram_len - NCD_HDR_LEN != (uint32_t)p->count * size)
+    const uint32_t tag = p->flags & NCD_FLAG_TAG ? NCD_TAG_LEN : 0;
+    p->payload_len = p->dgram_len >= NCD_HDR_LEN + tag ? p->dgram_len - NCD_HDR_LEN - tag : 0;
+    if (p->payload_len != (uint32_t)p->count * size)
         return NCD_BAD_LENGTH;
     return -1;
 }

@@ -13,6 +13,7 @@ struct ncd_io ncd_iostats;
 struct rte_ether_addr ncd_mac;
 uint32_t ncd_ip;
 uint16_t ncd_port_be;
+uint8_t ncd_generation;
 
 char ncd_errbuf[256];
 
@@ -86,6 +87,57 @@ int ncd_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int 
 nomem:
     snprintf(ncd_errbuf, sizeof ncd_errbuf, "job %u: out of memory", id);
     return -1;
+}
+
+void ncd_set_generation(uint8_t generation)
+{
+    ncd_generation = generation & (NCD_GEN_MASK >> NCD_GEN_SHIFT);
+}
+
+int ncd_job_set_key(uint16_t id, const uint8_t *key, uint32_t keylen)
+{
+    struct ncd_job *job = ncd_jobs[id];
+    if (job == NULL || keylen < 16 || keylen > 64) {
+        snprintf(ncd_errbuf, sizeof ncd_errbuf, "job %u: a key has 16 to 64 bytes, not %u", id,
+                 keylen);
+        return -1;
+    }
+    ncd_b2b_init(&job->mac, NCD_TAG_LEN, key, keylen);
+    job->tagged = 1;
+    return 0;
+}
+
+void ncd_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,
+                 const uint8_t *msg, uint32_t len)
+{
+    struct ncd_b2b s;
+    ncd_b2b_init(&s, outlen, key, keylen);
+    ncd_b2b_update(&s, msg, len);
+    ncd_b2b_final(&s, out);
+}
+
+/* The tag of msg[0..len) with the job's key. */
+void ncd_tag(const struct ncd_job *job, const uint8_t *msg, uint32_t len, uint8_t *tag)
+{
+    struct ncd_b2b s = job->mac;
+    ncd_b2b_update(&s, msg, len);
+    ncd_b2b_final(&s, tag);
+}
+
+/* Whether the datagram's authentication is what its job asks for: no TAG flag on an untagged
+ * job; the TAG flag and a matching tag (compared in constant time) on a keyed one. */
+static int authentic(const struct ncd_job *job, const struct ncd_pkt *p)
+{
+    const int flagged = (p->flags & NCD_FLAG_TAG) != 0;
+    if (!job->tagged || !flagged)
+        return !job->tagged && !flagged;
+    uint8_t tag[NCD_TAG_LEN];
+    const uint32_t body = p->dgram_len - NCD_TAG_LEN;
+    ncd_tag(job, p->dgram, body, tag);
+    uint8_t diff = 0;
+    for (int i = 0; i < NCD_TAG_LEN; i++)
+        diff |= tag[i] ^ p->dgram[body + i];
+    return diff == 0;
 }
 
 int ncd_member_set(uint16_t id, uint16_t rank, const uint8_t *ip, uint16_t port)
@@ -203,7 +255,7 @@ static inline unsigned max_code(const uint8_t *codes, unsigned n)
 }
 
 /* Job-level validation, in the order of ncina.aggregator.slots; -1 when the packet may enter
- * the state machine, else the drop reason. */
+ * the state machine, else the drop reason (NCD_STALE_GENERATION: answered with a notice). */
 static int check_job(const struct ncd_job *job, const struct ncd_pkt *p)
 {
     if (p->flags & NCD_FLAG_RESULT)
@@ -215,6 +267,9 @@ static int check_job(const struct ncd_job *job, const struct ncd_pkt *p)
     const struct ncd_member *m = &job->members[p->rank];
     if (m->known && (m->ip != p->src_ip || m->port != p->src_port))
         return NCD_NON_MEMBER;
+    const unsigned stamp = p->flags & NCD_GEN_MASK;
+    if (stamp && stamp != (unsigned)ncd_generation << NCD_GEN_SHIFT)
+        return ncd_generation ? NCD_STALE_GENERATION : NCD_BAD_FLAGS;
     if (p->emin != job->e_min)
         return NCD_WINDOW_MISMATCH;
     if (p->slot >= job->nslots)
@@ -253,6 +308,22 @@ static void count_malformed(const struct ncd_pkt *p, int reason)
     c->drops[reason]++;
 }
 
+/* A notice to the packet's sender about (slot, version) at the packet's offset. */
+static enum ncd_verdict notice(struct ncd_job *job, const struct ncd_pkt *p, unsigned ver,
+                               uint64_t bitmap, struct ncd_action *act)
+{
+    act->job = job;
+    act->rank = p->rank;
+    act->version = (uint8_t)ver;
+    act->slot_index = p->slot;
+    act->offset = p->offset;
+    act->bitmap = bitmap;
+    job->c.notices_sent++;
+    job->c.packets_out++;
+    job->c.bytes_out += NCD_NOTICE_LEN + (job->tagged ? NCD_TAG_LEN : 0);
+    return NCD_V_NOTICE;
+}
+
 enum ncd_verdict ncd_engine_input(const uint8_t *frame, uint32_t len, struct ncd_action *act)
 {
     struct ncd_pkt p;
@@ -273,16 +344,20 @@ enum ncd_verdict ncd_engine_input(const uint8_t *frame, uint32_t len, struct ncd
     struct ncd_counters *c = &job->c;
     c->packets_in++;
     c->bytes_in += p.dgram_len;
+    if (!authentic(job, &p)) {
+        c->drops[NCD_BAD_TAG]++;
+        return NCD_V_NONE;
+    }
+    const unsigned ver = (p.flags & NCD_FLAG_POOL) != 0;
     reason = check_job(job, &p);
     if (reason >= 0) {
         c->drops[reason]++;
-        return NCD_V_NONE;
+        return reason == NCD_STALE_GENERATION ? notice(job, &p, ver, 0, act) : NCD_V_NONE;
     }
     learn_member(&job->members[p.rank], &p);
     c->retx_seen += (p.flags & NCD_FLAG_RETX) != 0;
 
     const uint64_t bit = 1ULL << p.rank;
-    const unsigned ver = (p.flags & NCD_FLAG_POOL) != 0;
     struct ncd_slot *s = &job->slots[2 * p.slot + ver];
     const int first = s->bitmap == 0;
     if (!first && (p.offset != s->offset || p.count != s->count)) {
@@ -294,15 +369,17 @@ enum ncd_verdict ncd_engine_input(const uint8_t *frame, uint32_t len, struct ncd
     act->rank = p.rank;
     act->version = (uint8_t)ver;
 
+    const uint32_t result_len = NCD_HDR_LEN + (uint32_t)s->count * job->elem_size +
+                                (job->tagged ? NCD_TAG_LEN : 0);
     if (s->bitmap & bit) {
         if (s->complete) {                      /* rule 2: the worker lost the result */
             c->results_resent++;
             c->packets_out++;
-            c->bytes_out += NCD_HDR_LEN + (uint32_t)s->count * job->elem_size;
+            c->bytes_out += result_len;
             return NCD_V_SEND_ONE;
         }
-        c->duplicates++;                        /* rule 3: ignored duplicate */
-        return NCD_V_NONE;
+        c->duplicates++;                        /* rule 3: ignored duplicate, and a notice */
+        return ncd_generation ? notice(job, &p, ver, s->bitmap, act) : NCD_V_NONE;
     }
 
     /* Rule 1: a new contribution. */
@@ -328,6 +405,7 @@ enum ncd_verdict ncd_engine_input(const uint8_t *frame, uint32_t len, struct ncd
     c->slots_completed++;
     c->results_sent += job->n;
     c->packets_out += job->n;
-    c->bytes_out += (uint64_t)job->n * (NCD_HDR_LEN + (uint32_t)s->count * job->elem_size);
+    c->bytes_out += (uint64_t)job->n * (NCD_HDR_LEN + (uint32_t)s->count * job->elem_size +
+                                        (job->tagged ? NCD_TAG_LEN : 0));
     return NCD_V_SEND_ALL;
 }
