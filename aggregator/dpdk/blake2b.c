@@ -30,9 +30,11 @@ static inline uint64_t rotr(uint64_t x, unsigned n)
 
 static inline uint64_t load64(const uint8_t *p)
 {
-    uint64_t w = 0;
-    for (int i = 7; i >= 0; i--)
-        w = w << 8 | p[i];
+    uint64_t w;
+    memcpy(&w, p, sizeof w);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    w = __builtin_bswap64(w);
+#endif
     return w;
 }
 
@@ -48,6 +50,21 @@ static inline uint64_t load64(const uint8_t *p)
         v[b] = rotr(v[b] ^ v[c], 63);    \
     } while (0)
 
+/* One round; with r a constant (the loop below is unrolled) every index is a constant, so the
+ * 16 state words stay in registers. */
+#define ROUND(r)                                                   \
+    do {                                                           \
+        const uint8_t *z = sigma[(r) % 10];                        \
+        G(0, 4, 8, 12, m[z[0]], m[z[1]]);                          \
+        G(1, 5, 9, 13, m[z[2]], m[z[3]]);                          \
+        G(2, 6, 10, 14, m[z[4]], m[z[5]]);                         \
+        G(3, 7, 11, 15, m[z[6]], m[z[7]]);                         \
+        G(0, 5, 10, 15, m[z[8]], m[z[9]]);                         \
+        G(1, 6, 11, 12, m[z[10]], m[z[11]]);                       \
+        G(2, 7, 8, 13, m[z[12]], m[z[13]]);                        \
+        G(3, 4, 9, 14, m[z[14]], m[z[15]]);                        \
+    } while (0)
+
 static void compress(struct ncd_b2b *s, int last)
 {
     uint64_t v[16], m[16];
@@ -60,17 +77,18 @@ static void compress(struct ncd_b2b *s, int last)
     v[12] ^= s->t;
     if (last)
         v[14] = ~v[14];
-    for (int r = 0; r < 12; r++) {
-        const uint8_t *z = sigma[r % 10];
-        G(0, 4, 8, 12, m[z[0]], m[z[1]]);
-        G(1, 5, 9, 13, m[z[2]], m[z[3]]);
-        G(2, 6, 10, 14, m[z[4]], m[z[5]]);
-        G(3, 7, 11, 15, m[z[6]], m[z[7]]);
-        G(0, 5, 10, 15, m[z[8]], m[z[9]]);
-        G(1, 6, 11, 12, m[z[10]], m[z[11]]);
-        G(2, 7, 8, 13, m[z[12]], m[z[13]]);
-        G(3, 4, 9, 14, m[z[14]], m[z[15]]);
-    }
+    ROUND(0);
+    ROUND(1);
+    ROUND(2);
+    ROUND(3);
+    ROUND(4);
+    ROUND(5);
+    ROUND(6);
+    ROUND(7);
+    ROUND(8);
+    ROUND(9);
+    ROUND(10);
+    ROUND(11);
     for (int i = 0; i < 8; i++)
         s->h[i] ^= v[i] ^ v[i + 8];
 }

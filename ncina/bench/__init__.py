@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "aggregator": "ncina.bench.aggregator",
     "reliability": "ncina.bench.reliability",
     "training": "ncina.bench.training",
+    "tag": "ncina.bench.tag",
 }
 
 

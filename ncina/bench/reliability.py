@@ -13,15 +13,23 @@ only the lossless run itself is expected to match (docs/reliability.md).
 In the fault scenarios nothing may return a wrong or partial result: a killed worker makes the
 others raise ``TimeoutError`` naming its rank after their deadline, a restarted aggregator makes
 every worker still in the call raise ``AggregatorRestartedError`` at once.
+
+Then several jobs at once on one aggregator (2 and 4, each its own workers, K, pool and its
+own file in ``--jobs-dir``): each job's result must be bit-identical to the same job alone.
+Last, ``--fuzz-packets`` hostile datagrams from a stranger during a job
+(``ncina.bench.fuzzing``): exact results, every datagram one counted drop, flat memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +38,8 @@ from typing import Any
 import numpy as np
 
 from ncina.aggregator import process as aggproc
+from ncina.aggregator.jobs import JobConfig
+from ncina.bench.fuzzing import fuzz_during_allreduce, hostile_datagrams
 from ncina.worker.client import AggregatorRestartedError, AllreduceClient
 
 JOB = 21
@@ -100,6 +110,105 @@ def allreduce_with_faults(
         aggproc.stop(proc)
     seconds = max(d[3] for d in done) - min(d[2] for d in done)
     return Run([d[0] for d in done], [d[1] for d in done], document, seconds)
+
+
+# Concurrent jobs: (job id, workers, K, pool size); the first is the job of the flags. Results
+# are int, so that a job alone and among others must give the same bits.
+JOBS = ((JOB, 4, 128, 64), (22, 2, 64, 32), (23, 3, 100, 48), (24, 2, 182, 16))
+
+
+@dataclass
+class JobsRun:
+    """What several jobs all-reducing at once on one aggregator gave."""
+
+    outputs: dict[int, list[np.ndarray]]  # per job, per rank
+    seconds: float  # from the first worker's start to the last worker's end
+    retransmissions: int  # over every worker of every job
+
+
+def allreduce_jobs(jobs: Sequence[tuple[int, int, int, int]], elements: int, workdir: Path,
+                   seed: int) -> JobsRun:  # fmt: skip
+    """All-reduce ``elements`` per worker in every job of ``jobs`` at the same time on one Python
+    aggregator (the first job from its flags, the others from ``--jobs-dir``); worker ``r`` of
+    job ``j`` is seeded ``100 * j + r`` and its input drawn from ``(seed, j, r)``."""
+    jobs_dir = workdir / "jobs"
+    jobs_dir.mkdir()
+    first, *others = jobs
+    for job, workers, k, pool in others:
+        (jobs_dir / f"{job}.json").write_text(json.dumps(
+            {"job": job, "workers": workers, "k": k, "result_format": "int", "pool_size": pool}
+        ))  # fmt: skip
+    job, workers, k, pool = first
+    stats_path = workdir / "stats.json"
+    proc, address = aggproc.start([
+        "--backend", "python", "--listen", "127.0.0.1:0", "--job", str(job), "--workers",
+        str(workers), "--k", str(k), "--result", "int", "--pool-size", str(pool), "--stats",
+        str(stats_path), "--jobs-dir", str(jobs_dir),
+    ], workdir / "aggregator.log")  # fmt: skip
+    try:
+        wanted = {str(j[0]) for j in jobs}
+        while not wanted <= set(aggproc.request_stats(proc, stats_path)["jobs"]):
+            time.sleep(0.05)  # the directory is read every 0.2 s
+
+        def worker(spec: tuple[int, int, int, int], rank: int) -> tuple[Any, ...]:
+            job, workers, k, pool = spec
+            x = np.random.default_rng((seed, job, rank)).standard_normal(elements)
+            with AllreduceClient(address, job=job, rank=rank, workers=workers, k=k,
+                                 pool_size=pool, result_format="int", seed=100 * job + rank,
+                                 timeout=0.02, max_timeout=0.2) as client:  # fmt: skip
+                began = time.monotonic()
+                out = client.allreduce(x.astype(np.float32), op="sum")
+                return job, rank, out, client.stats["retransmissions"], began, time.monotonic()
+
+        tasks = [(spec, rank) for spec in jobs for rank in range(spec[1])]
+        with ThreadPoolExecutor(len(tasks)) as pool_:
+            done = list(pool_.map(lambda t: worker(*t), tasks))
+    finally:
+        aggproc.stop(proc)
+    outputs: dict[int, list[np.ndarray]] = {j[0]: [] for j in jobs}
+    for job, _, out, *_ in done:
+        outputs[job].append(out)
+    return JobsRun(outputs, max(d[5] for d in done) - min(d[4] for d in done),
+                   sum(d[3] for d in done))  # fmt: skip
+
+
+def fuzz_row(workdir: Path, packets: int, elements: int) -> dict[str, Any]:
+    """The hostile-input row: ``packets`` datagrams of ``hostile_datagrams`` during a job of
+    three configured members on a Python aggregator."""
+    workers, k, pool = 3, 128, 64
+    ports = []
+    for _ in range(workers):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    stats_path = workdir / "stats.json"
+    proc, address = aggproc.start([
+        "--backend", "python", "--listen", "127.0.0.1:0", "--job", str(JOB), "--workers",
+        str(workers), "--k", str(k), "--result", "int", "--pool-size", str(pool), "--stats",
+        str(stats_path), *(f"--member={r}=127.0.0.1:{p}" for r, p in enumerate(ports)),
+    ], workdir / "aggregator.log")  # fmt: skip
+    try:
+        emin = JobConfig.create(job=JOB, workers=workers, k=k, result_format="int").window.e_min
+        datagrams = hostile_datagrams(packets, seed=7, job=JOB, workers=workers, k=k, emin=emin,
+                                      pool_size=pool)  # fmt: skip
+        report = fuzz_during_allreduce(
+            address, "127.0.0.1", ports, lambda: aggproc.request_stats(proc, stats_path),
+            proc.pid, lambda send: [send(d) for d in datagrams], job=JOB, k=k, pool_size=pool,
+            elements=elements,
+        )
+        alive = proc.poll() is None
+    finally:
+        code = aggproc.stop(proc)
+    return {
+        "scenario": f"{report.sent:,} fuzzed datagrams during a job",
+        "elements": elements,
+        "exact": report.exact,
+        "seconds": round(report.seconds, 3),
+        "crashes": int(not alive or code != 0),
+        "every_datagram_one_drop": report.dropped == report.sent and report.accepted == 0,
+        "drops": report.drops,
+        "rss_kib_before_after": list(report.rss_kib),
+    }
 
 
 @dataclass
@@ -231,6 +340,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=42, help="input seed")
     p.add_argument("--deadline", type=float, default=2.0,
                    help="the workers' deadline in the killed-worker scenario (s)")  # fmt: skip
+    p.add_argument("--fuzz-packets", type=int, default=100_000, metavar="N",
+                   help="hostile datagrams thrown during a job (default: %(default)s)")  # fmt: skip
     return p
 
 
@@ -267,6 +378,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             fault = scenario(inputs, workdir, k=args.k, result=args.result,
                              deadline=args.deadline, at=chunks // 4)  # fmt: skip
             rows.append(_fault_row(name, args.elements, fault, baseline.seconds, chunks))
+        alone = {}
+        for spec in JOBS:
+            workdir = Path(tmp) / f"alone-{spec[0]}"
+            workdir.mkdir()
+            alone[spec[0]] = allreduce_jobs([spec], args.elements, workdir, args.seed)
+        for count in (2, 4):
+            workdir = Path(tmp) / f"jobs-{count}"
+            workdir.mkdir()
+            together = allreduce_jobs(JOBS[:count], args.elements, workdir, args.seed)
+            exact = all(
+                np.array_equal(out, alone[job].outputs[job][0])
+                for job, outs in together.outputs.items() for out in outs
+            )  # fmt: skip
+            rows.append({
+                "scenario": f"{count} concurrent jobs",
+                "elements": args.elements * count,
+                "exact": exact,
+                "seconds": round(together.seconds, 3),
+                "time_vs_lossless": round(together.seconds / baseline.seconds, 2),
+                "time_vs_alone_summed": round(
+                    together.seconds / sum(alone[j[0]].seconds for j in JOBS[:count]), 2),
+                "retransmissions": together.retransmissions,
+                "jobs": [{"job": j, "workers": n, "k": k, "pool": s}
+                         for j, n, k, s in JOBS[:count]],
+            })  # fmt: skip
+        if args.fuzz_packets:
+            workdir = Path(tmp) / "fuzz"
+            workdir.mkdir()
+            rows.append(fuzz_row(workdir, args.fuzz_packets, args.elements // 10))
     return {"workers": args.workers, "k": args.k, "result": args.result, "rows": rows}
 
 

@@ -1,0 +1,228 @@
+"""Hostile input during a real job: malformed, truncated, oversized, out-of-range and random
+datagrams thrown at a running aggregator while its workers all-reduce (docs/reliability.md,
+"Hostile input").
+
+``hostile_datagrams`` makes a seeded mix of them (structured mutations of valid packets, random
+header fields, scapy's field fuzzing, raw bytes); ``fuzz_during_allreduce`` sends them from a
+stranger's socket while real ``AllreduceClient`` workers, whose addresses the job has configured
+(so no fuzzed packet can take a rank's place), sum a tensor whose exact sum is known. It reports
+whether the result was exact, whether every fuzzed datagram was counted as a drop, the drops by
+reason and the aggregator's resident memory before and after. ``tests/test_fuzz.py`` runs it on
+every backend with hypothesis-made datagrams; ``ncina bench reliability`` with 100,000 of these.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ncina.proto.header import FLAG_TAG, HEADER, HEADER_SIZE, TAG_SIZE, VERSION, pack
+from ncina.worker.client import AllreduceClient
+
+MAX_DATAGRAM = 1472  # an IPv4/UDP payload that fits a 1500-byte MTU unfragmented
+BURST = 32  # datagrams sent between two short pauses: far below any socket or ring capacity
+PAUSE = 0.001
+
+
+def hostile_datagrams(
+    n: int, *, seed: int, job: int, workers: int, k: int, emin: int, pool_size: int
+) -> list[bytes]:
+    """``n`` datagrams that a job (``job``, ``workers``, ``k``, window ``emin``, ``pool_size``)
+    must drop when they come from a stranger: a seeded mix of mutated valid packets, headers with
+    random fields (the job's id and in-range values half of the time), wrong versions, truncated
+    headers, garbage tags, scapy ``fuzz()`` of the header, and raw random bytes."""
+    from scapy.packet import Raw, fuzz
+    from scapy.volatile import RandBin
+
+    from ncina.proto.layers import NcinaHeader
+
+    rnd = random.Random(seed)
+    random.seed(seed)  # scapy's fuzz() draws from the random module
+
+    def valid() -> bytearray:
+        count = rnd.randint(1, k)
+        codes = bytes(rnd.randint(0, 255) & 0x87 for _ in range(count))  # small codes
+        return bytearray(pack(job=job, rank=rnd.randrange(workers), slot=rnd.randrange(pool_size),
+                              offset=rnd.randrange(1 << 20) * k, count=count, emin=emin,
+                              payload=codes))  # fmt: skip
+
+    def pick(in_range: int, bits: int) -> int:
+        return rnd.randrange(in_range) if rnd.random() < 0.5 else rnd.getrandbits(bits)
+
+    def random_header() -> bytes:
+        count = rnd.choice((0, 1, k, k + 1, rnd.getrandbits(16)))
+        header = HEADER.pack(
+            VERSION if rnd.random() < 0.8 else rnd.getrandbits(8),
+            rnd.getrandbits(8),
+            rnd.choice((0, 1, 2, rnd.getrandbits(8))),
+            emin if rnd.random() < 0.5 else rnd.randint(-128, 127),
+            job if rnd.random() < 0.6 else rnd.getrandbits(16),
+            pick(workers + 1, 16),
+            pick(pool_size + 1, 16),
+            count,
+            rnd.getrandbits(32),
+        )
+        size = count if rnd.random() < 0.5 else rnd.randint(0, MAX_DATAGRAM - HEADER_SIZE)
+        return header + rnd.randbytes(min(size, MAX_DATAGRAM - HEADER_SIZE))
+
+    def mutated() -> bytes:
+        datagram = valid()
+        for _ in range(rnd.randint(1, 3)):
+            datagram[rnd.randrange(len(datagram))] = rnd.getrandbits(8)
+        return bytes(datagram)
+
+    def tagged() -> bytes:
+        datagram = valid()
+        datagram[1] |= FLAG_TAG
+        return bytes(datagram) + rnd.randbytes(TAG_SIZE)
+
+    def scapy_fuzzed() -> bytes:
+        layer = fuzz(NcinaHeader()) / Raw(RandBin(rnd.randint(0, 512)))
+        return bytes(layer)[:MAX_DATAGRAM]
+
+    makers: Sequence[Callable[[], bytes]] = (
+        mutated,
+        mutated,
+        random_header,
+        random_header,
+        tagged,
+        scapy_fuzzed,
+        lambda: rnd.randbytes(rnd.randint(0, HEADER_SIZE - 1)),  # truncated
+        lambda: rnd.randbytes(rnd.randint(HEADER_SIZE, MAX_DATAGRAM)),  # raw
+        lambda: bytes(valid()) + rnd.randbytes(rnd.randint(1, MAX_DATAGRAM - HEADER_SIZE - k)),
+    )
+    return [rnd.choice(makers)() for _ in range(n)]
+
+
+def resident_kib(pid: int) -> int:
+    """The resident set size of process ``pid`` (VmRSS, KiB)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+@dataclass
+class FuzzReport:
+    """What ``fuzz_during_allreduce`` saw."""
+
+    exact: bool  # every worker got the exact sum
+    sent: int  # fuzzed datagrams sent
+    dropped: int  # drops counted by the aggregator meanwhile (job and global sections)
+    accepted: int  # the aggregator's packets_in growth minus the workers' and fuzzer's packets
+    drops: dict[str, int] = field(default_factory=dict)  # by reason, this phase only
+    rss_kib: tuple[int, int] = (0, 0)  # the aggregator's resident memory before and after
+    seconds: float = 0.0
+
+
+def _totals(document: dict[str, Any], job: int) -> tuple[int, dict[str, int]]:
+    """packets_in and the drops by reason of the job and global sections together."""
+    sections = [document["global"], document["jobs"][str(job)]]
+    drops: dict[str, int] = {}
+    for section in sections:
+        for reason, count in section["drops"].items():
+            drops[reason] = drops.get(reason, 0) + count
+    return sum(s["packets_in"] for s in sections), drops
+
+
+def fuzz_during_allreduce(
+    address: tuple[str, int],
+    host: str,
+    ports: Sequence[int],
+    stats: Callable[[], dict[str, Any]],
+    pid: int,
+    fuzzer: Callable[[Callable[[bytes], None]], None],
+    *,
+    job: int,
+    k: int,
+    pool_size: int,
+    elements: int,
+    result: str = "int",
+    seed: int = 0,
+) -> FuzzReport:
+    """Run ``fuzzer(send)``, where ``send(datagram)`` sends to the aggregator at ``address``
+    from a stranger's socket on ``host``, while one worker per port of ``ports`` (the job's
+    configured members, bound to ``host``) sums powers of two, call after call until the fuzzer
+    returns; ``stats`` returns the aggregator's stats document now, ``pid`` is its process (for
+    its memory). ``send`` paces the datagrams so that no socket buffer overflows."""
+    workers = len(ports)
+    rng = np.random.default_rng(seed)
+    inputs = [
+        (rng.choice((-1.0, 1.0), elements) * 2.0 ** rng.integers(-20, 0, elements)).astype(
+            np.float32
+        )
+        for _ in range(workers)
+    ]
+    exact = np.sum(np.stack(inputs).astype(np.float64), axis=0).astype(np.float32)
+    clients = [
+        AllreduceClient(address, job=job, rank=r, workers=workers, k=k, pool_size=pool_size,
+                        result_format=result, seed=r, bind=(host, port), deadline=30.0)
+        for r, port in enumerate(ports)
+    ]
+    stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        stranger.bind((host, 0))
+        before_in, before_drops = _totals(stats(), job)
+        rss_before = resident_kib(pid)
+        sent_by_workers = [c.stats["packets_sent"] for c in clients]
+        fuzzing = threading.Event()
+        fuzzing.set()
+        # At least one call, more while the fuzzer runs; every rank makes the same calls (the
+        # barrier's action decides once per round for all of them).
+        more = [True]
+        rounds = threading.Barrier(workers, action=lambda: more.__setitem__(0, fuzzing.is_set()))
+
+        def work(rank: int) -> bool:
+            ok = True
+            while more[0]:
+                got = clients[rank].allreduce(inputs[rank], op="sum")
+                ok = ok and np.array_equal(got, exact)
+                rounds.wait(timeout=60)
+            return ok
+
+        began = time.monotonic()
+        with ThreadPoolExecutor(workers) as pool:
+            calls = [pool.submit(work, r) for r in range(workers)]
+            sent = [0]
+
+            def send(datagram: bytes) -> None:
+                stranger.sendto(datagram, address)
+                sent[0] += 1
+                if sent[0] % BURST == 0:
+                    time.sleep(PAUSE)
+
+            try:
+                fuzzer(send)
+            finally:
+                fuzzing.clear()
+            results = [c.result() for c in calls]
+        seconds = time.monotonic() - began
+        time.sleep(0.3)  # the last fuzzed datagrams reach the aggregator
+        after_in, after_drops = _totals(stats(), job)
+        rss_after = resident_kib(pid)
+        workers_sent = sum(c.stats["packets_sent"] - s for c, s in zip(clients, sent_by_workers,
+                                                                        strict=True))  # fmt: skip
+    finally:
+        stranger.close()
+        for client in clients:
+            client.close()
+    drops = {r: after_drops.get(r, 0) - before_drops.get(r, 0) for r in after_drops}
+    dropped = sum(drops.values())
+    return FuzzReport(
+        exact=all(results),
+        sent=sent[0],
+        dropped=dropped,
+        accepted=(after_in - before_in) - workers_sent - dropped,
+        drops={r: n for r, n in sorted(drops.items()) if n},
+        rss_kib=(rss_before, rss_after),
+        seconds=seconds,
+    )

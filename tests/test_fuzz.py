@@ -1,0 +1,109 @@
+"""Hostile input during a real job, on every backend (docs/reliability.md, "Hostile input").
+
+A stranger throws datagrams at a running aggregator while three configured members all-reduce
+powers of two, call after call: hypothesis-made datagrams (every header field over its whole
+range, with the job's own id and in-range values often enough to reach the deep checks; lengths
+that match and that do not; truncated, oversized-for-K and tagged ones), then the seeded mix of
+``ncina.bench.fuzzing.hostile_datagrams`` (mutated valid packets, scapy's ``fuzz()`` of the
+header, raw bytes). The promise: every result is exact, the aggregator stays up and answers, every
+fuzzed datagram is counted as exactly one drop, and its memory stays flat.
+
+CI throws about 3,000 datagrams per backend; ``NCINA_FUZZ_PACKETS=100000`` throws that many of
+the seeded mix (plus the hypothesis part scaled alike) for a longer run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from ncina.proto.header import HEADER, HEADER_SIZE, TAG_SIZE
+from ncina_testlib import (
+    AGGREGATOR_BACKENDS,
+    free_udp_port,
+    start_aggregator,
+    window_e_min,
+    worker_host,
+)
+
+from ncina.bench.fuzzing import MAX_DATAGRAM, fuzz_during_allreduce, hostile_datagrams
+
+pytestmark = pytest.mark.timeout(300)
+
+JOB = 33
+WORKERS = 3
+K = 64
+POOL = 16
+PACKETS = int(os.environ.get("NCINA_FUZZ_PACKETS", "1500"))
+BATCH = 25  # datagrams per hypothesis example
+RSS_GROWTH_KIB = 4096  # "flat": what a few buffers may add, far below one byte per datagram
+
+
+def datagrams(emin: int) -> st.SearchStrategy[bytes]:
+    """Datagrams aimed at job ``JOB`` of ``WORKERS`` ranks, ``K`` elements, window ``emin``."""
+    def either(usual: st.SearchStrategy[int], bits: int) -> st.SearchStrategy[int]:
+        return usual | st.integers(0, (1 << bits) - 1)
+
+    header = st.tuples(
+        either(st.just(1), 8),  # version
+        st.integers(0, 255),  # flags: every bit, TAG, RESULT and generations included
+        either(st.sampled_from((0, 1, 2)), 8),  # format
+        st.just(emin) | st.integers(-128, 127),
+        either(st.just(JOB), 16),
+        either(st.integers(0, WORKERS), 16),  # rank
+        either(st.integers(0, POOL), 16),  # slot
+        either(st.sampled_from((0, 1, K, K + 1)), 16),  # count
+        st.integers(0, (1 << 32) - 1),  # offset
+    ).map(lambda fields: HEADER.pack(*fields))
+    room = MAX_DATAGRAM - HEADER_SIZE - TAG_SIZE
+    payload = (
+        st.binary(max_size=K + 2)
+        | st.tuples(st.integers(0, room), st.integers(0, 255)).map(lambda t: bytes([t[1]]) * t[0])
+    )
+    tag = st.just(b"") | st.binary(min_size=TAG_SIZE, max_size=TAG_SIZE)
+    whole = st.tuples(header, payload, tag).map(b"".join)
+    return whole | st.binary(max_size=HEADER_SIZE - 1) | st.binary(max_size=200)
+
+
+@pytest.mark.parametrize("backend", AGGREGATOR_BACKENDS)
+def test_hostile_datagrams_during_a_job(backend: str, tmp_path: Path) -> None:
+    host = worker_host(backend)
+    ports = [free_udp_port(host) for _ in range(WORKERS)]
+    members = [f"--member={rank}={host}:{port}" for rank, port in enumerate(ports)]
+    extra = [*members, "--pool-size", str(POOL), "--generation", "5"]
+    agg = start_aggregator(backend, tmp_path, job=JOB, workers=WORKERS, k=K, result="int",
+                           extra=extra)  # fmt: skip
+    emin = window_e_min(WORKERS)
+
+    def fuzzer(send: Callable[[bytes], None]) -> None:
+        @settings(max_examples=max(1, PACKETS // BATCH), derandomize=True, deadline=None,
+                  database=None, suppress_health_check=list(HealthCheck))  # fmt: skip
+        @given(st.lists(datagrams(emin), min_size=1, max_size=BATCH))
+        def throw(batch: list[bytes]) -> None:
+            for datagram in batch:
+                send(datagram)
+
+        throw()
+        for datagram in hostile_datagrams(PACKETS, seed=7, job=JOB, workers=WORKERS, k=K,
+                                          emin=emin, pool_size=POOL):  # fmt: skip
+            send(datagram)
+
+    try:
+        report = fuzz_during_allreduce(agg.address, host, ports, agg.stats, agg.process.pid,
+                                       fuzzer, job=JOB, k=K, pool_size=POOL,
+                                       elements=30_000)  # fmt: skip
+        assert agg.process.poll() is None, agg.log()
+        print(f"\n{backend}: {report}")
+        assert report.exact
+        assert report.sent >= PACKETS
+        assert report.dropped == report.sent and report.accepted == 0, report.drops
+        # The datagrams reach deep: most reasons a stranger can trigger are among the drops.
+        assert {"truncated", "bad_version", "bad_format", "bad_length", "unknown_job",
+                "non_member", "bad_tag"} <= set(report.drops), report.drops  # fmt: skip
+        assert report.rss_kib[1] - report.rss_kib[0] < RSS_GROWTH_KIB
+    finally:
+        assert agg.stop() == 0, agg.log()
