@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ncina.proto.tag import read_key_file
 from ncina.topo.config import TopoConfig
 from ncina.worker.client import MODES
 from ncina.worker.train import check_options
@@ -64,6 +65,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="ina: the aggregator adds NC8 codes (integer-summable methods only); "
                    "server: it is started with --mode server and the same --compressor, and "
                    "averages the decompressed payloads (any method); default: %(default)s")
+    p.add_argument("--key-file", type=Path, metavar="FILE",
+                   help="a shared secret (hex, 16-64 bytes) for the job: the aggregators require "
+                   "the authentication tag and the workers send it (docs/protocol.md)")
     p.add_argument("--verify", action="store_true",
                    help="check every INA result against an exact gloo all-reduce (extra traffic)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
@@ -75,6 +79,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Check root and options, then run the topology (see :mod:`ncina.topo.runner`)."""
     check_options(args)
+    if args.key_file is not None:
+        read_key_file(args.key_file)  # a clear error now, not in every host's log later
     if os.geteuid() != 0:
         raise PermissionError(ROOT_NEEDED)
     if args.topo == "star" and args.aggregators not in (None, 1):
@@ -103,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
             result=args.result,
             compressor=args.compressor,
             mode=args.mode,
+            key_file=args.key_file,
             verify=args.verify,
             baseline=args.baseline,
         )

@@ -17,6 +17,8 @@ class TopoConfig:
     per worker link direction; batch_size: per worker; result: downlink format (INA mode);
     compressor: the workers' gradient compressor spec (None: NC8 of the raw gradients) and mode
     where the sum is made, ``ina`` or ``server`` (the aggregators then run the same spec);
+    key_file: the job's shared secret (hex) for the authentication tag, given to the aggregators
+    and the workers (None: untagged);
     verify: check every INA result against gloo (extra traffic); baseline: also train with gloo
     fp32; timeout: seconds one training run may take; prefix: of node and interface names (unique
     per process).
@@ -42,6 +44,7 @@ class TopoConfig:
     result: str = "nc8"
     compressor: str | None = None
     mode: str = "ina"
+    key_file: Path | None = None
     verify: bool = False
     baseline: bool = True
     timeout: float = 3600.0

@@ -118,6 +118,8 @@ def start_aggregators(
             argv += ["--mode", "server", "--compressor", str(cfg.compressor)]
         else:
             argv += ["--result", cfg.result]
+        if cfg.key_file is not None:
+            argv += ["--key-file", str(cfg.key_file.resolve())]
         if cfg.backend == "dpdk":  # DPDK serves the host's interface; its kernel must stay silent
             argv += dpdk_netns.prepare_host(net.get(name))
         started.append(procs.start(net.get(name), argv, log))
@@ -158,6 +160,8 @@ def train(
         argv += ["--verify"] if cfg.verify else []
         argv += ["--compressor", cfg.compressor] if cfg.compressor else []
         argv += ["--mode", cfg.mode]
+        if aggregators and cfg.key_file is not None:
+            argv += ["--key-file", str(cfg.key_file.resolve())]
         workers.append(procs.start(host, argv, run_dir / f"worker{rank}.log"))
     with (run_dir / "worker0.log").open(errors="replace") as rank0:
         wait_workers(workers, rank0, run_dir, time.monotonic() + cfg.timeout)

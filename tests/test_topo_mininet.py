@@ -67,15 +67,19 @@ def test_star_three_workers_two_steps_through_the_python_aggregator(tmp_path: Pa
 
 
 def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
+    """Lossy links, and a keyed job: every packet tagged, retransmissions re-tagged."""
+    key_file = tmp_path / "job.key"
+    key_file.write_text(bytes(range(16)).hex())
     cfg = TopoConfig(out=tmp_path / "run", workers=2, epochs=1, max_steps=3, loss=3.0,
-                     baseline=False, prefix=PREFIX)
+                     baseline=False, prefix=PREFIX, key_file=key_file)
     results = run_topology(cfg)
     ina = results["runs"]["ina"]
     assert ina["steps"] == 3
     assert ina["fabric"]["retransmissions"] > 0
-    assert ina["aggregators"][0]["jobs"]["1"]["slots_completed"] == 3 * math.ceil(
-        PARAMETERS / cfg.k
-    )
+    job = ina["aggregators"][0]["jobs"]["1"]
+    assert job["slots_completed"] == 3 * math.ceil(PARAMETERS / cfg.k)
+    assert job["drops"]["bad_tag"] == 0 and ina["fabric"]["bad_tag"] == 0
+    assert "tagged" in (cfg.out / "ina" / "aggregator0.log").read_text()  # the job has a key
 
 
 def test_server_mode_topk_through_the_aggregator(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ncina.proto.tag import key_file_argument
 from ncina.worker.cli import host_port
 from ncina.worker.client import MODES, RESULT_FORMATS, check_mode
 from ncina.worker.compressors import create
@@ -70,6 +71,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "whose payloads are integer-summable) or server (the aggregator decompresses, "
                    "averages and re-compresses; any method, aggregator started with --mode "
                    "server --compressor SPEC); default: %(default)s")
+    p.add_argument("--key-file", type=key_file_argument, metavar="FILE",
+                   help="the job's shared secret (hex) when the aggregator's job has one: every "
+                   "datagram is tagged and every result verified (docs/protocol.md)")
     p.add_argument("--deadline", type=float, default=30.0,
                    help="seconds without progress before an all-reduce fails")
     p.add_argument("--verify", action="store_true",
