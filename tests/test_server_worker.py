@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -207,17 +208,10 @@ def test_ina_mode_sends_an_ina_methods_values_as_nc8_codes(tmp_path: Path) -> No
     clients = [AllreduceClient(aggregator.address, job=JOB, rank=r, workers=WORKERS, k=k,
                                result_format="int", seed=r, compressor=spec)
                for r in range(WORKERS)]  # fmt: skip
-    results: list[np.ndarray] = [np.empty(0)] * WORKERS
-
-    def work(rank: int) -> None:
-        results[rank] = clients[rank].allreduce(xs[rank], tensor="w")
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(WORKERS)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        with ThreadPoolExecutor(WORKERS) as pool:
+            results = list(pool.map(lambda r: clients[r].allreduce(xs[r], tensor="w"),
+                                    range(WORKERS)))  # fmt: skip
     finally:
         for c in clients:
             c.close()
