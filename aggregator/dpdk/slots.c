@@ -308,6 +308,12 @@ static void count_malformed(const struct ncd_pkt *p, int reason)
     c->drops[reason]++;
 }
 
+/* Bytes of one result datagram of the slot version (header, payload, tag). */
+static inline uint32_t result_dgram_len(const struct ncd_job *job, const struct ncd_slot *s)
+{
+    return NCD_HDR_LEN + (uint32_t)s->count * job->elem_size + (job->tagged ? NCD_TAG_LEN : 0);
+}
+
 /* A notice to the packet's sender about (slot, version) at the packet's offset. */
 static enum ncd_verdict notice(struct ncd_job *job, const struct ncd_pkt *p, unsigned ver,
                                uint64_t bitmap, struct ncd_action *act)
@@ -369,13 +375,11 @@ enum ncd_verdict ncd_engine_input(const uint8_t *frame, uint32_t len, struct ncd
     act->rank = p.rank;
     act->version = (uint8_t)ver;
 
-    const uint32_t result_len = NCD_HDR_LEN + (uint32_t)s->count * job->elem_size +
-                                (job->tagged ? NCD_TAG_LEN : 0);
     if (s->bitmap & bit) {
         if (s->complete) {                      /* rule 2: the worker lost the result */
             c->results_resent++;
             c->packets_out++;
-            c->bytes_out += result_len;
+            c->bytes_out += result_dgram_len(job, s);
             return NCD_V_SEND_ONE;
         }
         c->duplicates++;                        /* rule 3: ignored duplicate, and a notice */
@@ -405,7 +409,6 @@ enum ncd_verdict ncd_engine_input(const uint8_t *frame, uint32_t len, struct ncd
     c->slots_completed++;
     c->results_sent += job->n;
     c->packets_out += job->n;
-    c->bytes_out += (uint64_t)job->n * (NCD_HDR_LEN + (uint32_t)s->count * job->elem_size +
-                                        (job->tagged ? NCD_TAG_LEN : 0));
+    c->bytes_out += (uint64_t)job->n * result_dgram_len(job, s);
     return NCD_V_SEND_ALL;
 }
