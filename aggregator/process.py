@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,14 @@ from ncina.aggregator.jobs import Address
 
 READY = re.compile(r"listening on (\S+):(\d+) ")
 """The readiness line names the address the aggregator serves (see :func:`ready_line`)."""
+
+
+def free_udp_port(host: str = "127.0.0.1") -> int:
+    """A UDP port that was free a moment ago, for a member address to configure before its
+    socket exists (prefer ``--listen HOST:0`` where the port can be learned afterwards)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def ready_line(address: Address, backend: str, details: str) -> str:

@@ -31,13 +31,6 @@ AGGREGATOR_BACKENDS = ("python", "dpdk")
 START_TIMEOUT = 60.0  # generous: the first start may compile the NC8 C extension
 
 
-def free_udp_port(host: str = "127.0.0.1") -> int:
-    """A UDP port that was free a moment ago (prefer ``--listen HOST:0`` where possible)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class RunningAggregator:
     """An ``ncina aggregator`` child process and where it listens, logs and writes stats."""

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.process import free_udp_port
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import Aggregator, Datagrams
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE
@@ -32,7 +33,6 @@ from ncina_testlib import (
     Worker,
     aggregator_command,
     exact_sums,
-    free_udp_port,
     is_nc8_rounding,
     launch_aggregator,
     start_aggregator,

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ncina.aggregator.process import free_udp_port
 from ncina.proto.header import HEADER, HEADER_SIZE, TAG_SIZE
 from ncina_testlib import (
     AGGREGATOR_BACKENDS,
-    free_udp_port,
     start_aggregator,
     window_e_min,
     worker_host,

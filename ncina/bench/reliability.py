@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -176,11 +175,7 @@ def fuzz_row(workdir: Path, packets: int, elements: int) -> dict[str, Any]:
     """The hostile-input row: ``packets`` datagrams of ``hostile_datagrams`` during a job of
     three configured members on a Python aggregator."""
     workers, k, pool = 3, 128, 64
-    ports = []
-    for _ in range(workers):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.bind(("127.0.0.1", 0))
-            ports.append(probe.getsockname()[1])
+    ports = [aggproc.free_udp_port() for _ in range(workers)]
     stats_path = workdir / "stats.json"
     proc, address = aggproc.start([
         "--backend", "python", "--listen", "127.0.0.1:0", "--job", str(JOB), "--workers",
