@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ncina.aggregator.control import JobsDirectory
+from ncina.aggregator.process import free_udp_port
 from ncina.worker.client import AllreduceClient
 from ncina_testlib import (
     RunningAggregator,
@@ -136,11 +137,7 @@ def test_a_job_with_members_drops_other_addresses_and_stays_exact(tmp_path: Path
     running = start_aggregator("python", tmp_path, job=STATIC_JOB, workers=2, k=64,
                                result="int", extra=["--jobs-dir", str(jobs_dir)])  # fmt: skip
     try:
-        ports = []
-        for _ in range(2):
-            w = Worker(running.address)
-            ports.append(w.address[1])
-            w.close()
+        ports = [free_udp_port() for _ in range(2)]
         write_job(jobs_dir, {"job": 30, "workers": 2, "k": 64, "result_format": "int",
                              "members": {str(r): f"127.0.0.1:{p}" for r, p in enumerate(ports)}})
         wait_for_log(running, "added job 30:")
