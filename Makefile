@@ -17,13 +17,18 @@ LOSS ?= 0
 EPOCHS ?= 10
 MODEL ?= mlp
 TOPO_ARGS ?=
+# make p4: lanes per packet the P4 program is generated and compiled for (BACKEND=bmv2 uses the
+# topology's K, 256 unless TOPO_ARGS says otherwise).
+K ?= 64
 
-.PHONY: help setup apt venv test lint topo need-root clean
+.PHONY: help setup apt venv test lint topo need-root p4 stop clean
 
 help:
 	@echo "make topo    bring up the Mininet topology and train a model through the aggregator"
 	@echo "make test    run the whole test suite (sets up apt packages and .venv first)"
 	@echo "make lint    ruff"
+	@echo "make p4      generate and compile p4/ for K lanes into build/p4/k<K>/ (needs p4c-bm2-ss)"
+	@echo "make stop    stop a running make topo (by the PID it recorded in runs/topo.pid)"
 	@echo "make clean   remove build products (keeps runs/)"
 
 setup: apt venv
@@ -66,5 +71,13 @@ topo: need-root setup
 	$(VENV)/bin/ncina topo --workers $(WORKERS) --backend $(BACKEND) $(if $(BW),--bw $(BW)) \
 	  --loss $(LOSS) --epochs $(EPOCHS) --model $(MODEL) $(TOPO_ARGS)
 
+# The P4 program for BMv2: generated lanes + p4c-bm2-ss --p4runtime-files (docs/bmv2.md).
+p4: venv
+	$(PY) -m ncina.aggregator.bmv2.toolchain --k $(K)
+
+stop:
+	@if [ -f runs/topo.pid ]; then kill -TERM "$$(cat runs/topo.pid)" && echo "stopping make topo (pid $$(cat runs/topo.pid))"; \
+	else echo "no make topo is running (runs/topo.pid is absent)"; fi
+
 clean:
-	rm -rf build .pytest_cache .ruff_cache
+	rm -rf build logs .pytest_cache .ruff_cache

@@ -7,6 +7,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from ncina.aggregator.bmv2 import driver as bmv2_driver
 from ncina.aggregator.control import JobsDirectory
 from ncina.aggregator.dpdk import driver as dpdk_driver
 from ncina.aggregator.faults import FaultConfig
@@ -28,7 +29,7 @@ from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT
 from ncina.proto.tag import key_file_argument
 from ncina.worker.compressors import create
 
-BACKENDS = ("python", "dpdk")
+BACKENDS = ("python", "dpdk", "bmv2")
 
 DESCRIPTION = f"""\
 Run an in-network aggregator for a job (more with --jobs-dir): workers send NC8-coded chunks over
@@ -214,7 +215,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         faults.add_argument(flag, type=float, default=0.0, metavar="P", help=f"{what} with "
                             "probability P (default: 0)")  # fmt: skip
     faults.add_argument("--fault-seed", type=int, default=0, help="seed of the fault decisions")
+    parser.add_argument(
+        "--iface",
+        metavar="IF",
+        help="dpdk and bmv2: the network interface the data plane serves (required for them)",
+    )
     dpdk_driver.add_arguments(parser)
+    bmv2_driver.add_arguments(parser)
     return parser
 
 
@@ -251,13 +258,15 @@ def run(args: argparse.Namespace) -> int:
         seed=args.fault_seed,
     )
     generation = args.generation or 1 + secrets.randbelow(MAX_GENERATION)
-    if args.backend == "dpdk":
+    if args.backend in ("dpdk", "bmv2"):
         if compressor is not None:
             raise ValueError("server mode (--mode server) is a python backend feature")
         if faults.active:
             raise ValueError("fault injection (--drop-up ...) is a python backend feature")
         if args.jobs_dir is not None:
             raise ValueError("--jobs-dir is a python backend feature")
+        if args.backend == "bmv2":
+            return bmv2_driver.serve(config, args, generation)
         return dpdk_driver.serve(config, args, generation)
     aggregator = Aggregator(generation)
     aggregator.add_job(config, compressor)

@@ -70,6 +70,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "the authentication tag and the workers send it (docs/protocol.md)")
     p.add_argument("--verify", action="store_true",
                    help="check every INA result against an exact gloo all-reduce (extra traffic)")
+    p.add_argument("--pcaps", action="store_true",
+                   help="bmv2: the switch writes pcaps of every port into the run's pcaps/")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip the gloo fp32 run")
     p.add_argument("--out", type=Path, help="run directory (default: runs/<timestamp>)")
@@ -108,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
             window_max=args.window_max,
             result=args.result,
             compressor=args.compressor,
+            pcaps=args.pcaps,
             mode=args.mode,
             key_file=args.key_file,
             verify=args.verify,

@@ -46,6 +46,7 @@ class TopoConfig:
     mode: str = "ina"
     key_file: Path | None = None
     verify: bool = False
+    pcaps: bool = False
     baseline: bool = True
     timeout: float = 3600.0
     prefix: str = field(default_factory=lambda: f"n{os.getpid() % 100000}")

@@ -15,6 +15,7 @@ while ``make topo`` runs) do not collide.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ncina.aggregator import process as aggproc
+from ncina.aggregator.bmv2 import toolchain
 from ncina.aggregator.cli import BACKENDS
 from ncina.aggregator.dpdk import netns as dpdk_netns
 from ncina.proto.header import PORT
@@ -39,23 +41,23 @@ from mininet.nodelib import LinuxBridge
 
 NCINA = Path(sys.executable).with_name("ncina")  # the console script of this environment
 JOB = 1  # the job id of every run
-# What each backend the design names needs, for the error when this build lacks it.
-BACKEND_NEEDS = {
-    "bmv2": "the BMv2 backend (simple_switch_grpc, p4c-bm2-ss, p4runtime-shell and ncina's "
-    "bmv2 control plane)",
-}
 GLOO_PORTS = {"ina": 29500, "gloo": 29501}  # rendezvous port of each mode (no TIME_WAIT clash)
 STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
+PID_FILE = Path("runs", "topo.pid")  # the running topology's PID, for `make stop`
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def check_backend(backend: str) -> None:
-    """Raise a clear error when the chosen aggregator backend is not part of this build."""
+    """Raise a clear error when the chosen aggregator backend cannot run here."""
     if backend not in BACKENDS:
-        needs = BACKEND_NEEDS.get(backend, f"an aggregator backend called {backend!r}")
-        raise RuntimeError(
-            f"BACKEND={backend} is not available: it needs {needs}, which is missing from this "
-            f"build (available: {', '.join(BACKENDS)})"
-        )
+        raise RuntimeError(f"BACKEND={backend} is not a backend (available: {', '.join(BACKENDS)})")
+    if backend == "bmv2":
+        reason = toolchain.missing()
+        if reason:
+            raise RuntimeError(f"BACKEND=bmv2 cannot run: {reason}")
 
 
 class Processes:
@@ -120,12 +122,20 @@ def start_aggregators(
             argv += ["--result", cfg.result]
         if cfg.key_file is not None:
             argv += ["--key-file", str(cfg.key_file.resolve())]
-        if cfg.backend == "dpdk":  # DPDK serves the host's interface; its kernel must stay silent
+        if cfg.backend in ("dpdk", "bmv2"):
+            # The data plane serves the host's interface; the host's kernel must stay silent.
             argv += dpdk_netns.prepare_host(net.get(name))
+        if cfg.backend == "bmv2":
+            argv += ["--device-id", str(j + 1),
+                     "--switch-log", str(run_dir / "logs" / f"bmv2-{name}.log")]  # fmt: skip
+            if cfg.pcaps:
+                argv += ["--pcap-dir", str(run_dir / "pcaps" / name)]
         started.append(procs.start(net.get(name), argv, log))
         addresses.append(address)
+    # A bmv2 aggregator may first compile the P4 program for K (once per K and source change).
+    timeout = 600.0 if cfg.backend == "bmv2" else 30.0
     for j, proc in enumerate(started):
-        aggproc.wait_ready(proc, run_dir / f"aggregator{j}.log", timeout=30.0)
+        aggproc.wait_ready(proc, run_dir / f"aggregator{j}.log", timeout=timeout)
     return started, addresses
 
 
@@ -219,6 +229,10 @@ def run_topology(cfg: TopoConfig) -> dict[str, Any]:
     cfg.out.mkdir(parents=True, exist_ok=True)
     net, topo = build_net(cfg)
     procs = Processes()
+    # `make stop` sends SIGTERM to this PID: stop the run as Ctrl-C would, cleaning up below.
+    PID_FILE.parent.mkdir(parents=True, exist_ok=True)
+    PID_FILE.write_text(f"{os.getpid()}\n")
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         net.start()
         runs = {mode: run_mode(net, topo, cfg, procs, mode)
@@ -226,5 +240,7 @@ def run_topology(cfg: TopoConfig) -> dict[str, Any]:
     finally:
         procs.stop_all()
         net.stop()
+        signal.signal(signal.SIGTERM, previous)
+        PID_FILE.unlink(missing_ok=True)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
     return report.write(cfg.out, config, runs)

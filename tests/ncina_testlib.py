@@ -10,6 +10,7 @@ back, every earlier packet has been handled.
 
 from __future__ import annotations
 
+import collections
 import socket
 import subprocess
 import sys
@@ -25,8 +26,11 @@ from scapy.packet import Raw
 
 Address = tuple[str, int]
 
-AGGREGATOR_BACKENDS = ("python", "dpdk")
+AGGREGATOR_BACKENDS = ("python", "dpdk", "bmv2")
 """Backends ``start_aggregator`` can run; packet-level tests are parametrised over them."""
+
+TAGGED_BACKENDS = ("python", "dpdk")
+"""Backends that implement the authentication tag (the P4 program does not)."""
 
 START_TIMEOUT = 60.0  # generous: the first start may compile the NC8 C extension
 
@@ -57,25 +61,27 @@ def aggregator_command(backend: str, arguments: Sequence[str]) -> list[str]:
     """The command line of ``ncina aggregator --backend BACKEND ARGUMENTS``."""
     if backend not in AGGREGATOR_BACKENDS:
         raise ValueError(f"unknown aggregator backend {backend!r}")
-    if backend == "dpdk":  # in its own namespace on a veth into the tests' bridge
-        return _dpdk_star().add_site().aggregator_command(arguments)
+    if backend != "python":  # in its own namespace on a veth into the tests' bridge
+        return _star(backend).add_site().aggregator_command(arguments, backend)
     return [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend, *arguments]
 
 
-def _dpdk_star() -> Any:
-    """The bridge the dpdk aggregators hang off (skips the test without root or DPDK)."""
+def _star(backend: str) -> Any:
+    """The bridge the dpdk and bmv2 aggregators hang off (skips the test without root, or
+    without DPDK or the P4 toolchain, with the reason)."""
     import pytest
+    from ncina.aggregator.bmv2 import toolchain
     from ncina.aggregator.dpdk import binding, netns
 
-    reason = netns.missing() or binding.missing()
+    reason = netns.missing() or (binding.missing() if backend == "dpdk" else toolchain.missing())
     if reason:
-        pytest.skip(f"dpdk backend: {reason}")
+        pytest.skip(f"{backend} backend: {reason}")
     return netns.shared_star()
 
 
 def worker_host(backend: str) -> str:
     """The address from which test sockets reach an aggregator of ``backend``."""
-    return _dpdk_star().host_ip if backend == "dpdk" else "127.0.0.1"
+    return "127.0.0.1" if backend == "python" else _star(backend).host_ip
 
 
 def source_address(destination: Address) -> str:
@@ -299,3 +305,15 @@ def powers_of_two(n: int, seed: int, lowest: int = -40) -> np.ndarray:
     x = np.ldexp(rng.choice([-1.0, 1.0], n), rng.integers(lowest, 8, n)).astype(np.float32)
     x[rng.random(n) < 0.1] = 0.0
     return x
+
+
+def counters(stats: dict[str, Any], job: int) -> collections.Counter[str]:
+    """The document flattened to ``section.counter`` / ``section.drops.reason`` counts."""
+    flat: collections.Counter[str] = collections.Counter()
+    for name, section in (("global", stats["global"]), ("job", stats["jobs"][str(job)])):
+        for key, value in section.items():
+            if key == "drops":
+                flat.update({f"{name}.drops.{r}": n for r, n in value.items()})
+            else:
+                flat[f"{name}.{key}"] = value
+    return flat

@@ -32,6 +32,7 @@ from ncina_testlib import (
     Cluster,
     Worker,
     aggregator_command,
+    counters,
     exact_sums,
     is_nc8_rounding,
     launch_aggregator,
@@ -129,18 +130,6 @@ def check_result(
     else:
         assert len(payload) == len(exact)
         assert all(is_nc8_rounding(c, s) for c, s in zip(payload, exact, strict=True))
-
-
-def counters(stats: dict[str, Any], job: int) -> collections.Counter[str]:
-    """The document flattened to ``section.counter`` / ``section.drops.reason`` counts."""
-    flat: collections.Counter[str] = collections.Counter()
-    for name, section in (("global", stats["global"]), ("job", stats["jobs"][str(job)])):
-        for key, value in section.items():
-            if key == "drops":
-                flat.update({f"{name}.drops.{r}": n for r, n in value.items()})
-            else:
-                flat[f"{name}.{key}"] = value
-    return flat
 
 
 def delta(before: dict[str, Any], after: dict[str, Any], job: int) -> dict[str, int]:

@@ -25,7 +25,7 @@ from ncina.proto.header import (
 )
 from ncina.worker.client import AllreduceClient
 from ncina_testlib import (
-    AGGREGATOR_BACKENDS,
+    TAGGED_BACKENDS,
     Worker,
     powers_of_two,
     start_aggregator,
@@ -165,7 +165,7 @@ def test_keyed_job_tags_its_notices() -> None:
 # --- a keyed job end to end: the aggregator process and real clients ----------------------------
 
 
-@pytest.mark.parametrize("backend", AGGREGATOR_BACKENDS)
+@pytest.mark.parametrize("backend", TAGGED_BACKENDS)
 def test_keyed_job_end_to_end(backend: str, tmp_path: Path) -> None:
     workers, k, elements = 3, 64, 20_000
     key_file = tmp_path / "job.key"

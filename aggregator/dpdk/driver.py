@@ -316,11 +316,6 @@ def add_arguments(parser: Any) -> None:
     """The ``ncina aggregator`` options of the dpdk backend."""
     group = parser.add_argument_group("dpdk backend")
     group.add_argument(
-        "--iface",
-        metavar="IF",
-        help="dpdk: the network interface DPDK's af_packet port attaches to (required)",
-    )
-    group.add_argument(
         "--eal-arg",
         action="append",
         default=[],

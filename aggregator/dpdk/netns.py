@@ -69,9 +69,10 @@ class Site:
         """``argv`` run inside the site's namespace."""
         return ["ip", "netns", "exec", self.ns, *argv]
 
-    def aggregator_command(self, arguments: Sequence[str]) -> list[str]:
-        """``ncina aggregator --backend dpdk`` on this site. A ``--listen HOST:PORT`` in
-        ``arguments`` keeps its port (0: the protocol's), the host becomes the site's."""
+    def aggregator_command(self, arguments: Sequence[str], backend: str = "dpdk") -> list[str]:
+        """``ncina aggregator --backend BACKEND`` (dpdk or bmv2: a data plane on ``iface``) on
+        this site. A ``--listen HOST:PORT`` in ``arguments`` keeps its port (0: the
+        protocol's), the host becomes the site's."""
         port = self.port
         for i, arg in enumerate(arguments):
             value = arg.partition("=")[2] if arg.startswith("--listen=") else (
@@ -79,7 +80,7 @@ class Site:
             if value.rpartition(":")[2].isdigit() and int(value.rpartition(":")[2]):
                 port = int(value.rpartition(":")[2])
         return self.command(
-            [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", "dpdk", *arguments,
+            [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend, *arguments,
              "--iface", self.iface, "--listen", f"{self.ip}:{port}"]
         )  # fmt: skip
 

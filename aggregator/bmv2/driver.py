@@ -1,0 +1,167 @@
+"""``ncina aggregator --backend bmv2``: compile ``p4/`` for the job's K, start
+``simple_switch_grpc`` on ``--iface`` (switch port 1), push the pipeline and the job over
+P4Runtime, announce readiness, and turn the switch's counters into the stats document until
+SIGTERM. The switch answers ARP for the ``--listen`` address and serves the protocol's port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ncina.aggregator.bmv2 import entries, toolchain
+from ncina.aggregator.bmv2.control import Controller
+from ncina.aggregator.bmv2.switch import Switch, SwitchConfig
+from ncina.aggregator.jobs import JobConfig
+from ncina.aggregator.process import ready_line
+from ncina.aggregator.stats import publish, snapshot
+from ncina.proto.header import PORT
+
+NAME = "bmv2"
+SWITCH_PORT = 1  # the one port, on --iface, that every worker's packets arrive on
+
+
+def add_arguments(parser: Any) -> None:
+    """The ``ncina aggregator`` options of the bmv2 backend (``--iface`` is shared with dpdk)."""
+    group = parser.add_argument_group("bmv2 backend (p4/ on simple_switch_grpc, docs/bmv2.md)")
+    # fmt: off
+    group.add_argument("--p4-k", type=int, metavar="K",
+                       help="bmv2: lanes to compile the program for (default: the job's --k)")
+    group.add_argument("--device-id", type=int, default=1, help="bmv2: P4Runtime device id "
+                       "(default: %(default)s)")
+    group.add_argument("--grpc-port", type=int, default=0, metavar="PORT",
+                       help="bmv2: the switch's P4Runtime port on 127.0.0.1 (default: a free one)")
+    group.add_argument("--thrift-port", type=int, default=0, metavar="PORT",
+                       help="bmv2: the switch's Thrift port, for simple_switch_CLI (default: a "
+                       "free one)")
+    group.add_argument("--switch-log", type=Path, metavar="FILE",
+                       help="bmv2: the switch's output (default: logs/bmv2-<iface>.log)")
+    group.add_argument("--pcap-dir", type=Path, metavar="DIR",
+                       help="bmv2: write the switch's pcaps into DIR (default: none)")
+    group.add_argument("--switch-debug", action="store_true",
+                       help="bmv2: log each packet's path through the pipeline (slow)")
+    # fmt: on
+
+
+def _free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _mac(iface: str) -> str:
+    try:
+        return Path(f"/sys/class/net/{iface}/address").read_text().strip()
+    except OSError:
+        raise ValueError(f"--iface {iface}: no such network interface") from None
+
+
+def serve(config: JobConfig, args: Any, generation: int) -> int:
+    """Run the bmv2 backend for ``config`` with the parsed command line ``args``."""
+    if not args.iface:
+        raise ValueError("the bmv2 backend needs --iface IF (the interface the switch serves)")
+    host, port = args.listen
+    if host == "0.0.0.0":
+        raise ValueError("the bmv2 backend needs --listen with the address it answers for")
+    if port not in (0, PORT):
+        raise ValueError(f"the bmv2 program serves UDP port {PORT} only, not {port}")
+    reason = toolchain.missing()
+    if reason:
+        raise ValueError(f"the bmv2 backend cannot run: {reason}")
+    k = args.p4_k or config.k
+    [job] = entries.place([config], generation, k)
+    mac = _mac(args.iface)
+    build = toolchain.build(k)
+    switch = Switch(
+        SwitchConfig(
+            ports={SWITCH_PORT: args.iface},
+            log_path=args.switch_log or Path("logs") / f"bmv2-{args.iface}.log",
+            device_id=args.device_id,
+            grpc_port=args.grpc_port or _free_tcp_port(),
+            thrift_port=args.thrift_port or _free_tcp_port(),
+            pcap_dir=args.pcap_dir,
+            verbose=args.switch_debug,
+        )
+    ).start()
+    controller = Controller(switch.config.grpc_address, args.device_id)
+    try:
+        controller.connect(build)
+        controller.insert(entries.local_entry(host, mac))
+        for entry in entries.job_entries(job):
+            controller.insert(entry)
+        controller.insert_group(entries.job_group(job, SWITCH_PORT))
+        controller.insert_group(entries.flood_group([SWITCH_PORT]))
+        return _Server(controller, switch, job, args, (host, PORT), mac, k).run()
+    finally:
+        controller.close()
+        switch.stop()
+
+
+class _Server:
+    """The running backend: readiness line, stats on SIGUSR1 and every interval, stop on TERM."""
+
+    def __init__(self, controller: Controller, switch: Switch, job: entries.InstalledJob,
+                 args: Any, listen: tuple[str, int], mac: str, k: int) -> None:  # fmt: skip
+        self.controller = controller
+        self.switch = switch
+        self.job = job
+        self.args = args
+        self.listen = listen
+        self.mac = mac
+        self.k = k
+        self.started = time.time()
+        self._stop = False
+        self._stats_requested = False
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGUSR1, self._on_stats)
+        self.write_stats()
+        cfg = self.switch.config
+        details = (
+            f"switch pid {self.switch.process.pid if self.switch.process else '?'} "
+            f"(device {cfg.device_id}, grpc {cfg.grpc_address}, thrift {cfg.thrift_port}, "
+            f"log {cfg.log_path}), P4 program K={self.k}, generation {self.job.generation}, "
+            f"pid {os.getpid()}, iface {self.args.iface} mac {self.mac}, "
+            f"{self.job.config.describe()}"
+        )
+        print(ready_line(self.listen, NAME, details), file=sys.stderr, flush=True)
+        next_write = time.monotonic() + self.args.stats_interval
+        while not self._stop:
+            time.sleep(0.02)
+            if self.switch.process is not None and self.switch.process.poll() is not None:
+                print(f"ncina aggregator: the switch exited with status "
+                      f"{self.switch.process.returncode} (log {cfg.log_path})",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                return 1
+            now = time.monotonic()
+            if self._stats_requested or (self.args.stats and now >= next_write):
+                self._stats_requested = False
+                next_write = now + self.args.stats_interval
+                self.write_stats()
+        self.write_stats()
+        return 0
+
+    def _on_stop(self, signum: int, frame: Any) -> None:
+        self._stop = True
+
+    def _on_stats(self, signum: int, frame: Any) -> None:
+        self._stats_requested = True
+
+    def stats_document(self) -> dict[str, Any]:
+        return snapshot(
+            backend=NAME,
+            started=self.started,
+            global_stats=entries.global_stats(self.controller.read_counter(entries.GLOBAL_COUNTER)),
+            jobs={self.job.config.job: entries.job_stats(
+                self.job, self.controller.read_counter(entries.JOB_COUNTER))},
+        )  # fmt: skip
+
+    def write_stats(self) -> None:
+        publish(self.stats_document(), self.args.stats, sys.stderr)

@@ -1,0 +1,186 @@
+"""What the control plane installs on the switch, as plain data: table entries and multicast
+groups for the aggregator's address, each job and L2 forwarding, and how the switch's event
+counters become the stats document. ``control`` pushes and reads these over P4Runtime; keeping
+them here lets every decision be listed and tested without a switch.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ncina.aggregator.bmv2.layout import (
+    FLOOD_GROUP,
+    FRAME_OVERHEAD,
+    GLOBAL_EVENTS,
+    JOB_EVENTS,
+    MAX_JOBS,
+    MAX_WORKERS,
+    SLOTS,
+)
+from ncina.aggregator.jobs import JobConfig
+from ncina.aggregator.stats import GlobalStats, JobStats
+from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, NOTICE
+
+# P4Info names of what the control plane touches (p4/ncina.p4 and its controls).
+LOCAL_TABLE = "NcinaIngress.local_address"
+LOCAL_ACTION = "NcinaIngress.aggregator"
+JOBS_TABLE = "NcinaIngress.admission.jobs"
+JOB_ACTION = "NcinaIngress.admission.set_job"
+MEMBERS_TABLE = "NcinaIngress.admission.members.members"
+MEMBER_ACTION = "NcinaIngress.admission.members.expect"
+L2_TABLE = "NcinaIngress.forward.l2"
+L2_ACTION = "NcinaIngress.forward.to_port"
+JOB_COUNTER = "job_events"
+GLOBAL_COUNTER = "global_events"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One table entry: exact-match fields and the action's parameters, as P4Runtime-shell
+    takes them (strings: decimal numbers, dotted IPv4 addresses, colon-separated MACs)."""
+
+    table: str
+    match: Mapping[str, str]
+    action: str
+    params: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A multicast group: ``replicas`` are ``(egress port, instance)`` pairs."""
+
+    group: int
+    replicas: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class InstalledJob:
+    """Where a job lives on the switch: its index (counters, members, multicast group
+    ``index + 1``) and its first slot version in the registers."""
+
+    config: JobConfig
+    index: int
+    slot_base: int
+    generation: int
+
+
+def check_job(config: JobConfig) -> None:
+    """Refuse what the P4 program cannot do for a job, with the reason."""
+    if config.key is not None:
+        raise ValueError("the bmv2 backend does not implement the authentication tag (--key-file)")
+    if config.workers > MAX_WORKERS:
+        raise ValueError(f"the bmv2 backend holds at most {MAX_WORKERS} workers per job")
+
+
+def place(configs: Sequence[JobConfig], generation: int, k: int) -> list[InstalledJob]:
+    """Give each job an index and a range of slot versions; refuse what does not fit."""
+    if len(configs) > MAX_JOBS:
+        raise ValueError(f"the bmv2 program holds at most {MAX_JOBS} jobs, not {len(configs)}")
+    placed, base = [], 0
+    for index, config in enumerate(configs):
+        check_job(config)
+        if config.k > k:
+            raise ValueError(f"job {config.job} has K={config.k}, the program was built for {k}")
+        if base + 2 * config.pool_size > SLOTS:
+            raise ValueError(
+                f"job {config.job}'s pool of {config.pool_size} slots does not fit: the program "
+                f"has {SLOTS} slot versions for all jobs (2 per slot)"
+            )
+        placed.append(InstalledJob(config, index, base, generation))
+        base += 2 * config.pool_size
+    return placed
+
+
+def local_entry(ip: str, mac: str) -> Entry:
+    """The aggregator's own address: ARP answered, ncina datagrams to it aggregated."""
+    return Entry(LOCAL_TABLE, {"meta.target": ip}, LOCAL_ACTION, {"mac": mac})
+
+
+def job_entries(job: InstalledJob) -> list[Entry]:
+    """The job's row in the jobs table and its configured members."""
+    c = job.config
+    params = {
+        "index": job.index,
+        "workers": c.workers,
+        "k": c.k,
+        "pool": c.pool_size,
+        "slot_base": job.slot_base,
+        "emin": c.window.e_min & 0xFF,  # the header's signed byte, as the switch compares it
+        "max_code": c.window.max_code,
+        "result_format": int(c.result_format),
+        "generation": job.generation,
+    }
+    entries = [Entry(JOBS_TABLE, {"hdr.nc.job": str(c.job)}, JOB_ACTION,
+                     {name: str(value) for name, value in params.items()})]  # fmt: skip
+    for rank, (host, port) in sorted(c.members.items()):
+        entries.append(
+            Entry(MEMBERS_TABLE, {"meta.job_index": str(job.index), "hdr.nc.rank": str(rank)},
+                  MEMBER_ACTION, {"ip": str(ipaddress.IPv4Address(host)), "port": str(port)})
+        )  # fmt: skip
+    return entries
+
+
+def job_group(job: InstalledJob, ports: Mapping[int, int] | int) -> Group:
+    """The job's multicast group: one replica per rank (instance = rank, which egress writes
+    into the copy's header), out of the rank's switch port (``ports``: by rank, or one port
+    for every rank)."""
+    ranks = range(job.config.workers)
+    port_of = (lambda _: ports) if isinstance(ports, int) else ports.__getitem__
+    return Group(job.index + 1, tuple((port_of(rank), rank) for rank in ranks))
+
+
+def flood_group(ports: Sequence[int]) -> Group:
+    """Every port, for frames the L2 table does not know (egress skips the ingress port)."""
+    return Group(FLOOD_GROUP, tuple((port, 0) for port in sorted(ports)))
+
+
+def l2_entries(hosts: Mapping[str, int]) -> list[Entry]:
+    """Known hosts: MAC address -> switch port."""
+    return [Entry(L2_TABLE, {"hdr.eth.dst": mac}, L2_ACTION, {"port": str(port)})
+            for mac, port in sorted(hosts.items())]  # fmt: skip
+
+
+Counts = Mapping[int, tuple[int, int]]
+"""Counter readings: index -> (packets, bytes)."""
+
+
+def job_stats(job: InstalledJob, counts: Counts) -> JobStats:
+    """The job's stats section from its event counters.
+
+    BMv2 counts the bytes of the frame that caused an event: UDP payload bytes are the frame's
+    minus ``FRAME_OVERHEAD``. A result has the 16-byte header and ``count`` elements of the job's
+    result format, and ``count`` is the count of the uplink that completed or asked for it, so
+    ``sum(count)`` over results is (frame bytes - overhead - 16 * results); a notice is 24 bytes.
+    """
+    base = job.index * len(JOB_EVENTS)
+    event = {name: counts.get(base + i, (0, 0)) for i, name in enumerate(JOB_EVENTS)}
+    stats = JobStats()
+    packets_in, frame_bytes_in = event["packets_in"]
+    stats.packets_in = packets_in
+    stats.bytes_in = frame_bytes_in - FRAME_OVERHEAD * packets_in
+    for name in ("contributions", "slots_completed", "results_sent", "results_resent",
+                 "duplicates", "retx_seen", "notices_sent"):  # fmt: skip
+        setattr(stats, name, event[name][0])
+    for reason in stats.drops:
+        stats.drops[reason] = event[reason][0]
+    size = ELEMENT_SIZE[job.config.result_format]
+    results = stats.results_sent + stats.results_resent
+    elements = sum(event[name][1] for name in ("results_sent", "results_resent")) - (
+        FRAME_OVERHEAD + HEADER_SIZE) * results
+    stats.packets_out = results + stats.notices_sent
+    stats.bytes_out = HEADER_SIZE * results + size * elements + (
+        HEADER_SIZE + NOTICE.size) * stats.notices_sent
+    return stats
+
+
+def global_stats(counts: Counts) -> GlobalStats:
+    """The global section: every global event is a drop of a datagram no job claims."""
+    stats = GlobalStats()
+    for i, reason in enumerate(GLOBAL_EVENTS):
+        packets, frame_bytes = counts.get(i, (0, 0))
+        stats.drops[reason] = packets
+        stats.packets_in += packets
+        stats.bytes_in += frame_bytes - FRAME_OVERHEAD * packets
+    return stats

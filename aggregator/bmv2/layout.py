@@ -1,0 +1,62 @@
+"""The P4 program's build parameters and counter layout: the one place both the generator
+(``config.p4``) and the control plane (reading counters into the stats document) take them from.
+"""
+
+from __future__ import annotations
+
+from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_DROP_REASONS
+from ncina.proto.header import PORT
+
+DEFAULT_K = 64
+"""Lanes (elements per packet) compiled in by default; a job's K may be smaller."""
+
+MAX_JOBS = 16
+"""Jobs one switch holds at once (table and counter sizes)."""
+
+MAX_WORKERS = 64
+"""Ranks per job: the slot bitmap is 64 bits wide, as the protocol's notice bitmap."""
+
+SLOTS = 2048
+"""Slot versions in the registers, shared by all jobs (a job takes 2 * pool size of them)."""
+
+FLOOD_GROUP = MAX_JOBS + 1
+"""Multicast group of every port, for frames L2 switching floods; job ``i`` uses group ``i + 1``
+(BMv2's pre refuses large group ids)."""
+
+JOB_EVENTS: tuple[str, ...] = (
+    "packets_in",
+    "contributions",
+    "slots_completed",
+    "results_sent",
+    "results_resent",
+    "duplicates",
+    "retx_seen",
+    "notices_sent",
+    *JOB_DROP_REASONS,
+)
+"""Counter ``job_index * len(JOB_EVENTS) + i`` counts event ``JOB_EVENTS[i]`` of that job;
+``packets_in`` is first, so index 0 never names a drop reason (the P4 code uses 0 as none)."""
+
+GLOBAL_EVENTS: tuple[str, ...] = tuple(r for r in GLOBAL_DROP_REASONS if r != "internal_error")
+"""Counter ``i`` of ``global_events`` counts drop reason ``GLOBAL_EVENTS[i]`` (a switch has no
+internal errors to count)."""
+
+FRAME_OVERHEAD = 14 + 20 + 8
+"""Ethernet, IPv4 and UDP header bytes: BMv2 counts frames, the stats count UDP payloads."""
+
+
+def defines(k: int) -> dict[str, int]:
+    """The ``#define``s of ``config.p4`` for ``k`` lanes."""
+    values = {
+        "NCINA_K": k,
+        "NCINA_PORT": PORT,
+        "NCINA_JOBS": MAX_JOBS,
+        "NCINA_MAX_WORKERS": MAX_WORKERS,
+        "NCINA_SLOTS": SLOTS,
+        "NCINA_FLOOD_GROUP": FLOOD_GROUP,
+        "NCINA_JOB_EVENTS": len(JOB_EVENTS),
+        "NCINA_GLOBAL_EVENTS": len(GLOBAL_EVENTS),
+    }
+    values.update({f"EV_{name.upper()}": i for i, name in enumerate(JOB_EVENTS)})
+    values.update({f"EV_G_{name.upper()}": i for i, name in enumerate(GLOBAL_EVENTS)})
+    return values

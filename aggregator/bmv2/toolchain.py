@@ -1,0 +1,155 @@
+"""Find the P4 toolchain the user installed and build ``p4/`` with it.
+
+Nothing here ships or builds p4c or BMv2: ``p4c-bm2-ss`` and ``simple_switch_grpc`` are looked up
+on ``PATH`` (or named by ``NCINA_P4C`` / ``NCINA_BMV2``), and when one is missing the backend
+stops with one sentence naming what to install. A build goes to ``build/p4/k<K>/``: the generated
+``config.p4`` and ``lanes.p4``, the BMv2 JSON and the P4Info; it is redone only when a source or
+K changed (a digest of the inputs is kept next to the outputs).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ncina.aggregator.bmv2 import gen
+from ncina.aggregator.bmv2.layout import DEFAULT_K
+
+ROOT = Path(__file__).resolve().parents[2]
+P4_DIR = ROOT / "p4"
+BUILD_DIR = ROOT / "build" / "p4"
+MAIN = "ncina.p4"
+
+INSTALL_HINT = (
+    "install p4lang's p4c (p4c-bm2-ss) and behavioral-model built with PI "
+    "(simple_switch_grpc), or point NCINA_P4C / NCINA_BMV2 at them"
+)
+
+
+class ToolchainError(RuntimeError):
+    """The P4 toolchain is missing or failed; the message says what to do."""
+
+
+def p4c() -> str:
+    """The P4 compiler for BMv2's v1model (``NCINA_P4C``, default ``p4c-bm2-ss``)."""
+    return os.environ.get("NCINA_P4C", "p4c-bm2-ss")
+
+
+def switch() -> str:
+    """The BMv2 switch with a P4Runtime server (``NCINA_BMV2``, default ``simple_switch_grpc``)."""
+    return os.environ.get("NCINA_BMV2", "simple_switch_grpc")
+
+
+def missing(*, compiler: bool = True, target: bool = True, runtime: bool = True) -> str | None:
+    """One sentence naming what the BMv2 backend lacks here, or None if nothing."""
+    if compiler and shutil.which(p4c()) is None:
+        return f"{p4c()} is not installed (the P4 compiler): {INSTALL_HINT}"
+    if target and shutil.which(switch()) is None:
+        return f"{switch()} is not installed (the BMv2 switch): {INSTALL_HINT}"
+    if runtime:
+        try:
+            import p4runtime_sh.shell  # noqa: F401
+        except ImportError:
+            return "p4runtime-shell is not installed: pip install p4runtime-shell"
+    return None
+
+
+@dataclass(frozen=True)
+class Build:
+    """A compiled program: the BMv2 JSON and the P4Info (text format) for K lanes."""
+
+    k: int
+    directory: Path
+
+    @property
+    def json(self) -> Path:
+        return self.directory / "ncina.json"
+
+    @property
+    def p4info(self) -> Path:
+        return self.directory / "ncina.p4info.txt"
+
+
+def sources() -> list[Path]:
+    """The hand-written P4 files (everything in ``p4/``)."""
+    return sorted(P4_DIR.glob("*.p4"))
+
+
+def compile_command(build: Build) -> list[str]:
+    """The ``p4c-bm2-ss`` command line that compiles ``p4/ncina.p4`` into ``build``."""
+    return [
+        p4c(), "--std", "p4-16", "--arch", "v1model",
+        "-I", str(build.directory),
+        "-o", str(build.json),
+        "--p4runtime-files", str(build.p4info),
+        str(P4_DIR / MAIN),
+    ]  # fmt: skip
+
+
+def _digest(k: int) -> str:
+    h = hashlib.sha256(f"k={k}\n{p4c()}\n".encode())
+    for path in sources():
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    h.update(Path(gen.__file__).read_bytes())
+    return h.hexdigest()
+
+
+def build(k: int, directory: Path | None = None, *, force: bool = False) -> Build:
+    """Generate and compile the program for ``k`` lanes (unless an up-to-date build exists)."""
+    result = Build(k, directory or BUILD_DIR / f"k{k}")
+    result.directory.mkdir(parents=True, exist_ok=True)
+    # Aggregators started together share the build: one compiles, the others wait for it.
+    with (result.directory / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(result, force)
+
+
+def _build_locked(result: Build, force: bool) -> Build:
+    k = result.k
+    stamp = result.directory / "inputs.sha256"
+    digest = _digest(k)
+    if (not force and result.json.exists() and result.p4info.exists() and stamp.exists()
+            and stamp.read_text().strip() == digest):  # fmt: skip
+        return result
+    reason = missing(target=False, runtime=False)
+    if reason:
+        raise ToolchainError(f"cannot compile p4/{MAIN}: {reason}")
+    gen.write(k, result.directory)
+    command = compile_command(result)
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise ToolchainError(
+            f"{' '.join(command)} failed with status {proc.returncode}:\n"
+            f"{(proc.stderr or proc.stdout).strip()}"
+        )
+    stamp.write_text(digest + "\n")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ncina.aggregator.bmv2.toolchain K``: what ``make p4`` runs."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m ncina.aggregator.bmv2.toolchain",
+        description=f"Generate and compile p4/{MAIN} for K lanes into build/p4/k<K>/.",
+    )
+    parser.add_argument("--k", type=int, default=DEFAULT_K, help="lanes (default: %(default)s)")
+    parser.add_argument("--force", action="store_true", help="compile even if up to date")
+    args = parser.parse_args(argv)
+    try:
+        result = build(args.k, force=args.force)
+    except (ToolchainError, ValueError) as exc:
+        print(f"make p4: {exc}")
+        return 1
+    print(f"{result.json}\n{result.p4info}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

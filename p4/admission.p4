@@ -1,0 +1,135 @@
+// Admission of a datagram sent to the aggregator: every check of docs/protocol.md, in the
+// Python reference's order (ncina.aggregator.slots), each failure counted under its reason.
+// Parse-level faults count under the job the header names, or globally when it names none.
+#ifndef NCINA_ADMISSION_P4
+#define NCINA_ADMISSION_P4
+
+control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t sm) {
+    Members() members;
+    CheckCodes() check_codes;
+
+    action set_job(bit<8> index, bit<8> workers, bit<16> k, bit<16> pool, bit<32> slot_base,
+                   bit<8> emin, bit<7> max_code, bit<8> result_format, bit<4> generation) {
+        meta.job_index = index;
+        meta.workers = workers;
+        meta.k = k;
+        meta.pool = pool;
+        meta.slot_base = slot_base;
+        meta.emin = emin;
+        meta.max_code = max_code;
+        meta.result_format = result_format;
+        meta.generation = generation;
+        meta.events = (bit<32>)index * NCINA_JOB_EVENTS;
+        meta.member = (bit<32>)index * NCINA_MAX_WORKERS + (bit<32>)hdr.nc.rank;
+    }
+
+    table jobs {
+        key = { hdr.nc.job: exact; }
+        actions = { set_job; NoAction; }
+        default_action = NoAction();
+        size = NCINA_JOBS;
+    }
+
+    apply {
+        bit<32> fault = 0;  // the first check that failed: its event number (0: none yet)
+        bool is_member = false;
+        meta.verdict = VERDICT_DROP;
+        if (!hdr.nc.isValid() || hdr.udp.len < UDP_HEADER_BYTES + NCINA_HEADER_BYTES) {
+            global_events.count(EV_G_TRUNCATED);
+            return;
+        }
+        if (hdr.nc.version != NCINA_VERSION) {
+            global_events.count(EV_G_BAD_VERSION);
+            return;
+        }
+        // Job-independent checks (ncina.proto.header.parse).
+        bit<16> room = hdr.udp.len - (UDP_HEADER_BYTES + NCINA_HEADER_BYTES);
+        bit<16> tag_bytes = 0;
+        if (hdr.nc.tag == 1) {
+            tag_bytes = TAG_BYTES;
+        }
+        if (hdr.nc.format > FORMAT_BLOB) {
+            fault = EV_BAD_FORMAT;
+        } else if (hdr.nc.count == 0) {
+            fault = EV_BAD_COUNT;
+        } else if (room < tag_bytes) {
+            fault = EV_BAD_LENGTH;
+        } else {
+            bit<32> payload = (bit<32>)(room - tag_bytes);
+            bit<32> count = (bit<32>)hdr.nc.count;
+            if ((hdr.nc.format == FORMAT_NC8 && payload != count)
+                    || (hdr.nc.format == FORMAT_INT && payload != count << 3)
+                    || (hdr.nc.format == FORMAT_BLOB && payload == 0)
+                    || sm.parser_error == error.PacketTooShort) {
+                fault = EV_BAD_LENGTH;
+            }
+        }
+        if (!jobs.apply().hit) {
+            if (fault == EV_BAD_FORMAT) {
+                global_events.count(EV_G_BAD_FORMAT);
+            } else if (fault == EV_BAD_COUNT) {
+                global_events.count(EV_G_BAD_COUNT);
+            } else if (fault == EV_BAD_LENGTH) {
+                global_events.count(EV_G_BAD_LENGTH);
+            } else {
+                global_events.count(EV_G_UNKNOWN_JOB);
+            }
+            return;
+        }
+        job_events.count(meta.events + EV_PACKETS_IN);
+        if (fault != 0) {
+            job_events.count(meta.events + fault);
+            return;
+        }
+        // The job's checks (JobSlots.handle).
+        if (hdr.nc.tag == 1) {
+            fault = EV_BAD_TAG;  // no BMv2 job has a key: a tagged datagram is not the job's
+        } else if (hdr.nc.result == 1) {
+            fault = EV_BAD_FLAGS;
+        } else if (hdr.nc.format != FORMAT_NC8) {
+            fault = EV_BAD_FORMAT;
+        } else if (hdr.nc.rank >= (bit<16>)meta.workers) {
+            fault = EV_NON_MEMBER;
+        } else {
+            members.apply(hdr, meta, is_member);
+            if (!is_member) {
+                fault = EV_NON_MEMBER;
+            } else if (hdr.nc.generation != 0 && hdr.nc.generation != meta.generation) {
+                if (meta.generation == 0) {
+                    fault = EV_BAD_FLAGS;
+                } else {
+                    job_events.count(meta.events + EV_STALE_GENERATION);
+                    meta.verdict = VERDICT_STALE;
+                    return;
+                }
+            } else if (hdr.nc.emin != meta.emin) {
+                fault = EV_WINDOW_MISMATCH;
+            } else if (hdr.nc.slot >= meta.pool) {
+                fault = EV_BAD_SLOT;
+            } else if (hdr.nc.count > meta.k || sm.parser_error == error.StackOutOfBounds) {
+                fault = EV_BAD_COUNT;
+            } else {
+                check_codes.apply(hdr, meta);
+                if (meta.bad_code == 1) {
+                    fault = EV_BAD_CODE;
+                }
+            }
+        }
+        if (fault != 0) {
+            job_events.count(meta.events + fault);
+            return;
+        }
+        // A valid packet of a member: learn its address (first packet), count RETX, accept.
+        member_known.write(meta.member, 1);
+        member_ip.write(meta.member, hdr.ipv4.src);
+        member_port.write(meta.member, hdr.udp.src_port);
+        member_mac.write(meta.member, hdr.eth.src);
+        if (hdr.nc.retx == 1) {
+            job_events.count(meta.events + EV_RETX_SEEN);
+        }
+        meta.count = hdr.nc.count;
+        meta.verdict = VERDICT_ACCEPT;
+    }
+}
+
+#endif

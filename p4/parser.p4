@@ -1,0 +1,72 @@
+// Parser and deparser: Ethernet, then ARP or IPv4/UDP; UDP to the ncina port carries the ncina
+// header and, for NC8 payloads, one lane per element (`count` of them, at most NCINA_K; a larger
+// count stops with StackOutOfBounds and is dropped as bad_count by the ingress checks).
+#ifndef NCINA_PARSER_P4
+#define NCINA_PARSER_P4
+
+parser NcinaParser(packet_in packet, out headers_t hdr, inout meta_t meta,
+                   inout standard_metadata_t sm) {
+    state start {
+        packet.extract(hdr.eth);
+        transition select(hdr.eth.ether_type) {
+            ETHERTYPE_IPV4: parse_ipv4;
+            ETHERTYPE_ARP: parse_arp;
+            default: accept;
+        }
+    }
+
+    state parse_arp {
+        packet.extract(hdr.arp);
+        transition accept;
+    }
+
+    state parse_ipv4 {
+        packet.extract(hdr.ipv4);
+        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
+            (5, 0, IP_PROTO_UDP): parse_udp;
+            default: accept;
+        }
+    }
+
+    state parse_udp {
+        packet.extract(hdr.udp);
+        transition select(hdr.udp.dst_port) {
+            NCINA_PORT: parse_ncina;
+            default: accept;
+        }
+    }
+
+    state parse_ncina {
+        packet.extract(hdr.nc);
+        meta.lanes_left = hdr.nc.count;
+        transition select(hdr.nc.format, hdr.nc.count) {
+            (FORMAT_NC8, 0): accept;
+            (FORMAT_NC8, _): parse_lane;
+            default: accept;
+        }
+    }
+
+    state parse_lane {
+        packet.extract(hdr.lanes.next);
+        meta.lanes_left = meta.lanes_left - 1;
+        transition select(meta.lanes_left) {
+            0: accept;
+            default: parse_lane;
+        }
+    }
+}
+
+control NcinaDeparser(packet_out packet, in headers_t hdr) {
+    apply {
+        packet.emit(hdr.eth);
+        packet.emit(hdr.arp);
+        packet.emit(hdr.ipv4);
+        packet.emit(hdr.udp);
+        packet.emit(hdr.nc);
+        packet.emit(hdr.notice);
+        packet.emit(hdr.lanes);
+        packet.emit(hdr.wide);
+    }
+}
+
+#endif

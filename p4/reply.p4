@@ -1,0 +1,44 @@
+// The datagrams the aggregator sends: a result (every member's copy, or one back to a worker
+// that lost it) or a notice, built in place from the packet that caused it. Results and
+// notices carry the job's format, window and the aggregator's generation (docs/protocol.md).
+#ifndef NCINA_REPLY_P4
+#define NCINA_REPLY_P4
+
+control Reply(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
+    apply {
+        mac_t peer_mac = hdr.eth.src;
+        ip4_t peer_ip = hdr.ipv4.src;
+        bit<16> peer_port = hdr.udp.src_port;
+        bit<16> payload = NOTICE_BYTES;
+        if (meta.notice == 1) {
+            hdr.nc.count = 0;
+            job_events.count(meta.events + EV_NOTICES_SENT);
+        } else if (meta.result_format == FORMAT_INT) {
+            payload = hdr.nc.count << 3;
+        } else {
+            payload = hdr.nc.count;
+        }
+        hdr.nc.result = 1;
+        hdr.nc.retx = 0;
+        hdr.nc.generation = meta.generation;
+        hdr.nc.format = meta.result_format;
+        hdr.nc.emin = meta.emin;
+        hdr.udp.len = UDP_HEADER_BYTES + NCINA_HEADER_BYTES + payload;
+        hdr.udp.checksum = 0;  // optional over IPv4; every copy has other ports and addresses
+        hdr.ipv4.total_len = hdr.udp.len + 20;
+        hdr.ipv4.ttl = 64;
+        hdr.ipv4.src = meta.local_ip;
+        hdr.udp.src_port = NCINA_PORT;
+        hdr.eth.src = meta.local_mac;
+        // Whatever the parser left unread (a blob, a tag) is not part of the reply.
+        truncate((bit<32>)hdr.ipv4.total_len + 14);
+        if (meta.send == OUT_REPLY) {
+            hdr.eth.dst = peer_mac;
+            hdr.ipv4.dst = peer_ip;
+            hdr.udp.dst_port = peer_port;
+            sm.egress_spec = sm.ingress_port;
+        }
+    }
+}
+
+#endif

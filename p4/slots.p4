@@ -1,0 +1,89 @@
+// SwitchML's slot rules (docs/protocol.md, "Slots, pool versions and loss recovery") for an
+// admitted packet: per (slot, version) a bitmap of contributors, a count since the first, the
+// chunk's offset and count; the sums and stored results live in the lanes (LaneSums).
+#ifndef NCINA_SLOTS_P4
+#define NCINA_SLOTS_P4
+
+control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
+    register<bit<64>>(NCINA_SLOTS) bitmaps;
+    register<bit<8>>(NCINA_SLOTS) seen;
+    register<bit<32>>(NCINA_SLOTS) offsets;
+    register<bit<16>>(NCINA_SLOTS) counts;
+    LaneSums() sums;
+
+    // A reply to the packet's sender: a notice holding `bitmap` (LaneSums drops the lanes).
+    action notice(bit<64> bitmap) {
+        hdr.notice.setValid();
+        hdr.notice.bitmap = bitmap;
+        meta.lane_op = LANE_NOTICE;
+        meta.notice = 1;
+        meta.send = OUT_REPLY;
+    }
+
+    apply {
+        meta.lane_op = LANE_NONE;
+        if (meta.verdict == VERDICT_STALE) {
+            notice(0);  // a packet from before a restart: none of it is held
+        } else {
+            bit<32> version = (bit<32>)hdr.nc.pool;
+            bit<32> slot = (bit<32>)hdr.nc.slot;
+            bit<32> pool = (bit<32>)meta.pool;
+            meta.slot_index = meta.slot_base + version * pool + slot;
+            meta.other_index = meta.slot_base + (1 - version) * pool + slot;
+            meta.lane_base = meta.slot_index * NCINA_K;
+
+            bit<64> bitmap;
+            bit<8> contributions;
+            bit<32> offset;
+            bit<16> count;
+            bitmaps.read(bitmap, meta.slot_index);
+            seen.read(contributions, meta.slot_index);
+            offsets.read(offset, meta.slot_index);
+            counts.read(count, meta.slot_index);
+            bit<64> rank_bit = (bit<64>)1 << (bit<8>)hdr.nc.rank;
+
+            if (bitmap != 0 && (offset != hdr.nc.offset || count != hdr.nc.count)) {
+                job_events.count(meta.events + EV_CHUNK_MISMATCH);
+            } else if ((bitmap & rank_bit) != 0) {
+                if (contributions >= meta.workers) {
+                    // The worker lost the result: the stored one, to it alone.
+                    job_events.count(meta.events + EV_RESULTS_RESENT);
+                    meta.lane_op = LANE_RESEND;
+                    meta.send = OUT_REPLY;
+                } else {
+                    job_events.count(meta.events + EV_DUPLICATES);
+                    if (meta.generation != 0) {
+                        notice(bitmap);
+                    }
+                }
+            } else {
+                meta.first = 0;
+                if (bitmap == 0) {
+                    meta.first = 1;
+                    contributions = 0;
+                    offsets.write(meta.slot_index, hdr.nc.offset);
+                    counts.write(meta.slot_index, hdr.nc.count);
+                }
+                bitmaps.write(meta.slot_index, bitmap | rank_bit);
+                bit<64> other;
+                bitmaps.read(other, meta.other_index);
+                bitmaps.write(meta.other_index, other & ~rank_bit);
+                contributions = contributions + 1;
+                seen.write(meta.slot_index, contributions);
+                job_events.count(meta.events + EV_CONTRIBUTIONS);
+                meta.lane_op = LANE_ADD;
+                if (contributions == meta.workers) {
+                    job_events.count(meta.events + EV_SLOTS_COMPLETED);
+                    meta.lane_op = LANE_COMPLETE;
+                    meta.send = OUT_MULTICAST;
+                    sm.mcast_grp = (bit<16>)meta.job_index + 1;
+                }
+            }
+        }
+        if (meta.lane_op != LANE_NONE) {
+            sums.apply(hdr, meta);
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,83 @@
+"""The BMv2 backend's failure paths that need no switch (run everywhere, CI included).
+
+p4runtime-shell calls ``sys.exit`` when it cannot reach a switch and leaves a stream thread
+behind; the controller must turn that into a ``Bmv2Error`` and let the process exit. Missing tools
+must stop the backend with one sentence naming what to install.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+def test_unreachable_switch_is_a_clear_error_not_an_exit_or_a_hang(tmp_path: Path) -> None:
+    pytest.importorskip("p4runtime_sh", reason="p4runtime-shell is not installed")
+    import socket
+
+    with socket.socket() as s:  # a TCP port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from ncina.aggregator.bmv2.control import Bmv2Error, Controller
+        from ncina.aggregator.bmv2.toolchain import Build
+        try:
+            Controller("127.0.0.1:{port}").connect(Build(8, Path({str(tmp_path)!r})))
+        except Bmv2Error as exc:
+            print("Bmv2Error:", exc)
+        else:
+            print("connected?")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"Bmv2Error: P4Runtime at 127.0.0.1:{port}: connecting"), (
+        proc.stdout + proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_toolchain_stops_the_backend_with_one_sentence(tmp_path: Path) -> None:
+    env_script = textwrap.dedent(f"""
+        import os, sys
+        os.environ["NCINA_BMV2"] = {str(tmp_path / "no-such-switch")!r}
+        os.environ["NCINA_P4C"] = {str(tmp_path / "no-such-p4c")!r}
+        from ncina.cli import main
+        sys.argv = ["ncina", "aggregator", "--backend", "bmv2", "--iface", "lo",
+                    "--listen", "127.0.0.1:47000", "--job", "1", "--workers", "2",
+                    "--k", "8", "--result", "nc8"]
+        sys.exit(main())
+    """)
+    proc = subprocess.run([sys.executable, "-c", env_script], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "no-such-p4c is not installed" in proc.stderr
+    assert "p4lang" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--listen", "127.0.0.1:47001"], "serves UDP port 47000 only"),
+        (["--listen", "0.0.0.0:47000"], "needs --listen with the address it answers for"),
+        ([], "needs --iface IF"),
+    ],
+)
+def test_bmv2_options_are_checked_before_anything_starts(
+    arguments: list[str], message: str
+) -> None:
+    base = ["--backend", "bmv2", "--job", "1", "--workers", "2", "--k", "8", "--result", "nc8"]
+    if arguments:
+        base += ["--iface", "lo"]
+    if "--listen" not in arguments:
+        base += ["--listen", "127.0.0.1:47000"]
+    proc = subprocess.run([sys.executable, "-m", "ncina.cli", "aggregator", *base, *arguments],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr

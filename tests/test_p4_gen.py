@@ -1,0 +1,182 @@
+"""The P4 generator and the control plane's decisions, without p4c or BMv2 (runs everywhere).
+
+The generated lanes must be exactly K, each action and the int-result widening must touch every
+lane once, the counter numbering of config.p4 must be the control plane's, and the compile rule
+must name the program, the generated directory and both outputs.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from ncina.aggregator.bmv2 import entries, gen, layout, toolchain
+from ncina.aggregator.jobs import JobConfig
+from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_DROP_REASONS
+from ncina.proto.header import PORT
+
+
+def _action(text: str, name: str) -> str:
+    """The body of ``action name() { ... }`` in generated P4 (actions have no nested braces)."""
+    found = re.search(rf"action {name}\(\) {{\n(.*?)\n    }}\n", text, re.S)
+    assert found, f"no action {name}"
+    return found.group(1)
+
+
+def _lanes(text: str) -> list[int]:
+    return sorted({int(i) for i in re.findall(r"hdr\.lanes\[(\d+)\]", text)})
+
+
+@pytest.mark.parametrize("k", [8, 64, 256])
+def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> None:
+    config, lanes = gen.write(k, tmp_path)
+    defines = dict(re.findall(r"#define (\w+) (\d+)", config.read_text()))
+    assert int(defines["NCINA_K"]) == k
+    assert int(defines["NCINA_PORT"]) == PORT
+    text = lanes.read_text()
+    assert text.count("control CheckCodes(") == 1 and text.count("control LaneSums(") == 1
+    assert "register<bit<64>>(NCINA_SLOTS * NCINA_K) sums;" in text
+    assert "register<bit<8>>(NCINA_SLOTS * NCINA_K) results;" in text
+    every = list(range(k))
+    for action, per_lane in (("check", 1), ("add", 3), ("load_nc8", 2), ("clear", 1)):
+        body = _action(text, action)
+        assert _lanes(body) == every, action
+        assert len(re.findall(r"hdr\.lanes\[\d+\]", body)) == per_lane * k, action
+    # Register cells: lane i of a slot is lane_base + i, for i < K only.
+    assert sorted({int(i) for i in re.findall(r"meta\.lane_base \+ (\d+)", text)}) == every
+    # Re-compression, lane by lane in the control: an if-chain of six halving steps finds the
+    # highest set bit of each sum, then one action rounds it with one random draw.
+    apply = text[text.index("    apply {", text.index("control LaneSums")):]
+    assert apply.count("magnitude();") == k and apply.count("round_to_code();") == k
+    assert [int(w) for w in re.findall(r"if \(\(meta\.lane_rest >> (\d+)\) != 0\)", apply)] == [
+        32, 16, 8, 4, 2, 1] * k
+    assert sorted(int(i) for i in re.findall(r"results\.write\(meta\.lane_base \+ (\d+)", apply)
+                  ) == every  # fmt: skip
+    assert _action(text, "round_to_code").count("random(") == 1
+    # int results: each lane i < count becomes a 64-bit lane.
+    assert sorted(int(i) for i in re.findall(r"hdr\.wide\[(\d+)\]\.setValid\(\)", text)) == every
+
+
+def test_generation_is_reproducible_and_checks_k(tmp_path: Path) -> None:
+    first = [p.read_bytes() for p in gen.write(64, tmp_path / "a")]
+    second = [p.read_bytes() for p in gen.write(64, tmp_path / "b")]
+    assert first == second
+    assert gen.lanes_p4(8) != gen.lanes_p4(9)
+    for bad in (0, 1025):
+        with pytest.raises(ValueError, match=r"K must be in 1\.\.1024"):
+            gen.write(bad, tmp_path / "c")
+
+
+def test_counter_numbering_is_shared_with_the_control_plane() -> None:
+    values = layout.defines(16)
+    assert values["NCINA_JOB_EVENTS"] == len(layout.JOB_EVENTS)
+    assert values["EV_PACKETS_IN"] == 0  # P4 uses 0 as "no fault"
+    for reason in JOB_DROP_REASONS:
+        assert layout.JOB_EVENTS[values[f"EV_{reason.upper()}"]] == reason
+    assert set(layout.GLOBAL_EVENTS) == set(GLOBAL_DROP_REASONS) - {"internal_error"}
+    # Every EV_ name the hand-written P4 uses is defined.
+    used = set()
+    for path in toolchain.sources():
+        used |= set(re.findall(r"\b(EV_\w+)", path.read_text()))
+    assert used and used <= set(values)
+
+
+def test_hand_written_program_declares_its_tables_and_wires_only_in_the_top_file() -> None:
+    text = {p.name: p.read_text() for p in toolchain.sources()}
+    tables = {name: re.findall(r"^\s*table (\w+) \{", src, re.M) for name, src in text.items()}
+    assert tables["admission.p4"] == ["jobs"]
+    assert tables["members.p4"] == ["members"]
+    assert tables["forward.p4"] == ["l2"]
+    assert tables["ncina.p4"] == ["local_address"]
+    assert re.findall(r'#include "(\w+\.p4)"', text["ncina.p4"]) == [
+        "config.p4", "headers.p4", "state.p4", "parser.p4", "checksum.p4", "lanes.p4", "arp.p4",
+        "forward.p4", "members.p4", "admission.p4", "slots.p4", "reply.p4", "rewrite.p4",
+    ]  # fmt: skip
+    # The P4Info names the control plane uses exist in the program.
+    for qualified in (entries.JOBS_TABLE, entries.MEMBERS_TABLE, entries.L2_TABLE,
+                      entries.LOCAL_TABLE):  # fmt: skip
+        assert any(qualified.rsplit(".", 1)[1] in names for names in tables.values())
+
+
+def test_compile_rule_names_the_program_the_generated_files_and_both_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NCINA_P4C", "/opt/p4c/bin/p4c-bm2-ss")
+    build = toolchain.Build(64, tmp_path / "k64")
+    command = toolchain.compile_command(build)
+    assert command[0] == "/opt/p4c/bin/p4c-bm2-ss"
+    assert command[-1] == str(toolchain.P4_DIR / "ncina.p4")
+    assert command[command.index("-I") + 1] == str(tmp_path / "k64")
+    assert command[command.index("-o") + 1] == str(tmp_path / "k64" / "ncina.json")
+    assert command[command.index("--p4runtime-files") + 1] == str(
+        tmp_path / "k64" / "ncina.p4info.txt"
+    )
+    assert toolchain.BUILD_DIR / "k64" == toolchain.ROOT / "build" / "p4" / "k64"
+
+
+def test_missing_compiler_is_one_sentence_naming_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NCINA_P4C", str(tmp_path / "no-such-p4c"))
+    reason = toolchain.missing()
+    assert reason is not None and "no-such-p4c is not installed" in reason and "\n" not in reason
+    with pytest.raises(toolchain.ToolchainError, match="no-such-p4c is not installed"):
+        toolchain.build(8, tmp_path / "k8", force=True)
+
+
+def _job(**options: object) -> JobConfig:
+    values: dict = {"job": 7, "workers": 4, "k": 64, "result_format": "nc8"}
+    values.update(options)
+    return JobConfig.create(**values)
+
+
+def test_jobs_are_placed_in_disjoint_slot_ranges_and_refused_when_they_do_not_fit() -> None:
+    a, b = _job(job=1, pool_size=64), _job(job=2, pool_size=100)
+    placed = entries.place([a, b], generation=3, k=64)
+    assert [(p.index, p.slot_base) for p in placed] == [(0, 0), (1, 128)]
+    with pytest.raises(ValueError, match="K=64, the program was built for 32"):
+        entries.place([a], 3, k=32)
+    with pytest.raises(ValueError, match="does not fit"):
+        entries.place([_job(pool_size=layout.SLOTS // 2 + 1)], 3, k=64)
+    with pytest.raises(ValueError, match="authentication tag"):
+        entries.place([_job(key=b"k" * 16)], 3, k=64)
+
+
+def test_job_entries_and_groups() -> None:
+    config = _job(workers=3, members=[(1, ("10.0.0.2", 40001))], result_format="int")
+    [job] = entries.place([config], generation=9, k=64)
+    row, member = entries.job_entries(job)
+    assert row.table == entries.JOBS_TABLE and row.match == {"hdr.nc.job": "7"}
+    assert row.params["emin"] == str(config.window.e_min & 0xFF) == str(256 - 50)
+    assert row.params["max_code"] == str(config.window.max_code)
+    assert (row.params["result_format"], row.params["generation"]) == ("1", "9")
+    assert member.match == {"meta.job_index": "0", "hdr.nc.rank": "1"}
+    assert member.params == {"ip": "10.0.0.2", "port": "40001"}
+    assert entries.job_group(job, 1).replicas == ((1, 0), (1, 1), (1, 2))
+    assert entries.job_group(job, {0: 3, 1: 1, 2: 2}) == entries.Group(1, ((3, 0), (1, 1), (2, 2)))
+    assert entries.flood_group([2, 1]) == entries.Group(layout.FLOOD_GROUP, ((1, 0), (2, 0)))
+
+
+def test_counters_become_the_stats_document_in_udp_payload_bytes() -> None:
+    [job] = entries.place([_job(job=3, k=16, result_format="int"),
+                           _job(job=4, k=16)], 1, k=16)[1:]  # fmt: skip
+    base = job.index * len(layout.JOB_EVENTS)
+    ev = {name: base + i for i, name in enumerate(layout.JOB_EVENTS)}
+    frame = layout.FRAME_OVERHEAD + 16  # every uplink below has the header and `count` codes
+    counts = {
+        ev["packets_in"]: (5, 5 * frame + 16 * 4 + 2),
+        ev["contributions"]: (4, 0),
+        ev["results_sent"]: (4, 4 * (frame + 16)),  # one 4-worker slot of 16 elements
+        ev["results_resent"]: (1, frame + 16),
+        ev["notices_sent"]: (2, 0),
+        ev["bad_code"]: (1, 0),
+    }
+    stats = entries.job_stats(job, counts)
+    assert stats.packets_in == 5 and stats.bytes_in == 16 * 5 + 16 * 4 + 2
+    assert (stats.contributions, stats.results_sent, stats.results_resent) == (4, 4, 1)
+    assert stats.packets_out == 4 + 1 + 2
+    assert stats.bytes_out == 5 * (16 + 16) + 2 * 24  # nc8 results: one byte per element
+    assert stats.drops["bad_code"] == 1 and sum(stats.drops.values()) == 1
+    glob = entries.global_stats({layout.GLOBAL_EVENTS.index("truncated"): (2, 2 * 50)})
+    assert (glob.packets_in, glob.bytes_in, glob.drops["truncated"]) == (2, 16, 2)
