@@ -121,6 +121,7 @@ struct meta_t {
     bit<1> local;             // target is the aggregator's address
     mac_t local_mac;
     ip4_t local_ip;
+    bit<16> local_port;
     bit<8> send;              // OUT_*: what leaves the pipeline
     // The job, from the jobs table.
     bit<8> job_index;

@@ -24,11 +24,12 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
     Slots() slots;
     Reply() reply;
 
-    // The aggregator's own address (one entry): answered by ARP, aggregated on NCINA_PORT.
-    action aggregator(mac_t mac) {
+    // The aggregator's own address (one entry): answered by ARP, aggregated on its UDP port.
+    action aggregator(mac_t mac, bit<16> port) {
         meta.local = 1;
         meta.local_mac = mac;
         meta.local_ip = meta.target;
+        meta.local_port = port;
     }
 
     table local_address {
@@ -51,7 +52,7 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
             if (hdr.arp.op == ARP_REQUEST) {
                 arp.apply(hdr, meta, sm);
             }
-        } else if (meta.local == 1 && hdr.udp.isValid() && hdr.udp.dst_port == NCINA_PORT) {
+        } else if (meta.local == 1 && hdr.udp.isValid() && hdr.udp.dst_port == meta.local_port) {
             admission.apply(hdr, meta, sm);
             if (meta.verdict != VERDICT_DROP) {
                 slots.apply(hdr, meta, sm);

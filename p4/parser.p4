@@ -1,5 +1,5 @@
-// Parser and deparser: Ethernet, then ARP or IPv4/UDP; UDP to the ncina port carries the ncina
-// header and, for NC8 payloads, one lane per element (`count` of them, at most NCINA_K; a larger
+// Parser and deparser: Ethernet, then ARP or IPv4/UDP; a UDP datagram for the aggregator carries
+// the ncina header and, for NC8 payloads, one lane per element (`count` of them, at most NCINA_K; a larger
 // count stops with StackOutOfBounds and is dropped as bad_count by the ingress checks).
 #ifndef NCINA_PARSER_P4
 #define NCINA_PARSER_P4
@@ -28,12 +28,12 @@ parser NcinaParser(packet_in packet, out headers_t hdr, inout meta_t meta,
         }
     }
 
+    // Any UDP datagram may be for the aggregator (its port is a table entry, which a parser cannot
+    // consult): ingress decides by address and port. A datagram that is not stays byte for byte
+    // what it was (a header that does not fit stops the parser; the rest is payload).
     state parse_udp {
         packet.extract(hdr.udp);
-        transition select(hdr.udp.dst_port) {
-            NCINA_PORT: parse_ncina;
-            default: accept;
-        }
+        transition parse_ncina;
     }
 
     state parse_ncina {

@@ -28,7 +28,7 @@ control Reply(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
         hdr.ipv4.total_len = hdr.udp.len + 20;
         hdr.ipv4.ttl = 64;
         hdr.ipv4.src = meta.local_ip;
-        hdr.udp.src_port = NCINA_PORT;
+        hdr.udp.src_port = meta.local_port;
         hdr.eth.src = meta.local_mac;
         // Whatever the parser left unread (a blob, a tag) is not part of the reply.
         truncate((bit<32>)hdr.ipv4.total_len + 14);

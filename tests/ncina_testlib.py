@@ -32,6 +32,10 @@ AGGREGATOR_BACKENDS = ("python", "dpdk", "bmv2")
 TAGGED_BACKENDS = ("python", "dpdk")
 """Backends that implement the authentication tag (the P4 program does not)."""
 
+PACING = 0.002
+"""Seconds between the datagrams of a long burst: BMv2 reads its port through libpcap, whose
+ring holds a few dozen frames, so a longer burst loses packets before the switch sees them."""
+
 START_TIMEOUT = 60.0  # generous: the first start may compile the NC8 C extension
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ncina_testlib import (
+    PACING,
     Worker,
     code_values,
     counters,
@@ -35,9 +36,6 @@ WORKERS = 3
 K = 16
 POOL = 8
 GENERATION = 5
-# BMv2 reads its ports through libpcap, whose ring holds only a few dozen frames: a burst longer
-# than that loses packets before the switch sees them. The recorded session is sent paced.
-PACING = 0.01
 
 Send = tuple[int, bytes]  # (rank of the sending socket, datagram)
 

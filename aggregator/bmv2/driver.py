@@ -1,7 +1,8 @@
 """``ncina aggregator --backend bmv2``: compile ``p4/`` for the job's K, start
 ``simple_switch_grpc`` on ``--iface`` (switch port 1), push the pipeline and the job over
 P4Runtime, announce readiness, and turn the switch's counters into the stats document until
-SIGTERM. The switch answers ARP for the ``--listen`` address and serves the protocol's port.
+SIGTERM. The switch answers ARP for the ``--listen`` address and serves its UDP port (0: the
+protocol's).
 """
 
 from __future__ import annotations
@@ -68,8 +69,7 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
     host, port = args.listen
     if host == "0.0.0.0":
         raise ValueError("the bmv2 backend needs --listen with the address it answers for")
-    if port not in (0, PORT):
-        raise ValueError(f"the bmv2 program serves UDP port {PORT} only, not {port}")
+    port = port or PORT
     reason = toolchain.missing()
     if reason:
         raise ValueError(f"the bmv2 backend cannot run: {reason}")
@@ -91,12 +91,12 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
     controller = Controller(switch.config.grpc_address, args.device_id)
     try:
         controller.connect(build)
-        controller.insert(entries.local_entry(host, mac))
+        controller.insert(entries.local_entry(host, port, mac))
         for entry in entries.job_entries(job):
             controller.insert(entry)
         controller.insert_group(entries.job_group(job, SWITCH_PORT))
         controller.insert_group(entries.flood_group([SWITCH_PORT]))
-        return _Server(controller, switch, job, args, (host, PORT), mac, k).run()
+        return _Server(controller, switch, job, args, (host, port), mac, k).run()
     finally:
         controller.close()
         switch.stop()

@@ -93,9 +93,10 @@ def place(configs: Sequence[JobConfig], generation: int, k: int) -> list[Install
     return placed
 
 
-def local_entry(ip: str, mac: str) -> Entry:
-    """The aggregator's own address: ARP answered, ncina datagrams to it aggregated."""
-    return Entry(LOCAL_TABLE, {"meta.target": ip}, LOCAL_ACTION, {"mac": mac})
+def local_entry(ip: str, port: int, mac: str) -> Entry:
+    """The aggregator's own address: ARP answered, ncina datagrams to its UDP ``port``
+    aggregated."""
+    return Entry(LOCAL_TABLE, {"meta.target": ip}, LOCAL_ACTION, {"mac": mac, "port": str(port)})
 
 
 def job_entries(job: InstalledJob) -> list[Entry]:

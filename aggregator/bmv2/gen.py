@@ -36,8 +36,10 @@ def _each(k: int, body: Callable[[int], Iterator[str]], indent: int) -> list[str
 
 
 def _check(i: int) -> Iterator[str]:
-    yield (f"meta.bad_code = meta.bad_code | ((hdr.nc.count > {i} && "
-           f"hdr.lanes[{i}].code > meta.max_code) ? 1w1 : 1w0);")  # fmt: skip
+    # One `if` per lane: folded into one expression, the lanes' checks would nest (quadratic).
+    yield f"if (hdr.nc.count > {i} && hdr.lanes[{i}].code > meta.max_code) {{"
+    yield "    meta.bad_code = 1;"
+    yield "}"
 
 
 # Per-lane temporaries live in metadata, and the re-compression of a lane is a chain of `if`s in
@@ -101,13 +103,9 @@ def lanes_p4(k: int) -> str:
         "",
         "// Admission: is any of the packet's codes above the job's window (bad_code)?",
         "control CheckCodes(in headers_t hdr, inout meta_t meta) {",
-        "    action check() {",
+        "    apply {",
         "        meta.bad_code = 0;",
         *_each(k, _check, 8),
-        "    }",
-        "",
-        "    apply {",
-        "        check();",
         "    }",
         "}",
         "",

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_DROP_REASONS
-from ncina.proto.header import PORT
 
 DEFAULT_K = 64
 """Lanes (elements per packet) compiled in by default; a job's K may be smaller."""
@@ -49,7 +48,6 @@ def defines(k: int) -> dict[str, int]:
     """The ``#define``s of ``config.p4`` for ``k`` lanes."""
     values = {
         "NCINA_K": k,
-        "NCINA_PORT": PORT,
         "NCINA_JOBS": MAX_JOBS,
         "NCINA_MAX_WORKERS": MAX_WORKERS,
         "NCINA_SLOTS": SLOTS,
