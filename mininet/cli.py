@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.proto.tag import read_key_file
-from ncina.topo.config import TopoConfig
+from ncina.topo.config import BMV2_POOL_SIZE, TopoConfig
 from ncina.worker.client import MODES
 from ncina.worker.train import check_options
 
@@ -54,7 +54,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=d.lr, help="SGD step size (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
     p.add_argument("--k", type=int, default=d.k, help="elements per packet (default: %(default)s)")
-    p.add_argument("--pool-size", type=int, default=d.pool_size, help="default: %(default)s")
+    p.add_argument("--pool-size", type=int,
+                   help=f"slots per job (default: {d.pool_size}; {BMV2_POOL_SIZE} with --backend "
+                   "bmv2, whose libpcap input ring holds a few dozen frames)")
     p.add_argument("--window-max", type=int, default=d.window_max, help="default: %(default)s")
     p.add_argument("--result", choices=("nc8", "int"), default=d.result,
                    help="INA mode's downlink format (default: %(default)s)")
@@ -106,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
             lr=args.lr,
             seed=args.seed,
             k=args.k,
-            pool_size=args.pool_size,
+            pool_size=args.pool_size
+            or (BMV2_POOL_SIZE if args.backend == "bmv2" else TopoConfig.pool_size),
             window_max=args.window_max,
             result=args.result,
             compressor=args.compressor,

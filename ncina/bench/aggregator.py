@@ -3,9 +3,11 @@
 Four emulated workers (one connected UDP socket each, driven by a C closed loop: a window of
 slots per rank, the next chunk into a slot when its result is back) send K-element NC8 chunks
 through a Linux bridge and a veth pair to an aggregator in its own namespace. The same load runs
-against the chosen backend, the Python backend, and the DPDK no-op forwarder on the same
-af_packet path (it echoes every datagram: one reply per packet, like the aggregator; the I/O
-limit of this machine). Needs root and DPDK (``apt-get install dpdk libdpdk-dev``).
+against the chosen backend (dpdk, or bmv2: the P4 program on simple_switch_grpc), the Python
+backend, and the DPDK no-op forwarder on the same af_packet path (it echoes every datagram: one
+reply per packet, like the aggregator; the I/O limit of this machine). Needs root and DPDK
+(``apt-get install dpdk libdpdk-dev``); bmv2 needs p4c and BMv2 too (docs/bmv2.md). BMv2 reads
+its port through libpcap, whose ring holds a few dozen frames: give it a small --window.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--backend", choices=("dpdk", "python"), default="dpdk",
+    p.add_argument("--backend", choices=("dpdk", "python", "bmv2"), default="dpdk",
                    help="the backend measured (default: %(default)s)")  # fmt: skip
     p.add_argument("--workers", type=int, default=4, help="senders (default: %(default)s)")
     p.add_argument("--k", type=int, default=256, help="elements per packet (default: %(default)s)")
@@ -58,7 +60,7 @@ def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
     work = args.workdir / kind
     work.mkdir(parents=True, exist_ok=True)
     stats_path, log_path = work / "stats.json", work / "aggregator.log"
-    backend = "python" if kind == "python" else "dpdk"
+    backend = kind if kind in ("python", "bmv2") else "dpdk"
     cmd = [
         sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend,
         "--job", str(JOB), "--workers", str(args.workers), "--k", str(args.k),
@@ -68,6 +70,8 @@ def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
     if kind == "python":  # a kernel socket needs the address on the interface
         subprocess.run(["ip", "-n", site.ns, "addr", "add", f"{site.ip}/24", "dev", site.iface],
                        check=True)  # fmt: skip
+    elif kind == "bmv2":  # the switch answers ARP and serves the site's address itself
+        cmd += ["--iface", site.iface, "--switch-log", str(work / "switch.log")]
     else:
         cmd += ["--iface", site.iface, "--idle-sleep-us", str(args.idle_sleep_us),
                 "--vdev-options", "framecnt=4096,qdisc_bypass=1"]  # fmt: skip
@@ -76,7 +80,8 @@ def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
     with log_path.open("wb") as log:
         proc = subprocess.Popen(site.command(cmd), stdout=log, stderr=subprocess.STDOUT)
     try:
-        aggproc.wait_ready(proc, log_path, timeout=120.0)
+        # (bmv2 may first compile p4/ for K: minutes for K = 256)
+        aggproc.wait_ready(proc, log_path, timeout=900.0 if kind == "bmv2" else 120.0)
         module = load()
         ffi, lib = module.ffi, module.lib
         socks = []
@@ -129,13 +134,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     reason = netns.missing() or binding.missing()
     if reason:
         raise RuntimeError(f"the aggregator benchmark needs root and DPDK: {reason}")
+    if args.backend == "bmv2":
+        from ncina.aggregator.bmv2 import toolchain
+
+        reason = toolchain.missing()
+        if reason:
+            raise RuntimeError(f"the bmv2 benchmark cannot run: {reason}")
     star = netns.Star.create()
     figures: dict[str, Any] = {
         "workers": args.workers, "k": args.k, "window": args.window, "result": args.result,
         "seconds": args.seconds, "backend": args.backend,
     }  # fmt: skip
     try:
-        kinds = ["python", "forward"] + (["dpdk"] if args.backend == "dpdk" else [])
+        kinds = ["python", "forward"] + ([args.backend] if args.backend != "python" else [])
         for kind in kinds:
             figures[kind] = measure(args, star, kind)
     finally:
