@@ -162,9 +162,14 @@ def test_sharded_allreduce_needs_one_k() -> None:
         ShardedAllreduce([FakeClient(4), FakeClient(8)])  # type: ignore[list-item]
 
 
-def test_unavailable_backend_names_what_is_missing() -> None:
+def test_unavailable_backend_names_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     check_backend("python")
-    with pytest.raises(RuntimeError, match=r"BACKEND=bmv2 .*simple_switch_grpc"):
+    monkeypatch.setenv("NCINA_P4C", str(tmp_path / "p4c-bm2-ss"))
+    monkeypatch.setenv("NCINA_BMV2", str(tmp_path / "simple_switch_grpc"))
+    with pytest.raises(RuntimeError, match=r"BACKEND=bmv2 cannot run: .*p4c-bm2-ss is not "
+                       r"installed .*simple_switch_grpc"):  # fmt: skip
         check_backend("bmv2")
     with pytest.raises(RuntimeError, match=r"BACKEND=fpga .*available: python"):
         check_backend("fpga")

@@ -1,6 +1,6 @@
 """The P4Runtime control plane (p4runtime-shell): push the pipeline, install ``entries``, read
-counters. Registers are not readable over BMv2's P4Runtime server: ``register_dump`` reads them
-through ``simple_switch_CLI`` (Thrift), for debugging.
+counters. Registers are not readable over BMv2's P4Runtime server: read them with
+``simple_switch_CLI --thrift-port PORT`` for debugging (docs/bmv2.md).
 
 p4runtime-shell keeps one global session and calls ``sys.exit`` when ``setup`` fails; here every
 failure becomes a ``Bmv2Error`` naming the switch, so the caller decides what to do.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,17 +118,3 @@ class Controller:
             raise Bmv2Error(f"P4Runtime at {self.address}: not connected")
         return self._sh
 
-
-def register_dump(thrift_port: int, register: str, index: int) -> int:
-    """One register cell, read through ``simple_switch_CLI`` (for debugging)."""
-    proc = subprocess.run(
-        ["simple_switch_CLI", "--thrift-port", str(thrift_port)],
-        input=f"register_read {register} {index}\n", capture_output=True, text=True, check=False,
-    )
-    for line in proc.stdout.splitlines():
-        if "=" in line and register.split(".")[-1] in line:
-            return int(line.rpartition("=")[2].strip())
-    raise Bmv2Error(
-        f"simple_switch_CLI on thrift port {thrift_port}: no value for {register}[{index}] "
-        f"({(proc.stderr or proc.stdout).strip()[-300:]})"
-    )
