@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ncina.aggregator.bmv2.layout import (
+    COUNTED,
     FLOOD_GROUP,
     FRAME_OVERHEAD,
     GLOBAL_EVENTS,
@@ -158,14 +159,11 @@ def job_stats(job: InstalledJob, counts: Counts) -> JobStats:
     base = job.index * len(JOB_EVENTS)
     event = {name: counts.get(base + i, (0, 0)) for i, name in enumerate(JOB_EVENTS)}
     stats = JobStats()
-    packets_in, frame_bytes_in = event["packets_in"]
-    stats.packets_in = packets_in
-    stats.bytes_in = frame_bytes_in - FRAME_OVERHEAD * packets_in
-    for name in ("contributions", "slots_completed", "results_sent", "results_resent",
-                 "duplicates", "retx_seen", "notices_sent"):  # fmt: skip
+    for name in COUNTED:
         setattr(stats, name, event[name][0])
     for reason in stats.drops:
         stats.drops[reason] = event[reason][0]
+    stats.bytes_in = event["packets_in"][1] - FRAME_OVERHEAD * stats.packets_in
     size = ELEMENT_SIZE[job.config.result_format]
     results = stats.results_sent + stats.results_resent
     elements = sum(event[name][1] for name in ("results_sent", "results_resent")) - (

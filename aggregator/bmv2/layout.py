@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_DROP_REASONS
+from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_COUNTERS, JOB_DROP_REASONS
 
 DEFAULT_K = 64
 """Lanes (elements per packet) compiled in by default; a job's K may be smaller."""
@@ -22,17 +22,14 @@ FLOOD_GROUP = MAX_JOBS + 1
 """Multicast group of every port, for frames L2 switching floods; job ``i`` uses group ``i + 1``
 (BMv2's pre refuses large group ids)."""
 
-JOB_EVENTS: tuple[str, ...] = (
-    "packets_in",
-    "contributions",
-    "slots_completed",
-    "results_sent",
-    "results_resent",
-    "duplicates",
-    "retx_seen",
-    "notices_sent",
-    *JOB_DROP_REASONS,
-)
+DERIVED = ("bytes_in", "packets_out", "bytes_out")
+"""Job counters the control plane derives from others: BMv2 counts frames, the stats count UDP
+payloads (``entries.job_stats``)."""
+
+COUNTED: tuple[str, ...] = tuple(c for c in JOB_COUNTERS if c not in DERIVED)
+"""Job counters the switch counts itself, ``packets_in`` first."""
+
+JOB_EVENTS: tuple[str, ...] = (*COUNTED, *JOB_DROP_REASONS)
 """Counter ``job_index * len(JOB_EVENTS) + i`` counts event ``JOB_EVENTS[i]`` of that job;
 ``packets_in`` is first, so index 0 never names a drop reason (the P4 code uses 0 as none)."""
 
