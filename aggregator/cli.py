@@ -218,7 +218,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--iface",
         metavar="IF",
-        help="dpdk and bmv2: the network interface the data plane serves (required for them)",
+        help="dpdk: the network interface the data plane serves; bmv2: one or more, "
+        "comma-separated, the switch's ports 1, 2, ... (required for both)",
     )
     dpdk_driver.add_arguments(parser)
     bmv2_driver.add_arguments(parser)

@@ -1,11 +1,12 @@
 """The topology runner: one Mininet network, training over it with INA+NC8, then the gloo baseline.
 
-:func:`run_topology` builds the topology (:mod:`ncina.topo.topos`) on Linux bridges, starts
-``ncina aggregator`` on every aggregator node and ``ncina train`` on every worker host, waits for
-training to finish while echoing rank 0's progress, stops the aggregators (which write their stats
-on SIGTERM), then trains again with gloo's fp32 all-reduce on the same network. Everything a run
-writes goes to its directory: per-worker logs and metrics (``<mode>/worker<r>.log|.jsonl``),
-aggregator logs and stats (``ina/aggregator<j>.log|.json``), ``results.json`` and ``plot.png``.
+:func:`run_topology` builds the topology (:mod:`ncina.topo.topos`) on Linux bridges (on a P4 switch
+with BACKEND=bmv2), starts ``ncina aggregator`` on every aggregator node (the switch's) and ``ncina
+train`` on every worker host, waits for training to finish while echoing rank 0's progress, stops
+the aggregators (which write their stats on SIGTERM), then trains again with gloo's fp32 all-reduce
+on the same network. Everything a run writes goes to its directory: per-worker logs and metrics
+(``<mode>/worker<r>.log|.jsonl``), aggregator logs and stats (``ina/aggregator<j>.log|.json``),
+``results.json`` and ``plot.png``.
 
 The runner owns every process it starts (:class:`Processes`) and stops each by its PID, then
 stops the network, whatever happened: nothing is left behind, and nothing it did not start is
@@ -32,7 +33,7 @@ from ncina.aggregator.dpdk import netns as dpdk_netns
 from ncina.proto.header import PORT
 from ncina.topo import report
 from ncina.topo.config import TopoConfig
-from ncina.topo.topos import StarTopo, aggregator_ip, topos, worker_ip
+from ncina.topo.topos import P4Switch, StarTopo, aggregator_ip, topos, worker_ip
 from ncina.worker import models
 
 from mininet.net import Mininet
@@ -50,11 +51,14 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def check_backend(backend: str) -> None:
+def check_backend(backend: str, aggregators: int = 1) -> None:
     """Raise a clear error when the chosen aggregator backend cannot run here."""
     if backend not in BACKENDS:
         raise RuntimeError(f"BACKEND={backend} is not a backend (available: {', '.join(BACKENDS)})")
     if backend == "bmv2":
+        if aggregators != 1:
+            raise RuntimeError("BACKEND=bmv2 aggregates in the topology's one switch: use the star "
+                               "topology (one aggregator)")  # fmt: skip
         reason = toolchain.missing()
         if reason:
             raise RuntimeError(f"BACKEND=bmv2 cannot run: {reason}")
@@ -93,20 +97,23 @@ class Processes:
 def build_net(cfg: TopoConfig) -> tuple[Mininet, StarTopo]:
     """The network of ``cfg``, not yet built: ``net.start()`` builds it (inside the caller's
     ``try``, so that ``net.stop()`` also removes a half-built network)."""
+    in_switch = cfg.backend == "bmv2"  # the switch aggregates: no aggregator nodes
     topo = topos[cfg.topo](
-        workers=cfg.workers, aggregators=cfg.aggregators, bw=cfg.bw, agg_bw=cfg.agg_bw,
-        loss=cfg.loss, prefix=cfg.prefix,
+        workers=cfg.workers, aggregators=0 if in_switch else cfg.aggregators, bw=cfg.bw,
+        agg_bw=cfg.agg_bw, loss=cfg.loss, prefix=cfg.prefix,
     )
-    net = Mininet(topo=topo, switch=LinuxBridge, controller=None, autoStaticArp=True, build=False)
+    net = Mininet(topo=topo, switch=P4Switch if in_switch else LinuxBridge, controller=None,
+                  autoStaticArp=True, build=False)  # fmt: skip
     return net, topo
 
 
 def start_aggregators(
     net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, run_dir: Path
 ) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
-    """Start one ``ncina aggregator`` per aggregator node; wait until each is listening."""
+    """Start one ``ncina aggregator`` per aggregator node (with BACKEND=bmv2, the one of the
+    P4 switch); wait until each is listening."""
     started, addresses = [], []
-    for j, name in enumerate(topo.aggregator_names):
+    for j, name in enumerate(topo.aggregator_names or [topo.switch_name]):
         address = f"{aggregator_ip(j)}:{PORT}"
         log = run_dir / f"aggregator{j}.log"
         argv = [
@@ -122,14 +129,11 @@ def start_aggregators(
             argv += ["--result", cfg.result]
         if cfg.key_file is not None:
             argv += ["--key-file", str(cfg.key_file.resolve())]
-        if cfg.backend in ("dpdk", "bmv2"):
+        if cfg.backend == "dpdk":
             # The data plane serves the host's interface; the host's kernel must stay silent.
             argv += dpdk_netns.prepare_host(net.get(name))
-        if cfg.backend == "bmv2":
-            argv += ["--device-id", str(j + 1),
-                     "--switch-log", str(run_dir / "logs" / f"bmv2-{name}.log")]  # fmt: skip
-            if cfg.pcaps:
-                argv += ["--pcap-dir", str(run_dir / "pcaps" / name)]
+        elif cfg.backend == "bmv2":
+            argv += switch_arguments(net, topo, cfg, run_dir)
         started.append(procs.start(net.get(name), argv, log))
         addresses.append(address)
     # A bmv2 aggregator may first compile the P4 program for K (once per K and source change).
@@ -137,6 +141,24 @@ def start_aggregators(
     for j, proc in enumerate(started):
         aggproc.wait_ready(proc, run_dir / f"aggregator{j}.log", timeout=timeout)
     return started, addresses
+
+
+def switch_arguments(net: Mininet, topo: StarTopo, cfg: TopoConfig, run_dir: Path) -> list[str]:
+    """``ncina aggregator --backend bmv2`` arguments for the P4 switch: its worker-facing
+    interfaces in rank order (rank r on switch port r + 1), each worker's MAC address on its
+    port (the gloo baseline's frames are switched, not flooded), its log and pcaps."""
+    switch = net.get(topo.switch_name)
+    ifaces, argv = [], []
+    for rank, name in enumerate(topo.worker_names):
+        host = net.get(name)
+        [link] = net.linksBetween(host, switch)
+        ifaces.append((link.intf1 if link.intf1.node is switch else link.intf2).name)
+        argv += ["--rank-port", f"{rank}={rank + 1}", "--l2-host", f"{host.MAC()}={rank + 1}"]
+    argv += ["--iface", ",".join(ifaces), "--device-id", "1",
+             "--switch-log", str(run_dir / "logs" / f"bmv2-{topo.switch_name}.log")]  # fmt: skip
+    if cfg.pcaps:
+        argv += ["--pcap-dir", str(run_dir / "pcaps")]
+    return argv
 
 
 def train(
@@ -210,19 +232,22 @@ def run_mode(
     print(f"*** {label}: {cfg.workers} workers, {cfg.model}, logs in {run_dir}")
     aggregators: list[subprocess.Popen[bytes]] = []
     addresses: list[str] = []
-    if mode == "ina":
+    # The P4 switch is the network: it runs for the baseline too, whose workers it only switches.
+    if mode == "ina" or cfg.backend == "bmv2":
         aggregators, addresses = start_aggregators(net, topo, cfg, procs, run_dir)
+    if mode != "ina":
+        addresses = []
     try:
         metrics = train(net, topo, cfg, procs, run_dir, addresses)
     finally:
         procs.stop(aggregators)  # SIGTERM: the aggregators write their stats and exit
-    stats = [run_dir / f"aggregator{j}.json" for j in range(len(aggregators))]
+    stats = [run_dir / f"aggregator{j}.json" for j in range(len(addresses))]
     return report.summarize(mode, metrics, stats, label)
 
 
 def run_topology(cfg: TopoConfig) -> dict[str, Any]:
     """Build the network, train with INA+NC8 (and the gloo baseline), write the results."""
-    check_backend(cfg.backend)
+    check_backend(cfg.backend, cfg.aggregators)
     models.check(cfg.model)
     if not NCINA.exists():
         raise RuntimeError(f"{NCINA} not found: install ncina into this environment (make setup)")

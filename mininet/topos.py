@@ -1,4 +1,5 @@
-"""Mininet topologies for ncina: workers and aggregator nodes behind one Linux-bridge switch.
+"""Mininet topologies for ncina: workers and aggregator nodes behind one Linux-bridge switch, or
+workers alone on a :class:`P4Switch` that aggregates (BACKEND=bmv2).
 
 This file imports only the standard library and Mininet, so ``mn`` can load it directly (with
 ``--switch lxbr --controller none --arp``)::
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mininet.link import TCIntf, TCLink
-from mininet.node import Host
+from mininet.node import Host, Switch
 from mininet.topo import Topo
 
 WORKER_NET = "10.0.0"
@@ -76,6 +77,21 @@ class InaHost(Host):
         return result
 
 
+class P4Switch(Switch):
+    """A switch node whose data plane is a P4 program: ``ncina aggregator --backend bmv2`` runs
+    ``simple_switch_grpc`` on its interfaces (the runner starts and stops it; docs/topo.md).
+
+    Mininet's own switches hand the interfaces to a kernel bridge or Open vSwitch; this one only
+    brings them up, with IPv6 off so that the kernel sends nothing out of the switch's ports.
+    """
+
+    def start(self, controllers: Sequence[Any]) -> None:
+        for intf in self.intfList():
+            if intf.name != "lo":
+                self.cmd(f"sysctl -qw net.ipv6.conf.{intf.name}.disable_ipv6=1")
+                intf.ifconfig("up")
+
+
 class InaIntf(TCIntf):
     """A tc-shaped interface that fails loudly where Mininet only logs.
 
@@ -120,7 +136,8 @@ class InaLink(TCLink):
 
 
 class StarTopo(Topo):
-    """``workers`` hosts and ``aggregators`` aggregator nodes, all on one switch.
+    """``workers`` hosts and ``aggregators`` aggregator nodes, all on one switch (no aggregator
+    node when the switch aggregates itself, a :class:`P4Switch`).
 
     The aggregator nodes stand in for the switch's data plane (in a real INA switch, aggregation
     happens inside it, and each result is multicast out of the workers' ports): their links are
@@ -146,9 +163,9 @@ class StarTopo(Topo):
         use_tbf: bool = False,
         prefix: str = "",
     ) -> None:
-        for count, role in ((workers, "workers"), (aggregators, "aggregators")):
-            if not 1 <= count <= MAX_NODES_PER_ROLE:
-                raise ValueError(f"{role}: {count} not in 1..{MAX_NODES_PER_ROLE}")
+        for count, role, least in ((workers, "workers", 1), (aggregators, "aggregators", 0)):
+            if not least <= count <= MAX_NODES_PER_ROLE:
+                raise ValueError(f"{role}: {count} not in {least}..{MAX_NODES_PER_ROLE}")
         up = loss if loss_up is None else loss_up
         down = loss if loss_down is None else loss_down
         for percent in (up, down):
@@ -158,7 +175,8 @@ class StarTopo(Topo):
         self.worker_names = [f"{prefix}w{i}" for i in range(workers)]
         self.aggregator_names = [f"{prefix}a{j}" for j in range(aggregators)]
         worker_ips = [worker_ip(i) for i in range(workers)]
-        switch = self.addSwitch(f"{prefix}s1")
+        self.switch_name = f"{prefix}s1"
+        switch = self.addSwitch(self.switch_name)
         link_opts: dict[str, Any] = {"cls": InaLink, "txo": False, "rxo": False, "gro": False}
         for name, ip in zip(self.worker_names, worker_ips, strict=True):
             drops = [(None, down)] + [(other, up) for other in worker_ips if other != ip]

@@ -66,6 +66,10 @@ def test_missing_toolchain_stops_the_backend_with_one_sentence(tmp_path: Path) -
     [
         (["--listen", "0.0.0.0:47000"], "needs --listen with the address it answers for"),
         ([], "needs --iface IF"),
+        (["--iface", "lo,ncina-nosuch0"], "--iface ncina-nosuch0: no such network interface"),
+        (["--rank-port", "1=2"], "--rank-port: port 2 is not one of the --iface ports 1..1"),
+        (["--l2-host", "02:00:00:00:00:01=3"], "--l2-host: port 3 is not one of the --iface"),
+        (["--rank-port", "2=1"], "--rank-port: rank 2 is not a rank of the job (0..1)"),
     ],
 )
 def test_bmv2_options_are_checked_before_anything_starts(

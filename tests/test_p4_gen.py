@@ -153,9 +153,12 @@ def test_job_entries_and_groups() -> None:
     assert (row.params["result_format"], row.params["generation"]) == ("1", "9")
     assert member.match == {"meta.job_index": "0", "hdr.nc.rank": "1"}
     assert member.params == {"ip": "10.0.0.2", "port": "40001"}
-    assert entries.job_group(job, 1).replicas == ((1, 0), (1, 1), (1, 2))
+    assert entries.job_group(job, dict.fromkeys(range(3), 1)).replicas == ((1, 0), (1, 1), (1, 2))
     assert entries.job_group(job, {0: 3, 1: 1, 2: 2}) == entries.Group(1, ((3, 0), (1, 1), (2, 2)))
     assert entries.flood_group([2, 1]) == entries.Group(layout.FLOOD_GROUP, ((1, 0), (2, 0)))
+    assert entries.l2_entries({"02:00:00:00:00:02": 2, "02:00:00:00:00:01": 1}) == [
+        entries.Entry(entries.L2_TABLE, {"hdr.eth.dst": f"02:00:00:00:00:0{port}"},
+                      entries.L2_ACTION, {"port": str(port)}) for port in (1, 2)]  # fmt: skip
 
 
 def test_counters_become_the_stats_document_in_udp_payload_bytes() -> None:

@@ -64,12 +64,18 @@ def test_loss_becomes_input_drop_rules_per_worker_link_direction() -> None:
 
 
 @pytest.mark.parametrize(
-    "options", [{"workers": 0}, {"aggregators": 0}, {"workers": 255}, {"loss": 100},
-                {"loss_down": -1}]
+    "options", [{"workers": 0}, {"aggregators": -1}, {"aggregators": 255}, {"workers": 255},
+                {"loss": 100}, {"loss_down": -1}]
 )
 def test_bad_options_are_refused(options: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         StarTopo(**options)
+
+
+def test_star_for_a_p4_switch_has_no_aggregator_node() -> None:
+    topo = StarTopo(workers=2, aggregators=0, prefix="p")
+    assert topo.aggregator_names == [] and topo.switch_name == "ps1"
+    assert sorted(topo.links()) == [("pw0", "ps1"), ("pw1", "ps1")]
 
 
 def test_multi_has_several_aggregators_in_shard_order() -> None:
@@ -173,6 +179,8 @@ def test_unavailable_backend_names_what_is_missing(
         check_backend("bmv2")
     with pytest.raises(RuntimeError, match=r"BACKEND=fpga .*available: python"):
         check_backend("fpga")
+    with pytest.raises(RuntimeError, match=r"BACKEND=bmv2 aggregates in the topology's one switch"):
+        check_backend("bmv2", aggregators=2)
 
 
 def test_topo_without_root_says_root_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,12 +1,17 @@
 """``ncina aggregator --backend bmv2``: compile ``p4/`` for the job's K, start
-``simple_switch_grpc`` on ``--iface`` (switch port 1), push the pipeline and the job over
-P4Runtime, announce readiness, and turn the switch's counters into the stats document until
-SIGTERM. The switch answers ARP for the ``--listen`` address and serves its UDP port (0: the
-protocol's).
+``simple_switch_grpc`` on the ``--iface`` interfaces (switch ports 1, 2, ...), push the pipeline
+and the job over P4Runtime, announce readiness, and turn the switch's counters into the stats
+document until SIGTERM. The switch answers ARP for the ``--listen`` address, serves its UDP port
+(0: the protocol's) and switches every other frame at L2.
+
+One interface is an aggregator attached to a link, as the DPDK data plane is; several make it the
+network's switch (``make topo BACKEND=bmv2``): ``--rank-port`` says which port each rank is on,
+for its copy of a result, and ``--l2-host`` which port each known MAC address is on.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -24,7 +29,7 @@ from ncina.aggregator.stats import publish, snapshot
 from ncina.proto.header import PORT
 
 NAME = "bmv2"
-SWITCH_PORT = 1  # the one port, on --iface, that every worker's packets arrive on
+FIRST_PORT = 1  # the switch port of the first --iface; every rank's, unless --rank-port says
 
 
 def add_arguments(parser: Any) -> None:
@@ -46,7 +51,28 @@ def add_arguments(parser: Any) -> None:
                        help="bmv2: write the switch's pcaps into DIR (default: none)")
     group.add_argument("--switch-debug", action="store_true",
                        help="bmv2: log each packet's path through the pipeline (slow)")
+    group.add_argument("--rank-port", type=_pair(int, "RANK"), action="append", default=[],
+                       metavar="RANK=PORT", help="bmv2: the switch port rank RANK is on, for its "
+                       "copy of each result (default: port 1, the first --iface)")
+    group.add_argument("--l2-host", type=_pair(str, "MAC"), action="append", default=[],
+                       metavar="MAC=PORT", help="bmv2: the switch port of a host's MAC address; "
+                       "frames to other addresses are flooded")
     # fmt: on
+
+
+def _pair(key: type, name: str) -> Any:
+    """The argparse type of ``NAME=PORT`` options: ``(key(NAME), port)``."""
+
+    def parse(text: str) -> tuple[Any, int]:
+        left, sep, right = text.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            return key(left), int(right)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {name}=PORT") from None
+
+    return parse
 
 
 def _free_tcp_port() -> int:
@@ -65,22 +91,36 @@ def _mac(iface: str) -> str:
 def serve(config: JobConfig, args: Any, generation: int) -> int:
     """Run the bmv2 backend for ``config`` with the parsed command line ``args``."""
     if not args.iface:
-        raise ValueError("the bmv2 backend needs --iface IF (the interface the switch serves)")
+        raise ValueError("the bmv2 backend needs --iface IF[,IF...] (the switch's interfaces)")
+    ifaces = args.iface.split(",")
+    ports = {FIRST_PORT + i: iface for i, iface in enumerate(ifaces)}
+    rank_ports = dict(args.rank_port)
+    for what, port_numbers in (("--rank-port", rank_ports.values()),
+                               ("--l2-host", (p for _, p in args.l2_host))):  # fmt: skip
+        unknown = sorted(set(port_numbers) - set(ports))
+        if unknown:
+            raise ValueError(f"{what}: port {unknown[0]} is not one of the --iface ports "
+                             f"1..{len(ports)}")  # fmt: skip
+    strangers = sorted(set(rank_ports) - set(range(config.workers)))
+    if strangers:
+        raise ValueError(f"--rank-port: rank {strangers[0]} is not a rank of the job "
+                         f"(0..{config.workers - 1})")  # fmt: skip
     host, port = args.listen
     if host == "0.0.0.0":
         raise ValueError("the bmv2 backend needs --listen with the address it answers for")
     port = port or PORT
+    macs = [_mac(iface) for iface in ifaces]  # every interface must exist before anything starts
+    mac = macs[0]  # the aggregator's MAC address: that of port 1's interface
     reason = toolchain.missing()
     if reason:
         raise ValueError(f"the bmv2 backend cannot run: {reason}")
     k = args.p4_k or config.k
     [job] = entries.place([config], generation, k)
-    mac = _mac(args.iface)
     build = toolchain.build(k)
     switch = Switch(
         SwitchConfig(
-            ports={SWITCH_PORT: args.iface},
-            log_path=args.switch_log or Path("logs") / f"bmv2-{args.iface}.log",
+            ports=ports,
+            log_path=args.switch_log or Path("logs") / f"bmv2-{ifaces[0]}.log",
             device_id=args.device_id,
             grpc_port=args.grpc_port or _free_tcp_port(),
             thrift_port=args.thrift_port or _free_tcp_port(),
@@ -94,8 +134,11 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         controller.insert(entries.local_entry(host, port, mac))
         for entry in entries.job_entries(job):
             controller.insert(entry)
-        controller.insert_group(entries.job_group(job, SWITCH_PORT))
-        controller.insert_group(entries.flood_group([SWITCH_PORT]))
+        for entry in entries.l2_entries(dict(args.l2_host)):
+            controller.insert(entry)
+        rank_port = {rank: rank_ports.get(rank, FIRST_PORT) for rank in range(config.workers)}
+        controller.insert_group(entries.job_group(job, rank_port))
+        controller.insert_group(entries.flood_group(list(ports)))
         return _Server(controller, switch, job, args, (host, port), mac, k).run()
     finally:
         controller.close()

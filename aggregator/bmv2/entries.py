@@ -124,13 +124,10 @@ def job_entries(job: InstalledJob) -> list[Entry]:
     return entries
 
 
-def job_group(job: InstalledJob, ports: Mapping[int, int] | int) -> Group:
+def job_group(job: InstalledJob, ports: Mapping[int, int]) -> Group:
     """The job's multicast group: one replica per rank (instance = rank, which egress writes
-    into the copy's header), out of the rank's switch port (``ports``: by rank, or one port
-    for every rank)."""
-    ranks = range(job.config.workers)
-    port_of = (lambda _: ports) if isinstance(ports, int) else ports.__getitem__
-    return Group(job.index + 1, tuple((port_of(rank), rank) for rank in ranks))
+    into the copy's header), out of the rank's switch port (``ports``: rank -> port)."""
+    return Group(job.index + 1, tuple((ports[rank], rank) for rank in range(job.config.workers)))
 
 
 def flood_group(ports: Sequence[int]) -> Group:

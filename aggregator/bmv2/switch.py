@@ -10,8 +10,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ncina.aggregator.bmv2 import toolchain
@@ -36,7 +35,6 @@ class SwitchConfig:
     thrift_port: int = 9090
     pcap_dir: Path | None = None
     verbose: bool = False
-    extra: Sequence[str] = field(default_factory=tuple)
 
     @property
     def grpc_address(self) -> str:
@@ -52,7 +50,7 @@ class SwitchConfig:
             argv += ["--pcap", str(self.pcap_dir)]
         if self.verbose:
             argv += ["--log-console", "--log-level", "debug"]
-        return [*argv, *self.extra, "--", "--grpc-server-addr", self.grpc_address]
+        return [*argv, "--", "--grpc-server-addr", self.grpc_address]
 
 
 class Switch:
