@@ -17,8 +17,8 @@ from mininet.net import Mininet
 from mininet.nodelib import LinuxBridge
 from ncina.topo.config import TopoConfig
 from ncina.topo.report import PLOT, RESULTS
-from ncina.topo.runner import run_topology
-from ncina.topo.topos import InaLink, StarTopo
+from ncina.topo.runner import build_net, run_topology, switch_arguments
+from ncina.topo.topos import InaLink, P4Switch, StarTopo
 
 pytestmark = [
     pytest.mark.root,
@@ -32,6 +32,7 @@ SUMMARY_KEYS = {
     "fabric", "aggregators", "verify", "curve",
 }
 PREFIX = f"t{os.getpid() % 100000}"
+IFF_UP = 0x1  # an interface's administrative up flag (/sys/class/net/IF/flags)
 
 
 def test_star_three_workers_two_steps_through_the_python_aggregator(tmp_path: Path) -> None:
@@ -153,3 +154,29 @@ def test_netem_options_fail_loudly(net: Mininet) -> None:
         assert "netem" in host.cmd(f"tc qdisc show dev {link.intf1.name}")  # it has: applied
     with pytest.raises(ValueError, match="bandwidth"):
         InaLink(host, switch, port2=11, bw=5000)
+
+
+def test_p4_switch_node_leaves_its_ports_to_bmv2_in_rank_order(tmp_path: Path) -> None:
+    """BACKEND=bmv2 without BMv2: the network the runner builds has no bridge and no aggregator
+    node, the switch's ports are up with IPv6 off, and the bmv2 aggregator is told each rank's
+    port and each worker's MAC address."""
+    cfg = TopoConfig(out=tmp_path, workers=3, backend="bmv2", bw=50, prefix=PREFIX, pcaps=True)
+    network, topo = build_net(cfg)
+    try:
+        network.start()
+        switch = network.get(topo.switch_name)
+        assert isinstance(switch, P4Switch) and topo.aggregator_names == []
+        argv = switch_arguments(network, topo, cfg, tmp_path)
+        ifaces = [f"{topo.switch_name}-eth{port}" for port in (1, 2, 3)]
+        assert argv[argv.index("--iface") + 1] == ",".join(ifaces)
+        for rank, name in enumerate(topo.worker_names):
+            mac = network.get(name).MAC()
+            assert argv[argv.index(f"{rank}={rank + 1}") - 1] == "--rank-port"
+            assert argv[argv.index(f"{mac}={rank + 1}") - 1] == "--l2-host"
+        assert argv[argv.index("--pcap-dir") + 1] == str(tmp_path / "pcaps")
+        for iface in ifaces:
+            assert int(Path(f"/sys/class/net/{iface}/flags").read_text(), 16) & IFF_UP
+            assert switch.cmd(f"sysctl -n net.ipv6.conf.{iface}.disable_ipv6").strip() == "1"
+        assert not os.path.exists(f"/sys/class/net/{topo.switch_name}")  # no kernel bridge
+    finally:
+        network.stop()
