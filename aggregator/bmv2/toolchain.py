@@ -132,8 +132,9 @@ def _build_locked(result: Build, force: bool) -> Build:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ncina.aggregator.bmv2.toolchain K``: what ``make p4`` runs."""
+    """``python -m ncina.aggregator.bmv2.toolchain --k K``: what ``make p4`` runs."""
     import argparse
+    import sys
 
     parser = argparse.ArgumentParser(
         prog="python -m ncina.aggregator.bmv2.toolchain",
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = build(args.k, force=args.force)
     except (ToolchainError, ValueError) as exc:
-        print(f"make p4: {exc}")
+        print(f"make p4: {exc}", file=sys.stderr)
         return 1
     print(f"{result.json}\n{result.p4info}")
     return 0
