@@ -3,8 +3,9 @@ numbers, from ``layout``) and ``lanes.p4`` (the per-lane code, unrolled).
 
 P4 has no loops over header stack elements with a run-time index, and BMv2 applies a table at
 most once per pass, so every lane's decode, add, encode and result load is written out K times
-here. ``python -m ncina.aggregator.bmv2.gen --k 64 --out build/p4/k64`` (what ``make p4`` runs)
-writes both files; the output depends only on K, so a build is reproducible.
+here. ``python -m ncina.aggregator.bmv2.gen --k 64 --out DIR`` writes both files (``make p4``
+writes them through ``toolchain``, then compiles); the output depends only on K, so a build is
+reproducible.
 """
 
 from __future__ import annotations
