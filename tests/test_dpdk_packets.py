@@ -160,7 +160,12 @@ def test_wire_parity_with_the_python_backend(tmp_path: Path, result: str, keyed:
     (py_rx, py_stats), (dp_rx, dp_stats) = outputs["python"], outputs["dpdk"]
     assert sum(map(len, py_rx)) > 30
     # The same bytes to every rank: results, and notices (duplicates, stale packets).
-    assert dp_rx == py_rx
+    for rank, (dp, py) in enumerate(zip(dp_rx, py_rx, strict=True)):
+        pairs = zip(dp, py, strict=False)  # up to the shorter list
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(dp), len(py)))
+        assert dp == py, (f"rank {rank}: {len(dp)} datagrams from dpdk, {len(py)} from python, "
+                          f"first difference at {first}: "
+                          f"{dp[first:first + 1]!r} vs {py[first:first + 1]!r}")  # fmt: skip
     downlink = [d for rx in py_rx for d in rx]
     assert all(d[1] & GENERATION_MASK == GENERATION << GENERATION_SHIFT for d in downlink)
     assert all(bool(d[1] & FLAG_TAG) == keyed for d in downlink)
