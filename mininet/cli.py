@@ -29,17 +29,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "topo",
         help="Mininet: train over the emulated switch, INA+NC8 then the gloo fp32 baseline",
         description="Bring up a Mininet topology (workers and aggregator nodes on a Linux "
-        "bridge), train a model with its gradients summed by the aggregator (NC8, or "
-        "--compressor in --mode ina or server), then train "
-        "again with gloo's fp32 ring all-reduce on the same network; write results.json, logs "
-        "and a plot under runs/.",
+        "bridge; with --backend bmv2, workers on a P4 switch that aggregates), train a model "
+        "with its gradients summed by the aggregator (NC8, or --compressor in --mode ina or "
+        "server), then train again with gloo's fp32 ring all-reduce on the same network; write "
+        "results.json, logs and a plot under runs/.",
     )
     d = TopoConfig  # the defaults
     p.add_argument("--topo", choices=("star", "multi"), default=d.topo,
                    help="star: one aggregator; multi: tensors sharded across --aggregators")
     p.add_argument("--workers", type=int, default=d.workers, help="default: %(default)s")
     p.add_argument("--aggregators", type=int, help="aggregator nodes (star: 1, multi: default 2)")
-    p.add_argument("--backend", default=d.backend, help="aggregator backend (default: %(default)s)")
+    p.add_argument("--backend", default=d.backend,
+                   help="aggregator backend: python, dpdk or bmv2 (the switch itself, star only) "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument("--bw", type=float, help="worker link bandwidth in Mbit/s (default: unshaped)")
     p.add_argument("--agg-bw", type=float,
                    help="aggregator link bandwidth in Mbit/s (default: unshaped, like the switch)")
@@ -73,7 +75,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true",
                    help="check every INA result against an exact gloo all-reduce (extra traffic)")
     p.add_argument("--pcaps", action="store_true",
-                   help="bmv2: the switch writes pcaps of every port into the run's pcaps/")
+                   help="bmv2: the switch writes pcaps of every port (the run's ina/pcaps/ and "
+                   "gloo/pcaps/)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip the gloo fp32 run")
     p.add_argument("--out", type=Path, help="run directory (default: runs/<timestamp>)")
