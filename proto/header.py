@@ -65,6 +65,20 @@ ELEMENT_SIZE = {Format.NC8: 1, Format.INT: 8}
 """Bytes per element of the fixed-size formats (BLOB payloads have their own length)."""
 INT_DTYPE = np.dtype(">i8")  # element type of the INT payload
 
+# IPv4 (no options) and UDP in front of every datagram: what an IP MTU leaves for the datagram.
+IPV4_UDP_HEADERS = 20 + 8
+
+
+def largest_k(mtu: int, result_format: Format, tagged: bool = False) -> int:
+    """The largest chunk size K whose datagrams both ways fit one IPv4 packet of ``mtu`` bytes.
+
+    The uplink carries K NC8 bytes, the result K elements of ``result_format``
+    (``ELEMENT_SIZE``), each behind IPv4, UDP, the ncina header and, for a keyed job, the tag;
+    the result is the larger. 0 when not even one element fits.
+    """
+    room = mtu - IPV4_UDP_HEADERS - HEADER_SIZE - (TAG_SIZE if tagged else 0)
+    return max(0, room // ELEMENT_SIZE[Format(result_format)])
+
 # Drop reasons found by `parse` (all but BAD_FLAGS: every flag bit has a meaning, so which flags
 # are wrong depends on the job); the aggregator adds the job-level ones (docs/protocol.md).
 TRUNCATED = "truncated"

@@ -3,8 +3,8 @@
 A job configured with a shared secret key requires every datagram of the job, both ways, to set
 the ``TAG`` flag and to end in an 8-byte tag: keyed BLAKE2b (RFC 7693) with an 8-byte digest over
 every byte before the tag (the 16-byte header, ``TAG`` flag included, and the payload). Python's
-``hashlib.blake2b`` is the reference; the DPDK data plane carries its own implementation and the
-tests check that the two agree.
+``hashlib.blake2b`` is the reference; the C code (data planes, worker fast path) uses
+``blake2b.c`` beside this file, and the tests check that the two agree.
 """
 
 from __future__ import annotations

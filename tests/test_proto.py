@@ -8,13 +8,17 @@ import numpy as np
 import pytest
 from ncina.proto import PORT, NcinaHeader, ProtocolError, pack, parse
 from ncina.proto.header import (
+    ELEMENT_SIZE,
     FLAG_POOL,
     FLAG_RESULT,
     FLAG_RETX,
     HEADER_DTYPE,
     HEADER_SIZE,
+    IPV4_UDP_HEADERS,
+    TAG_SIZE,
     Format,
     flags_for,
+    largest_k,
     pack_chunks,
 )
 from scapy.layers.inet import IP, UDP
@@ -146,3 +150,22 @@ def test_header_dtype_reads_what_struct_wrote() -> None:
     rec = np.frombuffer(b, dtype=HEADER_DTYPE)[0]
     assert (rec["job"], rec["rank"], rec["slot"], rec["count"], rec["offset"], rec["emin"]) == (
         0xBEEF, 513, 0x1234, 3, 0xDEADBEEF, -50)
+
+
+@pytest.mark.parametrize(
+    ("mtu", "fmt", "tagged", "k"),
+    [
+        (1500, Format.NC8, False, 1456),
+        (1500, Format.INT, False, 182),
+        (1500, Format.NC8, True, 1448),
+        (9000, Format.NC8, False, 8956),
+        (9000, Format.INT, True, 1118),
+        (44, Format.NC8, False, 0),
+    ],
+)
+def test_largest_k_fills_the_mtu_both_ways(mtu: int, fmt: Format, tagged: bool, k: int) -> None:
+    assert largest_k(mtu, fmt, tagged) == k
+    size = ELEMENT_SIZE[fmt]
+    tag = TAG_SIZE if tagged else 0
+    assert IPV4_UDP_HEADERS + HEADER_SIZE + k * size + tag <= mtu  # the result fits
+    assert IPV4_UDP_HEADERS + HEADER_SIZE + (k + 1) * size + tag > mtu  # one more does not

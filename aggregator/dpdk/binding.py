@@ -1,8 +1,8 @@
 """Build (on first use) and load the C data plane as a cffi extension linked against libdpdk.
 
 The cdef is the declarations of ``ncd.h``; the sources are this folder's C files plus the NC8
-kernels of ``ncina.proto`` (``nc8.c``), compiled through ``ncina.cbuild`` with the flags of
-``pkg-config libdpdk``.
+kernels and the tag's BLAKE2b of ``ncina.proto`` (``nc8.c``, ``blake2b.c``), compiled through
+``ncina.cbuild`` with the flags of ``pkg-config libdpdk``.
 """
 
 from __future__ import annotations
@@ -14,13 +14,16 @@ from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 PROTO = HERE.parent.parent / "proto"
-SOURCES = ("parse.c", "slots.c", "result.c", "loop.c", "gen.c", "blake2b.c")
-HEADERS = ("ncd.h", "ncd_priv.h", "blake2b.h")
+SOURCES = ("parse.c", "slots.c", "result.c", "loop.c", "gen.c")
+# The wire codecs of ncina.proto the data plane links in: NC8 and the tag's BLAKE2b.
+PROTO_SOURCES = ("nc8.c", "blake2b.c")
+PROTO_HEADERS = ("nc8.h", "blake2b.h")
+HEADERS = ("ncd.h", "ncd_priv.h")
 COMPILE_ARGS = ("-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter")
 
 
 def _proto_dir() -> Path:
-    """The folder holding nc8.c / nc8.h (the repository's proto/, or the installed package)."""
+    """The folder of the proto C sources (the repository's proto/, or the installed package)."""
     if (PROTO / "nc8.c").is_file():
         return PROTO
     import ncina.proto
@@ -65,10 +68,10 @@ def load() -> ModuleType:
     return build_extension(
         "ncina_dpdk",
         cdef(),
-        [*(HERE / s for s in SOURCES), proto / "nc8.c"],
+        [*(HERE / s for s in SOURCES), *(proto / s for s in PROTO_SOURCES)],
         preamble='#include "ncd.h"\n',
         extra_compile_args=COMPILE_ARGS,
         include_dirs=[HERE, proto],
-        depends=[*(HERE / h for h in HEADERS), proto / "nc8.h"],
+        depends=[*(HERE / h for h in HEADERS), *(proto / h for h in PROTO_HEADERS)],
         pkg_config="libdpdk",
     )

@@ -1,5 +1,6 @@
-/* Keyed BLAKE2b (RFC 7693) for the authentication tag of docs/protocol.md. Written from the
- * RFC's description; tests check it against Python's hashlib.blake2b. */
+/* Keyed BLAKE2b (RFC 7693) for the authentication tag of docs/protocol.md (ncina.proto.tag),
+ * shared by the C data planes and the worker. Written from the RFC's description; tests check
+ * it against Python's hashlib.blake2b. */
 #ifndef NCD_BLAKE2B_H
 #define NCD_BLAKE2B_H
 
