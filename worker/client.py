@@ -28,17 +28,25 @@
   method's payload of the chunk, and the aggregator sends back the compressed mean
   (docs/protocol.md, "Server mode"). The same slot machinery carries both.
 
-Per-packet work is kept to a few Python operations: a result is accepted when its 16-byte header
-equals the header expected for the slot's outstanding chunk (one comparison that covers what
-``header.parse`` checks plus job, rank, window, slot, pool version, offset, count and format) and
-its length is right; its payload is copied into a buffer for the whole tensor, which is decoded
-once at the end.
+Data paths: in INA mode the whole transfer of a tensor runs in C by default
+(``ncina.worker.cpath``: the same loop, the NC8 encode fused into the send and the decode into the
+receive, batched system calls, the GIL released); the Python loop below (``_Transfer``) is the
+reference, selected with ``data_path="python"`` or the environment variable
+``NCINA_DATA_PATH=python``, and the one server mode always uses. Both put the same bytes on the
+wire for the same seed.
+
+In the Python loop per-packet work is kept to a few Python operations: a result is accepted when its
+16-byte header equals the header expected for the slot's outstanding chunk (one comparison that
+covers what ``header.parse`` checks plus job, rank, window, slot, pool version, offset, count and
+format) and its length is right; its payload is copied into a buffer for the whole tensor, which is
+decoded once at the end.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import select
 import socket
 import time
@@ -62,9 +70,11 @@ from ncina.proto.header import (
     NOTICE,
     TAG_SIZE,
     Format,
+    largest_k,
     pack_blobs,
     pack_chunks,
 )
+from ncina.worker import cpath
 from ncina.worker.compressors import Compressor, State, create
 from ncina.worker.compressors.base import largest_fitting
 
@@ -73,6 +83,8 @@ log = logging.getLogger(__name__)
 RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT}
 OPS = ("mean", "sum")
 MODES = ("ina", "server")
+DATA_PATHS = ("c", "python")
+DATA_PATH_ENV = "NCINA_DATA_PATH"  # overrides the default data path ("c") when data_path is None
 DEFAULT_MTU = 1500
 IP_UDP_HEADERS = 20 + 8  # IPv4 without options, UDP
 MAX_DATAGRAM = 65535
@@ -179,14 +191,15 @@ class RtoEstimator:
 class AllreduceClient:
     """One worker (``rank`` of ``workers``) of job ``job`` at ``aggregator``; see the module doc.
 
-    ``k`` elements per packet, ``pool_size`` slots, ``window_max`` the largest in-window exponent
-    (the window is ``nc8.Window.for_job(workers, window_max)``); ``result_format`` is the job's
-    downlink format (``nc8`` or ``int``), which must match the aggregator's. ``seed`` seeds the
-    stochastic rounding. ``timeout`` is the retransmission timeout until the first RTT sample,
-    ``min_timeout``/``max_timeout`` the floor and cap of the adaptive one, ``deadline``
-    the longest wait for any progress. After a ``TimeoutError`` the slot
-    sequence is out of step with the job's, so the client refuses further calls. ``key`` is the
-    job's shared secret when the aggregator's job has one (``ncina.proto.tag``).
+    ``k`` elements per packet (default: the most that fit a packet of ``mtu`` bytes both ways,
+    ``ncina.proto.header.largest_k``), ``pool_size`` slots, ``window_max`` the largest in-window
+    exponent (the window is ``nc8.Window.for_job(workers, window_max)``); ``result_format`` is the
+    job's downlink format (``nc8`` or ``int``), which must match the aggregator's. ``seed`` seeds
+    the stochastic rounding. ``timeout`` is the retransmission timeout until the first RTT sample,
+    ``min_timeout``/``max_timeout`` the floor and cap of the adaptive one, ``deadline`` the longest
+    wait for any progress. After a ``TimeoutError`` the slot sequence is out of step with the job's,
+    so the client refuses further calls. ``key`` is the job's shared secret when the aggregator's
+    job has one (``ncina.proto.tag``).
 
     ``compressor`` is a spec ``[ef+]name[:k=v]`` (docs/compressors.md) and ``mode`` where the sum
     is made: ``ina`` (the switch adds NC8 codes; the method must be ``ina``: it quantizes, NC8
@@ -197,6 +210,12 @@ class AllreduceClient:
     INA mode and per chunk in server mode, where every tensor also gets its own range of offsets
     (so that the server's error-feedback memory, kept per offset and length, is its own): see
     :meth:`allreduce`'s ``tensor``.
+
+    ``data_path`` chooses the INA transfer loop: ``"c"`` (``ncina.worker.cpath``) or ``"python"``
+    (the reference); None takes ``$NCINA_DATA_PATH``, else ``"c"``. Server mode always runs the
+    Python loop. When the C extension cannot be built the constructor raises ``RuntimeError``
+    saying why and how to select the Python loop (it never falls back silently). ``data_path``
+    (the attribute) is the loop in use.
     """
 
     def __init__(
@@ -206,7 +225,7 @@ class AllreduceClient:
         job: int,
         rank: int,
         workers: int,
-        k: int = 256,
+        k: int | None = None,
         pool_size: int = 64,
         window_max: int = 10,
         result_format: str = "nc8",
@@ -220,17 +239,20 @@ class AllreduceClient:
         compressor: str | None = None,
         mode: str = "ina",
         mtu: int = DEFAULT_MTU,
+        data_path: str | None = None,
     ) -> None:
         if not 0 <= job < 1 << 16:
             raise ValueError(f"job must be in [0, 65535], got {job}")
         if not 0 < workers < 1 << 16 or not 0 <= rank < workers:
             raise ValueError(f"need 0 <= rank < workers <= 65535, got rank {rank} of {workers}")
+        if result_format not in RESULT_FORMATS:
+            raise ValueError(f"result_format must be one of {sorted(RESULT_FORMATS)}")
+        if k is None:
+            k = largest_k(mtu, RESULT_FORMATS[result_format], key is not None)
         if not 1 <= k < 1 << 16:
             raise ValueError(f"k must be in [1, 65535], got {k}")
         if not 1 <= pool_size < 1 << 16:
             raise ValueError(f"pool_size must be in [1, 65535], got {pool_size}")
-        if result_format not in RESULT_FORMATS:
-            raise ValueError(f"result_format must be one of {sorted(RESULT_FORMATS)}")
         if deadline <= 0:
             raise ValueError(f"deadline must be positive, got {deadline}")
         self.key = None if key is None else tag.check_key(key)
@@ -284,6 +306,21 @@ class AllreduceClient:
         self._poll = select.poll()
         self._poll.register(self._sock, select.POLLIN)
         self._buf = bytearray(MAX_DATAGRAM)
+        self.data_path = "python" if mode == "server" else _choose_data_path(data_path)
+        self._c: cpath.CTransfer | None = None
+        if self.data_path == "c":
+            try:
+                self._c = cpath.CTransfer(
+                    self._sock, self.aggregator, job=job, rank=rank, pool_size=pool_size, k=k,
+                    e_min=self.window.e_min, span=self.window.span, result_format=self._format,
+                    key=self.key, next_pool=self._next_pool,
+                )
+            except (RuntimeError, OSError) as exc:
+                self._sock.close()
+                raise RuntimeError(
+                    f"the C data path is unavailable: {exc}; pass data_path='python' or set "
+                    f"{DATA_PATH_ENV}=python to use the Python loop"
+                ) from exc
 
     @property
     def address(self) -> tuple[str, int]:
@@ -355,15 +392,17 @@ class AllreduceClient:
         if self.compressor is not None:  # an INA method: its values are NC8-exact powers of two
             state = self._state(self._range(tensor, n))
             flat = self.compressor.decompress(self.compressor.compress(flat, state))
+        if self._c is not None:
+            total = self._c_allreduce(flat)
+            if op == "mean":
+                total /= np.float32(self.workers)
+            return total.reshape(x.shape)
         encoded = nc8.encode(flat, self.window, self._rng)
         self._stats["allreduce_calls"] += 1
         self._stats["elements"] += n
         if encoded.saturated:
             self._stats["saturated"] += encoded.saturated
-            log.warning(
-                "job %d rank %d: %d of %d elements saturated at 2**%d (window too small?)",
-                self.job, self.rank, encoded.saturated, n, self.window.e_max,
-            )
+            self._warn_saturated(encoded.saturated, n)
         if n == 0:
             return np.zeros(x.shape, dtype=np.float32)
         element_size = ELEMENT_SIZE[self._format]
@@ -383,6 +422,56 @@ class AllreduceClient:
         if op == "mean":
             total /= np.float32(self.workers)
         return total.reshape(x.shape)
+
+    def _warn_saturated(self, saturated: int, n: int) -> None:
+        log.warning(
+            "job %d rank %d: %d of %d elements saturated at 2**%d (window too small?)",
+            self.job, self.rank, saturated, n, self.window.e_max,
+        )
+
+    def _c_allreduce(self, flat: np.ndarray) -> np.ndarray:
+        """The sum of ``flat`` (float32, 1-D) over the workers through the C data path.
+
+        The checks, the random key and the counters come in the order of the Python path (the
+        key is drawn as ``nc8.encode`` draws it), so both consume the client's random stream
+        alike; the timer and the generation are the client's, copied in and back out.
+        """
+        c = self._c
+        assert c is not None
+        n = flat.size
+        key = nc8._draw_key(self._rng)  # nc8.encode's key for the same call
+        bad = c.first_nonfinite(flat)
+        if bad < n:
+            raise ValueError(f"cannot encode {float(flat[bad])} at flat index {bad}")
+        self._stats["allreduce_calls"] += 1
+        self._stats["elements"] += n
+        out = np.empty(n, dtype=np.float32)
+        if n == 0:
+            return out
+        try:
+            outcome = c.run(flat, out, key, self.timer, self.generation, self.deadline)
+        except BaseException as exc:  # e.g. KeyboardInterrupt between two waits
+            self._broken = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            for name, value in c.counters().items():
+                self._stats[name] += value
+            self.generation = c.generation
+        if outcome.saturated:
+            self._warn_saturated(outcome.saturated, n)
+        if outcome.status == cpath.TIMEOUT:
+            error: BaseException = _timed_out(self, outcome.outstanding, outcome.waiting)
+        elif outcome.status == cpath.RESTARTED:
+            error = _restarted(self, outcome.seen_generation)
+        elif outcome.status < 0:
+            error = OSError(-outcome.status, os.strerror(-outcome.status))
+        else:
+            if outcome.bad_code is not None:
+                index, code = outcome.bad_code
+                raise ValueError(f"code 0x{code:02x} at flat index {index} is above the NC8 range")
+            return out
+        self._broken = f"{type(error).__name__}: {error}"
+        raise error
 
     def _server_allreduce(self, flat: np.ndarray, tensor: Hashable) -> np.ndarray:
         """Server mode: the mean of ``flat`` (float32, 1-D) over the workers, one BLOB a chunk.
@@ -653,13 +742,7 @@ class _Transfer:
             return False
         generation = (flags & GENERATION_MASK) >> GENERATION_SHIFT
         if client.generation and generation != client.generation:
-            host, port = client.aggregator
-            raise AggregatorRestartedError(
-                f"allreduce: aggregator {host}:{port} restarted (generation "
-                f"{client.generation}, now {generation}; job {client.job}, rank {client.rank}): "
-                f"the slots of this call are lost, nothing is returned; every rank must start "
-                f"a new client"
-            )
+            raise _restarted(client, generation)
         if count == 0:
             if size == HEADER_SIZE + NOTICE.size + self.tag_size:
                 client._stats["notices"] += 1
@@ -695,21 +778,6 @@ class _Transfer:
         self.client._stats["bad_tag"] += 1
         return False
 
-    def waiting_for(self, outstanding: list[int]) -> str:
-        """The ranks the aggregator's latest notices about the outstanding chunks say it has no
-        contribution from, as a phrase for an error message."""
-        client = self.client
-        everyone = (1 << client.workers) - 1
-        missing = 0
-        for slot in outstanding:
-            offset, held = self.notices.get(slot, (-1, 0))
-            if offset == self.offsets[self.current[slot]]:
-                missing |= everyone & ~held
-        if not missing:
-            return "no notice from the aggregator names a missing rank"
-        ranks = [r for r in range(client.workers) if missing >> r & 1]
-        return f"the aggregator has nothing from rank(s) {_ranges(ranks)} for them"
-
     def check_timers(self, now: float, last_progress: float) -> float:
         """Re-send expired slots with RETX; raise ``TimeoutError`` past the deadline.
 
@@ -720,14 +788,12 @@ class _Transfer:
         client = self.client
         outstanding = [slot for slot, i in enumerate(self.current) if i >= 0]
         if now - last_progress >= client.deadline:
-            elements = sum(self.counts[self.current[slot]] for slot in outstanding)
-            host, port = client.aggregator
-            raise TimeoutError(
-                f"allreduce: no result from aggregator {host}:{port} for {client.deadline:g} s "
-                f"(job {client.job}, rank {client.rank}): {len(outstanding)} slots outstanding "
-                f"{_ranges(outstanding)} holding {elements} elements; "
-                f"{self.waiting_for(outstanding)}"
-            )
+            waiting = []
+            for slot in outstanding:
+                i = self.current[slot]
+                offset, held = self.notices.get(slot, (-1, 0))
+                waiting.append((self.counts[i], held if offset == self.offsets[i] else None))
+            raise _timed_out(client, outstanding, waiting)
         timer = client.timer
         next_check = now + timer.rto
         expired = resent = 0
@@ -750,6 +816,52 @@ class _Transfer:
             client._stats["bytes_retransmitted"] += resent
             client._stats["timeouts"] += 1
         return next_check
+
+
+def _choose_data_path(requested: str | None) -> str:
+    """The data path asked for, else ``$NCINA_DATA_PATH``, else ``"c"``; checked."""
+    path = requested or os.environ.get(DATA_PATH_ENV) or "c"
+    if path not in DATA_PATHS:
+        where = "data_path" if requested else DATA_PATH_ENV
+        raise ValueError(f"{where} must be one of {DATA_PATHS}, got {path!r}")
+    return path
+
+
+def _restarted(client: AllreduceClient, generation: int) -> AggregatorRestartedError:
+    """The error of a call that saw ``generation``, not the client's: the aggregator restarted."""
+    host, port = client.aggregator
+    return AggregatorRestartedError(
+        f"allreduce: aggregator {host}:{port} restarted (generation "
+        f"{client.generation}, now {generation}; job {client.job}, rank {client.rank}): "
+        f"the slots of this call are lost, nothing is returned; every rank must start "
+        f"a new client"
+    )
+
+
+def _timed_out(
+    client: AllreduceClient, outstanding: list[int], waiting: list[tuple[int, int | None]]
+) -> TimeoutError:
+    """The error of a call without progress for ``deadline`` seconds. ``outstanding`` are the
+    slots still waiting, ``waiting`` per slot its chunk's element count and the bitmap of the
+    ranks the aggregator holds for that chunk according to its latest notice (None: no notice
+    about that chunk); the message names the ranks those notices say are missing."""
+    host, port = client.aggregator
+    everyone = (1 << client.workers) - 1
+    missing = 0
+    for _, held in waiting:
+        if held is not None:
+            missing |= everyone & ~held
+    if missing:
+        ranks = [r for r in range(client.workers) if missing >> r & 1]
+        why = f"the aggregator has nothing from rank(s) {_ranges(ranks)} for them"
+    else:
+        why = "no notice from the aggregator names a missing rank"
+    elements = sum(count for count, _ in waiting)
+    return TimeoutError(
+        f"allreduce: no result from aggregator {host}:{port} for {client.deadline:g} s "
+        f"(job {client.job}, rank {client.rank}): {len(outstanding)} slots outstanding "
+        f"{_ranges(outstanding)} holding {elements} elements; {why}"
+    )
 
 
 def _ranges(values: list[int]) -> str:

@@ -1,0 +1,212 @@
+"""The worker's C data path: one INA all-reduce per C call (``transfer.c``, ``timing.c``).
+
+``AllreduceClient`` uses it by default in INA mode (``data_path="c"``); the Python loop
+(``client._Transfer``) stays the reference, selectable with ``data_path="python"`` or
+``NCINA_DATA_PATH=python``. The C code does what ``_Transfer`` does (slot window, pool versions,
+self-clocking, RTO and RETX, generations, notices, the tag), and fuses the NC8 encode into the
+send and the decode into the receive; the whole transfer runs with the GIL released (cffi
+releases it for the duration of every call). The extension is built by ``ncina.cbuild`` from
+this folder's C files and ``proto/``'s ``nc8.c`` and ``blake2b.c``; :func:`load` raises
+``RuntimeError`` saying why when it cannot be built.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Protocol
+
+import numpy as np
+
+from ncina.cbuild import build_extension
+
+HERE = Path(__file__).resolve().parent
+HEADERS = ("timing.h", "transfer.h")
+SOURCES = ("timing.c", "transfer.c")
+PROTO_SOURCES = ("nc8.c", "blake2b.c")
+PROTO_HEADERS = ("nc8.h", "blake2b.h")
+STAT_KEYS = (  # the counters of struct ncw_stats, named as the client's stats
+    "packets_sent", "packets_received", "bytes_sent", "bytes_received", "retransmissions",
+    "bytes_retransmitted", "timeouts", "results_ignored", "notices", "bad_tag", "saturated",
+)
+TIMER_FIELDS = ("initial", "cap", "floor", "rto", "srtt", "rttvar", "samples", "outliers",
+                "streak")  # fmt: skip
+# ncw_run's results (transfer.h); negative ones are -errno.
+DONE, AGAIN, TIMEOUT, RESTARTED = 0, 1, 2, 3
+_CONSTANT = re.compile(r"#define NCW_[A-Z]+ -?\d+\b")  # integer constants cffi can take
+
+
+class Timer(Protocol):
+    """The RTO state the C timer copies in and out (``client.RtoEstimator``'s attributes)."""
+
+    initial: float
+    cap: float
+    floor: float
+    rto: float
+    srtt: float
+    rttvar: float
+    samples: int
+    outliers: int
+    streak: int
+
+
+@dataclass
+class Outcome:
+    """How one C transfer ended."""
+
+    status: int
+    """``DONE``, ``TIMEOUT``, ``RESTARTED`` or ``-errno``."""
+    saturated: int
+    """Elements clipped to the top of the window by the encoder (counted in the stats too)."""
+    seen_generation: int
+    """With ``RESTARTED``: the generation that is not the client's."""
+    outstanding: list[int]
+    """The slots still waiting for a result (with ``TIMEOUT``)."""
+    waiting: list[tuple[int, int | None]]
+    """Per outstanding slot: its chunk's element count, and the bitmap of the ranks the
+    aggregator holds for the chunk from its latest notice about it (None: no such notice)."""
+    bad_code: tuple[int, int] | None
+    """The first flat index of an NC8 result code above 64 and the code, or None."""
+
+
+def _proto_dir() -> Path:
+    """The folder of the proto C sources (the repository's proto/, or the installed package)."""
+    import ncina.proto
+
+    return Path(ncina.proto.__file__).resolve().parent
+
+
+def cdef() -> str:
+    """The declarations of timing.h and transfer.h that cffi parses: everything but the
+    preprocessor lines, except the integer constants."""
+    lines = []
+    for name in HEADERS:
+        for line in (HERE / name).read_text().splitlines():
+            if not line.lstrip().startswith("#") or _CONSTANT.match(line):
+                lines.append(line)
+    return "\n".join(lines)
+
+
+@cache
+def load() -> ModuleType:
+    """Build (cached in ``~/.cache/ncina``) and import the extension; ``RuntimeError`` naming
+    what is missing when it cannot be built."""
+    proto = _proto_dir()
+    return build_extension(
+        "ncina_worker",
+        cdef(),
+        [*(HERE / s for s in SOURCES), *(proto / s for s in PROTO_SOURCES)],
+        preamble='#include "transfer.h"\n',
+        extra_compile_args=("-O3", "-std=gnu11", "-Wall", "-Wextra"),
+        include_dirs=[HERE, proto],
+        depends=[*(HERE / h for h in HEADERS), *(proto / h for h in PROTO_HEADERS)],
+    )
+
+
+class CTransfer:
+    """The C state of one client: its socket, job, window and buffers (allocated once).
+
+    ``next_pool`` is the client's array of per-slot pool versions (int64, shared with the Python
+    path and updated in place); ``key`` the job's key or None.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        aggregator: tuple[str, int],
+        *,
+        job: int,
+        rank: int,
+        pool_size: int,
+        k: int,
+        e_min: int,
+        span: int,
+        result_format: int,
+        key: bytes | None,
+        next_pool: np.ndarray,
+    ) -> None:
+        module = load()
+        self.ffi, self.lib = module.ffi, module.lib
+        ffi = self.ffi
+        if next_pool.dtype != np.int64 or next_pool.shape != (pool_size,):
+            raise ValueError(f"next_pool must be int64 of shape ({pool_size},)")
+        # Kept alive here: the C state points into them.
+        self._next_pool = next_pool
+        self._key = ffi.new("uint8_t[]", key) if key else ffi.NULL
+        cfg = ffi.new("struct ncw_config *")
+        cfg.fd = sock.fileno()
+        cfg.addr = int.from_bytes(socket.inet_aton(aggregator[0]), "little")
+        cfg.port = aggregator[1]
+        cfg.job, cfg.rank, cfg.pool_size, cfg.k = job, rank, pool_size, k
+        cfg.e_min, cfg.span, cfg.result_format = e_min, span, result_format
+        cfg.key, cfg.key_size = self._key, len(key) if key else 0
+        cfg.next_pool = ffi.from_buffer("int64_t[]", next_pool, require_writable=True)
+        self._cfg = cfg
+        state = self.lib.ncw_open(cfg)
+        if state == ffi.NULL:
+            errno = ffi.errno
+            raise OSError(errno, f"cannot set up the C data path (k {k}, pool {pool_size})")
+        self.state = ffi.gc(state, self.lib.ncw_close)
+
+    def first_nonfinite(self, x: np.ndarray) -> int:
+        """The first index of float32 ``x`` that is NaN or infinite, or ``x.size``."""
+        return int(self.lib.ncw_first_nonfinite(self.ffi.from_buffer("float[]", x), x.size))
+
+    @property
+    def generation(self) -> int:
+        """The aggregator's generation as the C state knows it (0: not known yet)."""
+        return int(self.state.generation)
+
+    def counters(self) -> dict[str, int]:
+        """The counters of the last transfer (named as the client's stats)."""
+        stats = self.state.stats
+        return {name: int(getattr(stats, name)) for name in STAT_KEYS}
+
+    def run(
+        self,
+        x: np.ndarray,
+        out: np.ndarray,
+        key: int,
+        timer: Timer,
+        generation: int,
+        deadline: float,
+    ) -> Outcome:
+        """All-reduce float32 ``x`` (1-D, non-empty, finite: the caller checks) into ``out``
+        with NC8 stream key ``key``; ``timer`` is read before and updated after, ``generation``
+        is the client's. Waits are resumed after a signal once Python has handled it (a
+        ``KeyboardInterrupt`` propagates from here)."""
+        ffi, lib, state = self.ffi, self.lib, self.state
+        state.stats = ffi.new("struct ncw_stats *")[0]
+        for name in TIMER_FIELDS:
+            setattr(state.timer, name, getattr(timer, name))
+        state.generation = generation
+        state.cfg.deadline = deadline
+        try:
+            status = lib.ncw_begin(
+                state,
+                ffi.from_buffer("float[]", x),
+                ffi.from_buffer("float[]", out, require_writable=True),
+                x.size,
+                key,
+            )
+            while status in (DONE, AGAIN) and state.done < state.chunks:
+                status = lib.ncw_run(state)  # Python handles pending signals between calls
+        finally:
+            for name in TIMER_FIELDS:
+                setattr(timer, name, getattr(state.timer, name))
+        outstanding, waiting = [], []
+        k = state.cfg.k
+        for slot in range(state.cfg.pool_size):
+            s = state.slots[slot]
+            if s.chunk >= 0:
+                outstanding.append(slot)
+                offset = s.chunk * k
+                noticed = s.notice_offset == offset
+                waiting.append((min(k, x.size - offset), int(s.notice_held) if noticed else None))
+        bad = None if state.bad_code_index < 0 else (int(state.bad_code_index), state.bad_code)
+        return Outcome(int(status), int(state.stats.saturated), int(state.seen_generation),
+                       outstanding, waiting, bad)  # fmt: skip

@@ -1,0 +1,531 @@
+/* The worker's C data path (transfer.h): one INA all-reduce, a tight burst loop.
+ *
+ * Per iteration: receive a burst (recvmmsg), take each datagram (tag, header compare, decode,
+ * release the slot's next chunk), send the burst of chunks it released (sendmmsg); when nothing
+ * arrives, sleep in poll() until the next timer check; at a check, re-send expired slots with
+ * RETX. The order of decisions is _Transfer.run's, so both paths put the same bytes on the wire
+ * for the same seed (timing aside: a burst shares one clock reading). */
+#define _GNU_SOURCE
+#include "transfer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "blake2b.h"
+#include "nc8.h"
+
+#define NCW_BURST 32           /* datagrams per recvmmsg */
+#define NCW_RX_SIZE 65536      /* room for any UDP datagram: the same checks as the Python path */
+#define NCW_HEADER 16
+#define NCW_TAG 8
+#define NCW_NOTICE 8           /* a notice's payload: the 64-bit bitmap */
+#define NCW_MAX_CODE 64        /* largest code of a re-compressed sum */
+#define NCW_GAMMA 0x9E3779B97F4A7C15ULL
+
+#define FLAG_RESULT 0x01
+#define FLAG_RETX 0x02
+#define FLAG_POOL 0x04
+#define GENERATION_SHIFT 3
+#define GENERATION_MASK 0x78
+#define FLAG_TAG 0x80
+
+struct ncw_io {
+    uint8_t *frames;            /* S frames of frame_stride bytes: each slot's datagram */
+    size_t frame_stride;
+    uint8_t *rx;                /* NCW_BURST receive buffers of NCW_RX_SIZE bytes */
+    struct mmsghdr rx_msgs[NCW_BURST];
+    struct iovec rx_iov[NCW_BURST];
+    struct mmsghdr *tx_msgs;    /* the send burst: S + NCW_BURST entries */
+    struct iovec *tx_iov;
+    uint32_t tx_cap;
+    uint32_t tx_count;
+    struct sockaddr_in peer;
+    struct ncd_b2b keyed;       /* BLAKE2b state right after taking the key */
+    float table[256];           /* NC8 code -> float32 of the job's window */
+    float int_scale;            /* 2^e_min: units of an INT result */
+};
+
+static inline double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static inline uint16_t rd16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static inline uint32_t rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline uint64_t rd64(const uint8_t *p)
+{
+    return (uint64_t)rd32(p) << 32 | rd32(p + 4);
+}
+
+static inline void wr16(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+
+static inline void wr32(uint8_t *p, uint32_t v)
+{
+    wr16(p, v >> 16);
+    wr16(p + 2, v);
+}
+
+static inline uint8_t *frame_of(const struct ncw *w, uint32_t slot)
+{
+    const struct ncw_io *io = w->io;
+    return io->frames + (size_t)slot * io->frame_stride;
+}
+
+static size_t tag_size(const struct ncw *w)
+{
+    return w->cfg.key_size ? NCW_TAG : 0;
+}
+
+static void compute_tag(const struct ncw *w, const uint8_t *data, size_t len, uint8_t *out)
+{
+    struct ncd_b2b s = ((const struct ncw_io *)w->io)->keyed;
+    ncd_b2b_update(&s, data, len);
+    ncd_b2b_final(&s, out);
+}
+
+/* Whether the datagram carries the TAG flag and a tag that verifies (constant-time compare);
+ * a failure counts as bad_tag. */
+static int authentic(struct ncw *w, const uint8_t *buf, size_t size)
+{
+    if (size >= NCW_TAG && size <= NCW_RX_SIZE && size >= 2 && (buf[1] & FLAG_TAG)) {
+        uint8_t want[NCW_TAG];
+        compute_tag(w, buf, size - NCW_TAG, want);
+        uint8_t diff = 0;
+        for (int i = 0; i < NCW_TAG; i++)
+            diff |= want[i] ^ buf[size - NCW_TAG + i];
+        if (!diff)
+            return 1;
+    }
+    w->stats.bad_tag++;
+    return 0;
+}
+
+/* --- sending ------------------------------------------------------------------------------ */
+
+/* Send the queued burst. A full send buffer loses the packet as the network would (the slot's
+ * timer re-sends it); any other error is returned as -errno. */
+static int flush(struct ncw *w)
+{
+    struct ncw_io *io = w->io;
+    uint32_t at = 0;
+    while (at < io->tx_count) {
+        const int sent = sendmmsg(w->cfg.fd, io->tx_msgs + at, io->tx_count - at, MSG_DONTWAIT);
+        if (sent > 0) {
+            for (uint32_t j = at; j < at + (uint32_t)sent; j++) {
+                w->stats.packets_sent++;
+                w->stats.bytes_sent += io->tx_iov[j].iov_len;
+            }
+            at += (uint32_t)sent;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            at++; /* this one is lost; try the rest */
+        } else if (errno != EINTR) {
+            io->tx_count = 0;
+            return -errno;
+        }
+    }
+    io->tx_count = 0;
+    return 0;
+}
+
+/* Queue the slot's frame (tagged now: the tag covers the flags as they are, RETX and
+ * generation included). */
+static int send_slot(struct ncw *w, uint32_t slot, double now)
+{
+    struct ncw_io *io = w->io;
+    struct ncw_slot *s = &w->slots[slot];
+    uint8_t *frame = frame_of(w, slot);
+    s->sent_at = now;
+    if (w->cfg.key_size)
+        compute_tag(w, frame, s->frame_len - NCW_TAG, frame + s->frame_len - NCW_TAG);
+    if (io->tx_count == io->tx_cap) {
+        const int rc = flush(w);
+        if (rc)
+            return rc;
+    }
+    io->tx_iov[io->tx_count].iov_base = frame;
+    io->tx_iov[io->tx_count].iov_len = s->frame_len;
+    io->tx_count++;
+    return 0;
+}
+
+/* Make chunk i the outstanding chunk of slot: header, NC8 codes of its elements, the result it
+ * waits for, its timeout; then queue it. */
+static int start(struct ncw *w, uint64_t i, uint32_t slot, double now)
+{
+    const struct ncw_config *c = &w->cfg;
+    struct ncw_slot *s = &w->slots[slot];
+    uint8_t *frame = frame_of(w, slot);
+    const uint64_t offset = i * c->k;
+    const uint64_t left = w->n - offset;
+    const uint32_t count = left < c->k ? (uint32_t)left : c->k;
+    const int pool = (int)(c->next_pool[slot] & 1);
+    c->next_pool[slot] = pool ^ 1;
+    const uint8_t common = (uint8_t)((pool ? FLAG_POOL : 0) | w->generation << GENERATION_SHIFT
+                                     | (c->key_size ? FLAG_TAG : 0));
+    frame[0] = 1; /* version */
+    frame[1] = common;
+    frame[2] = 0; /* NC8 */
+    frame[3] = (uint8_t)(int8_t)c->e_min;
+    wr16(frame + 4, c->job);
+    wr16(frame + 6, c->rank);
+    wr16(frame + 8, slot);
+    wr16(frame + 10, count);
+    wr32(frame + 12, (uint32_t)offset);
+    /* count <= k: the frame has room for it and the tag (ncw_open sized it). */
+    nc8_encode(w->x + offset, frame + NCW_HEADER, count, w->key + offset * NCW_GAMMA, c->e_min,
+               c->span, &w->stats.saturated);
+    s->chunk = (int64_t)i;
+    s->frame_len = (uint32_t)(NCW_HEADER + count + tag_size(w));
+    memcpy(s->want, frame, NCW_HEADER);
+    s->want[1] = common | FLAG_RESULT;
+    s->want[2] = (uint8_t)c->result_format;
+    s->want_len = (uint32_t)(NCW_HEADER + (size_t)count * (c->result_format ? 8 : 1)
+                             + tag_size(w));
+    if (slot)
+        s->rto = w->timer.rto;
+    else {
+        if (w->clean) /* else keep the backed-off timeout until a sample comes back (Karn) */
+            s->rto = w->timer.rto;
+        w->clean = 1;
+    }
+    return send_slot(w, slot, now);
+}
+
+/* --- receiving ---------------------------------------------------------------------------- */
+
+/* Write the result payload of chunk i into the output at its offset. */
+static void deliver(struct ncw *w, uint64_t i, const uint8_t *payload)
+{
+    const struct ncw_io *io = w->io;
+    const uint64_t offset = i * w->cfg.k;
+    const uint64_t left = w->n - offset;
+    const uint32_t count = left < w->cfg.k ? (uint32_t)left : w->cfg.k;
+    float *out = w->out + offset; /* offset + count <= n: the chunk is inside the output */
+    if (w->cfg.result_format == 0) {
+        uint8_t top = 0;
+        for (uint32_t j = 0; j < count; j++) {
+            const uint8_t b = payload[j];
+            const uint8_t m = b & 0x7F;
+            top = m > top ? m : top;
+            out[j] = io->table[b];
+        }
+        if (top > NCW_MAX_CODE) { /* remember the first such code of the tensor */
+            for (uint32_t j = 0; j < count; j++) {
+                if ((payload[j] & 0x7F) > NCW_MAX_CODE) {
+                    if (w->bad_code_index < 0 || (int64_t)(offset + j) < w->bad_code_index) {
+                        w->bad_code_index = (int64_t)(offset + j);
+                        w->bad_code = payload[j];
+                    }
+                    break;
+                }
+            }
+        }
+    } else {
+        for (uint32_t j = 0; j < count; j++)
+            out[j] = (float)(int64_t)rd64(payload + 8 * (size_t)j) * io->int_scale;
+    }
+}
+
+/* A datagram that is not the expected result of its slot (off the per-packet path; its tag,
+ * if the job has a key, is verified): note a notice, detect another generation, adopt the first
+ * result's generation. Returns 1 when it is the expected result after all, 0 to ignore it,
+ * NCW_RESTARTED as -1. */
+static int unexpected(struct ncw *w, const uint8_t *buf, size_t size, uint32_t slot)
+{
+    const struct ncw_config *c = &w->cfg;
+    if (slot >= c->pool_size || w->slots[slot].chunk < 0) /* slot >= S also if size < 16 */
+        return 0;
+    struct ncw_slot *s = &w->slots[slot];
+    const int flags = buf[1];
+    if (!(flags & FLAG_RESULT) || rd16(buf + 4) != c->job || rd16(buf + 6) != c->rank)
+        return 0;
+    const int generation = (flags & GENERATION_MASK) >> GENERATION_SHIFT;
+    if (w->generation && generation != w->generation) {
+        w->seen_generation = generation;
+        return -1;
+    }
+    if (rd16(buf + 10) == 0) {
+        if (size == NCW_HEADER + NCW_NOTICE + tag_size(w)) {
+            w->stats.notices++;
+            s->notice_offset = rd32(buf + 12);
+            s->notice_held = rd64(buf + NCW_HEADER);
+        }
+        return 0;
+    }
+    if (!generation)
+        return 0;
+    const uint8_t bits = (uint8_t)(generation << GENERATION_SHIFT);
+    uint8_t header[NCW_HEADER];
+    memcpy(header, buf, NCW_HEADER);
+    header[1] ^= bits;
+    if (size != s->want_len || memcmp(header, s->want, NCW_HEADER) != 0)
+        return 0;
+    w->generation = generation;
+    for (uint32_t j = 0; j < c->pool_size; j++) {
+        if (w->slots[j].chunk >= 0) {
+            frame_of(w, j)[1] |= bits;
+            w->slots[j].want[1] |= bits;
+        }
+    }
+    return 1;
+}
+
+/* Take one received datagram (buf may be modified: an echoed RETX flag is cleared). */
+static int take(struct ncw *w, uint8_t *buf, size_t size, double now)
+{
+    const uint32_t S = w->cfg.pool_size;
+    w->stats.packets_received++;
+    w->stats.bytes_received += size;
+    uint32_t slot = size >= NCW_HEADER ? rd16(buf + 8) : S;
+    if (w->cfg.key_size && !authentic(w, buf, size))
+        slot = S; /* nothing in it is believed */
+    else if (slot < S && (buf[1] & FLAG_RETX))
+        buf[1] ^= FLAG_RETX; /* an echoed RETX flag does not make it foreign */
+    struct ncw_slot *s = slot < S ? &w->slots[slot] : NULL;
+    if (!s || s->chunk < 0 || size != s->want_len || memcmp(buf, s->want, NCW_HEADER) != 0) {
+        const int verdict = unexpected(w, buf, size, slot);
+        if (verdict < 0)
+            return NCW_RESTARTED;
+        if (!verdict) {
+            w->stats.results_ignored++;
+            return 0;
+        }
+    }
+    /* The expected result: size == want_len, which ncw_open bounded by NCW_RX_SIZE. */
+    const uint64_t i = (uint64_t)s->chunk;
+    deliver(w, i, buf + NCW_HEADER);
+    w->done++;
+    w->last_progress = now;
+    if (slot == 0 && w->clean)
+        ncw_rto_sample(&w->timer, now - s->sent_at);
+    if (i + S < w->chunks)
+        return start(w, i + S, slot, now);
+    s->chunk = -1;
+    return 0;
+}
+
+/* --- timers ------------------------------------------------------------------------------- */
+
+/* Re-send expired slots with RETX; NCW_TIMEOUT past the deadline. Sets the next check: the
+ * earliest expiry, and no later than one fresh chunk's RTO from now. */
+static int check_timers(struct ncw *w, double now)
+{
+    if (now - w->last_progress >= w->cfg.deadline)
+        return NCW_TIMEOUT;
+    double next = now + w->timer.rto;
+    uint64_t expired = 0, resent = 0;
+    for (uint32_t slot = 0; slot < w->cfg.pool_size; slot++) {
+        struct ncw_slot *s = &w->slots[slot];
+        if (s->chunk < 0)
+            continue;
+        double due = s->sent_at + s->rto;
+        if (due <= now) {
+            frame_of(w, slot)[1] |= FLAG_RETX;
+            s->rto = ncw_rto_backoff(&w->timer, s->rto);
+            if (slot == 0)
+                w->clean = 0;
+            const int rc = send_slot(w, slot, now);
+            if (rc)
+                return rc;
+            expired++;
+            resent += s->frame_len;
+            due = now + s->rto;
+        }
+        next = due < next ? due : next;
+    }
+    if (expired) {
+        w->stats.retransmissions += expired;
+        w->stats.bytes_retransmitted += resent;
+        w->stats.timeouts++;
+    }
+    w->next_check = next;
+    return 0;
+}
+
+/* --- the loop ----------------------------------------------------------------------------- */
+
+int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t key)
+{
+    const uint32_t S = w->cfg.pool_size;
+    w->x = x;
+    w->out = out;
+    w->n = n;
+    w->chunks = (n + w->cfg.k - 1) / w->cfg.k;
+    w->done = 0;
+    w->key = key;
+    w->clean = 0;
+    w->bad_code_index = -1;
+    w->bad_code = 0;
+    w->seen_generation = 0;
+    for (uint32_t slot = 0; slot < S; slot++) {
+        w->slots[slot].chunk = -1;
+        w->slots[slot].rto = w->timer.rto;
+        w->slots[slot].notice_offset = -1;
+        w->slots[slot].notice_held = 0;
+    }
+    const double now = now_s();
+    for (uint64_t i = 0; i < S && i < w->chunks; i++) {
+        const int rc = start(w, i, (uint32_t)i, now);
+        if (rc)
+            return rc;
+    }
+    w->last_progress = now;
+    w->next_check = now + w->timer.rto;
+    return flush(w);
+}
+
+int ncw_run(struct ncw *w)
+{
+    struct ncw_io *io = w->io;
+    while (w->done < w->chunks) {
+        const int got = recvmmsg(w->cfg.fd, io->rx_msgs, NCW_BURST, MSG_DONTWAIT | MSG_TRUNC,
+                                 NULL);
+        if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return -errno;
+        const double now = now_s();
+        if (got > 0) {
+            for (int j = 0; j < got && w->done < w->chunks; j++) {
+                /* MSG_TRUNC: msg_len is the datagram's real length, even past the buffer. */
+                const size_t size = io->rx_msgs[j].msg_len;
+                const int rc = take(w, io->rx + (size_t)j * NCW_RX_SIZE, size, now);
+                if (rc) {
+                    flush(w);
+                    return rc;
+                }
+            }
+            const int rc = flush(w);
+            if (rc)
+                return rc;
+        } else if (now < w->next_check) {
+            struct pollfd pfd = {.fd = w->cfg.fd, .events = POLLIN};
+            const int ms = (int)ceil((w->next_check - now) * 1000);
+            if (poll(&pfd, 1, ms < 1 ? 1 : ms) < 0) {
+                if (errno == EINTR)
+                    return NCW_AGAIN;
+                return -errno;
+            }
+            continue;
+        }
+        if (now >= w->next_check) {
+            int rc = check_timers(w, now);
+            const int sent = flush(w);
+            if (rc || sent)
+                return rc ? rc : sent;
+        }
+    }
+    return NCW_DONE;
+}
+
+uint64_t ncw_first_nonfinite(const float *x, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        if ((u & 0x7F800000u) == 0x7F800000u)
+            return i;
+    }
+    return n;
+}
+
+/* --- setup -------------------------------------------------------------------------------- */
+
+struct ncw *ncw_open(const struct ncw_config *cfg)
+{
+    if (cfg->pool_size == 0 || cfg->k == 0 || cfg->next_pool == NULL
+        || cfg->result_format < 0 || cfg->result_format > 1 || cfg->key_size > 64
+        || (cfg->key_size && cfg->key == NULL) || cfg->e_min < -126 || cfg->e_min > 63) {
+        errno = EINVAL;
+        return NULL;
+    }
+    const size_t S = cfg->pool_size;
+    const size_t tag = cfg->key_size ? NCW_TAG : 0;
+    /* The largest result must fit a receive buffer, or no result could ever be accepted. */
+    if (NCW_HEADER + (size_t)cfg->k * (cfg->result_format ? 8 : 1) + tag > NCW_RX_SIZE) {
+        errno = EINVAL;
+        return NULL;
+    }
+    struct ncw *w = calloc(1, sizeof *w);
+    struct ncw_io *io = calloc(1, sizeof *io);
+    if (!w || !io) {
+        free(w);
+        free(io);
+        errno = ENOMEM;
+        return NULL;
+    }
+    w->cfg = *cfg;
+    w->io = io;
+    io->frame_stride = (NCW_HEADER + cfg->k + tag + 63) & ~(size_t)63;
+    io->tx_cap = (uint32_t)(S + NCW_BURST);
+    w->slots = calloc(S, sizeof *w->slots);
+    io->frames = calloc(S, io->frame_stride);
+    io->rx = malloc((size_t)NCW_BURST * NCW_RX_SIZE);
+    io->tx_msgs = calloc(io->tx_cap, sizeof *io->tx_msgs);
+    io->tx_iov = calloc(io->tx_cap, sizeof *io->tx_iov);
+    if (!w->slots || !io->frames || !io->rx || !io->tx_msgs || !io->tx_iov) {
+        ncw_close(w);
+        errno = ENOMEM;
+        return NULL;
+    }
+    for (size_t s = 0; s < S; s++)
+        w->slots[s].chunk = -1;
+    io->peer.sin_family = AF_INET;
+    io->peer.sin_addr.s_addr = cfg->addr;
+    io->peer.sin_port = htons(cfg->port);
+    for (uint32_t j = 0; j < io->tx_cap; j++) {
+        io->tx_msgs[j].msg_hdr.msg_name = &io->peer;
+        io->tx_msgs[j].msg_hdr.msg_namelen = sizeof io->peer;
+        io->tx_msgs[j].msg_hdr.msg_iov = &io->tx_iov[j];
+        io->tx_msgs[j].msg_hdr.msg_iovlen = 1;
+    }
+    for (int j = 0; j < NCW_BURST; j++) {
+        io->rx_iov[j].iov_base = io->rx + (size_t)j * NCW_RX_SIZE;
+        io->rx_iov[j].iov_len = NCW_RX_SIZE;
+        io->rx_msgs[j].msg_hdr.msg_iov = &io->rx_iov[j];
+        io->rx_msgs[j].msg_hdr.msg_iovlen = 1;
+    }
+    if (cfg->key_size)
+        ncd_b2b_init(&io->keyed, NCW_TAG, cfg->key, cfg->key_size);
+    uint8_t all[256];
+    for (int b = 0; b < 256; b++)
+        all[b] = (uint8_t)b;
+    nc8_decode(all, io->table, 256, cfg->e_min);
+    const uint32_t scale = (uint32_t)(cfg->e_min + 127) << 23; /* 2^e_min, a float32 normal */
+    memcpy(&io->int_scale, &scale, sizeof scale);
+    return w;
+}
+
+void ncw_close(struct ncw *w)
+{
+    if (!w)
+        return;
+    struct ncw_io *io = w->io;
+    if (io) {
+        free(io->frames);
+        free(io->rx);
+        free(io->tx_msgs);
+        free(io->tx_iov);
+        free(io);
+    }
+    free(w->slots);
+    free(w);
+}
