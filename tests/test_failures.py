@@ -5,7 +5,7 @@ returned. A killed worker makes the others fail after their deadline with an err
 rank (from the aggregator's notices); a restarted aggregator (a new generation) makes every
 worker in the call fail at once; packets of an old generation are dropped and counted. The
 mechanism is docs/protocol.md, "Generations and notices"; the end-to-end scenarios are the
-benchmark's (``ncina.bench.reliability``).
+benchmark's (``ncina.bench.reliability``). The end-to-end tests run on both worker data paths.
 """
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ import pytest
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.slots import Aggregator
 from ncina.proto.header import HEADER, NOTICE, Header, flags_for
-from ncina.worker.client import AggregatorRestartedError, AllreduceClient
+from ncina.worker.client import (
+    DATA_PATH_ENV,
+    DATA_PATHS,
+    AggregatorRestartedError,
+    AllreduceClient,
+)
 from ncina_testlib import start_aggregator, uplink
 
 from ncina.bench.reliability import JOB, allreduce_across_restart, allreduce_with_dead_worker
@@ -97,6 +102,14 @@ def test_generation_zero_keeps_the_old_protocol() -> None:
 # --- end to end ---------------------------------------------------------------------------------
 
 
+@pytest.fixture(params=DATA_PATHS)
+def data_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The workers' data path (through the environment, which worker processes inherit)."""
+    monkeypatch.setenv(DATA_PATH_ENV, request.param)
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("data_path")
 def test_a_killed_worker_makes_the_others_fail_naming_its_rank(tmp_path: Path) -> None:
     deadline = 1.0
     began = time.monotonic()
@@ -113,6 +126,7 @@ def test_a_killed_worker_makes_the_others_fail_naming_its_rank(tmp_path: Path) -
     assert run.seconds < deadline + 5.0  # bounded: the deadline after the last progress
 
 
+@pytest.mark.usefixtures("data_path")
 def test_an_aggregator_restart_fails_every_worker_at_once_without_a_result(tmp_path: Path) -> None:
     run = allreduce_across_restart(inputs(), tmp_path, k=K, result="int", deadline=30.0,
                                    at=CHUNKS // 4)  # fmt: skip
@@ -123,6 +137,7 @@ def test_an_aggregator_restart_fails_every_worker_at_once_without_a_result(tmp_p
     assert run.seconds < 10.0  # long before the 30 s deadline
 
 
+@pytest.mark.usefixtures("data_path")
 def test_a_restart_between_calls_is_detected_on_the_next_call(tmp_path: Path) -> None:
     first = start_aggregator("python", tmp_path / "first", job=JOB, workers=2, k=K,
                              result="int", extra=["--generation", "4"])  # fmt: skip

@@ -6,6 +6,8 @@ the same chunk (so the mean is the input, exactly, for power-of-two inputs). It 
 copy of chunks of chosen slots, duplicate its results, precede each result by stale, foreign
 and malformed datagrams, and play a keyed job (checking uplink tags, tagging its results, and
 preceding each result by a forgery: the same header with another payload and a wrong tag).
+
+Every test runs on both data paths (``NCINA_DATA_PATH``): the C transfer and the Python reference.
 """
 
 from __future__ import annotations
@@ -25,14 +27,24 @@ from ncina.proto.header import (
     FLAG_TAG,
     INT_DTYPE,
     Format,
+    largest_k,
     pack,
     parse,
 )
-from ncina.worker.client import AllreduceClient, RtoEstimator
+from ncina.worker import cpath
+from ncina.worker.client import DATA_PATH_ENV, DATA_PATHS, AllreduceClient, RtoEstimator
 from ncina.worker.sharding import ShardedAllreduce
 from ncina_testlib import powers_of_two
 
 JOB = 7
+
+
+@pytest.fixture(autouse=True, params=DATA_PATHS)
+def data_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test on the data path ``request.param`` (the clients' default, via the
+    environment)."""
+    monkeypatch.setenv(DATA_PATH_ENV, request.param)
+    return str(request.param)
 
 
 class FakeAggregator(threading.Thread):
@@ -368,3 +380,60 @@ def test_window_is_the_jobs() -> None:
         silent.bind(("127.0.0.1", 0))
         with client_for(silent.getsockname(), workers=4, window_max=12) as client:
             assert client.window == nc8.Window.for_job(4, e_max=12)
+
+
+def test_data_path_is_chosen_by_argument_then_environment(
+    data_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        address = silent.getsockname()
+        with client_for(address) as client:
+            assert client.data_path == data_path  # from the environment
+        other = "python" if data_path == "c" else "c"
+        with client_for(address, data_path=other) as client:
+            assert client.data_path == other
+        with client_for(address, data_path="c", mode="server", compressor="topk:ratio=0.5") as c:
+            assert c.data_path == "python"  # server mode has no C loop
+        with pytest.raises(ValueError, match="data_path must be one of"):
+            client_for(address, data_path="rust")
+        monkeypatch.setenv(DATA_PATH_ENV, "fortran")
+        with pytest.raises(ValueError, match=f"{DATA_PATH_ENV} must be one of"):
+            client_for(address)
+
+
+def test_c_path_that_cannot_be_built_is_an_error_not_a_fallback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken() -> None:
+        raise RuntimeError("no C compiler found")
+
+    monkeypatch.setattr(cpath, "load", broken)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        with pytest.raises(RuntimeError, match=r"no C compiler found; pass data_path='python'"):
+            client_for(silent.getsockname(), data_path="c")
+
+
+@pytest.mark.parametrize(("result", "key", "mtu"), [("nc8", None, 1500), ("int", None, 1500),
+                                                    ("nc8", bytes(16), 9000)])  # fmt: skip
+def test_k_defaults_to_the_largest_that_fits_the_mtu(
+    result: str, key: bytes | None, mtu: int
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        with client_for(silent.getsockname(), k=None, result_format=result, key=key,
+                        mtu=mtu) as client:  # fmt: skip
+            want = largest_k(mtu, Format.NC8 if result == "nc8" else Format.INT, key is not None)
+            assert client.k == want
+    assert largest_k(1500, Format.NC8) == 1456
+
+
+def test_short_last_chunk_and_a_tensor_smaller_than_k() -> None:
+    with fake(workers=2) as agg, client_for(agg.address, workers=2, k=1456) as client:
+        for n in (1, 1455, 1457, 3 * 1456 + 5):
+            x = powers_of_two(n, seed=n)
+            np.testing.assert_array_equal(client.allreduce(x, op="sum"), 2 * x)
+        empty = client.allreduce(np.zeros((0, 3), dtype=np.float32))
+        assert empty.shape == (0, 3) and empty.dtype == np.float32
+        assert client.stats["allreduce_calls"] == 5 and client.stats["retransmissions"] == 0

@@ -1,0 +1,219 @@
+"""The worker's C data path against the Python reference: the same datagrams and the same results.
+
+Each scenario runs one job twice against the Python aggregator backend, once with every worker on
+``data_path="python"`` and once on ``"c"``, same seeds, same aggregator generation; a relay in the
+test (one UDP socket pair per rank) records every uplink datagram on its way. The results must be
+bit-identical, and so must the datagrams: per rank and (slot, pool version, offset, flags), every
+copy a run sent has the same bytes as the other run's. Timing decides how often a chunk is re-sent
+and whether a retransmission of the first window already carries the generation, so only first
+copies are compared as sets; re-sent copies are compared where both runs sent them. Between calls
+the test sends a marker through each client's socket, which reaches the relay after everything the
+call sent (loopback keeps a socket's order), so the datagrams are compared call by call. The
+aggregator's fault knobs (seeded) add loss both ways, duplication and reordering; results are then
+exact integer sums (``int``), which do not depend on the order in which slots complete (NC8
+re-compression draws its random stream in that order).
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ncina.proto.header import FLAG_RETX, HEADER
+from ncina.worker.client import AllreduceClient
+from ncina_testlib import start_aggregator
+
+pytestmark = pytest.mark.timeout(300)
+
+JOB = 3
+GENERATION = 6
+Address = tuple[str, int]
+Key = tuple[int, int, int, int, int]  # call, slot, pool version, offset, flags
+MARK = b"end of call"
+
+
+class Relay(threading.Thread):
+    """Forwards each rank's datagrams to the aggregator through a socket of its own (so the
+    aggregator sees one address per rank) and the replies back, recording the uplink."""
+
+    def __init__(self, aggregator: Address, ranks: int) -> None:
+        super().__init__(daemon=True)
+        self.aggregator = aggregator
+        self.selector = selectors.DefaultSelector()
+        self.front: list[socket.socket] = []  # where rank r sends
+        # Per rank, per call, the datagrams (a MARK starts the next call's list).
+        self.uplink: list[list[list[bytes]]] = [[[]] for _ in range(ranks)]
+        self.workers: list[Address | None] = [None] * ranks
+        self.back: list[socket.socket] = []  # rank r's socket towards the aggregator
+        for rank in range(ranks):
+            for side, sockets in (("front", self.front), ("back", self.back)):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sock.bind(("127.0.0.1", 0))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+                sock.setblocking(False)
+                self.selector.register(sock, selectors.EVENT_READ, (side, rank))
+                sockets.append(sock)
+        self.stopping = threading.Event()
+
+    def address(self, rank: int) -> Address:
+        return self.front[rank].getsockname()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            for entry, _ in self.selector.select(0.05):
+                side, rank = entry.data
+                while True:
+                    try:
+                        data, source = entry.fileobj.recvfrom(65535)  # type: ignore[union-attr]
+                    except BlockingIOError:
+                        break
+                    if side == "front" and data == MARK:
+                        self.uplink[rank].append([])
+                    elif side == "front":
+                        self.workers[rank] = source
+                        self.uplink[rank][-1].append(data)
+                        self.back[rank].sendto(data, self.aggregator)
+                    elif self.workers[rank] is not None:
+                        self.front[rank].sendto(data, self.workers[rank])
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+        for sock in (*self.front, *self.back):
+            sock.close()
+
+
+@contextmanager
+def relayed_job(
+    tmp_path: Path, workers: int, k: int, result: str, faults: list[str], key: bytes | None
+) -> Iterator[Relay]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    extra = ["--generation", str(GENERATION), "--seed", "11", "--pool-size", "8", *faults]
+    if key is not None:
+        key_file = tmp_path / "key"
+        key_file.write_text(key.hex())
+        extra += ["--key-file", str(key_file)]
+    agg = start_aggregator("python", tmp_path, job=JOB, workers=workers, k=k, result=result,
+                           extra=extra)  # fmt: skip
+    relay = Relay(agg.address, workers)
+    relay.start()
+    try:
+        yield relay
+    finally:
+        relay.stop()
+        agg.stop()
+
+
+def run_job(
+    tmp_path: Path,
+    data_path: str,
+    tensors: list[list[np.ndarray]],
+    *,
+    k: int,
+    result: str,
+    faults: list[str] = [],  # noqa: B006 (never modified)
+    key: bytes | None = None,
+    compressor: str | None = None,
+) -> tuple[list[list[np.ndarray]], list[list[list[bytes]]], list[dict[str, float]]]:
+    """Every rank all-reduces its tensors in turn, the ranks in lockstep; returns per rank the
+    results, the uplink datagrams of each call and the client's stats."""
+    workers = len(tensors)
+    with relayed_job(tmp_path / data_path, workers, k, result, faults, key) as relay:
+        clients = [
+            AllreduceClient(relay.address(rank), job=JOB, rank=rank, workers=workers, k=k,
+                            pool_size=8, result_format=result, seed=100 + rank, key=key,
+                            timeout=0.02, deadline=60.0, data_path=data_path,
+                            compressor=compressor)
+            for rank in range(workers)
+        ]  # fmt: skip
+        try:
+            assert all(c.data_path == data_path for c in clients)
+
+            results: list[list[np.ndarray]] = [[] for _ in range(workers)]
+            with ThreadPoolExecutor(workers) as pool:
+                for call in range(len(tensors[0])):
+                    def work(rank: int, call: int = call) -> np.ndarray:
+                        return clients[rank].allreduce(tensors[rank][call], op="sum", tensor="t")
+
+                    for rank, out in enumerate(pool.map(work, range(workers))):
+                        results[rank].append(out)
+                        clients[rank]._sock.sendto(MARK, relay.address(rank))
+            stats = [c.stats for c in clients]
+        finally:
+            for c in clients:
+                c.close()
+        while any(len(u) <= len(tensors[0]) for u in relay.uplink):  # the last MARKs
+            time.sleep(0.01)
+        return results, [[list(c) for c in u] for u in relay.uplink], stats
+
+
+def by_key(calls: list[list[bytes]]) -> dict[Key, bytes]:
+    """The datagrams by (call, slot, pool version, offset, flags); every copy under a key must
+    be the same bytes."""
+    out: dict[Key, bytes] = {}
+    for call, datagrams in enumerate(calls):
+        for d in datagrams:
+            _, flags, *_, slot, _, offset = HEADER.unpack_from(d)
+            key = (call, slot, flags >> 2 & 1, offset, flags)
+            assert out.setdefault(key, d) == d, f"two different copies of {key}"
+    return out
+
+
+def assert_same_wire(python: list[list[list[bytes]]], c: list[list[list[bytes]]]) -> None:
+    for rank, (ours, theirs) in enumerate(zip(python, c, strict=True)):
+        p, q = by_key(ours), by_key(theirs)
+        first_p = {key for key in p if not key[4] & FLAG_RETX}
+        first_q = {key for key in q if not key[4] & FLAG_RETX}
+        assert first_p == first_q, f"rank {rank}: first copies differ: {first_p ^ first_q}"
+        for key in p.keys() & q.keys():
+            assert p[key] == q[key], f"rank {rank}: datagram {key} differs"
+
+
+def tensors(workers: int, sizes: list[int]) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(21)
+    return [[rng.standard_normal(n).astype(np.float32) for n in sizes] for _ in range(workers)]
+
+
+def compare(tmp_path: Path, inputs: list[list[np.ndarray]], **options: object) -> None:
+    ref, ref_wire, ref_stats = run_job(tmp_path, "python", inputs, **options)  # type: ignore
+    got, got_wire, got_stats = run_job(tmp_path, "c", inputs, **options)  # type: ignore
+    for rank, (want, have) in enumerate(zip(ref, got, strict=True)):
+        for a, b in zip(want, have, strict=True):
+            assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
+            assert a.tobytes() == b.tobytes(), f"rank {rank}: results differ"
+    assert_same_wire(ref_wire, got_wire)
+    for a, b in zip(ref_stats, got_stats, strict=True):
+        for name in ("allreduce_calls", "elements", "saturated"):
+            assert a[name] == b[name], name
+
+
+@pytest.mark.parametrize("result", ["nc8", "int"])
+def test_one_worker_same_datagrams_and_results(tmp_path: Path, result: str) -> None:
+    # One worker: slots complete in the order they are sent, so even NC8 results (re-compressed
+    # with the aggregator's seeded stream in completion order) are the same.
+    compare(tmp_path, tensors(1, [5000, 777, 64]), k=64, result=result)
+
+
+def test_three_workers_keyed_same_datagrams_and_results(tmp_path: Path) -> None:
+    compare(tmp_path, tensors(3, [3001, 64 * 9]), k=64, result="int", key=bytes(range(32)))
+
+
+def test_ina_compressor_quantizes_first_on_both_paths(tmp_path: Path) -> None:
+    compare(tmp_path, tensors(2, [2000, 2000]), k=100, result="int", compressor="ef+nc")
+
+
+@pytest.mark.parametrize("key", [None, bytes(range(7, 39))], ids=["untagged", "tagged"])
+def test_loss_duplication_and_reordering_same_datagrams_and_results(
+    tmp_path: Path, key: bytes | None
+) -> None:
+    faults = ["--drop-up", "0.05", "--drop-down", "0.05", "--duplicate", "0.05",
+              "--reorder", "0.05", "--fault-seed", "3"]  # fmt: skip
+    compare(tmp_path, tensors(3, [4000, 1000]), k=64, result="int", faults=faults, key=key)
