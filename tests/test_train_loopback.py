@@ -40,7 +40,8 @@ def train(
         subprocess.Popen(
             [str(NCINA), "train", "--rank", str(rank), "--world-size", str(WORLD),
              "--master", f"127.0.0.1:{port}", "--iface", "lo", "--max-steps", str(steps),
-             "--metrics", str(metrics[rank]), *[a for agg in ina for a in ("--ina", agg)],
+             "--metrics", str(metrics[rank]), "--k", "256",
+             *[a for agg in ina for a in ("--ina", agg)],
              *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )

@@ -16,7 +16,14 @@ from typing import Any
 
 import numpy as np
 from ncina.proto.tag import key_file_argument
-from ncina.worker.client import OPS, RESULT_FORMATS, AllreduceClient
+from ncina.worker.client import (
+    DATA_PATH_ENV,
+    DATA_PATHS,
+    DEFAULT_MTU,
+    OPS,
+    RESULT_FORMATS,
+    AllreduceClient,
+)
 
 
 def host_port(text: str) -> tuple[str, int]:
@@ -39,7 +46,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--job", type=int, required=True, help="job id")
     p.add_argument("--rank", type=int, required=True, help="this worker's rank, 0..N-1")
     p.add_argument("--workers", type=int, required=True, metavar="N", help="workers in the job")
-    p.add_argument("--k", type=int, required=True, help="elements per packet (the job's K)")
+    p.add_argument(
+        "--k", type=int, default=None,
+        help="elements per packet, the job's K (default: the most whose datagrams fit --mtu "
+        "both ways, 1456 with nc8 results at 1500)",
+    )
+    p.add_argument(
+        "--mtu", type=int, default=DEFAULT_MTU,
+        help="IP MTU the default --k is derived from (default: %(default)s)",
+    )
     p.add_argument("--input", type=Path, required=True, metavar="X.npy", help="float tensor")
     p.add_argument("--output", type=Path, required=True, metavar="Y.npy", help="float32 result")
     p.add_argument("--op", choices=OPS, default="mean", help="default: %(default)s")
@@ -70,8 +85,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="the job's shared secret (hex), if the aggregator's job has one: every datagram is "
         "then tagged and results are verified",
     )
+    add_data_path_argument(p)
     p.add_argument("--stats", type=Path, default=None, metavar="FILE", help="counters as JSON")
     return p
+
+
+def add_data_path_argument(p: argparse.ArgumentParser) -> None:
+    """``--data-path c|python``: the worker's transfer loop (AllreduceClient's data_path)."""
+    p.add_argument(
+        "--data-path", choices=DATA_PATHS, default=None,
+        help=f"the INA transfer loop: c (the fast path) or python (the reference); default: "
+        f"${DATA_PATH_ENV}, else c",
+    )
 
 
 def load_tensor(path: Path) -> np.ndarray:
@@ -95,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         rank=args.rank,
         workers=args.workers,
         k=args.k,
+        mtu=args.mtu,
         pool_size=args.pool_size,
         window_max=args.window_max,
         result_format=args.result,
@@ -103,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         max_timeout=args.max_timeout,
         deadline=args.deadline,
         key=args.key_file,
+        data_path=args.data_path,
     ) as client:
         result = client.allreduce(x, op=args.op)
         stats = client.stats

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ncina.proto.tag import key_file_argument
-from ncina.worker.cli import host_port
-from ncina.worker.client import MODES, RESULT_FORMATS, check_mode
+from ncina.worker.cli import add_data_path_argument, host_port
+from ncina.worker.client import DEFAULT_MTU, MODES, RESULT_FORMATS, check_mode
 from ncina.worker.compressors import create
 
 
@@ -58,7 +58,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size")
-    p.add_argument("--k", type=int, default=256, help="elements per packet")
+    p.add_argument("--k", type=int, default=None,
+                   help="elements per packet, the job's K (default: the most that fit --mtu)")
+    p.add_argument("--mtu", type=int, default=DEFAULT_MTU,
+                   help="IP MTU the default --k is derived from (default: %(default)s)")
+    add_data_path_argument(p)
     p.add_argument("--pool-size", type=int, default=64)
     p.add_argument("--window-max", type=int, default=10)
     p.add_argument("--result", choices=sorted(RESULT_FORMATS), default="nc8",
