@@ -59,6 +59,7 @@ class FakeAggregator(threading.Thread):
         duplicate: bool = False,
         junk: bool = False,
         key: bytes | None = None,
+        bad_code_at: int | None = None,
     ) -> None:
         super().__init__(daemon=True)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -75,6 +76,7 @@ class FakeAggregator(threading.Thread):
         self.seen: set[tuple[int, int, int]] = set()
         self.junk_sent = 0
         self.key = key
+        self.bad_code_at = bad_code_at  # flat index whose NC8 result code is 0x45 (69 > 64)
         self.bad_uplink_tags = 0
         self.stopping = threading.Event()
 
@@ -99,6 +101,10 @@ class FakeAggregator(threading.Thread):
                 emin=hdr.emin, flags=FLAG_RESULT | (hdr.flags & FLAG_POOL), fmt=self.result,
             )
             body = self.sum_payload(np.frombuffer(payload, dtype=np.uint8))
+            at = self.bad_code_at
+            if at is not None and hdr.offset <= at < hdr.offset + hdr.count:
+                index = at - hdr.offset
+                body = body[:index] + b"\x45" + body[index + 1 :]
             if self.junk:
                 for datagram in self.junk_for(fields, body):
                     self.sock.sendto(datagram, peer)
@@ -437,3 +443,13 @@ def test_short_last_chunk_and_a_tensor_smaller_than_k() -> None:
         empty = client.allreduce(np.zeros((0, 3), dtype=np.float32))
         assert empty.shape == (0, 3) and empty.dtype == np.float32
         assert client.stats["allreduce_calls"] == 5 and client.stats["retransmissions"] == 0
+
+
+def test_a_result_code_above_the_nc8_range_is_an_error_naming_its_index() -> None:
+    x = powers_of_two(64 * 5, seed=8)
+    with fake(bad_code_at=200) as agg, client_for(agg.address) as client:
+        with pytest.raises(ValueError, match="code 0x45 at flat index 200 is above the NC8 range"):
+            client.allreduce(x)
+        # The transfer itself completed: the slots are in step and the client goes on.
+        agg.bad_code_at = None
+        np.testing.assert_array_equal(client.allreduce(x), x)
