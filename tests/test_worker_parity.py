@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ncina.proto.header import FLAG_RETX, HEADER
-from ncina.worker.client import AllreduceClient
+from ncina.worker import cpath
+from ncina.worker.client import AllreduceClient, RtoEstimator
 from ncina_testlib import start_aggregator
 
 pytestmark = pytest.mark.timeout(300)
@@ -217,3 +218,25 @@ def test_loss_duplication_and_reordering_same_datagrams_and_results(
     faults = ["--drop-up", "0.05", "--drop-down", "0.05", "--duplicate", "0.05",
               "--reorder", "0.05", "--fault-seed", "3"]  # fmt: skip
     compare(tmp_path, tensors(3, [4000, 1000]), k=64, result="int", faults=faults, key=key)
+
+
+def test_c_timer_gives_the_python_estimators_doubles() -> None:
+    """timing.c mirrors RtoEstimator operation for operation: the same samples (slow runs that
+    are skipped as outliers, then taken as a slower path, a fast path) give the same doubles."""
+    module = cpath.load()
+    ffi, lib = module.ffi, module.lib
+    reference = RtoEstimator(0.05, cap=1.0, floor=0.002)
+    timer = ffi.new("struct ncw_rto *")
+    for name in cpath.TIMER_FIELDS:
+        setattr(timer, name, getattr(reference, name))
+    rng = np.random.default_rng(9)
+    samples = np.concatenate([rng.uniform(0.001, 0.004, 50), rng.uniform(0.02, 0.05, 10),
+                              rng.uniform(0.0005, 0.001, 50), [3.0] * 6])  # fmt: skip
+    for rtt in samples.tolist():
+        reference.sample(rtt)
+        lib.ncw_rto_sample(timer, rtt)
+        for name in cpath.TIMER_FIELDS:
+            assert getattr(timer, name) == getattr(reference, name), name
+    assert reference.outliers > 0 and reference.rto == 1.0
+    for rto in (0.003, 0.4, 0.7, 1.0):
+        assert lib.ncw_rto_backoff(timer, rto) == reference.backoff(rto)

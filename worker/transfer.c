@@ -220,7 +220,9 @@ static void deliver(struct ncw *w, uint64_t i, const uint8_t *payload)
     const uint64_t offset = i * w->cfg.k;
     const uint64_t left = w->n - offset;
     const uint32_t count = left < w->cfg.k ? (uint32_t)left : w->cfg.k;
-    float *out = w->out + offset; /* offset + count <= n: the chunk is inside the output */
+    if (offset >= w->n) /* cannot happen: chunk < chunks; the write below stays inside out */
+        return;
+    float *out = w->out + offset; /* offset + count <= n */
     if (w->cfg.result_format == 0) {
         uint8_t top = 0;
         for (uint32_t j = 0; j < count; j++) {
