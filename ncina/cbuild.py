@@ -1,4 +1,8 @@
-"""Compile small C extensions with cffi (API mode) on first use, cached and process-safe.
+"""Compile small C extensions with cffi (API mode), cached and process-safe.
+
+``make venv`` (and so ``make test`` and ``make topo``) runs ``python -m ncina.cbuild``, which builds
+every extension of the package (``EXTENSIONS``) once, at install time; a process that finds its
+extension's sources changed since then rebuilds it on first use.
 
 Several worker processes of one job start at the same moment and all want the same extension, so
 the build is keyed by a hash of everything that affects the binary (sources, declarations, flags,
@@ -34,8 +38,17 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import cffi
+
+# Every C extension of the package: (what it is, "module:function" that builds or loads it,
+# "module:function" returning why it cannot be built on this machine, or None).
+EXTENSIONS: tuple[tuple[str, str, str | None], ...] = (
+    ("NC8 codec", "ncina.proto.nc8:_build_c", None),
+    ("DPDK data plane", "ncina.aggregator.dpdk.binding:load",
+     "ncina.aggregator.dpdk.binding:missing"),
+)  # fmt: skip
 
 DEFAULT_COMPILE_ARGS: tuple[str, ...] = ("-O3", "-std=c11", "-Wall", "-Wextra")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -206,3 +219,31 @@ def _import(module_name: str, target: Path) -> ModuleType:
     spec.loader.exec_module(module)
     sys.modules[module_name] = module
     return module
+
+
+def _resolve(target: str) -> Any:
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def build_all() -> int:
+    """Build every extension of ``EXTENSIONS`` now; print one line each. Returns 1 when one
+    that this machine can build failed, else 0 (one it cannot build is reported and skipped)."""
+    failed = 0
+    for what, build, missing in EXTENSIONS:
+        reason = _resolve(missing)() if missing else None
+        if reason:
+            print(f"ncina cbuild: {what}: skipped ({reason})")
+            continue
+        try:
+            _resolve(build)()
+        except RuntimeError as exc:
+            print(f"ncina cbuild: {what}: FAILED: {exc}", file=sys.stderr)
+            failed = 1
+            continue
+        print(f"ncina cbuild: {what}: ready")
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(build_all())
