@@ -86,7 +86,8 @@ def test_ina_and_gloo_runs_and_their_summary(tmp_path: Path) -> None:
     assert fabric["packets_sent"] - fabric["retransmissions"] == WORLD * STEPS * CHUNKS
     assert runs["ina"]["aggregators"][0]["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS
     results = report.write(tmp_path, {"test": True}, runs)
-    assert set(results["comparison"]) == {"bytes_ratio", "time_ratio", "accuracy_delta"}
+    comparison = {"bytes_ratio", "time_ratio", "accuracy_delta", "speedup"}
+    assert set(results["comparison"]) == comparison
     assert (tmp_path / report.PLOT).stat().st_size > 0
 
 
