@@ -114,7 +114,7 @@ def test_torchrun_starts_the_ranks_against_an_aggregator(tmp_path: Path) -> None
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
              "--master-addr", "127.0.0.1", "--master-port", str(free_tcp_port()),
-             "-m", "ncina.cli", "train", "--ina", f"{host}:{port}",
+             "-m", "ncina.cli", "train", "--ina", f"{host}:{port}", "--k", "256",
              "--max-steps", str(STEPS), "--metrics", str(tmp_path / "rank{rank}.jsonl")],
             capture_output=True, text=True, timeout=300, check=False,
             env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
