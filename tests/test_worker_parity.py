@@ -203,7 +203,13 @@ def test_one_worker_same_datagrams_and_results(tmp_path: Path, result: str) -> N
     compare(tmp_path, tensors(1, [5000, 777, 64]), k=64, result=result)
 
 
-def test_three_workers_keyed_same_datagrams_and_results(tmp_path: Path) -> None:
+@pytest.mark.parametrize("gso", ["1", "0"], ids=["gso", "no-gso"])
+def test_three_workers_keyed_same_datagrams_and_results(
+    tmp_path: Path, gso: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The C path sends runs of equal-length datagrams as one UDP_SEGMENT send unless told not
+    # to; the kernel's segments are the same datagrams either way.
+    monkeypatch.setenv(cpath.GSO_ENV, gso)
     compare(tmp_path, tensors(3, [3001, 64 * 9]), k=64, result="int", key=bytes(range(32)))
 
 

@@ -12,6 +12,7 @@ this folder's C files and ``proto/``'s ``nc8.c`` and ``blake2b.c``; :func:`load`
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ STAT_KEYS = (  # the counters of struct ncw_stats, named as the client's stats
 )
 TIMER_FIELDS = ("initial", "cap", "floor", "rto", "srtt", "rttvar", "samples", "outliers",
                 "streak")  # fmt: skip
+GSO_ENV = "NCINA_UDP_GSO"  # "0": send every datagram on its own (no UDP_SEGMENT)
 # ncw_run's results (transfer.h); negative ones are -errno.
 DONE, AGAIN, TIMEOUT, RESTARTED = 0, 1, 2, 3
 _CONSTANT = re.compile(r"#define NCW_[A-Z]+ -?\d+\b")  # integer constants cffi can take
@@ -145,6 +147,7 @@ class CTransfer:
         cfg.e_min, cfg.span, cfg.result_format = e_min, span, result_format
         cfg.key, cfg.key_size = self._key, len(key) if key else 0
         cfg.next_pool = ffi.from_buffer("int64_t[]", next_pool, require_writable=True)
+        cfg.gso = os.environ.get(GSO_ENV, "1") != "0"
         self._cfg = cfg
         state = self.lib.ncw_open(cfg)
         if state == ffi.NULL:

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,9 @@
 #define NCW_NOTICE 8           /* a notice's payload: the 64-bit bitmap */
 #define NCW_MAX_CODE 64        /* largest code of a re-compressed sum */
 #define NCW_GAMMA 0x9E3779B97F4A7C15ULL
+#define NCW_GSO_SEGMENTS 64    /* datagrams per UDP_SEGMENT send (UDP_MAX_SEGMENTS of 4.18) */
+#define NCW_GSO_BYTES 65000    /* and their bytes, under the 64 KiB of one IP packet */
+#define NCW_GSO_CTRL CMSG_SPACE(sizeof(uint16_t))
 
 #define FLAG_RESULT 0x01
 #define FLAG_RETX 0x02
@@ -42,10 +46,13 @@ struct ncw_io {
     uint8_t *rx;                /* NCW_BURST receive buffers of NCW_RX_SIZE bytes */
     struct mmsghdr rx_msgs[NCW_BURST];
     struct iovec rx_iov[NCW_BURST];
-    struct mmsghdr *tx_msgs;    /* the send burst: S + NCW_BURST entries */
-    struct iovec *tx_iov;
+    struct iovec *tx_iov;       /* the send burst, one entry a datagram: S + NCW_BURST */
     uint32_t tx_cap;
     uint32_t tx_count;
+    struct mmsghdr *tx_msgs;    /* the burst as sendmmsg messages (tx_cap at most) */
+    uint32_t *tx_segments;      /* datagrams in each message */
+    uint8_t *tx_ctrl;           /* each message's UDP_SEGMENT control message */
+    int gso;                    /* 1 until the kernel refuses a UDP_SEGMENT send */
     struct sockaddr_in peer;
     struct ncd_b2b keyed;       /* BLAKE2b state right after taking the key */
     float table[256];           /* NC8 code -> float32 of the job's window */
@@ -123,23 +130,77 @@ static int authentic(struct ncw *w, const uint8_t *buf, size_t size)
 
 /* --- sending ------------------------------------------------------------------------------ */
 
-/* Send the queued burst. A full send buffer loses the packet as the network would (the slot's
- * timer re-sends it); any other error is returned as -errno. */
+/* Make message m of the datagrams from `first` on: one datagram, or with GSO a run of datagrams
+ * of one length (a shorter last one allowed, as UDP_SEGMENT requires) sent as one. Returns how
+ * many datagrams it holds. */
+static uint32_t group(struct ncw_io *io, uint32_t first, uint32_t m)
+{
+    const size_t seg = io->tx_iov[first].iov_len;
+    size_t bytes = seg;
+    uint32_t n = 1;
+    while (io->gso && first + n < io->tx_count && n < NCW_GSO_SEGMENTS) {
+        const size_t len = io->tx_iov[first + n].iov_len;
+        if (len > seg || bytes + len > NCW_GSO_BYTES)
+            break;
+        bytes += len;
+        n++;
+        if (len < seg)
+            break;
+    }
+    struct msghdr *h = &io->tx_msgs[m].msg_hdr;
+    h->msg_name = &io->peer;
+    h->msg_namelen = sizeof io->peer;
+    h->msg_iov = &io->tx_iov[first];
+    h->msg_iovlen = n;
+    h->msg_control = NULL;
+    h->msg_controllen = 0;
+    if (n > 1) {
+        h->msg_control = io->tx_ctrl + (size_t)m * NCW_GSO_CTRL;
+        h->msg_controllen = NCW_GSO_CTRL;
+        struct cmsghdr *c = CMSG_FIRSTHDR(h);
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        const uint16_t size = (uint16_t)seg;
+        memcpy(CMSG_DATA(c), &size, sizeof size);
+    }
+    io->tx_segments[m] = n;
+    return n;
+}
+
+/* Send the queued burst (sendmmsg; runs of equal-length datagrams as one UDP_SEGMENT send each).
+ * A full send buffer loses the datagrams as the network would (the slots' timers re-send them);
+ * a kernel or device that refuses GSO turns it off for good and the rest goes out one by one;
+ * any other error is returned as -errno. */
 static int flush(struct ncw *w)
 {
     struct ncw_io *io = w->io;
-    uint32_t at = 0;
-    while (at < io->tx_count) {
-        const int sent = sendmmsg(w->cfg.fd, io->tx_msgs + at, io->tx_count - at, MSG_DONTWAIT);
+    uint32_t messages = 0;
+    for (uint32_t j = 0; j < io->tx_count; messages++)
+        j += group(io, j, messages);
+    uint32_t at = 0, done = 0; /* messages and datagrams handled */
+    while (at < messages) {
+        const int sent = sendmmsg(w->cfg.fd, io->tx_msgs + at, messages - at, MSG_DONTWAIT);
         if (sent > 0) {
-            for (uint32_t j = at; j < at + (uint32_t)sent; j++) {
-                w->stats.packets_sent++;
-                w->stats.bytes_sent += io->tx_iov[j].iov_len;
+            for (uint32_t m = at; m < at + (uint32_t)sent; m++) {
+                const struct msghdr *h = &io->tx_msgs[m].msg_hdr;
+                for (size_t j = 0; j < h->msg_iovlen; j++)
+                    w->stats.bytes_sent += h->msg_iov[j].iov_len;
+                w->stats.packets_sent += io->tx_segments[m];
+                done += io->tx_segments[m];
             }
             at += (uint32_t)sent;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            at++; /* this one is lost; try the rest */
-        } else if (errno != EINTR) {
+            done += io->tx_segments[at++]; /* lost; try the rest */
+        } else if (errno == EINTR) {
+            continue;
+        } else if (io->tx_segments[at] > 1 && (errno == EIO || errno == EINVAL
+                                               || errno == ENOPROTOOPT || errno == EOPNOTSUPP)) {
+            io->gso = 0; /* regroup what is left, one datagram a message */
+            memmove(io->tx_iov, io->tx_iov + done, (io->tx_count - done) * sizeof *io->tx_iov);
+            io->tx_count -= done;
+            return flush(w);
+        } else {
             io->tx_count = 0;
             return -errno;
         }
@@ -498,7 +559,11 @@ struct ncw *ncw_open(const struct ncw_config *cfg)
     io->rx = malloc((size_t)NCW_BURST * NCW_RX_SIZE);
     io->tx_msgs = calloc(io->tx_cap, sizeof *io->tx_msgs);
     io->tx_iov = calloc(io->tx_cap, sizeof *io->tx_iov);
-    if (!w->slots || !io->frames || !io->rx || !io->tx_msgs || !io->tx_iov) {
+    io->tx_segments = calloc(io->tx_cap, sizeof *io->tx_segments);
+    io->tx_ctrl = calloc(io->tx_cap, NCW_GSO_CTRL);
+    io->gso = cfg->gso != 0;
+    if (!w->slots || !io->frames || !io->rx || !io->tx_msgs || !io->tx_iov || !io->tx_segments
+        || !io->tx_ctrl) {
         ncw_close(w);
         errno = ENOMEM;
         return NULL;
@@ -508,12 +573,6 @@ struct ncw *ncw_open(const struct ncw_config *cfg)
     io->peer.sin_family = AF_INET;
     io->peer.sin_addr.s_addr = cfg->addr;
     io->peer.sin_port = htons(cfg->port);
-    for (uint32_t j = 0; j < io->tx_cap; j++) {
-        io->tx_msgs[j].msg_hdr.msg_name = &io->peer;
-        io->tx_msgs[j].msg_hdr.msg_namelen = sizeof io->peer;
-        io->tx_msgs[j].msg_hdr.msg_iov = &io->tx_iov[j];
-        io->tx_msgs[j].msg_hdr.msg_iovlen = 1;
-    }
     for (int j = 0; j < NCW_BURST; j++) {
         io->rx_iov[j].iov_base = io->rx + (size_t)j * NCW_RX_SIZE;
         io->rx_iov[j].iov_len = NCW_RX_SIZE;
@@ -541,6 +600,8 @@ void ncw_close(struct ncw *w)
         free(io->rx);
         free(io->tx_msgs);
         free(io->tx_iov);
+        free(io->tx_segments);
+        free(io->tx_ctrl);
         free(io);
     }
     free(w->slots);

@@ -41,6 +41,7 @@ struct ncw_config {
     uint32_t key_size;
     double deadline;    /* seconds without progress before NCW_TIMEOUT */
     int64_t *next_pool; /* S pool versions the slots take next (the client's, shared) */
+    int gso;            /* send runs of equal-length datagrams as one UDP_SEGMENT send */
 };
 
 /* Cumulative counters, named as the Python client's stats. */
