@@ -60,6 +60,7 @@ class FakeAggregator(threading.Thread):
         junk: bool = False,
         key: bytes | None = None,
         bad_code_at: int | None = None,
+        mutants: int = 0,
     ) -> None:
         super().__init__(daemon=True)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -77,6 +78,8 @@ class FakeAggregator(threading.Thread):
         self.junk_sent = 0
         self.key = key
         self.bad_code_at = bad_code_at  # flat index whose NC8 result code is 0x45 (69 > 64)
+        self.mutants = mutants  # damaged copies sent before each result
+        self.rng = np.random.default_rng(17)
         self.bad_uplink_tags = 0
         self.stopping = threading.Event()
 
@@ -110,6 +113,9 @@ class FakeAggregator(threading.Thread):
                     self.sock.sendto(datagram, peer)
                     self.junk_sent += 1
             result = pack(**fields, payload=body)
+            for _ in range(self.mutants):
+                self.sock.sendto(self.mutant(result), peer)
+                self.junk_sent += 1
             if self.key is not None:
                 fields["flags"] |= FLAG_TAG
                 forged = pack(**fields, payload=bytes(len(body)))
@@ -129,6 +135,22 @@ class FakeAggregator(threading.Thread):
         power = np.left_shift(1, np.maximum(magnitude - 1, 0) + self.shift)
         ints = np.where(magnitude > 0, power, 0)
         return np.where(negative, -ints, ints).astype(INT_DTYPE).tobytes()
+
+    def mutant(self, result: bytes) -> bytes:
+        """A damaged copy of ``result`` that a worker must ignore: one header byte other than
+        the flags changed (the flags could turn it into a result of another generation), cut
+        short, or lengthened. Payload bytes are left alone: an untagged result with a changed
+        payload is indistinguishable from the real one."""
+        rng = self.rng
+        data = bytearray(result)
+        what = rng.integers(3)
+        if what == 0:
+            at = int(rng.choice([0, *range(2, 16)]))
+            data[at] = (data[at] + int(rng.integers(1, 256))) % 256
+            return bytes(data)
+        if what == 1:
+            return bytes(data[: int(rng.integers(0, len(data)))])
+        return bytes(data) + rng.bytes(int(rng.integers(1, 100)))
 
     def junk_for(self, fields: dict[str, int], body: bytes) -> list[bytes]:
         """Datagrams that look like this result but must be ignored."""
@@ -453,3 +475,15 @@ def test_a_result_code_above_the_nc8_range_is_an_error_naming_its_index() -> Non
         # The transfer itself completed: the slots are in step and the client goes on.
         agg.bad_code_at = None
         np.testing.assert_array_equal(client.allreduce(x), x)
+
+
+@pytest.mark.parametrize("result", ["nc8", "int"])
+def test_damaged_copies_of_results_are_ignored(result: str) -> None:
+    x = powers_of_two(64 * 40 + 9, seed=12)
+    fmt = Format.NC8 if result == "nc8" else Format.INT
+    with fake(result=fmt, mutants=5) as agg, client_for(agg.address, result_format=result) as c:
+        np.testing.assert_array_equal(c.allreduce(x), x)
+        stats = c.stats
+    # Five damaged copies came before each of the 41 results (more if a busy machine made a
+    # retransmission spurious: the fake answers every copy), and none was taken for a result.
+    assert stats["results_ignored"] >= 41 * 5 and stats["bad_tag"] == stats["notices"] == 0
