@@ -424,6 +424,8 @@ class AllreduceClient:
         return total.reshape(x.shape)
 
     def _warn_saturated(self, saturated: int, n: int) -> None:
+        """Log that ``saturated`` of the call's ``n`` elements were clipped (biased: rare by
+        design, so a warning says the window is too small)."""
         log.warning(
             "job %d rank %d: %d of %d elements saturated at 2**%d (window too small?)",
             self.job, self.rank, saturated, n, self.window.e_max,

@@ -37,7 +37,7 @@ STAT_KEYS = (  # the counters of struct ncw_stats, named as the client's stats
 TIMER_FIELDS = ("initial", "cap", "floor", "rto", "srtt", "rttvar", "samples", "outliers",
                 "streak")  # fmt: skip
 GSO_ENV = "NCINA_UDP_GSO"  # "0": send every datagram on its own (no UDP_SEGMENT)
-# ncw_run's results (transfer.h); negative ones are -errno.
+# ncw_run's results, as transfer.h defines them (load() checks); negative ones are -errno.
 DONE, AGAIN, TIMEOUT, RESTARTED = 0, 1, 2, 3
 _CONSTANT = re.compile(r"#define NCW_[A-Z]+ -?\d+\b")  # integer constants cffi can take
 
@@ -98,7 +98,7 @@ def load() -> ModuleType:
     """Build (cached in ``~/.cache/ncina``) and import the extension; ``RuntimeError`` naming
     what is missing when it cannot be built."""
     proto = _proto_dir()
-    return build_extension(
+    module = build_extension(
         "ncina_worker",
         cdef(),
         [*(HERE / s for s in SOURCES), *(proto / s for s in PROTO_SOURCES)],
@@ -107,6 +107,12 @@ def load() -> ModuleType:
         include_dirs=[HERE, proto],
         depends=[*(HERE / h for h in HEADERS), *(proto / h for h in PROTO_HEADERS)],
     )
+    lib = module.lib
+    if (lib.NCW_DONE, lib.NCW_AGAIN, lib.NCW_TIMEOUT, lib.NCW_RESTARTED) != (
+        DONE, AGAIN, TIMEOUT, RESTARTED
+    ):
+        raise RuntimeError("worker/cpath.py's result codes disagree with transfer.h")
+    return module
 
 
 class CTransfer:
