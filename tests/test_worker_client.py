@@ -12,8 +12,10 @@ Every test runs on both data paths (``NCINA_DATA_PATH``): the C transfer and the
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -487,3 +489,33 @@ def test_damaged_copies_of_results_are_ignored(result: str) -> None:
     # Five damaged copies came before each of the 41 results (more if a busy machine made a
     # retransmission spurious: the fake answers every copy), and none was taken for a result.
     assert stats["results_ignored"] >= 41 * 5 and stats["bad_tag"] == stats["notices"] == 0
+
+
+@pytest.mark.timeout(30)  # a hang until the 60 s deadline fails
+def test_a_signal_taken_by_another_thread_still_interrupts_a_waiting_call() -> None:
+    """A handler runs while the client waits for a silent aggregator (no deadline needed): the C
+    loop returns to Python every 0.1 s, so even a signal that another thread took (Python runs
+    handlers in the main thread only) raises out of the call."""
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    def signal_self_later() -> None:
+        time.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+            silent.bind(("127.0.0.1", 0))
+            with client_for(silent.getsockname(), deadline=60.0) as client:
+                helper = threading.Thread(target=signal_self_later)
+                with pytest.raises(Interrupted):
+                    helper.start()
+                    client.allreduce(np.ones(64 * 20, dtype=np.float32))
+                helper.join()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

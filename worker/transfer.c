@@ -32,6 +32,7 @@
 #define NCW_GSO_SEGMENTS 64    /* datagrams per UDP_SEGMENT send (UDP_MAX_SEGMENTS of 4.18) */
 #define NCW_GSO_BYTES 65000    /* and their bytes, under the 64 KiB of one IP packet */
 #define NCW_GSO_CTRL CMSG_SPACE(sizeof(uint16_t))
+#define NCW_YIELD_S 0.1        /* ncw_run returns to Python at least this often (signals) */
 
 #define FLAG_RESULT 0x01
 #define FLAG_RETX 0x02
@@ -462,6 +463,7 @@ int ncw_run(struct ncw *w)
 {
     struct ncw_io *io = w->io;
     int drained = 0; /* the last burst emptied the socket: wait in poll() before reading again */
+    const double entered = now_s();
     while (w->done < w->chunks) {
         if (drained) {
             const double before = now_s();
@@ -498,6 +500,8 @@ int ncw_run(struct ncw *w)
         }
         if (rc)
             return rc;
+        if (now - entered >= NCW_YIELD_S && w->done < w->chunks)
+            return NCW_AGAIN; /* Python runs the handlers of signals another thread took */
     }
     return NCW_DONE;
 }

@@ -22,7 +22,7 @@
 
 /* ncw_begin/ncw_run results; negative values are -errno of a failed system call. */
 #define NCW_DONE 0      /* every chunk's result is in the output */
-#define NCW_AGAIN 1     /* a signal interrupted the wait: let Python handle it, call ncw_run */
+#define NCW_AGAIN 1     /* a signal, or 0.1 s passed: let Python run its handlers, call ncw_run */
 #define NCW_TIMEOUT 2   /* no result for `deadline` seconds; the slots tell what is missing */
 #define NCW_RESTARTED 3 /* a result or notice of generation `seen_generation` */
 
