@@ -471,8 +471,8 @@ def medians(args: argparse.Namespace, repeats: Sequence[dict[str, Any]]) -> dict
     gloo = median(r["gloo_wall_s"] for r in repeats)
     ranks = range(args.workers)
     return {
-        "wall_s": round(wall, 4),
-        "gloo_wall_s": round(gloo, 4),
+        "wall_s": round(wall, 6),
+        "gloo_wall_s": round(gloo, 6),
         "vs_gloo": ratio(wall, gloo),
         "elements_per_s": round(args.elements / wall),
         "exact": all(r["exact"] for r in repeats),
@@ -486,8 +486,8 @@ def medians(args: argparse.Namespace, repeats: Sequence[dict[str, Any]]) -> dict
 def run_values(args: argparse.Namespace, r: dict[str, Any]) -> dict[str, Any]:
     """One run's own values of the median figures (and its ``extra`` ones)."""
     return {
-        "wall_s": round(r["wall_s"], 4),
-        "gloo_wall_s": round(r["gloo_wall_s"], 4),
+        "wall_s": round(r["wall_s"], 6),
+        "gloo_wall_s": round(r["gloo_wall_s"], 6),
         "vs_gloo": ratio(r["wall_s"], r["gloo_wall_s"]),
         "elements_per_s": round(args.elements / r["wall_s"]),
         "exact": r["exact"],
@@ -532,7 +532,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
     figures |= medians(args, repeats)
     figures |= {
-        "wall_s_all": [round(r["wall_s"], 4) for r in repeats],
+        "wall_s_all": [round(r["wall_s"], 6) for r in repeats],
         "aggregator_packets_in": job["packets_in"],
         "aggregator_packets_out": job["packets_out"],
         "aggregator_packets_in_per_s": round(job["packets_in"] / wall),
