@@ -197,6 +197,7 @@ def test_figures_are_lower_medians_and_their_ratio_with_every_run_kept() -> None
     assert figures["exact"] is True
     assert figures["peak_rss"] == [200, 201] and figures["gloo_peak_rss"] == [400, 400]
     assert figures["input_bytes"] == 4000
+    assert figures["peak_rss_over_input"] == 0.0752  # the largest of any run: 301 / 4000
     assert [r["vs_gloo"] for r in figures["runs"]] == [6.0, 2.5, 3.33]
     assert [r["wall_s"] for r in figures["runs"]] == [3.0, 1.0, 2.0]
     # An even count takes the lower of the middle two: a measured value, never an average.

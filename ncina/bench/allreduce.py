@@ -479,6 +479,7 @@ def medians(args: argparse.Namespace, repeats: Sequence[dict[str, Any]]) -> dict
         "peak_rss": [median(r["peak_rss"][i] for r in repeats) for i in ranks],
         "gloo_peak_rss": [median(r["gloo_peak_rss"][i] for r in repeats) for i in ranks],
         "input_bytes": 4 * args.elements,
+        "peak_rss_over_input": ratio(max(max(r["peak_rss"]) for r in repeats), 4 * args.elements),
         "runs": [run_values(args, r) for r in repeats],
     }
 
