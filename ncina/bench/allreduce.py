@@ -21,15 +21,17 @@ to the NC bounds derived in :func:`nc_error_model`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -398,6 +400,21 @@ def start_aggregator(
         raise
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside, SIGTERM raises ``KeyboardInterrupt`` as Ctrl-C does, so that a run's cleanup
+    (its processes stopped by PID, its namespaces or network removed) runs for both."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of process ``pid`` so far (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -507,21 +524,22 @@ def median_repeat(repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run ``--repeat`` INA and gloo all-reduces; medians lead, the median run's details follow."""
     check_arguments(args)
-    star = site = None
     if args.backend == "dpdk":
-        from ncina.aggregator.dpdk import netns
-
         check_dpdk(args.mtu)
-        star = netns.Star.create()
-    try:
-        site = star.add_site() if star else None
-        ref = reference(args)
-        with tempfile.TemporaryDirectory(prefix="ncina-bench-") as tmp:
+    ref = reference(args)
+    star = None
+    with sigterm_interrupts(), tempfile.TemporaryDirectory(prefix="ncina-bench-") as tmp:
+        try:
+            if args.backend == "dpdk":
+                from ncina.aggregator.dpdk import netns
+
+                star = netns.Star.create()
+            site = star.add_site() if star else None
             repeats = [one_repeat(args, Path(tmp, f"run{i}"), ref, site)
                        for i in range(args.repeat)]  # fmt: skip
-    finally:
-        if star is not None:
-            star.close()
+        finally:
+            if star is not None:
+                star.close()
     chosen = median_repeat(repeats)
     job = chosen["job"]
     packets = job["packets_in"] + job["packets_out"]

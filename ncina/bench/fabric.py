@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -174,10 +173,6 @@ def one_repeat(
     return figures
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build the fabric, run ``--repeat`` INA and gloo all-reduces on it, remove it."""
     check_arguments(args)
@@ -192,17 +187,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ref = bench.reference(args)
         net, topo = build_net(cfg)
         procs = Processes()
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        try:
-            net.start()
-            if args.mtu != bench.DEFAULT_MTU:
-                set_mtu(net, args.mtu)
-            repeats = [one_repeat(args, net, topo, procs, workdir / f"run{i}", i, ref)
-                       for i in range(args.repeat)]  # fmt: skip
-        finally:
-            procs.stop_all()
-            net.stop()
-            signal.signal(signal.SIGTERM, previous)
+        with bench.sigterm_interrupts():
+            try:
+                net.start()
+                if args.mtu != bench.DEFAULT_MTU:
+                    set_mtu(net, args.mtu)
+                repeats = [one_repeat(args, net, topo, procs, workdir / f"run{i}", i, ref)
+                           for i in range(args.repeat)]  # fmt: skip
+            finally:
+                procs.stop_all()
+                net.stop()
     median = statistics.median_low
     figures: dict[str, Any] = {
         "backend": args.backend, "workers": args.workers, "elements": args.elements,
