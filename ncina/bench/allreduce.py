@@ -39,7 +39,7 @@ import numpy as np
 
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.jobs import MAX_K
-from ncina.bench.worker import GO, client_seed, ready_path, report_path, worker_input
+from ncina.bench.worker import GO, WARMUP, client_seed, ready_path, report_path, worker_input
 from ncina.proto import nc8
 from ncina.proto.header import PORT, Format, largest_k
 
@@ -270,7 +270,7 @@ def sent_codes(seed: int, rank: int, x: np.ndarray, window: nc8.Window) -> np.nd
     """The NC8 codes rank ``rank`` sends for ``x``: its client's rounding stream
     (``client_seed``) draws one key for the warm-up all-reduce, then one for ``x``."""
     rng = np.random.default_rng(client_seed(seed, rank))
-    nc8.encode(np.zeros(1, dtype=np.float32), window, rng)
+    nc8.encode(WARMUP, window, rng)
     return nc8.encode(x, window, rng).codes
 
 
@@ -554,6 +554,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s_all": [round(r["wall_s"], 6) for r in repeats],
         "aggregator_packets_in": job["packets_in"],
         "aggregator_packets_out": job["packets_out"],
+        "aggregator_contributions": job["contributions"],
+        "aggregator_slots_completed": job["slots_completed"],
         "aggregator_packets_in_per_s": round(job["packets_in"] / wall),
         "aggregator_packets_per_s": round(packets / wall),
         "aggregator_cpu_s": round(chosen["aggregator_cpu"], 3),
