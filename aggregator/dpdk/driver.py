@@ -49,7 +49,10 @@ DROP_NAMES = (
     "bad_tag",
     "stale_generation",
 )
-IO_COUNTERS = ("rx_frames", "ignored", "arp_replies", "tx_frames", "tx_dropped", "no_mbuf", "loops")
+IO_COUNTERS = (
+    "rx_frames", "ignored", "arp_replies", "tx_frames", "tx_dropped", "no_mbuf", "oversize",
+    "loops",
+)  # fmt: skip
 KEY_RING = 1 << 18  # nc8 result keys buffered per job (2 MiB); refilled every poll
 POLL_SECONDS = 0.05
 DEFAULT_IDLE_SLEEP_US = 20
@@ -123,9 +126,20 @@ class DataPlane:
         """The generation stamped on every result and notice (0: none, no notices)."""
         self.lib.ncd_set_generation(generation)
 
+    @property
+    def frame_room(self) -> int:
+        """Bytes of the largest frame the data plane can send (an mbuf's data room)."""
+        return int(self.lib.ncd_frame_room())
+
     def add_job(self, config: JobConfig) -> np.random.Generator:
         """Install a job and its members; returns the generator of its nc8 result keys (the
-        Python reference's ``default_rng(seed)``), whose first keys are already pushed."""
+        Python reference's ``default_rng(seed)``), whose first keys are already pushed.
+
+        Raises ``ValueError`` when the job's result frames exceed ``frame_room`` (naming the
+        largest K), before anything is installed; the engine refuses such a job as well.
+        """
+        room = self.frame_room
+        config.check_frame_room(room, f"the {room}-byte mbuf data room of the DPDK data plane")
         window = config.window
         rng = np.random.default_rng(config.seed)
         # The fallback stream (used only if the key ring ran dry) is seeded from the same rng's
@@ -188,7 +202,7 @@ class DataPlane:
         stats = GlobalStats()
         stats.packets_in = c.packets_in
         stats.bytes_in = c.bytes_in
-        stats.send_errors = io.tx_dropped + io.no_mbuf
+        stats.send_errors = io.tx_dropped + io.no_mbuf + io.oversize
         for i, name in enumerate(DROP_NAMES):
             if name in GLOBAL_DROP_REASONS:
                 stats.drops[name] = c.drops[i]
@@ -238,8 +252,9 @@ class DpdkBackend:
         self.plane.set_address(listen)
         self.plane.set_generation(generation)
         self.generation = generation
-        self.plane.init(eal_arguments(iface, eal_extra, vdev_options=vdev_options))
+        # Jobs first: one the data plane cannot serve is refused before EAL takes the port.
         self.rngs = {c.job: self.plane.add_job(c) for c in self.configs}
+        self.plane.init(eal_arguments(iface, eal_extra, vdev_options=vdev_options))
         self._stop = threading.Event()
         self._stats_requested = False
         self._run_rc = 0

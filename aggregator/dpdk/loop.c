@@ -56,7 +56,7 @@ int ncd_init(int argc, char **argv)
     RTE_ETH_FOREACH_DEV(port_id) break;
 
     pool = rte_pktmbuf_pool_create("ncd_mbufs", NB_MBUF, MBUF_CACHE, 0,
-                                   RTE_MBUF_DEFAULT_BUF_SIZE, rte_socket_id());
+                                   NCD_FRAME_ROOM + RTE_PKTMBUF_HEADROOM, rte_socket_id());
     if (pool == NULL)
         FAIL("cannot create the mbuf pool: %s", rte_strerror(rte_errno));
 
@@ -100,11 +100,16 @@ static inline void send_frame(struct rte_mbuf *m, uint32_t len)
     rte_eth_tx_buffer(port_id, 0, txb, m);
 }
 
-/* A completed slot: one result per member. */
+/* A completed slot: one result per member. Fresh mbufs hold NCD_FRAME_ROOM bytes, which
+ * ncd_job_add guarantees for every result frame; a frame above it is counted, never written. */
 static void send_all(const struct ncd_action *a)
 {
     struct rte_mbuf *out[NCD_MAX_WORKERS];
     const unsigned n = a->job->n;
+    if (ncd_result_frame_len(a->job, a->slot) > NCD_FRAME_ROOM) {
+        ncd_iostats.oversize += n;
+        return;
+    }
     if (rte_pktmbuf_alloc_bulk(pool, out, n) != 0) {
         ncd_iostats.no_mbuf += n;
         return;
@@ -117,6 +122,10 @@ static void send_all(const struct ncd_action *a)
 
 static void send_one_fresh(const struct ncd_action *a)
 {
+    if (ncd_result_frame_len(a->job, a->slot) > NCD_FRAME_ROOM) {
+        ncd_iostats.oversize++;
+        return;
+    }
     struct rte_mbuf *m = rte_pktmbuf_alloc(pool);
     if (m == NULL) {
         ncd_iostats.no_mbuf++;

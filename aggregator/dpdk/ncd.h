@@ -55,6 +55,8 @@ struct ncd_io {
     uint64_t tx_frames;     /* frames handed to the TX ring */
     uint64_t tx_dropped;    /* frames the TX ring refused (freed, counted) */
     uint64_t no_mbuf;       /* results not sent because the mbuf pool was empty */
+    uint64_t oversize;      /* results not sent because the frame exceeds an mbuf (never, when
+                               every job was admitted by ncd_job_add) */
     uint64_t loops;         /* RX polls */
 };
 
@@ -70,14 +72,18 @@ void ncd_set_mac(const uint8_t *mac);
 /* The aggregator's IPv4 address (4 bytes, network order) and UDP port. Address 0.0.0.0 accepts
  * any destination address (results then come from the address the worker sent to). */
 void ncd_set_address(const uint8_t *ip, uint16_t udp_port);
-/* Install a job. result_format 0 = nc8, 1 = int. Returns 0, or -1 with ncd_error(). */
+/* The bytes of the largest frame the data plane can send (an mbuf's data room). */
+uint32_t ncd_frame_room(void);
+/* Install a job. result_format 0 = nc8, 1 = int. Returns 0, or -1 with ncd_error(), also when
+ * its result frames of k elements exceed ncd_frame_room(). */
 int ncd_job_add(uint16_t job, uint16_t workers, uint16_t k, uint16_t slots, int e_min, int span,
                 int result_format, uint64_t seed);
 /* The aggregator's generation, 0..15 (docs/protocol.md "Generations and notices"): stamped on
  * every result and notice; 0 is an aggregator without generations (no notices). */
 void ncd_set_generation(uint8_t generation);
 /* The job's authentication key (16..64 bytes; docs/protocol.md "Authentication tag"). Returns 0,
- * or -1 with ncd_error(). */
+ * or -1 with ncd_error(); a job whose tagged result frames would exceed ncd_frame_room() is
+ * removed (it cannot serve keyed, and must not serve unkeyed). */
 int ncd_job_set_key(uint16_t job, const uint8_t *key, uint32_t keylen);
 /* Keyed BLAKE2b of msg with an outlen-byte digest (the tag's function; for tests). */
 void ncd_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,

@@ -26,6 +26,10 @@
 #define NCD_MAX_K 1024
 /* Ethernet + IPv4 (no options) + UDP + ncina header in front of a payload. */
 #define NCD_FRAME_OVERHEAD (RTE_ETHER_HDR_LEN + 20 + 8 + NCD_HDR_LEN)
+/* The data room of every mbuf of the pool: each frame the data plane sends is built in one
+ * mbuf, so no job may have a result frame larger than this (checked when the job is added and
+ * the key set, and again before every write of a fresh mbuf). */
+#define NCD_FRAME_ROOM 2048u
 
 /* One uplink datagram as parsed from a frame; addresses and the UDP port in network order. */
 struct ncd_pkt {

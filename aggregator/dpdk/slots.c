@@ -38,6 +38,39 @@ void ncd_set_address(const uint8_t *ip, uint16_t udp_port)
     ncd_port_be = rte_cpu_to_be_16(udp_port);
 }
 
+uint32_t ncd_frame_room(void)
+{
+    return NCD_FRAME_ROOM;
+}
+
+/* Whether a result frame of k elements of the format (and a tag) fits an mbuf; if not, the
+ * reason, with the largest k that fits, goes to ncd_errbuf. Result frames are the largest the
+ * data plane sends: an uplink frame has 1-byte elements, a notice none. */
+static int fits_frame_room(uint16_t id, uint32_t k, int result_format, int tagged)
+{
+    const uint32_t size = result_format == NCD_FMT_INT ? 8 : 1;
+    const uint32_t around = NCD_FRAME_OVERHEAD + (tagged ? NCD_TAG_LEN : 0);
+    if (around + k * size <= NCD_FRAME_ROOM)
+        return 1;
+    const char *name = result_format == NCD_FMT_INT ? "int" : "nc8";
+    snprintf(ncd_errbuf, sizeof ncd_errbuf,
+             "job %u: a result frame of k=%u %s elements is %u bytes, more than the %u-byte mbuf "
+             "data room of the DPDK data plane; the largest k for %s results is %u",
+             id, k, name, around + k * size, NCD_FRAME_ROOM, name,
+             (NCD_FRAME_ROOM - around) / size);
+    return 0;
+}
+
+static void job_free(struct ncd_job *job)
+{
+    free(job->slots[0].acc);
+    free(job->slots[0].result);
+    free(job->slots);
+    free(job->members);
+    free(job->keys);
+    free(job);
+}
+
 int ncd_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int e_min, int span,
                 int result_format, uint64_t seed)
 {
@@ -53,6 +86,8 @@ int ncd_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int 
                  id, workers, NCD_MAX_WORKERS, k, NCD_MAX_K, nslots, span, result_format);
         return -1;
     }
+    if (!fits_frame_room(id, k, result_format, 0))
+        return -1;
     struct ncd_job *job = calloc(1, sizeof *job);
     if (job == NULL)
         goto nomem;
@@ -100,6 +135,11 @@ int ncd_job_set_key(uint16_t id, const uint8_t *key, uint32_t keylen)
     if (job == NULL || keylen < 16 || keylen > 64) {
         snprintf(ncd_errbuf, sizeof ncd_errbuf, "job %u: a key has 16 to 64 bytes, not %u", id,
                  keylen);
+        return -1;
+    }
+    if (!fits_frame_room(id, job->k, job->result_format, 1)) {
+        job_free(job);
+        ncd_jobs[id] = NULL;
         return -1;
     }
     ncd_b2b_init(&job->mac, NCD_TAG_LEN, key, keylen);
@@ -160,12 +200,7 @@ void ncd_reset(void)
         struct ncd_job *job = ncd_jobs[id];
         if (job == NULL)
             continue;
-        free(job->slots[0].acc);
-        free(job->slots[0].result);
-        free(job->slots);
-        free(job->members);
-        free(job->keys);
-        free(job);
+        job_free(job);
         ncd_jobs[id] = NULL;
     }
     memset(&ncd_global, 0, sizeof ncd_global);
