@@ -4,6 +4,7 @@ Mininet star, and that it removes everything it made when a run fails."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from ncina.aggregator import cli as aggregator_cli
 
 from ncina.bench import allreduce, fabric
-from ncina.cli import build_parser
+from ncina.cli import build_parser, main
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -78,11 +79,14 @@ def links(prefix: str) -> list[str]:
 @pytest.mark.root
 @root
 def test_a_tiny_run_over_mininet(tmp_path: Path) -> None:
-    args = parse("--workers", "2", "--elements", "20000", "--repeat", "1", "--backend",
-                 "python", "--bw", "100", "--workdir", str(tmp_path))  # fmt: skip
-    prefix = f"b{os.getpid() % 100000}"
-    figures = fabric.run(args)
-    assert links(prefix) == []
+    output = tmp_path / "fabric.jsonl"
+    status = main(["bench", "fabric", "--workers", "2", "--elements", "20000", "--repeat", "1",
+                   "--backend", "python", "--bw", "100", "--workdir", str(tmp_path),
+                   "--output", str(output)])  # fmt: skip
+    assert status == 0
+    assert links(f"b{os.getpid() % 100000}") == []
+    figures = json.loads(output.read_text())
+    assert figures["benchmark"] == "fabric"
     assert figures["exact"] is True
     for key in ("link_fraction", "gloo_link_fraction", "wall_s", "gloo_wall_s", "vs_gloo"):
         assert figures[key] > 0, key
