@@ -206,7 +206,7 @@ def run_workers(
     by its PID before this returns."""
     directory.mkdir(parents=True, exist_ok=True)
     spec_path = directory / "spec.json"
-    spec_path.write_text(json.dumps(spec))
+    spec_path.write_text(json.dumps({**spec, "time_limit": deadline}))
     workers = spec["workers"]
     procs: list[subprocess.Popen[bytes]] = []
     try:

@@ -115,7 +115,8 @@ def run_gloo(spec: dict[str, Any], rank: int, x: np.ndarray, directory: Path) ->
     host, port = spec["master"]
     dist.init_process_group(
         "gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=spec["workers"],
-        timeout=timedelta(seconds=spec["start_timeout"]),
+        # gloo's timeout covers every collective: the timed one may take the bench's time limit
+        timeout=timedelta(seconds=max(spec["start_timeout"], spec["time_limit"])),
     )
     try:
         dist.all_reduce(torch.from_numpy(WARMUP.copy()))
