@@ -280,10 +280,11 @@ def wait_workers(
 
 
 def run_mode(
-    net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, mode: str
+    net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, mode: str, repeat: int = 0
 ) -> dict[str, Any]:
-    """One training run (``ina`` or ``gloo``) on the running network; its summary."""
-    run_dir = cfg.out / mode
+    """One training run (``ina`` or ``gloo``) on the running network; its summary. Repeats after
+    the first go to ``<mode>-<repeat>/``."""
+    run_dir = cfg.out / (f"{mode}-{repeat}" if repeat else mode)
     run_dir.mkdir(parents=True, exist_ok=True)
     label = report.LABELS[mode]
     if mode == "ina" and cfg.compressor:  # e.g. "server+3lc", "INA+natdither:s=8"
@@ -319,12 +320,17 @@ def run_topology(cfg: TopoConfig) -> dict[str, Any]:
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         net.start()
-        runs = {mode: run_mode(net, topo, cfg, procs, mode)
-                for mode in (("ina", "gloo") if cfg.baseline else ("ina",))}
+        modes = ("ina", "gloo") if cfg.baseline else ("ina",)
+        repeats: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+        for i in range(cfg.repeat):
+            if cfg.repeat > 1:
+                print(f"*** repeat {i + 1} of {cfg.repeat}")
+            for mode in modes:
+                repeats[mode].append(run_mode(net, topo, cfg, procs, mode, i))
     finally:
         procs.stop_all()
         net.stop()
         signal.signal(signal.SIGTERM, previous)
         PID_FILE.unlink(missing_ok=True)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
-    return report.write(cfg.out, config, runs)
+    return report.write(cfg.out, config, repeats)

@@ -41,7 +41,7 @@ def test_star_three_workers_two_steps_through_the_python_aggregator(tmp_path: Pa
                      verify=True, prefix=PREFIX)
     run_topology(cfg)
     results = json.loads((cfg.out / RESULTS).read_text())
-    assert set(results) == {"config", "runs", "comparison"}
+    assert set(results) == {"config", "runs", "comparison", "repeats", "statistics"}
     assert set(results["runs"]) == {"ina", "gloo"}
     comparison = {"bytes_ratio", "time_ratio", "accuracy_delta", "speedup"}
     assert set(results["comparison"]) == comparison

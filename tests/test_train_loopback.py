@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from ncina.topo import report
 from ncina_testlib import start_aggregator
 
@@ -60,7 +61,9 @@ def train(
     return metrics
 
 
-def test_ina_and_gloo_runs_and_their_summary(tmp_path: Path) -> None:
+def test_ina_and_gloo_runs_and_their_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     agg = start_aggregator("python", tmp_path / "aggregator", job=1, workers=WORLD, k=256,
                            result="nc8", extra=["--seed", "0"])
     try:
@@ -86,9 +89,17 @@ def test_ina_and_gloo_runs_and_their_summary(tmp_path: Path) -> None:
     fabric = runs["ina"]["fabric"]  # a loaded machine may time out and re-send a chunk or two
     assert fabric["packets_sent"] - fabric["retransmissions"] == WORLD * STEPS * CHUNKS
     assert runs["ina"]["aggregators"][0]["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS
-    results = report.write(tmp_path, {"test": True}, runs)
+    # Two repeats of INA (the same summary twice, so the statistics are exact), one of gloo.
+    results = report.write(tmp_path, {"test": True},
+                           {"ina": [runs["ina"], runs["ina"]], "gloo": [runs["gloo"]]})
     comparison = {"bytes_ratio", "time_ratio", "accuracy_delta", "speedup"}
     assert set(results["comparison"]) == comparison
+    assert results["runs"] == runs and len(results["repeats"]["ina"]) == 2
+    time_s = runs["ina"]["time_s"]
+    assert results["statistics"]["ina"]["time_s"] == {"median": time_s, "min": time_s,
+                                                     "max": time_s}  # fmt: skip
+    assert "exposed_comm_s" in results["statistics"]["gloo"]
+    assert "median [min, max]: time s" in capsys.readouterr().out
     assert (tmp_path / report.PLOT).stat().st_size > 0
 
 
