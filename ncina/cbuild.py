@@ -46,6 +46,7 @@ import cffi
 # "module:function" returning why it cannot be built on this machine, or None).
 EXTENSIONS: tuple[tuple[str, str, str | None], ...] = (
     ("NC8 codec", "ncina.proto.nc8:_build_c", None),
+    ("worker data path", "ncina.worker.cpath:load", None),
     ("DPDK data plane", "ncina.aggregator.dpdk.binding:load",
      "ncina.aggregator.dpdk.binding:missing"),
 )  # fmt: skip

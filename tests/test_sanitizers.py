@@ -1,10 +1,10 @@
 """The C code's tests again, with every extension built under AddressSanitizer and UBSan.
 
 A fresh pytest process runs the test files that drive C code (the NC8 kernels, the DPDK engine
-offline and on the wire) with ``NCINA_SANITIZE=address,undefined`` and the ASan runtime
-preloaded (``ncina.cbuild.sanitizer_environment``): any out-of-bounds access, use after free or
-undefined behaviour aborts that process, and this test fails with its report. Aggregators the
-inner tests start inherit the environment, so their C data planes are checked too.
+offline and on the wire, the worker's C data path) with ``NCINA_SANITIZE=address,undefined`` and the
+ASan runtime preloaded (``ncina.cbuild.sanitizer_environment``): any out-of-bounds access, use after
+free or undefined behaviour aborts that process, and this test fails with its report. Aggregators
+the inner tests start inherit the environment, so their C data planes are checked too.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from ncina.cbuild import sanitizer_environment
 
 TESTS = Path(__file__).resolve().parent
 # The tests whose work happens in C; each runs in the sanitized process.
-C_TESTS = ("test_nc8.py", "test_dpdk_engine.py", "test_dpdk_packets.py")
+C_TESTS = ("test_nc8.py", "test_dpdk_engine.py", "test_dpdk_packets.py", "test_worker_client.py",
+           "test_worker_parity.py")
 INNER_TIMEOUT = 900
 
 
