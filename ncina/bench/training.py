@@ -91,8 +91,9 @@ def train_one(spec: str, args: argparse.Namespace, workdir: Path) -> dict[str, A
                 workers.append(subprocess.Popen(
                     [sys.executable, "-m", "ncina.cli", "train", "--rank", str(rank),
                      "--world-size", str(args.workers), "--master", f"127.0.0.1:{master}",
-                     "--ina", f"{host}:{port}", "--epochs", str(args.epochs), "--seed",
-                     str(args.seed), "--log-every", "1000", "--metrics", str(metrics[rank]),
+                     "--ina", f"{host}:{port}", "--k", "256", "--epochs", str(args.epochs),
+                     "--seed", str(args.seed), "--log-every", "1000", "--metrics",
+                     str(metrics[rank]),
                      *compressor],
                     stdout=log, stderr=subprocess.STDOUT,
                 ))  # fmt: skip
