@@ -40,12 +40,12 @@ def plane() -> Iterator[object]:
     from ncina.aggregator.dpdk.driver import DataPlane
 
     dp = DataPlane(binding.load())
-    dp.lib.ncd_reset()
+    dp.reset()
     dp.set_mac(AGG_MAC)
     dp.set_address((AGG_IP, PORT))
     dp.set_generation(0)
     yield dp
-    dp.lib.ncd_reset()
+    dp.reset()
     dp.set_generation(0)
 
 
@@ -103,7 +103,7 @@ def job(**kw: object) -> JobConfig:
 
 def counters(dp: object, ref: Aggregator, job_id: int) -> tuple[dict, dict, dict, dict]:
     mine_job = dp.job_stats(job_id).to_json()  # type: ignore[attr-defined]
-    mine_global = dp.global_stats()[0].to_json()  # type: ignore[attr-defined]
+    mine_global = dp.global_stats().to_json()  # type: ignore[attr-defined]
     ref_job = ref.jobs[job_id].stats.to_json()
     ref_global = ref.stats.to_json()
     return mine_job, ref_job, mine_global, ref_global
@@ -219,7 +219,7 @@ def test_blake2b_matches_hashlib(plane: object) -> None:
         shapes = ((16, 8), (rnd.randint(17, 64), 8), (0, 64), (64, rnd.randint(1, 64)))
         for key_length, digest in shapes:
             key = rnd.randbytes(key_length)
-            lib.ncd_blake2b(out, digest, key, key_length, message, length)
+            lib.nce_blake2b(out, digest, key, key_length, message, length)
             want = hashlib.blake2b(message, digest_size=digest, key=key).digest()
             assert bytes(ffi.buffer(out, digest)) == want, (length, key_length, digest)
 

@@ -18,39 +18,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
-import numpy as np
+from ncina.aggregator.engine import Engine
 from ncina.aggregator.jobs import Address, JobConfig
 from ncina.aggregator.process import ready_line
-from ncina.aggregator.stats import (
-    GLOBAL_DROP_REASONS,
-    JOB_COUNTERS,
-    JOB_DROP_REASONS,
-    GlobalStats,
-    JobStats,
-    publish,
-    snapshot,
-)
+from ncina.aggregator.stats import GlobalStats, publish, snapshot
 
 NAME = "dpdk"
-# The order of enum ncd_drop in ncd.h.
-DROP_NAMES = (
-    "truncated",
-    "bad_version",
-    "bad_flags",
-    "bad_format",
-    "window_mismatch",
-    "unknown_job",
-    "non_member",
-    "bad_slot",
-    "bad_count",
-    "bad_length",
-    "bad_code",
-    "chunk_mismatch",
-    "bad_tag",
-    "stale_generation",
-)
 IO_COUNTERS = ("rx_frames", "ignored", "arp_replies", "tx_frames", "tx_dropped", "no_mbuf", "loops")
-KEY_RING = 1 << 18  # nc8 result keys buffered per job (2 MiB); refilled every poll
 POLL_SECONDS = 0.05
 DEFAULT_IDLE_SLEEP_US = 20
 MODES = {"aggregate": 0, "forward": 1}
@@ -81,25 +55,20 @@ def eal_arguments(iface: str, extra: Sequence[str] = (), *, vdev_options: str = 
     ]
 
 
-class DataPlane:
-    """The process's one C data plane (EAL can start once per process)."""
+class DataPlane(Engine):
+    """The process's one C data plane (EAL can start once per process): the engine's control
+    plane and the DPDK port's."""
 
     def __init__(self, module: ModuleType) -> None:
-        self.ffi = module.ffi
-        self.lib = module.lib
+        super().__init__(module)
         self._keepalive: list[Any] = []
-
-    def _check(self, rc: int, what: str) -> None:
-        if rc != 0:
-            reason = self.ffi.string(self.lib.ncd_error()).decode(errors="replace")
-            raise RuntimeError(f"{what}: {reason}")
 
     def init(self, argv: Sequence[str]) -> None:
         """Start EAL and the port with ``argv`` (``argv[0]`` is a program name)."""
         args = [self.ffi.new("char[]", a.encode()) for a in argv]
         argv_c = self.ffi.new("char *[]", [*args, self.ffi.NULL])
         self._keepalive += [args, argv_c]  # EAL may keep pointers into argv
-        self._check(self.lib.ncd_init(len(args), argv_c), "starting DPDK")
+        self.check(self.lib.ncd_init(len(args), argv_c), "starting DPDK")
 
     @property
     def mac(self) -> str:
@@ -119,85 +88,19 @@ class DataPlane:
             raise ValueError(f"the dpdk backend needs a fixed UDP port, not {port}")
         self.lib.ncd_set_address(ipaddress.IPv4Address(host).packed, port)
 
-    def set_generation(self, generation: int) -> None:
-        """The generation stamped on every result and notice (0: none, no notices)."""
-        self.lib.ncd_set_generation(generation)
+    def reset(self) -> None:
+        """Remove every job and zero every counter, the port's too (tests)."""
+        self.lib.nce_reset()
+        self.lib.ncd_io_reset()
 
-    def add_job(self, config: JobConfig) -> np.random.Generator:
-        """Install a job and its members; returns the generator of its nc8 result keys (the
-        Python reference's ``default_rng(seed)``), whose first keys are already pushed."""
-        window = config.window
-        rng = np.random.default_rng(config.seed)
-        # The fallback stream (used only if the key ring ran dry) is seeded from the same rng's
-        # independent child, so it does not consume the reference's keys.
-        fallback = int(rng.spawn(1)[0].integers(0, 2**64, dtype=np.uint64))
-        self._check(
-            self.lib.ncd_job_add(
-                config.job,
-                config.workers,
-                config.k,
-                config.pool_size,
-                window.e_min,
-                window.span,
-                int(config.result_format),
-                fallback,
-            ),
-            f"installing job {config.job}",
-        )
-        if config.key is not None:
-            self._check(self.lib.ncd_job_set_key(config.job, config.key, len(config.key)),
-                        f"job {config.job} key")  # fmt: skip
-        for rank, (host, port) in sorted(config.members.items()):
-            self._check(
-                self.lib.ncd_member_set(
-                    config.job, rank, ipaddress.IPv4Address(host).packed, port
-                ),
-                f"job {config.job} member {rank}",
-            )
-        self._check(self.lib.ncd_job_key_ring(config.job, KEY_RING), "key ring")
-        self.refill_keys(config.job, rng)
-        return rng
-
-    def refill_keys(self, job: int, rng: np.random.Generator) -> None:
-        """Top up the job's nc8 result key ring with the next draws of ``rng``."""
-        nxt = self.ffi.new("uint64_t *")
-        space = self.lib.ncd_job_key_space(job, nxt)
-        if space:
-            keys = rng.integers(0, 2**64, size=space, dtype=np.uint64)
-            self.lib.ncd_job_key_push(job, self.ffi.from_buffer("uint64_t[]", keys), space)
-
-    def job_stats(self, job: int) -> JobStats:
-        """The job's counters as the reference's ``JobStats``."""
-        c = self.ffi.new("struct ncd_counters *")
-        self._check(self.lib.ncd_job_stats(job, c), f"job {job} stats")
-        stats = JobStats()
-        for name in JOB_COUNTERS:
-            setattr(stats, name, getattr(c, name))
-        for i, name in enumerate(DROP_NAMES):
-            if name in JOB_DROP_REASONS:
-                stats.drops[name] = c.drops[i]
-            elif c.drops[i]:  # never happens: the engine counts these globally
-                raise RuntimeError(f"job {job} counted {name}, a global reason")
-        return stats
-
-    def global_stats(self) -> tuple[GlobalStats, dict[str, int]]:
-        """The global section (``GlobalStats``) and the port's I/O counters."""
-        c = self.ffi.new("struct ncd_counters *")
+    def port_stats(self) -> tuple[GlobalStats, dict[str, int]]:
+        """The global section (``GlobalStats``, the port's failures as ``send_errors``) and the
+        port's I/O counters."""
         io = self.ffi.new("struct ncd_io *")
-        self.lib.ncd_global_stats(c, io)
-        stats = GlobalStats()
-        stats.packets_in = c.packets_in
-        stats.bytes_in = c.bytes_in
+        self.lib.ncd_io_stats(io)
+        stats = self.global_stats()
         stats.send_errors = io.tx_dropped + io.no_mbuf
-        for i, name in enumerate(DROP_NAMES):
-            if name in GLOBAL_DROP_REASONS:
-                stats.drops[name] = c.drops[i]
         return stats, {name: getattr(io, name) for name in IO_COUNTERS}
-
-    def key_underruns(self, job: int) -> int:
-        c = self.ffi.new("struct ncd_counters *")
-        self.lib.ncd_job_stats(job, c)
-        return int(c.key_underruns)
 
 
 class DpdkBackend:
@@ -290,7 +193,7 @@ class DpdkBackend:
 
     def stats_document(self) -> dict[str, Any]:
         """The stats document (``ncina.aggregator.stats`` schema) plus a ``dpdk`` I/O section."""
-        global_stats, io = self.plane.global_stats()
+        global_stats, io = self.plane.port_stats()
         document = snapshot(
             backend=NAME,
             started=self.started,
