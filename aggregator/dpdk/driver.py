@@ -1,31 +1,26 @@
-"""Drive the C data plane: EAL and the af_packet port, jobs, the run thread, stats and signals.
+"""Drive the C data plane: EAL and the af_packet port around the slot engine.
 
-The burst loop (``ncd_run``) runs in a Python thread: cffi releases the GIL for the call, so the
-loop never touches Python, and the main thread is free to handle signals, keep the nc8 result key
-rings topped up and write the stats document (the schema of ``ncina.aggregator.stats``).
+The burst loop (``ncd_run``) runs in a thread of ``ncina.aggregator.engine.backend.
+EngineBackend``, which keeps the backend contract (readiness, stats, signals); this module adds
+EAL, the port and its counters (the stats document's ``dpdk`` section).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import signal
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
 from ncina.aggregator.engine import Engine
+from ncina.aggregator.engine.backend import EngineBackend
 from ncina.aggregator.jobs import Address, JobConfig
-from ncina.aggregator.process import ready_line
-from ncina.aggregator.stats import GlobalStats, publish, snapshot
 
 NAME = "dpdk"
 IO_COUNTERS = ("rx_frames", "ignored", "arp_replies", "tx_frames", "tx_dropped", "no_mbuf", "loops")
-POLL_SECONDS = 0.05
 DEFAULT_IDLE_SLEEP_US = 20
 MODES = {"aggregate": 0, "forward": 1}
 
@@ -93,23 +88,14 @@ class DataPlane(Engine):
         self.lib.nce_reset()
         self.lib.ncd_io_reset()
 
-    def port_stats(self) -> tuple[GlobalStats, dict[str, int]]:
-        """The global section (``GlobalStats``, the port's failures as ``send_errors``) and the
-        port's I/O counters."""
-        io = self.ffi.new("struct ncd_io *")
-        self.lib.ncd_io_stats(io)
-        stats = self.global_stats()
-        stats.send_errors = io.tx_dropped + io.no_mbuf
-        return stats, {name: getattr(io, name) for name in IO_COUNTERS}
 
+class DpdkBackend(EngineBackend):
+    """Serve jobs with the C data plane on ``iface`` (the ``EngineBackend`` contract).
 
-class DpdkBackend:
-    """Serve jobs with the C data plane on ``iface`` until SIGTERM/SIGINT (or ``request_stop``).
-
-    Same contract as ``PythonBackend``: a readiness line on ``log``, stats to ``stats_path``
-    every ``stats_interval`` seconds, on SIGUSR1 and at exit (one JSON line on ``log`` without a
-    path). ``mode="forward"`` runs the no-op forwarder instead (benchmarks).
+    ``mode="forward"`` runs the no-op forwarder instead (benchmarks).
     """
+
+    name = NAME
 
     def __init__(
         self,
@@ -128,91 +114,36 @@ class DpdkBackend:
     ) -> None:
         from ncina.aggregator.dpdk.binding import load
 
-        self.configs = list(configs)
+        plane = DataPlane(load())
+        super().__init__(plane, configs, stats_path=stats_path, stats_interval=stats_interval,
+                         generation=generation, log=log)  # fmt: skip
+        self.plane: DataPlane = plane
         self.iface = iface
-        self.listen = listen
-        self.stats_path = stats_path
-        self.stats_interval = stats_interval
+        self.address = listen
         self.idle_sleep_us = idle_sleep_us
         self.mode = MODES[mode]
-        self.log = log
-        self.started = time.time()
-        self.plane = DataPlane(load())
-        self.plane.set_address(listen)
-        self.plane.set_generation(generation)
-        self.generation = generation
-        self.plane.init(eal_arguments(iface, eal_extra, vdev_options=vdev_options))
-        self.rngs = {c.job: self.plane.add_job(c) for c in self.configs}
-        self._stop = threading.Event()
-        self._stats_requested = False
-        self._run_rc = 0
+        plane.set_address(listen)
+        plane.init(eal_arguments(iface, eal_extra, vdev_options=vdev_options))
+        self.install_jobs()
 
-    def run(self) -> int:
-        """Install signal handlers, announce readiness, run the loop thread, poll, clean up."""
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
-        signal.signal(signal.SIGINT, self._on_stop_signal)
-        signal.signal(signal.SIGUSR1, self._on_stats_signal)
-        if self.stats_path is not None:
-            self.write_stats()
-        thread = threading.Thread(target=self._loop, name="ncd_run", daemon=True)
-        thread.start()
-        jobs = "; ".join(c.describe() for c in self.configs)
+    def loop(self) -> int:
+        return int(self.plane.lib.ncd_run(self.mode, self.idle_sleep_us))
+
+    def stop_loop(self) -> None:
+        self.plane.lib.ncd_stop()
+
+    def close(self) -> None:
+        self.plane.lib.ncd_close()
+
+    def details(self) -> str:
         mode = "no-op forwarder" if self.mode else f"aggregator, generation {self.generation}"
-        details = f"{mode}, pid {os.getpid()}, iface {self.iface} mac {self.plane.mac}, {jobs}"
-        print(ready_line(self.listen, NAME, details), file=self.log, flush=True)
-        try:
-            self._poll()
-        finally:
-            self.plane.lib.ncd_stop()
-            thread.join()
-            self.write_stats()
-            self.plane.lib.ncd_close()
-        return self._run_rc
+        return f"{mode}, iface {self.iface} mac {self.plane.mac}"
 
-    def _loop(self) -> None:
-        self._run_rc = self.plane.lib.ncd_run(self.mode, self.idle_sleep_us)
-        self._stop.set()
-
-    def _poll(self) -> None:
-        next_write = time.monotonic() + self.stats_interval
-        while not self._stop.wait(POLL_SECONDS):
-            for job, rng in self.rngs.items():
-                self.plane.refill_keys(job, rng)
-            now = time.monotonic()
-            if self._stats_requested or (self.stats_path is not None and now >= next_write):
-                self._stats_requested = False
-                next_write = now + self.stats_interval
-                try:
-                    self.write_stats()
-                except OSError as exc:
-                    print(f"ncina aggregator: cannot write stats: {exc}", file=self.log, flush=True)
-
-    def request_stop(self) -> None:
-        """Make ``run`` return within one poll period."""
-        self._stop.set()
-
-    def stats_document(self) -> dict[str, Any]:
-        """The stats document (``ncina.aggregator.stats`` schema) plus a ``dpdk`` I/O section."""
-        global_stats, io = self.plane.port_stats()
-        document = snapshot(
-            backend=NAME,
-            started=self.started,
-            global_stats=global_stats,
-            jobs={c.job: self.plane.job_stats(c.job) for c in self.configs},
-        )
-        io["key_underruns"] = sum(self.plane.key_underruns(c.job) for c in self.configs)
-        document["dpdk"] = io
-        return document
-
-    def write_stats(self) -> None:
-        """Write the stats document to ``stats_path``, or print it as one line on ``log``."""
-        publish(self.stats_document(), self.stats_path, self.log)
-
-    def _on_stop_signal(self, signum: int, frame: object) -> None:
-        self._stop.set()
-
-    def _on_stats_signal(self, signum: int, frame: object) -> None:
-        self._stats_requested = True
+    def io_stats(self) -> tuple[int, dict[str, int]]:
+        c = self.plane.ffi.new("struct ncd_io *")
+        self.plane.lib.ncd_io_stats(c)
+        io = {name: getattr(c, name) for name in IO_COUNTERS}
+        return io["tx_dropped"] + io["no_mbuf"], io
 
 
 def add_arguments(parser: Any) -> None:
