@@ -156,15 +156,21 @@ class JobConfig:
 
     def check_mtu(self, mtu: int) -> None:
         """Raise ``ValueError`` unless a full result frame fits a link of this MTU (IP bytes)."""
-        if self.result_frame_size <= mtu + ETHERNET_HEADER:
+        self.check_frame_room(mtu + ETHERNET_HEADER, f"MTU {mtu} + {ETHERNET_HEADER}",
+                              " at this MTU")  # fmt: skip
+
+    def check_frame_room(self, room: int, limit: str, scope: str = "") -> None:
+        """Raise ``ValueError`` unless a full result frame, Ethernet header included, fits
+        ``room`` bytes (a link's MTU, a data plane's packet buffer). The message names the limit
+        (``limit``, with ``scope`` after "the largest k") and the largest K that fits it."""
+        if self.result_frame_size <= room:
             return
         size = ELEMENT_SIZE[self.result_format]
-        largest = (mtu + ETHERNET_HEADER - (self.result_frame_size - self.k * size)) // size
+        largest = (room - (self.result_frame_size - self.k * size)) // size
         name = self.result_format.name.lower()
         raise ValueError(
             f"a result frame of k={self.k} {name} elements is {self.result_frame_size} bytes, "
-            f"more than MTU {mtu} + {ETHERNET_HEADER}; the largest k for {name} results at "
-            f"this MTU is {largest}"
+            f"more than {limit}; the largest k for {name} results{scope} is {largest}"
         )
 
 

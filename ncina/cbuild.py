@@ -1,4 +1,8 @@
-"""Compile small C extensions with cffi (API mode) on first use, cached and process-safe.
+"""Compile small C extensions with cffi (API mode), cached and process-safe.
+
+``make venv`` (and so ``make test`` and ``make topo``) runs ``python -m ncina.cbuild``, which builds
+every extension of the package (``EXTENSIONS``) once, at install time; a process that finds its
+extension's sources changed since then rebuilds it on first use.
 
 Several worker processes of one job start at the same moment and all want the same extension, so
 the build is keyed by a hash of everything that affects the binary (sources, declarations, flags,
@@ -10,6 +14,11 @@ meanwhile (build before starting threads that rely on the working directory).
 
 Flags are portable (``-O3``, no ``-march=native``): the cache may be shared between machines of
 different CPU types.
+
+``NCINA_SANITIZE=address,undefined`` (any ``-fsanitize=`` list) builds every extension with those
+sanitizers instead, as separate cache entries; the process must then start with the ASan runtime
+preloaded (``sanitizer_environment`` gives the variables; ``tests/test_sanitizers.py`` runs the C
+code's tests that way).
 """
 
 from __future__ import annotations
@@ -29,11 +38,51 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import cffi
 
+# Every C extension of the package: (what it is, "module:function" that builds or loads it,
+# "module:function" returning why it cannot be built on this machine, or None).
+EXTENSIONS: tuple[tuple[str, str, str | None], ...] = (
+    ("NC8 codec", "ncina.proto.nc8:_build_c", None),
+    ("socket data plane", "ncina.aggregator.socket.binding:load", None),
+    ("DPDK data plane", "ncina.aggregator.dpdk.binding:load",
+     "ncina.aggregator.dpdk.binding:missing"),
+)  # fmt: skip
+
 DEFAULT_COMPILE_ARGS: tuple[str, ...] = ("-O3", "-std=c11", "-Wall", "-Wextra")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+SANITIZE_ENV = "NCINA_SANITIZE"
+
+
+def _sanitizer_flags() -> tuple[list[str], list[str]]:
+    """(compile flags, link flags) that ``NCINA_SANITIZE`` asks for; empty without it. Every
+    finding aborts (no recovery), so a test run cannot pass over one."""
+    wanted = os.environ.get(SANITIZE_ENV, "").strip()
+    if not wanted:
+        return [], []
+    if not re.fullmatch(r"[a-z]+(,[a-z]+)*", wanted):
+        raise RuntimeError(f"{SANITIZE_ENV}={wanted!r} is not a list like address,undefined")
+    sanitize = f"-fsanitize={wanted}"
+    return [sanitize, "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"], [sanitize]
+
+
+def sanitizer_environment(sanitizers: str = "address,undefined") -> dict[str, str]:
+    """Environment variables under which a new Python process runs every extension with
+    ``sanitizers``: the ASan runtime preloaded (it must come first; Python itself is not
+    instrumented), leak checks off (the interpreter keeps memory until exit), aborts on errors."""
+    cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")[0]
+    runtime = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
+                             text=True, check=True).stdout.strip()  # fmt: skip
+    if not Path(runtime).is_file():
+        raise RuntimeError(f"{cc} has no AddressSanitizer runtime (libasan); install gcc")
+    return {
+        SANITIZE_ENV: sanitizers,
+        "LD_PRELOAD": runtime,
+        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:detect_odr_violation=0",
+        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+    }
 
 
 def cache_root() -> Path:
@@ -103,8 +152,8 @@ def build_extension(
     sources = [Path(s).resolve() for s in sources]
     if preamble is None:
         preamble = "#include <stdint.h>\n#include <stddef.h>\n" + cdef
-    cflags = list(extra_compile_args)
-    ldflags: list[str] = []
+    san_cflags, ldflags = _sanitizer_flags()
+    cflags = [*extra_compile_args, *san_cflags]
     if pkg_config is not None:
         pc_cflags, pc_libs = _pkg_config(pkg_config)
         cflags += pc_cflags
@@ -171,3 +220,31 @@ def _import(module_name: str, target: Path) -> ModuleType:
     spec.loader.exec_module(module)
     sys.modules[module_name] = module
     return module
+
+
+def _resolve(target: str) -> Any:
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def build_all() -> int:
+    """Build every extension of ``EXTENSIONS`` now; print one line each. Returns 1 when one
+    that this machine can build failed, else 0 (one it cannot build is reported and skipped)."""
+    failed = 0
+    for what, build, missing in EXTENSIONS:
+        reason = _resolve(missing)() if missing else None
+        if reason:
+            print(f"ncina cbuild: {what}: skipped ({reason})")
+            continue
+        try:
+            _resolve(build)()
+        except RuntimeError as exc:
+            print(f"ncina cbuild: {what}: FAILED: {exc}", file=sys.stderr)
+            failed = 1
+            continue
+        print(f"ncina cbuild: {what}: ready")
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(build_all())

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
+import traceback
 
 # name -> module; the order is the order of `ncina --help`.
 COMMANDS: dict[str, str] = {
@@ -27,6 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ncina",
         description="In-network aggregation emulator with natural compression (NC8).",
     )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="log at DEBUG level and print the traceback of an error (ncina --debug COMMAND ...)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in COMMANDS.items():
         mod = importlib.import_module(module)
@@ -40,11 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s: %(message)s")
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
         return 130
     except (ValueError, OSError, RuntimeError, TimeoutError) as exc:
+        if args.debug:
+            traceback.print_exc()
         print(f"ncina {args.command}: error: {exc}", file=sys.stderr)
         return 1
 

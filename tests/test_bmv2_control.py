@@ -84,3 +84,44 @@ def test_bmv2_options_are_checked_before_anything_starts(
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_the_shell_is_quieted_by_a_filter_not_by_muting_the_root_logger(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """p4runtime-shell logs every RPC error on the root logger: its records are dropped, the
+    root logger's level and everyone else's records are left alone, and ``ncina --debug``
+    (root at DEBUG) lets the shell's records through too."""
+    pytest.importorskip("p4runtime_sh", reason="p4runtime-shell is not installed")
+    import logging
+
+    import p4runtime_sh.p4runtime as shell_module
+    from ncina.aggregator.bmv2.control import _shell
+
+    root = logging.getLogger()
+    level = root.level
+    _shell()
+    _shell()  # idempotent: one filter
+    assert root.level == level
+    filters = [f for f in root.filters if type(f).__name__ == "_ShellRecords"]
+    assert len(filters) == 1
+
+    def record(path: str) -> logging.LogRecord:
+        return logging.LogRecord("root", logging.CRITICAL, path, 1, "x", None, None)
+
+    shell_record, ours = record(shell_module.__file__), record(__file__)
+    assert not filters[0].filter(shell_record) and filters[0].filter(ours)
+    with caplog.at_level(logging.DEBUG):
+        assert filters[0].filter(shell_record)
+
+
+def test_debug_prints_the_traceback_of_an_error() -> None:
+    arguments = ["aggregator", "--job", "1", "--workers", "2", "--k", "8"]  # no --result
+    plain = subprocess.run([sys.executable, "-m", "ncina.cli", *arguments], capture_output=True,
+                           text=True, timeout=60, check=False)  # fmt: skip
+    debug = subprocess.run([sys.executable, "-m", "ncina.cli", "--debug", *arguments],
+                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    message = "ncina aggregator: error: INA mode needs --result nc8 or --result int\n"
+    assert (plain.returncode, plain.stderr) == (1, message)
+    assert debug.returncode == 1 and debug.stderr.endswith(message)
+    assert "Traceback (most recent call last)" in debug.stderr and "ValueError" in debug.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -290,3 +291,47 @@ def test_arp_reply(plane: object) -> None:
     other = bytes(Ether(src=WORKER_MAC, dst="ff:ff:ff:ff:ff:ff")
                   / ARP(op=1, hwsrc=WORKER_MAC, psrc="10.77.1.1", pdst="10.77.0.99"))
     assert process(plane, other) == []
+
+
+# The mbuf data room of the data plane's pool (RTE_MBUF_DEFAULT_DATAROOM): every frame it sends
+# is built in one such mbuf, so a job whose result frames are larger must be refused.
+MBUF_ROOM = 2048
+
+
+@pytest.mark.parametrize(
+    ("k", "result", "keyed", "largest"),
+    [(1024, "int", False, 248), (249, "int", False, 248), (248, "int", True, 247)],
+)
+def test_a_job_whose_frames_exceed_the_mbuf_is_refused(
+    plane: object, k: int, result: str, keyed: bool, largest: int
+) -> None:
+    """Regression: int results with K >= 249 (or a --mtu above ~2034) made send_all write past
+    the 2048-byte mbuf data room. The driver refuses the job, naming the largest K; so does the
+    engine itself (a keyed job whose tag would not fit is removed, not left unkeyed)."""
+    ffi, lib = plane.ffi, plane.lib  # type: ignore[attr-defined]
+    assert lib.ncd_frame_room() == MBUF_ROOM
+    key = bytes(range(16)) if keyed else None
+    config = job(job=3, k=k, result_format=result, key=key)
+    message = f"{MBUF_ROOM}-byte mbuf.*largest k for {result} results is {largest}"
+    with pytest.raises(ValueError, match=message):
+        plane.add_job(config)  # type: ignore[attr-defined]
+    stats = ffi.new("struct nce_counters *")
+    assert lib.nce_job_stats(3, stats) == -1  # nothing installed
+    fmt = 1 if result == "int" else 0
+    window = config.window
+    if keyed:
+        assert lib.nce_job_add(3, 3, k, 4, window.e_min, window.span, fmt, 0) == 0
+        assert lib.nce_job_set_key(3, key, len(key)) == -1
+    else:
+        assert lib.nce_job_add(3, 3, k, 4, window.e_min, window.span, fmt, 0) == -1
+    assert lib.nce_job_stats(3, stats) == -1
+    assert re.search(message, ffi.string(lib.nce_error()).decode())
+    # The largest K fits, and its full result frame is sent.
+    config = job(job=3, k=largest, result_format=result, key=key, workers=1)
+    plane.add_job(config)  # type: ignore[attr-defined]
+    datagram = uplink(job=3, rank=0, slot=0, offset=0, codes=bytes([1]) * largest,
+                      emin=config.window.e_min)  # fmt: skip
+    if keyed:
+        datagram = tag.sign(key, bytes([datagram[0], datagram[1] | FLAG_TAG]) + datagram[2:])
+    (out,) = process(plane, frame(datagram, ("10.77.1.1", 5000)))
+    assert MBUF_ROOM - (8 if result == "int" else 1) < len(out) <= MBUF_ROOM

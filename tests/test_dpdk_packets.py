@@ -29,6 +29,7 @@ from ncina.proto import tag
 from ncina.proto.header import FLAG_TAG, GENERATION_MASK, GENERATION_SHIFT
 from ncina_testlib import (
     RunningAggregator,
+    launch_aggregator,
     start_aggregator,
     uplink,
     window_e_min,
@@ -241,3 +242,18 @@ def test_garbage_frames_keep_it_serving_and_sigint_exits_cleanly(
     assert final["dpdk"]["rx_frames"] >= 300
     assert final["jobs"]["1"]["slots_completed"] == 1
     assert "Traceback" not in dpdk.log()
+
+
+def test_a_result_frame_larger_than_an_mbuf_is_refused_at_start(tmp_path: Path) -> None:
+    """Regression: with --mtu 9000, int results of K=1024 (8,250-byte frames) started and then
+    wrote past the 2048-byte mbufs on the first completed slot. Now the start fails at once, with
+    the limit and the largest K, before EAL starts."""
+    agg = launch_aggregator("dpdk", tmp_path, job=1, workers=2, k=1024, result="int",
+                            extra=["--mtu", "9000"])  # fmt: skip
+    try:
+        assert agg.process.wait(60) == 1
+    finally:
+        agg.stop()
+    log = agg.log()
+    assert "2048-byte mbuf" in log and "largest k for int results is 248" in log, log
+    assert "listening" not in log and "Traceback" not in log

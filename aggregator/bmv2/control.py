@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from ncina.aggregator.bmv2.entries import Counts, Entry, Group
@@ -22,13 +23,32 @@ class Bmv2Error(RuntimeError):
     """A P4Runtime operation on the switch failed; the message names the switch and the step."""
 
 
+class _ShellRecords(logging.Filter):
+    """Drops the records p4runtime-shell logs on the root logger (it logs every RPC error
+    there, and each failure reaches the caller as a ``Bmv2Error`` anyway); every other record
+    passes, and with the root logger at DEBUG (``ncina --debug``) so do the shell's."""
+
+    def __init__(self, package_dir: str) -> None:
+        super().__init__()
+        self.package_dir = package_dir
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.pathname.startswith(self.package_dir) or (
+            logging.getLogger().isEnabledFor(logging.DEBUG)
+        )
+
+
 def _shell() -> Any:
     try:
+        import p4runtime_sh
         import p4runtime_sh.shell as sh
     except ImportError as exc:  # an optional dependency (pip install p4runtime-shell)
         raise Bmv2Error(
             f"p4runtime-shell is not installed ({exc}): pip install p4runtime-shell"
         ) from None
+    root = logging.getLogger()
+    if not any(isinstance(f, _ShellRecords) for f in root.filters):
+        root.addFilter(_ShellRecords(str(Path(p4runtime_sh.__file__).parent)))
     return sh
 
 
@@ -59,7 +79,6 @@ class Controller:
     def connect(self, build: Build) -> Controller:
         """Become primary controller and push ``build``'s pipeline (P4Info + BMv2 JSON)."""
         sh = _shell()
-        logging.getLogger().setLevel(logging.CRITICAL)  # p4runtime-shell logs every RPC error
         try:
             with _step(self.address, f"connecting to device {self.device_id} and pushing "
                        f"{build.json}"):  # fmt: skip

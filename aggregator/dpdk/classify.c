@@ -95,3 +95,13 @@ enum ncd_class ncd_classify(const uint8_t *frame, uint32_t len, struct ncd_pkt *
     p->dgram_len = udp_len - sizeof(*udp);
     return NCD_C_DATAGRAM;
 }
+
+uint32_t ncd_frame_room(void)
+{
+    return NCD_FRAME_ROOM;
+}
+
+uint32_t ncd_dgram_room(void)
+{
+    return NCD_FRAME_ROOM - NCD_L2L4_LEN;
+}

@@ -15,12 +15,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
+import numpy as np
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
 from ncina.aggregator.jobs import Address, JobConfig
 
 NAME = "dpdk"
-IO_COUNTERS = ("rx_frames", "ignored", "arp_replies", "tx_frames", "tx_dropped", "no_mbuf", "loops")
+IO_COUNTERS = (
+    "rx_frames", "ignored", "arp_replies", "tx_frames", "tx_dropped", "no_mbuf", "oversize",
+    "loops",
+)  # fmt: skip
 DEFAULT_IDLE_SLEEP_US = 20
 MODES = {"aggregate": 0, "forward": 1}
 
@@ -57,6 +61,9 @@ class DataPlane(Engine):
     def __init__(self, module: ModuleType) -> None:
         super().__init__(module)
         self._keepalive: list[Any] = []
+        room = int(self.lib.ncd_frame_room())
+        self.set_reply_room(int(self.lib.ncd_dgram_room()),
+                            f"the {room}-byte mbuf data room of the DPDK data plane")  # fmt: skip
 
     def init(self, argv: Sequence[str]) -> None:
         """Start EAL and the port with ``argv`` (``argv[0]`` is a program name)."""
@@ -87,6 +94,19 @@ class DataPlane(Engine):
         """Remove every job and zero every counter, the port's too (tests)."""
         self.lib.nce_reset()
         self.lib.ncd_io_reset()
+
+    @property
+    def frame_room(self) -> int:
+        """Bytes of the largest frame the data plane can send (an mbuf's data room)."""
+        return int(self.lib.ncd_frame_room())
+
+    def add_job(self, config: JobConfig) -> np.random.Generator:
+        """Install a job (``Engine.add_job``), after checking that its result frames fit
+        ``frame_room``: raises ``ValueError`` naming the largest K, before anything is installed
+        (the engine refuses such a job as well)."""
+        room = self.frame_room
+        config.check_frame_room(room, f"the {room}-byte mbuf data room of the DPDK data plane")
+        return super().add_job(config)
 
 
 class DpdkBackend(EngineBackend):
@@ -123,8 +143,9 @@ class DpdkBackend(EngineBackend):
         self.idle_sleep_us = idle_sleep_us
         self.mode = MODES[mode]
         plane.set_address(listen)
-        plane.init(eal_arguments(iface, eal_extra, vdev_options=vdev_options))
+        # Jobs first: one the data plane cannot serve is refused before EAL takes the port.
         self.install_jobs()
+        plane.init(eal_arguments(iface, eal_extra, vdev_options=vdev_options))
 
     def loop(self) -> int:
         return int(self.plane.lib.ncd_run(self.mode, self.idle_sleep_us))
@@ -143,7 +164,7 @@ class DpdkBackend(EngineBackend):
         c = self.plane.ffi.new("struct ncd_io *")
         self.plane.lib.ncd_io_stats(c)
         io = {name: getattr(c, name) for name in IO_COUNTERS}
-        return io["tx_dropped"] + io["no_mbuf"], io
+        return io["tx_dropped"] + io["no_mbuf"] + io["oversize"], io
 
 
 def add_arguments(parser: Any) -> None:

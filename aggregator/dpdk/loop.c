@@ -56,7 +56,7 @@ int ncd_init(int argc, char **argv)
     RTE_ETH_FOREACH_DEV(port_id) break;
 
     pool = rte_pktmbuf_pool_create("ncd_mbufs", NB_MBUF, MBUF_CACHE, 0,
-                                   RTE_MBUF_DEFAULT_BUF_SIZE, rte_socket_id());
+                                   NCD_FRAME_ROOM + RTE_PKTMBUF_HEADROOM, rte_socket_id());
     if (pool == NULL)
         FAIL("cannot create the mbuf pool: %s", rte_strerror(rte_errno));
 
@@ -106,7 +106,8 @@ static inline uint32_t room(const struct rte_mbuf *m)
     return (uint32_t)(m->buf_len - m->data_off);
 }
 
-/* A completed slot: one result per member, each in a fresh mbuf. */
+/* A completed slot: one result per member, each in a fresh mbuf of NCD_FRAME_ROOM bytes, which
+ * every job's result frames fit (nce_set_reply_room); a larger frame is counted, never written. */
 static void send_all(const struct nce_action *a)
 {
     struct rte_mbuf *out[NCE_MAX_WORKERS];
@@ -119,7 +120,7 @@ static void send_all(const struct nce_action *a)
         const uint32_t len =
             ncd_frame_to_member(rte_pktmbuf_mtod(out[r], uint8_t *), room(out[r]), a, r);
         if (len == 0) {                         /* larger than an mbuf: not sent, counted */
-            ncd_iostats.no_mbuf++;
+            ncd_iostats.oversize++;
             rte_pktmbuf_free(out[r]);
             continue;
         }
@@ -145,14 +146,14 @@ static void handle(struct rte_mbuf *m)
         switch (nce_input(p.dgram, p.dgram_len, &p.from, &a)) {
         case NCE_V_SEND_ONE:
         case NCE_V_NOTICE: {
-            /* The input mbuf becomes the reply when it fits its buffer (a notice always does, a
-             * result does at a standard MTU). */
+            /* The input mbuf becomes the reply: every mbuf holds NCD_FRAME_ROOM bytes, which
+             * every job's result frames fit (nce_set_reply_room); a larger one is counted. */
             const uint32_t len = ncd_frame_to_sender(frame, room(m), &a);
             if (len != 0) {
                 send_frame(m, len);
                 return;
             }
-            ncd_iostats.no_mbuf++;
+            ncd_iostats.oversize++;
             break;
         }
         case NCE_V_SEND_ALL:

@@ -19,6 +19,8 @@ struct ncd_io {
     uint64_t tx_frames;     /* frames handed to the TX ring */
     uint64_t tx_dropped;    /* frames the TX ring refused (freed, counted) */
     uint64_t no_mbuf;       /* results not sent because the mbuf pool was empty */
+    uint64_t oversize;      /* results not sent because the frame exceeds an mbuf (never, when
+                               every job was admitted by ncd_job_add) */
     uint64_t loops;         /* RX polls */
 };
 
@@ -37,6 +39,12 @@ void ncd_set_address(const uint8_t *ip, uint16_t udp_port);
 void ncd_io_stats(struct ncd_io *io);
 /* Zero the port-level counters (tests; with nce_reset). */
 void ncd_io_reset(void);
+/* The bytes of the largest frame the data plane can send (an mbuf's data room); jobs whose
+ * result frames are larger are refused (the driver gives the engine this room, less the
+ * Ethernet, IPv4 and UDP headers, with nce_set_reply_room). */
+uint32_t ncd_frame_room(void);
+/* ncd_frame_room() less the Ethernet, IPv4 and UDP headers: the room of a datagram. */
+uint32_t ncd_dgram_room(void);
 
 /* ---- data plane ---- */
 

@@ -14,6 +14,10 @@
 
 /* Ethernet + IPv4 (no options) + UDP in front of a datagram. */
 #define NCD_L2L4_LEN (RTE_ETHER_HDR_LEN + 20 + 8)
+/* The data room of every mbuf of the pool: each frame the data plane sends is built in one
+ * mbuf, so no job may have a result frame larger than this (checked when the job is added and
+ * the key set, and again before every write). */
+#define NCD_FRAME_ROOM 2048u
 
 /* Module state (classify.c). */
 extern struct ncd_io ncd_iostats;

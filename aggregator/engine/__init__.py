@@ -113,6 +113,11 @@ class Engine:
             reason = self.ffi.string(self.lib.nce_error()).decode(errors="replace")
             raise RuntimeError(f"{what}: {reason}")
 
+    def set_reply_room(self, room: int, limit: str) -> None:
+        """The largest reply datagram the I/O layer can send, and what that limit is (for the
+        engine's message when it refuses a job whose results exceed it)."""
+        self.lib.nce_set_reply_room(room, limit.encode())
+
     def set_generation(self, generation: int) -> None:
         """The generation stamped on every result and notice (0: none, no notices)."""
         self.lib.nce_set_generation(generation)

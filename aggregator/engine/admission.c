@@ -14,6 +14,33 @@
         return -1;                                                  \
     } while (0)
 
+static uint32_t reply_room = UINT32_MAX;
+static char reply_limit[128] = "no limit";
+
+void nce_set_reply_room(uint32_t bytes, const char *limit)
+{
+    reply_room = bytes;
+    snprintf(reply_limit, sizeof reply_limit, "%s", limit);
+}
+
+/* Whether a result datagram of k elements of the format (and a tag) fits the I/O layer's reply
+ * room; if not, the reason, with the largest k that fits, goes to nce_errbuf. Results are the
+ * largest datagrams the engine writes: a notice has none. */
+static int fits_reply_room(uint16_t id, uint32_t k, int result_format, int tagged)
+{
+    const uint32_t size = result_format == NCE_FMT_INT ? 8 : 1;
+    const uint32_t around = NCE_HDR_LEN + (tagged ? NCE_TAG_LEN : 0);
+    if (around + k * size <= reply_room)
+        return 1;
+    const char *name = result_format == NCE_FMT_INT ? "int" : "nc8";
+    snprintf(nce_errbuf, sizeof nce_errbuf,
+             "job %u: a result datagram of k=%u %s elements is %u bytes, more than the %u bytes "
+             "of %s; the largest k for %s results is %u",
+             id, k, name, around + k * size, reply_room, reply_limit, name,
+             reply_room > around ? (reply_room - around) / size : 0);
+    return 0;
+}
+
 static void job_free(struct nce_job *job)
 {
     nce_pool_free(job);
@@ -37,6 +64,8 @@ int nce_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int 
         FAIL("job %u: bad parameters (workers %u of at most %d, k %u of at most %d, "
              "slots %u, span %d, result format %d)",
              id, workers, NCE_MAX_WORKERS, k, NCE_MAX_K, nslots, span, result_format);
+    if (!fits_reply_room(id, k, result_format, 0))
+        return -1;
     struct nce_job *job = calloc(1, sizeof *job);
     if (job == NULL)
         FAIL("job %u: out of memory", id);
@@ -67,6 +96,11 @@ int nce_job_set_key(uint16_t id, const uint8_t *key, uint32_t keylen)
     struct nce_job *job = nce_jobs[id];
     if (job == NULL || keylen < 16 || keylen > 64)
         FAIL("job %u: a key has 16 to 64 bytes, not %u", id, keylen);
+    if (!fits_reply_room(id, job->k, job->result_format, 1)) {
+        job_free(job);
+        nce_jobs[id] = NULL;
+        return -1;
+    }
     nce_tag_key(job, key, keylen);
     return 0;
 }

@@ -53,6 +53,11 @@ struct nce_counters {
 const char *nce_error(void);
 /* The largest chunk size K a job may have (NC8 elements of a result at the largest MTU). */
 uint32_t nce_max_k(void);
+/* The largest reply datagram the I/O layer can send (bytes of UDP payload), and a description
+ * of that limit for error messages (copied). Jobs whose result datagrams exceed it are refused
+ * by nce_job_add, keyed jobs whose tagged results exceed it are removed by nce_job_set_key (a
+ * job that cannot serve keyed must not serve unkeyed). Default: no limit beyond NCE_MAX_K. */
+void nce_set_reply_room(uint32_t bytes, const char *limit);
 /* Install a job. result_format 0 = nc8, 1 = int. Returns 0, or -1 with nce_error(). */
 int nce_job_add(uint16_t job, uint16_t workers, uint16_t k, uint16_t slots, int e_min, int span,
                 int result_format, uint64_t seed);

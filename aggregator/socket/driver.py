@@ -55,6 +55,8 @@ class SocketBackend(EngineBackend):
         from ncina.aggregator.socket.binding import load
 
         plane = Engine(load())
+        room = int(plane.lib.ncs_dgram_room())
+        plane.set_reply_room(room, f"the {room}-byte send buffer of the socket data plane")
         super().__init__(plane, configs, stats_path=stats_path, stats_interval=stats_interval,
                          generation=generation, log=log)  # fmt: skip
         self.mode = MODES[mode]

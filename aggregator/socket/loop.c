@@ -48,6 +48,11 @@ static unsigned tx_count;
         return -1;                                                  \
     } while (0)
 
+uint32_t ncs_dgram_room(void)
+{
+    return TX_BYTES;
+}
+
 int ncs_open(const uint8_t *ip, uint16_t port)
 {
     if (sock >= 0)

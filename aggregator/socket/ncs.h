@@ -22,6 +22,8 @@ struct ncs_io {
     uint64_t wakeups;       /* waits for the socket or the stop event */
 };
 
+/* The largest reply datagram a send buffer holds (the driver gives it to nce_set_reply_room). */
+uint32_t ncs_dgram_room(void);
 /* Open the UDP socket on ip (4 bytes, network order; 0.0.0.0: any, replies then come from the
  * address each worker sent to) and port (0: a free one). Returns the bound port, or -1 with
  * the reason in nce_error(). */

@@ -66,6 +66,21 @@ def as_vector(x: np.ndarray) -> np.ndarray:
     return flat
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_float32_norm(norm: float, what: str) -> float:
+    """``norm`` (computed in float64) if a float32 header field can carry it, else
+    ``ValueError``: a float32 norm of finite inputs may overflow to infinity, which would
+    silently turn the whole payload into zeros."""
+    if not norm <= FLOAT32_MAX:
+        raise ValueError(
+            f"{what} {norm:.4g} exceeds float32 (max {FLOAT32_MAX:.4g}): the payload carries it "
+            "as float32; scale the tensor down (or use smaller buckets)"
+        )
+    return norm
+
+
 class Compressor(ABC):
     """One compression method; subclasses are frozen dataclasses of their parameters."""
 

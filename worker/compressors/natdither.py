@@ -4,9 +4,18 @@ compressed, so every output is ``+-2**e`` or 0.
 
 For ``y = |x_i| / ||x||_p`` in ``[2**t, 2**(t+1))`` with ``t >= 1 - s`` the level is ``2**t`` or
 ``2**(t+1)``, up with probability ``(y - 2**t) / 2**t``; below the lowest level ``2**(1 - s)``
-it is that level with probability ``y / 2**(1 - s)``, else 0. The norm goes through NC
-independently, so the product is unbiased (Theorem 4). Against standard dithering with the same
-number of levels the variance is exponentially smaller (Theorem 5); the benchmark measures it.
+it is that level with probability ``y / 2**(1 - s)``, else 0. The norm (computed in float64) goes
+through NC independently, so the product is unbiased (Theorem 4). Against standard dithering with
+the same number of levels the variance is exponentially smaller (Theorem 5); the benchmark
+measures it.
+
+The norm is rounded by the NC operator itself, to one of its two neighbouring powers of two,
+not by the job's NC8 window: it travels as a float32 header field, so any norm float32 can
+hold is sent unbiased (an earlier version NC8-coded it inside the window and so scaled every
+tensor of norm above ``2**e_max`` down as a whole). The window bounds only the NC8 codes of the
+values ``norm * level`` in the INA mode: a value above ``2**e_max`` saturates there, is counted
+(``State.saturated``) and biased, as for every NC8 payload; size ``e_max`` for the largest
+element, not for the norm.
 
 Two payload modes (network byte order)::
 
@@ -32,11 +41,28 @@ from typing import ClassVar
 
 import numpy as np
 from ncina.proto import nc8
-from ncina.worker.compressors.base import Compressor, State, as_vector, expect_end, take
+from ncina.worker.compressors.base import (
+    Compressor,
+    State,
+    as_vector,
+    check_float32_norm,
+    expect_end,
+    take,
+)
 from ncina.worker.compressors.bits import pack_bits, packed_size, unpack_bits
 
 MAX_LEVELS = 32
 """Most levels: the lowest, 2**-31, is still far inside float32 for any sane norm."""
+
+
+def natural_round(value: float, rng: np.random.Generator) -> float:
+    """The NC operator on one non-negative float: ``value`` in ``[2**e, 2**(e+1))`` becomes
+    ``2**(e+1)`` with probability ``value / 2**e - 1``, else ``2**e`` (unbiased); 0 stays 0.
+    No window: any exponent a float64 has."""
+    if value == 0.0:
+        return 0.0
+    low = math.ldexp(1.0, math.frexp(value)[1] - 1)  # 2**e <= value < 2**(e+1)
+    return 2.0 * low if rng.random() < value / low - 1.0 else low
 
 
 @dataclass(frozen=True)
@@ -79,13 +105,12 @@ class NaturalDithering(Compressor):
     def compress(self, x: np.ndarray, state: State) -> bytes:
         v = as_vector(x)
         window = self.window()
-        norm = float(np.max(np.abs(v), initial=0.0)) if self.p == math.inf else float(
-            np.linalg.norm(v.astype(np.float64))
-        )
+        wide = v.astype(np.float64)
+        norm = float(np.max(np.abs(wide), initial=0.0) if self.p == math.inf
+                     else np.linalg.norm(wide))  # fmt: skip
+        check_float32_norm(norm, f"the {self.p:g}-norm")
         if self.nc_norm:
-            enc = nc8.encode(np.array([norm], dtype=np.float32), window, state.rng)
-            state.saturated += enc.saturated
-            sent = float(nc8.decode(enc.codes, window)[0])
+            sent = check_float32_norm(natural_round(norm, state.rng), "the rounded norm")
         else:
             sent = norm = float(np.float32(norm))  # the levels use the norm that is sent
         level = self._levels(v, norm, state.rng) if sent else np.zeros(v.size, np.int32)

@@ -38,6 +38,7 @@ from ncina.worker.compressors.base import (
     Compressor,
     State,
     as_vector,
+    check_float32_norm,
     expect_end,
     take,
 )
@@ -112,7 +113,9 @@ class QSGD(Compressor):
         blocks = np.zeros(buckets * d, dtype=np.float64)
         blocks[:n] = v
         blocks = blocks.reshape(buckets, d)
-        norms = np.sqrt(np.einsum("ij,ij->i", blocks, blocks)).astype(np.float32)
+        wide = np.sqrt(np.einsum("ij,ij->i", blocks, blocks))
+        check_float32_norm(float(wide.max(initial=0.0)), "a bucket's 2-norm")
+        norms = wide.astype(np.float32)
         # Probabilities use the float32 norm that is sent, so the decoded value is unbiased.
         safe = np.where(norms > 0, norms, 1).astype(np.float64)
         scaled = (np.abs(blocks) * (self.s / safe[:, None])).reshape(-1)[:n]

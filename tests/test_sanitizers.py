@@ -1,0 +1,43 @@
+"""The C code's tests again, with every extension built under AddressSanitizer and UBSan.
+
+A fresh pytest process runs the test files that drive C code (the NC8 kernels, the DPDK engine
+offline and on the wire) with ``NCINA_SANITIZE=address,undefined`` and the ASan runtime
+preloaded (``ncina.cbuild.sanitizer_environment``): any out-of-bounds access, use after free or
+undefined behaviour aborts that process, and this test fails with its report. Aggregators the
+inner tests start inherit the environment, so their C data planes are checked too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ncina.cbuild import sanitizer_environment
+
+TESTS = Path(__file__).resolve().parent
+# The tests whose work happens in C; each runs in the sanitized process.
+C_TESTS = ("test_nc8.py", "test_dpdk_engine.py", "test_dpdk_packets.py")
+INNER_TIMEOUT = 900
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(INNER_TIMEOUT + 60)
+def test_c_code_is_clean_under_asan_and_ubsan(tmp_path: Path) -> None:
+    env = {**os.environ, **sanitizer_environment()}
+    env.pop("NCINA_NO_C", None)  # the point is to run the C code
+    command = [
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+        f"--basetemp={tmp_path / 'inner'}", *(str(TESTS / name) for name in C_TESTS),
+    ]  # fmt: skip
+    proc = subprocess.run(command, cwd=TESTS.parent, env=env, capture_output=True, text=True,
+                          timeout=INNER_TIMEOUT, check=False)  # fmt: skip
+    report = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"sanitized run failed (exit {proc.returncode}):\n{report}"
+    assert "ERROR: AddressSanitizer" not in report and "runtime error:" not in report, report
+    # The inner run really exercised the C code: tests ran and passed, none was skipped for a
+    # missing extension.
+    assert " passed" in proc.stdout and " failed" not in proc.stdout, report
