@@ -15,20 +15,27 @@ from ncina.aggregator.jobs import (
     DEFAULT_MTU,
     DEFAULT_POOL_SIZE,
     DEFAULT_WINDOW_MAX,
+    ETHERNET_HEADER,
+    FRAME_OVERHEAD,
     MAX_K,
+    MAX_MTU,
     MAX_POOL_SIZE,
     MAX_WORKERS,
+    MIN_MTU,
     JobConfig,
+    check_mtu_range,
     check_server_mtu,
+    default_k,
     parse_address,
     parse_member,
 )
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import Aggregator
 from ncina.aggregator.socket import driver as socket_driver
-from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT
+from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT, TAG_SIZE
 from ncina.proto.tag import key_file_argument
 from ncina.worker.compressors import create
+from ncina.worker.compressors.base import Compressor, largest_fitting
 
 BACKENDS = ("python", "socket", "dpdk", "bmv2")
 
@@ -50,8 +57,11 @@ root and --iface; docs/dpdk.md), bmv2 (the P4 program on BMv2; docs/bmv2.md). Se
 On start it prints one line on stderr, "ncina aggregator: listening on HOST:PORT ...", once the
 socket is bound. SIGUSR1 writes the stats now; SIGTERM and SIGINT write them and exit with 0.
 Limits: 1 <= --workers <= {MAX_WORKERS}, 1 <= --k <= {MAX_K}, 1 <= --pool-size <= {MAX_POOL_SIZE},
-and a full result frame (Ethernet + IPv4 + UDP + 16-byte header + K elements, in server mode the
-compressor's largest payload of K elements) must fit --mtu.
+{MIN_MTU} <= --mtu <= {MAX_MTU}, and a full result frame (Ethernet + IPv4 + UDP + 16-byte header +
+K elements, in server mode the compressor's largest payload of K elements) must fit --mtu.
+Without --k, K is the largest that fits --mtu (1456 NC8 elements at MTU 1500, 8956 at 9000;
+182 for int results at 1500). The dpdk backend sends frames of at most 2048 bytes, BMv2
+compiles at most 1024 lanes: give them a smaller --k.
 """
 
 
@@ -77,6 +87,30 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, not {text}")
     return value
+
+
+def _mtu(text: str) -> int:
+    try:
+        mtu = int(text)
+        check_mtu_range(mtu)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return mtu
+
+
+def job_k(args: argparse.Namespace, compressor: Compressor | None) -> int:
+    """``--k``, or the largest K whose packets fit ``--mtu`` (INA: for the result format and
+    tag; server mode: for the compressor's largest payload)."""
+    if args.k is not None:
+        return int(args.k)
+    tagged = args.key_file is not None
+    if compressor is None:
+        return default_k(args.mtu, args.result, tagged)
+    room = args.mtu + ETHERNET_HEADER - FRAME_OVERHEAD - (TAG_SIZE if tagged else 0)
+    k = largest_fitting(compressor, room, default_k(args.mtu, "nc8", tagged))
+    if k == 0:
+        raise ValueError(f"not one {compressor.name} element fits a packet of MTU {args.mtu}")
+    return k
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -108,7 +142,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--workers", type=int, required=True, metavar="N", help="number of workers (ranks 0..N-1)"
     )
     parser.add_argument(
-        "--k", type=int, required=True, help="elements per packet (chunk size) of the job"
+        "--k",
+        type=int,
+        default=None,
+        help="elements per packet (chunk size) of the job (default: the largest whose packets "
+        "fit --mtu, for the result format and tag)",
     )
     parser.add_argument(
         "--result",
@@ -184,7 +222,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--mtu",
-        type=int,
+        type=_mtu,
         default=DEFAULT_MTU,
         help="link MTU in bytes that a result frame must fit (default: %(default)s)",
     )
@@ -244,10 +282,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("INA mode needs --result nc8 or --result int")
     if args.mode == "server" and args.result is not None:
         raise ValueError("server mode's results are compressor payloads: drop --result")
+    compressor = create(args.compressor) if args.compressor is not None else None
     config = JobConfig.create(
         job=args.job,
         workers=args.workers,
-        k=args.k,
+        k=job_k(args, compressor),
         # Server mode has no result format of its own: ServerSlots sends blobs, nc8 is a filler.
         result_format=args.result or "nc8",
         pool_size=args.pool_size,
@@ -256,7 +295,6 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         key=args.key_file,
     )
-    compressor = create(args.compressor) if args.compressor is not None else None
     if compressor is None:
         config.check_mtu(args.mtu)
     else:

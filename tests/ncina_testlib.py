@@ -104,12 +104,13 @@ def launch_aggregator(
     *,
     job: int,
     workers: int,
-    k: int,
+    k: int | None,
     result: str | None,
     extra: Sequence[str] = (),
     listen: str = "127.0.0.1:0",
 ) -> RunningAggregator:
-    """Start an aggregator for one job without waiting for it (see ``wait_ready``).
+    """Start an aggregator for one job without waiting for it (see ``wait_ready``); ``k=None``
+    leaves K to the aggregator (the largest that fits its MTU).
 
     Stats go to ``workdir/stats.json``, stderr and stdout to ``workdir/aggregator.log``.
     """
@@ -117,7 +118,8 @@ def launch_aggregator(
     stats_path = workdir / "stats.json"
     log_path = workdir / "aggregator.log"
     arguments = [
-        "--listen", listen, "--job", str(job), "--workers", str(workers), "--k", str(k),
+        "--listen", listen, "--job", str(job), "--workers", str(workers),
+        *(["--k", str(k)] if k is not None else []),
         "--stats", str(stats_path), *(["--result", result] if result else []), *extra,
     ]  # fmt: skip
     with log_path.open("wb") as log:

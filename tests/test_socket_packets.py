@@ -30,9 +30,11 @@ from ncina_testlib import (
     Worker,
     aggregator_command,
     dissect,
+    launch_aggregator,
     powers_of_two,
     start_aggregator,
     uplink,
+    wait_ready,
     window_e_min,
 )
 
@@ -83,6 +85,40 @@ def test_socket_section_of_the_stats_and_a_prompt_idle_stop(tmp_path: Path) -> N
     assert section["rx_datagrams"] == 1 and section["tx_datagrams"] == 1
     assert section["send_errors"] == 0 and section["key_underruns"] == 0
     assert stats["jobs"][str(JOB)]["slots_completed"] == 1
+
+
+@pytest.mark.parametrize(
+    ("mtu", "result", "keyed", "k"),
+    [(1500, "nc8", False, 1456), (1500, "int", False, 182), (1500, "nc8", True, 1448),
+     (9000, "nc8", False, 8956), (9216, "nc8", False, 9172)],
+)  # fmt: skip
+def test_k_defaults_to_the_largest_that_fits_the_mtu(
+    tmp_path: Path, mtu: int, result: str, keyed: bool, k: int
+) -> None:
+    extra = ["--mtu", str(mtu)]
+    if keyed:
+        (tmp_path / "job.key").write_text(bytes(range(16)).hex())
+        extra += ["--key-file", str(tmp_path / "job.key")]
+    agg = launch_aggregator("socket", tmp_path, job=JOB, workers=2, k=None, result=result,
+                            extra=extra)  # fmt: skip
+    try:
+        wait_ready(agg)
+        assert f"k={k}," in agg.log()
+        if mtu != 9000:
+            return
+        # A jumbo chunk goes through the C engine (loopback's MTU is 65536).
+        workers = [Worker(agg.address) for _ in range(2)]
+        codes = bytes(i % 60 + 1 for i in range(k))
+        for rank, worker in enumerate(workers):
+            worker.send(uplink(job=JOB, rank=rank, slot=0, offset=0, codes=codes,
+                               emin=window_e_min(2)))  # fmt: skip
+        for worker in workers:
+            fields, payload = dissect(worker.receive())
+            # Two equal powers of two add up to the next one: code c + 1, exactly.
+            assert fields["count"] == k and payload == bytes(c + 1 for c in codes)
+            worker.close()
+    finally:
+        assert agg.stop() == 0, agg.log()
 
 
 def test_jobs_dir_is_refused_in_one_line(tmp_path: Path) -> None:
