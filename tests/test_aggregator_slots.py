@@ -421,8 +421,8 @@ def test_code_values_helper_matches_the_protocol() -> None:
     [
         ({"workers": 0}, "workers must be in 1..64"),
         ({"workers": 65}, "workers must be in 1..64"),
-        ({"k": 0}, r"k \(elements per packet\) must be in 1..1024"),
-        ({"k": 1025}, r"k \(elements per packet\) must be in 1..1024"),
+        ({"k": 0}, r"k \(elements per packet\) must be in 1..9172"),
+        ({"k": 9173}, r"k \(elements per packet\) must be in 1..9172"),
         ({"pool_size": 0}, "pool size must be in 1..65535"),
         ({"pool_size": 65536}, "pool size must be in 1..65535"),
         ({"job": 65536}, "job id must be in 0..65535"),
