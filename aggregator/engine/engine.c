@@ -111,7 +111,7 @@ int nce_process_datagram(const uint8_t *dgram, uint32_t len, const uint8_t *src_
                          uint32_t max_out, uint32_t *out_lens, uint32_t *out_ips,
                          uint16_t *out_ports)
 {
-    struct nce_from from = {.src_port = (uint16_t)(src_port << 8 | src_port >> 8)};
+    struct nce_from from = {.src_port = nce_port_be(src_port)};
     memcpy(&from.src_ip, src_ip, 4);
     memcpy(&from.dst_ip, dst_ip, 4);
     struct nce_action a;
@@ -130,8 +130,7 @@ int nce_process_datagram(const uint8_t *dgram, uint32_t len, const uint8_t *src_
         const struct nce_member *m = nce_member_of(&a, r);
         const int to_sender = v != NCE_V_SEND_ALL;
         out_ips[i] = to_sender ? from.src_ip : m->ip;
-        const uint16_t port = to_sender ? from.src_port : m->port;
-        out_ports[i] = (uint16_t)(port << 8 | port >> 8);
+        out_ports[i] = nce_port_host(to_sender ? from.src_port : m->port);
     }
     return (int)(end - first);
 }

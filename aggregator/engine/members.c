@@ -24,7 +24,7 @@ int nce_members_set(struct nce_job *job, uint16_t rank, uint32_t ip_be, uint16_t
         return -1;
     struct nce_member *m = &job->members[rank];
     m->ip = ip_be;
-    m->port = (uint16_t)(port << 8 | port >> 8);    /* network order */
+    m->port = nce_port_be(port);
     m->known = 1;
     return 0;
 }

@@ -5,6 +5,7 @@
 #define NCE_STATE_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "blake2b.h"
 #include "datapath.h"
@@ -19,6 +20,22 @@
 #define NCE_NOTICE_LEN (NCE_HDR_LEN + 8)   /* header and the 64-bit bitmap, before any tag */
 #define NCE_FMT_NC8 0
 #define NCE_FMT_INT 1
+
+/* A port number between host order and network order (byte by byte: any host). */
+static inline uint16_t nce_port_be(uint16_t port)
+{
+    uint16_t be;
+    const uint8_t bytes[2] = {(uint8_t)(port >> 8), (uint8_t)port};
+    memcpy(&be, bytes, 2);
+    return be;
+}
+
+static inline uint16_t nce_port_host(uint16_t be)
+{
+    uint8_t bytes[2];
+    memcpy(bytes, &be, 2);
+    return (uint16_t)(bytes[0] << 8 | bytes[1]);
+}
 
 /* One uplink datagram's header (host order) and where its payload is. */
 struct nce_pkt {
