@@ -35,7 +35,7 @@ static int fits_reply_room(uint16_t id, uint32_t k, int result_format, int tagge
     const char *name = result_format == NCE_FMT_INT ? "int" : "nc8";
     snprintf(nce_errbuf, sizeof nce_errbuf,
              "job %u: a result datagram of k=%u %s elements is %u bytes, more than the %u bytes "
-             "of %s; the largest k for %s results is %u",
+             "of %.80s; the largest k for %s results is %u",
              id, k, name, around + k * size, reply_room, reply_limit, name,
              reply_room > around ? (reply_room - around) / size : 0);
     return 0;
