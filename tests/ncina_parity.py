@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +121,11 @@ STALE = 11  # the generation of an earlier start
 KEY = bytes(range(32, 64))
 
 
-def assert_wire_parity(backend: str, tmp_path: Path, result: str, keyed: bool) -> None:
-    """Replay one schedule to the Python backend and to ``backend``; assert equal replies and
-    counters."""
+def assert_wire_parity(
+    backend: str, tmp_path: Path, result: str, keyed: bool, options: Sequence[str] = ()
+) -> None:
+    """Replay one schedule to the Python backend and to ``backend`` (started with ``options``
+    too); assert equal replies and counters."""
     workers, pool = 3, 4
     packets = schedule(9, workers, rounds=30, pool=pool, seed=4, key=KEY if keyed else None)
     extra = ["--seed", "42", "--pool-size", str(pool), "--generation", str(GENERATION)]
@@ -132,8 +135,9 @@ def assert_wire_parity(backend: str, tmp_path: Path, result: str, keyed: bool) -
         extra += ["--key-file", str(key_file)]
     outputs = {}
     for name in ("python", backend):
+        mine = [*extra, *options] if name == backend else extra
         agg = start_aggregator(name, tmp_path / name, job=9, workers=workers, k=K,
-                               result=result, extra=extra, listen="127.0.0.1:0")  # fmt: skip
+                               result=result, extra=mine, listen="127.0.0.1:0")  # fmt: skip
         try:
             outputs[name] = replay(agg, worker_host(name), workers, packets)
         finally:

@@ -3,6 +3,7 @@ pair through a bridge (``ncina.aggregator.dpdk.netns``).
 
 - wire parity with the Python backend (``ncina_parity``): the same datagrams to every rank,
   notices included, and the same counters, also keyed and with packets of a previous generation;
+  on af_packet and on af_xdp (``--dpdk-pmd``);
 - the aggregator's kernel stays silent (no ICMP port unreachable), ARP is answered by DPDK;
 - raw garbage frames are ignored or counted and the process keeps serving; SIGINT exits cleanly.
 
@@ -38,6 +39,12 @@ pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"dpdk backend: {_M
 @pytest.mark.parametrize("result", ["int", "nc8"])
 def test_wire_parity_with_the_python_backend(tmp_path: Path, result: str, keyed: bool) -> None:
     assert_wire_parity("dpdk", tmp_path, result, keyed)
+
+
+@pytest.mark.parametrize("result", ["int", "nc8"])
+def test_wire_parity_over_af_xdp(tmp_path: Path, result: str) -> None:
+    """The same engine behind DPDK's AF_XDP driver instead of af_packet (--dpdk-pmd af_xdp)."""
+    assert_wire_parity("dpdk", tmp_path, result, True, ["--dpdk-pmd", "af_xdp"])
 
 
 @pytest.fixture

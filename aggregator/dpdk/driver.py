@@ -27,17 +27,25 @@ IO_COUNTERS = (
 )  # fmt: skip
 DEFAULT_IDLE_SLEEP_US = 20
 MODES = {"aggregate": 0, "forward": 1}
+# The poll-mode drivers that attach the data plane to a Linux interface (Debian's DPDK ships
+# both), and the options each gets by default: af_packet is a packet socket; af_xdp an AF_XDP
+# socket on the interface's queue 0 (the kernel hands it the frames from its XDP hook).
+PMDS = {"af_packet": "", "af_xdp": "start_queue=0,queue_count=1"}
 
 
-def eal_arguments(iface: str, extra: Sequence[str] = (), *, vdev_options: str = "") -> list[str]:
-    """The EAL command line for one af_packet port on ``iface`` without hugepages or PCI.
+def eal_arguments(
+    iface: str, extra: Sequence[str] = (), *, vdev_options: str = "", pmd: str = "af_packet"
+) -> list[str]:
+    """The EAL command line for one port of ``pmd`` (``PMDS``) on ``iface`` without hugepages
+    or PCI; ``vdev_options`` are added to the PMD's defaults.
 
     ``--no-shconf`` and a per-process ``--file-prefix`` let several data planes run at once
     (``--in-memory`` would, but it is incompatible with ``--no-huge``), and the main lcore may
     run on any CPU this process may use (EAL would otherwise pin it to one).
     """
     cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
-    vdev = f"net_af_packet0,iface={iface}" + (f",{vdev_options}" if vdev_options else "")
+    options = ",".join(o for o in (PMDS[pmd], vdev_options) if o)
+    vdev = f"net_{pmd}0,iface={iface}" + (f",{options}" if options else "")
     return [
         "ncina-dpdk",
         "--no-huge",
@@ -125,6 +133,7 @@ class DpdkBackend(EngineBackend):
         *,
         eal_extra: Sequence[str] = (),
         vdev_options: str = "",
+        pmd: str = "af_packet",
         stats_path: Path | None = None,
         stats_interval: float = 1.0,
         idle_sleep_us: int = DEFAULT_IDLE_SLEEP_US,
@@ -145,7 +154,8 @@ class DpdkBackend(EngineBackend):
         plane.set_address(listen)
         # Jobs first: one the data plane cannot serve is refused before EAL takes the port.
         self.install_jobs()
-        plane.init(eal_arguments(iface, eal_extra, vdev_options=vdev_options))
+        self.pmd = pmd
+        plane.init(eal_arguments(iface, eal_extra, vdev_options=vdev_options, pmd=pmd))
 
     def loop(self) -> int:
         return int(self.plane.lib.ncd_run(self.mode, self.idle_sleep_us))
@@ -158,7 +168,7 @@ class DpdkBackend(EngineBackend):
 
     def details(self) -> str:
         mode = "no-op forwarder" if self.mode else f"aggregator, generation {self.generation}"
-        return f"{mode}, iface {self.iface} mac {self.plane.mac}"
+        return f"{mode}, iface {self.iface} ({self.pmd}) mac {self.plane.mac}"
 
     def io_stats(self) -> tuple[int, dict[str, int]]:
         c = self.plane.ffi.new("struct ncd_io *")
@@ -178,10 +188,19 @@ def add_arguments(parser: Any) -> None:
         help="dpdk: an extra EAL argument, passed through (repeatable, e.g. --eal-arg=-m256)",
     )
     group.add_argument(
+        "--dpdk-pmd",
+        choices=tuple(PMDS),
+        default="af_packet",
+        help="dpdk: how the data plane attaches to --iface: af_packet (a packet socket) or "
+        "af_xdp (an AF_XDP socket on queue 0, frames taken at the XDP hook) "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
         "--vdev-options",
         default="",
         metavar="K=V,...",
-        help="dpdk: extra net_af_packet options (e.g. framecnt=4096,qdisc_bypass=1)",
+        help="dpdk: extra options of the --dpdk-pmd driver (e.g. af_packet's "
+        "framecnt=4096,qdisc_bypass=1)",
     )
     group.add_argument(
         "--dpdk-mode",
@@ -210,6 +229,7 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         args.listen,
         eal_extra=args.eal_arg,
         vdev_options=args.vdev_options,
+        pmd=args.dpdk_pmd,
         stats_path=args.stats,
         stats_interval=args.stats_interval,
         idle_sleep_us=args.idle_sleep_us,

@@ -50,6 +50,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--retransmit-timeout", type=float, default=0.05, metavar="S",
                    help="the load generator re-sends a slot unanswered this long; raise it for a "
                    "slow switch (bmv2 at K=256: 1) (default: %(default)s)")  # fmt: skip
+    p.add_argument("--dpdk-pmd", choices=("af_packet", "af_xdp"), default="af_packet",
+                   help="how the DPDK aggregator and forwarder attach to their veth "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument("--idle-sleep-us", type=int, default=20,
                    help="the DPDK loop's idle sleep (0: poll flat out) (default: %(default)s)")
     p.add_argument("--workdir", type=Path, default=Path("runs/bench/aggregator"))
@@ -82,7 +85,9 @@ def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
         cmd += ["--iface", site.iface, "--switch-log", str(work / "switch.log")]
     else:
         cmd += ["--iface", site.iface, "--idle-sleep-us", str(args.idle_sleep_us),
-                "--vdev-options", "framecnt=4096,qdisc_bypass=1"]  # fmt: skip
+                "--dpdk-pmd", args.dpdk_pmd]  # fmt: skip
+        if args.dpdk_pmd == "af_packet":
+            cmd += ["--vdev-options", "framecnt=4096,qdisc_bypass=1"]
         if kind == "forward":
             cmd += ["--dpdk-mode", "forward"]
     with log_path.open("wb") as log:
@@ -153,7 +158,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "workers": args.workers, "k": args.k, "window": args.window, "result": args.result,
         "seconds": args.seconds, "backend": args.backend,
-        "retransmit_timeout": args.retransmit_timeout,
+        "retransmit_timeout": args.retransmit_timeout, "dpdk_pmd": args.dpdk_pmd,
     }  # fmt: skip
     try:
         forward = "socket_forward" if args.backend == "socket" else "forward"
