@@ -43,11 +43,13 @@ def job_from_json(document: dict[str, Any]) -> JobConfig:
 
 @dataclass
 class JobsDirectory:
-    """The job files of ``path`` as last seen: file name -> (modification stamp, job id)."""
+    """The job files of ``path`` as last seen: file name -> (stamp, job id). The stamp is the
+    file's inode, modification time (ns) and size: a job file replaced by a rename (the atomic way
+    to write one) is a new inode even when the time and the size come out the same."""
 
     path: Path
     mtu: int = DEFAULT_MTU
-    seen: dict[str, tuple[tuple[int, int], int | None]] = field(default_factory=dict)
+    seen: dict[str, tuple[tuple[int, int, int], int | None]] = field(default_factory=dict)
 
     def changes(self, installed: set[int]) -> Iterator[tuple[str, JobConfig | int | str]]:
         """What changed since the last call, as ``("add", config)``, ``("remove", job id)`` and
@@ -59,7 +61,7 @@ class JobsDirectory:
                 status = file.stat()
             except FileNotFoundError:  # deleted meanwhile
                 continue
-            current[file.name] = (status.st_mtime_ns, status.st_size)
+            current[file.name] = (status.st_ino, status.st_mtime_ns, status.st_size)
         for name in list(self.seen):
             stamp, job = self.seen[name]
             if current.get(name) != stamp:

@@ -77,6 +77,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--pcaps", action="store_true",
                    help="bmv2: the switch writes pcaps of every port (the run's ina/pcaps/ and "
                    "gloo/pcaps/)")
+    p.add_argument("--repeat", type=int, default=d.repeat,
+                   help="train this many times per mode on the same network; results.json and "
+                   "the table give the median and the spread (default: %(default)s)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip the gloo fp32 run")
     p.add_argument("--out", type=Path, help="run directory (default: runs/<timestamp>)")
@@ -86,6 +89,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Check root and options, then run the topology (see :mod:`ncina.topo.runner`)."""
     check_options(args)
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be at least 1, not {args.repeat}")
     if args.key_file is not None:
         read_key_file(args.key_file)  # a clear error now, not in every host's log later
     if os.geteuid() != 0:
@@ -121,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
             key_file=args.key_file,
             verify=args.verify,
             baseline=args.baseline,
+            repeat=args.repeat,
         )
     )
     return 0

@@ -24,8 +24,9 @@ class TopoConfig:
     key_file: the job's shared secret (hex) for the authentication tag, given to the aggregators
     and the workers (None: untagged);
     verify: check every INA result against gloo (extra traffic); baseline: also train with gloo
-    fp32; timeout: seconds one training run may take; prefix: of node and interface names (unique
-    per process).
+    fp32; repeat: training runs per mode on the same network (medians and spread reported);
+    timeout: seconds one training run may take; prefix: of node and interface names (unique per
+    process).
     """
 
     out: Path
@@ -52,5 +53,6 @@ class TopoConfig:
     verify: bool = False
     pcaps: bool = False
     baseline: bool = True
+    repeat: int = 1
     timeout: float = 3600.0
     prefix: str = field(default_factory=lambda: f"n{os.getpid() % 100000}")

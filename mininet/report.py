@@ -4,14 +4,22 @@ A run's summary is built from the JSON events ``ncina train`` wrote per worker (
 :mod:`ncina.worker.train`) and the aggregators' stats files. ``results.json`` holds::
 
     config       the run's TopoConfig
-    runs         {"ina": summary, "gloo": summary}  (gloo absent with --no-baseline)
-    comparison   bytes_ratio, time_ratio (ina / gloo), accuracy_delta (ina - gloo, points)
+    runs         {"ina": summary, "gloo": summary}  (gloo absent with --no-baseline): the first
+                 repeat's, which the plot shows
+    repeats      {"ina": [summary, ...], ...}: every repeat (--repeat), in order
+    statistics   {"ina": {field: {"median", "min", "max"}}, ...} over the repeats, for the fields
+                 of STATISTICS
+    comparison   bytes_ratio, time_ratio (ina / gloo), accuracy_delta (ina - gloo, points),
+                 speedup (ina / gloo samples_per_s)
 
 and each summary::
 
     mode, label, epochs, steps, time_s, time_per_epoch_s,
     bytes_per_worker, packets_per_worker, rx_bytes_per_worker   (interface counters, mean of ranks)
     final_accuracy, final_test_loss                              (rank 0, percent / nats)
+    samples_per_s   the run's training samples per second (all ranks; rank 0's end event)
+    step_s, compute_step_s, comm_total_s, exposed_comm_s, exposed_comm_fraction
+                    mean of the ranks' (docs/topo.md, "What a step costs"); comm_* None for gloo
     workers      per rank: rank, tx_bytes, rx_bytes, tx_packets, rx_packets, fabric (client stats)
     fabric       client stats summed over the workers ({} for gloo)
     aggregators  the aggregators' stats files ([] for gloo)
@@ -53,6 +61,7 @@ def summarize(
     checks = [e for evs in events for e in evs if e["event"] == "verify"]
     n = len(metrics)
     time_s = max(e["time"] for e in lasts)
+    timing = {key: _mean([end.get(key) for end in ends]) for key in TIMING}
     return {
         "mode": mode,
         "label": label or LABELS[mode],
@@ -65,6 +74,8 @@ def summarize(
         "rx_bytes_per_worker": sum(e["rx_bytes"] for e in lasts) / n,
         "final_accuracy": epochs[-1]["test_acc"],
         "final_test_loss": epochs[-1]["test_loss"],
+        "samples_per_s": ends[0].get("samples_per_s"),
+        **timing,
         "workers": [
             {"rank": r, **{k: last[k] for k in ("tx_bytes", "rx_bytes", "tx_packets",
                                                  "rx_packets")}, "fabric": end["fabric"]}
@@ -87,29 +98,72 @@ def summarize(
     }
 
 
+def _mean(values: list[float | None]) -> float | None:
+    """The mean of the values, or None when any is None (a field a run does not have)."""
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)  # type: ignore[arg-type]
+
+
+TIMING = ("step_s", "compute_step_s", "comm_total_s", "exposed_comm_s", "exposed_comm_fraction")
+STATISTICS = ("time_s", "samples_per_s", "bytes_per_worker", "final_accuracy",
+              "final_test_loss", "exposed_comm_s")  # fmt: skip
+
+
+def statistics(repeats: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per mode and field of ``STATISTICS``: median, min and max over the repeats (fields a
+    mode has not, such as gloo's hook timing, are left out)."""
+    out: dict[str, dict[str, Any]] = {}
+    for mode, summaries in repeats.items():
+        out[mode] = {}
+        for field in STATISTICS:
+            values = [s[field] for s in summaries if s.get(field) is not None]
+            if len(values) == len(summaries):
+                ordered = sorted(values)
+                middle = len(ordered) // 2
+                median = (ordered[middle] if len(ordered) % 2
+                          else (ordered[middle - 1] + ordered[middle]) / 2)  # fmt: skip
+                out[mode][field] = {"median": median, "min": ordered[0], "max": ordered[-1]}
+    return out
+
+
 def compare(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """INA against the baseline: ratios of bytes and time, difference of accuracy."""
+    """INA against the baseline: ratios of bytes and time, difference of accuracy, and the
+    speedup in samples per second."""
     if "gloo" not in runs:
         return {}
     ina, gloo = runs["ina"], runs["gloo"]
-    return {
+    comparison = {
         "bytes_ratio": ina["bytes_per_worker"] / gloo["bytes_per_worker"],
         "time_ratio": ina["time_s"] / gloo["time_s"],
         "accuracy_delta": ina["final_accuracy"] - gloo["final_accuracy"],
     }
+    if ina.get("samples_per_s") and gloo.get("samples_per_s"):
+        comparison["speedup"] = ina["samples_per_s"] / gloo["samples_per_s"]
+    return comparison
 
 
-def table(runs: dict[str, dict[str, Any]]) -> str:
-    """The final table: one line per run."""
+def table(runs: dict[str, dict[str, Any]], stats: dict[str, dict[str, Any]] | None = None) -> str:
+    """The final table: one line per run; with ``stats`` of several repeats, a line per run of
+    medians and [min, max] of time, samples/s and accuracy follows."""
     head = f"{'run':<10} {'time s':>8} {'s/epoch':>8} {'MB/worker':>10} {'pkts/worker':>12} "
-    head += f"{'retx':>6} {'accuracy':>9}"
+    head += f"{'retx':>6} {'accuracy':>9} {'samples/s':>10}"
     lines = [head]
     for run in runs.values():
         lines.append(
             f"{run['label']:<10} {run['time_s']:>8.2f} {run['time_per_epoch_s']:>8.3f} "
             f"{run['bytes_per_worker'] / 1e6:>10.3f} {run['packets_per_worker']:>12.0f} "
-            f"{run['fabric'].get('retransmissions', 0):>6} {run['final_accuracy']:>8.2f}%"
+            f"{run['fabric'].get('retransmissions', 0):>6} {run['final_accuracy']:>8.2f}% "
+            f"{run.get('samples_per_s') or 0:>10.1f}"
         )
+    for mode, fields in (stats or {}).items():
+        parts = [f"{name} {fields[key]['median']:.{digits}f} "
+                 f"[{fields[key]['min']:.{digits}f}, {fields[key]['max']:.{digits}f}]"
+                 for key, name, digits in (("time_s", "time s", 2),
+                                           ("samples_per_s", "samples/s", 1),
+                                           ("final_accuracy", "accuracy %", 2))
+                 if key in fields]  # fmt: skip
+        lines.append(f"{runs[mode]['label']:<10} median [min, max]: " + ", ".join(parts))
     return "\n".join(lines)
 
 
@@ -139,12 +193,19 @@ def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write(out: Path, config: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Write ``results.json`` and ``plot.png`` into ``out``; print the table; return the results."""
-    results = {"config": config, "runs": runs, "comparison": compare(runs)}
+def write(
+    out: Path, config: dict[str, Any], repeats: dict[str, list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """Write ``results.json`` and ``plot.png`` into ``out`` from every mode's repeats (the first
+    repeat is ``runs``); print the table; return the results."""
+    runs = {mode: summaries[0] for mode, summaries in repeats.items()}
+    stats = statistics(repeats)
+    results = {"config": config, "runs": runs, "comparison": compare(runs), "repeats": repeats,
+               "statistics": stats}  # fmt: skip
     (out / RESULTS).write_text(json.dumps(results, indent=1) + "\n")
     plot(runs, out / PLOT)
-    print(table(runs))
+    several = any(len(summaries) > 1 for summaries in repeats.values())
+    print(table(runs, stats if several else None))
     for key, value in results["comparison"].items():
         print(f"{key}: {value:.4f}")
     print(f"results: {out / RESULTS}, plot: {out / PLOT}")

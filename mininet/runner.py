@@ -2,7 +2,8 @@
 
 :func:`run_topology` builds the topology (:mod:`ncina.topo.topos`) on Linux bridges (on a P4 switch
 with BACKEND=bmv2), starts ``ncina aggregator`` on every aggregator node (the switch's) and ``ncina
-train`` on every worker host, waits for training to finish while echoing rank 0's progress, stops
+train`` on every worker host, waits for training to finish while showing rank 0's progress (a
+tqdm bar and a line per epoch, from its metrics file), stops
 the aggregators (which write their stats on SIGTERM), then trains again with gloo's fp32 all-reduce
 on the same network. Everything a run writes goes to its directory: per-worker logs and metrics
 (``<mode>/worker<r>.log|.jsonl``), aggregator logs and stats (``ina/aggregator<j>.log|.json``),
@@ -16,6 +17,7 @@ while ``make topo`` runs) do not collide.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -24,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.bmv2 import toolchain
@@ -171,7 +173,7 @@ def train(
 ) -> list[Path]:
     """Run ``ncina train`` on every worker (INA when ``aggregators`` is not empty, else gloo).
 
-    Echoes rank 0's output while waiting; returns the metrics files in rank order.
+    Shows rank 0's progress while waiting; returns the metrics files in rank order.
     """
     mode = "ina" if aggregators else "gloo"
     master = f"{worker_ip(0)}:{GLOO_PORTS[mode]}"
@@ -195,18 +197,75 @@ def train(
         if aggregators and cfg.key_file is not None:
             argv += ["--key-file", str(cfg.key_file.resolve())]
         workers.append(procs.start(host, argv, run_dir / f"worker{rank}.log"))
-    with (run_dir / "worker0.log").open(errors="replace") as rank0:
-        wait_workers(workers, rank0, run_dir, time.monotonic() + cfg.timeout)
+    progress = Progress(metrics[0], f"{mode} rank 0", cfg.epochs, cfg.max_steps)
+    try:
+        wait_workers(workers, progress, run_dir, time.monotonic() + cfg.timeout)
+    finally:
+        progress.close()
     return metrics
 
 
+class Progress:
+    """Rank 0's progress, read from its metrics file as it grows: a tqdm bar of the steps (on a
+    terminal; tqdm turns itself off elsewhere) with the loss and the bytes sent, and one line per
+    epoch and at the end. The workers' full per-step lines stay in their logs."""
+
+    def __init__(self, metrics: Path, label: str, epochs: int, max_steps: int | None) -> None:
+        from tqdm import tqdm
+
+        self.metrics = metrics
+        self.epochs = epochs
+        self.max_steps = max_steps
+        self.offset = 0
+        self.steps = 0  # rank 0's steps shown (the bar keeps no count when it is turned off)
+        self.bar = tqdm(desc=label, unit="step", disable=None, dynamic_ncols=True, leave=True)
+
+    def poll(self) -> None:
+        """Show the events rank 0 has written since the last call (whole lines only)."""
+        try:
+            with self.metrics.open("rb") as f:
+                f.seek(self.offset)
+                text = f.read()
+        except FileNotFoundError:
+            return
+        end = text.rfind(b"\n") + 1
+        self.offset += end
+        for line in text[:end].decode(errors="replace").splitlines():
+            if line.strip():
+                self.show(json.loads(line))
+
+    def show(self, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "start":
+            total = self.epochs * event["steps_per_epoch"]
+            self.bar.reset(total=min(total, self.max_steps or total))
+            self.bar.write(f"{event['model']}: {event['parameters']} parameters, "
+                           f"compute {event['compute_step_s'] * 1e3:.1f} ms/step")  # fmt: skip
+        elif kind == "step":
+            self.steps += 1
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{event['loss']:.4f}",
+                                 MB=f"{event.get('tx_bytes', 0) / 1e6:.2f}")  # fmt: skip
+        elif kind == "epoch":
+            self.bar.write(f"epoch {event['epoch']}: test accuracy {event['test_acc']:.2f}% "
+                           f"loss {event['test_loss']:.4f}, {event['time']:.1f} s, "
+                           f"{event.get('tx_bytes', 0) / 1e6:.2f} MB sent")  # fmt: skip
+        elif kind == "end":
+            self.bar.write(f"done: {event['steps']} steps, {event['samples_per_s']:.1f} "
+                           f"samples/s, exposed communication {event['exposed_comm_s']:.2f} s")
+
+    def close(self) -> None:
+        self.poll()
+        self.bar.close()
+
+
 def wait_workers(
-    workers: Sequence[subprocess.Popen[bytes]], echo: TextIO, run_dir: Path, deadline: float
+    workers: Sequence[subprocess.Popen[bytes]], progress: Progress, run_dir: Path,
+    deadline: float,
 ) -> None:
-    """Wait until every worker has exited 0, copying ``echo`` to stdout; raise on any failure."""
+    """Wait until every worker has exited 0, showing rank 0's progress; raise on any failure."""
     while True:
-        sys.stdout.write(echo.read())
-        sys.stdout.flush()
+        progress.poll()
         codes = [w.poll() for w in workers]
         failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
@@ -221,10 +280,11 @@ def wait_workers(
 
 
 def run_mode(
-    net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, mode: str
+    net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, mode: str, repeat: int = 0
 ) -> dict[str, Any]:
-    """One training run (``ina`` or ``gloo``) on the running network; its summary."""
-    run_dir = cfg.out / mode
+    """One training run (``ina`` or ``gloo``) on the running network; its summary. Repeats after
+    the first go to ``<mode>-<repeat>/``."""
+    run_dir = cfg.out / (f"{mode}-{repeat}" if repeat else mode)
     run_dir.mkdir(parents=True, exist_ok=True)
     label = report.LABELS[mode]
     if mode == "ina" and cfg.compressor:  # e.g. "server+3lc", "INA+natdither:s=8"
@@ -260,12 +320,17 @@ def run_topology(cfg: TopoConfig) -> dict[str, Any]:
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         net.start()
-        runs = {mode: run_mode(net, topo, cfg, procs, mode)
-                for mode in (("ina", "gloo") if cfg.baseline else ("ina",))}
+        modes = ("ina", "gloo") if cfg.baseline else ("ina",)
+        repeats: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+        for i in range(cfg.repeat):
+            if cfg.repeat > 1:
+                print(f"*** repeat {i + 1} of {cfg.repeat}")
+            for mode in modes:
+                repeats[mode].append(run_mode(net, topo, cfg, procs, mode, i))
     finally:
         procs.stop_all()
         net.stop()
         signal.signal(signal.SIGTERM, previous)
         PID_FILE.unlink(missing_ok=True)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
-    return report.write(cfg.out, config, runs)
+    return report.write(cfg.out, config, repeats)

@@ -153,3 +153,20 @@ def test_a_job_with_members_drops_other_addresses_and_stays_exact(tmp_path: Path
         assert job["slots_completed"] == -(-20_000 // 64)
     finally:
         running.stop()
+
+
+def test_a_job_file_replaced_with_the_same_time_and_size_is_seen(tmp_path: Path) -> None:
+    """A rename over the file (same name, size and modification time, another job inside) is a
+    change: the inode tells it apart."""
+    jobs = JobsDirectory(tmp_path)
+    first = write_job(tmp_path, {"job": 5, "workers": 2, "k": 64, "result_format": "int"})
+    assert [(kind, c.job) for kind, c in jobs.changes(set())] == [("add", 5)]  # type: ignore[union-attr]
+    stamp = first.stat()
+    other = tmp_path / ".other.tmp"
+    other.write_text(json.dumps({"job": 6, "workers": 2, "k": 64, "result_format": "int"}))
+    os.utime(other, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    os.replace(other, first)
+    again = first.stat()
+    assert (again.st_size, again.st_mtime_ns) == (stamp.st_size, stamp.st_mtime_ns)
+    changes = [(kind, c if isinstance(c, int) else c.job) for kind, c in jobs.changes({5})]  # type: ignore[union-attr]
+    assert changes == [("remove", 5), ("add", 6)]

@@ -16,7 +16,7 @@ import pytest
 from mininet.util import buildTopo
 from ncina.topo import cli as topo_cli
 from ncina.topo import topos as topos_module
-from ncina.topo.runner import check_backend
+from ncina.topo.runner import Progress, check_backend
 from ncina.topo.topos import InaHost, InaLink, MultiTopo, StarTopo, aggregator_ip, worker_ip
 from ncina.worker.sharding import ShardedAllreduce, shard_bounds
 
@@ -207,3 +207,35 @@ def test_topo_refuses_impossible_compressor_options_before_anything_starts(
     topo_cli.add_parser(parser.add_subparsers())
     with pytest.raises(ValueError, match=message):
         topo_cli.run(parser.parse_args(["topo", *options]))
+
+
+def test_progress_follows_rank_0s_metrics_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The runner shows rank 0's events as the file grows, whole lines only: the bar counts
+    steps up to min(epochs x steps/epoch, max_steps), epochs and the end are lines."""
+    import json
+
+    metrics = tmp_path / "worker0.jsonl"
+    progress = Progress(metrics, "ina rank 0", epochs=3, max_steps=5)
+    progress.poll()  # no file yet: nothing
+    events = [
+        {"event": "start", "model": "mlp", "parameters": 17226, "steps_per_epoch": 4,
+         "compute_step_s": 0.002},
+        {"event": "step", "loss": 2.1, "tx_bytes": 2_000_000},
+        {"event": "step", "loss": 1.9, "tx_bytes": 4_000_000},
+    ]  # fmt: skip
+    text = "".join(json.dumps(e) + "\n" for e in events)
+    metrics.write_text(text + '{"event": "epo')  # a line still being written
+    progress.poll()
+    assert progress.bar.total == 5 and progress.steps == 2
+    with metrics.open("a") as f:
+        f.write('ch", "epoch": 1, "test_acc": 91.5, "test_loss": 0.3, "time": 1.5, '
+                '"tx_bytes": 8000000}\n')
+        f.write(json.dumps({"event": "end", "steps": 5, "samples_per_s": 812.5,
+                            "exposed_comm_s": 0.25}) + "\n")  # fmt: skip
+    progress.close()
+    out = capsys.readouterr().out
+    assert "mlp: 17226 parameters, compute 2.0 ms/step" in out
+    assert "epoch 1: test accuracy 91.50% loss 0.3000, 1.5 s, 8.00 MB sent" in out
+    assert "done: 5 steps, 812.5 samples/s, exposed communication 0.25 s" in out

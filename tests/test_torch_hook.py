@@ -11,7 +11,10 @@ gloo and records the difference), and write the records as JSON.
   iteration: the branches run in an order that differs from their registration order);
 - ``nc8`` results on Gaussian gradients: every element within the deterministic NC bound, the
   squared error within the variance bound;
-- the same exact check with the tensor sharded across two aggregators (the ``multi`` topology).
+- the same exact check with the tensor sharded across two aggregators (the ``multi`` topology);
+- the hook is asynchronous: it returns a pending future, buckets are reduced one at a time in
+  call order, a failure completes the future with the error (DDP's ``backward()`` raises it,
+  with a real aggregator that never answers), and ``comm_total_s`` adds up the time spent.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,7 @@ from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.torch_hook import (
     InaHookState,
     VerifyingState,
+    ina_hook,
     nc_error_bounds,
     verifying_hook,
 )
@@ -148,6 +153,95 @@ def test_sharded_across_two_aggregators_is_exact(tmp_path: Path) -> None:
     assert [s["slots_completed"] for s in stats] == [
         sum(c // 2 for c in chunks), sum(c - c // 2 for c in chunks)
     ]
+
+
+class HeldFabric:
+    """A fabric whose all-reduces wait for ``release`` and record their order (x + 1 each)."""
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.release = threading.Event()
+        self.calls: list[int] = []
+        self.fail_on = fail_on
+
+    def allreduce(self, x: np.ndarray, tensor: int) -> np.ndarray:
+        assert self.release.wait(30)
+        self.calls.append(tensor)
+        if tensor == self.fail_on:
+            raise TimeoutError(f"allreduce: no result for bucket {tensor}")
+        return x + 1
+
+
+class Bucket:
+    """What the hook reads of a ``dist.GradBucket``: its flat buffer and its index."""
+
+    def __init__(self, index: int, values: list[float]) -> None:
+        self._buffer = torch.tensor(values, dtype=torch.float32)
+        self._index = index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def index(self) -> int:
+        return self._index
+
+
+def test_the_hook_returns_a_pending_future_and_reduces_buckets_in_order() -> None:
+    fabric = HeldFabric()
+    state = InaHookState(fabric)  # type: ignore[arg-type]
+    buckets = [Bucket(i, [float(i)] * (i + 1)) for i in (2, 0, 1)]
+    futures = [ina_hook(state, b) for b in buckets]  # type: ignore[arg-type]
+    assert not any(f.done() for f in futures)  # nothing waited for the fabric
+    fabric.release.set()
+    results = [f.wait() for f in futures]
+    assert fabric.calls == [2, 0, 1]  # the order of the hook's calls, one at a time
+    for bucket, result in zip(buckets, results, strict=True):
+        assert result is bucket.buffer()  # reduced in place: DDP copies it into .grad
+        assert result.tolist() == [bucket.index() + 1.0] * (bucket.index() + 1)
+    assert state.buckets == 3 and state.comm_total_s > 0
+    state.close()
+
+
+def test_a_failed_allreduce_completes_its_future_with_the_error() -> None:
+    fabric = HeldFabric(fail_on=1)
+    state = InaHookState(fabric)  # type: ignore[arg-type]
+    futures = [ina_hook(state, Bucket(i, [1.0])) for i in range(3)]  # type: ignore[arg-type]
+    fabric.release.set()
+    assert futures[0].wait().tolist() == [2.0]
+    with pytest.raises(TimeoutError, match="no result for bucket 1"):
+        futures[1].wait()
+    assert futures[2].wait().tolist() == [2.0]  # the fake fabric recovers; a real client refuses
+    state.close()
+
+
+def test_backward_raises_when_the_aggregator_never_answers(tmp_path: Path) -> None:
+    """A real DDP model and client whose aggregator address has nobody behind it: the pending
+    future fails at the client's deadline and ``backward()`` raises, instead of hanging."""
+    script = f"""
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from ncina.aggregator.process import free_udp_port
+from ncina.worker.client import AllreduceClient
+from ncina.worker.sharding import ShardedAllreduce
+from ncina.worker.torch_hook import InaHookState, ina_hook
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'rendezvous'}", rank=0,
+                        world_size=1)
+model = DistributedDataParallel(torch.nn.Linear(8, 4))
+client = AllreduceClient(("127.0.0.1", free_udp_port()), job=1, rank=0, workers=1, k=64,
+                         deadline=1.0)
+state = InaHookState(ShardedAllreduce([client]))
+model.register_comm_hook(state, ina_hook)
+try:
+    model(torch.ones(2, 8)).sum().backward()
+except Exception as exc:
+    print("raised:", type(exc).__name__, exc)
+state.close()
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("raised:") and "no result from aggregator" in proc.stdout, (
+        proc.stdout + proc.stderr
+    )
 
 
 def rank_main(spec: dict[str, Any]) -> None:

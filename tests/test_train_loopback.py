@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from ncina.topo import report
 from ncina_testlib import start_aggregator
 
@@ -59,7 +60,9 @@ def train(
     return metrics
 
 
-def test_ina_and_gloo_runs_and_their_summary(tmp_path: Path) -> None:
+def test_ina_and_gloo_runs_and_their_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     agg = start_aggregator("python", tmp_path / "aggregator", job=1, workers=WORLD, k=256,
                            result="nc8", extra=["--seed", "0"])
     try:
@@ -85,8 +88,17 @@ def test_ina_and_gloo_runs_and_their_summary(tmp_path: Path) -> None:
     fabric = runs["ina"]["fabric"]  # a loaded machine may time out and re-send a chunk or two
     assert fabric["packets_sent"] - fabric["retransmissions"] == WORLD * STEPS * CHUNKS
     assert runs["ina"]["aggregators"][0]["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS
-    results = report.write(tmp_path, {"test": True}, runs)
-    assert set(results["comparison"]) == {"bytes_ratio", "time_ratio", "accuracy_delta"}
+    # Two repeats of INA (the same summary twice, so the statistics are exact), one of gloo.
+    results = report.write(tmp_path, {"test": True},
+                           {"ina": [runs["ina"], runs["ina"]], "gloo": [runs["gloo"]]})
+    comparison = {"bytes_ratio", "time_ratio", "accuracy_delta", "speedup"}
+    assert set(results["comparison"]) == comparison
+    assert results["runs"] == runs and len(results["repeats"]["ina"]) == 2
+    time_s = runs["ina"]["time_s"]
+    assert results["statistics"]["ina"]["time_s"] == {"median": time_s, "min": time_s,
+                                                     "max": time_s}  # fmt: skip
+    assert "exposed_comm_s" in results["statistics"]["gloo"]
+    assert "median [min, max]: time s" in capsys.readouterr().out
     assert (tmp_path / report.PLOT).stat().st_size > 0
 
 
@@ -97,7 +109,50 @@ def test_unknown_model_is_refused(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"},
     )
     assert out.returncode == 1
-    assert "unknown model 'resnet'; models: cnn, mlp" in out.stderr
+    assert "unknown model 'resnet'; models: mlp, cnn, resnet20, resnet18, vgg11, alexnet, " \
+        "transformer, or module:factory" in out.stderr
+
+
+def test_torchrun_starts_the_ranks_against_an_aggregator(tmp_path: Path) -> None:
+    """``torchrun --nproc-per-node 2 -m ncina.cli train``: no --rank/--world-size/--master, the
+    ranks take torchrun's environment and store; each writes its own metrics file ({rank}), and
+    the aggregator completes every chunk of every step of both ranks."""
+    agg = start_aggregator("python", tmp_path / "aggregator", job=1, workers=WORLD, k=256,
+                           result="nc8", extra=["--seed", "0"])  # fmt: skip
+    try:
+        host, port = agg.address
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
+             "--master-addr", "127.0.0.1", "--master-port", str(free_tcp_port()),
+             "-m", "ncina.cli", "train", "--ina", f"{host}:{port}",
+             "--max-steps", str(STEPS), "--metrics", str(tmp_path / "rank{rank}.jsonl")],
+            capture_output=True, text=True, timeout=300, check=False,
+            env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        stats = agg.stats()
+    finally:
+        assert agg.stop() == 0
+    ends = []
+    for rank in range(WORLD):
+        events = report.read_events(tmp_path / f"rank{rank}.jsonl")
+        assert events[0]["rank"] == rank and events[0]["world_size"] == WORLD
+        ends.append(events[-1])
+    assert [e["steps"] for e in ends] == [STEPS] * WORLD
+    assert stats["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS
+    for end in ends:  # the hook timed its all-reduces; the step time splits around them
+        assert end["comm_total_s"] > 0 and end["samples_per_s"] > 0
+        assert 0 <= end["exposed_comm_fraction"] <= 1
+        assert end["step_s"] >= end["compute_step_s"] > 0
+
+
+def test_training_outside_torchrun_names_the_missing_flag() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    out = subprocess.run([str(NCINA), "train", "--world-size", "2"], capture_output=True,
+                         text=True, timeout=60, env=env, check=False)  # fmt: skip
+    assert out.returncode == 1
+    assert out.stderr == ("ncina train: error: --rank is missing and $RANK is not set: give "
+                          "--rank, or start the ranks with torchrun\n")  # fmt: skip
 
 
 

@@ -2,11 +2,18 @@
 
 ``model.register_comm_hook(InaHookState(fabric), ina_hook)`` makes every gradient bucket of a
 ``DistributedDataParallel`` model go through the aggregator(s) instead of gloo: the bucket's
-flattened buffer is NC8-encoded, summed in the switch, decoded, averaged, copied back into the
-buffer, and the buffer is returned in an already completed future (the fabric call blocks, so there
-is nothing to overlap). DDP copies the returned tensor into the parameters' ``.grad``. With a
-compressor on the fabric's clients (INA or server mode) the bucket goes through it the same way;
-the bucket's index names the tensor, so each bucket keeps its own compressor state.
+flattened buffer is NC8-encoded, summed in the switch, decoded, averaged and copied back into the
+buffer. The hook returns at once with a pending ``torch.futures.Future``; the state's one
+communication thread all-reduces the buckets in the order the hook was called (the same on every
+rank, so the fabric's slot sequence stays in step) and completes each future, while autograd goes
+on computing the gradients of the later buckets: communication overlaps the backward pass. DDP
+waits for every future at the end of ``backward()`` and copies the results into ``.grad``. A
+failed all-reduce (aggregator gone, deadline, restart) completes its future with the exception,
+so ``backward()`` raises it instead of hanging; the client then refuses later calls, which fail
+the same way. GPU buckets are staged through a pinned host buffer and copied back to the device.
+
+With a compressor on the fabric's clients (INA or server mode) the bucket goes through it the
+same way; the bucket's index names the tensor, so each bucket keeps its own compressor state.
 
 DDP calls the hook for buckets in index order on every rank, and rebuilds its buckets once after the
 first iteration (in gradient-ready order, the same on every rank); the hook keeps no per-bucket
@@ -21,6 +28,9 @@ error bounds of natural compression (:func:`nc_error_bounds`).
 
 # No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's annotations
 # with the real dist.GradBucket and torch.futures.Future[torch.Tensor] objects, not strings.
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,20 +49,64 @@ FLOAT_SLACK = 2.0**-20
 
 @dataclass
 class InaHookState:
-    """The hook's state: the fabric every bucket goes through."""
+    """The hook's state: the fabric every bucket goes through, the communication thread, and
+    ``comm_total_s``: seconds spent inside all-reduces so far (with ``buckets``, their count).
+
+    Call :meth:`close` when training ends (it waits for the bucket in flight, if any).
+    """
 
     fabric: ShardedAllreduce
+    comm_total_s: float = 0.0
+    buckets: int = 0
+    _thread: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ncina-hook"),
+        repr=False,
+    )
+    _staging: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def close(self) -> None:
+        """Stop the communication thread."""
+        self._thread.shutdown(wait=True)
+
+    def host_buffer(self, buffer: torch.Tensor) -> torch.Tensor:
+        """``buffer`` itself when it is in host memory, else a pinned host buffer of its size
+        (kept per size: DDP's buckets keep their sizes) holding a copy of it."""
+        if buffer.device.type == "cpu":
+            return buffer.detach()
+        staged = self._staging.get(buffer.numel())
+        if staged is None:
+            staged = torch.empty(buffer.numel(), dtype=buffer.dtype, pin_memory=True)
+            self._staging[buffer.numel()] = staged
+        staged.copy_(buffer.detach())
+        return staged
+
+    def reduce(self, buffer: torch.Tensor, index: int, future: torch.futures.Future) -> None:
+        """On the communication thread: the bucket's mean into ``buffer``, then complete
+        ``future`` with it, or with the exception that stopped the all-reduce."""
+        start = time.perf_counter()
+        try:
+            host = self.host_buffer(buffer)
+            mean = self.fabric.allreduce(host.numpy(), tensor=index)
+            buffer.copy_(torch.from_numpy(mean))
+        except Exception as exc:  # the future carries it to DDP, which raises it in backward()
+            future.set_exception(exc)
+            return
+        finally:
+            with self._lock:
+                self.comm_total_s += time.perf_counter() - start
+                self.buckets += 1
+        future.set_result(buffer)
 
 
 def ina_hook(state: InaHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Replace the bucket's gradients with their mean over the workers, through the fabric."""
+    """Replace the bucket's gradients with their mean over the workers, through the fabric;
+    returns at once (see the module doc): the future completes on the communication thread."""
     buffer = bucket.buffer()
     if buffer.dtype != torch.float32:
         raise TypeError(f"the INA hook handles float32 gradients, bucket has {buffer.dtype}")
-    mean = state.fabric.allreduce(buffer.detach().numpy(), tensor=bucket.index())
-    buffer.copy_(torch.from_numpy(mean))
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(buffer)
+    state._thread.submit(state.reduce, buffer, bucket.index(), future)
     return future
 
 
@@ -118,7 +172,7 @@ def verifying_hook(
     dist.all_reduce(x)
     x /= workers
     future = ina_hook(state.ina, bucket)
-    got = future.value()
+    got = future.wait()
     total, abs_sum, sq_sum = moments.numpy()
     worst, variance = nc_error_bounds(
         abs_sum, sq_sum, total, workers, client.window, client.result_format

@@ -1,8 +1,11 @@
 """``ncina train``: one rank of data-parallel SGD on the digits data set, INA+NC8 or gloo.
 
-Every rank runs this command (``ncina topo`` starts one per worker host). ``torch.distributed``
-(gloo, TCP rendezvous at ``--master``) brings the ranks together and DDP broadcasts rank 0's
-initial parameters. The gradient all-reduce then goes either
+Every rank runs this command (``ncina topo`` starts one per worker host), or ``torchrun`` starts
+them: ``torchrun --nproc-per-node N -m ncina.cli train --ina AGG:PORT ...`` (torchrun's
+``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; ``--rank``, ``--world-size`` and
+``--master`` override them). ``torch.distributed`` (gloo; a TCP rendezvous at ``--master``, or
+torchrun's store) brings the ranks together and DDP broadcasts rank 0's initial parameters. The
+gradient all-reduce then goes either
 
 - through the in-network aggregator(s) given with ``--ina`` (NC8 uplink, the job's result format
   downlink), by the DDP communication hook of :mod:`ncina.worker.torch_hook`; with
@@ -24,6 +27,8 @@ protocol carried it, so both modes are measured the same way.
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +47,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "rank. Gradients go through the aggregator(s) given with --ina (NC8, or --compressor "
         "in --mode ina or server), or through gloo's fp32 all-reduce without it.",
     )
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--world-size", type=int, required=True)
-    p.add_argument("--master", type=host_port, required=True, metavar="HOST:PORT",
-                   help="gloo rendezvous address (rank 0 listens there)")
+    p.add_argument("--rank", type=int, help="this rank (default: $RANK, set by torchrun)")
+    p.add_argument("--world-size", type=int,
+                   help="number of ranks (default: $WORLD_SIZE, set by torchrun)")
+    p.add_argument("--master", type=host_port, metavar="HOST:PORT",
+                   help="gloo rendezvous address, rank 0 listens there (default: torchrun's "
+                   "store at $MASTER_ADDR:$MASTER_PORT)")
     p.add_argument("--ina", type=host_port, action="append", default=[], metavar="HOST:PORT",
                    help="aggregator; repeat to shard tensors across several (none: gloo baseline)")
     p.add_argument("--job", type=int, default=1, help="INA job id, as on the aggregator(s)")
     p.add_argument("--iface", help="interface whose counters measure the traffic (and gloo binds)")
-    p.add_argument("--model", default="mlp", help="a name from ncina.worker.models.MODELS")
+    p.add_argument("--model", default="mlp",
+                   help="mlp, cnn (digits), resnet20, resnet18, vgg11, alexnet (synthetic "
+                   "32x32 images), transformer (a character LM on Python's own sources), or "
+                   "module:factory, your own (default: %(default)s)")
+    p.add_argument("--data", metavar="NAME",
+                   help="digits, synthetic-images, python-source, or module:factory (a function "
+                   "of the seed returning train and test datasets); default: the model's")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, default=32, help="per rank (default: %(default)s)")
@@ -78,18 +91,44 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="seconds without progress before an all-reduce fails")
     p.add_argument("--verify", action="store_true",
                    help="also all-reduce every bucket exactly with gloo and record the NC error")
-    p.add_argument("--metrics", type=Path, help="JSON-lines file the events are appended to")
+    p.add_argument("--metrics", type=Path,
+                   help="JSON-lines file the events are appended to; {rank} in it is replaced "
+                   "by the rank (one file per rank under torchrun)")
     p.add_argument("--log-every", type=int, default=1, help="print every Nth step")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     """Train (PyTorch is imported here); returns 0. Errors raise."""
+    resolve_launch(args, os.environ)
     check_options(args)
     from ncina.worker.training import run_rank
 
     run_rank(args)
     return 0
+
+
+def resolve_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    """Fill ``args.rank`` and ``args.world_size`` from torchrun's ``RANK`` and ``WORLD_SIZE``
+    where the flags leave them unset; without ``--master`` the rendezvous is torchrun's
+    (``env://``: ``MASTER_ADDR``, ``MASTER_PORT``). ``ValueError`` names what is missing."""
+    for name, variable in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
+        if getattr(args, name) is not None:
+            continue
+        text = environ.get(variable)
+        if text is None:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} is missing and ${variable} is not set: give {flag}, or "
+                             "start the ranks with torchrun")  # fmt: skip
+        try:
+            setattr(args, name, int(text))
+        except ValueError:
+            raise ValueError(f"${variable}={text!r} is not a number") from None
+    if args.master is None and not {"MASTER_ADDR", "MASTER_PORT"} <= environ.keys():
+        raise ValueError("--master is missing and $MASTER_ADDR/$MASTER_PORT are not set: give "
+                         "--master HOST:PORT, or start the ranks with torchrun")  # fmt: skip
+    if not 0 <= args.rank < args.world_size:
+        raise ValueError(f"rank {args.rank} is not one of 0..{args.world_size - 1}")
 
 
 def check_options(args: argparse.Namespace) -> None:

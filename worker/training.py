@@ -1,4 +1,4 @@
-"""The training loop of one rank of ``ncina train`` (DDP on digits; INA hook or gloo).
+"""The training loop of one rank of ``ncina train`` (DDP; INA hook or gloo).
 
 Kept apart from :mod:`ncina.worker.train` (the command's parser) so that building the ``ncina``
 parser does not import PyTorch. See that module for what a run does and the events it writes.
@@ -18,14 +18,13 @@ from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
-from ncina.worker import models
+from ncina.worker import data, models
 from ncina.worker.client import AllreduceClient
-from ncina.worker.data import digits
 from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.torch_hook import InaHookState, VerifyingState, ina_hook, verifying_hook
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 COUNTERS = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
 # Client counters worth a line of progress (the rest go to the end event).
@@ -84,15 +83,46 @@ class Events:
             self.file.close()
 
 
-def evaluate(model: nn.Module, test: TensorDataset) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy (percent) on the whole test set."""
-    x, y = test.tensors
+EVAL_BATCH = 256
+PROBE_STEPS = 3  # compute-only steps (no gradient exchange) timed before training
+
+
+def loss_of(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over the last axis of ``output`` (image logits ``(B, C)`` or LM logits
+    ``(B, T, V)``), every other axis a sample."""
+    return nn.functional.cross_entropy(output.flatten(0, -2), target.flatten(),
+                                       reduction=reduction)  # fmt: skip
+
+
+def evaluate(model: nn.Module, test: Dataset) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy (percent, per predicted class: per image, or per next
+    character of an LM) on the whole test set, in batches."""
     model.eval()
+    loss = correct = count = 0.0
     with torch.no_grad():
-        logits = model(x)
+        for x, y in DataLoader(test, batch_size=EVAL_BATCH):
+            output = model(x)
+            loss += loss_of(output, y, "sum").item()
+            correct += (output.argmax(-1) == y).sum().item()
+            count += y.numel()
     model.train()
-    loss = nn.functional.cross_entropy(logits, y).item()
-    return loss, 100.0 * (logits.argmax(1) == y).float().mean().item()
+    return loss / count, 100.0 * correct / count
+
+
+def compute_step_time(model: DistributedDataParallel, loader: DataLoader) -> float:
+    """Median seconds of a forward and backward pass without gradient exchange (``no_sync``):
+    the compute a step costs, against which ``exposed_comm_s`` is measured. The gradients are
+    discarded, and the parameters stay as they are."""
+    times = []
+    batches = iter(loader)
+    with model.no_sync():
+        for _ in range(PROBE_STEPS):
+            x, y = next(batches)
+            start = time.perf_counter()
+            loss_of(model(x), y).backward()
+            times.append(time.perf_counter() - start)
+    model.zero_grad(set_to_none=True)
+    return sorted(times)[len(times) // 2]
 
 
 def make_fabric(args: argparse.Namespace) -> ShardedAllreduce:
@@ -121,12 +151,14 @@ def run_rank(args: argparse.Namespace) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = args.iface
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)  # several ranks share the machine's cores
-    host, port = args.master
+    # torchrun's workers join its agent's store (env://); otherwise rank 0 listens at --master.
+    init = "env://" if args.master is None else "tcp://{}:{}".format(*args.master)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://{host}:{port}", rank=args.rank,
-        world_size=args.world_size, timeout=timedelta(seconds=120),
+        "gloo", init_method=init, rank=args.rank, world_size=args.world_size,
+        timeout=timedelta(seconds=120),
     )
-    events = Events(args.metrics)
+    # Under torchrun every rank gets the same flags: "{rank}" in the path keeps their files apart.
+    events = Events(Path(str(args.metrics).format(rank=args.rank)) if args.metrics else None)
     fabric = make_fabric(args) if args.ina else None
     try:
         train(args, events, fabric)
@@ -139,16 +171,40 @@ def run_rank(args: argparse.Namespace) -> None:
 
 def train(args: argparse.Namespace, events: Events, fabric: ShardedAllreduce | None) -> None:
     """The training loop of one rank (see the module doc for the events it emits)."""
-    train_set, test_set = digits(args.seed)
-    model = DistributedDataParallel(models.MODELS[args.model](), bucket_cap_mb=args.bucket_cap_mb)
+    spec = models.resolve(args.model)
+    data_name = args.data or spec.data
+    if not data_name:
+        raise ValueError(f"--model {args.model} has no default data set: give --data")
+    train_set, test_set = data.resolve(data_name)(args.seed)
+    model = DistributedDataParallel(spec.factory(), bucket_cap_mb=args.bucket_cap_mb)
     verify: VerifyingState | None = None
+    hook: InaHookState | None = None
     if fabric:
-        state = InaHookState(fabric)
+        hook = InaHookState(fabric)
         if args.verify:
-            verify = VerifyingState(state)
+            verify = VerifyingState(hook)
             model.register_comm_hook(verify, verifying_hook)
         else:
-            model.register_comm_hook(state, ina_hook)
+            model.register_comm_hook(hook, ina_hook)
+    try:
+        steps(args, events, fabric, model, hook, verify, train_set, test_set, data_name)
+    finally:
+        if hook:
+            hook.close()
+
+
+def steps(
+    args: argparse.Namespace,
+    events: Events,
+    fabric: ShardedAllreduce | None,
+    model: DistributedDataParallel,
+    hook: InaHookState | None,
+    verify: VerifyingState | None,
+    train_set: Dataset,
+    test_set: Dataset,
+    data_name: str,
+) -> None:
+    """Train ``model`` for the epochs or steps asked, emitting the events."""
     sampler = DistributedSampler(
         train_set, num_replicas=args.world_size, rank=args.rank, seed=args.seed, drop_last=True
     )
@@ -158,23 +214,29 @@ def train(args: argparse.Namespace, events: Events, fabric: ShardedAllreduce | N
     tag = f"[{mode} rank {args.rank}]"
     params = sum(p.numel() for p in model.parameters())
     test_loss, test_acc = evaluate(model.module, test_set)
+    compute_s = compute_step_time(model, loader)
     dist.barrier()  # every rank starts its counters and clock together
     counters, clock = Counters(args.iface), Clock()
     events.emit(
-        "start", f"{tag} {args.model}, {params} parameters, {len(loader)} steps/epoch",
+        "start", f"{tag} {args.model} on {data_name}, {params} parameters, "
+        f"{len(loader)} steps/epoch, compute {compute_s * 1e3:.1f} ms/step",
         rank=args.rank, world_size=args.world_size, mode=mode, model=args.model,
-        parameters=params, steps_per_epoch=len(loader), aggregators=len(args.ina),
-        compressor=args.compressor, fabric_mode=args.mode if fabric else None,
-        test_loss=test_loss, test_acc=test_acc,
+        data=data_name, parameters=params, steps_per_epoch=len(loader),
+        aggregators=len(args.ina), compressor=args.compressor,
+        fabric_mode=args.mode if fabric else None, test_loss=test_loss, test_acc=test_acc,
+        compute_step_s=compute_s,
     )
     step = 0
+    step_total = 0.0  # seconds inside steps (forward, backward with the exchange, update)
     for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch)
         for x, y in loader:
+            started = time.perf_counter()
             optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
+            loss = loss_of(model(x), y)
+            loss.backward()  # returns once every bucket's all-reduce has completed
             optimizer.step()
+            step_total += time.perf_counter() - started
             step += 1
             now, wire, value = clock(), counters.delta(), loss.item()
             progress = {k: v for k, v in (fabric.stats if fabric else {}).items()
@@ -204,8 +266,33 @@ def train(args: argparse.Namespace, events: Events, fabric: ShardedAllreduce | N
         if step == args.max_steps:
             break
     dist.barrier()
+    elapsed = clock()
+    timing = step_timing(step, step_total, compute_s, hook)
+    samples_per_s = step * args.batch_size * args.world_size / elapsed if elapsed else 0.0
     events.emit(
-        "end", f"{tag} finished: {step} steps, accuracy {test_acc:.2f}%",
-        steps=step, epochs=epoch, time=clock(), test_acc=test_acc, test_loss=test_loss,
-        **counters.delta(), fabric=fabric.stats if fabric else {},
+        "end", f"{tag} finished: {step} steps, accuracy {test_acc:.2f}%, "
+        f"{samples_per_s:.1f} samples/s, exposed communication "
+        f"{timing['exposed_comm_s']:.2f} s of {timing['step_s'] * step:.2f} s",
+        steps=step, epochs=epoch, time=elapsed, test_acc=test_acc, test_loss=test_loss,
+        samples_per_s=samples_per_s, **timing, **counters.delta(),
+        fabric=fabric.stats if fabric else {},
     )
+
+
+def step_timing(
+    steps: int, step_total: float, compute_s: float, hook: InaHookState | None
+) -> dict[str, float | None]:
+    """What a training run's steps cost: ``step_s`` (mean), ``compute_step_s`` (the probe's),
+    ``exposed_comm_s`` (over all steps: step time beyond compute, the communication the
+    backward pass did not hide), ``comm_total_s`` (time inside the hook's all-reduces; None
+    without the hook: gloo's own exchange is not timed) and ``exposed_comm_fraction``
+    (exposed over total communication; None without the hook)."""
+    exposed = max(0.0, step_total - steps * compute_s)
+    comm = hook.comm_total_s if hook else None
+    return {
+        "step_s": step_total / steps if steps else 0.0,
+        "compute_step_s": compute_s,
+        "exposed_comm_s": exposed,
+        "comm_total_s": comm,
+        "exposed_comm_fraction": min(1.0, exposed / comm) if comm else None,
+    }

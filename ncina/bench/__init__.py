@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "reliability": "ncina.bench.reliability",
     "training": "ncina.bench.training",
     "tag": "ncina.bench.tag",
+    "ddp": "ncina.bench.ddp",
 }
 
 

@@ -1,0 +1,97 @@
+"""``ncina bench ddp``: data-parallel training with INA+NC8 and with gloo fp32 on one fabric.
+
+Each repeat brings up the ``ncina topo`` star (Mininet, root: ``--workers`` hosts on ``--bw``
+Mbit/s links, the aggregator of ``--backend``) and trains ``--model`` for ``--steps`` steps
+twice on it: through the aggregator (the asynchronous DDP hook) and with gloo's fp32 ring
+all-reduce. Reported, as medians over ``--repeat`` (each repeat's values too):
+``ina_samples_per_s``, ``gloo_samples_per_s``, ``speedup`` (= ina / gloo), and the INA run's
+``comm_total_s`` (time inside the hook's all-reduces), ``exposed_comm_s`` (step time beyond
+compute-only steps: the communication the backward pass did not hide) and
+``exposed_comm_fraction`` (exposed / total), per rank on average. The runs' directories (logs,
+results.json, plot.png) stay under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
+          "exposed_comm_s", "exposed_comm_fraction")  # fmt: skip
+EPOCHS = 1000  # enough for any --steps: the run stops at max_steps
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``ncina bench ddp``."""
+    p = subparsers.add_parser(
+        "ddp",
+        help="DDP training with INA+NC8 and with gloo over one Mininet fabric (root)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="vgg11",
+                   help="a model of ncina train --model (default: %(default)s)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=4, help="default: %(default)s")
+    p.add_argument("--bw", type=float, default=100.0,
+                   help="worker link bandwidth in Mbit/s (default: %(default)s)")  # fmt: skip
+    p.add_argument("--steps", type=int, default=20, help="training steps per run "
+                   "(default: %(default)s)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=32, help="per worker (default: %(default)s)")
+    p.add_argument("--backend", default="python",
+                   help="the aggregator's backend (ncina aggregator --backend; default: "
+                   "%(default)s)")  # fmt: skip
+    p.add_argument("--k", type=int, default=256, help="elements per packet (default: %(default)s)")
+    p.add_argument("--repeat", type=int, default=1, help="runs; medians are reported "
+                   "(default: %(default)s)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("runs/bench/ddp"),
+                   help="where each run's directory goes (default: %(default)s)")  # fmt: skip
+    return p
+
+
+def figures(results: dict[str, Any]) -> dict[str, float | None]:
+    """The benchmark's fields from one topology run's ``results.json`` content."""
+    ina, gloo = results["runs"]["ina"], results["runs"]["gloo"]
+    return {
+        "ina_samples_per_s": ina["samples_per_s"],
+        "gloo_samples_per_s": gloo["samples_per_s"],
+        "speedup": results["comparison"].get("speedup"),
+        "comm_total_s": ina["comm_total_s"],
+        "exposed_comm_s": ina["exposed_comm_s"],
+        "exposed_comm_fraction": ina["exposed_comm_fraction"],
+    }
+
+
+def medians(runs: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Per field, the median over the runs (None when a run lacks it)."""
+    out: dict[str, float | None] = {}
+    for field in FIELDS:
+        values = [run[field] for run in runs]
+        out[field] = None if any(v is None for v in values) else statistics.median(values)
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the repeats; return the medians and each run's figures."""
+    if os.geteuid() != 0:
+        raise PermissionError("ncina bench ddp needs root: Mininet builds the fabric")
+    if args.steps < 1 or args.repeat < 1 or args.workers < 2:
+        raise ValueError("--steps and --repeat must be at least 1, --workers at least 2")
+    from ncina.topo.config import TopoConfig
+    from ncina.topo.runner import run_topology
+
+    runs = []
+    for i in range(args.repeat):
+        out = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-{i}"
+        cfg = TopoConfig(out=out, workers=args.workers, backend=args.backend, bw=args.bw,
+                         model=args.model, epochs=EPOCHS, max_steps=args.steps,
+                         batch_size=args.batch_size, k=args.k)  # fmt: skip
+        runs.append({**figures(run_topology(cfg)), "out": str(out)})
+    return {
+        "model": args.model, "workers": args.workers, "bw_mbit": args.bw, "steps": args.steps,
+        "batch_size": args.batch_size, "backend": args.backend, "k": args.k,
+        "repeat": args.repeat, **medians(runs), "runs": runs,
+    }  # fmt: skip
