@@ -112,6 +112,10 @@ class EngineBackend:
 
     def _loop(self) -> None:
         self._run_rc = self.loop()
+        if self._run_rc != 0:
+            reason = self.plane.ffi.string(self.plane.lib.nce_error()).decode(errors="replace")
+            print(f"ncina aggregator: the {self.name} loop stopped: {reason}", file=self.log,
+                  flush=True)  # fmt: skip
         self._stop.set()
 
     def _poll(self) -> None:

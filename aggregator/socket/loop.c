@@ -224,7 +224,7 @@ int ncs_run(int mode)
         const int n = recvmmsg(sock, rx_msgs, BATCH, MSG_DONTWAIT, NULL);
         if (n <= 0) {
             if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-                return -1;      /* the socket is broken: nothing more will come */
+                FAIL("recvmmsg: %s", strerror(errno));  /* nothing more will come */
             io.wakeups++;
             poll(wait, 2, -1);
             continue;

@@ -31,8 +31,8 @@ int ncs_open(const uint8_t *ip, uint16_t port);
 /* Serve on the calling thread until ncs_stop(): receive in batches (recvmmsg), hand every
  * datagram to the engine, send the replies in batches (sendmmsg), and sleep in poll() on the
  * socket and a stop eventfd when idle. mode 0 aggregates; mode 1 is the no-op forwarder (every
- * datagram goes back to its sender unchanged: the I/O limit of this path). 0, or -1 (no
- * socket). */
+ * datagram goes back to its sender unchanged: the I/O limit of this path). 0, or -1 with
+ * nce_error() (no socket, or the socket failed). */
 int ncs_run(int mode);
 /* Make ncs_run return (from any thread; prompt even when it sleeps). */
 void ncs_stop(void);
