@@ -18,6 +18,7 @@ from typing import Any
 BENCHMARKS: dict[str, str] = {
     "codec": "ncina.bench.codec",
     "allreduce": "ncina.bench.allreduce",
+    "fabric": "ncina.bench.fabric",
     "compressors": "ncina.bench.compressors",
     "aggregator": "ncina.bench.aggregator",
     "reliability": "ncina.bench.reliability",
