@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ncina.aggregator import process as aggproc
 from ncina.worker.client import AllreduceClient
 from ncina_parity import assert_wire_parity
 from ncina_testlib import (
@@ -66,6 +68,40 @@ def test_bound_to_any_address_replies_come_from_the_address_sent_to(tmp_path: Pa
     finally:
         assert agg.stop() == 0, agg.log()
     assert "Traceback" not in agg.log()
+
+
+def test_it_serves_as_an_unprivileged_user() -> None:
+    """No root, no capability: the C engine behind a UDP socket runs as nobody (building its
+    extension into a cache of nobody's own, in a directory nobody can reach: pytest's are
+    root's alone)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("switching to an unprivileged user needs root and setpriv")
+    with tempfile.TemporaryDirectory(prefix="ncina-nobody-") as where:
+        home = Path(where)
+        home.chmod(0o777)
+        run_as_nobody(home)
+
+
+def run_as_nobody(home: Path) -> None:
+    """Start a socket aggregator as nobody with ``home`` as its home, aggregate one datagram."""
+    log_path = home / "aggregator.log"
+    argv = aggregator_command("socket", ["--listen", "127.0.0.1:0", "--job", str(JOB),
+                                         "--workers", "1", "--k", "4", "--result", "int"])
+    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env",
+               f"HOME={home}", f"NCINA_CACHE={home / 'cache'}", *argv]  # fmt: skip
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    try:
+        address = aggproc.wait_ready(proc, log_path, 120.0)
+        assert os.stat(f"/proc/{proc.pid}").st_uid == 65534  # setpriv and env exec'd into it
+        worker = Worker(address)
+        worker.send(uplink(job=JOB, rank=0, slot=0, offset=0, codes=[3], emin=window_e_min(1)))
+        _, payload = dissect(worker.receive())
+        worker.close()
+    finally:
+        assert aggproc.stop(proc) == 0, log_path.read_text()
+    assert payload == (4).to_bytes(8, "big")
+    assert "Traceback" not in log_path.read_text()
 
 
 def test_socket_section_of_the_stats_and_a_prompt_idle_stop(tmp_path: Path) -> None:
