@@ -1,4 +1,4 @@
-"""Drive the C data plane: EAL and the af_packet port around the slot engine.
+"""Drive the C data plane: EAL and the af_packet (or af_xdp) port around the slot engine.
 
 The burst loop (``ncd_run``) runs in a thread of ``ncina.aggregator.engine.backend.
 EngineBackend``, which keeps the backend contract (readiness, stats, signals); this module adds
@@ -69,9 +69,7 @@ class DataPlane(Engine):
     def __init__(self, module: ModuleType) -> None:
         super().__init__(module)
         self._keepalive: list[Any] = []
-        room = int(self.lib.ncd_frame_room())
-        self.set_reply_room(int(self.lib.ncd_dgram_room()),
-                            f"the {room}-byte mbuf data room of the DPDK data plane")  # fmt: skip
+        self.set_reply_room(int(self.lib.ncd_dgram_room()), self.room_limit)
 
     def init(self, argv: Sequence[str]) -> None:
         """Start EAL and the port with ``argv`` (``argv[0]`` is a program name)."""
@@ -108,12 +106,16 @@ class DataPlane(Engine):
         """Bytes of the largest frame the data plane can send (an mbuf's data room)."""
         return int(self.lib.ncd_frame_room())
 
+    @property
+    def room_limit(self) -> str:
+        """What ``frame_room`` is, for the messages that refuse a job."""
+        return f"the {self.frame_room}-byte mbuf data room of the DPDK data plane"
+
     def add_job(self, config: JobConfig) -> np.random.Generator:
         """Install a job (``Engine.add_job``), after checking that its result frames fit
         ``frame_room``: raises ``ValueError`` naming the largest K, before anything is installed
         (the engine refuses such a job as well)."""
-        room = self.frame_room
-        config.check_frame_room(room, f"the {room}-byte mbuf data room of the DPDK data plane")
+        config.check_frame_room(self.frame_room, self.room_limit)
         return super().add_job(config)
 
 
