@@ -15,21 +15,29 @@ from ncina.aggregator.jobs import (
     DEFAULT_MTU,
     DEFAULT_POOL_SIZE,
     DEFAULT_WINDOW_MAX,
+    ETHERNET_HEADER,
+    FRAME_OVERHEAD,
     MAX_K,
+    MAX_MTU,
     MAX_POOL_SIZE,
     MAX_WORKERS,
+    MIN_MTU,
     JobConfig,
+    check_mtu_range,
     check_server_mtu,
+    default_k,
     parse_address,
     parse_member,
 )
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import Aggregator
-from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT
+from ncina.aggregator.socket import driver as socket_driver
+from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT, TAG_SIZE
 from ncina.proto.tag import key_file_argument
 from ncina.worker.compressors import create
+from ncina.worker.compressors.base import Compressor, largest_fitting
 
-BACKENDS = ("python", "dpdk", "bmv2")
+BACKENDS = ("python", "socket", "dpdk", "bmv2")
 
 DESCRIPTION = f"""\
 Run an in-network aggregator for a job (more with --jobs-dir): workers send NC8-coded chunks over
@@ -40,11 +48,20 @@ compressors whose payloads a switch cannot add: each worker's payload is decompr
 float mean re-compressed with SPEC and sent back (no --result). The wire format is
 docs/protocol.md.
 
+Backends: python (the reference: one Python loop per datagram), socket (the C slot engine
+behind one kernel UDP socket with batched recvmmsg/sendmmsg: the same datagrams and counters,
+several times faster, no root; docs/socket.md), dpdk (the same C engine on a DPDK port: needs
+root and --iface; docs/dpdk.md), bmv2 (the P4 program on BMv2; docs/bmv2.md). Server mode,
+--jobs-dir and the fault options are python's.
+
 On start it prints one line on stderr, "ncina aggregator: listening on HOST:PORT ...", once the
 socket is bound. SIGUSR1 writes the stats now; SIGTERM and SIGINT write them and exit with 0.
 Limits: 1 <= --workers <= {MAX_WORKERS}, 1 <= --k <= {MAX_K}, 1 <= --pool-size <= {MAX_POOL_SIZE},
-and a full result frame (Ethernet + IPv4 + UDP + 16-byte header + K elements, in server mode the
-compressor's largest payload of K elements) must fit --mtu.
+{MIN_MTU} <= --mtu <= {MAX_MTU}, and a full result frame (Ethernet + IPv4 + UDP + 16-byte header +
+K elements, in server mode the compressor's largest payload of K elements) must fit --mtu.
+Without --k, K is the largest that fits --mtu (1456 NC8 elements at MTU 1500, 8956 at 9000;
+182 for int results at 1500). The dpdk backend sends frames of at most 2048 bytes, BMv2
+compiles at most 1024 lanes: give them a smaller --k.
 """
 
 
@@ -72,6 +89,30 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _mtu(text: str) -> int:
+    try:
+        mtu = int(text)
+        check_mtu_range(mtu)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return mtu
+
+
+def job_k(args: argparse.Namespace, compressor: Compressor | None) -> int:
+    """``--k``, or the largest K whose packets fit ``--mtu`` (INA: for the result format and
+    tag; server mode: for the compressor's largest payload)."""
+    if args.k is not None:
+        return int(args.k)
+    tagged = args.key_file is not None
+    if compressor is None:
+        return default_k(args.mtu, args.result, tagged)
+    room = args.mtu + ETHERNET_HEADER - FRAME_OVERHEAD - (TAG_SIZE if tagged else 0)
+    k = largest_fitting(compressor, room, default_k(args.mtu, "nc8", tagged))
+    if k == 0:
+        raise ValueError(f"not one {compressor.name} element fits a packet of MTU {args.mtu}")
+    return k
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``ncina aggregator`` and its options."""
     parser = subparsers.add_parser(
@@ -84,7 +125,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--backend",
         choices=BACKENDS,
         default="python",
-        help="data plane implementation (default: %(default)s)",
+        help="data plane implementation: python (reference), socket (C engine, kernel UDP "
+        "socket, no root), dpdk (C engine on a DPDK port), bmv2 (P4 switch) "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--listen",
@@ -99,7 +142,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--workers", type=int, required=True, metavar="N", help="number of workers (ranks 0..N-1)"
     )
     parser.add_argument(
-        "--k", type=int, required=True, help="elements per packet (chunk size) of the job"
+        "--k",
+        type=int,
+        default=None,
+        help="elements per packet (chunk size) of the job (default: the largest whose packets "
+        "fit --mtu, for the result format and tag)",
     )
     parser.add_argument(
         "--result",
@@ -175,7 +222,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--mtu",
-        type=int,
+        type=_mtu,
         default=DEFAULT_MTU,
         help="link MTU in bytes that a result frame must fit (default: %(default)s)",
     )
@@ -221,6 +268,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="dpdk: the network interface the data plane serves; bmv2: one or more, "
         "comma-separated, the switch's ports 1, 2, ... (required for both)",
     )
+    socket_driver.add_arguments(parser)
     dpdk_driver.add_arguments(parser)
     bmv2_driver.add_arguments(parser)
     return parser
@@ -234,10 +282,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("INA mode needs --result nc8 or --result int")
     if args.mode == "server" and args.result is not None:
         raise ValueError("server mode's results are compressor payloads: drop --result")
+    compressor = create(args.compressor) if args.compressor is not None else None
     config = JobConfig.create(
         job=args.job,
         workers=args.workers,
-        k=args.k,
+        k=job_k(args, compressor),
         # Server mode has no result format of its own: ServerSlots sends blobs, nc8 is a filler.
         result_format=args.result or "nc8",
         pool_size=args.pool_size,
@@ -246,7 +295,6 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         key=args.key_file,
     )
-    compressor = create(args.compressor) if args.compressor is not None else None
     if compressor is None:
         config.check_mtu(args.mtu)
     else:
@@ -259,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.fault_seed,
     )
     generation = args.generation or 1 + secrets.randbelow(MAX_GENERATION)
-    if args.backend in ("dpdk", "bmv2"):
+    if args.backend in ("socket", "dpdk", "bmv2"):
         if compressor is not None:
             raise ValueError("server mode (--mode server) is a python backend feature")
         if faults.active:
@@ -268,6 +316,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--jobs-dir is a python backend feature")
         if args.backend == "bmv2":
             return bmv2_driver.serve(config, args, generation)
+        if args.backend == "socket":
+            return socket_driver.serve(config, args, generation)
         return dpdk_driver.serve(config, args, generation)
     aggregator = Aggregator(generation)
     aggregator.add_job(config, compressor)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, TAG_SIZE, Format
+from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, TAG_SIZE, Format, largest_k
 from ncina.proto.nc8 import Window
 from ncina.proto.tag import check_key, key_from_hex
 from ncina.worker.compressors.base import Compressor, largest_fitting
@@ -26,7 +26,14 @@ Address = tuple[str, int]
 # same contract so that all three accept the same jobs).
 MAX_WORKERS = 64
 WORKERS_WHY = " (a worker bitmap is one 64-bit register word in every backend)"
-MAX_K = 1024
+# Link MTUs an aggregator accepts (IPv4 bytes): IPv4's minimum, and the largest jumbo frame
+# common NICs and Linux veths take.
+MIN_MTU = 68
+MAX_MTU = 9216
+# The largest chunk: an NC8 result of one largest-MTU packet (9172; MTU 9000 gives 8956). The C
+# engine has the same limit (NCE_MAX_K); a K that does not fit the job's MTU is refused by
+# JobConfig.check_mtu, and the BMv2 program compiles fewer lanes (aggregator/bmv2/gen.py).
+MAX_K = largest_k(MAX_MTU, Format.NC8)
 MAX_POOL_SIZE = 0xFFFF  # the header's slot field is 16 bits
 MAX_JOB_ID = 0xFFFF  # the header's job field is 16 bits
 DEFAULT_POOL_SIZE = 64
@@ -172,6 +179,19 @@ class JobConfig:
             f"a result frame of k={self.k} {name} elements is {self.result_frame_size} bytes, "
             f"more than {limit}; the largest k for {name} results{scope} is {largest}"
         )
+
+
+def check_mtu_range(mtu: int) -> None:
+    """Raise ``ValueError`` unless ``mtu`` is a link MTU an aggregator accepts."""
+    _check_range("--mtu", mtu, MIN_MTU, MAX_MTU, " (IPv4's minimum to a jumbo frame)")
+
+
+def default_k(mtu: int, result_format: Format | str, tagged: bool = False) -> int:
+    """The chunk size a job gets when none is given: the largest whose datagrams both ways fit
+    one packet of ``mtu`` (``ncina.proto.header.largest_k``; 1456 for NC8 at MTU 1500)."""
+    if isinstance(result_format, str):
+        result_format = Format[result_format.upper()]
+    return min(MAX_K, largest_k(mtu, result_format, tagged))
 
 
 def check_server_mtu(config: JobConfig, compressor: Compressor, mtu: int) -> None:

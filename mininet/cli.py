@@ -40,8 +40,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=d.workers, help="default: %(default)s")
     p.add_argument("--aggregators", type=int, help="aggregator nodes (star: 1, multi: default 2)")
     p.add_argument("--backend", default=d.backend,
-                   help="aggregator backend: python, dpdk or bmv2 (the switch itself, star only) "
-                   "(default: %(default)s)")  # fmt: skip
+                   help="aggregator backend: python, socket, dpdk or bmv2 (the switch itself, "
+                   "star only) (default: %(default)s)")  # fmt: skip
     p.add_argument("--bw", type=float, help="worker link bandwidth in Mbit/s (default: unshaped)")
     p.add_argument("--agg-bw", type=float,
                    help="aggregator link bandwidth in Mbit/s (default: unshaped, like the switch)")

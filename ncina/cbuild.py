@@ -47,6 +47,7 @@ import cffi
 EXTENSIONS: tuple[tuple[str, str, str | None], ...] = (
     ("NC8 codec", "ncina.proto.nc8:_build_c", None),
     ("worker data path", "ncina.worker.cpath:load", None),
+    ("socket data plane", "ncina.aggregator.socket.binding:load", None),
     ("DPDK data plane", "ncina.aggregator.dpdk.binding:load",
      "ncina.aggregator.dpdk.binding:missing"),
 )  # fmt: skip

@@ -99,16 +99,33 @@ static inline int64_t code_value(uint8_t b)
     return (int64_t)((mag ^ neg) - neg);
 }
 
+/* code_value of every byte, filled on first use (an idempotent fill: threads that race on it
+ * write the same values). */
+static int64_t value_table[256];
+static int value_table_ready;
+
+static const int64_t *values(void)
+{
+    if (!__atomic_load_n(&value_table_ready, __ATOMIC_ACQUIRE)) {
+        for (int b = 0; b < 256; b++)
+            value_table[b] = code_value((uint8_t)b);
+        __atomic_store_n(&value_table_ready, 1, __ATOMIC_RELEASE);
+    }
+    return value_table;
+}
+
 void nc8_codes_to_int(const uint8_t *codes, int64_t *out, size_t n)
 {
+    const int64_t *v = values();
     for (size_t i = 0; i < n; i++)
-        out[i] = code_value(codes[i]);
+        out[i] = v[codes[i]];
 }
 
 void nc8_accumulate(int64_t *acc, const uint8_t *codes, size_t n)
 {
+    const int64_t *v = values();
     for (size_t i = 0; i < n; i++)
-        acc[i] = (int64_t)((uint64_t)acc[i] + (uint64_t)code_value(codes[i]));
+        acc[i] = (int64_t)((uint64_t)acc[i] + (uint64_t)v[codes[i]]);
 }
 
 void nc8_int_to_codes(const int64_t *sums, uint8_t *codes, size_t n, uint64_t key)

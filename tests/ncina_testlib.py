@@ -26,15 +26,18 @@ from scapy.packet import Raw
 
 Address = tuple[str, int]
 
-AGGREGATOR_BACKENDS = ("python", "dpdk", "bmv2")
+AGGREGATOR_BACKENDS = ("python", "socket", "dpdk", "bmv2")
 """Backends ``start_aggregator`` can run; packet-level tests are parametrised over them."""
 
-TAGGED_BACKENDS = ("python", "dpdk")
+TAGGED_BACKENDS = ("python", "socket", "dpdk")
 """Backends that implement the authentication tag (the P4 program does not)."""
 
 PACING = 0.002
 """Seconds between the datagrams of a long burst: BMv2 reads its port through libpcap, whose
 ring holds a few dozen frames, so a longer burst loses packets before the switch sees them."""
+
+LOCAL_BACKENDS = ("python", "socket")
+"""Backends that serve a kernel UDP socket: tests reach them on 127.0.0.1, no namespace."""
 
 START_TIMEOUT = 60.0  # generous: the first start may compile the NC8 C extension
 
@@ -65,7 +68,7 @@ def aggregator_command(backend: str, arguments: Sequence[str]) -> list[str]:
     """The command line of ``ncina aggregator --backend BACKEND ARGUMENTS``."""
     if backend not in AGGREGATOR_BACKENDS:
         raise ValueError(f"unknown aggregator backend {backend!r}")
-    if backend != "python":  # in its own namespace on a veth into the tests' bridge
+    if backend not in LOCAL_BACKENDS:  # in its own namespace on a veth into the tests' bridge
         return _star(backend).add_site().aggregator_command(arguments, backend)
     return [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend, *arguments]
 
@@ -85,7 +88,7 @@ def _star(backend: str) -> Any:
 
 def worker_host(backend: str) -> str:
     """The address from which test sockets reach an aggregator of ``backend``."""
-    return "127.0.0.1" if backend == "python" else _star(backend).host_ip
+    return "127.0.0.1" if backend in LOCAL_BACKENDS else _star(backend).host_ip
 
 
 def source_address(destination: Address) -> str:
@@ -101,12 +104,13 @@ def launch_aggregator(
     *,
     job: int,
     workers: int,
-    k: int,
+    k: int | None,
     result: str | None,
     extra: Sequence[str] = (),
     listen: str = "127.0.0.1:0",
 ) -> RunningAggregator:
-    """Start an aggregator for one job without waiting for it (see ``wait_ready``).
+    """Start an aggregator for one job without waiting for it (see ``wait_ready``); ``k=None``
+    leaves K to the aggregator (the largest that fits its MTU).
 
     Stats go to ``workdir/stats.json``, stderr and stdout to ``workdir/aggregator.log``.
     """
@@ -114,7 +118,8 @@ def launch_aggregator(
     stats_path = workdir / "stats.json"
     log_path = workdir / "aggregator.log"
     arguments = [
-        "--listen", listen, "--job", str(job), "--workers", str(workers), "--k", str(k),
+        "--listen", listen, "--job", str(job), "--workers", str(workers),
+        *(["--k", str(k)] if k is not None else []),
         "--stats", str(stats_path), *(["--result", result] if result else []), *extra,
     ]  # fmt: skip
     with log_path.open("wb") as log:

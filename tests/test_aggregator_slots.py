@@ -14,11 +14,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ncina.aggregator import cli as aggregator_cli
 from ncina.aggregator.jobs import JobConfig, parse_address, parse_member
 from ncina.aggregator.slots import Aggregator, JobSlots
 from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_DROP_REASONS, GlobalStats, JobStats
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE, Format, pack
+from ncina.worker.compressors import create
 from ncina_testlib import code_values, dissect, exact_sums, is_nc8_rounding, uplink
+
+from ncina.cli import build_parser
 
 JOB = 9
 K = 8
@@ -421,8 +425,8 @@ def test_code_values_helper_matches_the_protocol() -> None:
     [
         ({"workers": 0}, "workers must be in 1..64"),
         ({"workers": 65}, "workers must be in 1..64"),
-        ({"k": 0}, r"k \(elements per packet\) must be in 1..1024"),
-        ({"k": 1025}, r"k \(elements per packet\) must be in 1..1024"),
+        ({"k": 0}, r"k \(elements per packet\) must be in 1..9172"),
+        ({"k": 9173}, r"k \(elements per packet\) must be in 1..9172"),
         ({"pool_size": 0}, "pool size must be in 1..65535"),
         ({"pool_size": 65536}, "pool size must be in 1..65535"),
         ({"job": 65536}, "job id must be in 0..65535"),
@@ -476,3 +480,34 @@ def test_job_slots_keep_their_own_stats_and_jobs_are_unique() -> None:
     assert isinstance(slots, JobSlots) and aggregator.jobs == {3: slots}
     with pytest.raises(ValueError, match="job 3 is already installed"):
         aggregator.add_job(config)
+
+
+@pytest.mark.parametrize(
+    ("options", "k"),
+    [
+        ([], 1456),  # NC8 both ways at MTU 1500: 1500 - 20 - 8 - 16
+        (["--mtu", "9000"], 8956),
+        (["--result", "int"], 182),
+        (["--key-file", "KEY"], 1448),  # the tag's 8 bytes
+        (["--k", "300"], 300),
+        (["--mode", "server", "--compressor", "qsgd"], 949),  # its largest payload fits
+    ],
+)
+def test_k_defaults_to_the_largest_that_fits_the_mtu(
+    tmp_path: Path, options: list[str], k: int
+) -> None:
+    key = tmp_path / "job.key"
+    key.write_text(bytes(range(16)).hex())
+    options = [str(key) if o == "KEY" else o for o in options]
+    if "--mode" not in options and "--result" not in options:
+        options += ["--result", "nc8"]
+    args = build_parser().parse_args(["aggregator", "--job", "1", "--workers", "2", *options])
+    compressor = create(args.compressor) if args.compressor else None
+    assert aggregator_cli.job_k(args, compressor) == k
+
+
+@pytest.mark.parametrize("mtu", ["67", "9217", "jumbo"])
+def test_mtu_out_of_range_is_a_usage_error(mtu: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["aggregator", "--job", "1", "--workers", "2", "--mtu", mtu])
+    assert "argument --mtu" in capsys.readouterr().err

@@ -41,12 +41,12 @@ def plane() -> Iterator[object]:
     from ncina.aggregator.dpdk.driver import DataPlane
 
     dp = DataPlane(binding.load())
-    dp.lib.ncd_reset()
+    dp.reset()
     dp.set_mac(AGG_MAC)
     dp.set_address((AGG_IP, PORT))
     dp.set_generation(0)
     yield dp
-    dp.lib.ncd_reset()
+    dp.reset()
     dp.set_generation(0)
 
 
@@ -104,7 +104,7 @@ def job(**kw: object) -> JobConfig:
 
 def counters(dp: object, ref: Aggregator, job_id: int) -> tuple[dict, dict, dict, dict]:
     mine_job = dp.job_stats(job_id).to_json()  # type: ignore[attr-defined]
-    mine_global = dp.global_stats()[0].to_json()  # type: ignore[attr-defined]
+    mine_global = dp.global_stats().to_json()  # type: ignore[attr-defined]
     ref_job = ref.jobs[job_id].stats.to_json()
     ref_global = ref.stats.to_json()
     return mine_job, ref_job, mine_global, ref_global
@@ -220,7 +220,7 @@ def test_blake2b_matches_hashlib(plane: object) -> None:
         shapes = ((16, 8), (rnd.randint(17, 64), 8), (0, 64), (64, rnd.randint(1, 64)))
         for key_length, digest in shapes:
             key = rnd.randbytes(key_length)
-            lib.ncd_blake2b(out, digest, key, key_length, message, length)
+            lib.nce_blake2b(out, digest, key, key_length, message, length)
             want = hashlib.blake2b(message, digest_size=digest, key=key).digest()
             assert bytes(ffi.buffer(out, digest)) == want, (length, key_length, digest)
 
@@ -315,17 +315,17 @@ def test_a_job_whose_frames_exceed_the_mbuf_is_refused(
     message = f"{MBUF_ROOM}-byte mbuf.*largest k for {result} results is {largest}"
     with pytest.raises(ValueError, match=message):
         plane.add_job(config)  # type: ignore[attr-defined]
-    stats = ffi.new("struct ncd_counters *")
-    assert lib.ncd_job_stats(3, stats) == -1  # nothing installed
+    stats = ffi.new("struct nce_counters *")
+    assert lib.nce_job_stats(3, stats) == -1  # nothing installed
     fmt = 1 if result == "int" else 0
     window = config.window
     if keyed:
-        assert lib.ncd_job_add(3, 3, k, 4, window.e_min, window.span, fmt, 0) == 0
-        assert lib.ncd_job_set_key(3, key, len(key)) == -1
+        assert lib.nce_job_add(3, 3, k, 4, window.e_min, window.span, fmt, 0) == 0
+        assert lib.nce_job_set_key(3, key, len(key)) == -1
     else:
-        assert lib.ncd_job_add(3, 3, k, 4, window.e_min, window.span, fmt, 0) == -1
-    assert lib.ncd_job_stats(3, stats) == -1
-    assert re.search(message, ffi.string(lib.ncd_error()).decode())
+        assert lib.nce_job_add(3, 3, k, 4, window.e_min, window.span, fmt, 0) == -1
+    assert lib.nce_job_stats(3, stats) == -1
+    assert re.search(message, ffi.string(lib.nce_error()).decode())
     # The largest K fits, and its full result frame is sent.
     config = job(job=3, k=largest, result_format=result, key=key, workers=1)
     plane.add_job(config)  # type: ignore[attr-defined]

@@ -20,8 +20,10 @@ from ncina.cbuild import sanitizer_environment
 
 TESTS = Path(__file__).resolve().parent
 # The tests whose work happens in C; each runs in the sanitized process.
-C_TESTS = ("test_nc8.py", "test_dpdk_engine.py", "test_dpdk_packets.py", "test_worker_client.py",
-           "test_worker_parity.py")
+C_TESTS = (
+    "test_nc8.py", "test_engine.py", "test_dpdk_engine.py", "test_dpdk_packets.py",
+    "test_socket_packets.py", "test_worker_client.py", "test_worker_parity.py",
+)  # fmt: skip
 INNER_TIMEOUT = 900
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ncina.aggregator.bmv2 import entries, toolchain
+from ncina.aggregator.bmv2 import entries, gen, toolchain
 from ncina.aggregator.bmv2.control import Controller
 from ncina.aggregator.bmv2.switch import Switch, SwitchConfig
 from ncina.aggregator.jobs import JobConfig
@@ -109,12 +109,13 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
     if host == "0.0.0.0":
         raise ValueError("the bmv2 backend needs --listen with the address it answers for")
     port = port or PORT
+    k = args.p4_k or config.k
+    gen.check_k(k)  # before anything starts: the default K of an MTU may be more than BMv2 takes
     macs = [_mac(iface) for iface in ifaces]  # every interface must exist before anything starts
     mac = macs[0]  # the aggregator's MAC address: that of port 1's interface
     reason = toolchain.missing()
     if reason:
         raise ValueError(f"the bmv2 backend cannot run: {reason}")
-    k = args.p4_k or config.k
     [job] = entries.place([config], generation, k)
     build = toolchain.build(k)
     switch = Switch(

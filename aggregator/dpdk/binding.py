@@ -1,48 +1,27 @@
 """Build (on first use) and load the C data plane as a cffi extension linked against libdpdk.
 
-The cdef is the declarations of ``ncd.h``; the sources are this folder's C files plus the NC8
-kernels and the tag's BLAKE2b of ``ncina.proto`` (``nc8.c``, ``blake2b.c``), compiled through
+The extension is the DPDK I/O layer (this folder's C files: frame classification, frame
+headers, the burst loop, the benchmark load) around the shared slot engine
+(``ncina.aggregator.engine``); its cdef is ``engine.h`` and ``ncd.h``, compiled through
 ``ncina.cbuild`` with the flags of ``pkg-config libdpdk``.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 from functools import cache
 from pathlib import Path
 from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
-PROTO = HERE.parent.parent / "proto"
-SOURCES = ("parse.c", "slots.c", "result.c", "loop.c", "gen.c")
-# The wire codecs of ncina.proto the data plane links in: NC8 and the tag's BLAKE2b.
-PROTO_SOURCES = ("nc8.c", "blake2b.c")
-PROTO_HEADERS = ("nc8.h", "blake2b.h")
-HEADERS = ("ncd.h", "ncd_priv.h")
-COMPILE_ARGS = ("-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter")
-
-
-def _proto_dir() -> Path:
-    """The folder of the proto C sources (the repository's proto/, or the installed package)."""
-    if (PROTO / "nc8.c").is_file():
-        return PROTO
-    import ncina.proto
-
-    return Path(ncina.proto.__file__).resolve().parent
-
-
-def cdef() -> str:
-    """The declarations of ncd.h that cffi parses (everything but preprocessor lines)."""
-    lines = (HERE / "ncd.h").read_text().splitlines()
-    return "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+SOURCES = ("classify.c", "frames.c", "loop.c", "gen.c")
 
 
 def missing() -> str | None:
     """A one-line reason why the extension cannot be built here, or None."""
     if shutil.which("pkg-config") is None:
         return "pkg-config is not installed (apt-get install pkg-config)"
-    import subprocess
-
     proc = subprocess.run(
         ["pkg-config", "--exists", "libdpdk"], capture_output=True, check=False
     )
@@ -62,16 +41,6 @@ def load() -> ModuleType:
     reason = missing()
     if reason is not None:
         raise RuntimeError(f"the dpdk backend cannot be built: {reason}")
-    from ncina.cbuild import build_extension
+    from ncina.aggregator.engine import build
 
-    proto = _proto_dir()
-    return build_extension(
-        "ncina_dpdk",
-        cdef(),
-        [*(HERE / s for s in SOURCES), *(proto / s for s in PROTO_SOURCES)],
-        preamble='#include "ncd.h"\n',
-        extra_compile_args=COMPILE_ARGS,
-        include_dirs=[HERE, proto],
-        depends=[*(HERE / h for h in HEADERS), *(proto / h for h in PROTO_HEADERS)],
-        pkg_config="libdpdk",
-    )
+    return build("ncina_dpdk", HERE, SOURCES, "ncd.h", ("ncd_priv.h",), pkg_config="libdpdk")

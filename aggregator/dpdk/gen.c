@@ -14,7 +14,8 @@
 #define GEN_MAX_RANKS 16
 #define GEN_MAX_WINDOW 1024
 #define GEN_BATCH 64
-#define GEN_MAX_DGRAM (16 + 1024)
+#define GEN_MAX_K 9172             /* ncina.aggregator.jobs.MAX_K: an MTU-sized chunk */
+#define GEN_MAX_DGRAM (16 + GEN_MAX_K)
 
 static double now_s(void)
 {
@@ -85,7 +86,7 @@ int ncd_gen_run(const int *fds, unsigned nranks, uint16_t job, int emin, unsigne
                 struct ncd_gen_stats *st)
 {
     if (nranks < 1 || nranks > GEN_MAX_RANKS || window < 1 || window > GEN_MAX_WINDOW ||
-        k < 1 || k > 1024)
+        k < 1 || k > GEN_MAX_K)
         return -1;
     memset(st, 0, sizeof *st);
     memset(ranks_state, 0, sizeof ranks_state);

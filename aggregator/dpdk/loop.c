@@ -1,5 +1,7 @@
-/* EAL and port setup, and the burst loop (after DPDK's l2fwd): receive a burst, decide each
- * frame with the engine, build results into mbufs from the pool, buffer them for TX, flush. */
+/* EAL and port setup, and the burst loop (after DPDK's l2fwd): receive a burst, classify each
+ * frame, hand its datagram to the slot engine, build the replies into mbufs (the input's own
+ * for a reply to the sender, fresh ones from the pool for a result to every member), buffer
+ * them for TX, flush. */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -22,8 +24,6 @@
 #define NB_TXD 1024
 #define IDLE_POLLS 256
 
-extern char ncd_errbuf[256];
-
 static uint16_t port_id;
 static struct rte_mempool *pool;
 static struct rte_eth_dev_tx_buffer *txb;
@@ -32,7 +32,7 @@ static volatile int stopping;
 
 #define FAIL(...)                                                   \
     do {                                                            \
-        snprintf(ncd_errbuf, sizeof ncd_errbuf, __VA_ARGS__);       \
+        snprintf(nce_errbuf, sizeof nce_errbuf, __VA_ARGS__);       \
         return -1;                                                  \
     } while (0)
 
@@ -100,75 +100,68 @@ static inline void send_frame(struct rte_mbuf *m, uint32_t len)
     rte_eth_tx_buffer(port_id, 0, txb, m);
 }
 
-/* A completed slot: one result per member. Fresh mbufs hold NCD_FRAME_ROOM bytes, which
- * ncd_job_add guarantees for every result frame; a frame above it is counted, never written. */
-static void send_all(const struct ncd_action *a)
+/* The bytes an mbuf's buffer holds from its data offset on. */
+static inline uint32_t room(const struct rte_mbuf *m)
 {
-    struct rte_mbuf *out[NCD_MAX_WORKERS];
-    const unsigned n = a->job->n;
-    if (ncd_result_frame_len(a->job, a->slot) > NCD_FRAME_ROOM) {
-        ncd_iostats.oversize += n;
-        return;
-    }
+    return (uint32_t)(m->buf_len - m->data_off);
+}
+
+/* A completed slot: one result per member, each in a fresh mbuf of NCD_FRAME_ROOM bytes, which
+ * every job's result frames fit (nce_set_reply_room); a larger frame is counted, never written. */
+static void send_all(const struct nce_action *a)
+{
+    struct rte_mbuf *out[NCE_MAX_WORKERS];
+    const unsigned n = a->members;
     if (rte_pktmbuf_alloc_bulk(pool, out, n) != 0) {
         ncd_iostats.no_mbuf += n;
         return;
     }
     for (uint16_t r = 0; r < n; r++) {
-        uint8_t *buf = rte_pktmbuf_mtod(out[r], uint8_t *);
-        send_frame(out[r], ncd_build_result(buf, a->job, a->slot, a->version, r));
+        const uint32_t len =
+            ncd_frame_to_member(rte_pktmbuf_mtod(out[r], uint8_t *), room(out[r]), a, r);
+        if (len == 0) {                         /* larger than an mbuf: not sent, counted */
+            ncd_iostats.oversize++;
+            rte_pktmbuf_free(out[r]);
+            continue;
+        }
+        send_frame(out[r], len);
     }
-}
-
-static void send_one_fresh(const struct ncd_action *a)
-{
-    if (ncd_result_frame_len(a->job, a->slot) > NCD_FRAME_ROOM) {
-        ncd_iostats.oversize++;
-        return;
-    }
-    struct rte_mbuf *m = rte_pktmbuf_alloc(pool);
-    if (m == NULL) {
-        ncd_iostats.no_mbuf++;
-        return;
-    }
-    send_frame(m, ncd_build_result(rte_pktmbuf_mtod(m, uint8_t *), a->job, a->slot, a->version,
-                                   a->rank));
 }
 
 static void handle(struct rte_mbuf *m)
 {
-    struct ncd_action a;
+    struct ncd_pkt p;
+    struct nce_action a;
     uint8_t *frame = rte_pktmbuf_mtod(m, uint8_t *);
-    switch (ncd_engine_input(frame, rte_pktmbuf_data_len(m), &a)) {
-    case NCD_V_ARP:
+    switch (ncd_classify(frame, rte_pktmbuf_data_len(m), &p)) {
+    case NCD_C_ARP:
         ncd_build_arp_reply(frame);
         ncd_iostats.arp_replies++;
         send_frame(m, m->data_len);
         return;
-    case NCD_V_SEND_ONE:
-        /* Reuse the input mbuf when the stored result fits its buffer (it always does for
-         * frames of a standard MTU), else take a fresh one. */
-        if (ncd_result_frame_len(a.job, a.slot) <= (uint32_t)(m->buf_len - m->data_off)) {
-            send_frame(m, ncd_build_result(frame, a.job, a.slot, a.version, a.rank));
-            return;
-        }
-        send_one_fresh(&a);
-        break;
-    case NCD_V_SEND_ALL:
-        send_all(&a);
-        break;
-    case NCD_V_NOTICE:
-        /* The input frame becomes the notice (a notice is small: any mbuf holds it). */
-        if (ncd_notice_frame_len(a.job) <= (uint32_t)(m->buf_len - m->data_off)) {
-            send_frame(m, ncd_build_notice(frame, &a));
-            return;
-        }
-        ncd_iostats.no_mbuf++;
-        break;
-    case NCD_V_IGNORE:
+    case NCD_C_IGNORE:
         ncd_iostats.ignored++;
         break;
-    case NCD_V_NONE:
+    case NCD_C_DATAGRAM:
+        switch (nce_input(p.dgram, p.dgram_len, &p.from, &a)) {
+        case NCE_V_SEND_ONE:
+        case NCE_V_NOTICE: {
+            /* The input mbuf becomes the reply: every mbuf holds NCD_FRAME_ROOM bytes, which
+             * every job's result frames fit (nce_set_reply_room); a larger one is counted. */
+            const uint32_t len = ncd_frame_to_sender(frame, room(m), &a);
+            if (len != 0) {
+                send_frame(m, len);
+                return;
+            }
+            ncd_iostats.oversize++;
+            break;
+        }
+        case NCE_V_SEND_ALL:
+            send_all(&a);
+            break;
+        case NCE_V_NONE:
+            break;
+        }
         break;
     }
     rte_pktmbuf_free(m);
@@ -197,7 +190,7 @@ static inline void forward(struct rte_mbuf *m)
         }
     } else if (eth->ether_type == rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP)) {
         struct ncd_pkt unused;
-        if (ncd_classify((const uint8_t *)eth, m->data_len, &unused) == NCD_V_ARP) {
+        if (ncd_classify((const uint8_t *)eth, m->data_len, &unused) == NCD_C_ARP) {
             eth->src_addr = eth->dst_addr; /* undo the swap: the reply builder sets both */
             ncd_build_arp_reply((uint8_t *)eth);
             ncd_iostats.arp_replies++;
@@ -261,37 +254,44 @@ void ncd_close(void)
     }
 }
 
-/* Offline: the same engine and frame builders on caller-provided buffers. */
+/* Offline: the same classification, engine and frame builders on caller-provided buffers. */
 int ncd_process_frame(const uint8_t *frame, uint32_t len, uint8_t *out, uint32_t stride,
                       uint32_t max_out, uint32_t *out_lens)
 {
-    struct ncd_action a;
-    switch (ncd_engine_input(frame, len, &a)) {
-    case NCD_V_ARP:
+    struct ncd_pkt p;
+    struct nce_action a;
+    switch (ncd_classify(frame, len, &p)) {
+    case NCD_C_ARP:
         if (max_out < 1 || len > stride)
             return -1;
         memcpy(out, frame, len);
         ncd_build_arp_reply(out);
         out_lens[0] = len;
         return 1;
-    case NCD_V_SEND_ONE:
-        if (max_out < 1 || ncd_result_frame_len(a.job, a.slot) > stride)
-            return -1;
-        out_lens[0] = ncd_build_result(out, a.job, a.slot, a.version, a.rank);
-        return 1;
-    case NCD_V_SEND_ALL:
-        if (max_out < a.job->n || ncd_result_frame_len(a.job, a.slot) > stride)
-            return -1;
-        for (uint16_t r = 0; r < a.job->n; r++)
-            out_lens[r] = ncd_build_result(out + (size_t)r * stride, a.job, a.slot, a.version, r);
-        return a.job->n;
-    case NCD_V_NOTICE:
-        if (max_out < 1 || ncd_notice_frame_len(a.job) > stride || len > stride)
+    case NCD_C_IGNORE:
+        return 0;
+    case NCD_C_DATAGRAM:
+        break;
+    }
+    switch (nce_input(p.dgram, p.dgram_len, &p.from, &a)) {
+    case NCE_V_SEND_ONE:
+    case NCE_V_NOTICE:
+        if (max_out < 1 || len > stride)
             return -1;
         memcpy(out, frame, len);
-        out_lens[0] = ncd_build_notice(out, &a);
-        return 1;
-    default:
-        return 0;
+        out_lens[0] = ncd_frame_to_sender(out, stride, &a);
+        return out_lens[0] != 0 ? 1 : -1;
+    case NCE_V_SEND_ALL:
+        if (max_out < a.members)
+            return -1;
+        for (uint16_t r = 0; r < a.members; r++) {
+            out_lens[r] = ncd_frame_to_member(out + (size_t)r * stride, stride, &a, r);
+            if (out_lens[r] == 0)
+                return -1;
+        }
+        return a.members;
+    case NCE_V_NONE:
+        break;
     }
+    return 0;
 }

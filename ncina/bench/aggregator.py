@@ -3,11 +3,13 @@
 Four emulated workers (one connected UDP socket each, driven by a C closed loop: a window of
 slots per rank, the next chunk into a slot when its result is back) send K-element NC8 chunks
 through a Linux bridge and a veth pair to an aggregator in its own namespace. The same load runs
-against the chosen backend (dpdk, or bmv2: the P4 program on simple_switch_grpc), the Python
-backend, and the DPDK no-op forwarder on the same af_packet path (it echoes every datagram: one
-reply per packet, like the aggregator; the I/O limit of this machine). Needs root and DPDK
-(``apt-get install dpdk libdpdk-dev``); bmv2 needs p4c and BMv2 too (docs/bmv2.md). BMv2 reads
-its port through libpcap, whose ring holds a few dozen frames: give it a small --window.
+against the chosen backend (dpdk; socket: the C engine behind a kernel UDP socket; or bmv2: the
+P4 program on simple_switch_grpc), the Python backend, and a no-op forwarder on the chosen
+backend's I/O path (it echoes every datagram: one reply per packet, like the aggregator; the I/O
+limit of this machine): DPDK's on the af_packet path, for socket the socket backend's own
+(``--socket-mode forward``). Needs root and DPDK (``apt-get install dpdk libdpdk-dev``; the load
+generator is in its extension); bmv2 needs p4c and BMv2 too (docs/bmv2.md). BMv2 reads its port
+through libpcap, whose ring holds a few dozen frames: give it a small --window.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--backend", choices=("dpdk", "python", "bmv2"), default="dpdk",
+    p.add_argument("--backend", choices=("dpdk", "socket", "python", "bmv2"), default="dpdk",
                    help="the backend measured (default: %(default)s)")  # fmt: skip
     p.add_argument("--workers", type=int, default=4, help="senders (default: %(default)s)")
     p.add_argument("--k", type=int, default=256, help="elements per packet (default: %(default)s)")
@@ -48,6 +50,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--retransmit-timeout", type=float, default=0.05, metavar="S",
                    help="the load generator re-sends a slot unanswered this long; raise it for a "
                    "slow switch (bmv2 at K=256: 1) (default: %(default)s)")  # fmt: skip
+    p.add_argument("--dpdk-pmd", choices=("af_packet", "af_xdp"), default="af_packet",
+                   help="how the DPDK aggregator and forwarder attach to their veth "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument("--idle-sleep-us", type=int, default=20,
                    help="the DPDK loop's idle sleep (0: poll flat out) (default: %(default)s)")
     p.add_argument("--workdir", type=Path, default=Path("runs/bench/aggregator"))
@@ -55,7 +60,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
-    """One measurement: an aggregator of ``kind`` (python, dpdk, forward) on a new site."""
+    """One measurement: an aggregator of ``kind`` (python, socket, dpdk, bmv2, forward: DPDK's
+    no-op forwarder, socket_forward: the socket backend's) on a new site."""
     from ncina.aggregator.dpdk.binding import load
     from ncina.proto.nc8 import Window
 
@@ -63,21 +69,25 @@ def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
     work = args.workdir / kind
     work.mkdir(parents=True, exist_ok=True)
     stats_path, log_path = work / "stats.json", work / "aggregator.log"
-    backend = kind if kind in ("python", "bmv2") else "dpdk"
+    backend = {"forward": "dpdk", "socket_forward": "socket"}.get(kind, kind)
     cmd = [
         sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend,
         "--job", str(JOB), "--workers", str(args.workers), "--k", str(args.k),
         "--result", args.result, "--pool-size", str(args.window), "--seed", "1",
         "--stats", str(stats_path), "--stats-interval", "60", "--listen", f"{site.ip}:{PORT}",
     ]  # fmt: skip
-    if kind == "python":  # a kernel socket needs the address on the interface
+    if backend in ("python", "socket"):  # a kernel socket needs the address on the interface
         subprocess.run(["ip", "-n", site.ns, "addr", "add", f"{site.ip}/24", "dev", site.iface],
                        check=True)  # fmt: skip
+        if kind == "socket_forward":
+            cmd += ["--socket-mode", "forward"]
     elif kind == "bmv2":  # the switch answers ARP and serves the site's address itself
         cmd += ["--iface", site.iface, "--switch-log", str(work / "switch.log")]
     else:
         cmd += ["--iface", site.iface, "--idle-sleep-us", str(args.idle_sleep_us),
-                "--vdev-options", "framecnt=4096,qdisc_bypass=1"]  # fmt: skip
+                "--dpdk-pmd", args.dpdk_pmd]  # fmt: skip
+        if args.dpdk_pmd == "af_packet":
+            cmd += ["--vdev-options", "framecnt=4096,qdisc_bypass=1"]
         if kind == "forward":
             cmd += ["--dpdk-mode", "forward"]
     with log_path.open("wb") as log:
@@ -119,7 +129,7 @@ def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
     job_b, job_a = before["jobs"][str(JOB)], after["jobs"][str(JOB)]
     contributions = job_a["contributions"] - job_b["contributions"]
     completed = job_a["slots_completed"] - job_b["slots_completed"]
-    if kind == "forward":
+    if kind.endswith("forward"):
         contributions = st.sent  # every packet is handled (echoed) once
     return {
         "packets_per_s": round(st.sent / secs),
@@ -148,16 +158,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "workers": args.workers, "k": args.k, "window": args.window, "result": args.result,
         "seconds": args.seconds, "backend": args.backend,
-        "retransmit_timeout": args.retransmit_timeout,
+        "retransmit_timeout": args.retransmit_timeout, "dpdk_pmd": args.dpdk_pmd,
     }  # fmt: skip
     try:
-        kinds = ["python", "forward"] + ([args.backend] if args.backend != "python" else [])
+        forward = "socket_forward" if args.backend == "socket" else "forward"
+        kinds = ["python", forward] + ([args.backend] if args.backend != "python" else [])
         for kind in kinds:
             figures[kind] = measure(args, star, kind)
     finally:
         star.close()
     measured = figures[args.backend]
     # Three significant digits: a BMv2 switch runs at a few thousandths of the others.
-    for name, other in (("vs_python", "python"), ("vs_noop_forwarder", "forward")):
+    figures["noop_forwarder"] = forward
+    for name, other in (("vs_python", "python"), ("vs_noop_forwarder", forward)):
         figures[name] = float(f"{measured['packets_per_s'] / figures[other]['packets_per_s']:.3g}")
     return figures

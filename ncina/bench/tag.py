@@ -93,7 +93,7 @@ def dpdk_seconds_factory() -> Callable[[JobConfig, Sequence[tuple[bytes, int]]],
     process = lib.ncd_process_frame
 
     def seconds(config: JobConfig, packets: Sequence[tuple[bytes, int]]) -> float:
-        lib.ncd_reset()
+        lib.nce_reset()
         plane.set_mac("02:00:00:00:0a:01")
         plane.set_address(("10.0.0.254", 47000))
         plane.set_generation(3)
@@ -108,7 +108,7 @@ def dpdk_seconds_factory() -> Callable[[JobConfig, Sequence[tuple[bytes, int]]],
         for frame in frames:
             process(frame, len(frame), out, 2048, 64, lens)
         took = time.perf_counter() - began
-        lib.ncd_reset()
+        lib.nce_reset()
         return took
 
     return seconds

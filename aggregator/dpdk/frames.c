@@ -1,0 +1,97 @@
+/* Frames: the engine's reply datagrams behind Ethernet, IPv4 and UDP headers with their
+ * checksums (a result to each member: the emulated multicast; a reply to the sender in place of
+ * its frame), and the ARP reply for our address. Every size is checked before a write. */
+#include <string.h>
+
+#include <rte_arp.h>
+#include <rte_ip.h>
+#include <rte_udp.h>
+
+#include "ncd_priv.h"
+
+/* IPv4 total length and header checksum, UDP length and checksum over the whole datagram. */
+static void finish(struct rte_ipv4_hdr *ip, struct rte_udp_hdr *udp, uint32_t dgram_len)
+{
+    ip->total_length = rte_cpu_to_be_16((uint16_t)(sizeof *ip + sizeof *udp + dgram_len));
+    ip->hdr_checksum = 0;
+    ip->hdr_checksum = rte_ipv4_cksum(ip);
+    udp->dgram_len = rte_cpu_to_be_16((uint16_t)(sizeof *udp + dgram_len));
+    udp->dgram_cksum = 0;
+    uint32_t sum = rte_ipv4_phdr_cksum(ip, 0);
+    sum = __rte_raw_cksum(udp, sizeof *udp + dgram_len, sum);
+    const uint16_t ck = (uint16_t)~__rte_raw_cksum_reduce(sum);
+    udp->dgram_cksum = ck == 0 ? 0xFFFF : ck;
+}
+
+static void ipv4_defaults(struct rte_ipv4_hdr *ip)
+{
+    ip->version_ihl = RTE_IPV4_VHL_DEF;
+    ip->type_of_service = 0;
+    ip->packet_id = 0;
+    ip->fragment_offset = rte_cpu_to_be_16(RTE_IPV4_HDR_DF_FLAG);
+    ip->time_to_live = 64;
+    ip->next_proto_id = IPPROTO_UDP;
+}
+
+uint32_t ncd_frame_to_member(uint8_t *frame, uint32_t cap, const struct nce_action *a,
+                             uint16_t rank)
+{
+    if (cap < NCD_L2L4_LEN)
+        return 0;
+    const uint32_t dgram_len = nce_build_reply(frame + NCD_L2L4_LEN, cap - NCD_L2L4_LEN, a, rank);
+    if (dgram_len == 0)
+        return 0;
+    const struct nce_member *m = nce_member_of(a, rank);
+    struct rte_ether_hdr *eth = (struct rte_ether_hdr *)frame;
+    memcpy(eth->dst_addr.addr_bytes, m->link, RTE_ETHER_ADDR_LEN);
+    rte_ether_addr_copy(&ncd_mac, &eth->src_addr);
+    eth->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4);
+    struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
+    ipv4_defaults(ip);
+    ip->src_addr = ncd_ip != 0 ? ncd_ip : m->agg_ip;
+    ip->dst_addr = m->ip;
+    struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
+    udp->src_port = ncd_port_be;
+    udp->dst_port = m->port;
+    finish(ip, udp, dgram_len);
+    return NCD_L2L4_LEN + dgram_len;
+}
+
+/* The frame the action answers (classified: IPv4 without options, UDP) becomes the reply, in
+ * place: addresses and ports swapped, the engine's datagram after them. */
+uint32_t ncd_frame_to_sender(uint8_t *frame, uint32_t cap, const struct nce_action *a)
+{
+    if (cap < NCD_L2L4_LEN)
+        return 0;
+    const uint32_t dgram_len =
+        nce_build_reply(frame + NCD_L2L4_LEN, cap - NCD_L2L4_LEN, a, a->rank);
+    if (dgram_len == 0)
+        return 0;
+    struct rte_ether_hdr *eth = (struct rte_ether_hdr *)frame;
+    rte_ether_addr_copy(&eth->src_addr, &eth->dst_addr);
+    rte_ether_addr_copy(&ncd_mac, &eth->src_addr);
+    struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
+    const uint32_t worker = ip->src_addr;
+    ipv4_defaults(ip);
+    ip->src_addr = ncd_ip != 0 ? ncd_ip : ip->dst_addr;
+    ip->dst_addr = worker;
+    struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
+    udp->dst_port = udp->src_port;
+    udp->src_port = ncd_port_be;
+    finish(ip, udp, dgram_len);
+    return NCD_L2L4_LEN + dgram_len;
+}
+
+/* Turn an ARP request for our address (already checked) into the reply, in place. */
+void ncd_build_arp_reply(uint8_t *frame)
+{
+    struct rte_ether_hdr *eth = (struct rte_ether_hdr *)frame;
+    struct rte_arp_hdr *arp = (struct rte_arp_hdr *)(eth + 1);
+    rte_ether_addr_copy(&eth->src_addr, &eth->dst_addr);
+    rte_ether_addr_copy(&ncd_mac, &eth->src_addr);
+    arp->arp_opcode = rte_cpu_to_be_16(RTE_ARP_OP_REPLY);
+    arp->arp_data.arp_tha = arp->arp_data.arp_sha;
+    arp->arp_data.arp_tip = arp->arp_data.arp_sip;
+    rte_ether_addr_copy(&ncd_mac, &arp->arp_data.arp_sha);
+    arp->arp_data.arp_sip = ncd_ip;
+}

@@ -1,0 +1,202 @@
+"""The C slot engine (``aggregator/engine``) that the socket and dpdk backends share.
+
+The engine is the protocol of docs/protocol.md on UDP datagrams: header parse, admission, members,
+the slot state machine, replies (``parse.c``, ``admission.c``, ``members.c``, ``slots.c``,
+``reply.c``, ``engine.c``). Each I/O layer compiles it into its own cffi extension, next to its
+own loop; :class:`Engine` is the control plane both drivers use on that extension: jobs, members,
+keys, the nc8 result key ring (the Python reference's ``default_rng(seed)`` stream) and the
+counters as ``ncina.aggregator.stats`` objects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from ncina.aggregator.jobs import JobConfig
+from ncina.aggregator.stats import (
+    GLOBAL_DROP_REASONS,
+    JOB_COUNTERS,
+    JOB_DROP_REASONS,
+    GlobalStats,
+    JobStats,
+)
+
+HERE = Path(__file__).resolve().parent
+PROTO = HERE.parent.parent / "proto"
+SOURCES = ("parse.c", "members.c", "slots.c", "reply.c", "admission.c", "engine.c")
+HEADERS = ("engine.h", "datapath.h", "state.h")
+# The wire codecs of ncina.proto the engine links in: NC8 and the tag's BLAKE2b.
+PROTO_SOURCES = ("nc8.c", "blake2b.c")
+PROTO_HEADERS = ("nc8.h", "blake2b.h")
+COMPILE_ARGS = ("-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter")
+# The order of enum nce_drop in engine.h.
+DROP_NAMES = (
+    "truncated",
+    "bad_version",
+    "bad_flags",
+    "bad_format",
+    "window_mismatch",
+    "unknown_job",
+    "non_member",
+    "bad_slot",
+    "bad_count",
+    "bad_length",
+    "bad_code",
+    "chunk_mismatch",
+    "bad_tag",
+    "stale_generation",
+)
+KEY_RING = 1 << 18  # nc8 result keys buffered per job (2 MiB); the drivers refill it every poll
+
+
+def proto_dir() -> Path:
+    """The folder of the proto C sources (the repository's proto/, or the installed package)."""
+    if (PROTO / "nc8.c").is_file():
+        return PROTO
+    import ncina.proto
+
+    return Path(ncina.proto.__file__).resolve().parent
+
+
+def cdef_of(header: Path) -> str:
+    """The declarations of a C header that cffi parses (everything but preprocessor lines)."""
+    lines = header.read_text().splitlines()
+    return "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+
+
+def build(
+    name: str,
+    io_dir: Path,
+    io_sources: tuple[str, ...],
+    io_header: str,
+    io_private: tuple[str, ...] = (),
+    pkg_config: str | None = None,
+) -> ModuleType:
+    """Build (cached, ``ncina.cbuild``) an I/O layer's extension: its sources in ``io_dir``,
+    the engine and the proto codecs; the cdef is ``engine.h`` then ``io_header``."""
+    from ncina.cbuild import build_extension
+
+    proto = proto_dir()
+    return build_extension(
+        name,
+        cdef_of(HERE / "engine.h") + "\n" + cdef_of(io_dir / io_header),
+        [
+            *(io_dir / s for s in io_sources),
+            *(HERE / s for s in SOURCES),
+            *(proto / s for s in PROTO_SOURCES),
+        ],
+        preamble=f'#include "engine.h"\n#include "{io_header}"\n',
+        extra_compile_args=COMPILE_ARGS,
+        include_dirs=[io_dir, HERE, proto],
+        depends=[
+            *(io_dir / h for h in (io_header, *io_private)),
+            *(HERE / h for h in HEADERS),
+            *(proto / h for h in PROTO_HEADERS),
+        ],
+        pkg_config=pkg_config,
+    )
+
+
+class Engine:
+    """The control plane of the engine inside one extension module (one engine per module)."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.ffi = module.ffi
+        self.lib = module.lib
+
+    def check(self, rc: int, what: str) -> None:
+        """Raise ``RuntimeError`` naming ``what`` and the engine's reason unless ``rc`` is 0."""
+        if rc != 0:
+            reason = self.ffi.string(self.lib.nce_error()).decode(errors="replace")
+            raise RuntimeError(f"{what}: {reason}")
+
+    def set_reply_room(self, room: int, limit: str) -> None:
+        """The largest reply datagram the I/O layer can send, and what that limit is (for the
+        engine's message when it refuses a job whose results exceed it)."""
+        self.lib.nce_set_reply_room(room, limit.encode())
+
+    def set_generation(self, generation: int) -> None:
+        """The generation stamped on every result and notice (0: none, no notices)."""
+        self.lib.nce_set_generation(generation)
+
+    def add_job(self, config: JobConfig) -> np.random.Generator:
+        """Install a job and its members; returns the generator of its nc8 result keys (the
+        Python reference's ``default_rng(seed)``), whose first keys are already pushed."""
+        import ipaddress
+
+        window = config.window
+        rng = np.random.default_rng(config.seed)
+        # The fallback stream (used only if the key ring ran dry) is seeded from the same rng's
+        # independent child, so it does not consume the reference's keys.
+        fallback = int(rng.spawn(1)[0].integers(0, 2**64, dtype=np.uint64))
+        self.check(
+            self.lib.nce_job_add(
+                config.job,
+                config.workers,
+                config.k,
+                config.pool_size,
+                window.e_min,
+                window.span,
+                int(config.result_format),
+                fallback,
+            ),
+            f"installing job {config.job}",
+        )
+        if config.key is not None:
+            self.check(self.lib.nce_job_set_key(config.job, config.key, len(config.key)),
+                       f"job {config.job} key")  # fmt: skip
+        for rank, (host, port) in sorted(config.members.items()):
+            self.check(
+                self.lib.nce_member_set(
+                    config.job, rank, ipaddress.IPv4Address(host).packed, port
+                ),
+                f"job {config.job} member {rank}",
+            )
+        self.check(self.lib.nce_job_key_ring(config.job, KEY_RING), "key ring")
+        self.refill_keys(config.job, rng)
+        return rng
+
+    def refill_keys(self, job: int, rng: np.random.Generator) -> None:
+        """Top up the job's nc8 result key ring with the next draws of ``rng``."""
+        nxt = self.ffi.new("uint64_t *")
+        space = self.lib.nce_job_key_space(job, nxt)
+        if space:
+            keys = rng.integers(0, 2**64, size=space, dtype=np.uint64)
+            self.lib.nce_job_key_push(job, self.ffi.from_buffer("uint64_t[]", keys), space)
+
+    def _counters(self, job: int) -> Any:
+        c = self.ffi.new("struct nce_counters *")
+        self.check(self.lib.nce_job_stats(job, c), f"job {job} stats")
+        return c
+
+    def job_stats(self, job: int) -> JobStats:
+        """The job's counters as the reference's ``JobStats``."""
+        c = self._counters(job)
+        stats = JobStats()
+        for name in JOB_COUNTERS:
+            setattr(stats, name, getattr(c, name))
+        for i, name in enumerate(DROP_NAMES):
+            if name in JOB_DROP_REASONS:
+                stats.drops[name] = c.drops[i]
+            elif c.drops[i]:  # never happens: the engine counts these globally
+                raise RuntimeError(f"job {job} counted {name}, a global reason")
+        return stats
+
+    def global_stats(self) -> GlobalStats:
+        """The engine's global section (``GlobalStats``; the I/O layer adds ``send_errors``)."""
+        c = self.ffi.new("struct nce_counters *")
+        self.lib.nce_global_stats(c)
+        stats = GlobalStats()
+        stats.packets_in = c.packets_in
+        stats.bytes_in = c.bytes_in
+        for i, name in enumerate(DROP_NAMES):
+            if name in GLOBAL_DROP_REASONS:
+                stats.drops[name] = c.drops[i]
+        return stats
+
+    def key_underruns(self, job: int) -> int:
+        """nc8 results of the job keyed by the fallback because the key ring was empty."""
+        return int(self._counters(job).key_underruns)

@@ -1,0 +1,216 @@
+/* Admission: the jobs (installed by the control plane), the engine's generation, and the
+ * job-level checks a well-formed datagram passes before it reaches the slots, in the order of
+ * ncina.aggregator.slots: flags, format, membership, generation, window, slot and count bounds,
+ * codes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "state.h"
+
+#define FAIL(...)                                                   \
+    do {                                                            \
+        snprintf(nce_errbuf, sizeof nce_errbuf, __VA_ARGS__);       \
+        return -1;                                                  \
+    } while (0)
+
+static uint32_t reply_room = UINT32_MAX;
+static char reply_limit[128] = "no limit";
+
+void nce_set_reply_room(uint32_t bytes, const char *limit)
+{
+    reply_room = bytes;
+    snprintf(reply_limit, sizeof reply_limit, "%s", limit);
+}
+
+/* Whether a result datagram of k elements of the format (and a tag) fits the I/O layer's reply
+ * room; if not, the reason, with the largest k that fits, goes to nce_errbuf. Results are the
+ * largest datagrams the engine writes: a notice has none. */
+static int fits_reply_room(uint16_t id, uint32_t k, int result_format, int tagged)
+{
+    const uint32_t size = result_format == NCE_FMT_INT ? 8 : 1;
+    const uint32_t around = NCE_HDR_LEN + (tagged ? NCE_TAG_LEN : 0);
+    if (around + k * size <= reply_room)
+        return 1;
+    const char *name = result_format == NCE_FMT_INT ? "int" : "nc8";
+    snprintf(nce_errbuf, sizeof nce_errbuf,
+             "job %u: a result datagram of k=%u %s elements is %u bytes, more than the %u bytes "
+             "of %.80s; the largest k for %s results is %u",
+             id, k, name, around + k * size, reply_room, reply_limit, name,
+             reply_room > around ? (reply_room - around) / size : 0);
+    return 0;
+}
+
+static void job_free(struct nce_job *job)
+{
+    nce_pool_free(job);
+    nce_members_free(job);
+    nce_keys_free(job);
+    free(job);
+}
+
+uint32_t nce_max_k(void)
+{
+    return NCE_MAX_K;
+}
+
+int nce_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int e_min, int span,
+                int result_format, uint64_t seed)
+{
+    if (nce_jobs[id] != NULL)
+        FAIL("job %u is already installed", id);
+    if (workers < 1 || workers > NCE_MAX_WORKERS || k < 1 || k > NCE_MAX_K || nslots < 1 ||
+        span < 0 || span > 62 || (result_format != NCE_FMT_NC8 && result_format != NCE_FMT_INT))
+        FAIL("job %u: bad parameters (workers %u of at most %d, k %u of at most %d, "
+             "slots %u, span %d, result format %d)",
+             id, workers, NCE_MAX_WORKERS, k, NCE_MAX_K, nslots, span, result_format);
+    if (!fits_reply_room(id, k, result_format, 0))
+        return -1;
+    struct nce_job *job = calloc(1, sizeof *job);
+    if (job == NULL)
+        FAIL("job %u: out of memory", id);
+    job->id = id;
+    job->n = workers;
+    job->k = k;
+    job->nslots = nslots;
+    job->e_min = (int8_t)e_min;
+    job->span = (uint8_t)span;
+    job->result_format = (uint8_t)result_format;
+    job->elem_size = result_format == NCE_FMT_INT ? 8 : 1;
+    job->seed = seed;
+    if (nce_members_alloc(job) != 0 || nce_pool_alloc(job) != 0) {
+        job_free(job);
+        FAIL("job %u: out of memory", id);
+    }
+    nce_jobs[id] = job;
+    return 0;
+}
+
+void nce_set_generation(uint8_t generation)
+{
+    nce_generation = generation & (NCE_GEN_MASK >> NCE_GEN_SHIFT);
+}
+
+int nce_job_set_key(uint16_t id, const uint8_t *key, uint32_t keylen)
+{
+    struct nce_job *job = nce_jobs[id];
+    if (job == NULL || keylen < 16 || keylen > 64)
+        FAIL("job %u: a key has 16 to 64 bytes, not %u", id, keylen);
+    if (!fits_reply_room(id, job->k, job->result_format, 1)) {
+        job_free(job);
+        nce_jobs[id] = NULL;
+        return -1;
+    }
+    nce_tag_key(job, key, keylen);
+    return 0;
+}
+
+void nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,
+                 const uint8_t *msg, uint32_t len)
+{
+    struct ncd_b2b s;
+    ncd_b2b_init(&s, outlen, key, keylen);
+    ncd_b2b_update(&s, msg, len);
+    ncd_b2b_final(&s, out);
+}
+
+int nce_member_set(uint16_t id, uint16_t rank, const uint8_t *ip, uint16_t port)
+{
+    struct nce_job *job = nce_jobs[id];
+    uint32_t ip_be;
+    memcpy(&ip_be, ip, 4);
+    if (job == NULL || nce_members_set(job, rank, ip_be, port) != 0)
+        FAIL("job %u has no rank %u", id, rank);
+    return 0;
+}
+
+int nce_job_key_ring(uint16_t id, uint32_t size_pow2)
+{
+    struct nce_job *job = nce_jobs[id];
+    if (job == NULL || size_pow2 == 0 || (size_pow2 & (size_pow2 - 1)) != 0 || job->keys)
+        FAIL("job %u: bad key ring (size %u)", id, size_pow2);
+    if (nce_keys_alloc(job, size_pow2) != 0)
+        FAIL("job %u: out of memory", id);
+    return 0;
+}
+
+uint32_t nce_job_key_space(uint16_t id, uint64_t *next)
+{
+    const struct nce_job *job = nce_jobs[id];
+    if (job == NULL || job->keys == NULL)
+        return 0;
+    return nce_keys_space(job, next);
+}
+
+void nce_job_key_push(uint16_t id, const uint64_t *keys, uint32_t n)
+{
+    struct nce_job *job = nce_jobs[id];
+    if (job != NULL && job->keys != NULL)
+        nce_keys_push(job, keys, n);
+}
+
+void nce_reset(void)
+{
+    for (size_t id = 0; id < 65536; id++) {
+        if (nce_jobs[id] != NULL)
+            job_free(nce_jobs[id]);
+        nce_jobs[id] = NULL;
+    }
+    memset(&nce_global, 0, sizeof nce_global);
+}
+
+/* Counters are written by the data-plane thread only; readers copy them word by word (64-bit
+ * aligned loads are atomic on the targets we build for, so no value is torn). */
+static void copy_counters(struct nce_counters *out, const struct nce_counters *in)
+{
+    const volatile uint64_t *src = (const volatile uint64_t *)in;
+    uint64_t *dst = (uint64_t *)out;
+    for (size_t i = 0; i < sizeof *in / sizeof(uint64_t); i++)
+        dst[i] = src[i];
+}
+
+int nce_job_stats(uint16_t id, struct nce_counters *out)
+{
+    if (nce_jobs[id] == NULL)
+        return -1;
+    copy_counters(out, &nce_jobs[id]->c);
+    return 0;
+}
+
+void nce_global_stats(struct nce_counters *out)
+{
+    copy_counters(out, &nce_global);
+}
+
+/* Largest exponent code in the payload (sign bits masked). */
+static inline unsigned max_code(const uint8_t *codes, unsigned n)
+{
+    uint8_t top = 0;
+    for (unsigned i = 0; i < n; i++) {
+        const uint8_t c = codes[i] & 0x7F;
+        top = c > top ? c : top;
+    }
+    return top;
+}
+
+int nce_admit(const struct nce_job *job, const struct nce_pkt *p, const struct nce_from *from)
+{
+    if (p->flags & NCE_FLAG_RESULT)
+        return NCE_BAD_FLAGS;
+    if (p->format != NCE_FMT_NC8)
+        return NCE_BAD_FORMAT;
+    if (p->rank >= job->n || !nce_member_accepts(job, p->rank, from))
+        return NCE_NON_MEMBER;
+    const unsigned stamp = p->flags & NCE_GEN_MASK;
+    if (stamp && stamp != (unsigned)nce_generation << NCE_GEN_SHIFT)
+        return nce_generation ? NCE_STALE_GENERATION : NCE_BAD_FLAGS;
+    if (p->emin != job->e_min)
+        return NCE_WINDOW_MISMATCH;
+    if (p->slot >= job->nslots)
+        return NCE_BAD_SLOT;
+    if (p->count > job->k)
+        return NCE_BAD_COUNT;
+    if (max_code(p->payload, p->count) > (unsigned)job->span + 1)
+        return NCE_BAD_CODE;
+    return -1;
+}

@@ -1,0 +1,163 @@
+"""What the socket and dpdk backends share around their C loops: the backend contract of
+``ncina aggregator`` (readiness line, stats document and file, signals) for an engine whose
+loop runs in a thread.
+
+The C loop runs in a Python thread: cffi releases the GIL for the call, so the loop never touches
+Python, and the main thread is free to handle signals, keep the nc8 result key rings topped up
+and write the stats document (the schema of ``ncina.aggregator.stats``, plus one section of the
+I/O layer's own counters named after the backend).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from ncina.aggregator.engine import Engine
+from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.process import ready_line
+from ncina.aggregator.stats import publish, snapshot
+
+POLL_SECONDS = 0.05
+
+
+class EngineBackend:
+    """Serve jobs with an engine's C loop until SIGTERM/SIGINT (or ``request_stop``).
+
+    Same contract as ``PythonBackend``: a readiness line on ``log``, stats to ``stats_path``
+    every ``stats_interval`` seconds, on SIGUSR1 and at exit (one JSON line on ``log`` without a
+    path). Subclasses set ``name`` and ``address`` and implement the loop hooks below.
+    """
+
+    name = ""
+
+    def __init__(
+        self,
+        plane: Engine,
+        configs: Sequence[JobConfig],
+        *,
+        stats_path: Path | None,
+        stats_interval: float,
+        generation: int,
+        log: TextIO,
+    ) -> None:
+        self.plane = plane
+        self.configs = list(configs)
+        self.stats_path = stats_path
+        self.stats_interval = stats_interval
+        self.generation = generation
+        self.log = log
+        self.started = time.time()
+        self.address: Address = ("0.0.0.0", 0)
+        self.rngs: dict[int, Any] = {}
+        self._stop = threading.Event()
+        self._stats_requested = False
+        self._run_rc = 0
+        plane.set_generation(generation)
+
+    def install_jobs(self) -> None:
+        """Install every job (and push its first nc8 result keys)."""
+        self.rngs = {c.job: self.plane.add_job(c) for c in self.configs}
+
+    # ---- hooks of the I/O layer ----
+
+    def loop(self) -> int:
+        """Run the C loop on this thread until ``stop_loop``; its return code."""
+        raise NotImplementedError
+
+    def stop_loop(self) -> None:
+        """Make ``loop`` return (called from the main thread)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the I/O layer (after the loop returned)."""
+        raise NotImplementedError
+
+    def details(self) -> str:
+        """What the readiness line says about the I/O layer (after the pid)."""
+        raise NotImplementedError
+
+    def io_stats(self) -> tuple[int, dict[str, int]]:
+        """The I/O layer's failures (the global ``send_errors``) and its counters."""
+        raise NotImplementedError
+
+    # ---- the contract ----
+
+    def run(self) -> int:
+        """Install signal handlers, announce readiness, run the loop thread, poll, clean up;
+        returns the loop's return code."""
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGUSR1, self._on_stats_signal)
+        if self.stats_path is not None:
+            self.write_stats()
+        thread = threading.Thread(target=self._loop, name=f"{self.name} loop", daemon=True)
+        thread.start()
+        jobs = "; ".join(c.describe() for c in self.configs)
+        details = f"pid {os.getpid()}, {self.details()}, {jobs}"
+        print(ready_line(self.address, self.name, details), file=self.log, flush=True)
+        try:
+            self._poll()
+        finally:
+            self.stop_loop()
+            thread.join()
+            self.write_stats()
+            self.close()
+        return self._run_rc
+
+    def _loop(self) -> None:
+        self._run_rc = self.loop()
+        if self._run_rc != 0:
+            reason = self.plane.ffi.string(self.plane.lib.nce_error()).decode(errors="replace")
+            print(f"ncina aggregator: the {self.name} loop stopped: {reason}", file=self.log,
+                  flush=True)  # fmt: skip
+        self._stop.set()
+
+    def _poll(self) -> None:
+        next_write = time.monotonic() + self.stats_interval
+        while not self._stop.wait(POLL_SECONDS):
+            for job, rng in self.rngs.items():
+                self.plane.refill_keys(job, rng)
+            now = time.monotonic()
+            if self._stats_requested or (self.stats_path is not None and now >= next_write):
+                self._stats_requested = False
+                next_write = now + self.stats_interval
+                try:
+                    self.write_stats()
+                except OSError as exc:
+                    print(f"ncina aggregator: cannot write stats: {exc}", file=self.log, flush=True)
+
+    def request_stop(self) -> None:
+        """Make ``run`` return within one poll period."""
+        self._stop.set()
+
+    def stats_document(self) -> dict[str, Any]:
+        """The stats document (``ncina.aggregator.stats`` schema) plus the I/O section."""
+        send_errors, io = self.io_stats()
+        global_stats = self.plane.global_stats()
+        global_stats.send_errors = send_errors
+        document = snapshot(
+            backend=self.name,
+            started=self.started,
+            global_stats=global_stats,
+            jobs={c.job: self.plane.job_stats(c.job) for c in self.configs},
+        )
+        io["key_underruns"] = sum(self.plane.key_underruns(c.job) for c in self.configs)
+        document[self.name] = io
+        return document
+
+    def write_stats(self) -> None:
+        """Write the stats document to ``stats_path``, or print it as one line on ``log``."""
+        publish(self.stats_document(), self.stats_path, self.log)
+
+    def _on_stop_signal(self, signum: int, frame: object) -> None:
+        self._stop.set()
+
+    def _on_stats_signal(self, signum: int, frame: object) -> None:
+        self._stats_requested = True
+

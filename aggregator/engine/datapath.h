@@ -1,0 +1,78 @@
+/* ncina slot engine: what an I/O layer calls per datagram (not part of any cdef).
+ *
+ * An I/O layer hands each received UDP payload to nce_input with the sender's address and the
+ * address it was sent to; the verdict says what to send back, and the builders write those
+ * datagrams (UDP payloads) into the caller's buffers, each checking the buffer's size first.
+ */
+#ifndef NCE_DATAPATH_H
+#define NCE_DATAPATH_H
+
+#include <stdint.h>
+
+#include "engine.h"
+
+#define NCE_HDR_LEN 16          /* the ncina header, docs/protocol.md */
+#define NCE_TAG_LEN 8
+#define NCE_MAX_WORKERS 64      /* the bitmap is one 64-bit word, as in every backend */
+/* The largest K: NC8 results at the largest MTU (ncina.aggregator.jobs.MAX_K). */
+#define NCE_MAX_K 9172
+
+/* Where a datagram came from; addresses and the port in network order. */
+struct nce_from {
+    uint32_t src_ip;
+    uint16_t src_port;
+    uint32_t dst_ip;            /* the address it was sent to (the source of our replies) */
+    const uint8_t *link;        /* the sender's 6-byte link-layer address, or NULL */
+};
+
+/* A member of a job: where its results go. ip/port network order. */
+struct nce_member {
+    uint32_t ip;
+    uint16_t port;
+    uint8_t known;              /* address configured or learned */
+    uint8_t has_link;
+    uint8_t link[6];            /* learned from its first valid datagram (DPDK: the MAC) */
+    uint32_t agg_ip;            /* the aggregator address this member sends to */
+};
+
+struct nce_job;
+struct nce_slot;
+
+/* What the engine asks the I/O layer to send for an input datagram. */
+enum nce_verdict {
+    NCE_V_NONE = 0,     /* consumed (dropped or absorbed), nothing to send */
+    NCE_V_SEND_ALL,     /* slot completed: a result to every member, ranks 0..n-1 */
+    NCE_V_SEND_ONE,     /* the stored result to the sender (rank) */
+    NCE_V_NOTICE,       /* a notice back to the sender */
+};
+
+struct nce_action {
+    struct nce_job *job;
+    const struct nce_slot *slot;
+    uint16_t rank;              /* the sender */
+    uint16_t members;           /* the job's N (SEND_ALL sends to ranks 0..members-1) */
+    uint8_t version;
+    /* NCE_V_NOTICE: the slot and offset of the datagram answered, and the bitmap */
+    uint16_t slot_index;
+    uint32_t offset;
+    uint64_t bitmap;
+};
+
+/* The reason nce_error() reports; I/O layers write their setup errors here too. */
+extern char nce_errbuf[256];
+
+/* The per-datagram decision (docs/protocol.md): counts it, updates the slots, fills act. */
+enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_from *from,
+                           struct nce_action *act);
+/* Bytes of the reply datagram the action asks for (a result, or a notice). */
+uint32_t nce_reply_len(const struct nce_action *act);
+/* Write the reply datagram for rank (a result or a notice) into buf of cap bytes; returns its
+ * length, or 0 (nothing written) when cap is too small. */
+uint32_t nce_build_reply(uint8_t *buf, uint32_t cap, const struct nce_action *act,
+                         uint16_t rank);
+/* SEND_ALL: where rank's result goes (address, port, link address, the address it sent to).
+ * SEND_ONE and NOTICE go back to the sender of the input datagram (for SEND_ONE that is the
+ * member's address: only a member's datagram gets there). */
+const struct nce_member *nce_member_of(const struct nce_action *act, uint16_t rank);
+
+#endif

@@ -1,0 +1,136 @@
+/* The per-datagram decision of docs/protocol.md: parse, admission, members, the slot state
+ * machine, and which replies go out; plus the engine's module state. */
+#include <string.h>
+
+#include "state.h"
+
+struct nce_job *nce_jobs[65536];
+struct nce_counters nce_global;
+uint8_t nce_generation;
+char nce_errbuf[256];
+
+const char *nce_error(void)
+{
+    return nce_errbuf;
+}
+
+const struct nce_member *nce_member_of(const struct nce_action *act, uint16_t rank)
+{
+    return &act->job->members[rank];
+}
+
+/* A datagram that parse rejected: under its job when the header is readable and names one. */
+static void count_malformed(const struct nce_pkt *p, int reason)
+{
+    struct nce_job *job = NULL;
+    if (reason != NCE_TRUNCATED && reason != NCE_BAD_VERSION)
+        job = nce_jobs[p->job];
+    struct nce_counters *c = job != NULL ? &job->c : &nce_global;
+    c->packets_in++;
+    c->bytes_in += p->dgram_len;
+    c->drops[reason]++;
+}
+
+/* A notice to the datagram's sender about (slot, version) at the datagram's offset. */
+static enum nce_verdict notice(struct nce_job *job, const struct nce_pkt *p, uint64_t bitmap,
+                               struct nce_action *act)
+{
+    act->slot = NULL;
+    act->slot_index = p->slot;
+    act->offset = p->offset;
+    act->bitmap = bitmap;
+    job->c.notices_sent++;
+    job->c.packets_out++;
+    job->c.bytes_out += nce_notice_len(job);
+    return NCE_V_NOTICE;
+}
+
+enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_from *from,
+                           struct nce_action *act)
+{
+    struct nce_pkt p;
+    int reason = nce_parse(dgram, len, &p);
+    if (reason >= 0) {
+        count_malformed(&p, reason);
+        return NCE_V_NONE;
+    }
+    struct nce_job *job = nce_jobs[p.job];
+    if (job == NULL) {
+        count_malformed(&p, NCE_UNKNOWN_JOB);
+        return NCE_V_NONE;
+    }
+    struct nce_counters *c = &job->c;
+    c->packets_in++;
+    c->bytes_in += len;
+    if (!nce_authentic(job, &p)) {
+        c->drops[NCE_BAD_TAG]++;
+        return NCE_V_NONE;
+    }
+    const unsigned ver = (p.flags & NCE_FLAG_POOL) != 0;
+    act->job = job;
+    act->rank = p.rank;
+    act->members = job->n;
+    act->version = (uint8_t)ver;
+    reason = nce_admit(job, &p, from);
+    if (reason >= 0) {
+        c->drops[reason]++;
+        return reason == NCE_STALE_GENERATION ? notice(job, &p, 0, act) : NCE_V_NONE;
+    }
+    nce_member_learn(job, p.rank, from);
+    c->retx_seen += (p.flags & NCE_FLAG_RETX) != 0;
+
+    struct nce_slot *s = &job->slots[2 * p.slot + ver];
+    if (s->bitmap != 0 && (p.offset != s->offset || p.count != s->count)) {
+        c->drops[NCE_CHUNK_MISMATCH]++;
+        return NCE_V_NONE;
+    }
+    act->slot = s;
+    if (s->bitmap & 1ULL << p.rank) {
+        if (s->complete) {                      /* rule 2: the worker lost the result */
+            c->results_resent++;
+            c->packets_out++;
+            c->bytes_out += nce_result_len(job, s);
+            return NCE_V_SEND_ONE;
+        }
+        c->duplicates++;                        /* rule 3: ignored duplicate, and a notice */
+        return nce_generation ? notice(job, &p, s->bitmap, act) : NCE_V_NONE;
+    }
+    if (!nce_contribute(job, s, &p, ver))       /* rule 1: a new contribution */
+        return NCE_V_NONE;
+    s->complete = 1;
+    nce_encode_result(job, s);
+    c->slots_completed++;
+    c->results_sent += job->n;
+    c->packets_out += job->n;
+    c->bytes_out += (uint64_t)job->n * nce_result_len(job, s);
+    return NCE_V_SEND_ALL;
+}
+
+int nce_process_datagram(const uint8_t *dgram, uint32_t len, const uint8_t *src_ip,
+                         uint16_t src_port, const uint8_t *dst_ip, uint8_t *out, uint32_t stride,
+                         uint32_t max_out, uint32_t *out_lens, uint32_t *out_ips,
+                         uint16_t *out_ports)
+{
+    struct nce_from from = {.src_port = nce_port_be(src_port)};
+    memcpy(&from.src_ip, src_ip, 4);
+    memcpy(&from.dst_ip, dst_ip, 4);
+    struct nce_action a;
+    const enum nce_verdict v = nce_input(dgram, len, &from, &a);
+    if (v == NCE_V_NONE)
+        return 0;
+    const uint16_t first = v == NCE_V_SEND_ALL ? 0 : a.rank;
+    const uint16_t end = v == NCE_V_SEND_ALL ? a.members : (uint16_t)(a.rank + 1);
+    if ((uint32_t)(end - first) > max_out)
+        return -1;
+    for (uint16_t r = first; r < end; r++) {
+        const uint32_t i = (uint32_t)(r - first);
+        out_lens[i] = nce_build_reply(out + (size_t)i * stride, stride, &a, r);
+        if (out_lens[i] == 0)
+            return -1;
+        const struct nce_member *m = nce_member_of(&a, r);
+        const int to_sender = v != NCE_V_SEND_ALL;
+        out_ips[i] = to_sender ? from.src_ip : m->ip;
+        out_ports[i] = nce_port_host(to_sender ? from.src_port : m->port);
+    }
+    return (int)(end - first);
+}

@@ -1,0 +1,100 @@
+/* ncina slot engine: the protocol of docs/protocol.md on UDP datagrams, shared by the I/O
+ * layers (aggregator/socket: kernel UDP sockets; aggregator/dpdk: Ethernet frames on DPDK).
+ *
+ * This is the control-plane API every I/O layer's Python driver sees. Plain declarations only:
+ * the bindings hand the lines of this file that are not preprocessor directives to cffi as part
+ * of their cdef. One engine per process (one per extension module): all state is module-global.
+ * The per-datagram API of the I/O layers is datapath.h.
+ */
+#ifndef NCE_ENGINE_H
+#define NCE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Drop reasons, in the order of docs/protocol.md "Counters". */
+enum nce_drop {
+    NCE_TRUNCATED = 0,
+    NCE_BAD_VERSION = 1,
+    NCE_BAD_FLAGS = 2,
+    NCE_BAD_FORMAT = 3,
+    NCE_WINDOW_MISMATCH = 4,
+    NCE_UNKNOWN_JOB = 5,
+    NCE_NON_MEMBER = 6,
+    NCE_BAD_SLOT = 7,
+    NCE_BAD_COUNT = 8,
+    NCE_BAD_LENGTH = 9,
+    NCE_BAD_CODE = 10,
+    NCE_CHUNK_MISMATCH = 11,
+    NCE_BAD_TAG = 12,
+    NCE_STALE_GENERATION = 13,
+    NCE_NDROPS = 14
+};
+
+/* Counters of one job, or of the engine-wide "global" section (datagrams no job claims); names
+ * and meanings as in ncina.aggregator.stats. bytes count UDP payloads (ncina datagrams). */
+struct nce_counters {
+    uint64_t packets_in;
+    uint64_t packets_out;
+    uint64_t bytes_in;
+    uint64_t bytes_out;
+    uint64_t contributions;
+    uint64_t slots_completed;
+    uint64_t results_sent;
+    uint64_t results_resent;
+    uint64_t duplicates;
+    uint64_t retx_seen;
+    uint64_t notices_sent;
+    uint64_t key_underruns;     /* nc8 results keyed by the fallback (key ring empty) */
+    uint64_t drops[14];
+};
+
+/* The reason of the last failed call (a sentence). */
+const char *nce_error(void);
+/* The largest chunk size K a job may have (NC8 elements of a result at the largest MTU). */
+uint32_t nce_max_k(void);
+/* The largest reply datagram the I/O layer can send (bytes of UDP payload), and a description
+ * of that limit for error messages (copied). Jobs whose result datagrams exceed it are refused
+ * by nce_job_add, keyed jobs whose tagged results exceed it are removed by nce_job_set_key (a
+ * job that cannot serve keyed must not serve unkeyed). Default: no limit beyond NCE_MAX_K. */
+void nce_set_reply_room(uint32_t bytes, const char *limit);
+/* Install a job. result_format 0 = nc8, 1 = int. Returns 0, or -1 with nce_error(). */
+int nce_job_add(uint16_t job, uint16_t workers, uint16_t k, uint16_t slots, int e_min, int span,
+                int result_format, uint64_t seed);
+/* The engine's generation, 0..15 (docs/protocol.md "Generations and notices"): stamped on
+ * every result and notice; 0 is an aggregator without generations (no notices). */
+void nce_set_generation(uint8_t generation);
+/* The job's authentication key (16..64 bytes; docs/protocol.md "Authentication tag"). Returns 0,
+ * or -1 with nce_error(). */
+int nce_job_set_key(uint16_t job, const uint8_t *key, uint32_t keylen);
+/* Keyed BLAKE2b of msg with an outlen-byte digest (the tag's function; for tests). */
+void nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,
+                 const uint8_t *msg, uint32_t len);
+/* Configure a member's address (IPv4 network order, UDP port host order). Unconfigured members
+ * are learned from their first valid datagram; a configured one only accepts its address. */
+int nce_member_set(uint16_t job, uint16_t rank, const uint8_t *ip, uint16_t port);
+/* The nc8 result keys: one per slot completion, in order, drawn by the control plane from the
+ * same generator as the Python reference (numpy default_rng(seed)), through a ring of
+ * size_pow2 keys. nce_job_key_space says how many keys may be pushed now and the index of the
+ * next one; nce_job_key_push appends them. An empty ring falls back to a key derived from the
+ * seed, the job and the completion index (counted as key_underruns). */
+int nce_job_key_ring(uint16_t job, uint32_t size_pow2);
+uint32_t nce_job_key_space(uint16_t job, uint64_t *next);
+void nce_job_key_push(uint16_t job, const uint64_t *keys, uint32_t n);
+/* Counters, copied word by word (the data-plane thread writes them; no value is torn). */
+int nce_job_stats(uint16_t job, struct nce_counters *out);
+void nce_global_stats(struct nce_counters *out);
+/* Remove every job and zero every counter (tests; never while a data plane runs). */
+void nce_reset(void);
+
+/* Offline, for tests and benchmarks (no I/O): one datagram from src_ip:src_port (IPv4 network
+ * order, port host order) sent to dst_ip. The reply datagrams are written to out (max_out
+ * buffers of stride bytes), their lengths to out_lens, their destinations to out_ips (network
+ * order) and out_ports (host order). Returns how many replies, or -1 when they do not fit (the
+ * engine's decision and counters stand; nothing is written past a buffer). */
+int nce_process_datagram(const uint8_t *dgram, uint32_t len, const uint8_t *src_ip,
+                         uint16_t src_port, const uint8_t *dst_ip, uint8_t *out, uint32_t stride,
+                         uint32_t max_out, uint32_t *out_lens, uint32_t *out_ips,
+                         uint16_t *out_ports);
+
+#endif

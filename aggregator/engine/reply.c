@@ -1,0 +1,138 @@
+/* Replies: re-encode a completed slot once (nc8 with the next key of the job's key ring, or
+ * int), and write the datagrams that carry it (one per member: the emulated multicast) and the
+ * notices. Every result and notice carries the engine's generation, a keyed job's its tag. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "nc8.h"
+#include "state.h"
+
+/* ---- the nc8 result key ring: the control plane produces, completions consume ---- */
+
+int nce_keys_alloc(struct nce_job *job, uint32_t size_pow2)
+{
+    job->keys = calloc(size_pow2, sizeof *job->keys);
+    if (job->keys == NULL)
+        return -1;
+    job->key_mask = size_pow2 - 1;
+    return 0;
+}
+
+void nce_keys_free(struct nce_job *job)
+{
+    free(job->keys);
+    job->keys = NULL;
+}
+
+uint32_t nce_keys_space(const struct nce_job *job, uint64_t *next)
+{
+    const uint64_t used = __atomic_load_n(&job->completions, __ATOMIC_ACQUIRE);
+    const uint64_t written = job->keys_written;
+    /* After an underrun the data plane is ahead of the producer: skip the keys it did not use. */
+    const uint64_t start = written > used ? written : used;
+    *next = start;
+    return (uint32_t)(job->key_mask + 1 - (start - used));
+}
+
+void nce_keys_push(struct nce_job *job, const uint64_t *keys, uint32_t n)
+{
+    uint64_t start = 0;
+    if (n > nce_keys_space(job, &start))
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        job->keys[(start + i) & job->key_mask] = keys[i];
+    __atomic_store_n(&job->keys_written, start + n, __ATOMIC_RELEASE);
+}
+
+/* The key of the nc8 result stream for the job's next slot completion: the control plane's
+ * key (the Python reference's stream) when the ring has one, else a function of the seed, the
+ * job and the completion index. */
+static uint64_t next_key(struct nce_job *job)
+{
+    const uint64_t n = job->completions;
+    if (job->keys != NULL && n < __atomic_load_n(&job->keys_written, __ATOMIC_ACQUIRE))
+        return job->keys[n & job->key_mask];
+    job->c.key_underruns++;
+    return nc8_mix64(nc8_mix64(job->seed ^ ((uint64_t)job->id << 48)) + n);
+}
+
+static inline void put_be64(uint8_t *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)v;
+}
+
+void nce_encode_result(struct nce_job *job, struct nce_slot *s)
+{
+    const unsigned n = s->count;
+    if (job->result_format == NCE_FMT_NC8) {
+        nc8_int_to_codes(s->acc, s->result, n, next_key(job));
+    } else {
+        for (unsigned i = 0; i < n; i++)
+            put_be64(s->result + 8 * (size_t)i, (uint64_t)s->acc[i]);
+    }
+    __atomic_store_n(&job->completions, job->completions + 1, __ATOMIC_RELEASE);
+}
+
+/* ---- datagrams ---- */
+
+uint32_t nce_result_len(const struct nce_job *job, const struct nce_slot *s)
+{
+    return NCE_HDR_LEN + (uint32_t)s->count * job->elem_size + (job->tagged ? NCE_TAG_LEN : 0);
+}
+
+uint32_t nce_notice_len(const struct nce_job *job)
+{
+    return NCE_NOTICE_LEN + (job->tagged ? NCE_TAG_LEN : 0);
+}
+
+/* The ncina header of a result or notice for pool version `version`. */
+static void put_header(uint8_t *h, const struct nce_job *job, unsigned version, uint16_t rank,
+                       uint16_t slot, uint16_t count, uint32_t offset)
+{
+    h[0] = NCE_VERSION;
+    h[1] = (uint8_t)(NCE_FLAG_RESULT | (version ? NCE_FLAG_POOL : 0) |
+                     nce_generation << NCE_GEN_SHIFT | (job->tagged ? NCE_FLAG_TAG : 0));
+    h[2] = job->result_format;
+    h[3] = (uint8_t)job->e_min;
+    h[4] = (uint8_t)(job->id >> 8);
+    h[5] = (uint8_t)job->id;
+    h[6] = (uint8_t)(rank >> 8);
+    h[7] = (uint8_t)rank;
+    h[8] = (uint8_t)(slot >> 8);
+    h[9] = (uint8_t)slot;
+    h[10] = (uint8_t)(count >> 8);
+    h[11] = (uint8_t)count;
+    h[12] = (uint8_t)(offset >> 24);
+    h[13] = (uint8_t)(offset >> 16);
+    h[14] = (uint8_t)(offset >> 8);
+    h[15] = (uint8_t)offset;
+}
+
+uint32_t nce_reply_len(const struct nce_action *a)
+{
+    return a->slot != NULL ? nce_result_len(a->job, a->slot) : nce_notice_len(a->job);
+}
+
+uint32_t nce_build_reply(uint8_t *buf, uint32_t cap, const struct nce_action *a, uint16_t rank)
+{
+    const struct nce_job *job = a->job;
+    const uint32_t len = nce_reply_len(a);
+    if (len > cap)
+        return 0;
+    uint32_t body;
+    if (a->slot != NULL) {                      /* a result */
+        const struct nce_slot *s = a->slot;
+        body = (uint32_t)s->count * job->elem_size;
+        put_header(buf, job, a->version, rank, (uint16_t)((s - job->slots) >> 1), s->count,
+                   s->offset);
+        memcpy(buf + NCE_HDR_LEN, s->result, body);
+    } else {                                    /* a notice: the contributors' bitmap */
+        body = 8;
+        put_header(buf, job, a->version, rank, a->slot_index, 0, a->offset);
+        put_be64(buf + NCE_HDR_LEN, a->bitmap);
+    }
+    if (job->tagged)                            /* one tag per destination: rank differs */
+        nce_tag(job, buf, NCE_HDR_LEN + body, buf + NCE_HDR_LEN + body);
+    return len;
+}

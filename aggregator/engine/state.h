@@ -1,0 +1,118 @@
+/* ncina slot engine: the types and module state its files share, and each file's functions.
+ * Calls go one way: engine.c -> admission.c -> {slots.c, members.c, reply.c}, reply.c ->
+ * members.c, and parse.c stands alone. */
+#ifndef NCE_STATE_H
+#define NCE_STATE_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "blake2b.h"
+#include "datapath.h"
+
+#define NCE_VERSION 1
+#define NCE_FLAG_RESULT 0x01
+#define NCE_FLAG_RETX 0x02
+#define NCE_FLAG_POOL 0x04
+#define NCE_GEN_SHIFT 3
+#define NCE_GEN_MASK 0x78
+#define NCE_FLAG_TAG 0x80
+#define NCE_NOTICE_LEN (NCE_HDR_LEN + 8)   /* header and the 64-bit bitmap, before any tag */
+#define NCE_FMT_NC8 0
+#define NCE_FMT_INT 1
+
+/* A port number between host order and network order (byte by byte: any host). */
+static inline uint16_t nce_port_be(uint16_t port)
+{
+    uint16_t be;
+    const uint8_t bytes[2] = {(uint8_t)(port >> 8), (uint8_t)port};
+    memcpy(&be, bytes, 2);
+    return be;
+}
+
+static inline uint16_t nce_port_host(uint16_t be)
+{
+    uint8_t bytes[2];
+    memcpy(bytes, &be, 2);
+    return (uint16_t)(bytes[0] << 8 | bytes[1]);
+}
+
+/* One uplink datagram's header (host order) and where its payload is. */
+struct nce_pkt {
+    const uint8_t *dgram;       /* the ncina header and its payload (and tag) */
+    uint32_t dgram_len;
+    uint8_t version, flags, format;
+    int8_t emin;
+    uint16_t job, rank, slot, count;
+    uint32_t offset;
+    const uint8_t *payload;
+    uint32_t payload_len;       /* without the tag */
+};
+
+/* One version of one slot. */
+struct nce_slot {
+    uint64_t bitmap;
+    uint16_t contributors;
+    uint16_t count;             /* elements of the chunk */
+    uint32_t offset;            /* element offset of the chunk */
+    uint8_t complete;
+    int64_t *acc;               /* k accumulators */
+    uint8_t *result;            /* stored result payload, count * element size bytes */
+};
+
+struct nce_job {
+    uint16_t id, n, k, nslots;
+    int8_t e_min;
+    uint8_t span;
+    uint8_t result_format;
+    uint8_t elem_size;          /* of the result format */
+    uint64_t seed;
+    uint64_t completions;       /* slot completions so far: the key ring's consumer index */
+    uint64_t keys_written;      /* the key ring's producer index (control plane) */
+    uint64_t *keys;             /* key ring, key_mask + 1 entries, or NULL */
+    uint32_t key_mask;
+    uint8_t tagged;             /* the job has an authentication key */
+    struct ncd_b2b mac;         /* BLAKE2b state with the key block absorbed (copied per tag) */
+    struct nce_counters c;
+    struct nce_member *members; /* n */
+    struct nce_slot *slots;     /* 2 * nslots: slot s version v at [2 * s + v] */
+};
+
+/* Module state (engine.c). */
+extern struct nce_job *nce_jobs[65536];
+extern struct nce_counters nce_global;
+extern uint8_t nce_generation;
+
+/* parse.c: the job-independent checks; -1 when well formed, else the drop reason. */
+int nce_parse(const uint8_t *dgram, uint32_t len, struct nce_pkt *p);
+
+/* members.c */
+int nce_members_alloc(struct nce_job *job);
+void nce_members_free(struct nce_job *job);
+int nce_members_set(struct nce_job *job, uint16_t rank, uint32_t ip_be, uint16_t port);
+int nce_member_accepts(const struct nce_job *job, uint16_t rank, const struct nce_from *from);
+void nce_member_learn(struct nce_job *job, uint16_t rank, const struct nce_from *from);
+void nce_tag_key(struct nce_job *job, const uint8_t *key, uint32_t keylen);
+void nce_tag(const struct nce_job *job, const uint8_t *msg, uint32_t len, uint8_t *tag);
+int nce_authentic(const struct nce_job *job, const struct nce_pkt *p);
+
+/* slots.c */
+int nce_pool_alloc(struct nce_job *job);
+void nce_pool_free(struct nce_job *job);
+/* Rule 1 of the state machine: add the contribution; 1 when it completes the slot. */
+int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt *p,
+                   unsigned version);
+
+/* reply.c */
+int nce_keys_alloc(struct nce_job *job, uint32_t size_pow2);
+void nce_keys_free(struct nce_job *job);
+uint32_t nce_keys_space(const struct nce_job *job, uint64_t *next);
+void nce_keys_push(struct nce_job *job, const uint64_t *keys, uint32_t n);
+void nce_encode_result(struct nce_job *job, struct nce_slot *s);
+uint32_t nce_result_len(const struct nce_job *job, const struct nce_slot *s);
+uint32_t nce_notice_len(const struct nce_job *job);
+
+/* admission.c: job-level validation; -1 when the datagram may enter the state machine. */
+int nce_admit(const struct nce_job *job, const struct nce_pkt *p, const struct nce_from *from);
+
+#endif

@@ -1,0 +1,117 @@
+"""Drive the socket data plane: one kernel UDP socket around the slot engine.
+
+The loop (``ncs_run``: ``recvmmsg`` batches in, the engine per datagram, ``sendmmsg`` batches out)
+runs in a thread of ``ncina.aggregator.engine.backend.EngineBackend``, which keeps the backend
+contract (readiness, stats, signals); this module opens the socket and adds its counters (the
+stats document's ``socket`` section). No root, no DPDK: any process with a UDP port can serve.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from ncina.aggregator.engine import Engine
+from ncina.aggregator.engine.backend import EngineBackend
+from ncina.aggregator.jobs import Address, JobConfig
+
+NAME = "socket"
+IO_COUNTERS = (
+    "rx_datagrams",
+    "rx_batches",
+    "tx_datagrams",
+    "tx_batches",
+    "send_errors",
+    "oversized",
+    "wakeups",
+)
+MODES = {"aggregate": 0, "forward": 1}
+
+
+class SocketBackend(EngineBackend):
+    """Serve jobs with the C engine on a UDP socket bound to ``listen`` (port 0: a free one,
+    reported in the readiness line); the ``EngineBackend`` contract.
+
+    ``mode="forward"`` runs the no-op forwarder instead (every datagram back to its sender: the
+    limit of this I/O path, for benchmarks).
+    """
+
+    name = NAME
+
+    def __init__(
+        self,
+        configs: Sequence[JobConfig],
+        listen: Address,
+        *,
+        stats_path: Path | None = None,
+        stats_interval: float = 1.0,
+        mode: str = "aggregate",
+        generation: int = 0,
+        log: TextIO = sys.stderr,
+    ) -> None:
+        from ncina.aggregator.socket.binding import load
+
+        plane = Engine(load())
+        room = int(plane.lib.ncs_dgram_room())
+        plane.set_reply_room(room, f"the {room}-byte send buffer of the socket data plane")
+        super().__init__(plane, configs, stats_path=stats_path, stats_interval=stats_interval,
+                         generation=generation, log=log)  # fmt: skip
+        self.mode = MODES[mode]
+        host, port = listen
+        bound = plane.lib.ncs_open(ipaddress.IPv4Address(host).packed, port)
+        if bound < 0:
+            raise OSError(plane.ffi.string(plane.lib.nce_error()).decode(errors="replace"))
+        self.address = (host, bound)
+        try:
+            self.install_jobs()
+        except BaseException:
+            plane.lib.ncs_close()
+            raise
+
+    def loop(self) -> int:
+        return int(self.plane.lib.ncs_run(self.mode))
+
+    def stop_loop(self) -> None:
+        self.plane.lib.ncs_stop()
+
+    def close(self) -> None:
+        self.plane.lib.ncs_close()
+
+    def details(self) -> str:
+        if self.mode:
+            return "no-op forwarder"
+        return f"aggregator, generation {self.generation}"
+
+    def io_stats(self) -> tuple[int, dict[str, int]]:
+        c = self.plane.ffi.new("struct ncs_io *")
+        self.plane.lib.ncs_io_stats(c)
+        io = {name: getattr(c, name) for name in IO_COUNTERS}
+        return io["send_errors"] + io["oversized"], io
+
+
+def add_arguments(parser: Any) -> None:
+    """The ``ncina aggregator`` options of the socket backend."""
+    group = parser.add_argument_group("socket backend")
+    group.add_argument(
+        "--socket-mode",
+        choices=tuple(MODES),
+        default="aggregate",
+        help="socket: aggregate, or forward (the no-op forwarder that echoes every datagram: "
+        "the limit of the socket I/O path, for benchmarks) (default: %(default)s)",
+    )
+
+
+def serve(config: JobConfig, args: Any, generation: int) -> int:
+    """Run the socket backend for ``config`` with the parsed command line ``args``."""
+    backend = SocketBackend(
+        [config],
+        args.listen,
+        stats_path=args.stats,
+        stats_interval=args.stats_interval,
+        mode=args.socket_mode,
+        generation=generation,
+    )
+    return backend.run()

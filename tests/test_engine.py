@@ -1,0 +1,111 @@
+"""The C slot engine offline (``aggregator/engine``, through the socket backend's extension: no
+network, no DPDK): datagram for datagram against the Python reference (``ncina.aggregator.
+slots``), the replies' bytes and destinations and the counters compared; and its limits (reply
+buffers, the reply room, job parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from ncina.aggregator.engine import Engine
+from ncina.aggregator.jobs import MAX_K, JobConfig
+from ncina.aggregator.slots import Aggregator
+from ncina_parity import GENERATION, KEY, K, schedule
+from ncina_testlib import uplink, window_e_min
+
+AGG_IP = "10.9.0.1"
+STRIDE = 2048
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    """The process's engine of the socket extension, emptied; jobs are installed by the test."""
+    from ncina.aggregator.socket.binding import load
+
+    e = Engine(load())
+    e.lib.nce_reset()
+    yield e
+    e.lib.nce_reset()
+    e.set_generation(0)
+
+
+def process(e: Engine, datagram: bytes, src: tuple[str, int]) -> list[tuple[bytes, Any]]:
+    """One datagram through the C engine; its replies as (datagram, (host, port))."""
+    import ipaddress
+
+    ffi, lib = e.ffi, e.lib
+    out = ffi.new(f"uint8_t[{STRIDE * 64}]")
+    lens, ips, ports = ffi.new("uint32_t[64]"), ffi.new("uint32_t[64]"), ffi.new("uint16_t[64]")
+    n = lib.nce_process_datagram(datagram, len(datagram), ipaddress.IPv4Address(src[0]).packed,
+                                 src[1], ipaddress.IPv4Address(AGG_IP).packed, out, STRIDE, 64,
+                                 lens, ips, ports)  # fmt: skip
+    assert n >= 0, "reply buffers too small"
+    buf, addresses = ffi.buffer(out), bytes(ffi.buffer(ips))  # addresses in network order
+    replies = []
+    for i in range(n):
+        host = str(ipaddress.IPv4Address(addresses[4 * i : 4 * i + 4]))
+        replies.append((bytes(buf[i * STRIDE : i * STRIDE + lens[i]]), (host, int(ports[i]))))
+    return replies
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["untagged", "keyed"])
+@pytest.mark.parametrize("result", ["int", "nc8"])
+def test_datagram_for_datagram_like_the_reference(
+    engine: Engine, result: str, keyed: bool
+) -> None:
+    workers, pool = 3, 4
+    config = JobConfig.create(job=9, workers=workers, k=K, result_format=result, seed=42,
+                              pool_size=pool, key=KEY if keyed else None)  # fmt: skip
+    reference = Aggregator(GENERATION)
+    reference.add_job(config)
+    engine.set_generation(GENERATION)
+    engine.add_job(config)
+    sources = [(f"10.9.1.{rank + 1}", 5000 + rank) for rank in range(workers)]
+    packets = schedule(9, workers, rounds=40, pool=pool, seed=7, key=KEY if keyed else None)
+    replies = 0
+    for rank, datagram in packets:
+        want = list(reference.handle(datagram, sources[rank]))
+        got = process(engine, datagram, sources[rank])
+        assert got == want, f"datagram {datagram[:16].hex()} from rank {rank}"
+        replies += len(got)
+    assert replies > 40
+    assert engine.job_stats(9).to_json() == reference.jobs[9].stats.to_json()
+    assert engine.global_stats().to_json() == reference.stats.to_json()
+    assert engine.key_underruns(9) == 0
+
+
+def test_reply_buffers_are_checked_before_any_write(engine: Engine) -> None:
+    config = JobConfig.create(job=1, workers=2, k=64, result_format="int", seed=1)
+    engine.add_job(config)
+    ffi, lib = engine.ffi, engine.lib
+    emin = window_e_min(2)
+    stride = 16 + 64 * 8 - 1  # one byte short of a result
+    out = ffi.new(f"uint8_t[{2 * stride + 8}]")  # a guard after the two buffers
+    lens, ips, ports = ffi.new("uint32_t[2]"), ffi.new("uint32_t[2]"), ffi.new("uint16_t[2]")
+    ip = bytes([10, 9, 1, 1])
+    for rank in range(2):
+        datagram = uplink(job=1, rank=rank, slot=0, offset=0, codes=[1] * 64, emin=emin)
+        n = lib.nce_process_datagram(datagram, len(datagram), ip, 5000 + rank, ip, out, stride,
+                                     2, lens, ips, ports)  # fmt: skip
+    assert n == -1  # the slot completed, but its results do not fit
+    assert bytes(ffi.buffer(out)[2 * stride :]) == bytes(8)
+    assert engine.job_stats(1).slots_completed == 1  # the decision stands, counted
+
+
+def test_a_job_whose_results_exceed_the_reply_room_is_refused(engine: Engine) -> None:
+    engine.set_reply_room(16 + 100, "a 116-byte test buffer")
+    try:
+        with pytest.raises(RuntimeError, match="largest k for int results is 12"):
+            engine.add_job(JobConfig.create(job=2, workers=2, k=13, result_format="int"))
+        with pytest.raises(RuntimeError, match="largest k for nc8 results is 92"):
+            engine.add_job(JobConfig.create(job=2, workers=2, k=100, result_format="nc8",
+                                            key=bytes(16)))  # fmt: skip
+        stats = engine.ffi.new("struct nce_counters *")
+        assert engine.lib.nce_job_stats(2, stats) == -1  # removed, not left unkeyed
+        engine.add_job(JobConfig.create(job=2, workers=2, k=12, result_format="int"))
+    finally:
+        engine.set_reply_room(0xFFFFFFFF, "no limit")
+    assert engine.lib.nce_max_k() == MAX_K  # the C engine and JobConfig agree
