@@ -63,6 +63,7 @@ class FakeAggregator(threading.Thread):
         key: bytes | None = None,
         bad_code_at: int | None = None,
         mutants: int = 0,
+        hold: int = 0,
     ) -> None:
         super().__init__(daemon=True)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -83,6 +84,13 @@ class FakeAggregator(threading.Thread):
         self.mutants = mutants  # damaged copies sent before each result
         self.rng = np.random.default_rng(17)
         self.bad_uplink_tags = 0
+        # A queue: the results of the first ``hold`` chunks wait until each of them was re-sent,
+        # then go out in chunk order, each once, as a FIFO link would deliver the first copies.
+        self.hold = hold
+        self.held: dict[int, tuple[bytes, tuple[str, int]]] = {}  # offset: result, peer
+        self.arrived: dict[int, float] = {}  # offset: when its first copy came
+        self.resent_held: set[int] = set()
+        self.released_at = 0.0
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -91,7 +99,7 @@ class FakeAggregator(threading.Thread):
                 data, peer = self.sock.recvfrom(65535)
             except TimeoutError:
                 continue
-            hdr, payload = parse(data)
+            hdr, _ = parse(data)
             if self.key is not None and not (hdr.is_tagged and tag.verify(self.key, data)):
                 self.bad_uplink_tags += 1
                 continue
@@ -101,31 +109,55 @@ class FakeAggregator(threading.Thread):
             self.seen.add(chunk)
             if first and hdr.slot in self.drop_first_in_slots:
                 continue
-            fields = dict(
-                job=hdr.job, rank=hdr.rank, slot=hdr.slot, offset=hdr.offset, count=hdr.count,
-                emin=hdr.emin, flags=FLAG_RESULT | (hdr.flags & FLAG_POOL), fmt=self.result,
-            )
-            body = self.sum_payload(np.frombuffer(payload, dtype=np.uint8))
-            at = self.bad_code_at
-            if at is not None and hdr.offset <= at < hdr.offset + hdr.count:
-                index = at - hdr.offset
-                body = body[:index] + b"\x45" + body[index + 1 :]
-            if self.junk:
-                for datagram in self.junk_for(fields, body):
-                    self.sock.sendto(datagram, peer)
-                    self.junk_sent += 1
-            result = pack(**fields, payload=body)
-            for _ in range(self.mutants):
-                self.sock.sendto(self.mutant(result), peer)
+            if not self.hold_back(hdr.offset, hdr.flags, first, data, peer):
+                self.answer(data, peer)
+
+    def answer(self, data: bytes, peer: tuple[str, int]) -> None:
+        """Send the result (and whatever the options add) for the uplink packet ``data``."""
+        hdr, payload = parse(data)
+        fields = dict(
+            job=hdr.job, rank=hdr.rank, slot=hdr.slot, offset=hdr.offset, count=hdr.count,
+            emin=hdr.emin, flags=FLAG_RESULT | (hdr.flags & FLAG_POOL), fmt=self.result,
+        )
+        body = self.sum_payload(np.frombuffer(payload, dtype=np.uint8))
+        at = self.bad_code_at
+        if at is not None and hdr.offset <= at < hdr.offset + hdr.count:
+            index = at - hdr.offset
+            body = body[:index] + b"\x45" + body[index + 1 :]
+        if self.junk:
+            for datagram in self.junk_for(fields, body):
+                self.sock.sendto(datagram, peer)
                 self.junk_sent += 1
-            if self.key is not None:
-                fields["flags"] |= FLAG_TAG
-                forged = pack(**fields, payload=bytes(len(body)))
-                self.sock.sendto(tag.sign(bytes(reversed(self.key)), forged), peer)
-                result = tag.sign(self.key, pack(**fields, payload=body))
+        result = pack(**fields, payload=body)
+        for _ in range(self.mutants):
+            self.sock.sendto(self.mutant(result), peer)
+            self.junk_sent += 1
+        if self.key is not None:
+            fields["flags"] |= FLAG_TAG
+            forged = pack(**fields, payload=bytes(len(body)))
+            self.sock.sendto(tag.sign(bytes(reversed(self.key)), forged), peer)
+            result = tag.sign(self.key, pack(**fields, payload=body))
+        self.sock.sendto(result, peer)
+        if self.duplicate:
             self.sock.sendto(result, peer)
-            if self.duplicate:
-                self.sock.sendto(result, peer)
+
+    def hold_back(self, offset: int, flags: int, first: bool, data: bytes,
+                  peer: tuple[str, int]) -> bool:  # fmt: skip
+        """Whether the chunk at ``offset`` is one of the held ones (see ``hold``); releases
+        them once each was re-sent."""
+        if len(self.arrived) == self.hold and offset not in self.arrived:
+            return False
+        if first:
+            self.arrived[offset] = time.monotonic()
+            self.held[offset] = (data, peer)
+        elif flags & FLAG_RETX:
+            self.resent_held.add(offset)
+        if len(self.resent_held) == self.hold and self.held:
+            self.released_at = time.monotonic()
+            held, self.held = self.held, {}
+            for offset in sorted(held):
+                self.answer(*held[offset])
+        return True
 
     def sum_payload(self, codes: np.ndarray) -> bytes:
         """The result payload for ``workers`` copies of ``codes``."""
@@ -309,6 +341,21 @@ def test_no_rtt_sample_from_a_retransmitted_chunk() -> None:
     assert stats["retransmissions"] == 3  # chunks 0, 8, 16: the only ones slot 0 samples from
     assert stats["rtt_samples"] == 0  # Karn: their results cannot say which copy they answer
     assert stats["rto_s"] == 0.02  # still the configured timeout: no sample, no shared backoff
+
+
+def test_a_window_queued_past_its_rto_raises_the_rto_above_the_queueing_delay() -> None:
+    """The fake holds the first window's results until every chunk of it was re-sent (they all
+    time out together, as behind a slow link), then sends them in order: each answers a chunk's
+    first copy, so each is an RTT sample from the first send (the spurious retransmissions' rule),
+    and the RTO a fresh chunk gets ends above the longest wait. Lost chunks give no sample
+    (their results come after later chunks'): test_no_rtt_sample_from_a_retransmitted_chunk."""
+    x = powers_of_two(64 * 8, seed=8)  # one window of pool 8
+    with fake(hold=8) as agg, client_for(agg.address, timeout=0.02) as client:
+        np.testing.assert_array_equal(client.allreduce(x), x)
+        stats = client.stats
+    assert stats["retransmissions"] >= 8 and stats["rtt_samples"] == 8
+    queueing = agg.released_at - min(agg.arrived.values())  # the first chunk's wait
+    assert stats["rto_s"] > queueing >= 0.02
 
 
 def test_sharded_stats_sum_counters_and_keep_the_largest_rto() -> None:

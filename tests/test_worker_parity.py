@@ -228,7 +228,9 @@ def test_loss_duplication_and_reordering_same_datagrams_and_results(
 
 def test_c_timer_gives_the_python_estimators_doubles() -> None:
     """timing.c mirrors RtoEstimator operation for operation: the same samples (slow runs that
-    are skipped as outliers, then taken as a slower path, a fast path) give the same doubles."""
+    are skipped as outliers, then taken as a slower path, a fast path, then a window queued
+    behind a slow link: the in-order results of its spuriously re-sent chunks, timed from their
+    first send, one queue drain apart) give the same doubles."""
     module = cpath.load()
     ffi, lib = module.ffi, module.lib
     reference = RtoEstimator(0.05, cap=1.0, floor=0.002)
@@ -236,13 +238,19 @@ def test_c_timer_gives_the_python_estimators_doubles() -> None:
     for name in cpath.TIMER_FIELDS:
         setattr(timer, name, getattr(reference, name))
     rng = np.random.default_rng(9)
-    samples = np.concatenate([rng.uniform(0.001, 0.004, 50), rng.uniform(0.02, 0.05, 10),
-                              rng.uniform(0.0005, 0.001, 50), [3.0] * 6])  # fmt: skip
-    for rtt in samples.tolist():
-        reference.sample(rtt)
-        lib.ncw_rto_sample(timer, rtt)
-        for name in cpath.TIMER_FIELDS:
-            assert getattr(timer, name) == getattr(reference, name), name
+
+    def feed(samples: np.ndarray) -> None:
+        for rtt in samples.tolist():
+            reference.sample(rtt)
+            lib.ncw_rto_sample(timer, rtt)
+            for name in cpath.TIMER_FIELDS:
+                assert getattr(timer, name) == getattr(reference, name), name
+
+    feed(np.concatenate([rng.uniform(0.001, 0.004, 50), rng.uniform(0.02, 0.05, 10),
+                         rng.uniform(0.0005, 0.001, 50), [3.0] * 6]))  # fmt: skip
     assert reference.outliers > 0 and reference.rto == 1.0
+    feed(np.concatenate([rng.uniform(0.0005, 0.001, 50), np.linspace(0.02, 0.047, 37),
+                         rng.uniform(0.045, 0.06, 64)]))  # fmt: skip
+    assert 0.06 < reference.rto < 1.0  # above the queue's 45-60 ms
     for rto in (0.003, 0.4, 0.7, 1.0):
         assert lib.ncw_rto_backoff(timer, rto) == reference.backoff(rto)

@@ -615,7 +615,8 @@ class _Transfer:
         self.current = [-1] * s
         self.want_header: list[bytes | None] = [None] * s
         self.want_length = [0] * s
-        self.sent_at = [0.0] * s
+        self.sent_at = [0.0] * s  # the last send (first or re-sent)
+        self.first_sent = [0.0] * s  # the outstanding chunk's first send
         self.rto = [client.timer.rto] * s
         self.clean = False
         # Per slot, the last notice: (offset of the chunk it is about, bitmap of the ranks whose
@@ -644,6 +645,7 @@ class _Transfer:
         """Make chunk ``i`` the outstanding chunk of ``slot`` and send it."""
         begin = i * HEADER_SIZE
         self.current[slot] = i
+        self.first_sent[slot] = now
         self.want_header[slot] = self.expected[begin : begin + HEADER_SIZE]
         self.want_length[slot] = (
             HEADER_SIZE + self.counts[i] * self.element_size + self.tag_size
@@ -675,6 +677,8 @@ class _Transfer:
         for i in range(min(s, chunks)):
             start(i, i, now)
         done = received = received_bytes = ignored = 0
+        top = -1  # the highest chunk answered so far
+        frames, row, first_sent = self.frames, self.row, self.first_sent
         last_progress = now
         next_check = now + client.timer.rto
         try:
@@ -713,6 +717,10 @@ class _Transfer:
                         last_progress = now
                         if slot == 0 and self.clean:
                             client.timer.sample(now - self.sent_at[0])
+                        if i > top:  # in order: no later chunk was answered before it
+                            if frames[i * row + 1] & FLAG_RETX:  # re-sent: spuriously
+                                client.timer.sample(now - first_sent[slot])
+                            top = i
                         if i + s < chunks:
                             start(i + s, slot, now)
                         else:

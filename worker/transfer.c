@@ -258,6 +258,7 @@ static int start(struct ncw *w, uint64_t i, uint32_t slot, double now)
     nc8_encode(w->x + offset, frame + NCW_HEADER, count, w->key + offset * NCW_GAMMA, c->e_min,
                c->span, &w->stats.saturated);
     s->chunk = (int64_t)i;
+    s->first_sent = now;
     s->frame_len = (uint32_t)(NCW_HEADER + count + tag_size(w));
     memcpy(s->want, frame, NCW_HEADER);
     s->want[1] = common | FLAG_RESULT;
@@ -383,6 +384,11 @@ static int take(struct ncw *w, uint8_t *buf, size_t size, double now)
     w->last_progress = now;
     if (slot == 0 && w->clean)
         ncw_rto_sample(&w->timer, now - s->sent_at);
+    if ((int64_t)i > w->top) { /* in order: no later chunk was answered before it */
+        if (frame_of(w, slot)[1] & FLAG_RETX) /* re-sent: spuriously */
+            ncw_rto_sample(&w->timer, now - s->first_sent);
+        w->top = (int64_t)i;
+    }
     if (i + S < w->chunks)
         return start(w, i + S, slot, now);
     s->chunk = -1;
@@ -439,6 +445,7 @@ int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t ke
     w->done = 0;
     w->key = key;
     w->clean = 0;
+    w->top = -1;
     w->bad_code_index = -1;
     w->bad_code = 0;
     w->seen_generation = 0;

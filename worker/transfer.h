@@ -63,7 +63,8 @@ struct ncw_stats {
  * notice about it. */
 struct ncw_slot {
     int64_t chunk;         /* outstanding chunk, -1: none */
-    double sent_at;
+    double sent_at;        /* the last send (first or re-sent) */
+    double first_sent;     /* the chunk's first send */
     double rto;
     uint32_t frame_len;    /* the datagram's length, tag included */
     uint32_t want_len;     /* the result's length */
@@ -90,6 +91,7 @@ struct ncw {
     double last_progress;
     double next_check;
     int clean;              /* slot 0's chunk was sent once (Karn) */
+    int64_t top;            /* the highest chunk answered so far, -1: none */
     struct ncw_slot *slots; /* S */
     void *io;               /* frames, receive buffers, message headers (transfer.c) */
 };
