@@ -133,9 +133,10 @@ class RtoEstimator:
     more often than a slower path, and at 10 % loss such a shared backoff kept the timeouts near
     the cap and made the transfer four times slower. A slower path is still learned: the sampling
     slot keeps its backed-off timeout for its next chunk until one comes back in time (Karn), and
-    callers pass only samples from chunks that were sent once, since the result of a re-sent chunk
-    cannot say which copy it answers. The RTT of a slot includes the queueing behind the rest of
-    the window and the wait for the other workers, which is the delay a timeout must wait out.
+    callers pass only samples that say which copy they time: chunks sent once, and re-sent chunks
+    whose result came in order (``_Transfer``: it answers the first copy, timed from its first
+    send). The RTT of a slot includes the queueing behind the rest of the window and the wait for
+    the other workers, which is the delay a timeout must wait out.
     """
 
     ALPHA = 0.125  # SRTT gain (RFC 6298)
@@ -574,6 +575,20 @@ class _Transfer:
     per RTT), which keeps the estimator off the per-packet path; ``clean`` says slot 0's chunk was
     sent once (Karn). After a retransmission slot 0's next chunk keeps the backed-off timeout, so
     that a path slower than the RTO still yields a sample.
+
+    A re-sent chunk (any slot) whose result arrives in order, before the result of any later
+    chunk, also gives a sample, timed from its first send: the retransmission was spurious. Every
+    worker sends its chunks in order and each link is FIFO, so results come back in chunk order
+    unless a packet is lost; a lost chunk waits a whole timeout for its retransmission, during
+    which the chunks after it are answered, so its result comes out of order and gives nothing.
+    A result in order therefore answers the first copy (the re-sent one queues behind the chunks
+    sent after that first copy). This is what a window that queues longer than the RTO (a slow
+    link; the RTO was learnt on the idle path) looks like: every slot times out, slot 0 too, so
+    slot 0 gives no sample for rounds, while the in-order results, one per re-sent chunk, bring
+    the RTO above the queueing delay within the first round. Random loss is left alone: its
+    results come out of order. Only when every later chunk is lost as well (the call's last
+    chunks) is a lost chunk's late result taken as in order; such a sample is above twice SRTT
+    and the outlier streak skips it unless four come in a row.
 
     Results of a fixed-size format (``received`` a buffer) have a known length and are copied to
     their place in it; BLOB results (``received`` a list, ``want_length`` 0) have any length that
