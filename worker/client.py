@@ -576,19 +576,23 @@ class _Transfer:
     sent once (Karn). After a retransmission slot 0's next chunk keeps the backed-off timeout, so
     that a path slower than the RTO still yields a sample.
 
-    A re-sent chunk (any slot) whose result arrives in order, before the result of any later
-    chunk, also gives a sample, timed from its first send: the retransmission was spurious. Every
+    After a timer check that re-sent chunks (``probe``), the first re-sent chunk (any slot) whose
+    result arrives in order, before the result of any later chunk, also gives a sample, timed from
+    its first send: the retransmission was spurious. Every
     worker sends its chunks in order and each link is FIFO, so results come back in chunk order
     unless a packet is lost; a lost chunk waits a whole timeout for its retransmission, during
     which the chunks after it are answered, so its result comes out of order and gives nothing.
     A result in order therefore answers the first copy (the re-sent one queues behind the chunks
     sent after that first copy). This is what a window that queues longer than the RTO (a slow
     link; the RTO was learnt on the idle path) looks like: every slot times out, slot 0 too, so
-    slot 0 gives no sample for rounds, while the in-order results, one per re-sent chunk, bring
-    the RTO above the queueing delay within the first round. Random loss is left alone: its
-    results come out of order. Only when every later chunk is lost as well (the call's last
-    chunks) is a lost chunk's late result taken as in order; such a sample is above twice SRTT
-    and the outlier streak skips it unless four come in a row.
+    slot 0 gives no sample for rounds, while slots keep expiring check after check (their send
+    times are spread over the round) and the in-order results, one per such check, bring the RTO
+    above the queueing delay within the first round. One per check, because a transient stall (a
+    descheduled process) expires every slot in one check and then answers them all in order: one
+    sample of it is a lone outlier. Random loss is left alone: its results come out of order.
+    Only when every later chunk is lost as well (the call's last chunks, or a stalled window) is a
+    lost chunk's late result taken as in order; such a sample is above twice SRTT and the outlier
+    streak skips it unless four come in a row.
 
     Results of a fixed-size format (``received`` a buffer) have a known length and are copied to
     their place in it; BLOB results (``received`` a list, ``want_length`` 0) have any length that
@@ -634,6 +638,7 @@ class _Transfer:
         self.first_sent = [0.0] * s  # the outstanding chunk's first send
         self.rto = [client.timer.rto] * s
         self.clean = False
+        self.probe = False  # a timer check re-sent chunks: take one in-order sample
         # Per slot, the last notice: (offset of the chunk it is about, bitmap of the ranks whose
         # contribution the aggregator holds).
         self.notices: dict[int, tuple[int, int]] = {}
@@ -733,7 +738,8 @@ class _Transfer:
                         if slot == 0 and self.clean:
                             client.timer.sample(now - self.sent_at[0])
                         if i > top:  # in order: no later chunk was answered before it
-                            if frames[i * row + 1] & FLAG_RETX:  # re-sent: spuriously
+                            if frames[i * row + 1] & FLAG_RETX and self.probe:  # spuriously
+                                self.probe = False
                                 client.timer.sample(now - first_sent[slot])
                             top = i
                         if i + s < chunks:
@@ -837,6 +843,7 @@ class _Transfer:
                 due = now + self.rto[slot]
             next_check = min(next_check, due)
         if expired:
+            self.probe = True
             client._stats["retransmissions"] += expired
             client._stats["bytes_retransmitted"] += resent
             client._stats["timeouts"] += 1

@@ -385,8 +385,10 @@ static int take(struct ncw *w, uint8_t *buf, size_t size, double now)
     if (slot == 0 && w->clean)
         ncw_rto_sample(&w->timer, now - s->sent_at);
     if ((int64_t)i > w->top) { /* in order: no later chunk was answered before it */
-        if (frame_of(w, slot)[1] & FLAG_RETX) /* re-sent: spuriously */
+        if ((frame_of(w, slot)[1] & FLAG_RETX) && w->probe) { /* re-sent: spuriously */
+            w->probe = 0;
             ncw_rto_sample(&w->timer, now - s->first_sent);
+        }
         w->top = (int64_t)i;
     }
     if (i + S < w->chunks)
@@ -425,6 +427,7 @@ static int check_timers(struct ncw *w, double now)
         next = due < next ? due : next;
     }
     if (expired) {
+        w->probe = 1;
         w->stats.retransmissions += expired;
         w->stats.bytes_retransmitted += resent;
         w->stats.timeouts++;
@@ -446,6 +449,7 @@ int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t ke
     w->key = key;
     w->clean = 0;
     w->top = -1;
+    w->probe = 0;
     w->bad_code_index = -1;
     w->bad_code = 0;
     w->seen_generation = 0;

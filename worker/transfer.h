@@ -92,6 +92,7 @@ struct ncw {
     double next_check;
     int clean;              /* slot 0's chunk was sent once (Karn) */
     int64_t top;            /* the highest chunk answered so far, -1: none */
+    int probe;              /* a timer check re-sent chunks: take one in-order sample */
     struct ncw_slot *slots; /* S */
     void *io;               /* frames, receive buffers, message headers (transfer.c) */
 };
