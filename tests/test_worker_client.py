@@ -153,6 +153,7 @@ class FakeAggregator(threading.Thread):
         elif flags & FLAG_RETX:
             self.resent_held.add(offset)
         if len(self.resent_held) == self.hold and self.held:
+            time.sleep(0.005)  # the queue drains on: the first copies come well after the re-sends
             self.released_at = time.monotonic()
             held, self.held = self.held, {}
             for offset in sorted(held):

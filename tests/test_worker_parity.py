@@ -228,9 +228,9 @@ def test_loss_duplication_and_reordering_same_datagrams_and_results(
 
 def test_c_timer_gives_the_python_estimators_doubles() -> None:
     """timing.c mirrors RtoEstimator operation for operation: the same samples (slow runs that
-    are skipped as outliers, then taken as a slower path, a fast path, then a window queued
-    behind a slow link: the in-order results of its spuriously re-sent chunks, timed from their
-    first send, one queue drain apart) give the same doubles."""
+    are skipped as outliers, then taken as a slower path, a fast path), and the same in-order
+    answers of re-sent chunks (ncw_rto_spurious: a queue's, a stalled window's) give the same
+    verdicts and doubles."""
     module = cpath.load()
     ffi, lib = module.ffi, module.lib
     reference = RtoEstimator(0.05, cap=1.0, floor=0.002)
@@ -249,8 +249,24 @@ def test_c_timer_gives_the_python_estimators_doubles() -> None:
     feed(np.concatenate([rng.uniform(0.001, 0.004, 50), rng.uniform(0.02, 0.05, 10),
                          rng.uniform(0.0005, 0.001, 50), [3.0] * 6]))  # fmt: skip
     assert reference.outliers > 0 and reference.rto == 1.0
-    feed(np.concatenate([rng.uniform(0.0005, 0.001, 50), np.linspace(0.02, 0.047, 37),
-                         rng.uniform(0.045, 0.06, 64)]))  # fmt: skip
-    assert 0.06 < reference.rto < 1.0  # above the queue's 45-60 ms
+    feed(rng.uniform(0.0005, 0.001, 50))  # an idle path again
+
+    def answered(pairs: list[tuple[float, float]]) -> None:
+        for rtt, since in pairs:
+            taken = reference.spurious(rtt, since)
+            assert lib.ncw_rto_spurious(timer, rtt, since) == taken
+            for name in cpath.TIMER_FIELDS:
+                assert getattr(timer, name) == getattr(reference, name), name
+
+    # Re-sent chunks answered in order. A window stalled by loss: each answered one round trip
+    # after its re-send, the timeout itself; no sample.
+    state = (reference.rto, reference.samples, reference.outliers)
+    answered([(0.02 + since, since) for since in rng.uniform(0.0002, 0.001, 20).tolist()])
+    assert (reference.rto, reference.samples, reference.outliers) == state
+    # A window queued behind a slow link: its first copies answered up to 27 ms after the
+    # re-send; the RTO climbs above the 47 ms queue.
+    answered([(0.02 + 0.0007 * j, 0.0007 * j) for j in range(1, 39)])
+    assert reference.rto > 0.047 > state[0]
+    feed(rng.uniform(0.045, 0.06, 64))
     for rto in (0.003, 0.4, 0.7, 1.0):
         assert lib.ncw_rto_backoff(timer, rto) == reference.backoff(rto)

@@ -33,6 +33,14 @@ void ncw_rto_sample(struct ncw_rto *t, double rtt)
     t->rto = floored < t->cap ? floored : t->cap;
 }
 
+int ncw_rto_spurious(struct ncw_rto *t, double rtt, double since)
+{
+    if (since <= 2 * t->srtt + NCW_GRANULARITY)
+        return 0;
+    ncw_rto_sample(t, rtt);
+    return 1;
+}
+
 double ncw_rto_backoff(const struct ncw_rto *t, double rto)
 {
     const double doubled = 2.0 * rto;

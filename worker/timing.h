@@ -27,6 +27,10 @@ struct ncw_rto {
 /* Take one RTT measurement (seconds) of a chunk sent once, and recompute rto. */
 void ncw_rto_sample(struct ncw_rto *t, double rtt);
 
+/* A re-sent chunk answered in order, rtt after its first send and since after its last re-send:
+ * taken as a sample when since > 2 SRTT + G (RtoEstimator.spurious says why); 1 if taken. */
+int ncw_rto_spurious(struct ncw_rto *t, double rtt, double since);
+
 /* The timeout after one more retransmission of a chunk whose timeout was rto. */
 double ncw_rto_backoff(const struct ncw_rto *t, double rto);
 

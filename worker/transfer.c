@@ -385,10 +385,9 @@ static int take(struct ncw *w, uint8_t *buf, size_t size, double now)
     if (slot == 0 && w->clean)
         ncw_rto_sample(&w->timer, now - s->sent_at);
     if ((int64_t)i > w->top) { /* in order: no later chunk was answered before it */
-        if ((frame_of(w, slot)[1] & FLAG_RETX) && w->probe) { /* re-sent: spuriously */
+        if ((frame_of(w, slot)[1] & FLAG_RETX) && w->probe /* re-sent: spuriously? */
+            && ncw_rto_spurious(&w->timer, now - s->first_sent, now - s->sent_at))
             w->probe = 0;
-            ncw_rto_sample(&w->timer, now - s->first_sent);
-        }
         w->top = (int64_t)i;
     }
     if (i + S < w->chunks)
