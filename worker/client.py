@@ -134,9 +134,9 @@ class RtoEstimator:
     the cap and made the transfer four times slower. A slower path is still learned: the sampling
     slot keeps its backed-off timeout for its next chunk until one comes back in time (Karn), and
     callers pass only samples that say which copy they time: chunks sent once, and re-sent chunks
-    whose result came in order (``_Transfer``: it answers the first copy, timed from its first
-    send). The RTT of a slot includes the queueing behind the rest of the window and the wait for
-    the other workers, which is the delay a timeout must wait out.
+    whose result came in order and late enough to answer the first copy (:meth:`spurious`). The
+    RTT of a slot includes the queueing behind the rest of the window and the wait for the other
+    workers, which is the delay a timeout must wait out.
     """
 
     ALPHA = 0.125  # SRTT gain (RFC 6298)
@@ -596,22 +596,20 @@ class _Transfer:
     that a path slower than the RTO still yields a sample.
 
     After a timer check that re-sent chunks (``probe``), the first re-sent chunk (any slot) whose
-    result arrives in order, before the result of any later chunk, also gives a sample, timed from
-    its first send: the retransmission was spurious. Every
-    worker sends its chunks in order and each link is FIFO, so results come back in chunk order
-    unless a packet is lost; a lost chunk waits a whole timeout for its retransmission, during
-    which the chunks after it are answered, so its result comes out of order and gives nothing.
-    A result in order therefore answers the first copy (the re-sent one queues behind the chunks
-    sent after that first copy). This is what a window that queues longer than the RTO (a slow
-    link; the RTO was learnt on the idle path) looks like: every slot times out, slot 0 too, so
-    slot 0 gives no sample for rounds, while slots keep expiring check after check (their send
-    times are spread over the round) and the in-order results, one per such check, bring the RTO
-    above the queueing delay within the first round. One per check, because a transient stall (a
-    descheduled process) expires every slot in one check and then answers them all in order: one
-    sample of it is a lone outlier. Random loss is left alone: its results come out of order.
-    Only when every later chunk is lost as well (the call's last chunks, or a stalled window) is a
-    lost chunk's late result taken as in order; such a sample is above twice SRTT and the outlier
-    streak skips it unless four come in a row.
+    result arrives in order, before the result of any later chunk, may give a sample too, timed
+    from its first send (``RtoEstimator.spurious`` decides: when it came later than a round trip
+    after the re-send). Every worker sends its chunks in order and each link is FIFO, so results
+    come back in chunk order unless a packet is lost; a lost chunk waits a whole timeout for its
+    retransmission, during which the chunks after it are normally answered, so its result comes
+    out of order and gives nothing. In order, the result answers the first copy when the window
+    queues behind a slow link (the re-sent copy waits behind the whole queue): the retransmission
+    was spurious. That is what a window that queues longer than the RTO looks like (the RTO was
+    learnt on the idle path): every slot times out, slot 0 too, so slot 0 gives no sample for
+    rounds, while slots keep expiring check after check (their send times are spread over the
+    round) and the in-order results, one per such check, bring the RTO above the queueing delay
+    within the first round. One per check, because a transient stall (a descheduled process)
+    expires every slot in one check and then answers them all in order: one sample of it is a
+    lone outlier for the streak.
 
     Results of a fixed-size format (``received`` a buffer) have a known length and are copied to
     their place in it; BLOB results (``received`` a list, ``want_length`` 0) have any length that
