@@ -9,9 +9,10 @@ APT_PACKAGES ?= mininet bridge-utils iproute2 iptables ethtool gcc libc6-dev pyt
 PYTEST_ARGS ?=
 # make topo: star topology, INA+NC8 through the aggregator, then the gloo fp32 baseline (docs/topo.md).
 # BW: link bandwidth in Mbit/s (empty: unshaped); LOSS: percent of packets lost per link direction;
+# BACKEND: python|socket|dpdk|bmv2 (empty: ncina topo's default, socket; python in server mode);
 # TOPO_ARGS: any other `ncina topo` options, e.g. --topo multi --aggregators 2.
 WORKERS ?= 4
-BACKEND ?= python
+BACKEND ?=
 BW ?= 100
 LOSS ?= 0
 EPOCHS ?= 10
@@ -72,7 +73,7 @@ need-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make topo needs root: Mininet creates network namespaces, virtual links and a bridge."; exit 1; }
 
 topo: need-root setup
-	$(VENV)/bin/ncina topo --workers $(WORKERS) --backend $(BACKEND) $(if $(BW),--bw $(BW)) \
+	$(VENV)/bin/ncina topo --workers $(WORKERS) $(if $(BACKEND),--backend $(BACKEND)) $(if $(BW),--bw $(BW)) \
 	  --loss $(LOSS) --epochs $(EPOCHS) --model $(MODEL) $(TOPO_ARGS)
 
 # The P4 program for BMv2: generated lanes + p4c-bm2-ss --p4runtime-files (docs/bmv2.md).

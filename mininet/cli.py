@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.proto.tag import read_key_file
-from ncina.topo.config import BMV2_POOL_SIZE, TopoConfig
+from ncina.topo.config import BMV2_POOL_SIZE, FIXED_K, TopoConfig
 from ncina.worker.client import MODES
 from ncina.worker.train import check_options
 
@@ -39,9 +39,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="star: one aggregator; multi: tensors sharded across --aggregators")
     p.add_argument("--workers", type=int, default=d.workers, help="default: %(default)s")
     p.add_argument("--aggregators", type=int, help="aggregator nodes (star: 1, multi: default 2)")
-    p.add_argument("--backend", default=d.backend,
-                   help="aggregator backend: python, socket, dpdk or bmv2 (the switch itself, "
-                   "star only) (default: %(default)s)")  # fmt: skip
+    p.add_argument("--backend",
+                   help="aggregator backend: socket, python, dpdk or bmv2 (the switch itself, "
+                   "star only) (default: socket; python with --mode server)")  # fmt: skip
     p.add_argument("--bw", type=float, help="worker link bandwidth in Mbit/s (default: unshaped)")
     p.add_argument("--agg-bw", type=float,
                    help="aggregator link bandwidth in Mbit/s (default: unshaped, like the switch)")
@@ -55,7 +55,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="per worker (default: %(default)s)")
     p.add_argument("--lr", type=float, default=d.lr, help="SGD step size (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
-    p.add_argument("--k", type=int, default=d.k, help="elements per packet (default: %(default)s)")
+    p.add_argument("--k", type=int,
+                   help=f"elements per packet (default: the largest that fits MTU 1500, 1456 for "
+                   f"nc8 results; {FIXED_K} with --backend bmv2 or --mode server)")
     p.add_argument("--pool-size", type=int,
                    help=f"slots per job (default: {d.pool_size}; {BMV2_POOL_SIZE} with --backend "
                    "bmv2, whose libpcap input ring holds a few dozen frames)")
@@ -86,9 +88,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def topo_k(backend: str, mode: str, result: str, tagged: bool) -> int:
+    """The K a topology's job gets without --k: ``FIXED_K`` on BMv2 and in server mode, else the
+    largest whose packets fit MTU 1500 (``ncina.aggregator.jobs.default_k``)."""
+    if backend == "bmv2" or mode == "server":
+        return FIXED_K
+    from ncina.aggregator.jobs import DEFAULT_MTU, default_k
+
+    return default_k(DEFAULT_MTU, result, tagged)
+
+
 def run(args: argparse.Namespace) -> int:
     """Check root and options, then run the topology (see :mod:`ncina.topo.runner`)."""
     check_options(args)
+    if args.mode == "server" and args.backend not in (None, "python"):
+        raise ValueError("server mode runs on the python backend: drop --backend or give "
+                         "--backend python")  # fmt: skip
     if args.repeat < 1:
         raise ValueError(f"--repeat must be at least 1, not {args.repeat}")
     if args.key_file is not None:
@@ -115,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             lr=args.lr,
             seed=args.seed,
-            k=args.k,
+            k=args.k or topo_k(args.backend, args.mode, args.result, args.key_file is not None),
             pool_size=args.pool_size
             or (BMV2_POOL_SIZE if args.backend == "bmv2" else TopoConfig.pool_size),
             window_max=args.window_max,

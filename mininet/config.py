@@ -11,6 +11,11 @@ BMV2_POOL_SIZE = 8
 """The bmv2 backend's default pool: with 4 workers, 32 frames in flight, what libpcap's ring in
 front of BMv2 holds without loss (measured: a pool of 64 loses half the packets)."""
 
+FIXED_K = 256
+"""K where the MTU does not decide it: on BMv2, whose P4 lanes are compiled per K (K = 256 took
+2 min 41 s and 6.7 GB: docs/bmv2.md), and in server mode, where a compressor's payload of K
+elements must fit a frame. Elsewhere ``ncina topo`` takes the largest K for MTU 1500."""
+
 
 @dataclass
 class TopoConfig:
@@ -33,7 +38,7 @@ class TopoConfig:
     topo: str = "star"
     workers: int = 4
     aggregators: int = 1
-    backend: str = "python"
+    backend: str | None = None  # None: socket, or python in server mode (__post_init__)
     bw: float | None = None
     agg_bw: float | None = None
     loss: float = 0.0
@@ -43,7 +48,7 @@ class TopoConfig:
     batch_size: int = 32
     lr: float = 0.1
     seed: int = 0
-    k: int = 256
+    k: int = FIXED_K
     pool_size: int = 64
     window_max: int = 10
     result: str = "nc8"
@@ -56,3 +61,9 @@ class TopoConfig:
     repeat: int = 1
     timeout: float = 3600.0
     prefix: str = field(default_factory=lambda: f"n{os.getpid() % 100000}")
+
+    def __post_init__(self) -> None:
+        # The C backends serve INA mode; server mode (decompress, average, re-compress) is the
+        # Python backend's.
+        if self.backend is None:
+            self.backend = "python" if self.mode == "server" else "socket"

@@ -41,10 +41,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="training steps per run "
                    "(default: %(default)s)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=32, help="per worker (default: %(default)s)")
-    p.add_argument("--backend", default="python",
+    p.add_argument("--backend", default="socket",
                    help="the aggregator's backend (ncina aggregator --backend; default: "
                    "%(default)s)")  # fmt: skip
-    p.add_argument("--k", type=int, default=256, help="elements per packet (default: %(default)s)")
+    p.add_argument("--k", type=int,
+                   help="elements per packet (default: as ncina topo, the largest for MTU 1500)")
     p.add_argument("--repeat", type=int, default=1, help="runs; medians are reported "
                    "(default: %(default)s)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("runs/bench/ddp"),
@@ -80,18 +81,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise PermissionError("ncina bench ddp needs root: Mininet builds the fabric")
     if args.steps < 1 or args.repeat < 1 or args.workers < 2:
         raise ValueError("--steps and --repeat must be at least 1, --workers at least 2")
+    from ncina.topo.cli import topo_k
     from ncina.topo.config import TopoConfig
     from ncina.topo.runner import run_topology
+
+    k = args.k or topo_k(args.backend, "ina", "nc8", tagged=False)
 
     runs = []
     for i in range(args.repeat):
         out = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-{i}"
         cfg = TopoConfig(out=out, workers=args.workers, backend=args.backend, bw=args.bw,
                          model=args.model, epochs=EPOCHS, max_steps=args.steps,
-                         batch_size=args.batch_size, k=args.k)  # fmt: skip
+                         batch_size=args.batch_size, k=k)  # fmt: skip
         runs.append({**figures(run_topology(cfg)), "out": str(out)})
     return {
         "model": args.model, "workers": args.workers, "bw_mbit": args.bw, "steps": args.steps,
-        "batch_size": args.batch_size, "backend": args.backend, "k": args.k,
+        "batch_size": args.batch_size, "backend": args.backend, "k": k,
         "repeat": args.repeat, **medians(runs), "runs": runs,
     }  # fmt: skip
