@@ -22,7 +22,8 @@ TESTS = Path(__file__).resolve().parent
 # The tests whose work happens in C; each runs in the sanitized process.
 C_TESTS = (
     "test_nc8.py", "test_engine.py", "test_dpdk_engine.py", "test_dpdk_packets.py",
-    "test_socket_packets.py", "test_worker_client.py", "test_worker_parity.py",
+    "test_socket_packets.py", "test_socket_gro.py", "test_worker_client.py",
+    "test_worker_parity.py",
 )  # fmt: skip
 INNER_TIMEOUT = 900
 

@@ -27,7 +27,12 @@ IO_COUNTERS = (
     "send_errors",
     "oversized",
     "wakeups",
+    "rx_buffers",
+    "rx_coalesced",
+    "tx_gso_sends",
+    "gso_fallbacks",
 )
+FLAGS = ("gro", "gso")
 MODES = {"aggregate": 0, "forward": 1}
 
 
@@ -81,14 +86,17 @@ class SocketBackend(EngineBackend):
         self.plane.lib.ncs_close()
 
     def details(self) -> str:
+        _, io = self.io_stats()
+        offloads = ", ".join(f"UDP {flag.upper()} {'on' if io[flag] else 'off'}" for flag in FLAGS)
         if self.mode:
-            return "no-op forwarder"
-        return f"aggregator, generation {self.generation}"
+            return f"no-op forwarder, {offloads}"
+        return f"aggregator, generation {self.generation}, {offloads}"
 
     def io_stats(self) -> tuple[int, dict[str, int]]:
         c = self.plane.ffi.new("struct ncs_io *")
         self.plane.lib.ncs_io_stats(c)
-        io = {name: getattr(c, name) for name in IO_COUNTERS}
+        io: dict[str, int] = {name: getattr(c, name) for name in IO_COUNTERS}
+        io.update({flag: bool(getattr(c, flag)) for flag in FLAGS})
         return io["send_errors"] + io["oversized"], io
 
 

@@ -37,11 +37,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ncina.aggregator import jobs
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.jobs import MAX_K
 from ncina.bench.worker import GO, WARMUP, client_seed, ready_path, report_path, worker_input
 from ncina.proto import nc8
-from ncina.proto.header import PORT, Format, largest_k
+from ncina.proto.header import PORT, Format
 
 __all__ = ["worker_input"]  # ncina.bench.worker's, kept importable from here
 
@@ -75,8 +76,9 @@ def backends() -> tuple[str, ...]:
 
 
 def default_k(mtu: int, result: str) -> int:
-    """The largest K whose datagrams both ways fit ``mtu`` (``largest_k``), at most ``MAX_K``."""
-    k = min(largest_k(mtu, RESULT_FORMATS[result]), MAX_K)
+    """The aggregator's default K for ``mtu`` (``ncina.aggregator.jobs.default_k``), or
+    ``ValueError`` when not even one element fits."""
+    k = jobs.default_k(mtu, result)
     if k < 1:
         raise ValueError(f"no {result} chunk fits an MTU of {mtu} bytes")
     return k
