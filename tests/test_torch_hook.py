@@ -287,3 +287,19 @@ def rank_main(spec: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     rank_main(json.loads(sys.argv[1]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_a_gpu_bucket_is_staged_through_pinned_host_memory() -> None:
+    """A CUDA bucket goes to the fabric through a pinned host buffer (kept per size) and its
+    mean comes back into the device buffer."""
+    fabric = HeldFabric()
+    fabric.release.set()
+    state = InaHookState(fabric)  # type: ignore[arg-type]
+    bucket = Bucket(4, [1.0, 2.0, 3.0])
+    bucket._buffer = bucket._buffer.cuda()
+    result = ina_hook(state, bucket).wait()  # type: ignore[arg-type]
+    assert result.is_cuda and result.tolist() == [2.0, 3.0, 4.0]
+    (staged,) = state._staging.values()
+    assert staged.is_pinned() and staged.device.type == "cpu"
+    state.close()
