@@ -1,4 +1,4 @@
-"""``ncina train``: one rank of data-parallel SGD on the digits data set, INA+NC8 or gloo.
+"""``ncina train``: one rank of data-parallel SGD (``--model``, ``--data``), INA+NC8 or gloo.
 
 Every rank runs this command (``ncina topo`` starts one per worker host), or ``torchrun`` starts
 them: ``torchrun --nproc-per-node N -m ncina.cli train --ina AGG:PORT ...`` (torchrun's
@@ -42,8 +42,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``ncina train``."""
     p = subparsers.add_parser(
         "train",
-        help="one rank of data-parallel training on digits (INA hook, or gloo baseline)",
-        description="One rank of data-parallel SGD on the digits data set; run it once per "
+        help="one rank of data-parallel training (INA hook, or gloo baseline), also under torchrun",
+        description="One rank of data-parallel SGD of --model on its data set; run it once per "
         "rank. Gradients go through the aggregator(s) given with --ina (NC8, or --compressor "
         "in --mode ina or server), or through gloo's fp32 all-reduce without it.",
     )
