@@ -15,7 +15,7 @@ switch port's receive counter of that worker's link, read just before the start 
 last worker ended, divided by the wall time; the figure is the mean over the workers (each run's
 per-worker values are kept). ``gloo_link_fraction`` is the same for gloo's TCP traffic.
 Everything started here is stopped by PID and the network is removed on the way out, on error
-and on Ctrl-C or SIGTERM alike (never ``mn -c``). Needs root.
+and on Ctrl-C or SIGTERM alike (never by Mininet's machine-wide cleanup). Needs root.
 """
 
 from __future__ import annotations
