@@ -412,11 +412,16 @@ class AllreduceClient:
         if self.compressor is not None:  # an INA method: its values are NC8-exact powers of two
             state = self._state(self._range(tensor, n))
             flat = self.compressor.decompress(self.compressor.compress(flat, state))
-        if self._c is not None:
-            total = self._c_allreduce(flat)
-            if op == "mean":
-                total /= np.float32(self.workers)
-            return total.reshape(x.shape)
+        total = self._c_allreduce(flat) if self._c is not None else self._python_allreduce(flat)
+        if op == "mean":
+            total /= np.float32(self.workers)
+        return total.reshape(x.shape)
+
+    def _python_allreduce(self, flat: np.ndarray) -> np.ndarray:
+        """The sum of ``flat`` (float32, 1-D) over the workers through the Python loop (the
+        reference of the C path): the tensor encoded and packed at once, ``_Transfer``, one
+        decode at the end."""
+        n = flat.size
         encoded = nc8.encode(flat, self.window, self._rng)
         self._stats["allreduce_calls"] += 1
         self._stats["elements"] += n
@@ -424,7 +429,7 @@ class AllreduceClient:
             self._stats["saturated"] += encoded.saturated
             self._warn_saturated(encoded.saturated, n)
         if n == 0:
-            return np.zeros(x.shape, dtype=np.float32)
+            return np.zeros(0, dtype=np.float32)
         element_size = ELEMENT_SIZE[self._format]
         received = bytearray(n * element_size)
         chunks = -(-n // self.k)
@@ -435,13 +440,9 @@ class AllreduceClient:
         )
         self._exchange(frames, lengths, pools, received)
         if self._format == Format.NC8:
-            total = nc8.decode(np.frombuffer(received, dtype=np.uint8), self.window)
-        else:
-            sums = np.frombuffer(received, dtype=INT_DTYPE).astype(np.int64)
-            total = nc8.ints_to_float(sums, self.window)
-        if op == "mean":
-            total /= np.float32(self.workers)
-        return total.reshape(x.shape)
+            return nc8.decode(np.frombuffer(received, dtype=np.uint8), self.window)
+        sums = np.frombuffer(received, dtype=INT_DTYPE).astype(np.int64)
+        return nc8.ints_to_float(sums, self.window)
 
     def _warn_saturated(self, saturated: int, n: int) -> None:
         """Log that ``saturated`` of the call's ``n`` elements were clipped (biased: rare by
