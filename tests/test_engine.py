@@ -156,3 +156,38 @@ def test_nc8_results_do_not_depend_on_arrival_order(engine: Engine) -> None:
     assert results(engine_feed(), reordered) == first
     assert results(reference_feed(), reordered) == first
     assert results(reference_feed(), packets) == first
+
+
+def test_nc8_rounding_is_fresh_at_every_use_of_a_chunk(engine: Engine) -> None:
+    """A training job sends the same chunk (slot, version, offset) step after step: its results'
+    bits change with the slot version's use, so each element's rounding is unbiased over the
+    steps, not only over elements (docs/protocol.md, "Re-compression"). Engine and reference
+    agree at every step."""
+    import numpy as np
+    from ncina.proto import nc8
+
+    config = JobConfig.create(job=5, workers=2, k=K, result_format="nc8", seed=8, pool_size=1)
+    engine.add_job(config)
+    reference = Aggregator()
+    reference.add_job(config)
+    emin = window_e_min(2)
+    halves = [[3, 5, 0x87, 20, 2, 0x83, 33, 9], [2, 5, 0x82, 19, 1, 0x81, 31, 9]]
+    exact = np.sum([nc8.codes_to_int(np.array(c, np.uint8)) for c in halves], axis=0)
+    steps = 1500
+    values = []
+    for step in range(steps):
+        for rank, codes in enumerate(halves):
+            datagram = uplink(job=5, rank=rank, slot=0, offset=0, codes=codes, emin=emin,
+                              pool=step % 2)  # fmt: skip
+            source = (f"10.9.1.{rank + 1}", 5000 + rank)
+            got = process(engine, datagram, source)
+            assert got == list(reference.handle(datagram, source))
+        values.append(nc8.codes_to_int(np.frombuffer(got[0][0][16:], np.uint8)))
+    mean = np.mean(values, axis=0)
+    low = np.array([1 << (abs(s).bit_length() - 1) for s in exact.tolist()], np.float64)
+    mag = np.abs(exact.astype(np.float64))
+    var = (mag - low) * (2 * low - mag)
+    assert np.count_nonzero(var) == 6  # elements 1 and 7 sum to powers of two
+    assert np.array_equal(mean[var == 0], exact[var == 0])
+    z = (mean[var > 0] - exact[var > 0]) / np.sqrt(var[var > 0] / steps)
+    assert np.max(np.abs(z)) < 5.5, z
