@@ -2,7 +2,9 @@
 
 Exact tables for hand-picked values, a plain-Python transcription of the spec (the oracle) that
 both implementations must match byte for byte, statistical checks with fixed seeds (unbiasedness,
-the 9/8 second-moment bound), C/numpy parity on random bit patterns, and the cffi build helper.
+the 9/8 second-moment bound), C/numpy parity on random bit patterns, the cffi build helper, and
+the aggregator's result bits (keys pinned from a separate transcription, statistics over many
+chunks' keys, C/numpy parity).
 """
 
 from __future__ import annotations
