@@ -65,8 +65,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"elements per packet (default: the largest that fits --mtu, 1456 for "
                    f"nc8 results at 1500; {FIXED_K} with --backend bmv2 or --mode server)")
     p.add_argument("--pool-size", type=int,
-                   help=f"slots per job (default: {d.pool_size}; {BMV2_POOL_SIZE} with --backend "
-                   "bmv2, whose libpcap input ring holds a few dozen frames)")
+                   help=f"slots per job (default: {d.pool_size}, fewer for a larger K, so that "
+                   f"about {d.pool_size} MTU-1500 chunks are in flight: 10 at --mtu 9000; "
+                   f"{BMV2_POOL_SIZE} with --backend bmv2, whose libpcap input ring holds a few "
+                   "dozen frames)")
     p.add_argument("--window-max", type=int, default=d.window_max, help="default: %(default)s")
     p.add_argument("--result", choices=("nc8", "int"), default=d.result,
                    help="INA mode's downlink format (default: %(default)s)")
@@ -104,6 +106,17 @@ def topo_k(
     return default_k(mtu, result, tagged)
 
 
+def topo_pool_size(backend: str | None, k: int) -> int:
+    """The pool a topology's job gets without --pool-size: ``BMV2_POOL_SIZE`` on BMv2, else
+    ``TopoConfig.pool_size`` chunks of MTU 1500's K in bytes (at least 8, at most that many
+    slots): a larger K needs fewer slots to keep a link busy, and more only queue in front of
+    it, where their round trips grow until the retransmission timer fires."""
+    if backend == "bmv2":
+        return BMV2_POOL_SIZE
+    pool = TopoConfig.pool_size * default_k(DEFAULT_MTU, "nc8") // k
+    return max(8, min(TopoConfig.pool_size, pool))
+
+
 def run(args: argparse.Namespace) -> int:
     """Check root and options, then run the topology (see :mod:`ncina.topo.runner`)."""
     check_options(args)
@@ -120,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("the star topology has one aggregator; use --topo multi")
     from ncina.topo.runner import run_topology
 
+    k = args.k or topo_k(args.backend, args.mode, args.result, args.key_file is not None, args.mtu)
     run_topology(
         TopoConfig(
             out=args.out or Path("runs", time.strftime("%Y%m%d-%H%M%S")),
@@ -138,10 +152,8 @@ def run(args: argparse.Namespace) -> int:
             bucket_cap_mb=args.bucket_cap_mb,
             lr=args.lr,
             seed=args.seed,
-            k=args.k
-            or topo_k(args.backend, args.mode, args.result, args.key_file is not None, args.mtu),
-            pool_size=args.pool_size
-            or (BMV2_POOL_SIZE if args.backend == "bmv2" else TopoConfig.pool_size),
+            k=k,
+            pool_size=args.pool_size or topo_pool_size(args.backend, k),
             window_max=args.window_max,
             result=args.result,
             compressor=args.compressor,

@@ -184,6 +184,19 @@ def test_unavailable_backend_names_what_is_missing(
         check_backend("bmv2", aggregators=2)
 
 
+def test_link_mtu_sets_k_and_the_pool_and_is_checked() -> None:
+    assert topo_cli.topo_k("socket", "ina", "nc8", tagged=False, mtu=9000) == 8956
+    assert topo_cli.topo_k("socket", "ina", "nc8", tagged=False) == 1456
+    # the pool keeps about 64 chunks of MTU 1500 in flight, between 8 and 64 slots
+    assert [topo_cli.topo_pool_size("socket", k) for k in (1456, 8956, 256)] == [64, 10, 64]
+    assert topo_cli.topo_pool_size("bmv2", 256) == 8
+    check_backend("socket", mtu=9000)
+    with pytest.raises(ValueError, match=r"--mtu 9000: BACKEND=dpdk runs on links of MTU 1500"):
+        check_backend("dpdk", mtu=9000)
+    with pytest.raises(ValueError, match=r"--mtu"):
+        check_backend("socket", mtu=20000)
+
+
 def test_topo_without_root_says_root_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(topo_cli.os, "geteuid", lambda: 1000)
     parser = argparse.ArgumentParser()

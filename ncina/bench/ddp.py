@@ -86,11 +86,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise PermissionError("ncina bench ddp needs root: Mininet builds the fabric")
     if args.steps < 1 or args.repeat < 1 or args.workers < 2:
         raise ValueError("--steps and --repeat must be at least 1, --workers at least 2")
-    from ncina.topo.cli import topo_k
+    from ncina.topo.cli import topo_k, topo_pool_size
     from ncina.topo.config import TopoConfig
     from ncina.topo.runner import run_topology
 
     k = args.k or topo_k(args.backend, "ina", "nc8", tagged=False, mtu=args.mtu)
+    pool_size = args.pool_size or topo_pool_size(args.backend, k)
 
     runs = []
     for i in range(args.repeat):
@@ -99,12 +100,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          model=args.model, epochs=EPOCHS, max_steps=args.steps,
                          batch_size=args.batch_size,
                          bucket_cap_mb=args.bucket_cap_mb, mtu=args.mtu, k=k,
-                         pool_size=args.pool_size or TopoConfig.pool_size)  # fmt: skip
+                         pool_size=pool_size)  # fmt: skip
         runs.append({**figures(run_topology(cfg)), "out": str(out)})
     return {
         "model": args.model, "workers": args.workers, "bw_mbit": args.bw, "steps": args.steps,
         "batch_size": args.batch_size,
         "bucket_cap_mb": args.bucket_cap_mb, "mtu": args.mtu,
-        "pool_size": args.pool_size or TopoConfig.pool_size, "backend": args.backend, "k": k,
+        "pool_size": pool_size, "backend": args.backend, "k": k,
         "repeat": args.repeat, **medians(runs), "runs": runs,
     }  # fmt: skip
