@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -301,7 +301,9 @@ def run_mode(
     net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, mode: str, repeat: int = 0
 ) -> dict[str, Any]:
     """One training run (``ina`` or ``gloo``) on the running network; its summary. Repeats after
-    the first go to ``<mode>-<repeat>/``."""
+    the first go to ``<mode>-<repeat>/`` and train with seed ``cfg.seed + repeat`` (the initial
+    weights, the shuffles, the rounding), so that their spread is the seed's."""
+    cfg = replace(cfg, seed=cfg.seed + repeat)
     run_dir = cfg.out / (f"{mode}-{repeat}" if repeat else mode)
     run_dir.mkdir(parents=True, exist_ok=True)
     label = report.LABELS[mode]
