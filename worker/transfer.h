@@ -2,7 +2,7 @@
  *
  * ncina.worker.client._Transfer is the reference and docs/protocol.md the wire format; this is
  * the same loop without the interpreter: chunk i of the tensor goes into slot i % S with the
- * slot's next pool version, NC8-encoded right before it first goes out (element j of a call
+ * pool version and offset of the slot's next use (u & 1, u * S + slot), NC8-encoded right before it first goes out (element j of a call
  * uses the random word of flat index j, so chunk by chunk gives the bytes of the whole tensor at
  * once), tagged when the job has a key, sent in sendmmsg batches; results arrive in recvmmsg
  * batches and are decoded (NC8 codes or int sums) straight into the float32 output. A slot's
@@ -40,7 +40,7 @@ struct ncw_config {
     const uint8_t *key; /* the job's key, or NULL: no tag */
     uint32_t key_size;
     double deadline;    /* seconds without progress before NCW_TIMEOUT */
-    int64_t *next_pool; /* S pool versions the slots take next (the client's, shared) */
+    int64_t *slot_uses; /* S: uses of each slot so far (the client's, shared) */
     int gso;            /* send runs of equal-length datagrams as one UDP_SEGMENT send */
 };
 

@@ -48,6 +48,7 @@ DROP_NAMES = (
     "chunk_mismatch",
     "bad_tag",
     "stale_generation",
+    "late",
 )
 KEY_RING = 1 << 18  # nc8 result keys buffered per job (2 MiB); the drivers refill it every poll
 
