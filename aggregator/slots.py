@@ -89,8 +89,8 @@ def _code_values(max_code: int) -> np.ndarray:
 
 
 class JobSlots:
-    """The slot pool of one job and the rules of docs/protocol.md, "Slots, pool versions and loss
-    recovery". Counts into ``stats`` (a fresh ``JobStats`` unless one is given).
+    """The slot pool of one job and the rules of docs/protocol.md, "Order of checks" and "Late
+    and duplicate packets". Counts into ``stats`` (a fresh ``JobStats`` unless one is given).
 
     INA mode: NC8 contributions summed as integers. ``ServerSlots`` keeps the same slot rules and
     replaces the payload hooks (``_decode``, ``_encode``) and the class attributes below.
@@ -206,7 +206,9 @@ class JobSlots:
         bitmaps = self._bitmap[version]
         bitmap = bitmaps[slot]
         seen = self._seen[version][slot]
-        held = seen and self._offset[version][slot] == offset and self._count[version][slot] == count
+        held = (
+            seen and self._offset[version][slot] == offset and self._count[version][slot] == count
+        )
         if bitmap & bit:  # L2: rank's latest contribution is to this version
             if held:
                 if seen >= workers:

@@ -29,7 +29,6 @@ from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import Aggregator, Datagrams
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE
 from ncina.proto.layers import NcinaHeader
-from scapy.packet import Raw
 from ncina_testlib import (
     AGGREGATOR_BACKENDS,
     PACING,
@@ -46,6 +45,7 @@ from ncina_testlib import (
     window_e_min,
     worker_host,
 )
+from scapy.packet import Raw
 
 K = 16
 POOL = 64  # the aggregators' default --pool-size
