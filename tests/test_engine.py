@@ -109,3 +109,43 @@ def test_a_job_whose_results_exceed_the_reply_room_is_refused(engine: Engine) ->
     finally:
         engine.set_reply_room(0xFFFFFFFF, "no limit")
     assert engine.lib.nce_max_k() == MAX_K  # the C engine and JobConfig agree
+
+
+def test_late_and_out_of_step_packets_like_the_reference(engine: Engine) -> None:
+    """Rounds in SwitchML order (use u of slot u * S + slot, two slots' rounds interleaved) with
+    noise: copies of earlier rounds' packets, the next round's, the wrong version, another count.
+    Every slot rule of docs/protocol.md ("Late and duplicate packets") is taken, and the engine
+    decides each datagram as the reference does."""
+    import random
+
+    workers, pool = 3, 2
+    config = JobConfig.create(job=9, workers=workers, k=K, result_format="int", pool_size=pool)
+    reference = Aggregator(GENERATION)
+    reference.add_job(config)
+    engine.set_generation(GENERATION)
+    engine.add_job(config)
+    sources = [(f"10.9.1.{rank + 1}", 5000 + rank) for rank in range(workers)]
+    rnd = random.Random(11)
+
+    def packet(rank: int, chunk: int, version: int, count: int = K) -> tuple[int, bytes]:
+        slot, use = chunk % pool, chunk // pool
+        codes = [rnd.randint(0, 9) for _ in range(count)]
+        return rank, uplink(job=9, rank=rank, slot=slot, offset=(use * pool + slot) % 2**32,
+                            codes=codes, emin=config.window.e_min, pool=version)  # fmt: skip
+
+    traffic: list[tuple[int, bytes]] = []
+    for pair in range(0, 200, 2):  # chunks `pair` and `pair + 1`: one round of each slot
+        batch = [packet(r, c, c // pool & 1) for c in (pair, pair + 1) for r in range(workers)]
+        for _ in range(rnd.randint(0, 4)):
+            rank, chunk = rnd.randrange(workers), pair + rnd.randint(-6, 3)
+            version = chunk // pool & 1 if rnd.random() < 0.8 else rnd.randint(0, 1)
+            batch.append(packet(rank, max(chunk, 0), version, K if rnd.random() < 0.9 else 1))
+        rnd.shuffle(batch)
+        traffic += batch
+    for rank, datagram in traffic:
+        want = list(reference.handle(datagram, sources[rank]))
+        assert process(engine, datagram, sources[rank]) == want, datagram[:16].hex()
+    stats = reference.jobs[9].stats
+    assert engine.job_stats(9).to_json() == stats.to_json()
+    assert min(stats.drops["late"], stats.drops["chunk_mismatch"], stats.duplicates,
+               stats.results_resent, stats.notices_sent, stats.slots_completed) > 0  # fmt: skip
