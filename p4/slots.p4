@@ -1,6 +1,7 @@
 // SwitchML's slot rules (docs/protocol.md, "Slots, pool versions and loss recovery" and "Late
-// and duplicate packets", L1-L4 in order) for an admitted packet: per (slot, version) a bitmap of contributors, a count since the first, the
-// chunk's offset and count; the sums and stored results live in the lanes (LaneSums).
+// and duplicate packets", L1-L4 in order) for an admitted packet: per (slot, version) a bitmap
+// of contributors, a count since the first, the chunk's offset and count; the sums and stored
+// results live in the lanes (LaneSums).
 #ifndef NCINA_SLOTS_P4
 #define NCINA_SLOTS_P4
 
