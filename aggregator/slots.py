@@ -55,6 +55,7 @@ BAD_CODE = "bad_code"
 BAD_PAYLOAD = "bad_payload"
 CHUNK_MISMATCH = "chunk_mismatch"
 STALE_GENERATION = "stale_generation"
+LATE = "late"
 BAD_TAG = "bad_tag"
 UNKNOWN_JOB = "unknown_job"
 
@@ -64,6 +65,9 @@ Datagrams = Sequence[tuple[bytes, Address]]
 NOTHING: Datagrams = ()
 
 _NC8 = int(Format.NC8)  # a plain int: enum attribute lookups are slow on the per-packet path
+
+_OFFSET_MASK = 0xFFFFFFFF
+_HALF_OFFSET = 1 << 31  # serial-number arithmetic on the 32-bit offset (RFC 1982)
 
 _JOB_FIELD = struct.Struct("!H")
 _JOB_FIELD_OFFSET = 4
@@ -85,8 +89,8 @@ def _code_values(max_code: int) -> np.ndarray:
 
 
 class JobSlots:
-    """The slot pool of one job and the rules of docs/protocol.md, "Slots, pool versions and loss
-    recovery". Counts into ``stats`` (a fresh ``JobStats`` unless one is given).
+    """The slot pool of one job and the rules of docs/protocol.md, "Order of checks" and "Late
+    and duplicate packets". Counts into ``stats`` (a fresh ``JobStats`` unless one is given).
 
     INA mode: NC8 contributions summed as integers. ``ServerSlots`` keeps the same slot rules and
     replaces the payload hooks (``_decode``, ``_encode``) and the class attributes below.
@@ -95,6 +99,9 @@ class JobSlots:
     _uplink_format = _NC8
     _accumulator_dtype: type = np.int64
     _undecodable = BAD_CODE  # the drop reason of a payload ``_decode`` rejects
+    # Offsets are the slot's running element counter, so a version's rounds have increasing
+    # offsets and an older one is late (docs/protocol.md, "Late and duplicate packets").
+    _ordered = True
 
     def __init__(self, config: JobConfig, stats: JobStats | None = None) -> None:
         self.config = config
@@ -152,18 +159,18 @@ class JobSlots:
         known = self.members[rank]
         if known is not None and known != source:
             return self._drop(NON_MEMBER)
-        stamp = flags & GENERATION_MASK
-        if stamp and stamp != self.generation << GENERATION_SHIFT:
-            if not self.generation:
-                return self._drop(BAD_FLAGS)
-            self.stats.drops[STALE_GENERATION] += 1
-            return self._notice(rank, flags & FLAG_POOL, slot, offset, 0, source)
         if emin != self._emin:
             return self._drop(WINDOW_MISMATCH)
         if slot >= self._pool_size:
             return self._drop(BAD_SLOT)
         if count > self._k:
             return self._drop(BAD_COUNT)
+        stamp = flags & GENERATION_MASK
+        if stamp and stamp != self.generation << GENERATION_SHIFT:
+            if not self.generation:
+                return self._drop(BAD_FLAGS)
+            self.stats.drops[STALE_GENERATION] += 1
+            return self._notice(rank, flags & FLAG_POOL, slot, offset, 0, source)
         values = self._decode(payload, count)
         if values is None:
             return self._drop(self._undecodable)
@@ -196,45 +203,71 @@ class JobSlots:
     def _apply(
         self, version: int, slot: int, rank: int, offset: int, count: int, values: np.ndarray
     ) -> Datagrams:
-        """The slot rules for a valid packet of ``rank`` for ``(slot, version)`` whose decoded
-        contribution is ``values``."""
+        """The slot rules (docs/protocol.md, "Late and duplicate packets") for a valid packet of
+        ``rank`` for ``(slot, version)`` whose decoded contribution is ``values``."""
         stats = self.stats
         bit = 1 << rank
+        workers = self._workers
+        other = 1 - version
+        if self._bitmap[other][slot] & bit and self._seen[other][slot] < workers:
+            return self._drop(LATE)  # L1: rank waits for the other version's result
         bitmaps = self._bitmap[version]
         bitmap = bitmaps[slot]
-        first = bitmap == 0
-        if not first and (
-            self._offset[version][slot] != offset or self._count[version][slot] != count
-        ):
-            return self._drop(CHUNK_MISMATCH)
-        if bitmap & bit:
-            if self._seen[version][slot] >= self._workers:
-                stats.results_resent += 1
-                return self._send(version, slot, (rank,))
-            stats.duplicates += 1
-            if not self.generation:
-                return NOTHING
-            return self._notice(rank, version, slot, offset, bitmap, self.members[rank])
+        seen = self._seen[version][slot]
+        held = (
+            seen and self._offset[version][slot] == offset and self._count[version][slot] == count
+        )
+        if bitmap & bit:  # L2: rank's latest contribution is to this version
+            if held:
+                if seen >= workers:
+                    stats.results_resent += 1
+                    return self._send(version, slot, (rank,))
+                stats.duplicates += 1
+                if not self.generation:
+                    return NOTHING
+                return self._notice(rank, version, slot, offset, bitmap, self.members[rank])
+            return self._drop(LATE if self._older(version, slot, offset) else CHUNK_MISMATCH)
+        if bitmap:  # L3: a round others contribute to
+            if held:
+                if seen >= workers:
+                    return self._drop(LATE)  # rank moved on from this complete round
+            else:
+                return self._drop(LATE if self._older(version, slot, offset) else CHUNK_MISMATCH)
+        elif seen and self._ordered and self._not_after(version, slot, offset):
+            return self._drop(LATE)  # L4: a chunk of this version's last round, or older
         row = self._rows[version][slot]
         acc = row if count == self._k else row[:count]
-        if first:
+        if not bitmap:  # the first contribution starts a round
             acc[:] = values
             self._offset[version][slot] = offset
             self._count[version][slot] = count
-            self._seen[version][slot] = 0
+            seen = 0
         else:
             acc += values
         bitmaps[slot] = bitmap | bit
-        self._bitmap[1 - version][slot] &= ~bit
+        self._bitmap[other][slot] &= ~bit
         stats.contributions += 1
-        seen = self._seen[version][slot] + 1
+        seen += 1
         self._seen[version][slot] = seen
-        if seen != self._workers:
+        if seen != workers:
             return NOTHING
         stats.slots_completed += 1
         self._result[version][slot] = self._encode(acc, version, slot, offset)
-        stats.results_sent += self._workers
-        return self._send(version, slot, range(self._workers))
+        stats.results_sent += workers
+        return self._send(version, slot, range(workers))
+
+    def _not_after(self, version: int, slot: int, offset: int) -> bool:
+        """Whether ``offset`` is the offset of ``(slot, version)``'s last round or before it, in
+        serial-number arithmetic mod 2**32 (RFC 1982): ``(held - offset) mod 2**32 < 2**31``."""
+        return (self._offset[version][slot] - offset) & _OFFSET_MASK < _HALF_OFFSET
+
+    def _older(self, version: int, slot: int, offset: int) -> bool:
+        """Whether ``offset`` is strictly before the held round's offset (INA mode only)."""
+        return (
+            self._ordered
+            and offset != self._offset[version][slot]
+            and self._not_after(version, slot, offset)
+        )
 
     def _send(self, version: int, slot: int, ranks: Sequence[int]) -> Datagrams:
         """The stored result of ``(slot, version)``, one datagram for each of ``ranks``."""
@@ -322,6 +355,7 @@ class ServerSlots(JobSlots):
     _uplink_format = int(Format.BLOB)
     _accumulator_dtype = np.float32
     _undecodable = BAD_PAYLOAD
+    _ordered = False  # offsets name the chunk for the error-feedback memory: they repeat
 
     def __init__(
         self, config: JobConfig, compressor: Compressor, stats: JobStats | None = None

@@ -110,6 +110,46 @@ def test_a_job_whose_results_exceed_the_reply_room_is_refused(engine: Engine) ->
     assert engine.lib.nce_max_k() == MAX_K  # the C engine and JobConfig agree
 
 
+def test_late_and_out_of_step_packets_like_the_reference(engine: Engine) -> None:
+    """Rounds in SwitchML order (use u of slot u * S + slot, two slots' rounds interleaved) with
+    noise: copies of earlier rounds' packets, the next round's, the wrong version, another count.
+    Every slot rule of docs/protocol.md ("Late and duplicate packets") is taken, and the engine
+    decides each datagram as the reference does."""
+    import random
+
+    workers, pool = 3, 2
+    config = JobConfig.create(job=9, workers=workers, k=K, result_format="int", pool_size=pool)
+    reference = Aggregator(GENERATION)
+    reference.add_job(config)
+    engine.set_generation(GENERATION)
+    engine.add_job(config)
+    sources = [(f"10.9.1.{rank + 1}", 5000 + rank) for rank in range(workers)]
+    rnd = random.Random(11)
+
+    def packet(rank: int, chunk: int, version: int, count: int = K) -> tuple[int, bytes]:
+        slot, use = chunk % pool, chunk // pool
+        codes = [rnd.randint(0, 9) for _ in range(count)]
+        return rank, uplink(job=9, rank=rank, slot=slot, offset=(use * pool + slot) % 2**32,
+                            codes=codes, emin=config.window.e_min, pool=version)  # fmt: skip
+
+    traffic: list[tuple[int, bytes]] = []
+    for pair in range(0, 200, 2):  # chunks `pair` and `pair + 1`: one round of each slot
+        batch = [packet(r, c, c // pool & 1) for c in (pair, pair + 1) for r in range(workers)]
+        for _ in range(rnd.randint(0, 4)):
+            rank, chunk = rnd.randrange(workers), pair + rnd.randint(-6, 3)
+            version = chunk // pool & 1 if rnd.random() < 0.8 else rnd.randint(0, 1)
+            batch.append(packet(rank, max(chunk, 0), version, K if rnd.random() < 0.9 else 1))
+        rnd.shuffle(batch)
+        traffic += batch
+    for rank, datagram in traffic:
+        want = list(reference.handle(datagram, sources[rank]))
+        assert process(engine, datagram, sources[rank]) == want, datagram[:16].hex()
+    stats = reference.jobs[9].stats
+    assert engine.job_stats(9).to_json() == stats.to_json()
+    assert min(stats.drops["late"], stats.drops["chunk_mismatch"], stats.duplicates,
+               stats.results_resent, stats.notices_sent, stats.slots_completed) > 0  # fmt: skip
+
+
 def test_nc8_results_do_not_depend_on_arrival_order(engine: Engine) -> None:
     """One schedule and the same packets reordered (the packets of each pass over the pool
     permuted, so that its slots complete in another order): the engine and the reference send
@@ -159,10 +199,10 @@ def test_nc8_results_do_not_depend_on_arrival_order(engine: Engine) -> None:
 
 
 def test_nc8_rounding_is_fresh_at_every_use_of_a_chunk(engine: Engine) -> None:
-    """A training job sends the same chunk (slot, version, offset) step after step: its results'
-    bits change with the slot version's use, so each element's rounding is unbiased over the
-    steps, not only over elements (docs/protocol.md, "Re-compression"). Engine and reference
-    agree at every step."""
+    """A training job sends the same chunk (slot, version) step after step: its results' bits
+    change with the slot version's use (and the offset, use u's sequence number u * S + slot),
+    so each element's rounding is unbiased over the steps, not only over elements
+    (docs/protocol.md, "Re-compression"). Engine and reference agree at every step."""
     import numpy as np
     from ncina.proto import nc8
 
@@ -177,7 +217,7 @@ def test_nc8_rounding_is_fresh_at_every_use_of_a_chunk(engine: Engine) -> None:
     values = []
     for step in range(steps):
         for rank, codes in enumerate(halves):
-            datagram = uplink(job=5, rank=rank, slot=0, offset=0, codes=codes, emin=emin,
+            datagram = uplink(job=5, rank=rank, slot=0, offset=step, codes=codes, emin=emin,
                               pool=step % 2)  # fmt: skip
             source = (f"10.9.1.{rank + 1}", 5000 + rank)
             got = process(engine, datagram, source)

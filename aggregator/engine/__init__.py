@@ -47,6 +47,7 @@ DROP_NAMES = (
     "chunk_mismatch",
     "bad_tag",
     "stale_generation",
+    "late",
 )
 
 

@@ -1,7 +1,7 @@
 /* Admission: the jobs (installed by the control plane), the engine's generation, and the
  * job-level checks a well-formed datagram passes before it reaches the slots, in the order of
- * ncina.aggregator.slots: flags, format, membership, generation, window, slot and count bounds,
- * codes. */
+ * docs/protocol.md "Order of checks" (ncina.aggregator.slots follows it too): flags, format,
+ * membership, window, slot and count bounds, generation, codes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,15 +175,16 @@ int nce_admit(const struct nce_job *job, const struct nce_pkt *p, const struct n
         return NCE_BAD_FORMAT;
     if (p->rank >= job->n || !nce_member_accepts(job, p->rank, from))
         return NCE_NON_MEMBER;
-    const unsigned stamp = p->flags & NCE_GEN_MASK;
-    if (stamp && stamp != (unsigned)nce_generation << NCE_GEN_SHIFT)
-        return nce_generation ? NCE_STALE_GENERATION : NCE_BAD_FLAGS;
     if (p->emin != job->e_min)
         return NCE_WINDOW_MISMATCH;
     if (p->slot >= job->nslots)
         return NCE_BAD_SLOT;
     if (p->count > job->k)
         return NCE_BAD_COUNT;
+    /* After the header checks: a stale packet's notice names a slot of the pool. */
+    const unsigned stamp = p->flags & NCE_GEN_MASK;
+    if (stamp && stamp != (unsigned)nce_generation << NCE_GEN_SHIFT)
+        return nce_generation ? NCE_STALE_GENERATION : NCE_BAD_FLAGS;
     if (max_code(p->payload, p->count) > (unsigned)job->span + 1)
         return NCE_BAD_CODE;
     return -1;

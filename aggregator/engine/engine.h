@@ -28,7 +28,8 @@ enum nce_drop {
     NCE_CHUNK_MISMATCH = 11,
     NCE_BAD_TAG = 12,
     NCE_STALE_GENERATION = 13,
-    NCE_NDROPS = 14
+    NCE_LATE = 14,
+    NCE_NDROPS = 15
 };
 
 /* Counters of one job, or of the engine-wide "global" section (datagrams no job claims); names
@@ -45,7 +46,7 @@ struct nce_counters {
     uint64_t duplicates;
     uint64_t retx_seen;
     uint64_t notices_sent;
-    uint64_t drops[14];
+    uint64_t drops[15];
 };
 
 /* The reason of the last failed call (a sentence). */

@@ -96,6 +96,16 @@ int nce_authentic(const struct nce_job *job, const struct nce_pkt *p);
 /* slots.c */
 int nce_pool_alloc(struct nce_job *job);
 void nce_pool_free(struct nce_job *job);
+/* What the slot rules (docs/protocol.md "Late and duplicate packets") make of an admitted
+ * packet; the drops are counted by the caller. */
+enum nce_rule {
+    NCE_R_CONTRIBUTE,   /* rule 1: a new contribution */
+    NCE_R_RESEND,       /* rule 2: the stored result, to the sender */
+    NCE_R_DUPLICATE,    /* rule 3: an ignored duplicate, answered by a notice */
+    NCE_R_LATE,         /* dropped as late */
+    NCE_R_MISMATCH,     /* dropped as chunk_mismatch */
+};
+enum nce_rule nce_slot_rule(const struct nce_job *job, const struct nce_pkt *p, unsigned version);
 /* Rule 1 of the state machine: add the contribution; 1 when it completes the slot. */
 int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt *p,
                    unsigned version);
