@@ -1,0 +1,233 @@
+"""The conformance corpus (``ncina.proto.corpus``) replayed on every backend.
+
+Every backend serves the corpus job from its own network namespace behind a veth into the
+tests' bridge (``ncina.aggregator.dpdk.netns``): the python and socket backends through the
+namespace's kernel (a site with ``kernel=True``), dpdk (and bmv2) on the bare veth. The test
+sends the same steps to each: ordinary datagrams from one UDP socket per rank (and one for a
+stranger), odd ones (bad checksums, fragments, IP options ...) as raw Ethernet frames with the
+same source addresses. After each case every rank asks for slot 0's stored result again (the
+barrier: that reply comes after everything the case made), and the counters are read.
+
+For every case the replies each address received (bytes, nothing masked: one --generation and
+--seed) and the change of every counter must equal the Python reference's. A few cases of the
+reference are pinned by hand, so that the reference itself cannot drift unnoticed.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from ncina.aggregator.dpdk import netns
+from ncina.proto import corpus
+from ncina.proto.header import FLAG_RESULT, HEADER, INT_DTYPE, Format
+from ncina_testlib import (
+    AGGREGATOR_BACKENDS,
+    LOCAL_BACKENDS,
+    START_TIMEOUT,
+    RunningAggregator,
+    counters,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+CORPUS_FILE = Path(__file__).parent / "conformance" / "corpus.json"
+SENDERS = (*range(corpus.WORKERS), corpus.STRANGER)
+
+
+@dataclass
+class Replay:
+    """What one backend did with the corpus: per case, the datagrams each sender's address
+    received (in order; ``corpus.STRANGER`` last) and the change of each counter."""
+
+    replies: dict[str, list[list[bytes]]] = field(default_factory=dict)
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    final: dict[str, Any] = field(default_factory=dict)
+
+
+def cases() -> list[corpus.Case]:
+    return corpus.load(CORPUS_FILE.read_text())
+
+
+def site_for(backend: str) -> tuple[netns.Star, netns.Site]:
+    """A new site of the shared star for ``backend`` (skips without root, DPDK or P4)."""
+    from ncina.aggregator.bmv2 import toolchain
+    from ncina.aggregator.dpdk import binding
+
+    reason = netns.missing()
+    if reason is None and backend == "dpdk":
+        reason = binding.missing()
+    if reason is None and backend == "bmv2":
+        reason = toolchain.missing()
+    if reason:
+        pytest.skip(f"{backend} backend: {reason}")
+    star = netns.shared_star()
+    return star, star.add_site(kernel=backend in LOCAL_BACKENDS)
+
+
+def start(backend: str, site: netns.Site, workdir: Path) -> RunningAggregator:
+    workdir.mkdir(parents=True, exist_ok=True)
+    stats, log = workdir / "stats.json", workdir / "aggregator.log"
+    arguments = [*corpus.job_arguments(), "--stats", str(stats)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(site.aggregator_command(arguments, backend),
+                                   stdin=subprocess.DEVNULL, stdout=out,
+                                   stderr=subprocess.STDOUT)  # fmt: skip
+    running = RunningAggregator(process, ("", 0), stats, log)
+    return wait_ready(running)
+
+
+def link_address(ip: str, dev: str) -> str:
+    """The MAC the kernel resolved for ``ip`` on ``dev``."""
+    out = subprocess.run(["ip", "neigh", "show", "to", ip, "dev", dev], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    return out.split("lladdr ")[1].split()[0]
+
+
+def replay(agg: RunningAggregator, star: netns.Star, site: netns.Site) -> Replay:
+    """Send the corpus, case by case; record replies and counter changes."""
+    all_cases = cases()
+    opening = all_cases[0]
+    assert opening.name == "open"
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in SENDERS]
+    raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    out = Replay()
+    try:
+        for s in socks:
+            s.bind((star.host_ip, 0))
+            s.settimeout(START_TIMEOUT)
+        raw.bind((site.peer, 0))
+        src_mac = Path(f"/sys/class/net/{star.bridge}/address").read_text().strip()
+        dst_mac = ""
+        ping_replies: list[bytes] = []
+        ip_id = 0
+        before = counters(agg.stats(), corpus.JOB)
+        for case in all_cases:
+            for step in case.steps:
+                sock = socks[SENDERS.index(step.sender)]
+                if step.plain:
+                    sock.sendto(step.datagram, agg.address)
+                    continue
+                ip_id += 1
+                for frame in corpus.frames(step, src_mac=src_mac, dst_mac=dst_mac,
+                                           src=sock.getsockname(), dst=agg.address,
+                                           ip_id=ip_id):  # fmt: skip
+                    raw.send(frame)
+            got: list[list[bytes]] = [[] for _ in SENDERS]
+            if not ping_replies:  # the opening reduction: one result to each rank
+                ping_replies = [socks[r].recv(0xFFFF) for r in range(corpus.WORKERS)]
+                got[: corpus.WORKERS] = [[d] for d in ping_replies]
+                dst_mac = link_address(agg.address[0], star.bridge)
+            else:
+                for rank in range(corpus.WORKERS):
+                    socks[rank].sendto(corpus.retransmission(opening.steps[rank].datagram),
+                                       agg.address)  # fmt: skip
+                    while (data := socks[rank].recv(0xFFFF)) != ping_replies[rank]:
+                        got[rank].append(data)
+            stranger = socks[-1]
+            stranger.setblocking(False)
+            try:
+                while True:
+                    got[-1].append(stranger.recv(0xFFFF))
+            except BlockingIOError:
+                pass
+            stranger.settimeout(START_TIMEOUT)
+            document = agg.stats()
+            after = counters(document, corpus.JOB)
+            out.replies[case.name] = got
+            out.counters[case.name] = {k: after[k] - before[k] for k in after
+                                       if after[k] != before[k]}  # fmt: skip
+            before = after
+        out.final = {"global": document["global"], "job": document["jobs"][str(corpus.JOB)]}
+    finally:
+        raw.close()
+        for s in socks:
+            s.close()
+    return out
+
+
+def run(backend: str, workdir: Path) -> Replay:
+    star, site = site_for(backend)
+    agg = start(backend, site, workdir)
+    try:
+        return replay(agg, star, site)
+    finally:
+        assert agg.stop() == 0, agg.log()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Replay:
+    return run("python", tmp_path_factory.mktemp("corpus-python"))
+
+
+def differences(backend: str, got: Replay, want: Replay) -> Iterator[str]:
+    """One line per difference, naming the case and the field."""
+    for case in want.counters:
+        a, b = got.counters.get(case, {}), want.counters[case]
+        for key in sorted(set(a) | set(b)):
+            if a.get(key, 0) != b.get(key, 0):
+                yield f"{case}: {key}: python {b.get(key, 0)}, {backend} {a.get(key, 0)}"
+        for sender, mine, theirs in zip(SENDERS, got.replies.get(case, []),
+                                        want.replies[case], strict=True):  # fmt: skip
+            if mine != theirs:
+                who = "stranger" if sender == corpus.STRANGER else f"rank {sender}"
+                yield (f"{case}: replies to {who}: python {[d.hex() for d in theirs]}, "
+                       f"{backend} {[d.hex() for d in mine]}")  # fmt: skip
+
+
+def test_corpus_file_is_what_the_generator_writes() -> None:
+    """tests/conformance/corpus.json is ``python -m ncina.proto.corpus`` of this tree."""
+    assert CORPUS_FILE.read_text() == corpus.dump(corpus.generate()), (
+        f"regenerate it: python -m ncina.proto.corpus {CORPUS_FILE}")
+
+
+def int_result(data: bytes) -> tuple[tuple[int, ...], list[int]]:
+    return HEADER.unpack_from(data), np.frombuffer(data[16:], dtype=INT_DTYPE).tolist()
+
+
+def test_reference_is_pinned_by_hand(reference: Replay) -> None:
+    """Exact replies and counters of a few cases, worked out from docs/protocol.md."""
+    flags = FLAG_RESULT | corpus.GENERATION << 3
+    for rank, (data,) in enumerate(reference.replies["open"][: corpus.WORKERS]):
+        head = (1, flags, Format.INT, corpus.E_MIN, corpus.JOB, rank, 0, corpus.K, 0)
+        assert int_result(data) == (head, [3] * corpus.K)
+    top = 1 << (corpus.TOP - 1)
+    edges = [3 * top, -3 * top, 3, -3, 0, 0] + [3 * top] * (corpus.K - 6)
+    assert all(int_result(d[0])[1] == edges for d in reference.replies["window_edges"][:3])
+    pings = {"job.packets_in": 3, "job.results_resent": 3, "job.retx_seen": 3}
+    # Rank 0's odd datagram is lost (the kernel drops it) or arrives; its plain resend then
+    # completes the slot, or asks for the stored result again.
+    lost = {**pings, "job.contributions": 3, "job.slots_completed": 1, "job.results_sent": 3}
+    for name in ("udp_checksum_bad", "ip_checksum_bad", "fragment_first_only",
+                 "fragment_middle_missing", "fragments_udp_checksum_bad", "udp_length_over",
+                 "ip_length_over", "ip_ihl_4"):  # fmt: skip
+        change = reference.counters[f"transport_{name}"]
+        assert {k: change[k] for k in lost} == {**lost, "job.packets_in": 6, "job.retx_seen": 4}
+        assert change["job.results_resent"] == 3, name
+    for name in ("udp_checksum_none", "ip_options_nop", "fragments_in_order",
+                 "fragments_tiny", "udp_trailer", "ethernet_padding"):  # fmt: skip
+        change = reference.counters[f"transport_{name}"]
+        assert change["job.contributions"] == 3 and change["job.results_resent"] == 4, name
+    assert reference.counters["truncated_0"] == {
+        **pings, "global.packets_in": 1, "global.drops.truncated": 1,
+        "job.packets_out": 3, "job.bytes_in": 3 * 32, "job.bytes_out": 3 * (16 + 8 * corpus.K),
+    }  # fmt: skip
+    assert reference.counters["oversized_fragmented"]["job.drops.bad_count"] == 1
+    assert reference.final["global"]["drops"]["internal_error"] == 0
+
+
+@pytest.mark.parametrize("backend", [b for b in AGGREGATOR_BACKENDS if b != "python"])
+def test_backend_answers_the_corpus_like_the_reference(
+    backend: str, reference: Replay, tmp_path: Path
+) -> None:
+    got = run(backend, tmp_path)
+    found = list(differences(backend, got, reference))
+    assert not found, f"{len(found)} differences:\n" + "\n".join(found[:40])
+    assert got.final == reference.final
