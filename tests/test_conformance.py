@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,10 +72,12 @@ def site_for(backend: str) -> tuple[netns.Star, netns.Site]:
     return star, star.add_site(kernel=backend in LOCAL_BACKENDS)
 
 
-def start(backend: str, site: netns.Site, workdir: Path) -> RunningAggregator:
+def start(
+    backend: str, site: netns.Site, workdir: Path, options: Sequence[str] = ()
+) -> RunningAggregator:
     workdir.mkdir(parents=True, exist_ok=True)
     stats, log = workdir / "stats.json", workdir / "aggregator.log"
-    arguments = [*corpus.job_arguments(), "--stats", str(stats)]
+    arguments = [*corpus.job_arguments(), "--stats", str(stats), *options]
     with log.open("wb") as out:
         process = subprocess.Popen(site.aggregator_command(arguments, backend),
                                    stdin=subprocess.DEVNULL, stdout=out,
@@ -153,9 +155,9 @@ def replay(agg: RunningAggregator, star: netns.Star, site: netns.Site) -> Replay
     return out
 
 
-def run(backend: str, workdir: Path) -> Replay:
+def run(backend: str, workdir: Path, options: Sequence[str] = ()) -> Replay:
     star, site = site_for(backend)
-    agg = start(backend, site, workdir)
+    agg = start(backend, site, workdir, options)
     try:
         return replay(agg, star, site)
     finally:
@@ -167,10 +169,45 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Replay:
     return run("python", tmp_path_factory.mktemp("corpus-python"))
 
 
-def differences(backend: str, got: Replay, want: Replay) -> Iterator[str]:
-    """One line per difference, naming the case and the field."""
+FRAME_ROOM = 2048
+"""The largest frame DPDK's af_packet port delivers whole (its ring frames and mbufs)."""
+
+
+def unseen_by_af_packet(want: Replay) -> dict[str, dict[str, int]]:
+    """The reference's counter changes as the dpdk backend on af_packet must count them.
+
+    The af_packet port lets the kernel reassemble fragments (its socket's fanout asks for it)
+    and truncates an IP packet larger than its ring frame (FRAME_ROOM bytes), which the data
+    plane then ignores (its IP length exceeds the frame): such a datagram is never counted.
+    Everything else about the case must be equal. (On af_xdp, and on a NIC, the data plane
+    reassembles such packets itself: test_backend_answers_the_corpus_like_the_reference
+    [dpdk-af_xdp] counts them like the reference.)
+    """
+    changed = {}
+    for case in cases():
+        big = [s.datagram for s in case.steps if len(s.datagram) + 42 > FRAME_ROOM]
+        if not big:
+            continue
+        change = dict(want.counters[case.name])
+        reasons = [k for k in change if ".drops." in k]  # such a datagram can only be a drop
+        if not reasons:  # the reference never saw it either (a wrong checksum)
+            continue
+        (reason,) = reasons
+        section = reason.split(".")[0]
+        change[f"{section}.packets_in"] -= len(big)
+        change[f"{section}.bytes_in"] -= sum(map(len, big))
+        change[reason] -= len(big)
+        changed[case.name] = {k: v for k, v in change.items() if v}
+    return changed
+
+
+def differences(
+    backend: str, got: Replay, want: Replay, expected: dict[str, dict[str, int]] | None = None
+) -> Iterator[str]:
+    """One line per difference, naming the case and the field; ``expected`` replaces the
+    reference's counter changes of some cases."""
     for case in want.counters:
-        a, b = got.counters.get(case, {}), want.counters[case]
+        a, b = got.counters.get(case, {}), (expected or {}).get(case, want.counters[case])
         for key in sorted(set(a) | set(b)):
             if a.get(key, 0) != b.get(key, 0):
                 yield f"{case}: {key}: python {b.get(key, 0)}, {backend} {a.get(key, 0)}"
@@ -223,11 +260,19 @@ def test_reference_is_pinned_by_hand(reference: Replay) -> None:
     assert reference.final["global"]["drops"]["internal_error"] == 0
 
 
-@pytest.mark.parametrize("backend", [b for b in AGGREGATOR_BACKENDS if b != "python"])
+VARIANTS = {"dpdk-af_xdp": ("dpdk", ["--dpdk-pmd", "af_xdp"])}
+
+
+@pytest.mark.parametrize(
+    "variant", [b for b in AGGREGATOR_BACKENDS if b != "python"] + list(VARIANTS)
+)
 def test_backend_answers_the_corpus_like_the_reference(
-    backend: str, reference: Replay, tmp_path: Path
+    variant: str, reference: Replay, tmp_path: Path
 ) -> None:
-    got = run(backend, tmp_path)
-    found = list(differences(backend, got, reference))
+    backend, options = VARIANTS.get(variant, (variant, []))
+    got = run(backend, tmp_path, options)
+    expected = unseen_by_af_packet(reference) if variant == "dpdk" else None
+    found = list(differences(variant, got, reference, expected))
     assert not found, f"{len(found)} differences:\n" + "\n".join(found[:40])
-    assert got.final == reference.final
+    if expected is None:
+        assert got.final == reference.final
