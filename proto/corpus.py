@@ -278,6 +278,8 @@ def _transport(slots: _Slots) -> Iterator[Case]:
          {"fragment": 16, "order": [0, 2]}),
         ("fragments_udp_checksum_bad", "fragments of a datagram with a wrong UDP checksum",
          {"fragment": 16, "udp_checksum": "bad"}),
+        ("fragments_ip_checksum_bad", "fragments with wrong IPv4 header checksums",
+         {"fragment": 16, "ip_checksum": "bad"}),
         ("fragments_ip_options", "fragments with IPv4 options",
          {"fragment": 16, "ip_options": "01010100"}),
         ("udp_trailer", "3 bytes in the IP payload after the UDP datagram", {"trailer": 3}),
