@@ -210,7 +210,8 @@ int nce_admit(const struct nce_job *job, const struct nce_pkt *p, const struct n
         return NCE_BAD_SLOT;
     if (p->count > job->k)
         return NCE_BAD_COUNT;
-    if (max_code(p->payload, p->count) > (unsigned)job->span + 1)
+    /* payload_len, not count: equal for NC8 (parse checked it), and never past a blob's end */
+    if (max_code(p->payload, p->payload_len) > (unsigned)job->span + 1)
         return NCE_BAD_CODE;
     return -1;
 }
