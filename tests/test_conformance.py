@@ -9,8 +9,10 @@ same source addresses. After each case every rank asks for slot 0's stored resul
 barrier: that reply comes after everything the case made), and the counters are read.
 
 For every case the replies each address received (bytes, nothing masked: one --generation and
---seed) and the change of every counter must equal the Python reference's. A few cases of the
-reference are pinned by hand, so that the reference itself cannot drift unnoticed.
+--seed) and the change of every counter must equal the Python reference's, on dpdk over both
+af_packet and af_xdp (af_packet's kernel-side reassembly is the one documented exception:
+``as_on_af_packet``). A few cases of the reference are pinned by hand, so that the reference
+itself cannot drift unnoticed. Needs root (namespaces, raw frames); about 5 s per backend.
 """
 
 from __future__ import annotations
