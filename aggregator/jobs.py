@@ -8,6 +8,7 @@ message that says what to change.
 from __future__ import annotations
 
 import ipaddress
+import secrets
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, TAG_SIZE, Format, larg
 from ncina.proto.nc8 import Window
 from ncina.proto.tag import check_key, key_from_hex
 from ncina.worker.compressors.base import Compressor, largest_fitting
+
+MAX_SEED = (1 << 64) - 1
+"""A job's seed is a 64-bit unsigned word (a `bit<64>` in the P4 program, `uint64_t` in C)."""
 
 Address = tuple[str, int]
 """An IPv4 UDP endpoint as ``socket.recvfrom`` reports it: ``(dotted quad, port)``."""
@@ -72,6 +76,8 @@ class JobConfig:
         _check_range("workers", self.workers, 1, MAX_WORKERS, WORKERS_WHY)
         _check_range("k (elements per packet)", self.k, 1, MAX_K)
         _check_range("pool size", self.pool_size, 1, MAX_POOL_SIZE)
+        if self.seed is not None:
+            _check_range("seed", self.seed, 0, MAX_SEED)
         object.__setattr__(self, "result_format", Format(self.result_format))
         if self.result_format not in ELEMENT_SIZE:
             raise ValueError(
@@ -154,6 +160,11 @@ class JobConfig:
             f"window 2^{window.e_min}..2^{window.e_max}"
             + (", tagged" if self.key is not None else "")
         )
+
+    def result_seed(self) -> int:
+        """The seed of the job's nc8 result rounding (docs/protocol.md, "Re-compression"):
+        ``seed``, or without one a fresh random 64-bit seed (a backend asks once per job)."""
+        return self.seed if self.seed is not None else secrets.randbits(64)
 
     @property
     def result_frame_size(self) -> int:

@@ -110,7 +110,10 @@ class JobSlots:
         top = config.window.max_code
         self._bad_codes = bytes(c for c in range(256) if (c & 0x7F) > top)
         self._code_values = _code_values(top)
-        self._rng = np.random.default_rng(config.seed)
+        # The seed of the nc8 results' rounding bits (docs/protocol.md, "Re-compression"), and
+        # per [version][slot] the completions so far (the bits' `use`).
+        self._result_seed = config.result_seed()
+        self._uses = [[0] * s, [0] * s]
         # The aggregator's generation, set by ``Aggregator.add_job``; 0 is an aggregator without
         # generations (no notices; generation bits on uplink are ``bad_flags``).
         self.generation = 0
@@ -179,10 +182,15 @@ class JobSlots:
             return None
         return self._code_values.take(np.frombuffer(codes, dtype=np.uint8))
 
-    def _encode(self, acc: np.ndarray, offset: int) -> bytes:
-        """The result payload of a complete slot's sum ``acc`` (chunk at ``offset``)."""
+    def _encode(self, acc: np.ndarray, version: int, slot: int, offset: int) -> bytes:
+        """The result payload of a complete slot's sum ``acc`` (chunk at ``offset`` in
+        ``(slot, version)``, called once per completion); nc8 rounding bits keyed by the chunk
+        and the slot version's use, not by the order of completions."""
+        use = self._uses[version][slot]
+        self._uses[version][slot] = use + 1 & 0xFFFFFFFF
         if self._result_format == _NC8:
-            return nc8.int_to_codes(acc, self._rng).tobytes()
+            key = nc8.result_key(self._result_seed, self._job, slot, version, offset, use)
+            return nc8.recompress(acc, key).tobytes()
         return acc.astype(INT_DTYPE).tobytes()
 
     def _apply(
@@ -224,7 +232,7 @@ class JobSlots:
         if seen != self._workers:
             return NOTHING
         stats.slots_completed += 1
-        self._result[version][slot] = self._encode(acc, offset)
+        self._result[version][slot] = self._encode(acc, version, slot, offset)
         stats.results_sent += self._workers
         return self._send(version, slot, range(self._workers))
 
@@ -338,7 +346,7 @@ class ServerSlots(JobSlots):
             return None
         return values if values.size == count else None
 
-    def _encode(self, acc: np.ndarray, offset: int) -> bytes:
+    def _encode(self, acc: np.ndarray, version: int, slot: int, offset: int) -> bytes:
         # One error-feedback memory per chunk (offset and length): chunks of different lengths at
         # the same offset (the last chunks of tensors of different sizes) never share one.
         key = (offset, acc.size)

@@ -9,7 +9,8 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
     CheckCodes() check_codes;
 
     action set_job(bit<8> index, bit<8> workers, bit<16> k, bit<16> pool, bit<32> slot_base,
-                   bit<8> emin, bit<7> max_code, bit<8> result_format, bit<4> generation) {
+                   bit<8> emin, bit<7> max_code, bit<8> result_format, bit<4> generation,
+                   bit<64> seed) {
         meta.job_index = index;
         meta.workers = workers;
         meta.k = k;
@@ -19,6 +20,7 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
         meta.max_code = max_code;
         meta.result_format = result_format;
         meta.generation = generation;
+        meta.seed = seed;
         meta.events = (bit<32>)index * NCINA_JOB_EVENTS;
         meta.member = (bit<32>)index * NCINA_MAX_WORKERS + (bit<32>)hdr.nc.rank;
     }

@@ -133,6 +133,7 @@ struct meta_t {
     bit<7> max_code;
     bit<8> result_format;
     bit<4> generation;
+    bit<64> seed;             // of the nc8 results' rounding bits (docs/protocol.md)
     bit<32> events;           // first counter index of the job's events
     bit<32> member;           // member register index of the packet's rank
     // The slot.
@@ -144,6 +145,8 @@ struct meta_t {
     bit<16> count;            // the chunk's element count
     bit<8> verdict;           // VERDICT_*: what admission decided
     bit<8> lane_op;           // LANE_*: what the lanes do with the slot
+    bit<32> result_use;       // completions of the slot version before this one
+    bit<64> result_key;       // the nc8 result's key (docs/protocol.md, "Re-compression")
     bit<1> notice;            // the reply is a notice, not a result
     // One lane at a time (the generated LaneSums): its sum and the NC8 re-compression's steps.
     bit<64> lane_value;

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from mininet.util import buildTopo
 from ncina.topo import cli as topo_cli
+from ncina.topo import report
 from ncina.topo import topos as topos_module
 from ncina.topo.runner import Progress, check_backend
 from ncina.topo.topos import InaHost, InaLink, MultiTopo, StarTopo, aggregator_ip, worker_ip
@@ -239,3 +240,16 @@ def test_progress_follows_rank_0s_metrics_file(
     assert "mlp: 17226 parameters, compute 2.0 ms/step" in out
     assert "epoch 1: test accuracy 91.50% loss 0.3000, 1.5 s, 8.00 MB sent" in out
     assert "done: 5 steps, 812.5 samples/s, exposed communication 0.25 s" in out
+
+
+def test_exposed_communication_is_the_exchange_after_the_slowest_ranks_compute() -> None:
+    def step(n: int, ready: float, done: float) -> dict[str, Any]:
+        return {"event": "step", "step": n, "grads_ready": ready, "comm_done": done}
+
+    rank0 = [{"event": "start"}, step(1, 10.0, 10.5), step(2, 20.0, 21.0), {"event": "end"}]
+    rank1 = [step(1, 10.25, 10.5), step(2, 20.75, 21.0)]  # the slower rank: its compute hid more
+    # step 1: 10.5 - 10.25; step 2: 21.0 - 20.75
+    assert report.exposed_comm([rank0, rank1]) == 0.5
+    # a rank done early (its own wait was 1 s) does not count: only the tail after the last
+    assert report.exposed_comm([[step(1, 5.0, 6.0)], [step(1, 7.0, 7.25)]]) == 0.25
+    assert report.exposed_comm([[{"event": "start"}]]) is None

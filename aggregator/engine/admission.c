@@ -45,7 +45,6 @@ static void job_free(struct nce_job *job)
 {
     nce_pool_free(job);
     nce_members_free(job);
-    nce_keys_free(job);
     free(job);
 }
 
@@ -122,31 +121,6 @@ int nce_member_set(uint16_t id, uint16_t rank, const uint8_t *ip, uint16_t port)
     if (job == NULL || nce_members_set(job, rank, ip_be, port) != 0)
         FAIL("job %u has no rank %u", id, rank);
     return 0;
-}
-
-int nce_job_key_ring(uint16_t id, uint32_t size_pow2)
-{
-    struct nce_job *job = nce_jobs[id];
-    if (job == NULL || size_pow2 == 0 || (size_pow2 & (size_pow2 - 1)) != 0 || job->keys)
-        FAIL("job %u: bad key ring (size %u)", id, size_pow2);
-    if (nce_keys_alloc(job, size_pow2) != 0)
-        FAIL("job %u: out of memory", id);
-    return 0;
-}
-
-uint32_t nce_job_key_space(uint16_t id, uint64_t *next)
-{
-    const struct nce_job *job = nce_jobs[id];
-    if (job == NULL || job->keys == NULL)
-        return 0;
-    return nce_keys_space(job, next);
-}
-
-void nce_job_key_push(uint16_t id, const uint64_t *keys, uint32_t n)
-{
-    struct nce_job *job = nce_jobs[id];
-    if (job != NULL && job->keys != NULL)
-        nce_keys_push(job, keys, n);
 }
 
 void nce_reset(void)

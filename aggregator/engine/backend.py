@@ -3,9 +3,9 @@
 loop runs in a thread.
 
 The C loop runs in a Python thread: cffi releases the GIL for the call, so the loop never touches
-Python, and the main thread is free to handle signals, keep the nc8 result key rings topped up
-and write the stats document (the schema of ``ncina.aggregator.stats``, plus one section of the
-I/O layer's own counters named after the backend).
+Python, and the main thread is free to handle signals and write the stats document (the schema
+of ``ncina.aggregator.stats``, plus one section of the I/O layer's own counters named after the
+backend).
 """
 
 from __future__ import annotations
@@ -54,15 +54,15 @@ class EngineBackend:
         self.log = log
         self.started = time.time()
         self.address: Address = ("0.0.0.0", 0)
-        self.rngs: dict[int, Any] = {}
         self._stop = threading.Event()
         self._stats_requested = False
         self._run_rc = 0
         plane.set_generation(generation)
 
     def install_jobs(self) -> None:
-        """Install every job (and push its first nc8 result keys)."""
-        self.rngs = {c.job: self.plane.add_job(c) for c in self.configs}
+        """Install every job."""
+        for config in self.configs:
+            self.plane.add_job(config)
 
     # ---- hooks of the I/O layer ----
 
@@ -121,8 +121,6 @@ class EngineBackend:
     def _poll(self) -> None:
         next_write = time.monotonic() + self.stats_interval
         while not self._stop.wait(POLL_SECONDS):
-            for job, rng in self.rngs.items():
-                self.plane.refill_keys(job, rng)
             now = time.monotonic()
             if self._stats_requested or (self.stats_path is not None and now >= next_write):
                 self._stats_requested = False
@@ -147,7 +145,6 @@ class EngineBackend:
             global_stats=global_stats,
             jobs={c.job: self.plane.job_stats(c.job) for c in self.configs},
         )
-        io["key_underruns"] = sum(self.plane.key_underruns(c.job) for c in self.configs)
         document[self.name] = io
         return document
 
