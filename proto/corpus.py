@@ -11,7 +11,8 @@ frames with scapy for given addresses.
 The cases cover every payload format, each header field at its edges, truncated and oversized
 datagrams, the transport's corner cases and seeded loss/duplicate/reorder schedules of whole
 reductions. They are written for one aggregator serving ``JOB`` (``WORKERS`` ranks, ``K``
-elements, ``POOL`` slots, int results, ``--generation GENERATION``) whose members are learned
+elements, ``POOL`` slots, ``--generation GENERATION``, int or nc8 results: ``job_arguments``)
+whose members are learned
 from the first case, and are replayed in order: each case takes slots no other case uses.
 What each backend must answer is what the Python reference answers (tests/test_conformance.py);
 the transport rule is in docs/protocol.md ("Transport").
@@ -46,10 +47,10 @@ JOB = 4242
 WORKERS = 3
 K = 16
 POOL = 512
-RESULT = "int"
+RESULTS = ("int", "nc8")  # the corpus is answered by a job of each result format
 GENERATION = 5
 STALE = 9  # the generation of an aggregator start before this one
-SEED = 1  # --seed (unused by int results; pinned so that a result format change stays equal)
+SEED = 1  # --seed: the nc8 results' random stream
 STRANGER = -1  # the sender of a step from an address that is no member
 E_MAX = 10
 E_MIN = E_MAX - (62 - (WORKERS - 1).bit_length())  # docs/protocol.md, "The job's window"
@@ -378,16 +379,18 @@ def generate() -> list[Case]:
     return cases
 
 
-def job_arguments() -> list[str]:
-    """The ``ncina aggregator`` options of the corpus job (add ``--listen`` and ``--stats``)."""
-    return ["--job", str(JOB), "--workers", str(WORKERS), "--k", str(K), "--result", RESULT,
-            "--pool-size", str(POOL), "--generation", str(GENERATION), "--seed", str(SEED)]
+def job_arguments(result: str | None = None) -> list[str]:
+    """The ``ncina aggregator`` options of the corpus job with ``result`` (one of ``RESULTS``;
+    None: without ``--result``); add ``--listen`` and ``--stats``."""
+    return ["--job", str(JOB), "--workers", str(WORKERS), "--k", str(K),
+            "--pool-size", str(POOL), "--generation", str(GENERATION), "--seed", str(SEED),
+            *(["--result", result] if result else [])]  # fmt: skip
 
 
 def dump(cases: Sequence[Case]) -> str:
     """The corpus as JSON text (one case per line, for readable diffs)."""
     lines = [json.dumps(c.to_json(), sort_keys=True) for c in cases]
-    head = json.dumps({"schema": SCHEMA, "job": job_arguments()})
+    head = json.dumps({"schema": SCHEMA, "job": job_arguments(), "results": list(RESULTS)})
     return "\n".join([head, *lines]) + "\n"
 
 

@@ -35,6 +35,7 @@ from ncina_testlib import (
     START_TIMEOUT,
     RunningAggregator,
     counters,
+    is_nc8_rounding,
     wait_ready,
 )
 
@@ -75,11 +76,11 @@ def site_for(backend: str) -> tuple[netns.Star, netns.Site]:
 
 
 def start(
-    backend: str, site: netns.Site, workdir: Path, options: Sequence[str] = ()
+    backend: str, site: netns.Site, workdir: Path, result: str, options: Sequence[str] = ()
 ) -> RunningAggregator:
     workdir.mkdir(parents=True, exist_ok=True)
     stats, log = workdir / "stats.json", workdir / "aggregator.log"
-    arguments = [*corpus.job_arguments(), "--stats", str(stats), *options]
+    arguments = [*corpus.job_arguments(result), "--stats", str(stats), *options]
     with log.open("wb") as out:
         process = subprocess.Popen(site.aggregator_command(arguments, backend),
                                    stdin=subprocess.DEVNULL, stdout=out,
@@ -157,18 +158,24 @@ def replay(agg: RunningAggregator, star: netns.Star, site: netns.Site) -> Replay
     return out
 
 
-def run(backend: str, workdir: Path, options: Sequence[str] = ()) -> Replay:
+def run(backend: str, workdir: Path, result: str, options: Sequence[str] = ()) -> Replay:
     star, site = site_for(backend)
-    agg = start(backend, site, workdir, options)
+    agg = start(backend, site, workdir, result, options)
     try:
         return replay(agg, star, site)
     finally:
         assert agg.stop() == 0, agg.log()
 
 
+@pytest.fixture(scope="module", params=corpus.RESULTS)
+def result(request: pytest.FixtureRequest) -> str:
+    """The corpus job's result format."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Replay:
-    return run("python", tmp_path_factory.mktemp("corpus-python"))
+def reference(result: str, tmp_path_factory: pytest.TempPathFactory) -> Replay:
+    return run("python", tmp_path_factory.mktemp(f"corpus-python-{result}"), result)
 
 
 FRAME_ROOM = 2048
@@ -232,19 +239,25 @@ def test_corpus_file_is_what_the_generator_writes() -> None:
         f"regenerate it: python -m ncina.proto.corpus {CORPUS_FILE}")
 
 
-def int_result(data: bytes) -> tuple[tuple[int, ...], list[int]]:
-    return HEADER.unpack_from(data), np.frombuffer(data[16:], dtype=INT_DTYPE).tolist()
+def sums_match(data: bytes, result: str, exact: list[int]) -> bool:
+    """Whether a result's payload is ``exact`` (int) or rounds it as NC8 must (nc8)."""
+    if result == "int":
+        return np.frombuffer(data[16:], dtype=INT_DTYPE).tolist() == exact
+    return len(data) == 16 + len(exact) and all(
+        is_nc8_rounding(c, e) for c, e in zip(data[16:], exact, strict=True))
 
 
-def test_reference_is_pinned_by_hand(reference: Replay) -> None:
+def test_reference_is_pinned_by_hand(result: str, reference: Replay) -> None:
     """Exact replies and counters of a few cases, worked out from docs/protocol.md."""
     flags = FLAG_RESULT | corpus.GENERATION << 3
+    fmt = Format.INT if result == "int" else Format.NC8
+    size = 8 if result == "int" else 1
     for rank, (data,) in enumerate(reference.replies["open"][: corpus.WORKERS]):
-        head = (1, flags, Format.INT, corpus.E_MIN, corpus.JOB, rank, 0, corpus.K, 0)
-        assert int_result(data) == (head, [3] * corpus.K)
+        head = (1, flags, fmt, corpus.E_MIN, corpus.JOB, rank, 0, corpus.K, 0)
+        assert HEADER.unpack_from(data) == head and sums_match(data, result, [3] * corpus.K)
     top = 1 << (corpus.TOP - 1)
     edges = [3 * top, -3 * top, 3, -3, 0, 0] + [3 * top] * (corpus.K - 6)
-    assert all(int_result(d[0])[1] == edges for d in reference.replies["window_edges"][:3])
+    assert all(sums_match(d[0], result, edges) for d in reference.replies["window_edges"][:3])
     pings = {"job.packets_in": 3, "job.results_resent": 3, "job.retx_seen": 3}
     # Rank 0's odd datagram is lost (the kernel drops it) or arrives; its plain resend then
     # completes the slot, or asks for the stored result again.
@@ -261,7 +274,7 @@ def test_reference_is_pinned_by_hand(reference: Replay) -> None:
         assert change["job.contributions"] == 3 and change["job.results_resent"] == 4, name
     assert reference.counters["truncated_0"] == {
         **pings, "global.packets_in": 1, "global.drops.truncated": 1,
-        "job.packets_out": 3, "job.bytes_in": 3 * 32, "job.bytes_out": 3 * (16 + 8 * corpus.K),
+        "job.packets_out": 3, "job.bytes_in": 3 * 32, "job.bytes_out": 3 * (16 + size * corpus.K),
     }  # fmt: skip
     assert reference.counters["oversized_fragmented"]["job.drops.bad_count"] == 1
     assert reference.final["global"]["drops"]["internal_error"] == 0
@@ -274,10 +287,10 @@ VARIANTS = {"dpdk-af_xdp": ("dpdk", ["--dpdk-pmd", "af_xdp"])}
     "variant", [b for b in AGGREGATOR_BACKENDS if b != "python"] + list(VARIANTS)
 )
 def test_backend_answers_the_corpus_like_the_reference(
-    variant: str, reference: Replay, tmp_path: Path
+    variant: str, result: str, reference: Replay, tmp_path: Path
 ) -> None:
     backend, options = VARIANTS.get(variant, (variant, []))
-    got = run(backend, tmp_path, options)
+    got = run(backend, tmp_path, result, options)
     want = as_on_af_packet(reference) if variant == "dpdk" else reference
     found = list(differences(variant, got, want))
     assert not found, f"{len(found)} differences:\n" + "\n".join(found[:40])
