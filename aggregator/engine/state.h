@@ -20,6 +20,7 @@
 #define NCE_NOTICE_LEN (NCE_HDR_LEN + 8)   /* header and the 64-bit bitmap, before any tag */
 #define NCE_FMT_NC8 0
 #define NCE_FMT_INT 1
+#define NCE_FMT_BLOB 2                 /* server mode; no job of the engine takes it */
 
 /* A port number between host order and network order (byte by byte: any host). */
 static inline uint16_t nce_port_be(uint16_t port)
