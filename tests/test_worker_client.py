@@ -243,8 +243,11 @@ def test_mean_and_sum_of_powers_of_two_are_exact(result: str) -> None:
     np.testing.assert_array_equal(mean, x)
     np.testing.assert_array_equal(total, 4 * x)
     chunks = -(-x.size // 64)
-    assert stats["packets_sent"] == stats["packets_received"] == 2 * chunks
-    assert stats["retransmissions"] == stats["results_ignored"] == 0
+    # Each chunk sent once, plus what a timer outrun by a busy machine re-sent: the fake answers
+    # every copy, and a second answer is ignored (the last ones may still be in flight).
+    assert stats["packets_sent"] == 2 * chunks + stats["retransmissions"]
+    assert stats["packets_received"] == 2 * chunks + stats["results_ignored"]
+    assert stats["results_ignored"] <= stats["retransmissions"]
     assert stats["allreduce_calls"] == 2 and stats["elements"] == 2 * x.size
 
 
@@ -288,13 +291,14 @@ def test_lost_packets_are_resent_with_retx() -> None:
         uplink = list(agg.uplink)
     # 20 chunks in 8 slots: slots 1 and 5 carry chunks 1, 9, 17 and 5, 13; each first copy lost.
     # A first call: chunk i has offset i (docs/protocol.md, u * S + slot).
-    resent = sorted(offset for flags, _, offset, _ in uplink if flags & FLAG_RETX)
-    assert resent == [1, 5, 9, 13, 17]
+    # Those five must be re-sent; a busy machine may outrun the 20 ms timer of others too.
+    resent = [offset for flags, _, offset, _ in uplink if flags & FLAG_RETX]
+    assert {1, 5, 9, 13, 17} <= set(resent)
     first = [offset for flags, _, offset, _ in uplink if not flags & FLAG_RETX]
     assert sorted(first) == list(range(20))
-    assert stats["retransmissions"] == 5
-    assert stats["timeouts"] >= 1
-    assert stats["packets_sent"] == 25
+    assert stats["retransmissions"] == len(resent)
+    assert 1 <= stats["timeouts"] <= stats["retransmissions"]
+    assert stats["packets_sent"] == 20 + len(resent)
 
 
 def test_rto_follows_rfc_6298_between_floor_and_cap() -> None:
@@ -328,11 +332,14 @@ def test_rto_adapts_to_the_measured_rtt() -> None:
     with fake() as agg, client_for(agg.address, timeout=0.5, min_timeout=0.002) as client:
         np.testing.assert_array_equal(client.allreduce(x), x)
         stats = client.stats
-    # Slot 0 of 8 carries chunks 0, 8, 16, 24, 32: five measurements, of which a slow one (a
-    # busy machine: above twice SRTT) is skipped as an outlier rather than taken.
-    assert stats["rtt_samples"] + stats["rtt_outliers"] == 5 and stats["rtt_samples"] >= 1
-    assert 0.002 <= stats["rto_s"] < 0.5  # loopback answers in well under the initial RTO
-    assert stats["retransmissions"] == 0
+        timer = client.timer
+    # Slot 0 of 8 carries chunks 0, 8, 16, 24, 32: at most five measurements, of which a slow
+    # one (a busy machine: above twice SRTT) is skipped as an outlier rather than taken, and a
+    # chunk a stalled machine re-sent gives none (Karn).
+    assert stats["rtt_samples"] + stats["rtt_outliers"] <= 5 and stats["rtt_samples"] >= 1
+    # The RTO is now the measured one (RFC 6298), whatever the machine's speed, not the 0.5 s.
+    measured = timer.srtt + max(RtoEstimator.GRANULARITY, 4 * timer.rttvar)
+    assert timer.srtt > 0 and stats["rto_s"] == pytest.approx(min(max(measured, 0.002), 1.0))
 
 
 def test_no_rtt_sample_from_a_retransmitted_chunk() -> None:
@@ -342,9 +349,27 @@ def test_no_rtt_sample_from_a_retransmitted_chunk() -> None:
     ) as client:
         np.testing.assert_array_equal(client.allreduce(x), x)
         stats = client.stats
-    assert stats["retransmissions"] == 3  # chunks 0, 8, 16: the only ones slot 0 samples from
-    assert stats["rtt_samples"] == 0  # Karn: their results cannot say which copy they answer
-    assert stats["rto_s"] == 0.02  # still the configured timeout: no sample, no shared backoff
+    # Chunks 0, 8, 16 (slot 0, the only one that samples) were each re-sent; other slots only
+    # if a busy machine outran their timer.
+    resent = {offset for flags, slot, offset, _ in agg.uplink if flags & FLAG_RETX and slot == 0}
+    assert resent == {0, 8, 16} and stats["retransmissions"] >= 3
+    # Karn: their results cannot say which copy they answer, so none is a sample, unless it came
+    # more than 2 SRTT + G after the re-send (the spurious rule, which a stalled fake can
+    # trigger; unit-tested in test_a_prompt_answer_to_a_resent_chunk_is_no_sample). Without a
+    # sample the RTO stays the configured one: a timeout is no shared backoff.
+    assert stats["rtt_samples"] <= 3
+    if stats["rtt_samples"] == 0:
+        assert stats["rto_s"] == 0.02
+
+
+def test_a_prompt_answer_to_a_resent_chunk_is_no_sample() -> None:
+    timer = RtoEstimator(0.05, cap=1.0, floor=0.01)
+    assert not timer.spurious(0.2, since=0.001)  # within 2 SRTT + G of the re-send (SRTT 0)
+    assert (timer.samples, timer.rto) == (0, 0.05)
+    assert timer.spurious(0.2, since=0.0011)  # later: the first copy's answer, a sample
+    assert timer.samples == 1 and timer.srtt == 0.2
+    assert not timer.spurious(0.9, since=0.4)  # within 2 SRTT + G = 0.401
+    assert timer.samples == 1
 
 
 def test_a_window_queued_past_its_rto_raises_the_rto_above_the_queueing_delay() -> None:
@@ -358,7 +383,12 @@ def test_a_window_queued_past_its_rto_raises_the_rto_above_the_queueing_delay() 
     with fake(hold=8) as agg, client_for(agg.address, timeout=0.02) as client:
         np.testing.assert_array_equal(client.allreduce(x), x)
         stats = client.stats
-    assert stats["retransmissions"] == 8 and stats["rtt_samples"] == 1  # one check re-sent all
+    # Every chunk timed out and was re-sent (a slow machine may split the window over several
+    # timer checks, or re-send a chunk twice before the fake sees the last of them); each check
+    # that re-sent gives one sample at most.
+    resent = {offset for flags, _, offset, _ in agg.uplink if flags & FLAG_RETX}
+    assert resent == set(range(8)) and stats["retransmissions"] >= 8
+    assert 1 <= stats["rtt_samples"] <= stats["timeouts"]
     queueing = agg.released_at - min(agg.arrived.values())  # the first chunk's wait
     assert stats["rto_s"] > queueing >= 0.02
 
@@ -372,10 +402,15 @@ def test_sharded_stats_sum_counters_and_keep_the_largest_rto() -> None:
         try:
             np.testing.assert_array_equal(fabric.allreduce(x), x)
             stats = fabric.stats
+            each = [client.stats for client in fabric.clients]
         finally:
             fabric.close()
-    assert stats["packets_sent"] == 10 and stats["rtt_samples"] == 2
-    assert 0.01 <= stats["rto_s"] <= 0.05  # one client's timeout, not the sum of both
+    rtos = [one.pop("rto_s") for one in each]
+    summed = {key: sum(one[key] for one in each) for key in each[0]}
+    summed["rto_s"] = stats["rto_s"]
+    assert stats == summed  # the counters of both clients, taken just before closing them
+    assert stats["packets_sent"] == 10 + stats["retransmissions"]
+    assert stats["rto_s"] == max(rtos)  # one client's timeout, not the sum of both
 
 
 def test_stale_foreign_and_duplicate_results_are_ignored() -> None:
@@ -385,12 +420,14 @@ def test_stale_foreign_and_duplicate_results_are_ignored() -> None:
             np.testing.assert_array_equal(client.allreduce(x), x)
         stats = client.stats
         junk_sent = agg.junk_sent
-    assert junk_sent == 2 * 30 * 10
+        answered = len(agg.uplink)
+    # The fake answers every uplink copy, re-sent ones too (a busy machine may outrun the timer).
+    assert answered == stats["packets_sent"] == 2 * 30 + stats["retransmissions"]
+    assert junk_sent == 10 * answered
     # Every junk datagram precedes its chunk's result; the duplicates of the first call's results
-    # arrive before the second call's; some of the second call's may still be in flight.
-    assert 2 * 30 * 10 + 30 <= stats["results_ignored"] <= 2 * 30 * 10 + 2 * 30
-    assert stats["retransmissions"] == 0
-    assert stats["packets_sent"] == 2 * 30
+    # arrive before the second call's; some of the last answers may still be in flight. All but
+    # one result per chunk is ignored.
+    assert 2 * 30 * 10 + 30 <= stats["results_ignored"] <= 12 * answered - 2 * 30
 
 
 def test_slots_and_pool_versions_continue_across_calls() -> None:
@@ -421,7 +458,7 @@ def test_silent_aggregator_times_out_naming_job_rank_and_slots() -> None:
         host, port = silent.getsockname()
         with client_for(
             (host, port), rank=2, workers=4, pool_size=8, timeout=0.02, max_timeout=0.05,
-            deadline=0.3,
+            deadline=1.0,
         ) as client:
             with pytest.raises(TimeoutError) as error:
                 client.allreduce(np.ones(64 * 3, dtype=np.float32))
@@ -429,7 +466,7 @@ def test_silent_aggregator_times_out_naming_job_rank_and_slots() -> None:
             assert f"aggregator {host}:{port}" in message
             assert "job 7" in message and "rank 2" in message
             assert "3 slots outstanding [0-2]" in message and "192 elements" in message
-            assert client.stats["retransmissions"] > 3
+            assert client.stats["retransmissions"] >= 3  # it tried again before giving up
             with pytest.raises(RuntimeError, match="unusable"):
                 client.allreduce(np.ones(4, dtype=np.float32))
 
@@ -519,7 +556,9 @@ def test_short_last_chunk_and_a_tensor_smaller_than_k() -> None:
             np.testing.assert_array_equal(client.allreduce(x, op="sum"), 2 * x)
         empty = client.allreduce(np.zeros((0, 3), dtype=np.float32))
         assert empty.shape == (0, 3) and empty.dtype == np.float32
-        assert client.stats["allreduce_calls"] == 5 and client.stats["retransmissions"] == 0
+        stats = client.stats
+        assert stats["allreduce_calls"] == 5
+        assert stats["packets_sent"] == 1 + 1 + 2 + 4 + stats["retransmissions"]
 
 
 def test_a_result_code_above_the_nc8_range_is_an_error_naming_its_index() -> None:
