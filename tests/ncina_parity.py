@@ -21,6 +21,7 @@ from ncina.proto.header import FLAG_TAG, GENERATION_MASK, GENERATION_SHIFT
 from ncina_testlib import RunningAggregator, start_aggregator, uplink, window_e_min, worker_host
 
 K = 8
+REPLAY_GUARD = 60.0  # s: a replay that has not been answered by then hangs
 
 
 def schedule(
@@ -106,11 +107,22 @@ def replay(
             if i % 8 == 7:
                 time.sleep(0.002)  # stay far below any queue's capacity
                 drain()
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
+        # Done when the aggregator has counted every datagram sent and every reply it counted
+        # has arrived, not after a fixed wait: a data plane starved of CPU (a loaded CI host)
+        # may take seconds. The deadline is a hang guard; past it the comparison shows the gap.
+        deadline = time.monotonic() + REPLAY_GUARD
+        while True:
             time.sleep(0.05)
             drain()
-        return received, aggregator.stats()
+            stats = aggregator.stats()
+            counted = stats["global"]["packets_in"] + sum(
+                job["packets_in"] for job in stats["jobs"].values()
+            )
+            replies = sum(job["packets_out"] for job in stats["jobs"].values())
+            if counted >= len(packets) and sum(map(len, received)) >= replies:
+                return received, stats
+            if time.monotonic() > deadline:
+                return received, stats
     finally:
         for s in socks:
             s.close()

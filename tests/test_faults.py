@@ -128,10 +128,20 @@ def lossless_sums(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
     outputs, clients, stats = allreduce(tmp_path_factory.mktemp("lossless"), "int", {})
     for out in outputs[1:]:
         np.testing.assert_array_equal(out, outputs[0])
-    assert sum(c["retransmissions"] for c in clients) == 0
     assert "faults" not in stats
+    # No retransmission is needed, but a busy scheduler can outrun a worker's timer: a spurious
+    # retransmission is legitimate, and must be answered (a resent result or an ignored
+    # duplicate), never added twice. So: every chunk of every rank added once, every slot
+    # completed once, nothing dropped, and each retransmission the aggregator saw accounted for.
+    job = stats["jobs"][str(JOB)]
+    chunks = -(-ELEMENTS // K)
+    assert job["contributions"] == WORKERS * chunks
+    assert job["slots_completed"] == chunks
+    assert sum(job["drops"].values()) == 0
+    assert job["results_resent"] + job["duplicates"] <= job["retx_seen"]
+    assert job["retx_seen"] <= sum(c["retransmissions"] for c in clients)
+    assert job["packets_in"] == job["contributions"] + job["duplicates"] + job["results_resent"]
     return outputs[0]
-
 
 
 

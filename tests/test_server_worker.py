@@ -147,6 +147,7 @@ def test_results_are_the_protocols_compressed_mean(
     expected = reference(spec, xs, chunk)
     chunks = sum(-(-n // chunk) for _, n, _ in CALLS)
     assert job["slots_completed"] == chunks
+    assert job["contributions"] == WORKERS * chunks  # each chunk of each rank added once
     assert job["drops"]["bad_payload"] == 0
     for rank in range(WORKERS):
         for got, mine, want in zip(results[0], results[rank], expected, strict=True):
@@ -158,8 +159,9 @@ def test_results_are_the_protocols_compressed_mean(
     if faults:  # the losses were repaired, and the result is the same as without them
         assert sum(s["retransmissions"] for s in stats) > 0
         assert job["results_resent"] > 0 and job["retx_seen"] > 0
-    else:
-        assert all(s["packets_sent"] == chunks for s in stats)
+    else:  # each chunk sent once, plus what a timer outrun by a busy scheduler re-sent
+        for s in stats:
+            assert chunks <= s["packets_sent"] <= chunks + s["retransmissions"]
 
 
 def test_server_mode_compresses_the_mean_not_the_sum(tmp_path: Path) -> None:
