@@ -16,6 +16,7 @@ re-compression draws its random stream in that order).
 
 from __future__ import annotations
 
+import json
 import selectors
 import socket
 import threading
@@ -63,11 +64,19 @@ class Relay(threading.Thread):
                 self.selector.register(sock, selectors.EVENT_READ, (side, rank))
                 sockets.append(sock)
         self.stopping = threading.Event()
+        self.error: BaseException | None = None  # what stopped the relay early, if anything
 
     def address(self, rank: int) -> Address:
         return self.front[rank].getsockname()
 
     def run(self) -> None:
+        try:
+            self.forward()
+        except BaseException as exc:  # reported by the test (a dead relay looks like a hang)
+            self.error = exc
+            raise
+
+    def forward(self) -> None:
         while not self.stopping.is_set():
             for entry, _ in self.selector.select(0.05):
                 side, rank = entry.data
@@ -108,9 +117,19 @@ def relayed_job(
     relay.start()
     try:
         yield relay
+    except BaseException:  # say what the aggregator and the relay were doing (e.g. a timeout)
+        try:
+            print("aggregator stats:", json.dumps(agg.stats(timeout=5.0)["jobs"]))
+        except Exception as exc:  # a diagnostic only
+            print(f"no aggregator stats: {exc!r}")
+        print(f"relay alive: {relay.is_alive()}, error: {relay.error!r}")
+        print(agg.log())
+        raise
     finally:
         relay.stop()
-        agg.stop()
+        status = agg.stop()
+    assert relay.error is None, f"the relay failed: {relay.error!r}"
+    assert status == 0, agg.log()
 
 
 def run_job(
