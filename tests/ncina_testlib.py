@@ -326,3 +326,14 @@ def counters(stats: dict[str, Any], job: int) -> collections.Counter[str]:
             else:
                 flat[f"{name}.{key}"] = value
     return flat
+
+
+def assert_sent_once_plus_retransmissions(fabric: dict[str, Any], chunks: int) -> None:
+    """Workers' counters (``AllreduceClient.stats``, or their sum) of a run that sent ``chunks``
+    chunks: each one sent at least once, and any more sends were retransmissions. Their number
+    depends on the machine's load (a busy scheduler outruns the timer), so it is not fixed; a
+    re-send refused by a full send buffer counts in ``retransmissions`` only."""
+    assert chunks <= fabric["packets_sent"] <= chunks + fabric["retransmissions"], (
+        f"{fabric['packets_sent']} packets sent for {chunks} chunks and "
+        f"{fabric['retransmissions']} retransmissions"
+    )

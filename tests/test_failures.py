@@ -122,8 +122,10 @@ def test_a_killed_worker_makes_the_others_fail_naming_its_rank(tmp_path: Path) -
         assert isinstance(outcome, TimeoutError), outcome
         assert f"rank {rank})" in str(outcome)
         assert "the aggregator has nothing from rank(s) [3]" in str(outcome)
+        # bounded by the deadline after the last progress (how long that took in wall-clock
+        # time is the machine's business, not the test's)
+        assert f"for {deadline:g} s" in str(outcome)
     assert run.seconds < time.monotonic() - began
-    assert run.seconds < deadline + 5.0  # bounded: the deadline after the last progress
 
 
 @pytest.mark.usefixtures("data_path")
@@ -134,7 +136,8 @@ def test_an_aggregator_restart_fails_every_worker_at_once_without_a_result(tmp_p
     for outcome in run.outcomes:
         assert isinstance(outcome, AggregatorRestartedError), outcome
         assert "restarted (generation 1, now 2" in str(outcome)
-    assert run.seconds < 10.0  # long before the 30 s deadline
+    # Not a TimeoutError: each worker failed on the restart's first notice or result, without
+    # waiting out the 30 s deadline (a wall-clock bound would measure the machine's load).
 
 
 @pytest.mark.usefixtures("data_path")
@@ -156,10 +159,9 @@ def test_a_restart_between_calls_is_detected_on_the_next_call(tmp_path: Path) ->
                                   result="int", listen=f"{host}:{port}",
                                   extra=["--generation", "9"])  # fmt: skip
         try:
-            began = time.monotonic()
+            # at once, not after the 30 s deadline (that would be a TimeoutError)
             with pytest.raises(AggregatorRestartedError, match="generation 4, now 9"):
                 clients[0].allreduce(x, op="sum")
-            assert time.monotonic() - began < 5.0
             with pytest.raises(RuntimeError, match="unusable"):
                 clients[0].allreduce(x, op="sum")
             stats = second.stats()["jobs"][str(JOB)]

@@ -235,5 +235,6 @@ def test_allreduce_clients_get_exact_sums(tmp_path: Path, loss: float) -> None:
     assert job["contributions"] == 2 * chunks * WORKERS
     if loss:  # lost results came back on retransmission
         assert job["retx_seen"] > 0 and job["results_resent"] > 0
-    else:
-        assert job["retx_seen"] == 0 and not any(job["drops"].values())
+    else:  # nothing dropped; a loaded machine's spurious retransmissions are each answered
+        assert not any(job["drops"].values())
+        assert job["results_resent"] + job["duplicates"] <= job["retx_seen"]
