@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator.bmv2 import driver as bmv2_driver
-from ncina.aggregator.control import JobsDirectory
+from ncina.aggregator.control import DEFAULT_MAX_JOBS, JobsDirectory
 from ncina.aggregator.dpdk import driver as dpdk_driver
 from ncina.aggregator.faults import FaultConfig
 from ncina.aggregator.jobs import (
@@ -30,7 +30,7 @@ from ncina.aggregator.jobs import (
     parse_member,
 )
 from ncina.aggregator.python_backend import PythonBackend
-from ncina.aggregator.slots import Aggregator
+from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS, Aggregator
 from ncina.aggregator.socket import driver as socket_driver
 from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT, TAG_SIZE
 from ncina.proto.tag import key_file_argument
@@ -85,6 +85,16 @@ def _positive_float(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
         raise argparse.ArgumentTypeError(f"must be positive, not {text}")
     return value
 
@@ -251,6 +261,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "when the file appears and removed when it goes, while the others run "
         "(docs/reliability.md, 'Several jobs')",
     )
+    parser.add_argument(
+        "--max-jobs",
+        type=_positive_int,
+        default=DEFAULT_MAX_JOBS,
+        metavar="N",
+        help="python backend: at most N jobs at once, the one of the flags included: a "
+        "--jobs-dir file past them is refused, logged and counted (limits.jobs_refused) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-residual-elements",
+        type=_positive_int,
+        default=DEFAULT_MAX_RESIDUAL_ELEMENTS,
+        metavar="N",
+        help="server mode (python backend): the error-feedback memory a job keeps, in float32 "
+        "elements (each chunk's state is charged 512 more); a chunk past it gets no error "
+        "feedback, counted (limits.residuals_unkept) (default: %(default)s, about 1 GiB)",
+    )
     faults = parser.add_argument_group(
         "emulated network faults (python backend; seeded, counted in the stats' faults section)"
     )
@@ -320,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
         if args.backend == "socket":
             return socket_driver.serve(config, args, generation)
         return dpdk_driver.serve(config, args, generation)
-    aggregator = Aggregator(generation)
+    aggregator = Aggregator(generation, max_residual_elements=args.max_residual_elements)
     aggregator.add_job(config, compressor)
     backend = PythonBackend(
         aggregator,
@@ -328,6 +356,9 @@ def run(args: argparse.Namespace) -> int:
         stats_path=args.stats,
         stats_interval=args.stats_interval,
         faults=faults,
-        control=JobsDirectory(args.jobs_dir, mtu=args.mtu) if args.jobs_dir else None,
+        control=(
+            JobsDirectory(args.jobs_dir, mtu=args.mtu, max_jobs=args.max_jobs)
+            if args.jobs_dir else None
+        ),
     )
     return backend.run()

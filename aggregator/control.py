@@ -8,7 +8,9 @@ file adds its job, deleting it removes the job, while the other jobs keep runnin
 content changes is the removal of the old job and the addition of the new one. Write a file
 atomically (to a temporary name not ending in ``.json``, then rename) so that a half-written one
 is never read. A file that does not describe a valid job, or names a job id that another file
-already holds, is reported once on the log and otherwise ignored until it changes.
+already holds, is reported once on the log and otherwise ignored until it changes. Each job
+holds memory (its slots), so at most ``max_jobs`` jobs run at once (``--max-jobs``): a file past
+that is refused (reported once, counted) and read again when a job goes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from ncina.aggregator.jobs import DEFAULT_MTU, JobConfig, parse_member
 
 SUFFIX = ".json"
+DEFAULT_MAX_JOBS = 64  # installed jobs, the one of the command line included
 
 
 def job_from_json(document: dict[str, Any]) -> JobConfig:
@@ -49,12 +52,15 @@ class JobsDirectory:
 
     path: Path
     mtu: int = DEFAULT_MTU
+    max_jobs: int = DEFAULT_MAX_JOBS
     seen: dict[str, tuple[tuple[int, int, int], int | None]] = field(default_factory=dict)
+    refused: set[str] = field(default_factory=set)  # files refused for max_jobs, as seen
 
     def changes(self, installed: set[int]) -> Iterator[tuple[str, JobConfig | int | str]]:
-        """What changed since the last call, as ``("add", config)``, ``("remove", job id)`` and
-        ``("error", message)``; ``installed`` are the job ids running now (an added job's id
-        must not be among them once the removals before it are applied)."""
+        """What changed since the last call, as ``("add", config)``, ``("remove", job id)``,
+        ``("error", message)`` and ``("refused", message)`` (a valid job past ``max_jobs``);
+        ``installed`` are the job ids running now (an added job's id must not be among them once
+        the removals before it are applied)."""
         current = {}
         for file in sorted(self.path.glob(f"*{SUFFIX}")):
             try:
@@ -66,14 +72,23 @@ class JobsDirectory:
             stamp, job = self.seen[name]
             if current.get(name) != stamp:
                 del self.seen[name]
+                self.refused.discard(name)
                 if job is not None:
                     installed.discard(job)
                     yield "remove", job
         for name, stamp in current.items():
+            if name in self.refused and len(installed) < self.max_jobs:
+                self.refused.discard(name)  # room again: read it anew
+                self.seen.pop(name, None)
             if name in self.seen:
                 continue
             job_or_error = self._read(self.path / name, installed)
-            if isinstance(job_or_error, JobConfig):
+            if isinstance(job_or_error, JobConfig) and len(installed) >= self.max_jobs:
+                self.seen[name] = (stamp, None)
+                self.refused.add(name)
+                yield "refused", (f"{self.path / name}: job {job_or_error.job}, "
+                                  f"{self.max_jobs} jobs are installed (--max-jobs)")  # fmt: skip
+            elif isinstance(job_or_error, JobConfig):
                 self.seen[name] = (stamp, job_or_error.job)
                 installed.add(job_or_error.job)
                 yield "add", job_or_error

@@ -162,6 +162,9 @@ class PythonBackend:
             elif action == "remove":
                 aggregator.remove_job(what)  # type: ignore[arg-type]
                 message = f"removed job {what}"
+            elif action == "refused":
+                aggregator.limits.jobs_refused += 1
+                message = f"refused {what}"
             else:
                 message = f"ignored {what}"
             print(f"ncina aggregator: {message}", file=self.log, flush=True)
@@ -189,6 +192,7 @@ class PythonBackend:
             global_stats=self.aggregator.stats,
             jobs={job: slots.stats for job, slots in self.aggregator.jobs.items()},
             faults=self.faults.counts if self.faults is not None else None,
+            limits=self.aggregator.limits,
         )
 
     def write_stats(self) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from ncina.aggregator.jobs import Address, JobConfig
-from ncina.aggregator.stats import GlobalStats, JobStats
+from ncina.aggregator.stats import GlobalStats, JobStats, LimitStats
 from ncina.proto import nc8, tag
 from ncina.proto.header import (
     BAD_COUNT,
@@ -340,6 +340,11 @@ class JobSlots:
         return NOTHING
 
 
+# Server mode's error-feedback memory per job, in float32 elements: 2**28 (about 1 GiB with the
+# states' own objects), the residuals of a 90M-parameter model in chunks of 256, 180M in 1024.
+DEFAULT_MAX_RESIDUAL_ELEMENTS = 1 << 28
+
+
 class ServerSlots(JobSlots):
     """Server mode (docs/protocol.md, "Server mode"): the same slot rules on BLOB payloads.
 
@@ -350,7 +355,14 @@ class ServerSlots(JobSlots):
     compressor (``ef+`` spec, or a method defined with it) the server compensates its own
     compression error chunk by chunk: DoubleSqueeze's server-side error feedback. The job's
     result format is unused.
+
+    The chunks' offsets come from the packets, so the states are capped: each one is charged its
+    chunk's elements plus ``STATE_OVERHEAD`` (the state's own objects), and a chunk whose state
+    would take the job past ``max_residual_elements`` is compressed with a fresh state that is
+    not kept (no error feedback for it; counted in ``limits.residuals_unkept``).
     """
+
+    STATE_OVERHEAD = 512  # elements (2 KB): the State, its generator and the dict entry
 
     _uplink_format = int(Format.BLOB)
     _accumulator_dtype = np.float32
@@ -358,13 +370,22 @@ class ServerSlots(JobSlots):
     _ordered = False  # offsets name the chunk for the error-feedback memory: they repeat
 
     def __init__(
-        self, config: JobConfig, compressor: Compressor, stats: JobStats | None = None
+        self,
+        config: JobConfig,
+        compressor: Compressor,
+        stats: JobStats | None = None,
+        *,
+        max_residual_elements: int = DEFAULT_MAX_RESIDUAL_ELEMENTS,
+        limits: LimitStats | None = None,
     ) -> None:
         super().__init__(config, stats)
         self.compressor = compressor
         self._result_format = int(Format.BLOB)
         self._seed = config.seed
         self._states: dict[tuple[int, int], State] = {}
+        self.max_residual_elements = max_residual_elements
+        self.residual_elements = 0  # charged to the kept states so far
+        self.limits = limits if limits is not None else LimitStats()
 
     def describe(self) -> str:
         return self.config.describe(f"server mode ({self.compressor.name} blob results)")
@@ -387,7 +408,13 @@ class ServerSlots(JobSlots):
         state = self._states.get(key)
         if state is None:
             seed = None if self._seed is None else (self._seed, offset, acc.size)
-            state = self._states[key] = State(rng=np.random.default_rng(seed))
+            state = State(rng=np.random.default_rng(seed))
+            charge = acc.size + self.STATE_OVERHEAD
+            if self.residual_elements + charge <= self.max_residual_elements:
+                self._states[key] = state
+                self.residual_elements += charge
+            else:
+                self.limits.residuals_unkept += 1
         return self.compressor.compress(acc / np.float32(self._workers), state)
 
 
@@ -399,17 +426,25 @@ class Aggregator:
     default, keeps protocol version 1 without generations: no notices, and generation bits on
     uplink are dropped as ``bad_flags`` (what a backend that does not implement them does)."""
 
-    def __init__(self, generation: int = 0) -> None:
+    def __init__(
+        self, generation: int = 0, max_residual_elements: int = DEFAULT_MAX_RESIDUAL_ELEMENTS
+    ) -> None:
         self.generation = generation
         self.jobs: dict[int, JobSlots] = {}
         self.stats = GlobalStats()
+        self.limits = LimitStats()
+        self.max_residual_elements = max_residual_elements  # per server-mode job
 
     def add_job(self, config: JobConfig, compressor: Compressor | None = None) -> JobSlots:
         """Install a job; its id must be new. With a ``compressor`` the job runs in server mode
         (``ServerSlots``), otherwise in INA mode."""
         if config.job in self.jobs:
             raise ValueError(f"job {config.job} is already installed")
-        slots = JobSlots(config) if compressor is None else ServerSlots(config, compressor)
+        if compressor is None:
+            slots: JobSlots = JobSlots(config)
+        else:
+            slots = ServerSlots(config, compressor, limits=self.limits,
+                                max_residual_elements=self.max_residual_elements)  # fmt: skip
         self.jobs[config.job] = slots
         slots.generation = self.generation
         return slots

@@ -120,6 +120,22 @@ class GlobalStats:
         }
 
 
+class LimitStats:
+    """What the Python backend's memory caps refused (docs/protocol.md, "Counters": ``limits``):
+    job files past ``--max-jobs``, and server-mode error-feedback residuals past
+    ``--max-residual-elements``."""
+
+    __slots__ = ("jobs_refused", "residuals_unkept")
+
+    def __init__(self) -> None:
+        self.jobs_refused = 0
+        self.residuals_unkept = 0
+
+    def to_json(self) -> dict[str, int]:
+        """The ``limits`` section of the stats document."""
+        return {"jobs_refused": self.jobs_refused, "residuals_unkept": self.residuals_unkept}
+
+
 def snapshot(
     *,
     backend: str,
@@ -127,10 +143,12 @@ def snapshot(
     global_stats: GlobalStats,
     jobs: Mapping[int, JobStats],
     faults: Mapping[str, int] | None = None,
+    limits: LimitStats | None = None,
 ) -> dict[str, Any]:
     """The whole stats document at this moment; ``started`` is the backend's start (Unix time).
 
-    ``faults``: the emulated faults' counts, present only when fault injection is on.
+    ``faults``: the emulated faults' counts, present only when fault injection is on;
+    ``limits``: what the memory caps refused, from the backends that have them.
     """
     document = {
         "schema": SCHEMA,
@@ -142,6 +160,8 @@ def snapshot(
     }
     if faults is not None:
         document["faults"] = dict(faults)
+    if limits is not None:
+        document["limits"] = limits.to_json()
     return document
 
 

@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 from ncina.aggregator import cli as aggregator_cli
 from ncina.aggregator.jobs import JobConfig, parse_address, parse_member
 from ncina.aggregator.slots import Aggregator, JobSlots
-from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_DROP_REASONS, GlobalStats, JobStats
+from ncina.aggregator.stats import (
+    GLOBAL_DROP_REASONS,
+    JOB_DROP_REASONS,
+    GlobalStats,
+    JobStats,
+    LimitStats,
+)
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE, Format, pack
 from ncina.worker.compressors import create
 from ncina_testlib import code_values, dissect, exact_sums, is_nc8_rounding, uplink
@@ -355,7 +361,8 @@ def test_drop_reasons_are_the_documented_counters() -> None:
     documented = set(re.findall(r"`([a-z_0-9]+)`", section))
     keys = set(JobStats().to_json()) | set(GlobalStats().to_json())
     keys |= set(JOB_DROP_REASONS) | set(GLOBAL_DROP_REASONS)
-    keys |= {"schema", "backend", "started", "time", "global", "jobs", "drops"}
+    keys |= set(LimitStats().to_json())
+    keys |= {"schema", "backend", "started", "time", "global", "jobs", "drops", "limits"}
     assert keys <= documented, keys - documented
     # stale_generation is answered with a notice: tests/test_failures.py; bad_payload is
     # server mode's: tests/test_server_mode.py

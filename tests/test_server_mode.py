@@ -245,3 +245,36 @@ def test_server_mode_command_line_errors(arguments: list[str], message: str) -> 
                           timeout=120, check=False)  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr == f"ncina aggregator: error: {message}\n"
+
+
+def test_error_feedback_memory_is_capped_and_the_overflow_counted() -> None:
+    """The residuals are keyed by the packets' offsets: past ``max_residual_elements`` a new
+    chunk is compressed with a fresh state that is not kept (the same bytes every time, no
+    error feedback), counted; the kept chunks keep theirs, and memory stays at the cap."""
+    config = JobConfig.create(job=JOB, workers=1, k=K, result_format="nc8", pool_size=4, seed=5)
+    charge = 20 + ServerSlots.STATE_OVERHEAD
+    aggregator = Aggregator(max_residual_elements=3 * charge)
+    slots = aggregator.add_job(config, create("ef+topk:ratio=0.1"))
+    assert isinstance(slots, ServerSlots)
+    x = np.random.default_rng(1).standard_normal(20).astype(np.float32)
+    payload = create("topk:ratio=0.5").compress(x, State())  # more than the server keeps
+    uses = [0] * 4
+
+    def send(offset: int) -> bytes:
+        slot = offset % 4
+        pool, uses[slot] = uses[slot] % 2, uses[slot] + 1
+        out = aggregator.handle(blob(slots, 0, payload, slot=slot, offset=offset, count=20,
+                                     pool=pool), address(0))  # fmt: skip
+        assert len(out) == 1
+        return dissect(out[0][0])[1]
+
+    first = [send(offset) for offset in range(10)]
+    assert len(slots._states) == 3 and slots.residual_elements == 3 * charge
+    assert aggregator.limits.residuals_unkept == 7
+    assert aggregator.limits.to_json() == {"jobs_refused": 0, "residuals_unkept": 7}
+    # A kept chunk compresses its mean plus its residual: other bytes than the first time.
+    assert send(0) != first[0]
+    # A chunk past the cap starts afresh each time: the same bytes, counted again.
+    assert send(9) == first[9]
+    assert aggregator.limits.residuals_unkept == 8 and len(slots._states) == 3
+    assert slots.stats.slots_completed == 12
