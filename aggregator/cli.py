@@ -19,7 +19,6 @@ from ncina.aggregator.jobs import (
     FRAME_OVERHEAD,
     MAX_K,
     MAX_MTU,
-    MAX_POOL_SIZE,
     MAX_WORKERS,
     MIN_MTU,
     JobConfig,
@@ -32,6 +31,7 @@ from ncina.aggregator.jobs import (
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import Aggregator
 from ncina.aggregator.socket import driver as socket_driver
+from ncina.proto.descriptor import MAX_POOL_SIZE
 from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT, TAG_SIZE
 from ncina.proto.tag import key_file_argument
 from ncina.worker.compressors import create
@@ -282,7 +282,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("INA mode needs --result nc8 or --result int")
     if args.mode == "server" and args.result is not None:
         raise ValueError("server mode's results are compressor payloads: drop --result")
-    compressor = create(args.compressor) if args.compressor is not None else None
+    compressor = (
+        create(args.compressor, workers=args.workers, e_max=args.window_max)
+        if args.compressor is not None
+        else None
+    )
     config = JobConfig.create(
         job=args.job,
         workers=args.workers,

@@ -18,9 +18,11 @@ import struct
 from collections.abc import Sequence
 
 import numpy as np
+from ncina.aggregator import handshake
 from ncina.aggregator.jobs import Address, JobConfig
 from ncina.aggregator.stats import GlobalStats, JobStats
 from ncina.proto import nc8, tag
+from ncina.proto.descriptor import is_job_datagram
 from ncina.proto.header import (
     BAD_COUNT,
     BAD_FLAGS,
@@ -381,7 +383,10 @@ class Aggregator:
 
         A malformed datagram counts under its job when its header is readable (16 bytes,
         version 1) and names an installed job, otherwise under ``stats`` (the global section).
+        A ``job`` datagram is the handshake (``ncina.aggregator.handshake``).
         """
+        if is_job_datagram(datagram):
+            return handshake.answer(self.jobs, self.stats, self.generation, datagram, source)
         try:
             header, payload = parse(datagram)
         except ProtocolError as exc:

@@ -56,6 +56,7 @@ JOB_COUNTERS = (
     "duplicates",
     "retx_seen",
     "notices_sent",
+    "handshakes",
 )
 
 
@@ -68,6 +69,7 @@ class JobStats:
         "contributions",
         "drops",
         "duplicates",
+        "handshakes",
         "notices_sent",
         "packets_in",
         "packets_out",
@@ -89,6 +91,7 @@ class JobStats:
         self.duplicates = 0
         self.retx_seen = 0
         self.notices_sent = 0
+        self.handshakes = 0
         self.drops = dict.fromkeys(JOB_DROP_REASONS, 0)
 
     def to_json(self) -> dict[str, Any]:

@@ -145,7 +145,8 @@ static void handle(struct rte_mbuf *m)
     case NCD_C_DATAGRAM:
         switch (nce_input(p.dgram, p.dgram_len, &p.from, &a)) {
         case NCE_V_SEND_ONE:
-        case NCE_V_NOTICE: {
+        case NCE_V_NOTICE:
+        case NCE_V_DESCRIPTOR: {
             /* The input mbuf becomes the reply: every mbuf holds NCD_FRAME_ROOM bytes, which
              * every job's result frames fit (nce_set_reply_room); a larger one is counted. */
             const uint32_t len = ncd_frame_to_sender(frame, room(m), &a);
@@ -276,6 +277,7 @@ int ncd_process_frame(const uint8_t *frame, uint32_t len, uint8_t *out, uint32_t
     switch (nce_input(p.dgram, p.dgram_len, &p.from, &a)) {
     case NCE_V_SEND_ONE:
     case NCE_V_NOTICE:
+    case NCE_V_DESCRIPTOR:
         if (max_out < 1 || len > stride)
             return -1;
         memcpy(out, frame, len);

@@ -26,7 +26,7 @@ from ncina.aggregator.stats import (
 
 HERE = Path(__file__).resolve().parent
 PROTO = HERE.parent.parent / "proto"
-SOURCES = ("parse.c", "members.c", "slots.c", "reply.c", "admission.c", "engine.c")
+SOURCES = ("parse.c", "members.c", "slots.c", "reply.c", "admission.c", "handshake.c", "engine.c")
 HEADERS = ("engine.h", "datapath.h", "state.h")
 # The wire codecs of ncina.proto the engine links in: NC8 and the tag's BLAKE2b.
 PROTO_SOURCES = ("nc8.c", "blake2b.c")

@@ -44,6 +44,7 @@ enum nce_verdict {
     NCE_V_SEND_ALL,     /* slot completed: a result to every member, ranks 0..n-1 */
     NCE_V_SEND_ONE,     /* the stored result to the sender (rank) */
     NCE_V_NOTICE,       /* a notice back to the sender */
+    NCE_V_DESCRIPTOR,   /* the job handshake's answer back to the sender (job may be NULL) */
 };
 
 struct nce_action {
@@ -56,6 +57,10 @@ struct nce_action {
     uint16_t slot_index;
     uint32_t offset;
     uint64_t bitmap;
+    /* NCE_V_DESCRIPTOR: the job id asked for and the answer's status */
+    uint8_t descriptor;         /* 1: the reply is a job descriptor, not a result or notice */
+    uint8_t status;
+    uint16_t job_id;
 };
 
 /* The reason nce_error() reports; I/O layers write their setup errors here too. */
@@ -71,7 +76,7 @@ uint32_t nce_reply_len(const struct nce_action *act);
 uint32_t nce_build_reply(uint8_t *buf, uint32_t cap, const struct nce_action *act,
                          uint16_t rank);
 /* SEND_ALL: where rank's result goes (address, port, link address, the address it sent to).
- * SEND_ONE and NOTICE go back to the sender of the input datagram (for SEND_ONE that is the
+ * SEND_ONE, NOTICE and DESCRIPTOR go back to the sender of the input datagram (for SEND_ONE that is the
  * member's address: only a member's datagram gets there). */
 const struct nce_member *nce_member_of(const struct nce_action *act, uint16_t rank);
 

@@ -45,6 +45,7 @@ struct nce_counters {
     uint64_t duplicates;
     uint64_t retx_seen;
     uint64_t notices_sent;
+    uint64_t handshakes;        /* job datagrams answered with the job's descriptor */
     uint64_t key_underruns;     /* nc8 results keyed by the fallback (key ring empty) */
     uint64_t drops[14];
 };

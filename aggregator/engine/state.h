@@ -20,6 +20,8 @@
 #define NCE_NOTICE_LEN (NCE_HDR_LEN + 8)   /* header and the 64-bit bitmap, before any tag */
 #define NCE_FMT_NC8 0
 #define NCE_FMT_INT 1
+#define NCE_FMT_JOB 3           /* the job handshake's descriptor */
+#define NCE_JOB_LEN (NCE_HDR_LEN + 16)      /* a job datagram: header and descriptor */
 
 /* A port number between host order and network order (byte by byte: any host). */
 static inline uint16_t nce_port_be(uint16_t port)
@@ -111,6 +113,19 @@ void nce_keys_push(struct nce_job *job, const uint64_t *keys, uint32_t n);
 void nce_encode_result(struct nce_job *job, struct nce_slot *s);
 uint32_t nce_result_len(const struct nce_job *job, const struct nce_slot *s);
 uint32_t nce_notice_len(const struct nce_job *job);
+
+/* handshake.c: the job handshake (answered by nce_build_reply). */
+int nce_is_job_datagram(const uint8_t *dgram, uint32_t len);
+enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_action *act);
+uint32_t nce_descriptor_len(const struct nce_action *a);
+uint32_t nce_build_descriptor(uint8_t *buf, uint32_t cap, const struct nce_action *a);
+
+/* The installed job of an id, or NULL (the control plane may add and remove jobs while a data
+ * plane runs: the pointer is published with release order, read with acquire). */
+static inline struct nce_job *nce_job_at(uint16_t id)
+{
+    return __atomic_load_n(&nce_jobs[id], __ATOMIC_ACQUIRE);
+}
 
 /* admission.c: job-level validation; -1 when the datagram may enter the state machine. */
 int nce_admit(const struct nce_job *job, const struct nce_pkt *p, const struct nce_from *from);
