@@ -16,6 +16,7 @@ import pytest
 from mininet.util import buildTopo
 from ncina.topo import cli as topo_cli
 from ncina.topo import topos as topos_module
+from ncina.topo.config import TopoConfig
 from ncina.topo.runner import Progress, check_backend
 from ncina.topo.topos import InaHost, InaLink, MultiTopo, StarTopo, aggregator_ip, worker_ip
 from ncina.worker.sharding import ShardedAllreduce, shard_bounds
@@ -239,3 +240,15 @@ def test_progress_follows_rank_0s_metrics_file(
     assert "mlp: 17226 parameters, compute 2.0 ms/step" in out
     assert "epoch 1: test accuracy 91.50% loss 0.3000, 1.5 s, 8.00 MB sent" in out
     assert "done: 5 steps, 812.5 samples/s, exposed communication 0.25 s" in out
+
+
+@pytest.mark.parametrize("backend", ["dpdk", "bmv2"])
+def test_loss_with_an_uplink_the_rules_cannot_reach_is_refused(
+    backend: str, tmp_path: Path
+) -> None:
+    """StarTopo drops uplink packets on the aggregator host's kernel, which a DPDK port bypasses
+    and a P4 switch does not have: LOSS= would silently be downlink loss only."""
+    with pytest.raises(ValueError, match=f"LOSS=2 cannot be applied with BACKEND={backend}: "):
+        TopoConfig(out=tmp_path, backend=backend, loss=2.0)
+    assert TopoConfig(out=tmp_path, backend=backend).loss == 0.0
+    assert TopoConfig(out=tmp_path, backend="socket", loss=2.0).loss == 2.0
