@@ -14,10 +14,10 @@ already holds, is reported once on the log and otherwise ignored until it change
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, KeysView
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ncina.aggregator.jobs import DEFAULT_MTU, JobConfig, parse_member
 
@@ -90,3 +90,35 @@ class JobsDirectory:
         if config.job in installed:
             return f"job {config.job} is already installed"
         return config
+
+
+def apply_changes(
+    directory: JobsDirectory,
+    installed: KeysView[int],
+    add: Callable[[JobConfig], object],
+    remove: Callable[[int], object],
+    log: TextIO,
+) -> None:
+    """Add and remove a backend's jobs as ``directory`` says, and log each change on ``log``.
+
+    ``installed`` is a live view of the job ids the backend runs; ``add`` installs a job (a
+    ``ValueError`` or ``RuntimeError`` from it, a job the backend cannot serve, is logged as
+    ignored, like an invalid file), ``remove`` uninstalls one.
+    """
+    for action, what in directory.changes(set(installed)):
+        if action == "add":
+            assert isinstance(what, JobConfig)
+            try:
+                add(what)
+                message = f"added {what.describe()}"
+            except (ValueError, RuntimeError) as exc:
+                message = f"ignored job {what.job}: {exc}"
+        elif action == "remove":
+            assert isinstance(what, int)
+            if what not in installed:  # its addition was refused
+                continue
+            remove(what)
+            message = f"removed job {what}"
+        else:
+            message = f"ignored {what}"
+        print(f"ncina aggregator: {message}", file=log, flush=True)

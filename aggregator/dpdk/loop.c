@@ -223,11 +223,13 @@ int ncd_run(int mode, unsigned idle_sleep_us)
             for (uint16_t i = 0; i < n; i++)
                 forward(rx[i]);
         } else {
+            nce_dp_enter();
             for (uint16_t i = 0; i < n; i++) {
                 if (i + 1 < n)
                     rte_prefetch0(rte_pktmbuf_mtod(rx[i + 1], void *));
                 handle(rx[i]);
             }
+            nce_dp_leave();
         }
         rte_eth_tx_buffer_flush(port_id, 0, txb);
     }

@@ -124,7 +124,8 @@ class Engine:
 
     def add_job(self, config: JobConfig) -> np.random.Generator:
         """Install a job and its members; returns the generator of its nc8 result keys (the
-        Python reference's ``default_rng(seed)``), whose first keys are already pushed."""
+        Python reference's ``default_rng(seed)``), whose first keys are already pushed. A
+        job that cannot be installed (``RuntimeError``) leaves nothing behind."""
         import ipaddress
 
         window = config.window
@@ -145,19 +146,34 @@ class Engine:
             ),
             f"installing job {config.job}",
         )
-        if config.key is not None:
+        if config.key is not None:  # a refused key removes the job in the engine
             self.check(self.lib.nce_job_set_key(config.job, config.key, len(config.key)),
                        f"job {config.job} key")  # fmt: skip
-        for rank, (host, port) in sorted(config.members.items()):
-            self.check(
-                self.lib.nce_member_set(
-                    config.job, rank, ipaddress.IPv4Address(host).packed, port
-                ),
-                f"job {config.job} member {rank}",
-            )
-        self.check(self.lib.nce_job_key_ring(config.job, KEY_RING), "key ring")
-        self.refill_keys(config.job, rng)
+        try:
+            for rank, (host, port) in sorted(config.members.items()):
+                self.check(
+                    self.lib.nce_member_set(
+                        config.job, rank, ipaddress.IPv4Address(host).packed, port
+                    ),
+                    f"job {config.job} member {rank}",
+                )
+            self.check(self.lib.nce_job_key_ring(config.job, KEY_RING), "key ring")
+            self.refill_keys(config.job, rng)
+            self.check(self.lib.nce_job_publish(config.job), f"publishing job {config.job}")
+        except RuntimeError:
+            self.lib.nce_job_remove(config.job)
+            raise
         return rng
+
+    def remove_job(self, job: int) -> None:
+        """Uninstall a job (its slots and counters go with it); safe while the data plane runs
+        (``set_live``): returns once no batch of the data plane can hold the job any more."""
+        self.check(self.lib.nce_job_remove(job), f"removing job {job}")
+
+    def set_live(self, live: bool) -> None:
+        """Say whether a data plane runs: while it does, ``add_job`` configures a job completely
+        before the data plane sees it."""
+        self.lib.nce_set_live(int(live))
 
     def refill_keys(self, job: int, rng: np.random.Generator) -> None:
         """Top up the job's nc8 result key ring with the next draws of ``rng``."""

@@ -63,6 +63,22 @@ struct nce_action {
     uint16_t job_id;
 };
 
+/* The data plane's epoch: odd while it handles a batch (nce_dp_enter .. nce_dp_leave), so
+ * that nce_job_remove knows when no batch holds a removed job's pointer any more. An I/O layer
+ * brackets every batch it hands to nce_input with the two. */
+extern uint64_t nce_dp_epoch;
+
+static inline void nce_dp_enter(void)
+{
+    __atomic_add_fetch(&nce_dp_epoch, 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+static inline void nce_dp_leave(void)
+{
+    __atomic_add_fetch(&nce_dp_epoch, 1, __ATOMIC_RELEASE);
+}
+
 /* The reason nce_error() reports; I/O layers write their setup errors here too. */
 extern char nce_errbuf[256];
 

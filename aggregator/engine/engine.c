@@ -7,6 +7,7 @@
 struct nce_job *nce_jobs[65536];
 struct nce_counters nce_global;
 uint8_t nce_generation;
+uint64_t nce_dp_epoch;
 char nce_errbuf[256];
 
 const char *nce_error(void)

@@ -395,8 +395,10 @@ int ncs_run(int mode)
         }
         io.rx_batches++;
         io.rx_buffers += (unsigned)n;
+        nce_dp_enter();
         for (unsigned i = 0; i < (unsigned)n; i++)
             take(i, mode);
+        nce_dp_leave();
         flush();
     }
     return 0;
