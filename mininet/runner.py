@@ -194,8 +194,6 @@ def train(
         argv += ["--verify"] if cfg.verify else []
         argv += ["--compressor", cfg.compressor] if cfg.compressor else []
         argv += ["--mode", cfg.mode]
-        if cfg.backend == "bmv2":  # the P4 program does not answer the job handshake yet
-            argv += ["--handshake-timeout", "0"]
         if aggregators and cfg.key_file is not None:
             argv += ["--key-file", str(cfg.key_file.resolve())]
         workers.append(procs.start(host, argv, run_dir / f"worker{rank}.log"))

@@ -98,7 +98,7 @@ def add_data_path_argument(p: argparse.ArgumentParser) -> None:
         "--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT, metavar="S",
         help="seconds to wait for the aggregator's answer to the job handshake, which fails "
         "at once, naming the parameter, when the worker's job differs from the aggregator's; "
-        "0 skips it (an aggregator that does not answer it: BMv2) (default: %(default)s)",
+        "0 skips it (an aggregator that does not answer it) (default: %(default)s)",
     )
     p.add_argument(
         "--data-path", choices=DATA_PATHS, default=None,
