@@ -471,6 +471,8 @@ def test_nan_raises_before_anything_is_sent() -> None:
             with pytest.raises(ValueError, match="517"):
                 client.allreduce(x)
             assert client.stats["packets_sent"] == 0
+        # Only the job handshake's hello, which goes when the client is made.
+        assert descriptor.is_job_datagram(silent.recv(65535))
         with pytest.raises(BlockingIOError):
             silent.recv(65535)
 

@@ -243,9 +243,10 @@ class AllreduceClient:
     (the attribute) is the loop in use.
 
     Before its first chunk the client sends its job descriptor (docs/protocol.md, "Job
-    handshake") every ``HANDSHAKE_INTERVAL`` seconds until the aggregator answers, at most
-    ``handshake_timeout`` seconds: a job that differs in any parameter (mode and result format,
-    workers, pool size, k, window, server mode's compressor, the key) raises
+    handshake"; the first one already when it is made) every ``HANDSHAKE_INTERVAL`` seconds
+    until the aggregator answers, at most ``handshake_timeout`` seconds from the first call: a
+    job that differs in any parameter (mode and result format, workers, pool size, k, window,
+    server mode's compressor, the key) raises
     ``JobMismatchError`` naming each one with both values, no job of that id at the aggregator
     raises it naming the job id, and no answer at all ``TimeoutError``. A failed handshake is
     tried again by the next call. ``handshake_timeout=None`` skips it (an aggregator that does
@@ -358,6 +359,15 @@ class AllreduceClient:
                     f"the C data path is unavailable: {exc}; pass data_path='python' or set "
                     f"{DATA_PATH_ENV}=python to use the Python loop"
                 ) from exc
+        # The first hello goes now, so that its answer is usually waiting when the first call
+        # starts: workers that reach their first call together then start sending together (a
+        # handshake made only then staggers them by round trips, and the first window of the
+        # earliest worker times out waiting for the others).
+        self._hello_at: float | None = None
+        if not self._handshaken:
+            with contextlib.suppress(OSError):  # no route yet: the first call asks again
+                self._send_hello()
+                self._hello_at = time.monotonic()
 
     @property
     def descriptor(self) -> desc.Descriptor:
@@ -381,18 +391,16 @@ class AllreduceClient:
             return
         assert self.handshake_timeout is not None
         mine = self.descriptor
-        hello = desc.pack_job_datagram(mine, job=self.job, rank=self.rank, key=self.key)
         host, port = self.aggregator
         where = f"job {self.job} at {host}:{port}"
         no_such_job = False
         now = time.monotonic()
         end = now + self.handshake_timeout
-        next_hello = now
+        next_hello = now if self._hello_at is None else self._hello_at + HANDSHAKE_INTERVAL
+        self._hello_at = None
         while now < end:
             if now >= next_hello:
-                self._stats["handshakes"] += 1
-                with contextlib.suppress(BlockingIOError):  # full buffer: the next one goes
-                    self._sock.sendto(hello, self.aggregator)
+                self._send_hello()
                 next_hello = now + HANDSHAKE_INTERVAL
             wait = min(next_hello, end) - now
             if self._poll.poll(max(1, math.ceil(wait * 1000))):
@@ -426,6 +434,14 @@ class AllreduceClient:
             f"{self.handshake_timeout:g} s (job {self.job}, rank {self.rank}): is it running, "
             "and does it speak the job handshake? (handshake_timeout=None skips it)"
         )
+
+    def _send_hello(self) -> None:
+        """Send this worker's job descriptor to the aggregator (a full send buffer skips it:
+        the next hello goes ``HANDSHAKE_INTERVAL`` later)."""
+        self._stats["handshakes"] += 1
+        hello = desc.pack_job_datagram(self.descriptor, job=self.job, rank=self.rank, key=self.key)
+        with contextlib.suppress(BlockingIOError):
+            self._sock.sendto(hello, self.aggregator)
 
     def _judge_answer(self, size: int) -> tuple[int, desc.Descriptor, int] | None:
         """``(status, descriptor, generation)`` of the datagram of ``size`` bytes in the receive
