@@ -199,8 +199,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--seed",
         type=int,
         default=None,
-        help="seed of the random stream that re-compresses nc8 results, and in server mode of "
-        "each chunk's compressor state (default: from the OS)",
+        help="seed (0..2^64-1) of the rounding of nc8 results, whose random bits are a hash of it "
+        "and the chunk (docs/protocol.md, 'Re-compression'), and in server mode of each chunk's "
+        "compressor state (default: from the OS)",
     )
     parser.add_argument(
         "--key-file",

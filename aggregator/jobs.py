@@ -8,6 +8,7 @@ message that says what to change.
 from __future__ import annotations
 
 import ipaddress
+import secrets
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, TAG_SIZE, Format, larg
 from ncina.proto.nc8 import Window
 from ncina.proto.tag import check_key, key_from_hex
 from ncina.worker.compressors.base import Compressor, largest_fitting
+
+MAX_SEED = (1 << 64) - 1
+"""A job's seed is a 64-bit unsigned word (a `bit<64>` in the P4 program, `uint64_t` in C)."""
 
 Address = tuple[str, int]
 """An IPv4 UDP endpoint as ``socket.recvfrom`` reports it: ``(dotted quad, port)``."""
@@ -66,6 +70,8 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         check_job(job=self.job, workers=self.workers, k=self.k, pool_size=self.pool_size)
+        if self.seed is not None:
+            check_range("seed", self.seed, 0, MAX_SEED)
         object.__setattr__(self, "result_format", Format(self.result_format))
         if self.result_format not in ELEMENT_SIZE:
             raise ValueError(
@@ -147,6 +153,11 @@ class JobConfig:
             f"window 2^{window.e_min}..2^{window.e_max}"
             + (", tagged" if self.key is not None else "")
         )
+
+    def result_seed(self) -> int:
+        """The seed of the job's nc8 result rounding (docs/protocol.md, "Re-compression"):
+        ``seed``, or without one a fresh random 64-bit seed (a backend asks once per job)."""
+        return self.seed if self.seed is not None else secrets.randbits(64)
 
     @property
     def result_frame_size(self) -> int:

@@ -57,6 +57,7 @@ BAD_CODE = "bad_code"
 BAD_PAYLOAD = "bad_payload"
 CHUNK_MISMATCH = "chunk_mismatch"
 STALE_GENERATION = "stale_generation"
+LATE = "late"
 BAD_TAG = "bad_tag"
 UNKNOWN_JOB = "unknown_job"
 
@@ -66,6 +67,9 @@ Datagrams = Sequence[tuple[bytes, Address]]
 NOTHING: Datagrams = ()
 
 _NC8 = int(Format.NC8)  # a plain int: enum attribute lookups are slow on the per-packet path
+
+_OFFSET_MASK = 0xFFFFFFFF
+_HALF_OFFSET = 1 << 31  # serial-number arithmetic on the 32-bit offset (RFC 1982)
 
 _JOB_FIELD = struct.Struct("!H")
 _JOB_FIELD_OFFSET = 4
@@ -87,8 +91,8 @@ def _code_values(max_code: int) -> np.ndarray:
 
 
 class JobSlots:
-    """The slot pool of one job and the rules of docs/protocol.md, "Slots, pool versions and loss
-    recovery". Counts into ``stats`` (a fresh ``JobStats`` unless one is given).
+    """The slot pool of one job and the rules of docs/protocol.md, "Order of checks" and "Late
+    and duplicate packets". Counts into ``stats`` (a fresh ``JobStats`` unless one is given).
 
     INA mode: NC8 contributions summed as integers. ``ServerSlots`` keeps the same slot rules and
     replaces the payload hooks (``_decode``, ``_encode``) and the class attributes below.
@@ -97,6 +101,9 @@ class JobSlots:
     _uplink_format = _NC8
     _accumulator_dtype: type = np.int64
     _undecodable = BAD_CODE  # the drop reason of a payload ``_decode`` rejects
+    # Offsets are the slot's running element counter, so a version's rounds have increasing
+    # offsets and an older one is late (docs/protocol.md, "Late and duplicate packets").
+    _ordered = True
 
     def __init__(self, config: JobConfig, stats: JobStats | None = None) -> None:
         self.config = config
@@ -112,7 +119,10 @@ class JobSlots:
         top = config.window.max_code
         self._bad_codes = bytes(c for c in range(256) if (c & 0x7F) > top)
         self._code_values = _code_values(top)
-        self._rng = np.random.default_rng(config.seed)
+        # The seed of the nc8 results' rounding bits (docs/protocol.md, "Re-compression"), and
+        # per [version][slot] the completions so far (the bits' `use`).
+        self._result_seed = config.result_seed()
+        self._uses = [[0] * s, [0] * s]
         # The aggregator's generation, set by ``Aggregator.add_job``; 0 is an aggregator without
         # generations (no notices; generation bits on uplink are ``bad_flags``).
         self.generation = 0
@@ -151,18 +161,18 @@ class JobSlots:
         known = self.members[rank]
         if known is not None and known != source:
             return self._drop(NON_MEMBER)
-        stamp = flags & GENERATION_MASK
-        if stamp and stamp != self.generation << GENERATION_SHIFT:
-            if not self.generation:
-                return self._drop(BAD_FLAGS)
-            self.stats.drops[STALE_GENERATION] += 1
-            return self._notice(rank, flags & FLAG_POOL, slot, offset, 0, source)
         if emin != self._emin:
             return self._drop(WINDOW_MISMATCH)
         if slot >= self._pool_size:
             return self._drop(BAD_SLOT)
         if count > self._k:
             return self._drop(BAD_COUNT)
+        stamp = flags & GENERATION_MASK
+        if stamp and stamp != self.generation << GENERATION_SHIFT:
+            if not self.generation:
+                return self._drop(BAD_FLAGS)
+            self.stats.drops[STALE_GENERATION] += 1
+            return self._notice(rank, flags & FLAG_POOL, slot, offset, 0, source)
         values = self._decode(payload, count)
         if values is None:
             return self._drop(self._undecodable)
@@ -181,54 +191,85 @@ class JobSlots:
             return None
         return self._code_values.take(np.frombuffer(codes, dtype=np.uint8))
 
-    def _encode(self, acc: np.ndarray, offset: int) -> bytes:
-        """The result payload of a complete slot's sum ``acc`` (chunk at ``offset``)."""
+    def _encode(self, acc: np.ndarray, version: int, slot: int, offset: int) -> bytes:
+        """The result payload of a complete slot's sum ``acc`` (chunk at ``offset`` in
+        ``(slot, version)``, called once per completion); nc8 rounding bits keyed by the chunk
+        and the slot version's use, not by the order of completions."""
+        use = self._uses[version][slot]
+        self._uses[version][slot] = use + 1 & 0xFFFFFFFF
         if self._result_format == _NC8:
-            return nc8.int_to_codes(acc, self._rng).tobytes()
+            key = nc8.result_key(self._result_seed, self._job, slot, version, offset, use)
+            return nc8.recompress(acc, key).tobytes()
         return acc.astype(INT_DTYPE).tobytes()
 
     def _apply(
         self, version: int, slot: int, rank: int, offset: int, count: int, values: np.ndarray
     ) -> Datagrams:
-        """The slot rules for a valid packet of ``rank`` for ``(slot, version)`` whose decoded
-        contribution is ``values``."""
+        """The slot rules (docs/protocol.md, "Late and duplicate packets") for a valid packet of
+        ``rank`` for ``(slot, version)`` whose decoded contribution is ``values``."""
         stats = self.stats
         bit = 1 << rank
+        workers = self._workers
+        other = 1 - version
+        if self._bitmap[other][slot] & bit and self._seen[other][slot] < workers:
+            return self._drop(LATE)  # L1: rank waits for the other version's result
         bitmaps = self._bitmap[version]
         bitmap = bitmaps[slot]
-        first = bitmap == 0
-        if not first and (
-            self._offset[version][slot] != offset or self._count[version][slot] != count
-        ):
-            return self._drop(CHUNK_MISMATCH)
-        if bitmap & bit:
-            if self._seen[version][slot] >= self._workers:
-                stats.results_resent += 1
-                return self._send(version, slot, (rank,))
-            stats.duplicates += 1
-            if not self.generation:
-                return NOTHING
-            return self._notice(rank, version, slot, offset, bitmap, self.members[rank])
+        seen = self._seen[version][slot]
+        held = (
+            seen and self._offset[version][slot] == offset and self._count[version][slot] == count
+        )
+        if bitmap & bit:  # L2: rank's latest contribution is to this version
+            if held:
+                if seen >= workers:
+                    stats.results_resent += 1
+                    return self._send(version, slot, (rank,))
+                stats.duplicates += 1
+                if not self.generation:
+                    return NOTHING
+                return self._notice(rank, version, slot, offset, bitmap, self.members[rank])
+            return self._drop(LATE if self._older(version, slot, offset) else CHUNK_MISMATCH)
+        if bitmap:  # L3: a round others contribute to
+            if held:
+                if seen >= workers:
+                    return self._drop(LATE)  # rank moved on from this complete round
+            else:
+                return self._drop(LATE if self._older(version, slot, offset) else CHUNK_MISMATCH)
+        elif seen and self._ordered and self._not_after(version, slot, offset):
+            return self._drop(LATE)  # L4: a chunk of this version's last round, or older
         row = self._rows[version][slot]
         acc = row if count == self._k else row[:count]
-        if first:
+        if not bitmap:  # the first contribution starts a round
             acc[:] = values
             self._offset[version][slot] = offset
             self._count[version][slot] = count
-            self._seen[version][slot] = 0
+            seen = 0
         else:
             acc += values
         bitmaps[slot] = bitmap | bit
-        self._bitmap[1 - version][slot] &= ~bit
+        self._bitmap[other][slot] &= ~bit
         stats.contributions += 1
-        seen = self._seen[version][slot] + 1
+        seen += 1
         self._seen[version][slot] = seen
-        if seen != self._workers:
+        if seen != workers:
             return NOTHING
         stats.slots_completed += 1
-        self._result[version][slot] = self._encode(acc, offset)
-        stats.results_sent += self._workers
-        return self._send(version, slot, range(self._workers))
+        self._result[version][slot] = self._encode(acc, version, slot, offset)
+        stats.results_sent += workers
+        return self._send(version, slot, range(workers))
+
+    def _not_after(self, version: int, slot: int, offset: int) -> bool:
+        """Whether ``offset`` is the offset of ``(slot, version)``'s last round or before it, in
+        serial-number arithmetic mod 2**32 (RFC 1982): ``(held - offset) mod 2**32 < 2**31``."""
+        return (self._offset[version][slot] - offset) & _OFFSET_MASK < _HALF_OFFSET
+
+    def _older(self, version: int, slot: int, offset: int) -> bool:
+        """Whether ``offset`` is strictly before the held round's offset (INA mode only)."""
+        return (
+            self._ordered
+            and offset != self._offset[version][slot]
+            and self._not_after(version, slot, offset)
+        )
 
     def _send(self, version: int, slot: int, ranks: Sequence[int]) -> Datagrams:
         """The stored result of ``(slot, version)``, one datagram for each of ``ranks``."""
@@ -316,6 +357,7 @@ class ServerSlots(JobSlots):
     _uplink_format = int(Format.BLOB)
     _accumulator_dtype = np.float32
     _undecodable = BAD_PAYLOAD
+    _ordered = False  # offsets name the chunk for the error-feedback memory: they repeat
 
     def __init__(
         self, config: JobConfig, compressor: Compressor, stats: JobStats | None = None
@@ -340,7 +382,7 @@ class ServerSlots(JobSlots):
             return None
         return values if values.size == count else None
 
-    def _encode(self, acc: np.ndarray, offset: int) -> bytes:
+    def _encode(self, acc: np.ndarray, version: int, slot: int, offset: int) -> bytes:
         # One error-feedback memory per chunk (offset and length): chunks of different lengths at
         # the same offset (the last chunks of tensors of different sizes) never share one.
         key = (offset, acc.size)

@@ -31,6 +31,7 @@ JOB_DROP_REASONS = (
     "bad_payload",
     "chunk_mismatch",
     "stale_generation",
+    "late",
 )
 # Drops counted aggregator-wide: packets that cannot be attributed to a configured job, and
 # failures of the aggregator itself (``internal_error``: a bug, logged with its traceback).

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ncina.aggregator.jobs import DEFAULT_MTU, default_k
 from ncina.proto.tag import read_key_file
 from ncina.topo.config import BMV2_POOL_SIZE, FIXED_K, TopoConfig
 from ncina.worker.client import MODES
@@ -47,20 +48,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="aggregator link bandwidth in Mbit/s (default: unshaped, like the switch)")
     p.add_argument("--loss", type=float, default=d.loss,
                    help="percent of packets lost per worker link direction (iptables; default: 0)")
+    p.add_argument("--mtu", type=int, default=d.mtu,
+                   help="MTU of every link (default: %(default)s); jumbo frames (9000) carry "
+                   "about six times the elements per packet")  # fmt: skip
     p.add_argument("--model", default=d.model,
                    help="a name from ncina.worker.models.MODELS (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=d.epochs, help="default: %(default)s")
     p.add_argument("--max-steps", type=int, help="stop each training run after this many steps")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help="per worker (default: %(default)s)")
+    p.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb,
+                   help="DDP gradient bucket size in MB (default: %(default)s)")
     p.add_argument("--lr", type=float, default=d.lr, help="SGD step size (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
     p.add_argument("--k", type=int,
-                   help=f"elements per packet (default: the largest that fits MTU 1500, 1456 for "
-                   f"nc8 results; {FIXED_K} with --backend bmv2 or --mode server)")
+                   help=f"elements per packet (default: the largest that fits --mtu, 1456 for "
+                   f"nc8 results at 1500; {FIXED_K} with --backend bmv2 or --mode server)")
     p.add_argument("--pool-size", type=int,
-                   help=f"slots per job (default: {d.pool_size}; {BMV2_POOL_SIZE} with --backend "
-                   "bmv2, whose libpcap input ring holds a few dozen frames)")
+                   help=f"slots per job (default: {d.pool_size}, fewer for a larger K, so that "
+                   f"about {d.pool_size} MTU-1500 chunks are in flight: 10 at --mtu 9000; "
+                   f"{BMV2_POOL_SIZE} with --backend bmv2, whose libpcap input ring holds a few "
+                   "dozen frames)")
     p.add_argument("--window-max", type=int, default=d.window_max, help="default: %(default)s")
     p.add_argument("--result", choices=("nc8", "int"), default=d.result,
                    help="INA mode's downlink format (default: %(default)s)")
@@ -88,14 +96,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def topo_k(backend: str, mode: str, result: str, tagged: bool) -> int:
+def topo_k(
+    backend: str, mode: str, result: str, tagged: bool, mtu: int = DEFAULT_MTU
+) -> int:
     """The K a topology's job gets without --k: ``FIXED_K`` on BMv2 and in server mode, else the
-    largest whose packets fit MTU 1500 (``ncina.aggregator.jobs.default_k``)."""
+    largest whose packets fit ``mtu`` (``ncina.aggregator.jobs.default_k``)."""
     if backend == "bmv2" or mode == "server":
         return FIXED_K
-    from ncina.aggregator.jobs import DEFAULT_MTU, default_k
+    return default_k(mtu, result, tagged)
 
-    return default_k(DEFAULT_MTU, result, tagged)
+
+def topo_pool_size(backend: str | None, k: int) -> int:
+    """The pool a topology's job gets without --pool-size: ``BMV2_POOL_SIZE`` on BMv2, else
+    ``TopoConfig.pool_size`` chunks of MTU 1500's K in bytes (at least 8, at most that many
+    slots): a larger K needs fewer slots to keep a link busy, and more only queue in front of
+    it, where their round trips grow until the retransmission timer fires."""
+    if backend == "bmv2":
+        return BMV2_POOL_SIZE
+    pool = TopoConfig.pool_size * default_k(DEFAULT_MTU, "nc8") // k
+    return max(8, min(TopoConfig.pool_size, pool))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("the star topology has one aggregator; use --topo multi")
     from ncina.topo.runner import run_topology
 
+    k = args.k or topo_k(args.backend, args.mode, args.result, args.key_file is not None, args.mtu)
     run_topology(
         TopoConfig(
             out=args.out or Path("runs", time.strftime("%Y%m%d-%H%M%S")),
@@ -124,15 +144,16 @@ def run(args: argparse.Namespace) -> int:
             bw=args.bw,
             agg_bw=args.agg_bw,
             loss=args.loss,
+            mtu=args.mtu,
             model=args.model,
             epochs=args.epochs,
             max_steps=args.max_steps,
             batch_size=args.batch_size,
+            bucket_cap_mb=args.bucket_cap_mb,
             lr=args.lr,
             seed=args.seed,
-            k=args.k or topo_k(args.backend, args.mode, args.result, args.key_file is not None),
-            pool_size=args.pool_size
-            or (BMV2_POOL_SIZE if args.backend == "bmv2" else TopoConfig.pool_size),
+            k=k,
+            pool_size=args.pool_size or topo_pool_size(args.backend, k),
             window_max=args.window_max,
             result=args.result,
             compressor=args.compressor,

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ncina.aggregator.jobs import DEFAULT_MTU
+
 BMV2_POOL_SIZE = 8
 """The bmv2 backend's default pool: with 4 workers, 32 frames in flight, what libpcap's ring in
 front of BMv2 holds without loss (measured: a pool of 64 loses half the packets)."""
@@ -33,7 +35,10 @@ class TopoConfig:
 
     topo: ``star`` or ``multi``; bw: Mbit/s per worker link (None: unshaped); agg_bw: the same
     per aggregator link (None: unshaped, the aggregators stand in for the switch); loss: percent
-    per worker link direction; batch_size: per worker; result: downlink format (INA mode);
+    per worker link direction; mtu: of every link (the default K is the largest that fits it);
+    batch_size: per worker; bucket_cap_mb: DDP's gradient bucket
+    size (smaller buckets start their exchange earlier in the backward pass); result: downlink
+    format (INA mode);
     compressor: the workers' gradient compressor spec (None: NC8 of the raw gradients) and mode
     where the sum is made, ``ina`` or ``server`` (the aggregators then run the same spec);
     key_file: the job's shared secret (hex) for the authentication tag, given to the aggregators
@@ -52,10 +57,12 @@ class TopoConfig:
     bw: float | None = None
     agg_bw: float | None = None
     loss: float = 0.0
+    mtu: int = DEFAULT_MTU
     model: str = "mlp"
     epochs: int = 10
     max_steps: int | None = None
     batch_size: int = 32
+    bucket_cap_mb: float = 25.0
     lr: float = 0.1
     seed: int = 0
     k: int = FIXED_K

@@ -18,8 +18,11 @@ and each summary::
     bytes_per_worker, packets_per_worker, rx_bytes_per_worker   (interface counters, mean of ranks)
     final_accuracy, final_test_loss                              (rank 0, percent / nats)
     samples_per_s   the run's training samples per second (all ranks; rank 0's end event)
-    step_s, compute_step_s, comm_total_s, exposed_comm_s, exposed_comm_fraction
-                    mean of the ranks' (docs/topo.md, "What a step costs"); comm_* None for gloo
+    step_s, compute_step_s, comm_total_s
+                    mean of the ranks' (docs/topo.md, "What a step costs"); comm_total_s None
+                    for gloo
+    exposed_comm_s, exposed_comm_fraction
+                    the exchange no rank's compute hid (exposed_comm), over comm_total_s
     workers      per rank: rank, tx_bytes, rx_bytes, tx_packets, rx_packets, fabric (client stats)
     fabric       client stats summed over the workers ({} for gloo)
     aggregators  the aggregators' stats files ([] for gloo)
@@ -62,6 +65,11 @@ def summarize(
     n = len(metrics)
     time_s = max(e["time"] for e in lasts)
     timing = {key: _mean([end.get(key) for end in ends]) for key in TIMING}
+    exposed = exposed_comm(events)
+    if exposed is not None:
+        timing["exposed_comm_s"] = exposed
+        comm = timing["comm_total_s"]
+        timing["exposed_comm_fraction"] = min(1.0, exposed / comm) if comm else None
     return {
         "mode": mode,
         "label": label or LABELS[mode],
@@ -96,6 +104,24 @@ def summarize(
             + [[e["time"], e["tx_bytes"], e["test_acc"], e["test_loss"]] for e in epochs],
         },
     }
+
+
+def exposed_comm(events: list[list[dict[str, Any]]]) -> float | None:
+    """Seconds, over all steps, that the exchange went on after the slowest rank's compute:
+    per step, the last rank's ``comm_done`` minus the last rank's ``grads_ready`` (when its
+    last bucket was handed over). A rank's own figure also counts its wait for slower ranks;
+    this one is the communication no rank's compute hid. None without the timestamps."""
+    per_step: dict[int, list[tuple[float, float]]] = {}
+    for rank_events in events:
+        for e in rank_events:
+            if e["event"] == "step" and "grads_ready" in e:
+                per_step.setdefault(e["step"], []).append((e["grads_ready"], e["comm_done"]))
+    if not per_step:
+        return None
+    return sum(
+        max(0.0, max(done for _, done in times) - max(ready for ready, _ in times))
+        for times in per_step.values()
+    )
 
 
 def _mean(values: list[float | None]) -> float | None:

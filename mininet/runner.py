@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from ncina.aggregator import process as aggproc
 from ncina.aggregator.bmv2 import toolchain
 from ncina.aggregator.cli import BACKENDS
 from ncina.aggregator.dpdk import netns as dpdk_netns
+from ncina.aggregator.jobs import DEFAULT_MTU, check_mtu_range
 from ncina.proto.header import PORT
 from ncina.topo import report
 from ncina.topo.config import TopoConfig
@@ -53,10 +54,15 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def check_backend(backend: str, aggregators: int = 1) -> None:
-    """Raise a clear error when the chosen aggregator backend cannot run here."""
+def check_backend(backend: str, aggregators: int = 1, mtu: int = DEFAULT_MTU) -> None:
+    """Raise a clear error when the chosen aggregator backend cannot run here (or not on links
+    of this MTU)."""
     if backend not in BACKENDS:
         raise RuntimeError(f"BACKEND={backend} is not a backend (available: {', '.join(BACKENDS)})")
+    check_mtu_range(mtu)
+    if mtu != DEFAULT_MTU and backend in ("dpdk", "bmv2"):
+        # af_packet's default frames and the P4 switch's ports are set up for 1500-byte frames
+        raise ValueError(f"--mtu {mtu}: BACKEND={backend} runs on links of MTU {DEFAULT_MTU}")
     if backend == "bmv2":
         if aggregators != 1:
             raise RuntimeError("BACKEND=bmv2 aggregates in the topology's one switch: use the star "
@@ -96,6 +102,17 @@ class Processes:
         self.stop(self.procs)
 
 
+def set_mtu(net: Mininet, mtu: int) -> None:
+    """Give every interface of the started network (hosts, switch ports, the bridge) ``mtu``."""
+    for node in [*net.hosts, *net.switches]:
+        names = [i.name for i in node.intfList() if i.name != "lo"]
+        names += [node.name] if node in net.switches else []  # the bridge device itself
+        for name in names:
+            out = node.cmd(f"ip link set dev {name} mtu {mtu} 2>&1 && echo ok").strip()
+            if not out.endswith("ok"):
+                raise RuntimeError(f"cannot set MTU {mtu} on {name}: {out}")
+
+
 def build_net(cfg: TopoConfig) -> tuple[Mininet, StarTopo]:
     """The network of ``cfg``, not yet built: ``net.start()`` builds it (inside the caller's
     ``try``, so that ``net.stop()`` also removes a half-built network)."""
@@ -121,7 +138,7 @@ def start_aggregators(
         argv = [
             str(NCINA), "aggregator", "--backend", cfg.backend, "--listen", address,
             "--job", str(JOB), "--workers", str(cfg.workers), "--k", str(cfg.k),
-            "--pool-size", str(cfg.pool_size),
+            "--pool-size", str(cfg.pool_size), "--mtu", str(cfg.mtu),
             "--window-max", str(cfg.window_max), "--seed", str(cfg.seed + j),
             "--stats", str(run_dir / f"aggregator{j}.json"),
         ]
@@ -185,6 +202,7 @@ def train(
             str(NCINA), "train", "--rank", str(rank), "--world-size", str(cfg.workers),
             "--master", master, "--iface", host.defaultIntf().name, "--model", cfg.model,
             "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
+            "--bucket-cap-mb", str(cfg.bucket_cap_mb),
             "--lr", str(cfg.lr), "--seed", str(cfg.seed), "--k", str(cfg.k),
             "--pool-size", str(cfg.pool_size), "--window-max", str(cfg.window_max),
             "--result", cfg.result, "--job", str(JOB), "--metrics", str(metrics[-1]),
@@ -283,7 +301,9 @@ def run_mode(
     net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, mode: str, repeat: int = 0
 ) -> dict[str, Any]:
     """One training run (``ina`` or ``gloo``) on the running network; its summary. Repeats after
-    the first go to ``<mode>-<repeat>/``."""
+    the first go to ``<mode>-<repeat>/`` and train with seed ``cfg.seed + repeat`` (the initial
+    weights, the shuffles, the rounding), so that their spread is the seed's."""
+    cfg = replace(cfg, seed=cfg.seed + repeat)
     run_dir = cfg.out / (f"{mode}-{repeat}" if repeat else mode)
     run_dir.mkdir(parents=True, exist_ok=True)
     label = report.LABELS[mode]
@@ -307,7 +327,7 @@ def run_mode(
 
 def run_topology(cfg: TopoConfig) -> dict[str, Any]:
     """Build the network, train with INA+NC8 (and the gloo baseline), write the results."""
-    check_backend(cfg.backend, cfg.aggregators)
+    check_backend(cfg.backend, cfg.aggregators, cfg.mtu)
     models.check(cfg.model)
     if not NCINA.exists():
         raise RuntimeError(f"{NCINA} not found: install ncina into this environment (make setup)")
@@ -320,6 +340,8 @@ def run_topology(cfg: TopoConfig) -> dict[str, Any]:
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         net.start()
+        if cfg.mtu != DEFAULT_MTU:
+            set_mtu(net, cfg.mtu)
         modes = ("ina", "gloo") if cfg.baseline else ("ina",)
         repeats: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         for i in range(cfg.repeat):

@@ -1,5 +1,5 @@
-// Admission of a datagram sent to the aggregator: every check of docs/protocol.md, in the
-// Python reference's order (ncina.aggregator.slots), each failure counted under its reason.
+// Admission of a datagram sent to the aggregator: the checks of docs/protocol.md, "Order of
+// checks", in that order (as every backend), each failure counted under its reason.
 // Parse-level faults count under the job the header names, or globally when it names none.
 #ifndef NCINA_ADMISSION_P4
 #define NCINA_ADMISSION_P4
@@ -10,7 +10,7 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
 
     action set_job(bit<8> index, bit<8> workers, bit<16> k, bit<16> pool, bit<32> slot_base,
                    bit<8> emin, bit<8> e_max, bit<7> max_code, bit<8> result_format,
-                   bit<4> generation) {
+                   bit<4> generation, bit<64> seed) {
         meta.job_index = index;
         meta.workers = workers;
         meta.k = k;
@@ -21,6 +21,7 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
         meta.max_code = max_code;
         meta.result_format = result_format;
         meta.generation = generation;
+        meta.seed = seed;
         meta.events = (bit<32>)index * NCINA_JOB_EVENTS;
         meta.member = (bit<32>)index * NCINA_MAX_WORKERS + (bit<32>)hdr.nc.rank;
     }
@@ -129,7 +130,14 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
             members.apply(hdr, meta, is_member);
             if (!is_member) {
                 fault = EV_NON_MEMBER;
+            } else if (hdr.nc.emin != meta.emin) {
+                fault = EV_WINDOW_MISMATCH;
+            } else if (hdr.nc.slot >= meta.pool) {
+                fault = EV_BAD_SLOT;
+            } else if (hdr.nc.count > meta.k || sm.parser_error == error.StackOutOfBounds) {
+                fault = EV_BAD_COUNT;
             } else if (hdr.nc.generation != 0 && hdr.nc.generation != meta.generation) {
+                // After the header checks: the notice names a member, a slot of the pool.
                 if (meta.generation == 0) {
                     fault = EV_BAD_FLAGS;
                 } else {
@@ -137,12 +145,6 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
                     meta.verdict = VERDICT_STALE;
                     return;
                 }
-            } else if (hdr.nc.emin != meta.emin) {
-                fault = EV_WINDOW_MISMATCH;
-            } else if (hdr.nc.slot >= meta.pool) {
-                fault = EV_BAD_SLOT;
-            } else if (hdr.nc.count > meta.k || sm.parser_error == error.StackOutOfBounds) {
-                fault = EV_BAD_COUNT;
             } else {
                 check_codes.apply(hdr, meta);
                 if (meta.bad_code == 1) {

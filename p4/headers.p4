@@ -157,6 +157,7 @@ struct meta_t {
     bit<7> max_code;
     bit<8> result_format;
     bit<4> generation;
+    bit<64> seed;             // of the nc8 results' rounding bits (docs/protocol.md)
     bit<32> events;           // first counter index of the job's events
     bit<32> member;           // member register index of the packet's rank
     // The slot.
@@ -168,6 +169,8 @@ struct meta_t {
     bit<16> count;            // the chunk's element count
     bit<8> verdict;           // VERDICT_*: what admission decided
     bit<8> lane_op;           // LANE_*: what the lanes do with the slot
+    bit<32> result_use;       // completions of the slot version before this one
+    bit<64> result_key;       // the nc8 result's key (docs/protocol.md, "Re-compression")
     bit<1> notice;            // the reply is a notice, not a result
     bit<1> descriptor;        // the reply is the job handshake's answer
     bit<8> status;            // its status (STATUS_*)

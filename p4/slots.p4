@@ -1,6 +1,7 @@
-// SwitchML's slot rules (docs/protocol.md, "Slots, pool versions and loss recovery") for an
-// admitted packet: per (slot, version) a bitmap of contributors, a count since the first, the
-// chunk's offset and count; the sums and stored results live in the lanes (LaneSums).
+// SwitchML's slot rules (docs/protocol.md, "Slots, pool versions and loss recovery" and "Late
+// and duplicate packets", L1-L4 in order) for an admitted packet: per (slot, version) a bitmap
+// of contributors, a count since the first, the chunk's offset and count; the sums and stored
+// results live in the lanes (LaneSums).
 #ifndef NCINA_SLOTS_P4
 #define NCINA_SLOTS_P4
 
@@ -36,16 +37,32 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
             bit<8> contributions;
             bit<32> offset;
             bit<16> count;
+            bit<64> other;
+            bit<8> other_contributions;
             bitmaps.read(bitmap, meta.slot_index);
             seen.read(contributions, meta.slot_index);
             offsets.read(offset, meta.slot_index);
             counts.read(count, meta.slot_index);
+            bitmaps.read(other, meta.other_index);
+            seen.read(other_contributions, meta.other_index);
             bit<64> rank_bit = (bit<64>)1 << (bit<8>)hdr.nc.rank;
+            // docs/protocol.md, "Late and duplicate packets": the held chunk, and whether the
+            // packet's offset is the held one or before it (serial arithmetic mod 2^32).
+            bool same = contributions != 0 && offset == hdr.nc.offset && count == hdr.nc.count;
+            bool not_after = offset - hdr.nc.offset < 32w0x80000000;
+            bool older = offset != hdr.nc.offset && not_after;
+            bool complete = contributions >= meta.workers;
 
-            if (bitmap != 0 && (offset != hdr.nc.offset || count != hdr.nc.count)) {
-                job_events.count(meta.events + EV_CHUNK_MISMATCH);
+            if ((other & rank_bit) != 0 && other_contributions < meta.workers) {
+                job_events.count(meta.events + EV_LATE);  // L1: it waits for the other round
+            } else if ((bitmap & rank_bit) != 0 && !same) {
+                if (older) {  // L2
+                    job_events.count(meta.events + EV_LATE);
+                } else {
+                    job_events.count(meta.events + EV_CHUNK_MISMATCH);
+                }
             } else if ((bitmap & rank_bit) != 0) {
-                if (contributions >= meta.workers) {
+                if (complete) {
                     // The worker lost the result: the stored one, to it alone.
                     job_events.count(meta.events + EV_RESULTS_RESENT);
                     meta.lane_op = LANE_RESEND;
@@ -56,6 +73,16 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
                         notice(bitmap);
                     }
                 }
+            } else if (bitmap != 0 && !same) {
+                if (older) {  // L3
+                    job_events.count(meta.events + EV_LATE);
+                } else {
+                    job_events.count(meta.events + EV_CHUNK_MISMATCH);
+                }
+            } else if (bitmap != 0 && complete) {
+                job_events.count(meta.events + EV_LATE);  // L3: it left this round
+            } else if (bitmap == 0 && contributions != 0 && not_after) {
+                job_events.count(meta.events + EV_LATE);  // L4: the last round, or older
             } else {
                 meta.first = 0;
                 if (bitmap == 0) {
@@ -65,8 +92,6 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
                     counts.write(meta.slot_index, hdr.nc.count);
                 }
                 bitmaps.write(meta.slot_index, bitmap | rank_bit);
-                bit<64> other;
-                bitmaps.read(other, meta.other_index);
                 bitmaps.write(meta.other_index, other & ~rank_bit);
                 contributions = contributions + 1;
                 seen.write(meta.slot_index, contributions);

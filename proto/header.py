@@ -202,26 +202,27 @@ def pack_chunks(
     emin: int,
     slots: np.ndarray,
     pools: np.ndarray,
-    base_offset: int = 0,
+    offsets: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pack a whole NC8-coded tensor into uplink datagrams at once.
 
     Returns ``(frames, lengths)``: ``frames`` is a ``(chunks, 16 + k)`` uint8 array whose row ``i``
     is the datagram of chunk ``i`` (elements ``i*k`` up to ``i*k + k``) padded to the row width,
-    ``lengths[i]`` its real length (the last chunk may be short). ``slots`` and ``pools`` give each
-    chunk's slot and pool version. Setting the RETX flag later is a write to column 1.
+    ``lengths[i]`` its real length (the last chunk may be short). ``slots``, ``pools`` and
+    ``offsets`` give each chunk's slot, pool version and ``offset`` field (in INA mode the slot's
+    running element counter, docs/protocol.md). Setting the RETX flag later is a write to
+    column 1.
     """
     codes = np.ascontiguousarray(codes, dtype=np.uint8).reshape(-1)
     n = codes.size
     chunks = -(-n // k)
-    if slots.shape != (chunks,) or pools.shape != (chunks,):
-        raise ValueError(f"slots and pools must have one entry per chunk ({chunks})")
+    if slots.shape != (chunks,) or pools.shape != (chunks,) or offsets.shape != (chunks,):
+        raise ValueError(f"slots, pools and offsets must have one entry per chunk ({chunks})")
     frames = np.zeros((chunks, HEADER_SIZE + k), dtype=np.uint8)
     whole, rest = divmod(n, k)
     counts = np.full(chunks, k, dtype=np.int64)
     if rest:
         counts[-1] = rest
-    offsets = base_offset + np.arange(chunks, dtype=np.int64) * k
     _fill_headers(frames, Format.NC8, emin, job, rank, slots, pools, counts, offsets)
     body = frames[:, HEADER_SIZE:]
     body[:whole] = codes[: whole * k].reshape(whole, k)

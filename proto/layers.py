@@ -2,7 +2,10 @@
 
 ``Ether()/IP()/UDP(dport=PORT)/NcinaHeader(...)/payload`` builds a packet and dissects back, in
 either direction (results come from ``sport=PORT``). The layout is the one in
-``docs/protocol.md``; ``ncina.proto.header`` is the fast packer of the same bytes.
+``docs/protocol.md``; ``ncina.proto.header`` is the fast packer of the same bytes. ``offset`` is
+the chunk's identity: in INA mode its sequence number ``u * S + slot`` (mod 2**32, ``u`` the
+sender's earlier uses of the slot), which the aggregator compares in serial-number arithmetic to
+recognise late packets; in server mode the chunk's element offset in the tensors' range.
 """
 
 from __future__ import annotations

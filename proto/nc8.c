@@ -31,9 +31,12 @@ static inline uint64_t splitmix64(uint64_t z)
     return z;
 }
 
-uint64_t nc8_mix64(uint64_t z)
+uint64_t nc8_result_key(uint64_t seed, uint16_t job, uint16_t slot, unsigned version,
+                        uint32_t offset, uint32_t use)
 {
-    return splitmix64(z);
+    const uint64_t s = splitmix64(seed + NC8_GAMMA);
+    const uint64_t chunk = (uint64_t)job << 48 | (uint64_t)slot << 32 | offset;
+    return splitmix64(splitmix64(s ^ chunk) ^ ((uint64_t)use << 1 | (version & 1)));
 }
 
 NC8_CPU_CLONES

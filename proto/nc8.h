@@ -30,7 +30,11 @@ void nc8_accumulate(int64_t *acc, const uint8_t *codes, size_t n);
 /* Stochastic re-compression of integer sums to codes (at most 64), exactly unbiased. */
 void nc8_int_to_codes(const int64_t *sums, uint8_t *codes, size_t n, uint64_t key);
 
-/* The splitmix64 finalizer of the random stream, for callers that derive keys from it. */
-uint64_t nc8_mix64(uint64_t z);
+/* The key of an aggregator's nc8 result (docs/protocol.md, "Re-compression"): a function of the
+ * job's seed, the chunk's job, slot, pool version (0 or 1) and offset, and the slot version's
+ * use (its earlier completions) only, so the result does not depend on the order in which packets
+ * or slots complete. */
+uint64_t nc8_result_key(uint64_t seed, uint16_t job, uint16_t slot, unsigned version,
+                        uint32_t offset, uint32_t use);
 
 #endif

@@ -19,6 +19,15 @@ are the top bits of the 41 bits ``z >> 23``, disjoint from ``r23``, hence indepe
 rounds up iff the top ``h`` bits of ``z`` (a uniform integer below ``2**h``) are below
 ``|S| - 2**h``.
 
+An aggregator does not draw the key of a result: :func:`result_key` derives it from the job's seed,
+the chunk's job, slot, pool version and offset, and the slot version's ``use`` (how many times it
+completed before; ``mix`` is the splitmix64 finalizer)::
+
+    key = mix(mix(mix(seed + GAMMA) ^ (job << 48 | slot << 32 | offset)) ^ (use << 1 | version))
+
+so a result does not depend on the order in which packets arrive or slots complete, and every
+backend (Python, the C engine, the P4 program) sends the same bytes; :func:`recompress` takes it.
+
 Implementations: a C fast path (``proto/nc8.c``, built with cffi on first import by
 :mod:`ncina.cbuild`) and a vectorised numpy reference processing 64K-element blocks. The
 module-level functions use the C path when it builds, otherwise numpy with a warning saying why;
@@ -168,6 +177,21 @@ class _Kernels(Protocol):
         """Write the stochastic re-compression of int64 ``sums``."""
         ...
 
+    def result_key(
+        self, seed: int, job: int, slot: int, version: int, offset: int, use: int
+    ) -> int:
+        """The key of an aggregator's result for the chunk (module doc)."""
+        ...
+
+
+def _mix64(z: int) -> int:
+    """The splitmix64 finalizer on a Python int below 2**64 (``_stream`` is its numpy form)."""
+    z ^= z >> 30
+    z = z * 0xBF58476D1CE4E5B9 & _MASK64
+    z ^= z >> 27
+    z = z * 0x94D049BB133111EB & _MASK64
+    return z ^ z >> 31
+
 
 def _stream(key: int, start: int, n: int) -> np.ndarray:
     """The random words ``z`` of elements ``start .. start + n - 1`` of a call keyed ``key``."""
@@ -242,6 +266,12 @@ class _NumpyKernels:
             c = h + one + (r < mag - (one << h))
             codes[start : start + s.size] = np.where(mag != 0, c | (neg.astype(np.uint64) << 7), 0)
 
+    def result_key(
+        self, seed: int, job: int, slot: int, version: int, offset: int, use: int
+    ) -> int:
+        s = _mix64((seed + GAMMA) & _MASK64)
+        return _mix64(_mix64(s ^ (job << 48 | slot << 32 | offset)) ^ (use << 1 | version))
+
 
 class _CKernels:
     """The C fast path (proto/nc8.c) through a cffi API-mode module."""
@@ -292,6 +322,11 @@ class _CKernels:
         self._lib.nc8_int_to_codes(
             self._in("int64_t[]", sums), self._out("uint8_t[]", codes), sums.size, key
         )
+
+    def result_key(
+        self, seed: int, job: int, slot: int, version: int, offset: int, use: int
+    ) -> int:
+        return int(self._lib.nc8_result_key(seed, job, slot, version, offset, use))
 
 
 _HERE = Path(__file__).resolve().parent
@@ -364,8 +399,9 @@ def _check_uplink(flat_codes: np.ndarray) -> None:
 class Codec:
     """The NC8 operations, bound to one implementation (see :func:`codec`).
 
-    The module-level :func:`encode`, :func:`decode`, :func:`codes_to_int`, :func:`accumulate`
-    and :func:`int_to_codes` are those of the active implementation; both give the same bytes.
+    The module-level :func:`encode`, :func:`decode`, :func:`codes_to_int`, :func:`accumulate`,
+    :func:`int_to_codes`, :func:`recompress` and :func:`result_key` are those of the active
+    implementation; both give the same bytes.
     """
 
     def __init__(self, kernels: _Kernels) -> None:
@@ -453,11 +489,32 @@ class Codec:
         ``2**h``, ``2**(h + 1)``), up with probability exactly ``(|S| - 2**h) / 2**h``, sign
         kept; 0 stays 0. Codes are at most 64. One key is drawn from ``rng`` per call.
         """
-        key = _draw_key(rng)
+        return self.recompress(sums, _draw_key(rng), out)
+
+    def recompress(self, sums: np.ndarray, key: int, out: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`int_to_codes` with the stream's ``key`` given (an aggregator's result:
+        ``key = result_key(seed, job, slot, version, offset, use)``), 0 <= key < 2**64."""
+        if not 0 <= key <= _MASK64:
+            raise ValueError(f"key {key} is not a 64-bit unsigned integer")
         src = _ints_arg(sums)
         res = _result(out, src.shape, np.uint8)
         self._k.int_to_codes(_flat(src), res.reshape(-1), key)
         return res
+
+    def result_key(
+        self, seed: int, job: int, slot: int, version: int, offset: int, use: int
+    ) -> int:
+        """The key of an aggregator's nc8 result for a chunk (module doc; docs/protocol.md,
+        "Re-compression"): a function of the job's ``seed`` (0..2**64 - 1), the chunk's ``job``,
+        ``slot`` (0..65535 each), pool ``version`` (0 or 1) and ``offset`` (0..2**32 - 1), and
+        ``use``, the completions of that slot version before this one (0..2**32 - 1), only."""
+        for name, value, top in (("seed", seed, _MASK64), ("job", job, 0xFFFF),
+                                 ("slot", slot, 0xFFFF), ("version", version, 1),
+                                 ("offset", offset, 0xFFFFFFFF),
+                                 ("use", use, 0xFFFFFFFF)):  # fmt: skip
+            if not 0 <= value <= top:
+                raise ValueError(f"result key: {name} {value} is outside 0..{top}")
+        return self._k.result_key(seed, job, slot, version, offset, use)
 
 
 def ints_to_float(sums: np.ndarray, window: Window, out: np.ndarray | None = None) -> np.ndarray:
@@ -522,3 +579,5 @@ decode = _ACTIVE.decode
 codes_to_int = _ACTIVE.codes_to_int
 accumulate = _ACTIVE.accumulate
 int_to_codes = _ACTIVE.int_to_codes
+recompress = _ACTIVE.recompress
+result_key = _ACTIVE.result_key

@@ -28,6 +28,7 @@ from ncina.aggregator.process import free_udp_port
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import Aggregator, Datagrams
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE
+from ncina.proto.layers import NcinaHeader
 from ncina_testlib import (
     AGGREGATOR_BACKENDS,
     PACING,
@@ -44,8 +45,10 @@ from ncina_testlib import (
     window_e_min,
     worker_host,
 )
+from scapy.packet import Raw
 
 K = 16
+POOL = 64  # the aggregators' default --pool-size
 PAIR_JOB = 21
 TRIO_JOB = 31
 
@@ -244,6 +247,174 @@ def test_retransmission_for_the_previous_version_is_answered(trio: Cluster) -> N
                  result="int")  # fmt: skip
 
 
+# --- order of checks, late and duplicate packets (docs/protocol.md) ----------------------------
+
+
+def notice(trio: Cluster, *, slot: int, offset: int, pool: int, bitmap: int) -> bytes:
+    """The notice the trio's aggregator must send rank 0 about its packet, byte for byte: the
+    flags of docs/protocol.md ("Order of checks": RESULT, the packet's POOL, the generation,
+    RETX clear), the job's result format (int), the packet's slot and offset, count 0."""
+    flags = FLAG_RESULT | (FLAG_POOL if pool else 0) | trio.generation << 3
+    header = NcinaHeader(flags=flags, format=1, emin=trio.emin, job=trio.job, rank=0, slot=slot,
+                         count=0, offset=offset)  # fmt: skip
+    return bytes(header / Raw(bitmap.to_bytes(8, "big")))
+
+
+def test_another_chunk_to_a_complete_slot_is_no_retransmission(trio: Cluster) -> None:
+    """Rank 0 is in the bitmap of a complete round: only its chunk's own retransmission is
+    answered (with the stored result); an older chunk is late, a newer one or another count is
+    chunk_mismatch, all silent (L2)."""
+    slot = trio.next_slot()
+    codes = random_codes(21, 3)
+    first = trio.reduce(slot, codes, offset=1000)
+    trio.ping(0)
+    before = trio.aggregator.stats()
+    trio.send(0, slot, codes[0], offset=1000 - 2 * POOL, retx=True)  # late
+    trio.send(0, slot, codes[0], offset=1000 + 2 * POOL, retx=True)  # chunk_mismatch
+    trio.send(0, slot, codes[0][: K - 1], offset=1000, retx=True)  # chunk_mismatch (count)
+    trio.send(0, slot, codes[0], offset=1000, retx=True)  # the chunk's own retransmission
+    assert trio.receive(0)[0] == first[0][0]
+    trio.ping(0)
+    assert delta(before, trio.aggregator.stats(), TRIO_JOB) == {
+        "job.packets_in": 5, "job.bytes_in": 5 * (16 + K) - 1, "job.packets_out": 2,
+        "job.bytes_out": 2 * (16 + 8 * K), "job.results_resent": 2, "job.retx_seen": 5,
+        "job.drops.late": 1, "job.drops.chunk_mismatch": 2,
+    }  # fmt: skip
+
+
+def test_another_chunk_from_a_contributor_is_no_duplicate(trio: Cluster) -> None:
+    """Rank 0 is in the bitmap of an incomplete round: its chunk's duplicate gets a notice
+    (exact bytes: RESULT, POOL, generation, RETX clear), an older chunk is late and a newer one
+    chunk_mismatch, silently; the round then completes with the exact sum (L2)."""
+    slot = trio.next_slot()
+    codes = random_codes(22, 3)
+    trio.ping(0)
+    before = trio.aggregator.stats()
+    trio.send(0, slot, codes[0], pool=1, offset=1000)
+    trio.send(0, slot, codes[0], pool=1, offset=1000 - 2 * POOL, retx=True)  # late
+    trio.send(0, slot, codes[0], pool=1, offset=1000 + 2 * POOL, retx=True)  # chunk_mismatch
+    trio.send(0, slot, codes[0], pool=1, offset=1000, retx=True)  # a duplicate
+    assert trio.receive(0)[0] == notice(trio, slot=slot, offset=1000, pool=1, bitmap=0b001)
+    trio.send(1, slot, codes[1], pool=1, offset=1000)
+    trio.send(2, slot, codes[2], pool=1, offset=1000)
+    results = [trio.receive(rank)[:2] for rank in range(3)]
+    check_result(trio, results, slot=slot, pool=1, offset=1000, exact=exact_sums(codes),
+                 result="int")  # fmt: skip
+    trio.ping(0)
+    assert delta(before, trio.aggregator.stats(), TRIO_JOB) == {
+        "job.packets_in": 7, "job.bytes_in": 7 * (16 + K), "job.packets_out": 5,
+        "job.bytes_out": 24 + 4 * (16 + 8 * K), "job.contributions": 3,
+        "job.slots_completed": 1, "job.results_sent": 3, "job.results_resent": 1,
+        "job.duplicates": 1, "job.notices_sent": 1, "job.retx_seen": 4,
+        "job.drops.late": 1, "job.drops.chunk_mismatch": 1,
+    }  # fmt: skip
+
+
+def test_a_stale_generation_comes_after_the_header_checks(trio: Cluster) -> None:
+    """A packet of another generation whose window, slot or count is wrong is dropped for that,
+    silently; a well-formed one is stale and answered by a notice naming its slot of the pool,
+    with bitmap 0 and the flags of "Order of checks"."""
+    slot = trio.next_slot()
+    stale = trio.generation % 15 + 1  # another non-zero generation
+    flags = FLAG_POOL | 0x02 | stale << 3  # version 1, RETX, the stale generation
+    good = [1] * K
+    trio.ping(0)
+    before = trio.aggregator.stats()
+    trio.send(0, POOL, good, flags=flags)  # bad_slot, not a notice about slot 64
+    trio.send(0, slot, good, flags=flags, emin=trio.emin + 1)  # window_mismatch
+    trio.send(0, slot, [1] * (K + 1), flags=flags)  # bad_count
+    trio.send(0, slot, good, flags=flags, offset=77)  # stale_generation: a notice
+    assert trio.receive(0)[0] == notice(trio, slot=slot, offset=77, pool=1, bitmap=0)
+    trio.ping(0)
+    assert delta(before, trio.aggregator.stats(), TRIO_JOB) == {
+        "job.packets_in": 5, "job.bytes_in": 5 * (16 + K) + 1, "job.packets_out": 2,
+        "job.bytes_out": 24 + 16 + 8 * K, "job.results_resent": 1, "job.notices_sent": 1,
+        "job.retx_seen": 1, "job.drops.bad_slot": 1, "job.drops.window_mismatch": 1,
+        "job.drops.bad_count": 1, "job.drops.stale_generation": 1,
+    }  # fmt: skip
+
+
+def test_a_duplicate_more_than_a_round_late_does_not_stall_the_slot(trio: Cluster) -> None:
+    """After rounds X (version 0) and X + S (version 1), copies of rank 0's round-X packet and
+    of an older one come in: late (L4), so the next round of version 0, at X + 2S, completes."""
+    slot = trio.next_slot()
+    old, mid, new = random_codes(23, 3), random_codes(24, 3), random_codes(25, 3)
+    x = 1000
+    trio.reduce(slot, old, pool=0, offset=x)
+    trio.reduce(slot, mid, pool=1, offset=x + POOL)
+    trio.ping(0)
+    before = trio.aggregator.stats()
+    trio.send(0, slot, old[0], pool=0, offset=x)
+    trio.send(0, slot, old[0], pool=0, offset=x - 2 * POOL, retx=True)
+    results = trio.reduce(slot, new, pool=0, offset=x + 2 * POOL)
+    check_result(trio, results, slot=slot, pool=0, offset=x + 2 * POOL, exact=exact_sums(new),
+                 result="int")  # fmt: skip
+    trio.ping(0)
+    assert delta(before, trio.aggregator.stats(), TRIO_JOB) == {
+        "job.packets_in": 6, "job.bytes_in": 6 * (16 + K), "job.packets_out": 4,
+        "job.bytes_out": 4 * (16 + 8 * K), "job.contributions": 3, "job.slots_completed": 1,
+        "job.results_sent": 3, "job.results_resent": 1, "job.retx_seen": 2,
+        "job.drops.late": 2,
+    }  # fmt: skip
+
+
+def test_a_late_duplicate_with_the_next_rounds_offset_never_makes_a_sum(trio: Cluster) -> None:
+    """A late copy of rank 0's round-X packet and packets of ranks 1 and 2 that repeat offset X
+    in version 0's next round: all late (L4: a round must have a newer offset), none answered,
+    so rank 0's old payload is never summed with the others' new ones; the round at X + 2S
+    then gives the exact sum."""
+    slot = trio.next_slot()
+    old, mid, new = random_codes(26, 3), random_codes(27, 3), random_codes(28, 3)
+    x = 1000
+    trio.reduce(slot, old, pool=0, offset=x)
+    trio.reduce(slot, mid, pool=1, offset=x + POOL)
+    trio.ping(0)
+    before = trio.aggregator.stats()
+    trio.send(0, slot, old[0], pool=0, offset=x)  # late copy
+    trio.send(1, slot, new[1], pool=0, offset=x)  # the next round, repeating offset X
+    trio.send(2, slot, new[2], pool=0, offset=x)
+    for rank in range(3):
+        trio.ping(rank)  # nothing came back: no result was made
+    results = trio.reduce(slot, new, pool=0, offset=x + 2 * POOL)
+    check_result(trio, results, slot=slot, pool=0, offset=x + 2 * POOL, exact=exact_sums(new),
+                 result="int")  # fmt: skip
+    assert delta(before, trio.aggregator.stats(), TRIO_JOB) == {
+        "job.packets_in": 9, "job.bytes_in": 9 * (16 + K), "job.packets_out": 6,
+        "job.bytes_out": 6 * (16 + 8 * K), "job.contributions": 3, "job.slots_completed": 1,
+        "job.results_sent": 3, "job.results_resent": 3, "job.retx_seen": 3,
+        "job.drops.late": 3,
+    }  # fmt: skip
+
+
+def test_a_late_packet_of_a_rank_that_moved_on_keeps_its_bit(trio: Cluster) -> None:
+    """Ranks 0 and 1 moved on to version 1; rank 0's retransmission for version 0 arrives late:
+    dropped (L1), its bit in version 1 stays, so its retransmission for version 1 is a duplicate
+    (a notice: ranks 0 and 1 held) and rank 2 completes the round with the exact sum, each rank
+    counted once."""
+    slot = trio.next_slot()
+    old, new = random_codes(29, 3), random_codes(30, 3)
+    x = 1000
+    trio.reduce(slot, old, pool=0, offset=x)
+    trio.ping(0)
+    before = trio.aggregator.stats()
+    trio.send(0, slot, new[0], pool=1, offset=x + POOL)
+    trio.send(1, slot, new[1], pool=1, offset=x + POOL)
+    trio.send(0, slot, old[0], pool=0, offset=x, retx=True)  # overtaken by its result: late
+    trio.send(0, slot, new[0], pool=1, offset=x + POOL, retx=True)  # a duplicate
+    assert trio.receive(0)[0] == notice(trio, slot=slot, offset=x + POOL, pool=1, bitmap=0b011)
+    trio.send(2, slot, new[2], pool=1, offset=x + POOL)
+    results = [trio.receive(rank)[:2] for rank in range(3)]
+    check_result(trio, results, slot=slot, pool=1, offset=x + POOL, exact=exact_sums(new),
+                 result="int")  # fmt: skip
+    trio.ping(0)
+    assert delta(before, trio.aggregator.stats(), TRIO_JOB) == {
+        "job.packets_in": 6, "job.bytes_in": 6 * (16 + K), "job.packets_out": 5,
+        "job.bytes_out": 24 + 4 * (16 + 8 * K), "job.contributions": 3,
+        "job.slots_completed": 1, "job.results_sent": 3, "job.results_resent": 1,
+        "job.duplicates": 1, "job.notices_sent": 1, "job.retx_seen": 3, "job.drops.late": 1,
+    }  # fmt: skip
+
+
 # --- drops ------------------------------------------------------------------------------------
 
 
@@ -270,7 +441,9 @@ def bad_packets(trio: Cluster, slot: int) -> list[tuple[str, str, bytes]]:
         ("job.drops.bad_slot", "member", trio.packet(0, 64, **good)),  # default pool of 64
         ("job.drops.bad_code", "member", trio.packet(0, slot, codes=[62] + [1] * (K - 1))),
         ("job.drops.bad_code", "member", trio.packet(0, slot, codes=[0xFF] * K)),
-        ("job.drops.chunk_mismatch", "member", trio.packet(0, slot, **good, offset=1)),
+        # Another chunk, newer than the held one (an older one is late: test_late_...).
+        ("job.drops.chunk_mismatch", "member", trio.packet(0, slot, **good,
+                                                           offset=slot * K + 2 * POOL)),
     ]
 
 

@@ -249,7 +249,7 @@ def test_slots_are_independent() -> None:
     check_results(h, h.send(1, 0, a[1]), slot=0, pool=0, offset=0, exact=exact_sums(a))
 
 
-@pytest.mark.parametrize("change", [{"offset": 1}, {"count": K - 1}])
+@pytest.mark.parametrize("change", [{"offset": 2001}, {"count": K - 1}])
 def test_chunk_mismatch_is_dropped_and_changes_nothing(change: dict[str, int]) -> None:
     h = Harness(2, "int")
     codes = [[1] * K, [2] * K]
@@ -307,7 +307,8 @@ DROPS: list[tuple[str, str, dict[str, Any]]] = [
     ("bad_code", "job", {"codes": [1] * (K - 1) + [63]}),  # top code for 2 workers is 62
     ("bad_code", "job", {"codes": [0xBF] + [1] * (K - 1)}),  # negative, code 63
     ("bad_code", "job", {"codes": [0x7F] * K}),
-    ("chunk_mismatch", "job", {"offset": 5}),
+    ("chunk_mismatch", "job", {"offset": 1001}),  # after the held round: not late
+    ("late", "job", {"offset": 5}),  # before it
 ]
 
 

@@ -74,7 +74,6 @@ def test_datagram_for_datagram_like_the_reference(
     assert replies > 40
     assert engine.job_stats(9).to_json() == reference.jobs[9].stats.to_json()
     assert engine.global_stats().to_json() == reference.stats.to_json()
-    assert engine.key_underruns(9) == 0
 
 
 def test_reply_buffers_are_checked_before_any_write(engine: Engine) -> None:
@@ -109,3 +108,126 @@ def test_a_job_whose_results_exceed_the_reply_room_is_refused(engine: Engine) ->
     finally:
         engine.set_reply_room(0xFFFFFFFF, "no limit")
     assert engine.lib.nce_max_k() == MAX_K  # the C engine and JobConfig agree
+
+
+def test_late_and_out_of_step_packets_like_the_reference(engine: Engine) -> None:
+    """Rounds in SwitchML order (use u of slot u * S + slot, two slots' rounds interleaved) with
+    noise: copies of earlier rounds' packets, the next round's, the wrong version, another count.
+    Every slot rule of docs/protocol.md ("Late and duplicate packets") is taken, and the engine
+    decides each datagram as the reference does."""
+    import random
+
+    workers, pool = 3, 2
+    config = JobConfig.create(job=9, workers=workers, k=K, result_format="int", pool_size=pool)
+    reference = Aggregator(GENERATION)
+    reference.add_job(config)
+    engine.set_generation(GENERATION)
+    engine.add_job(config)
+    sources = [(f"10.9.1.{rank + 1}", 5000 + rank) for rank in range(workers)]
+    rnd = random.Random(11)
+
+    def packet(rank: int, chunk: int, version: int, count: int = K) -> tuple[int, bytes]:
+        slot, use = chunk % pool, chunk // pool
+        codes = [rnd.randint(0, 9) for _ in range(count)]
+        return rank, uplink(job=9, rank=rank, slot=slot, offset=(use * pool + slot) % 2**32,
+                            codes=codes, emin=config.window.e_min, pool=version)  # fmt: skip
+
+    traffic: list[tuple[int, bytes]] = []
+    for pair in range(0, 200, 2):  # chunks `pair` and `pair + 1`: one round of each slot
+        batch = [packet(r, c, c // pool & 1) for c in (pair, pair + 1) for r in range(workers)]
+        for _ in range(rnd.randint(0, 4)):
+            rank, chunk = rnd.randrange(workers), pair + rnd.randint(-6, 3)
+            version = chunk // pool & 1 if rnd.random() < 0.8 else rnd.randint(0, 1)
+            batch.append(packet(rank, max(chunk, 0), version, K if rnd.random() < 0.9 else 1))
+        rnd.shuffle(batch)
+        traffic += batch
+    for rank, datagram in traffic:
+        want = list(reference.handle(datagram, sources[rank]))
+        assert process(engine, datagram, sources[rank]) == want, datagram[:16].hex()
+    stats = reference.jobs[9].stats
+    assert engine.job_stats(9).to_json() == stats.to_json()
+    assert min(stats.drops["late"], stats.drops["chunk_mismatch"], stats.duplicates,
+               stats.results_resent, stats.notices_sent, stats.slots_completed) > 0  # fmt: skip
+
+
+def test_nc8_results_do_not_depend_on_arrival_order(engine: Engine) -> None:
+    """One schedule and the same packets reordered (the packets of each pass over the pool
+    permuted, so that its slots complete in another order): the engine and the reference send
+    the same result bytes for every (rank, slot, version, offset) in both orders."""
+    import random
+
+    workers, pool = 3, 4
+    config = JobConfig.create(job=9, workers=workers, k=K, result_format="nc8", seed=42,
+                              pool_size=pool)  # fmt: skip
+    sources = [(f"10.9.1.{rank + 1}", 5000 + rank) for rank in range(workers)]
+    packets = schedule(9, workers, rounds=40, pool=pool, seed=7)
+    # Permute each pass over the pool (the packets of `pool` consecutive chunks: one use of
+    # every slot, in one version), so that its slots complete in another order.
+    passes: dict[int, list[tuple[int, bytes]]] = {}
+    for rank, datagram in packets:
+        chunk = int.from_bytes(datagram[12:16], "big") // K
+        passes.setdefault(chunk // pool, []).append((rank, datagram))
+    rnd = random.Random(3)
+    reordered = []
+    for chunk_pass in passes.values():
+        rnd.shuffle(chunk_pass)
+        reordered += chunk_pass
+
+    def results(feed: Any, order: list[tuple[int, bytes]]) -> dict[tuple[int, bytes], bytes]:
+        out = {}
+        for rank, datagram in order:
+            for reply, _ in feed(datagram, sources[rank]):
+                if reply[10:12] != bytes(2):  # a result (a notice has count 0)
+                    out[reply[6:8] + reply[1:2] + reply[8:10] + reply[12:16]] = reply
+        return out
+
+    def engine_feed() -> Any:
+        engine.lib.nce_reset()
+        engine.add_job(config)
+        return lambda datagram, source: process(engine, datagram, source)
+
+    def reference_feed() -> Any:
+        reference = Aggregator()
+        reference.add_job(config)
+        return reference.handle
+
+    first = results(engine_feed(), packets)
+    assert len(first) > 60
+    assert results(engine_feed(), reordered) == first
+    assert results(reference_feed(), reordered) == first
+    assert results(reference_feed(), packets) == first
+
+
+def test_nc8_rounding_is_fresh_at_every_use_of_a_chunk(engine: Engine) -> None:
+    """A training job sends the same chunk (slot, version) step after step: its results' bits
+    change with the slot version's use (and the offset, use u's sequence number u * S + slot),
+    so each element's rounding is unbiased over the steps, not only over elements
+    (docs/protocol.md, "Re-compression"). Engine and reference agree at every step."""
+    import numpy as np
+    from ncina.proto import nc8
+
+    config = JobConfig.create(job=5, workers=2, k=K, result_format="nc8", seed=8, pool_size=1)
+    engine.add_job(config)
+    reference = Aggregator()
+    reference.add_job(config)
+    emin = window_e_min(2)
+    halves = [[3, 5, 0x87, 20, 2, 0x83, 33, 9], [2, 5, 0x82, 19, 1, 0x81, 31, 9]]
+    exact = np.sum([nc8.codes_to_int(np.array(c, np.uint8)) for c in halves], axis=0)
+    steps = 1500
+    values = []
+    for step in range(steps):
+        for rank, codes in enumerate(halves):
+            datagram = uplink(job=5, rank=rank, slot=0, offset=step, codes=codes, emin=emin,
+                              pool=step % 2)  # fmt: skip
+            source = (f"10.9.1.{rank + 1}", 5000 + rank)
+            got = process(engine, datagram, source)
+            assert got == list(reference.handle(datagram, source))
+        values.append(nc8.codes_to_int(np.frombuffer(got[0][0][16:], np.uint8)))
+    mean = np.mean(values, axis=0)
+    low = np.array([1 << (abs(s).bit_length() - 1) for s in exact.tolist()], np.float64)
+    mag = np.abs(exact.astype(np.float64))
+    var = (mag - low) * (2 * low - mag)
+    assert np.count_nonzero(var) == 6  # elements 1 and 7 sum to powers of two
+    assert np.array_equal(mean[var == 0], exact[var == 0])
+    z = (mean[var > 0] - exact[var > 0]) / np.sqrt(var[var > 0] / steps)
+    assert np.max(np.abs(z)) < 5.5, z

@@ -2,7 +2,9 @@
 
 Exact tables for hand-picked values, a plain-Python transcription of the spec (the oracle) that
 both implementations must match byte for byte, statistical checks with fixed seeds (unbiasedness,
-the 9/8 second-moment bound), C/numpy parity on random bit patterns, and the cffi build helper.
+the 9/8 second-moment bound), C/numpy parity on random bit patterns, the cffi build helper, and
+the aggregator's result bits (keys pinned from a separate transcription, statistics over many
+chunks' keys, C/numpy parity).
 """
 
 from __future__ import annotations
@@ -686,3 +688,109 @@ def test_codec_benchmark_smoke() -> None:
     for name in ("c", "numpy") if args.impl == "both" else ("numpy",):
         assert figures[name]["encode_gbps"] > 0 and figures[name]["decode_vs_memcpy"] > 0
     assert figures.get("identical_codes", True)
+
+
+# --- the aggregator's result bits: keyed by the chunk (docs/protocol.md, "Re-compression") -------
+
+
+def test_splitmix64_is_the_published_generator() -> None:
+    """The stream of key k is SplitMix64 seeded with k: the first outputs for seed 1234567 are
+    the published ones (Rosetta Code, "Pseudo-random numbers/Splitmix64")."""
+    assert [stream_word(1234567, i) for i in range(5)] == [
+        6457827717110365317, 3203168211198807973, 9817491932198370423, 4593380528125082431,
+        16408922859458223821,
+    ]  # fmt: skip
+
+
+# (seed, job, slot, version, offset, use) -> key, and the first words of its stream: computed with
+# a separate C transcription of docs/protocol.md (not this package's code).
+PINNED_KEYS = [
+    ((0, 0, 0, 0, 0, 0), 0x33FE8BD4F9C57863, [0x2CE809AE01CAB7D7, 0x7924AC0FED68CB52]),
+    ((42, 9, 3, 1, 4096, 0), 0x65299C4CFDDE8013, [0xF1FAADF5CE997FA5, 0xEB9660203415D579]),
+    ((42, 9, 3, 1, 4096, 5), 0xDFF90B93CE5103AF, [0x894A481815C4298D, 0xBD6A433EA932E2E3]),
+    ((0xC0FFEE, 12, 5, 1, 176, 0), 0x6B8FD12CF2C3F082, [0xD6F55C36A363252B, 0xE833BFF262705C6F]),
+    ((2**64 - 1, 65535, 65535, 1, 2**32 - 1, 2**32 - 1), 0x96CAE573A18218A8,
+     [0xF4E6FD3C58ED0B2B, 0x97DF827671F930BF]),
+]
+
+
+@pytest.mark.parametrize(("chunk", "key", "words"), PINNED_KEYS)
+def test_result_key_pinned(codec: nc8.Codec, chunk: tuple[int, ...], key: int,
+                           words: list[int]) -> None:  # fmt: skip
+    assert codec.result_key(*chunk) == key
+    assert [stream_word(key, i) for i in range(2)] == words
+
+
+def test_recompress_pinned(codec: nc8.Codec) -> None:
+    """Element i of the chunk (seed 42, job 9, slot 3, version 1, offset 4096, use 0): the top h
+    bits of its word against |S| - 2**h, computed with the same separate transcription."""
+    key = codec.result_key(42, 9, 3, 1, 4096, 0)
+    sums = np.array([5, -7, 1000003, 3 << 40 | 12345], np.int64)
+    # top h bits 3 vs excess 1 (down), 3 vs 3 (down), 41786 < 475715 (up),
+    # 464218215992 < 2**40 + 12345 (up)
+    assert codec.recompress(sums, key).tolist() == [0x03, 0x83, 0x15, 0x2B]
+    assert oracle_int_to_codes(sums, key) == [0x03, 0x83, 0x15, 0x2B]
+
+
+def test_result_key_rejects_fields_out_of_range(codec: nc8.Codec) -> None:
+    for bad in ((-1, 0, 0, 0, 0, 0), (0, 65536, 0, 0, 0, 0), (0, 0, 0, 2, 0, 0),
+                (0, 0, 0, 0, 2**32, 0), (0, 0, 0, 0, 0, -1)):  # fmt: skip
+        with pytest.raises(ValueError, match="result key"):
+            codec.result_key(*bad)
+    with pytest.raises(ValueError, match="64-bit"):
+        codec.recompress(np.array([3]), 2**64)
+
+
+def chunk_keys(n: int, seed: int = 9) -> list[int]:
+    """Result keys of ``n`` distinct chunks of one job: every (slot, version, offset, use) a
+    training job would meet, slot by slot."""
+    return [nc8.result_key(seed, 4, i % 64, (i // 64) % 2, 256 * (i % 1000), i // 2000)
+            for i in range(n)]  # fmt: skip
+
+
+def test_result_rounding_is_unbiased_over_chunks() -> None:
+    """A fixed vector of sums in many chunks (each chunk its key): every element's mean is its
+    sum within 5.5 standard errors of the exact variance (|S| - 2^h)(2^(h+1) - |S|)."""
+    rng = np.random.default_rng(31)
+    sums = np.concatenate([
+        np.array([0, 1, 5, -7, 3, 6, 1000003, -(2**61 + 2**59), 2**62 + 1]),
+        rng.integers(-1000, 1000, 40),
+        rng.choice([-1, 1], 15) * rng.integers(0, 2**62, 15),
+    ]).astype(np.int64)  # fmt: skip
+    keys = chunk_keys(6000)
+    values = np.array([nc8.codes_to_int(nc8.recompress(sums, k)) for k in keys], np.float64)
+    low = np.array([1 << (abs(s).bit_length() - 1) if s else 0 for s in sums.tolist()], np.float64)
+    mag = np.abs(sums.astype(np.float64))
+    assert_unbiased(values.mean(axis=0), sums.astype(np.float64), (mag - low) * (2 * low - mag),
+                    len(keys))  # fmt: skip
+
+
+def test_result_rounding_second_moment_is_at_most_nine_eighths() -> None:
+    """E[C(S)^2] / S^2 = (1 + 3t) / (1 + t)^2 for |S| = 2^h (1 + t), at most 9/8 (t = 1/3), over
+    the keys of many chunks."""
+    h = 40
+    t = np.arange(0, 48) / 48
+    sums = ((1 + t) * 2.0**h).astype(np.int64)
+    t = sums / 2.0**h - 1
+    keys = chunk_keys(6000, seed=10)
+    ratio = np.array([nc8.codes_to_int(nc8.recompress(sums, k)) for k in keys],
+                     np.float64) ** 2 / sums.astype(np.float64) ** 2  # fmt: skip
+    mean, se = ratio.mean(axis=0), ratio.std(axis=0) / math.sqrt(len(keys))
+    theory = (1 + 3 * t) / (1 + t) ** 2
+    assert np.all(theory <= 9 / 8 + 1e-12) and theory.max() > 9 / 8 - 1e-3
+    assert np.all(np.abs(mean - theory) <= 5 * se + 1e-12)
+
+
+def test_c_and_numpy_result_bits_identical() -> None:
+    """Keys of 20,000 random chunks and the re-compression of 1.3M random sums with them."""
+    ref, fast = both_codecs()
+    rng = np.random.default_rng(13)
+    for _ in range(20_000):
+        chunk = (int(rng.integers(0, 2**64, dtype=np.uint64)), int(rng.integers(0, 2**16)),
+                 int(rng.integers(0, 2**16)), int(rng.integers(0, 2)),
+                 int(rng.integers(0, 2**32)), int(rng.integers(0, 2**32)))  # fmt: skip
+        assert ref.result_key(*chunk) == fast.result_key(*chunk), chunk
+    sums = rng.integers(-(2**63), 2**63 - 1, (1300, 1000), endpoint=True)
+    sums[:, :100] >>= rng.integers(0, 63, (1300, 100))  # every magnitude
+    for row, key in zip(sums, chunk_keys(len(sums)), strict=True):
+        assert np.array_equal(ref.recompress(row, key), fast.recompress(row, key))

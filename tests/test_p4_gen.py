@@ -14,6 +14,7 @@ import pytest
 from ncina.aggregator.bmv2 import entries, gen, layout, toolchain
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_DROP_REASONS
+from ncina.proto import nc8
 
 
 def _action(text: str, name: str) -> str:
@@ -53,7 +54,10 @@ def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> 
         32, 16, 8, 4, 2, 1] * k
     assert sorted(int(i) for i in re.findall(r"results\.write\(meta\.lane_base \+ (\d+)", apply)
                   ) == every  # fmt: skip
-    assert _action(text, "round_to_code").count("random(") == 1
+    assert "random(" not in text  # the rounding bits are the chunk's hash (docs/protocol.md)
+    assert [apply.count(f"{name}();") for name in ("key_seed", "key_chunk", "key_use")] == [1] * 3
+    draws = re.findall(r"meta\.lane_draw = meta\.result_key \+ 64w0x([0-9A-F]{16});", apply)
+    assert [int(d, 16) for d in draws] == [(i + 1) * nc8.GAMMA % 2**64 for i in every]
     # int results: each lane i < count becomes a 64-bit lane.
     assert sorted(int(i) for i in re.findall(r"hdr\.wide\[(\d+)\]\.setValid\(\)", text)) == every
 
@@ -144,13 +148,17 @@ def test_jobs_are_placed_in_disjoint_slot_ranges_and_refused_when_they_do_not_fi
 
 
 def test_job_entries_and_groups() -> None:
-    config = _job(workers=3, members=[(1, ("10.0.0.2", 40001))], result_format="int")
+    config = _job(workers=3, members=[(1, ("10.0.0.2", 40001))], result_format="int",
+                  seed=0xFEED)
     [job] = entries.place([config], generation=9, k=64)
     row, member = entries.job_entries(job)
     assert row.table == entries.JOBS_TABLE and row.match == {"hdr.nc.job": "7"}
     assert row.params["emin"] == str(config.window.e_min & 0xFF) == str(256 - 50)
     assert row.params["max_code"] == str(config.window.max_code)
     assert (row.params["result_format"], row.params["generation"]) == ("1", "9")
+    assert row.params["seed"] == str(job.seed) and job.seed == 0xFEED  # the job's --seed
+    [drawn] = entries.place([_job(seed=None)], generation=9, k=64)
+    assert 0 <= drawn.seed < 2**64  # none given: one drawn, installed with the entry
     assert member.match == {"meta.job_index": "0", "hdr.nc.rank": "1"}
     assert member.params == {"ip": "10.0.0.2", "port": "40001"}
     assert entries.job_group(job, dict.fromkeys(range(3), 1)).replicas == ((1, 0), (1, 1), (1, 2))
@@ -183,6 +191,55 @@ def test_counters_become_the_stats_document_in_udp_payload_bytes() -> None:
     assert stats.drops["bad_code"] == 1 and sum(stats.drops.values()) == 1
     glob = entries.global_stats({layout.GLOBAL_EVENTS.index("truncated"): (2, 2 * 50)})
     assert (glob.packets_in, glob.bytes_in, glob.drops["truncated"]) == (2, 16, 2)
+
+
+class _Fields(dict):
+    """P4 field paths (``meta.result_key``) as nested attributes, for evaluating statements."""
+
+    def __getattr__(self, name: str) -> object:
+        return self.setdefault(name, _Fields())
+
+    def __setattr__(self, name: str, value: object) -> None:
+        self[name] = value
+
+
+def _run_p4(statements: str, fields: _Fields) -> None:
+    """Execute generated P4 assignments on ``fields``: every target is a ``bit<64>`` (masked
+    after each one, as p4c makes BMv2 do), operands are unsigned, casts widen."""
+    text = re.sub(r"\(bit<\d+>\)", "", statements)
+    text = re.sub(r"\b\d+w(0x[0-9A-Fa-f]+|\d+)", r"\1", text)
+    for statement in " ".join(text.split()).split(";"):
+        if statement.strip():
+            target, expr = (s.strip() for s in statement.split("=", 1))
+            owner, name = target.rsplit(".", 1)
+            setattr(eval(owner, {}, fields), name, eval(expr, {}, fields) % 2**64)
+
+
+def test_generated_rounding_bits_are_the_protocols() -> None:
+    """The key actions and each lane's word, executed as written, give the bits of
+    ``nc8.result_key`` and the lane's SplitMix64 word, for a few chunks."""
+    text = gen.lanes_p4(4)
+    apply = text[text.index("    apply {", text.index("control LaneSums")):]
+    mix = _action(text, "round_to_code").split("meta.lane_up")[0]  # the word's mix, not the compare
+    cases = [(0, 0, 0, 0, 0, 0), (42, 9, 3, 1, 4096, 7), (2**64 - 1, 65535, 65535, 1, 2**32 - 1,
+                                                              2**32 - 1)]  # fmt: skip
+    for seed, job, slot, version, offset, use in cases:
+        fields = _Fields()
+        fields.meta.seed, fields.meta.result_use = seed, use
+        fields.hdr.nc.job, fields.hdr.nc.slot, fields.hdr.nc.offset = job, slot, offset
+        fields.hdr.nc.pool = version
+        for action in ("key_seed", "key_chunk", "key_use"):
+            _run_p4(_action(text, action), fields)
+        key = nc8.result_key(seed, job, slot, version, offset, use)
+        assert fields.meta.result_key == key
+        for lane, draw in enumerate(re.findall(r"(meta\.lane_draw = [^;]*;)", apply)):
+            _run_p4(draw + mix, fields)
+            word = (key + (lane + 1) * nc8.GAMMA) % 2**64
+            word ^= word >> 30
+            word = word * 0xBF58476D1CE4E5B9 % 2**64
+            word ^= word >> 27
+            word = word * 0x94D049BB133111EB % 2**64
+            assert fields.meta.lane_draw == word ^ word >> 31, lane
 
 
 def test_the_p4_descriptor_is_the_protocols_and_its_fields_come_from_the_entries() -> None:

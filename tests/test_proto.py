@@ -118,13 +118,14 @@ def test_pack_chunks_matches_pack_per_chunk() -> None:
     k = 256
     slots = np.array([5, 6, 7, 0])
     pools = np.array([1, 0, 1, 1])
+    offsets = np.array([4096, 70, 2**32 - 1, 0])  # any 32-bit values (docs/protocol.md)
     frames, lengths = pack_chunks(codes, k=k, job=9, rank=3, emin=-40, slots=slots, pools=pools,
-                                  base_offset=4096)
+                                  offsets=offsets)
     assert frames.shape == (4, HEADER_SIZE + k)
     assert list(lengths) == [272, 272, 272, HEADER_SIZE + 1000 - 3 * k]
     for i in range(4):
         n = lengths[i] - HEADER_SIZE
-        expect = pack(job=9, rank=3, slot=int(slots[i]), offset=4096 + i * k, count=int(n),
+        expect = pack(job=9, rank=3, slot=int(slots[i]), offset=int(offsets[i]), count=int(n),
                       emin=-40, flags=flags_for(int(pools[i])),
                       payload=codes[i * k : i * k + n].tobytes())
         assert frames[i, : lengths[i]].tobytes() == expect
@@ -133,15 +134,17 @@ def test_pack_chunks_matches_pack_per_chunk() -> None:
 
 def test_pack_chunks_exact_multiple_and_empty() -> None:
     frames, lengths = pack_chunks(np.arange(8, dtype=np.uint8), k=4, job=1, rank=0, emin=0,
-                                  slots=np.zeros(2, int), pools=np.zeros(2, int))
+                                  slots=np.zeros(2, int), pools=np.zeros(2, int),
+                                  offsets=np.zeros(2, int))
     assert list(lengths) == [20, 20]
     assert frames[1, HEADER_SIZE:].tolist() == [4, 5, 6, 7]
     frames, lengths = pack_chunks(np.zeros(0, np.uint8), k=4, job=1, rank=0, emin=0,
-                                  slots=np.zeros(0, int), pools=np.zeros(0, int))
+                                  slots=np.zeros(0, int), pools=np.zeros(0, int),
+                                  offsets=np.zeros(0, int))
     assert frames.shape == (0, 20) and lengths.size == 0
     with pytest.raises(ValueError, match="one entry per chunk"):
         pack_chunks(np.zeros(5, np.uint8), k=4, job=1, rank=0, emin=0,
-                    slots=np.zeros(1, int), pools=np.zeros(2, int))
+                    slots=np.zeros(1, int), pools=np.zeros(2, int), offsets=np.zeros(2, int))
 
 
 def test_header_dtype_reads_what_struct_wrote() -> None:

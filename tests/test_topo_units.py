@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from mininet.util import buildTopo
 from ncina.topo import cli as topo_cli
+from ncina.topo import report
 from ncina.topo import topos as topos_module
 from ncina.topo.config import TopoConfig
 from ncina.topo.runner import Progress, check_backend
@@ -184,6 +185,19 @@ def test_unavailable_backend_names_what_is_missing(
         check_backend("bmv2", aggregators=2)
 
 
+def test_link_mtu_sets_k_and_the_pool_and_is_checked() -> None:
+    assert topo_cli.topo_k("socket", "ina", "nc8", tagged=False, mtu=9000) == 8956
+    assert topo_cli.topo_k("socket", "ina", "nc8", tagged=False) == 1456
+    # the pool keeps about 64 chunks of MTU 1500 in flight, between 8 and 64 slots
+    assert [topo_cli.topo_pool_size("socket", k) for k in (1456, 8956, 256)] == [64, 10, 64]
+    assert topo_cli.topo_pool_size("bmv2", 256) == 8
+    check_backend("socket", mtu=9000)
+    with pytest.raises(ValueError, match=r"--mtu 9000: BACKEND=dpdk runs on links of MTU 1500"):
+        check_backend("dpdk", mtu=9000)
+    with pytest.raises(ValueError, match=r"--mtu"):
+        check_backend("socket", mtu=20000)
+
+
 def test_topo_without_root_says_root_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(topo_cli.os, "geteuid", lambda: 1000)
     parser = argparse.ArgumentParser()
@@ -240,6 +254,19 @@ def test_progress_follows_rank_0s_metrics_file(
     assert "mlp: 17226 parameters, compute 2.0 ms/step" in out
     assert "epoch 1: test accuracy 91.50% loss 0.3000, 1.5 s, 8.00 MB sent" in out
     assert "done: 5 steps, 812.5 samples/s, exposed communication 0.25 s" in out
+
+
+def test_exposed_communication_is_the_exchange_after_the_slowest_ranks_compute() -> None:
+    def step(n: int, ready: float, done: float) -> dict[str, Any]:
+        return {"event": "step", "step": n, "grads_ready": ready, "comm_done": done}
+
+    rank0 = [{"event": "start"}, step(1, 10.0, 10.5), step(2, 20.0, 21.0), {"event": "end"}]
+    rank1 = [step(1, 10.25, 10.5), step(2, 20.75, 21.0)]  # the slower rank: its compute hid more
+    # step 1: 10.5 - 10.25; step 2: 21.0 - 20.75
+    assert report.exposed_comm([rank0, rank1]) == 0.5
+    # a rank done early (its own wait was 1 s) does not count: only the tail after the last
+    assert report.exposed_comm([[step(1, 5.0, 6.0)], [step(1, 7.0, 7.25)]]) == 0.25
+    assert report.exposed_comm([[{"event": "start"}]]) is None
 
 
 @pytest.mark.parametrize("backend", ["dpdk", "bmv2"])

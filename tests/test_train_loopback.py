@@ -141,10 +141,15 @@ def test_torchrun_starts_the_ranks_against_an_aggregator(tmp_path: Path) -> None
         ends.append(events[-1])
     assert [e["steps"] for e in ends] == [STEPS] * WORLD
     assert stats["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS
-    for end in ends:  # the hook timed its all-reduces; the step time splits around them
+    for rank, end in enumerate(ends):  # the hook timed its all-reduces and each step's wait
+        steps = [e for e in report.read_events(tmp_path / f"rank{rank}.jsonl")
+                 if e["event"] == "step"]  # fmt: skip
+        assert all(e["grads_ready"] <= e["comm_done"] for e in steps)
+        waits = sum(e["comm_done"] - e["grads_ready"] for e in steps)
+        assert end["exposed_comm_s"] == pytest.approx(waits, rel=1e-9)
         assert end["comm_total_s"] > 0 and end["samples_per_s"] > 0
         assert 0 <= end["exposed_comm_fraction"] <= 1
-        assert end["step_s"] >= end["compute_step_s"] > 0
+        assert end["step_s"] > 0 and end["compute_step_s"] > 0
 
 
 def test_training_outside_torchrun_names_the_missing_flag() -> None:

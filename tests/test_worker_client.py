@@ -90,8 +90,8 @@ class FakeAggregator(threading.Thread):
         # A queue: the results of the first ``hold`` chunks wait until each of them was re-sent,
         # then go out in chunk order, each once, as a FIFO link would deliver the first copies.
         self.hold = hold
-        self.held: dict[int, tuple[bytes, tuple[str, int]]] = {}  # offset: result, peer
-        self.arrived: dict[int, float] = {}  # offset: when its first copy came
+        self.held: dict[int, tuple[bytes, tuple[str, int]]] = {}  # chunk: result, peer
+        self.arrived: dict[int, float] = {}  # chunk: when its first copy came
         self.resent_held: set[int] = set()
         self.released_at = 0.0
         self.stopping = threading.Event()
@@ -116,6 +116,7 @@ class FakeAggregator(threading.Thread):
             self.seen.add(chunk)
             if first and hdr.slot in self.drop_first_in_slots:
                 continue
+            # In a client's first call chunk i has offset i (docs/protocol.md: u * S + slot).
             if not self.hold_back(hdr.offset, hdr.flags, first, data, peer):
                 self.answer(data, peer)
 
@@ -143,8 +144,9 @@ class FakeAggregator(threading.Thread):
         )
         body = self.sum_payload(np.frombuffer(payload, dtype=np.uint8))
         at = self.bad_code_at
-        if at is not None and hdr.offset <= at < hdr.offset + hdr.count:
-            index = at - hdr.offset
+        start = hdr.offset * hdr.count  # its first element's flat index (a full first-call chunk)
+        if at is not None and start <= at < start + hdr.count:
+            index = at - start
             body = body[:index] + b"\x45" + body[index + 1 :]
         if self.junk:
             for datagram in self.junk_for(fields, body):
@@ -163,23 +165,23 @@ class FakeAggregator(threading.Thread):
         if self.duplicate:
             self.sock.sendto(result, peer)
 
-    def hold_back(self, offset: int, flags: int, first: bool, data: bytes,
+    def hold_back(self, chunk: int, flags: int, first: bool, data: bytes,
                   peer: tuple[str, int]) -> bool:  # fmt: skip
-        """Whether the chunk at ``offset`` is one of the held ones (see ``hold``); releases
-        them once each was re-sent."""
-        if len(self.arrived) == self.hold and offset not in self.arrived:
+        """Whether ``chunk`` is one of the held ones (see ``hold``); releases them once each
+        was re-sent."""
+        if len(self.arrived) == self.hold and chunk not in self.arrived:
             return False
         if first:
-            self.arrived[offset] = time.monotonic()
-            self.held[offset] = (data, peer)
+            self.arrived[chunk] = time.monotonic()
+            self.held[chunk] = (data, peer)
         elif flags & FLAG_RETX:
-            self.resent_held.add(offset)
+            self.resent_held.add(chunk)
         if len(self.resent_held) == self.hold and self.held:
             time.sleep(0.005)  # the queue drains on: the first copies come well after the re-sends
             self.released_at = time.monotonic()
             held, self.held = self.held, {}
-            for offset in sorted(held):
-                self.answer(*held[offset])
+            for chunk in sorted(held):
+                self.answer(*held[chunk])
         return True
 
     def sum_payload(self, codes: np.ndarray) -> bytes:
@@ -316,9 +318,10 @@ def test_lost_packets_are_resent_with_retx() -> None:
         stats = client.stats
         uplink = list(agg.uplink)
     # 20 chunks in 8 slots: slots 1 and 5 carry chunks 1, 9, 17 and 5, 13; each first copy lost.
-    resent = sorted(offset // 64 for flags, _, offset, _ in uplink if flags & FLAG_RETX)
+    # A first call: chunk i has offset i (docs/protocol.md, u * S + slot).
+    resent = sorted(offset for flags, _, offset, _ in uplink if flags & FLAG_RETX)
     assert resent == [1, 5, 9, 13, 17]
-    first = [offset // 64 for flags, _, offset, _ in uplink if not flags & FLAG_RETX]
+    first = [offset for flags, _, offset, _ in uplink if not flags & FLAG_RETX]
     assert sorted(first) == list(range(20))
     assert stats["retransmissions"] == 5
     assert stats["timeouts"] >= 1
@@ -427,14 +430,15 @@ def test_slots_and_pool_versions_continue_across_calls() -> None:
         client.allreduce(powers_of_two(10 * k, seed=5))  # 10 chunks
         client.allreduce(powers_of_two(6 * k - 3, seed=6))  # 6 chunks, the last one short
         uplink = list(agg.uplink)
-    # SwitchML: chunk i of a tensor uses slot i % S; a slot's version flips on every use, and
-    # the sequence carries over to the next tensor.
+    # SwitchML: chunk i of a tensor uses slot i % S; use u of a slot has version u & 1 and
+    # offset u * S + slot (docs/protocol.md), and the uses carry over to the next tensor.
     uses = [0] * pool_size
     expected: dict[int, list[tuple[int, int, int]]] = {s: [] for s in range(pool_size)}
     for chunks, last in ((10, k), (6, k - 3)):
         for i in range(chunks):
             slot = i % pool_size
-            expected[slot].append((uses[slot] & 1, i * k, last if i == chunks - 1 else k))
+            count = last if i == chunks - 1 else k
+            expected[slot].append((uses[slot] & 1, uses[slot] * pool_size + slot, count))
             uses[slot] += 1
     got: dict[int, list[tuple[int, int, int]]] = {s: [] for s in range(pool_size)}
     for flags, slot, offset, count in uplink:

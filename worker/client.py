@@ -5,8 +5,11 @@
 
 - the tensor is encoded once (``ncina.proto.nc8.encode``) and packed into one datagram per chunk
   of ``k`` elements (``ncina.proto.header.pack_chunks``); chunk ``i`` goes to slot ``i % S``, and
-  the slot's pool version flips on every use. The version state outlives a call, so consecutive
-  tensors continue the sequence and every worker of the job stays in step (SwitchML);
+  the slot's pool version flips on every use. The chunk's ``offset`` is its sequence number,
+  ``uses * S + slot`` (mod 2**32), so the aggregator can tell a late packet from the slot's next
+  use (docs/protocol.md, "Late and duplicate packets"). Use counts outlive a call, so
+  consecutive tensors continue the sequence and every worker of the job stays in step
+  (SwitchML);
 - self-clocking: at most one chunk per slot is outstanding; the result of a slot releases the
   slot's next chunk;
 - loss recovery: a slot whose result has not come back within its retransmission timeout (RTO) is
@@ -323,8 +326,9 @@ class AllreduceClient:
         self._ranges: dict[tuple[Hashable, int], int] = {}
         self._states: dict[int, State] = {}
         self.generation = 0  # the aggregator's, from its first result (0: not known yet)
-        # Pool version each slot takes on its next use; flips per use, across calls.
-        self._next_pool = np.zeros(pool_size, dtype=np.int64)
+        # Uses of each slot so far, across calls: the parity is the pool version of its next
+        # use, and its next INA chunk's offset is ``uses * S + slot`` (mod 2**32).
+        self._slot_uses = np.zeros(pool_size, dtype=np.int64)
         self._stats = dict.fromkeys(STAT_KEYS, 0)
         self._broken = ""  # why the client is unusable, if it is
         # Resolve once: sendto() with a host name would resolve it on every packet.
@@ -351,7 +355,7 @@ class AllreduceClient:
                 self._c = cpath.CTransfer(
                     self._sock, self.aggregator, job=job, rank=rank, pool_size=pool_size, k=k,
                     e_min=self.window.e_min, span=self.window.span, result_format=self._format,
-                    key=self.key, next_pool=self._next_pool,
+                    key=self.key, slot_uses=self._slot_uses,
                 )
             except (RuntimeError, OSError) as exc:
                 self._sock.close()
@@ -560,10 +564,10 @@ class AllreduceClient:
         element_size = ELEMENT_SIZE[self._format]
         received = bytearray(n * element_size)
         chunks = -(-n // self.k)
-        slots, pools = self._schedule(chunks)
+        slots, pools, offsets = self._schedule(chunks)
         frames, lengths = pack_chunks(
             encoded.codes, k=self.k, job=self.job, rank=self.rank, emin=self.window.e_min,
-            slots=slots, pools=pools,
+            slots=slots, pools=pools, offsets=offsets,
         )
         self._exchange(frames, lengths, pools, received)
         if self._format == Format.NC8:
@@ -643,7 +647,7 @@ class AllreduceClient:
             self.compressor.compress(flat[start : start + c], self._state(int(offset)))
             for start, offset in zip(starts.tolist(), offsets.tolist(), strict=True)
         ]
-        slots, pools = self._schedule(starts.size)
+        slots, pools, _ = self._schedule(starts.size)  # the offsets are the tensors' ranges
         frames, lengths = pack_blobs(
             payloads, counts=counts, offsets=offsets, job=self.job, rank=self.rank,
             emin=self.window.e_min, slots=slots, pools=pools,
@@ -683,15 +687,18 @@ class AllreduceClient:
             state = self._states[offset] = State(rng=self._rng)
         return state
 
-    def _schedule(self, chunks: int) -> tuple[np.ndarray, np.ndarray]:
-        """Slot and pool version of each chunk of a tensor; advances the per-slot versions."""
+    def _schedule(self, chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Slot, pool version and INA offset of each chunk of a tensor; advances the slots' use
+        counts. Chunk ``i`` is use ``u`` of slot ``i % S`` (``u`` counts the slot's earlier uses,
+        across calls): version ``u & 1``, offset ``u * S + slot`` mod 2**32, the chunk's
+        sequence number, which grows by ``2 S`` from one round of a slot version to the next
+        (docs/protocol.md, "Late and duplicate packets")."""
         s = self.pool_size
         index = np.arange(chunks, dtype=np.int64)
         slots = index % s
-        pools = (self._next_pool[slots] + index // s) & 1
-        uses = np.bincount(slots, minlength=s)
-        self._next_pool ^= uses & 1
-        return slots, pools
+        use = self._slot_uses[slots] + index // s
+        self._slot_uses += np.bincount(slots, minlength=s)
+        return slots, use & 1, (use * s + slots) & 0xFFFFFFFF
 
     def _exchange(
         self,

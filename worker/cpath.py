@@ -118,8 +118,9 @@ def load() -> ModuleType:
 class CTransfer:
     """The C state of one client: its socket, job, window and buffers (allocated once).
 
-    ``next_pool`` is the client's array of per-slot pool versions (int64, shared with the Python
-    path and updated in place); ``key`` the job's key or None.
+    ``slot_uses`` is the client's array of per-slot use counts (int64, shared with the Python
+    path and updated in place: a use's pool version and offset derive from it); ``key`` the
+    job's key or None.
     """
 
     def __init__(
@@ -135,15 +136,15 @@ class CTransfer:
         span: int,
         result_format: int,
         key: bytes | None,
-        next_pool: np.ndarray,
+        slot_uses: np.ndarray,
     ) -> None:
         module = load()
         self.ffi, self.lib = module.ffi, module.lib
         ffi = self.ffi
-        if next_pool.dtype != np.int64 or next_pool.shape != (pool_size,):
-            raise ValueError(f"next_pool must be int64 of shape ({pool_size},)")
+        if slot_uses.dtype != np.int64 or slot_uses.shape != (pool_size,):
+            raise ValueError(f"slot_uses must be int64 of shape ({pool_size},)")
         # Kept alive here: the C state points into them.
-        self._next_pool = next_pool
+        self._slot_uses = slot_uses
         self._key = ffi.new("uint8_t[]", key) if key else ffi.NULL
         cfg = ffi.new("struct ncw_config *")
         cfg.fd = sock.fileno()
@@ -152,7 +153,7 @@ class CTransfer:
         cfg.job, cfg.rank, cfg.pool_size, cfg.k = job, rank, pool_size, k
         cfg.e_min, cfg.span, cfg.result_format = e_min, span, result_format
         cfg.key, cfg.key_size = self._key, len(key) if key else 0
-        cfg.next_pool = ffi.from_buffer("int64_t[]", next_pool, require_writable=True)
+        cfg.slot_uses = ffi.from_buffer("int64_t[]", slot_uses, require_writable=True)
         cfg.gso = os.environ.get(GSO_ENV, "1") != "0"
         self._cfg = cfg
         state = self.lib.ncw_open(cfg)
@@ -213,9 +214,9 @@ class CTransfer:
             s = state.slots[slot]
             if s.chunk >= 0:
                 outstanding.append(slot)
-                offset = s.chunk * k
-                noticed = s.notice_offset == offset
-                waiting.append((min(k, x.size - offset), int(s.notice_held) if noticed else None))
+                start = s.chunk * k
+                noticed = s.notice_offset == int.from_bytes(bytes(s.want[12:16]), "big")
+                waiting.append((min(k, x.size - start), int(s.notice_held) if noticed else None))
         bad = None if state.bad_code_index < 0 else (int(state.bad_code_index), state.bad_code)
         return Outcome(int(status), int(state.stats.saturated), int(state.seen_generation),
                        outstanding, waiting, bad)  # fmt: skip

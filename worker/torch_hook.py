@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from ncina.proto.nc8 import Window
 from ncina.worker.sharding import ShardedAllreduce
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 # Variance of natural compression relative to x**2 (omega in the paper): for x = 2**e * (1 + p),
 # rounding to 2**e or 2**(e+1) has variance p(1-p) 4**e, at most x**2 / 8 (at p = 1/3).
@@ -49,8 +50,10 @@ FLOAT_SLACK = 2.0**-20
 
 @dataclass
 class InaHookState:
-    """The hook's state: the fabric every bucket goes through, the communication thread, and
-    ``comm_total_s``: seconds spent inside all-reduces so far (with ``buckets``, their count).
+    """The hook's state: the fabric every bucket goes through, the communication thread,
+    ``comm_total_s``: seconds spent inside all-reduces so far (with ``buckets``, their count),
+    and ``last_call``: when DDP last handed over a bucket (Unix seconds; after a backward pass,
+    when this rank's last gradients were ready, the end of its compute).
 
     Call :meth:`close` when training ends (it waits for the bucket in flight, if any).
     """
@@ -58,6 +61,7 @@ class InaHookState:
     fabric: ShardedAllreduce
     comm_total_s: float = 0.0
     buckets: int = 0
+    last_call: float = 0.0
     _thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ncina-hook"),
         repr=False,
@@ -106,8 +110,24 @@ def ina_hook(state: InaHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     if buffer.dtype != torch.float32:
         raise TypeError(f"the INA hook handles float32 gradients, bucket has {buffer.dtype}")
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    state.last_call = time.time()
     state._thread.submit(state.reduce, buffer, bucket.index(), future)
     return future
+
+
+@dataclass
+class GlooHookState:
+    """State of :func:`gloo_hook`: ``last_call`` as :attr:`InaHookState.last_call`."""
+
+    last_call: float = 0.0
+
+
+def gloo_hook(state: GlooHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's own gloo all-reduce of the bucket (``default_hooks.allreduce_hook``: the mean over
+    the default group), noting when the bucket was handed over, so that the gloo baseline's
+    exposed communication is measured as the INA hook's is."""
+    state.last_call = time.time()
+    return default_hooks.allreduce_hook(None, bucket)
 
 
 def nc_error_bounds(

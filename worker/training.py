@@ -21,7 +21,14 @@ import torch.distributed as dist
 from ncina.worker import data, models
 from ncina.worker.client import AllreduceClient
 from ncina.worker.sharding import ShardedAllreduce
-from ncina.worker.torch_hook import InaHookState, VerifyingState, ina_hook, verifying_hook
+from ncina.worker.torch_hook import (
+    GlooHookState,
+    InaHookState,
+    VerifyingState,
+    gloo_hook,
+    ina_hook,
+    verifying_hook,
+)
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -111,8 +118,9 @@ def evaluate(model: nn.Module, test: Dataset) -> tuple[float, float]:
 
 def compute_step_time(model: DistributedDataParallel, loader: DataLoader) -> float:
     """Median seconds of a forward and backward pass without gradient exchange (``no_sync``):
-    the compute a step costs, against which ``exposed_comm_s`` is measured. The gradients are
-    discarded, and the parameters stay as they are."""
+    the compute a step costs (``step_s`` beyond it is what the exchange adds to a step, its
+    share of the CPUs included). The gradients are discarded, and the parameters stay as they
+    are."""
     times = []
     batches = iter(loader)
     with model.no_sync():
@@ -179,7 +187,7 @@ def train(args: argparse.Namespace, events: Events, fabric: ShardedAllreduce | N
     train_set, test_set = data.resolve(data_name)(args.seed)
     model = DistributedDataParallel(spec.factory(), bucket_cap_mb=args.bucket_cap_mb)
     verify: VerifyingState | None = None
-    hook: InaHookState | None = None
+    hook: InaHookState | GlooHookState
     if fabric:
         hook = InaHookState(fabric)
         if args.verify:
@@ -187,10 +195,13 @@ def train(args: argparse.Namespace, events: Events, fabric: ShardedAllreduce | N
             model.register_comm_hook(verify, verifying_hook)
         else:
             model.register_comm_hook(hook, ina_hook)
+    else:
+        hook = GlooHookState()
+        model.register_comm_hook(hook, gloo_hook)
     try:
         steps(args, events, fabric, model, hook, verify, train_set, test_set, data_name)
     finally:
-        if hook:
+        if isinstance(hook, InaHookState):
             hook.close()
 
 
@@ -199,7 +210,7 @@ def steps(
     events: Events,
     fabric: ShardedAllreduce | None,
     model: DistributedDataParallel,
-    hook: InaHookState | None,
+    hook: InaHookState | GlooHookState,
     verify: VerifyingState | None,
     train_set: Dataset,
     test_set: Dataset,
@@ -229,6 +240,7 @@ def steps(
     )
     step = 0
     step_total = 0.0  # seconds inside steps (forward, backward with the exchange, update)
+    comm_wait = 0.0  # seconds backward() went on after this rank's last bucket was ready
     for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch)
         for x, y in loader:
@@ -236,6 +248,8 @@ def steps(
             optimizer.zero_grad()
             loss = loss_of(model(x), y)
             loss.backward()  # returns once every bucket's all-reduce has completed
+            grads_ready, comm_done = hook.last_call, time.time()
+            comm_wait += comm_done - grads_ready
             optimizer.step()
             step_total += time.perf_counter() - started
             step += 1
@@ -248,7 +262,7 @@ def steps(
                 line = (f"{tag} epoch {epoch} step {step} loss {value:.4f} "
                         f"tx {wire.get('tx_bytes', 0)} B{extra} t {now:.2f} s")
             events.emit("step", line, step=step, epoch=epoch, loss=value, time=now, **wire,
-                        fabric=progress)
+                        grads_ready=grads_ready, comm_done=comm_done, fabric=progress)
             if verify:
                 for record in verify.records:
                     events.emit("verify", step=step, **record)
@@ -268,7 +282,7 @@ def steps(
             break
     dist.barrier()
     elapsed = clock()
-    timing = step_timing(step, step_total, compute_s, hook)
+    timing = step_timing(step, step_total, compute_s, comm_wait, hook)
     samples_per_s = step * args.batch_size * args.world_size / elapsed if elapsed else 0.0
     events.emit(
         "end", f"{tag} finished: {step} steps, accuracy {test_acc:.2f}%, "
@@ -281,19 +295,23 @@ def steps(
 
 
 def step_timing(
-    steps: int, step_total: float, compute_s: float, hook: InaHookState | None
+    steps: int,
+    step_total: float,
+    compute_s: float,
+    comm_wait: float,
+    hook: InaHookState | GlooHookState,
 ) -> dict[str, float | None]:
-    """What a training run's steps cost: ``step_s`` (mean), ``compute_step_s`` (the probe's),
-    ``exposed_comm_s`` (over all steps: step time beyond compute, the communication the
-    backward pass did not hide), ``comm_total_s`` (time inside the hook's all-reduces; None
-    without the hook: gloo's own exchange is not timed) and ``exposed_comm_fraction``
-    (exposed over total communication; None without the hook)."""
-    exposed = max(0.0, step_total - steps * compute_s)
-    comm = hook.comm_total_s if hook else None
+    """What a training run's steps cost on this rank: ``step_s`` (mean), ``compute_step_s``
+    (the probe's), ``exposed_comm_s`` (``comm_wait``: over all steps, how long the backward
+    pass went on after this rank's last bucket was handed over, i.e. the communication its
+    compute did not hide, waiting for slower ranks included), ``comm_total_s`` (time inside
+    the INA hook's all-reduces; None for gloo, whose all-reduces run inside gloo) and
+    ``exposed_comm_fraction`` (exposed over total communication; None for gloo)."""
+    comm = hook.comm_total_s if isinstance(hook, InaHookState) else None
     return {
         "step_s": step_total / steps if steps else 0.0,
         "compute_step_s": compute_s,
-        "exposed_comm_s": exposed,
+        "exposed_comm_s": comm_wait,
         "comm_total_s": comm,
-        "exposed_comm_fraction": min(1.0, exposed / comm) if comm else None,
+        "exposed_comm_fraction": min(1.0, comm_wait / comm) if comm else None,
     }

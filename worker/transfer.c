@@ -241,8 +241,10 @@ static int start(struct ncw *w, uint64_t i, uint32_t slot, double now)
     const uint64_t offset = i * c->k;
     const uint64_t left = w->n - offset;
     const uint32_t count = left < c->k ? (uint32_t)left : c->k;
-    const int pool = (int)(c->next_pool[slot] & 1);
-    c->next_pool[slot] = pool ^ 1;
+    /* Use u of the slot: version u & 1, offset u * S + slot mod 2^32 (docs/protocol.md). */
+    const uint64_t use = (uint64_t)c->slot_uses[slot];
+    c->slot_uses[slot] = (int64_t)(use + 1);
+    const int pool = (int)(use & 1);
     const uint8_t common = (uint8_t)((pool ? FLAG_POOL : 0) | w->generation << GENERATION_SHIFT
                                      | (c->key_size ? FLAG_TAG : 0));
     frame[0] = 1; /* version */
@@ -253,7 +255,7 @@ static int start(struct ncw *w, uint64_t i, uint32_t slot, double now)
     wr16(frame + 6, c->rank);
     wr16(frame + 8, slot);
     wr16(frame + 10, count);
-    wr32(frame + 12, (uint32_t)offset);
+    wr32(frame + 12, (uint32_t)(use * c->pool_size + slot));
     /* count <= k: the frame has room for it and the tag (ncw_open sized it). */
     nc8_encode(w->x + offset, frame + NCW_HEADER, count, w->key + offset * NCW_GAMMA, c->e_min,
                c->span, &w->stats.saturated);
@@ -543,7 +545,7 @@ uint64_t ncw_first_nonfinite(const float *x, uint64_t n)
 
 struct ncw *ncw_open(const struct ncw_config *cfg)
 {
-    if (cfg->pool_size == 0 || cfg->k == 0 || cfg->next_pool == NULL
+    if (cfg->pool_size == 0 || cfg->k == 0 || cfg->slot_uses == NULL
         || cfg->result_format < 0 || cfg->result_format > 1 || cfg->key_size > 64
         || (cfg->key_size && cfg->key == NULL) || cfg->e_min < -126 || cfg->e_min > 63) {
         errno = EINVAL;

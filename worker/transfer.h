@@ -2,12 +2,13 @@
  *
  * ncina.worker.client._Transfer is the reference and docs/protocol.md the wire format; this is
  * the same loop without the interpreter: chunk i of the tensor goes into slot i % S with the
- * slot's next pool version, NC8-encoded right before it first goes out (element j of a call
- * uses the random word of flat index j, so chunk by chunk gives the bytes of the whole tensor at
- * once), tagged when the job has a key, sent in sendmmsg batches; results arrive in recvmmsg
- * batches and are decoded (NC8 codes or int sums) straight into the float32 output. A slot's
- * result releases its next chunk; the timers re-send with RETX; the generation is learned from
- * the first result and stamped on every packet; notices are remembered per slot.
+ * pool version and offset of the slot's next use (u & 1, u * S + slot), NC8-encoded right
+ * before it first goes out (element j of a call uses the random word of flat index j, so chunk
+ * by chunk gives the bytes of the whole tensor at once), tagged when the job has a key, sent in
+ * sendmmsg batches; results arrive in recvmmsg batches and are decoded (NC8 codes or int sums)
+ * straight into the float32 output. A slot's result releases its next chunk; the timers re-send
+ * with RETX; the generation is learned from the first result and stamped on every packet;
+ * notices are remembered per slot.
  *
  * Nothing is allocated after ncw_open. Plain declarations only: worker/cpath.py hands the lines
  * of timing.h and this file that are not preprocessor directives to cffi as its cdef.
@@ -40,7 +41,7 @@ struct ncw_config {
     const uint8_t *key; /* the job's key, or NULL: no tag */
     uint32_t key_size;
     double deadline;    /* seconds without progress before NCW_TIMEOUT */
-    int64_t *next_pool; /* S pool versions the slots take next (the client's, shared) */
+    int64_t *slot_uses; /* S: uses of each slot so far (the client's, shared) */
     int gso;            /* send runs of equal-length datagrams as one UDP_SEGMENT send */
 };
 

@@ -60,12 +60,14 @@ class Group:
 @dataclass(frozen=True)
 class InstalledJob:
     """Where a job lives on the switch: its index (counters, members, multicast group
-    ``index + 1``) and its first slot version in the registers."""
+    ``index + 1``), its first slot version in the registers, and the seed of its nc8 results
+    (``JobConfig.result_seed``: the job's ``--seed``, or one drawn when it is placed)."""
 
     config: JobConfig
     index: int
     slot_base: int
     generation: int
+    seed: int
 
 
 def check_job(config: JobConfig) -> None:
@@ -90,7 +92,7 @@ def place(configs: Sequence[JobConfig], generation: int, k: int) -> list[Install
                 f"job {config.job}'s pool of {config.pool_size} slots does not fit: the program "
                 f"has {SLOTS} slot versions for all jobs (2 per slot)"
             )
-        placed.append(InstalledJob(config, index, base, generation))
+        placed.append(InstalledJob(config, index, base, generation, config.result_seed()))
         base += 2 * config.pool_size
     return placed
 
@@ -116,6 +118,7 @@ def job_entries(job: InstalledJob) -> list[Entry]:
         "max_code": c.window.max_code,
         "result_format": int(c.result_format),
         "generation": job.generation,
+        "seed": job.seed,
     }
     entries = [Entry(JOBS_TABLE, {"hdr.nc.job": str(c.job)}, JOB_ACTION,
                      {name: str(value) for name, value in params.items()})]  # fmt: skip

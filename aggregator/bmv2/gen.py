@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ncina.aggregator.bmv2.layout import defines
+from ncina.proto.nc8 import GAMMA
 
 GENERATED = ("config.p4", "lanes.p4")
 # The program has one unrolled lane per element, so p4c's time and the switch's header stack
@@ -73,6 +74,26 @@ def _add(i: int) -> Iterator[str]:
            f"meta.first == 1 ? {M}_value : {M}_sum + {M}_value);")  # fmt: skip
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(var: str) -> list[str]:
+    """The splitmix64 finalizer on the ``bit<64>`` field ``var``, in place (docs/protocol.md):
+    BMv2 computes it exactly, p4c masking each product to 64 bits."""
+    return [
+        f"{var} = {var} ^ ({var} >> 30);",
+        f"{var} = {var} * 64w0xBF58476D1CE4E5B9;",
+        f"{var} = {var} ^ ({var} >> 27);",
+        f"{var} = {var} * 64w0x94D049BB133111EB;",
+        f"{var} = {var} ^ ({var} >> 31);",
+    ]
+
+
+def _step(i: int) -> str:
+    """``(i + 1) * G`` modulo 2^64: lane ``i``'s place in the result's SplitMix64 stream."""
+    return f"64w0x{(i + 1) * GAMMA & _MASK64:016X}"
+
+
 def _encode(i: int) -> Iterator[str]:
     lane = f"hdr.lanes[{i}]"
     yield f"// lane {i}: |sum| in [2^high, 2^(high+1)), then NC8 rounding"
@@ -83,6 +104,7 @@ def _encode(i: int) -> Iterator[str]:
         yield f"    {M}_high = {M}_high + {width};"
         yield f"    {M}_rest = {M}_rest >> {width};"
         yield "}"
+    yield f"{M}_draw = meta.result_key + {_step(i)};"
     yield "round_to_code();"
     yield f"{lane}.sign = {M}_negative;"
     yield f"{lane}.code = (bit<7>){M}_code;"
@@ -127,15 +149,38 @@ def lanes_p4(k: int) -> str:
         "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
         "    register<bit<64>>(NCINA_SLOTS * NCINA_K) sums;",
         "    register<bit<8>>(NCINA_SLOTS * NCINA_K) results;",
+        "    // Completions of each slot version: the `use` of its next nc8 result's key.",
+        "    register<bit<32>>(NCINA_SLOTS) uses;",
         "",
         "    // A contribution: the first one of the slot version overwrites, the others add.",
         "    action add() {",
         *_each(k, _add, 8),
         "    }",
         "",
+        "    // The nc8 result's key (docs/protocol.md, 'Re-compression'): a hash of the job's",
+        "    // seed, the chunk's job, slot and offset, and the slot version's use and version;",
+        "    // one mix per action, so that p4c does not nest one into the next.",
+        "    action key_seed() {",
+        f"        meta.result_key = meta.seed + {_step(0)};",
+        *(f"        {line}" for line in _mix("meta.result_key")),
+        "    }",
+        "",
+        "    action key_chunk() {",
+        "        meta.result_key = meta.result_key ^ ((bit<64>)hdr.nc.job << 48",
+        "            | (bit<64>)hdr.nc.slot << 32 | (bit<64>)hdr.nc.offset);",
+        *(f"        {line}" for line in _mix("meta.result_key")),
+        "    }",
+        "",
+        "    action key_use() {",
+        "        meta.result_key = meta.result_key ^ ((bit<64>)meta.result_use << 1",
+        "            | (bit<64>)hdr.nc.pool);",
+        *(f"        {line}" for line in _mix("meta.result_key")),
+        "    }",
+        "",
         "    // Re-compression of meta.lane_sum (docs/protocol.md): its sign and magnitude first,",
         "    // then, once the highest set bit `high` of the magnitude is known, up to 2^(high+1)",
-        "    // with probability |sum|/2^high - 1 (random bits below 2^high against the excess).",
+        "    // with probability |sum|/2^high - 1: the top `high` bits of the lane's word",
+        "    // mix(key + (lane + 1) * G) against the excess.",
         "    action magnitude() {",
         f"        {M}_negative = {M}_sum[63:63];",
         f"        {M}_magnitude = {M}_negative == 1 ? -{M}_sum : {M}_sum;",
@@ -144,7 +189,7 @@ def lanes_p4(k: int) -> str:
         "    }",
         "",
         "    action round_to_code() {",
-        f"        random({M}_draw, 64w0, 64w0xFFFFFFFFFFFFFFFF);",
+        *(f"        {line}" for line in _mix(f"{M}_draw")),
         f"        {M}_up = ({M}_draw >> (8w64 - {M}_high)) < "
         f"({M}_magnitude - ((bit<64>)1 << {M}_high)) ? 1w1 : 1w0;",
         f"        {M}_code = {M}_magnitude == 0 ? 8w0 : {M}_high + 1 + (bit<8>){M}_up;",
@@ -170,6 +215,11 @@ def lanes_p4(k: int) -> str:
         "            clear();",
         "        } else if (meta.result_format == FORMAT_NC8) {",
         "            if (meta.lane_op == LANE_COMPLETE) {",
+        "                uses.read(meta.result_use, meta.slot_index);",
+        "                uses.write(meta.slot_index, meta.result_use + 1);",
+        "                key_seed();",
+        "                key_chunk();",
+        "                key_use();",
         *_each(k, _encode, 16),
         "            } else if (meta.lane_op == LANE_RESEND) {",
         "                load_nc8();",

@@ -3,9 +3,9 @@
 The engine is the protocol of docs/protocol.md on UDP datagrams: header parse, admission, members,
 the slot state machine, replies (``parse.c``, ``admission.c``, ``members.c``, ``slots.c``,
 ``reply.c``, ``engine.c``). Each I/O layer compiles it into its own cffi extension, next to its
-own loop; :class:`Engine` is the control plane both drivers use on that extension: jobs, members,
-keys, the nc8 result key ring (the Python reference's ``default_rng(seed)`` stream) and the
-counters as ``ncina.aggregator.stats`` objects.
+own loop; :class:`Engine` is the control plane both drivers use on that extension: jobs (and the
+seed of their nc8 results), members, keys and the counters as ``ncina.aggregator.stats``
+objects.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import (
     GLOBAL_DROP_REASONS,
@@ -48,8 +47,8 @@ DROP_NAMES = (
     "chunk_mismatch",
     "bad_tag",
     "stale_generation",
+    "late",
 )
-KEY_RING = 1 << 18  # nc8 result keys buffered per job (2 MiB); the drivers refill it every poll
 
 
 def proto_dir() -> Path:
@@ -122,17 +121,13 @@ class Engine:
         """The generation stamped on every result and notice (0: none, no notices)."""
         self.lib.nce_set_generation(generation)
 
-    def add_job(self, config: JobConfig) -> np.random.Generator:
-        """Install a job and its members; returns the generator of its nc8 result keys (the
-        Python reference's ``default_rng(seed)``), whose first keys are already pushed. A
-        job that cannot be installed (``RuntimeError``) leaves nothing behind."""
+    def add_job(self, config: JobConfig) -> None:
+        """Install a job (with ``config.result_seed()``: its nc8 results are the reference's
+        under the same seed, whatever the order of completions) and its members. A job that
+        cannot be installed (``RuntimeError``) leaves nothing behind."""
         import ipaddress
 
         window = config.window
-        rng = np.random.default_rng(config.seed)
-        # The fallback stream (used only if the key ring ran dry) is seeded from the same rng's
-        # independent child, so it does not consume the reference's keys.
-        fallback = int(rng.spawn(1)[0].integers(0, 2**64, dtype=np.uint64))
         self.check(
             self.lib.nce_job_add(
                 config.job,
@@ -142,7 +137,7 @@ class Engine:
                 window.e_min,
                 window.span,
                 int(config.result_format),
-                fallback,
+                config.result_seed(),
             ),
             f"installing job {config.job}",
         )
@@ -157,13 +152,10 @@ class Engine:
                     ),
                     f"job {config.job} member {rank}",
                 )
-            self.check(self.lib.nce_job_key_ring(config.job, KEY_RING), "key ring")
-            self.refill_keys(config.job, rng)
             self.check(self.lib.nce_job_publish(config.job), f"publishing job {config.job}")
         except RuntimeError:
             self.lib.nce_job_remove(config.job)
             raise
-        return rng
 
     def remove_job(self, job: int) -> None:
         """Uninstall a job (its slots and counters go with it); safe while the data plane runs
@@ -174,14 +166,6 @@ class Engine:
         """Say whether a data plane runs: while it does, ``add_job`` configures a job completely
         before the data plane sees it."""
         self.lib.nce_set_live(int(live))
-
-    def refill_keys(self, job: int, rng: np.random.Generator) -> None:
-        """Top up the job's nc8 result key ring with the next draws of ``rng``."""
-        nxt = self.ffi.new("uint64_t *")
-        space = self.lib.nce_job_key_space(job, nxt)
-        if space:
-            keys = rng.integers(0, 2**64, size=space, dtype=np.uint64)
-            self.lib.nce_job_key_push(job, self.ffi.from_buffer("uint64_t[]", keys), space)
 
     def _counters(self, job: int) -> Any:
         c = self.ffi.new("struct nce_counters *")
@@ -212,7 +196,3 @@ class Engine:
             if name in GLOBAL_DROP_REASONS:
                 stats.drops[name] = c.drops[i]
         return stats
-
-    def key_underruns(self, job: int) -> int:
-        """nc8 results of the job keyed by the fallback because the key ring was empty."""
-        return int(self._counters(job).key_underruns)

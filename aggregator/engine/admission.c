@@ -1,7 +1,7 @@
 /* Admission: the jobs (installed by the control plane), the engine's generation, and the
  * job-level checks a well-formed datagram passes before it reaches the slots, in the order of
- * ncina.aggregator.slots: flags, format, membership, generation, window, slot and count bounds,
- * codes. */
+ * docs/protocol.md "Order of checks" (ncina.aggregator.slots follows it too): flags, format,
+ * membership, window, slot and count bounds, generation, codes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +46,6 @@ static void job_free(struct nce_job *job)
 {
     nce_pool_free(job);
     nce_members_free(job);
-    nce_keys_free(job);
     free(job);
 }
 
@@ -182,31 +181,6 @@ int nce_member_set(uint16_t id, uint16_t rank, const uint8_t *ip, uint16_t port)
     return 0;
 }
 
-int nce_job_key_ring(uint16_t id, uint32_t size_pow2)
-{
-    struct nce_job *job = ctl_job(id);
-    if (job == NULL || size_pow2 == 0 || (size_pow2 & (size_pow2 - 1)) != 0 || job->keys)
-        FAIL("job %u: bad key ring (size %u)", id, size_pow2);
-    if (nce_keys_alloc(job, size_pow2) != 0)
-        FAIL("job %u: out of memory", id);
-    return 0;
-}
-
-uint32_t nce_job_key_space(uint16_t id, uint64_t *next)
-{
-    const struct nce_job *job = ctl_job(id);
-    if (job == NULL || job->keys == NULL)
-        return 0;
-    return nce_keys_space(job, next);
-}
-
-void nce_job_key_push(uint16_t id, const uint64_t *keys, uint32_t n)
-{
-    struct nce_job *job = ctl_job(id);
-    if (job != NULL && job->keys != NULL)
-        nce_keys_push(job, keys, n);
-}
-
 void nce_reset(void)
 {
     for (size_t id = 0; id < 65536; id++) {
@@ -259,15 +233,16 @@ int nce_admit(const struct nce_job *job, const struct nce_pkt *p, const struct n
         return NCE_BAD_FORMAT;
     if (p->rank >= job->n || !nce_member_accepts(job, p->rank, from))
         return NCE_NON_MEMBER;
-    const unsigned stamp = p->flags & NCE_GEN_MASK;
-    if (stamp && stamp != (unsigned)nce_generation << NCE_GEN_SHIFT)
-        return nce_generation ? NCE_STALE_GENERATION : NCE_BAD_FLAGS;
     if (p->emin != job->e_min)
         return NCE_WINDOW_MISMATCH;
     if (p->slot >= job->nslots)
         return NCE_BAD_SLOT;
     if (p->count > job->k)
         return NCE_BAD_COUNT;
+    /* After the header checks: a stale packet's notice names a slot of the pool. */
+    const unsigned stamp = p->flags & NCE_GEN_MASK;
+    if (stamp && stamp != (unsigned)nce_generation << NCE_GEN_SHIFT)
+        return nce_generation ? NCE_STALE_GENERATION : NCE_BAD_FLAGS;
     if (max_code(p->payload, p->count) > (unsigned)job->span + 1)
         return NCE_BAD_CODE;
     return -1;

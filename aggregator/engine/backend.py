@@ -3,9 +3,9 @@
 loop runs in a thread.
 
 The C loop runs in a Python thread: cffi releases the GIL for the call, so the loop never touches
-Python, and the main thread is free to handle signals, keep the nc8 result key rings topped up
-and write the stats document (the schema of ``ncina.aggregator.stats``, plus one section of the
-I/O layer's own counters named after the backend).
+Python, and the main thread is free to handle signals and write the stats document (the schema
+of ``ncina.aggregator.stats``, plus one section of the I/O layer's own counters named after the
+backend).
 """
 
 from __future__ import annotations
@@ -62,26 +62,24 @@ class EngineBackend:
         self.log = log
         self.started = time.time()
         self.address: Address = ("0.0.0.0", 0)
-        self.rngs: dict[int, Any] = {}
         self._stop = threading.Event()
         self._stats_requested = False
         self._run_rc = 0
         plane.set_generation(generation)
 
     def install_jobs(self) -> None:
-        """Install every job (and push its first nc8 result keys)."""
+        """Install every job."""
         for config in self.configs.values():
-            self.rngs[config.job] = self.plane.add_job(config)
+            self.plane.add_job(config)
 
     def add_job(self, config: JobConfig) -> None:
         """Install one more job while the loop runs."""
-        self.rngs[config.job] = self.plane.add_job(config)
+        self.plane.add_job(config)
         self.configs[config.job] = config
 
     def remove_job(self, job: int) -> None:
         """Uninstall a job while the loop runs."""
         del self.configs[job]
-        del self.rngs[job]
         self.plane.remove_job(job)
 
     # ---- hooks of the I/O layer ----
@@ -148,8 +146,6 @@ class EngineBackend:
                 next_control = time.monotonic() + CONTROL_INTERVAL
                 apply_changes(self.control, self.configs.keys(), self.add_job, self.remove_job,
                               self.log)  # fmt: skip
-            for job, rng in self.rngs.items():
-                self.plane.refill_keys(job, rng)
             now = time.monotonic()
             if self._stats_requested or (self.stats_path is not None and now >= next_write):
                 self._stats_requested = False
@@ -174,7 +170,6 @@ class EngineBackend:
             global_stats=global_stats,
             jobs={job: self.plane.job_stats(job) for job in self.configs},
         )
-        io["key_underruns"] = sum(self.plane.key_underruns(job) for job in self.configs)
         document[self.name] = io
         return document
 

@@ -84,20 +84,24 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
     c->retx_seen += (p.flags & NCE_FLAG_RETX) != 0;
 
     struct nce_slot *s = &job->slots[2 * p.slot + ver];
-    if (s->bitmap != 0 && (p.offset != s->offset || p.count != s->count)) {
+    act->slot = s;
+    switch (nce_slot_rule(job, &p, ver)) {
+    case NCE_R_LATE:
+        c->drops[NCE_LATE]++;
+        return NCE_V_NONE;
+    case NCE_R_MISMATCH:
         c->drops[NCE_CHUNK_MISMATCH]++;
         return NCE_V_NONE;
-    }
-    act->slot = s;
-    if (s->bitmap & 1ULL << p.rank) {
-        if (s->complete) {                      /* rule 2: the worker lost the result */
-            c->results_resent++;
-            c->packets_out++;
-            c->bytes_out += nce_result_len(job, s);
-            return NCE_V_SEND_ONE;
-        }
-        c->duplicates++;                        /* rule 3: ignored duplicate, and a notice */
+    case NCE_R_RESEND:                          /* rule 2: the worker lost the result */
+        c->results_resent++;
+        c->packets_out++;
+        c->bytes_out += nce_result_len(job, s);
+        return NCE_V_SEND_ONE;
+    case NCE_R_DUPLICATE:                       /* rule 3: ignored duplicate, and a notice */
+        c->duplicates++;
         return nce_generation ? notice(job, &p, s->bitmap, act) : NCE_V_NONE;
+    case NCE_R_CONTRIBUTE:
+        break;
     }
     if (!nce_contribute(job, s, &p, ver))       /* rule 1: a new contribution */
         return NCE_V_NONE;

@@ -28,7 +28,8 @@ enum nce_drop {
     NCE_CHUNK_MISMATCH = 11,
     NCE_BAD_TAG = 12,
     NCE_STALE_GENERATION = 13,
-    NCE_NDROPS = 14
+    NCE_LATE = 14,
+    NCE_NDROPS = 15
 };
 
 /* Counters of one job, or of the engine-wide "global" section (datagrams no job claims); names
@@ -46,8 +47,7 @@ struct nce_counters {
     uint64_t retx_seen;
     uint64_t notices_sent;
     uint64_t handshakes;        /* job datagrams answered with the job's descriptor */
-    uint64_t key_underruns;     /* nc8 results keyed by the fallback (key ring empty) */
-    uint64_t drops[14];
+    uint64_t drops[15];
 };
 
 /* The reason of the last failed call (a sentence). */
@@ -59,7 +59,8 @@ uint32_t nce_max_k(void);
  * by nce_job_add, keyed jobs whose tagged results exceed it are removed by nce_job_set_key (a
  * job that cannot serve keyed must not serve unkeyed). Default: no limit beyond NCE_MAX_K. */
 void nce_set_reply_room(uint32_t bytes, const char *limit);
-/* Install a job. result_format 0 = nc8, 1 = int. Returns 0, or -1 with nce_error(). */
+/* Install a job. result_format 0 = nc8, 1 = int; seed: of the nc8 results' rounding bits
+ * (nc8_result_key). Returns 0, or -1 with nce_error(). */
 int nce_job_add(uint16_t job, uint16_t workers, uint16_t k, uint16_t slots, int e_min, int span,
                 int result_format, uint64_t seed);
 /* Jobs at run time. While live (a data plane runs) nce_job_add stages a job, invisible to the
@@ -82,14 +83,6 @@ void nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t key
 /* Configure a member's address (IPv4 network order, UDP port host order). Unconfigured members
  * are learned from their first valid datagram; a configured one only accepts its address. */
 int nce_member_set(uint16_t job, uint16_t rank, const uint8_t *ip, uint16_t port);
-/* The nc8 result keys: one per slot completion, in order, drawn by the control plane from the
- * same generator as the Python reference (numpy default_rng(seed)), through a ring of
- * size_pow2 keys. nce_job_key_space says how many keys may be pushed now and the index of the
- * next one; nce_job_key_push appends them. An empty ring falls back to a key derived from the
- * seed, the job and the completion index (counted as key_underruns). */
-int nce_job_key_ring(uint16_t job, uint32_t size_pow2);
-uint32_t nce_job_key_space(uint16_t job, uint64_t *next);
-void nce_job_key_push(uint16_t job, const uint64_t *keys, uint32_t n);
 /* Counters, copied word by word (the data-plane thread writes them; no value is torn). */
 int nce_job_stats(uint16_t job, struct nce_counters *out);
 void nce_global_stats(struct nce_counters *out);

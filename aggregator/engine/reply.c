@@ -1,60 +1,11 @@
-/* Replies: re-encode a completed slot once (nc8 with the next key of the job's key ring, or
- * int), and write the datagrams that carry it (one per member: the emulated multicast) and the
- * notices. Every result and notice carries the engine's generation, a keyed job's its tag. */
-#include <stdlib.h>
+/* Replies: re-encode a completed slot once (nc8 keyed by the job's seed and the chunk's job,
+ * slot, version and offset, or int), and write the datagrams that carry it (one per member: the
+ * emulated multicast) and the notices. Every result and notice carries the engine's generation,
+ * a keyed job's its tag. */
 #include <string.h>
 
 #include "nc8.h"
 #include "state.h"
-
-/* ---- the nc8 result key ring: the control plane produces, completions consume ---- */
-
-int nce_keys_alloc(struct nce_job *job, uint32_t size_pow2)
-{
-    job->keys = calloc(size_pow2, sizeof *job->keys);
-    if (job->keys == NULL)
-        return -1;
-    job->key_mask = size_pow2 - 1;
-    return 0;
-}
-
-void nce_keys_free(struct nce_job *job)
-{
-    free(job->keys);
-    job->keys = NULL;
-}
-
-uint32_t nce_keys_space(const struct nce_job *job, uint64_t *next)
-{
-    const uint64_t used = __atomic_load_n(&job->completions, __ATOMIC_ACQUIRE);
-    const uint64_t written = job->keys_written;
-    /* After an underrun the data plane is ahead of the producer: skip the keys it did not use. */
-    const uint64_t start = written > used ? written : used;
-    *next = start;
-    return (uint32_t)(job->key_mask + 1 - (start - used));
-}
-
-void nce_keys_push(struct nce_job *job, const uint64_t *keys, uint32_t n)
-{
-    uint64_t start = 0;
-    if (n > nce_keys_space(job, &start))
-        return;
-    for (uint32_t i = 0; i < n; i++)
-        job->keys[(start + i) & job->key_mask] = keys[i];
-    __atomic_store_n(&job->keys_written, start + n, __ATOMIC_RELEASE);
-}
-
-/* The key of the nc8 result stream for the job's next slot completion: the control plane's
- * key (the Python reference's stream) when the ring has one, else a function of the seed, the
- * job and the completion index. */
-static uint64_t next_key(struct nce_job *job)
-{
-    const uint64_t n = job->completions;
-    if (job->keys != NULL && n < __atomic_load_n(&job->keys_written, __ATOMIC_ACQUIRE))
-        return job->keys[n & job->key_mask];
-    job->c.key_underruns++;
-    return nc8_mix64(nc8_mix64(job->seed ^ ((uint64_t)job->id << 48)) + n);
-}
 
 static inline void put_be64(uint8_t *p, uint64_t v)
 {
@@ -62,16 +13,19 @@ static inline void put_be64(uint8_t *p, uint64_t v)
         p[i] = (uint8_t)v;
 }
 
-void nce_encode_result(struct nce_job *job, struct nce_slot *s)
+void nce_encode_result(const struct nce_job *job, struct nce_slot *s)
 {
     const unsigned n = s->count;
     if (job->result_format == NCE_FMT_NC8) {
-        nc8_int_to_codes(s->acc, s->result, n, next_key(job));
+        const size_t at = (size_t)(s - job->slots);     /* slot at / 2, version at % 2 */
+        const uint64_t key = nc8_result_key(job->seed, job->id, (uint16_t)(at >> 1),
+                                            (unsigned)(at & 1), s->offset, s->uses);
+        nc8_int_to_codes(s->acc, s->result, n, key);
     } else {
         for (unsigned i = 0; i < n; i++)
             put_be64(s->result + 8 * (size_t)i, (uint64_t)s->acc[i]);
     }
-    __atomic_store_n(&job->completions, job->completions + 1, __ATOMIC_RELEASE);
+    s->uses++;
 }
 
 /* ---- datagrams ---- */

@@ -1,6 +1,6 @@
-/* Slots: each job's pool of slots, two versions each (the SwitchML shadow copy), and rule 1 of
- * the state machine of docs/protocol.md ("Slots, pool versions and loss recovery"): a new
- * contribution is added into the slot version's 64-bit integer accumulators. */
+/* Slots: each job's pool of slots, two versions each (the SwitchML shadow copy), the slot rules
+ * of docs/protocol.md ("Late and duplicate packets") and rule 1: a new contribution is added
+ * into the slot version's 64-bit integer accumulators. */
 #include <stdlib.h>
 
 #include "nc8.h"
@@ -37,6 +37,42 @@ void nce_pool_free(struct nce_job *job)
     job->slots = NULL;
 }
 
+/* Whether offset is the offset of the slot version's last round or before it, in serial-number
+ * arithmetic mod 2^32 (RFC 1982): offsets are each slot's running element counter. */
+static inline int not_after(const struct nce_slot *s, uint32_t offset)
+{
+    return (uint32_t)(s->offset - offset) < 0x80000000u;
+}
+
+/* The held round's chunk is different: older (late) or not the job's (chunk_mismatch). */
+static inline enum nce_rule other_chunk(const struct nce_slot *s, uint32_t offset)
+{
+    return offset != s->offset && not_after(s, offset) ? NCE_R_LATE : NCE_R_MISMATCH;
+}
+
+enum nce_rule nce_slot_rule(const struct nce_job *job, const struct nce_pkt *p, unsigned version)
+{
+    const uint64_t bit = 1ULL << p->rank;
+    const struct nce_slot *s = &job->slots[2 * p->slot + version];
+    const struct nce_slot *o = &job->slots[2 * p->slot + (version ^ 1)];
+    if ((o->bitmap & bit) && !o->complete)
+        return NCE_R_LATE;                      /* L1: the rank waits for the other version */
+    const int held = s->contributors != 0 && s->offset == p->offset && s->count == p->count;
+    if (s->bitmap & bit) {                      /* L2: its latest contribution is to this one */
+        if (!held)
+            return other_chunk(s, p->offset);
+        return s->complete ? NCE_R_RESEND : NCE_R_DUPLICATE;
+    }
+    if (s->bitmap != 0) {                       /* L3: a round the others contribute to */
+        if (!held)
+            return other_chunk(s, p->offset);
+        return s->complete ? NCE_R_LATE : NCE_R_CONTRIBUTE;
+    }
+    if (s->contributors != 0 && not_after(s, p->offset))
+        return NCE_R_LATE;                      /* L4: the last round's chunk, or older */
+    return NCE_R_CONTRIBUTE;
+}
+
 int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt *p,
                    unsigned version)
 {
@@ -53,7 +89,6 @@ int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt
     s->bitmap |= bit;
     job->slots[2 * p->slot + (version ^ 1)].bitmap &= ~bit;    /* the shadow copy's bit */
     job->c.contributions++;
-    /* Exactly the Nth: a contribution beyond it (a worker re-contributing after it moved on,
-     * which the protocol rules out) is added but completes nothing, as in the reference. */
+    /* The slot rules admit a contribution to an incomplete round only: at most the Nth. */
     return ++s->contributors == job->n;
 }

@@ -58,6 +58,7 @@ struct nce_slot {
     uint16_t count;             /* elements of the chunk */
     uint32_t offset;            /* element offset of the chunk */
     uint8_t complete;
+    uint32_t uses;              /* completions so far: the nc8 result key's `use` */
     int64_t *acc;               /* k accumulators */
     uint8_t *result;            /* stored result payload, count * element size bytes */
 };
@@ -68,11 +69,7 @@ struct nce_job {
     uint8_t span;
     uint8_t result_format;
     uint8_t elem_size;          /* of the result format */
-    uint64_t seed;
-    uint64_t completions;       /* slot completions so far: the key ring's consumer index */
-    uint64_t keys_written;      /* the key ring's producer index (control plane) */
-    uint64_t *keys;             /* key ring, key_mask + 1 entries, or NULL */
-    uint32_t key_mask;
+    uint64_t seed;              /* of the nc8 results' rounding bits (nc8_result_key) */
     uint8_t tagged;             /* the job has an authentication key */
     struct ncd_b2b mac;         /* BLAKE2b state with the key block absorbed (copied per tag) */
     struct nce_counters c;
@@ -101,16 +98,22 @@ int nce_authentic(const struct nce_job *job, const struct nce_pkt *p);
 /* slots.c */
 int nce_pool_alloc(struct nce_job *job);
 void nce_pool_free(struct nce_job *job);
+/* What the slot rules (docs/protocol.md "Late and duplicate packets") make of an admitted
+ * packet; the drops are counted by the caller. */
+enum nce_rule {
+    NCE_R_CONTRIBUTE,   /* rule 1: a new contribution */
+    NCE_R_RESEND,       /* rule 2: the stored result, to the sender */
+    NCE_R_DUPLICATE,    /* rule 3: an ignored duplicate, answered by a notice */
+    NCE_R_LATE,         /* dropped as late */
+    NCE_R_MISMATCH,     /* dropped as chunk_mismatch */
+};
+enum nce_rule nce_slot_rule(const struct nce_job *job, const struct nce_pkt *p, unsigned version);
 /* Rule 1 of the state machine: add the contribution; 1 when it completes the slot. */
 int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt *p,
                    unsigned version);
 
 /* reply.c */
-int nce_keys_alloc(struct nce_job *job, uint32_t size_pow2);
-void nce_keys_free(struct nce_job *job);
-uint32_t nce_keys_space(const struct nce_job *job, uint64_t *next);
-void nce_keys_push(struct nce_job *job, const uint64_t *keys, uint32_t n);
-void nce_encode_result(struct nce_job *job, struct nce_slot *s);
+void nce_encode_result(const struct nce_job *job, struct nce_slot *s);
 uint32_t nce_result_len(const struct nce_job *job, const struct nce_slot *s);
 uint32_t nce_notice_len(const struct nce_job *job);
 

@@ -41,6 +41,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="training steps per run "
                    "(default: %(default)s)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=32, help="per worker (default: %(default)s)")
+    p.add_argument("--pool-size", type=int, help="slots per job (default: as ncina topo)")
+    p.add_argument("--mtu", type=int, default=1500,
+                   help="MTU of every link; the default K fits it (default: %(default)s)")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                   help="DDP gradient bucket size in MB (default: %(default)s)")
     p.add_argument("--backend", default="socket",
                    help="the aggregator's backend (ncina aggregator --backend; default: "
                    "%(default)s)")  # fmt: skip
@@ -81,21 +86,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise PermissionError("ncina bench ddp needs root: Mininet builds the fabric")
     if args.steps < 1 or args.repeat < 1 or args.workers < 2:
         raise ValueError("--steps and --repeat must be at least 1, --workers at least 2")
-    from ncina.topo.cli import topo_k
+    from ncina.topo.cli import topo_k, topo_pool_size
     from ncina.topo.config import TopoConfig
     from ncina.topo.runner import run_topology
 
-    k = args.k or topo_k(args.backend, "ina", "nc8", tagged=False)
+    k = args.k or topo_k(args.backend, "ina", "nc8", tagged=False, mtu=args.mtu)
+    pool_size = args.pool_size or topo_pool_size(args.backend, k)
 
     runs = []
     for i in range(args.repeat):
         out = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-{i}"
         cfg = TopoConfig(out=out, workers=args.workers, backend=args.backend, bw=args.bw,
                          model=args.model, epochs=EPOCHS, max_steps=args.steps,
-                         batch_size=args.batch_size, k=k)  # fmt: skip
+                         batch_size=args.batch_size,
+                         bucket_cap_mb=args.bucket_cap_mb, mtu=args.mtu, k=k,
+                         pool_size=pool_size)  # fmt: skip
         runs.append({**figures(run_topology(cfg)), "out": str(out)})
     return {
         "model": args.model, "workers": args.workers, "bw_mbit": args.bw, "steps": args.steps,
-        "batch_size": args.batch_size, "backend": args.backend, "k": k,
+        "batch_size": args.batch_size,
+        "bucket_cap_mb": args.bucket_cap_mb, "mtu": args.mtu,
+        "pool_size": pool_size, "backend": args.backend, "k": k,
         "repeat": args.repeat, **medians(runs), "runs": runs,
     }  # fmt: skip

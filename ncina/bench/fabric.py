@@ -85,17 +85,6 @@ def check_arguments(args: argparse.Namespace) -> None:
     bench.check_arguments(args)
 
 
-def set_mtu(net: Any, mtu: int) -> None:
-    """Give every interface of the network (hosts, switch ports, the bridge) ``mtu``."""
-    for node in [*net.hosts, *net.switches]:
-        names = [i.name for i in node.intfList() if i.name != "lo"]
-        names += [node.name] if node in net.switches else []  # the bridge device itself
-        for name in names:
-            out = node.cmd(f"ip link set dev {name} mtu {mtu} 2>&1 && echo ok").strip()
-            if not out.endswith("ok"):
-                raise RuntimeError(f"cannot set MTU {mtu} on {name}: {out}")
-
-
 def uplink_ports(net: Any, topo: Any) -> list[str]:
     """The switch-side interface of each worker's link, in rank order: its receive counters
     count what the worker put on its uplink."""
@@ -177,7 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build the fabric, run ``--repeat`` INA and gloo all-reduces on it, remove it."""
     check_arguments(args)
     from ncina.topo.config import TopoConfig
-    from ncina.topo.runner import Processes, build_net, check_backend
+    from ncina.topo.runner import Processes, build_net, check_backend, set_mtu
 
     check_backend(args.backend)
     with tempfile.TemporaryDirectory(prefix="ncina-fabric-") as tmp:
