@@ -6,7 +6,8 @@
   (``ncina.proto.header``: the fast path);
 - ``NcinaHeader`` (``ncina.proto.layers``: the scapy layer, imported lazily because scapy is slow
   to import and the data path does not need it);
-- ``ncina.proto.nc8``: the NC8 codec.
+- ``ncina.proto.nc8``: the NC8 codec;
+- ``ncina.proto.corpus``: the conformance corpus every backend must answer alike (scapy).
 """
 
 from __future__ import annotations

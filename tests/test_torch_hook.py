@@ -235,6 +235,7 @@ try:
     model(torch.ones(2, 8)).sum().backward()
 except Exception as exc:
     print("raised:", type(exc).__name__, exc)
+print("recorded:", type(state.error).__name__, state.error)
 state.close()
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -243,6 +244,9 @@ state.close()
     assert proc.stdout.startswith("raised:") and "no answer to the job handshake" in proc.stdout, (
         proc.stdout + proc.stderr
     )
+    # the state keeps the client's own error, which DDP's text wraps ("Unable to cast ...")
+    recorded = "\nrecorded: TimeoutError allreduce: no result from aggregator"
+    assert recorded in proc.stdout, proc.stdout
 
 
 def rank_main(spec: dict[str, Any]) -> None:

@@ -52,8 +52,11 @@ FLOAT_SLACK = 2.0**-20
 class InaHookState:
     """The hook's state: the fabric every bucket goes through, the communication thread,
     ``comm_total_s``: seconds spent inside all-reduces so far (with ``buckets``, their count),
-    and ``last_call``: when DDP last handed over a bucket (Unix seconds; after a backward pass,
-    when this rank's last gradients were ready, the end of its compute).
+    ``last_call``: when DDP last handed over a bucket (Unix seconds; after a backward pass,
+    when this rank's last gradients were ready, the end of its compute), and ``error``: the
+    first exception an all-reduce raised. DDP re-raises a failed future in ``backward()`` as a
+    RuntimeError whose text is "Unable to cast <error> to Tensor"; ``raise state.error from
+    exc`` gives the caller the original one.
 
     Call :meth:`close` when training ends (it waits for the bucket in flight, if any).
     """
@@ -62,6 +65,7 @@ class InaHookState:
     comm_total_s: float = 0.0
     buckets: int = 0
     last_call: float = 0.0
+    error: BaseException | None = None
     _thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ncina-hook"),
         repr=False,
@@ -94,6 +98,8 @@ class InaHookState:
             mean = self.fabric.allreduce(host.numpy(), tensor=index)
             buffer.copy_(torch.from_numpy(mean))
         except Exception as exc:  # the future carries it to DDP, which raises it in backward()
+            if self.error is None:
+                self.error = exc
             future.set_exception(exc)
             return
         finally:

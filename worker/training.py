@@ -247,7 +247,12 @@ def steps(
             started = time.perf_counter()
             optimizer.zero_grad()
             loss = loss_of(model(x), y)
-            loss.backward()  # returns once every bucket's all-reduce has completed
+            try:
+                loss.backward()  # returns once every bucket's all-reduce has completed
+            except RuntimeError as exc:  # DDP's wrapping of a failed all-reduce: say what failed
+                if isinstance(hook, InaHookState) and hook.error is not None:
+                    raise hook.error from exc
+                raise
             grads_ready, comm_done = hook.last_call, time.time()
             comm_wait += comm_done - grads_ready
             optimizer.step()

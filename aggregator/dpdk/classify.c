@@ -1,9 +1,12 @@
-/* Classify: Ethernet / IPv4 / UDP to our address and port (the datagram for the engine), an
- * ARP request for our address, or anything else (ignored); and this layer's module state. */
+/* Classify: Ethernet / IPv4 / UDP to our address and port (the datagram for the engine), a
+ * fragment of an IPv4 packet to us (for reassembly), a frame with a wrong IPv4 or UDP checksum
+ * (dropped and counted), an ARP request for our address, or anything else (ignored); and this
+ * layer's module state. */
 #include <string.h>
 
 #include <rte_arp.h>
 #include <rte_ip.h>
+#include <rte_ip_frag.h>
 #include <rte_udp.h>
 
 #include "ncd_priv.h"
@@ -61,6 +64,26 @@ static enum ncd_class classify_arp(const uint8_t *frame, uint32_t len)
     return NCD_C_ARP;
 }
 
+/* The Internet checksum (RFC 1071) of an IPv4/UDP datagram of udp_len bytes with its
+ * pseudo-header, before complementing: 0xFFFF when the datagram is intact. */
+static inline uint16_t udp_sum(const struct rte_ipv4_hdr *ip, const struct rte_udp_hdr *udp,
+                               uint32_t udp_len)
+{
+    const struct {
+        uint32_t src, dst;
+        uint8_t zero, proto;
+        uint16_t len;
+    } __attribute__((packed)) pseudo = {ip->src_addr, ip->dst_addr, 0, IPPROTO_UDP,
+                                        rte_cpu_to_be_16((uint16_t)udp_len)};
+    uint32_t sum = __rte_raw_cksum(&pseudo, sizeof pseudo, 0);
+    sum = __rte_raw_cksum(udp, udp_len, sum);
+    return __rte_raw_cksum_reduce(sum);
+}
+
+/* What a host's IPv4/UDP stack delivers is what the engine gets (docs/protocol.md,
+ * "Transport"): IPv4 with or without options, header checksum verified; fragments go to
+ * reassembly (loop.c); UDP with its checksum verified (0: none), the datagram cut to the UDP
+ * length. */
 enum ncd_class ncd_classify(const uint8_t *frame, uint32_t len, struct ncd_pkt *p)
 {
     if (len < RTE_ETHER_HDR_LEN)
@@ -72,20 +95,30 @@ enum ncd_class ncd_classify(const uint8_t *frame, uint32_t len, struct ncd_pkt *
         rte_is_same_ether_addr(&eth->src_addr, &ncd_mac))
         return NCD_C_IGNORE;
 
-    /* IPv4 without options or fragments, UDP, our address (if set) and port. */
-    if (len < NCD_L2L4_LEN)
+    if (len < RTE_ETHER_HDR_LEN + sizeof(struct rte_ipv4_hdr))
         return NCD_C_IGNORE;
     const struct rte_ipv4_hdr *ip = (const struct rte_ipv4_hdr *)(eth + 1);
+    const uint32_t ihl = rte_ipv4_hdr_len(ip);
     const uint32_t ip_len = rte_be_to_cpu_16(ip->total_length);
-    if (ip->version_ihl != RTE_IPV4_VHL_DEF || ip->next_proto_id != IPPROTO_UDP ||
-        (ip->fragment_offset & rte_cpu_to_be_16(RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK)) ||
-        (ncd_ip != 0 && ip->dst_addr != ncd_ip) ||
-        ip_len < sizeof(*ip) + sizeof(struct rte_udp_hdr) || ip_len > len - RTE_ETHER_HDR_LEN)
+    if ((ip->version_ihl >> 4) != 4 || ihl < sizeof(*ip) || ip->next_proto_id != IPPROTO_UDP ||
+        (ncd_ip != 0 && ip->dst_addr != ncd_ip) || ip_len < ihl ||
+        ip_len > len - RTE_ETHER_HDR_LEN)
         return NCD_C_IGNORE;
-    const struct rte_udp_hdr *udp = (const struct rte_udp_hdr *)(ip + 1);
+    if (rte_raw_cksum(ip, ihl) != 0xFFFF)
+        return NCD_C_BAD_CHECKSUM;
+    p->l3_len = (uint16_t)ihl;
+    p->ip_len = (uint16_t)ip_len;
+    if (rte_ipv4_frag_pkt_is_fragmented(ip))
+        return NCD_C_FRAGMENT;
+
+    const struct rte_udp_hdr *udp = (const struct rte_udp_hdr *)((const uint8_t *)ip + ihl);
+    if (ip_len < ihl + sizeof(*udp))
+        return NCD_C_IGNORE;
     const uint32_t udp_len = rte_be_to_cpu_16(udp->dgram_len);
-    if (udp->dst_port != ncd_port_be || udp_len < sizeof(*udp) || udp_len > ip_len - sizeof(*ip))
+    if (udp->dst_port != ncd_port_be || udp_len < sizeof(*udp) || udp_len > ip_len - ihl)
         return NCD_C_IGNORE;
+    if (udp->dgram_cksum != 0 && udp_sum(ip, udp, udp_len) != 0xFFFF)
+        return NCD_C_BAD_CHECKSUM;
 
     p->from.src_ip = ip->src_addr;
     p->from.dst_ip = ip->dst_addr;

@@ -24,7 +24,7 @@ from ncina.aggregator.jobs import Address, JobConfig
 NAME = "dpdk"
 IO_COUNTERS = (
     "rx_frames", "ignored", "arp_replies", "tx_frames", "tx_dropped", "no_mbuf", "oversize",
-    "loops",
+    "loops", "bad_checksum", "fragments", "reassembled",
 )  # fmt: skip
 DEFAULT_IDLE_SLEEP_US = 20
 MODES = {"aggregate": 0, "forward": 1}

@@ -57,27 +57,31 @@ uint32_t ncd_frame_to_member(uint8_t *frame, uint32_t cap, const struct nce_acti
     return NCD_L2L4_LEN + dgram_len;
 }
 
-/* The frame the action answers (classified: IPv4 without options, UDP) becomes the reply, in
- * place: addresses and ports swapped, the engine's datagram after them. */
-uint32_t ncd_frame_to_sender(uint8_t *frame, uint32_t cap, const struct nce_action *a)
+/* The reply to the sender of the datagram the action answers (from: its addresses, taken
+ * from the frame it came in; from->link may point into frame, which is overwritten), built in
+ * frame: a fresh Ethernet, IPv4 (no options) and UDP header, the engine's datagram after them. */
+uint32_t ncd_frame_to_sender(uint8_t *frame, uint32_t cap, const struct nce_action *a,
+                             const struct nce_from *from)
 {
     if (cap < NCD_L2L4_LEN)
         return 0;
+    struct rte_ether_addr sender;
+    memcpy(sender.addr_bytes, from->link, RTE_ETHER_ADDR_LEN);
     const uint32_t dgram_len =
         nce_build_reply(frame + NCD_L2L4_LEN, cap - NCD_L2L4_LEN, a, a->rank);
     if (dgram_len == 0)
         return 0;
     struct rte_ether_hdr *eth = (struct rte_ether_hdr *)frame;
-    rte_ether_addr_copy(&eth->src_addr, &eth->dst_addr);
+    rte_ether_addr_copy(&sender, &eth->dst_addr);
     rte_ether_addr_copy(&ncd_mac, &eth->src_addr);
+    eth->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4);
     struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
-    const uint32_t worker = ip->src_addr;
     ipv4_defaults(ip);
-    ip->src_addr = ncd_ip != 0 ? ncd_ip : ip->dst_addr;
-    ip->dst_addr = worker;
+    ip->src_addr = ncd_ip != 0 ? ncd_ip : from->dst_ip;
+    ip->dst_addr = from->src_ip;
     struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
-    udp->dst_port = udp->src_port;
     udp->src_port = ncd_port_be;
+    udp->dst_port = from->src_port;
     finish(ip, udp, dgram_len);
     return NCD_L2L4_LEN + dgram_len;
 }

@@ -12,7 +12,9 @@
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 #include <rte_mbuf.h>
+#include <rte_cycles.h>
 #include <rte_ip.h>
+#include <rte_ip_frag.h>
 #include <rte_udp.h>
 
 #include "ncd_priv.h"
@@ -23,10 +25,20 @@
 #define NB_RXD 1024
 #define NB_TXD 1024
 #define IDLE_POLLS 256
+/* IPv4 reassembly: at most FRAG_BUCKETS * FRAG_WAYS packets in progress (each of at most
+ * RTE_LIBRTE_IP_FRAG_MAX_FRAG fragments, so a few hundred mbufs at most are held), each for up
+ * to FRAG_TTL_S seconds, Linux's ipfrag_time. */
+#define FRAG_BUCKETS 16
+#define FRAG_WAYS 4
+#define FRAG_TTL_S 30
 
 static uint16_t port_id;
 static struct rte_mempool *pool;
 static struct rte_eth_dev_tx_buffer *txb;
+static struct rte_ip_frag_tbl *frags;
+static struct rte_ip_frag_death_row death_row;
+/* A reassembled frame, copied out of its mbuf chain for classification and the engine. */
+static uint8_t whole[RTE_ETHER_HDR_LEN + RTE_IPV4_MAX_PKT_LEN];
 static int eal_up, port_up;
 static volatile int stopping;
 
@@ -76,6 +88,11 @@ int ncd_init(int argc, char **argv)
     rc = rte_eth_tx_queue_setup(port_id, 0, ntxd, socket, NULL);
     if (rc < 0)
         FAIL("rte_eth_tx_queue_setup: %s", rte_strerror(-rc));
+
+    frags = rte_ip_frag_table_create(FRAG_BUCKETS, FRAG_WAYS, FRAG_BUCKETS * FRAG_WAYS,
+                                     rte_get_tsc_hz() * FRAG_TTL_S, socket);
+    if (frags == NULL)
+        FAIL("cannot create the IPv4 reassembly table");
 
     txb = rte_zmalloc_socket("ncd_txb", RTE_ETH_TX_BUFFER_SIZE(BURST), 0, socket);
     if (txb == NULL)
@@ -128,19 +145,74 @@ static void send_all(const struct nce_action *a)
     }
 }
 
+/* A fragment (classified, p) into the reassembly table: the whole packet's mbuf chain once its
+ * last fragment is in, else NULL (the table keeps the fragment, or drops it on its death row:
+ * a table full of packets in progress, a packet of more than RTE_LIBRTE_IP_FRAG_MAX_FRAG
+ * fragments, overlaps). */
+static struct rte_mbuf *reassemble(struct rte_mbuf *m, const struct ncd_pkt *p)
+{
+    const uint32_t end = RTE_ETHER_HDR_LEN + p->ip_len;
+    if (rte_pktmbuf_pkt_len(m) > end)               /* Ethernet padding is no payload */
+        rte_pktmbuf_trim(m, (uint16_t)(rte_pktmbuf_pkt_len(m) - end));
+    m->l2_len = RTE_ETHER_HDR_LEN;
+    m->l3_len = p->l3_len;
+    struct rte_ipv4_hdr *ip = rte_pktmbuf_mtod_offset(m, struct rte_ipv4_hdr *, RTE_ETHER_HDR_LEN);
+    struct rte_mbuf *done = rte_ipv4_frag_reassemble_packet(frags, &death_row, m, rte_rdtsc(), ip);
+    rte_ip_frag_free_death_row(&death_row, 0);
+    return done;
+}
+
+/* The reassembled packet m as one frame in `whole` (its IPv4 header checksum made valid again:
+ * the fragments' were checked), classified into p; its tail segments are freed, so that m can
+ * carry a reply. */
+static enum ncd_class classify_whole(struct rte_mbuf *m, struct ncd_pkt *p)
+{
+    const uint32_t len = rte_pktmbuf_pkt_len(m);
+    enum ncd_class c = NCD_C_IGNORE;
+    if (len <= sizeof whole && len >= RTE_ETHER_HDR_LEN + sizeof(struct rte_ipv4_hdr)) {
+        const uint8_t *data = rte_pktmbuf_read(m, 0, len, whole);
+        if (data != whole)
+            memcpy(whole, data, len);
+        struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(whole + RTE_ETHER_HDR_LEN);
+        ip->hdr_checksum = 0;
+        ip->hdr_checksum = rte_ipv4_cksum(ip);
+        c = ncd_classify(whole, len, p);
+    }
+    if (m->next != NULL) {
+        rte_pktmbuf_free(m->next);
+        m->next = NULL;
+        m->nb_segs = 1;
+        m->pkt_len = m->data_len;
+    }
+    return c == NCD_C_FRAGMENT ? NCD_C_IGNORE : c;
+}
+
 static void handle(struct rte_mbuf *m)
 {
     struct ncd_pkt p;
     struct nce_action a;
     uint8_t *frame = rte_pktmbuf_mtod(m, uint8_t *);
-    switch (ncd_classify(frame, rte_pktmbuf_data_len(m), &p)) {
+    enum ncd_class c = ncd_classify(frame, rte_pktmbuf_data_len(m), &p);
+    if (c == NCD_C_FRAGMENT) {
+        ncd_iostats.fragments++;
+        m = reassemble(m, &p);
+        if (m == NULL)
+            return;
+        ncd_iostats.reassembled++;
+        c = classify_whole(m, &p);
+    }
+    switch (c) {
     case NCD_C_ARP:
         ncd_build_arp_reply(frame);
         ncd_iostats.arp_replies++;
         send_frame(m, m->data_len);
         return;
     case NCD_C_IGNORE:
+    case NCD_C_FRAGMENT:
         ncd_iostats.ignored++;
+        break;
+    case NCD_C_BAD_CHECKSUM:
+        ncd_iostats.bad_checksum++;
         break;
     case NCD_C_DATAGRAM:
         switch (nce_input(p.dgram, p.dgram_len, &p.from, &a)) {
@@ -149,7 +221,8 @@ static void handle(struct rte_mbuf *m)
         case NCE_V_DESCRIPTOR: {
             /* The input mbuf becomes the reply: every mbuf holds NCD_FRAME_ROOM bytes, which
              * every job's result frames fit (nce_set_reply_room); a larger one is counted. */
-            const uint32_t len = ncd_frame_to_sender(frame, room(m), &a);
+            const uint32_t len =
+                ncd_frame_to_sender(rte_pktmbuf_mtod(m, uint8_t *), room(m), &a, &p.from);
             if (len != 0) {
                 send_frame(m, len);
                 return;
@@ -246,6 +319,10 @@ void ncd_stop(void)
 
 void ncd_close(void)
 {
+    if (frags != NULL) {
+        rte_ip_frag_table_destroy(frags);
+        frags = NULL;
+    }
     if (port_up) {
         rte_eth_dev_stop(port_id);
         rte_eth_dev_close(port_id);
@@ -272,6 +349,8 @@ int ncd_process_frame(const uint8_t *frame, uint32_t len, uint8_t *out, uint32_t
         out_lens[0] = len;
         return 1;
     case NCD_C_IGNORE:
+    case NCD_C_FRAGMENT:    /* no reassembly offline (the table needs EAL) */
+    case NCD_C_BAD_CHECKSUM:
         return 0;
     case NCD_C_DATAGRAM:
         break;
@@ -283,7 +362,7 @@ int ncd_process_frame(const uint8_t *frame, uint32_t len, uint8_t *out, uint32_t
         if (max_out < 1 || len > stride)
             return -1;
         memcpy(out, frame, len);
-        out_lens[0] = ncd_frame_to_sender(out, stride, &a);
+        out_lens[0] = ncd_frame_to_sender(out, stride, &a, &p.from);
         return out_lens[0] != 0 ? 1 : -1;
     case NCE_V_SEND_ALL:
         if (max_out < a.members)

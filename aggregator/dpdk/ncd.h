@@ -22,6 +22,9 @@ struct ncd_io {
     uint64_t oversize;      /* results not sent because the frame exceeds an mbuf (never, when
                                every job was admitted by ncd_job_add) */
     uint64_t loops;         /* RX polls */
+    uint64_t bad_checksum;  /* IPv4 header or UDP checksum wrong: dropped, as by a host's stack */
+    uint64_t fragments;     /* IPv4 fragments to us, taken into reassembly */
+    uint64_t reassembled;   /* IPv4 packets reassembled from them */
 };
 
 /* ---- control plane (setup; not on the hot path); jobs and counters are engine.h's ---- */

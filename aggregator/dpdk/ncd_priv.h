@@ -29,6 +29,8 @@ enum ncd_class {
     NCD_C_IGNORE = 0,   /* not ncina traffic */
     NCD_C_ARP,          /* ARP request for our address */
     NCD_C_DATAGRAM,     /* IPv4/UDP to our address and port: the datagram is in the pkt */
+    NCD_C_FRAGMENT,     /* a fragment of an IPv4/UDP packet to us (l3_len, ip_len are set) */
+    NCD_C_BAD_CHECKSUM, /* IPv4 header or UDP checksum wrong: what a host's stack drops */
 };
 
 /* A frame classified as NCD_C_DATAGRAM: the UDP payload and where it came from. */
@@ -36,6 +38,8 @@ struct ncd_pkt {
     struct nce_from from;
     const uint8_t *dgram;
     uint32_t dgram_len;
+    uint16_t l3_len;            /* the IPv4 header's length, options included */
+    uint16_t ip_len;            /* the IPv4 packet's total length */
 };
 
 /* classify.c */
@@ -44,7 +48,8 @@ enum ncd_class ncd_classify(const uint8_t *frame, uint32_t len, struct ncd_pkt *
 /* frames.c: build into frames of cap bytes; 0 (nothing written) when the frame does not fit. */
 uint32_t ncd_frame_to_member(uint8_t *frame, uint32_t cap, const struct nce_action *a,
                              uint16_t rank);
-uint32_t ncd_frame_to_sender(uint8_t *frame, uint32_t cap, const struct nce_action *a);
+uint32_t ncd_frame_to_sender(uint8_t *frame, uint32_t cap, const struct nce_action *a,
+                             const struct nce_from *from);
 void ncd_build_arp_reply(uint8_t *frame);
 
 #endif

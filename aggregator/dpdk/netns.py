@@ -111,9 +111,14 @@ class Star:
         """The address the calling process's sockets use to reach the sites."""
         return str(self.subnet.network_address + 254)
 
-    def add_site(self) -> Site:
+    def add_site(self, kernel: bool = False) -> Site:
         """A new namespace with a veth into the bridge; the aggregator's address is the next
-        free one of the subnet (answered by DPDK's ARP responder, not by a kernel)."""
+        free one of the subnet (answered by DPDK's ARP responder, not by a kernel).
+
+        ``kernel``: the address is the namespace kernel's instead, on the veth, for an
+        aggregator that serves a kernel UDP socket (the python and socket backends) behind the
+        same path (tests/test_conformance.py sends every backend the same frames).
+        """
         i = len(self.sites) + 1
         ns, iface, peer = f"ncd{self._tag}n{i}", f"ncd{self._tag}a{i}", f"ncd{self._tag}h{i}"
         site = Site(ns, iface, peer, str(self.subnet.network_address + i))
@@ -124,6 +129,8 @@ class Star:
         _ip("link", "set", peer, "master", self.bridge, "up")
         _ip("-n", ns, "link", "set", iface, "up")
         _ip("-n", ns, "link", "set", "lo", "up")
+        if kernel:
+            _ip("-n", ns, "addr", "add", f"{site.ip}/{self.subnet.prefixlen}", "dev", iface)
         # No offloads on the veth: DPDK's af_packet sees and sends whole, checksummed frames.
         for dev, where in ((peer, []), (iface, ["ip", "netns", "exec", ns])):
             subprocess.run([*where, "ethtool", "-K", dev, "tx", "off", "rx", "off"],

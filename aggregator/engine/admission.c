@@ -243,7 +243,8 @@ int nce_admit(const struct nce_job *job, const struct nce_pkt *p, const struct n
     const unsigned stamp = p->flags & NCE_GEN_MASK;
     if (stamp && stamp != (unsigned)nce_generation << NCE_GEN_SHIFT)
         return nce_generation ? NCE_STALE_GENERATION : NCE_BAD_FLAGS;
-    if (max_code(p->payload, p->count) > (unsigned)job->span + 1)
+    /* payload_len, not count: equal for NC8 (parse checked it), and never past a blob's end */
+    if (max_code(p->payload, p->payload_len) > (unsigned)job->span + 1)
         return NCE_BAD_CODE;
     return -1;
 }

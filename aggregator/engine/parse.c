@@ -21,11 +21,15 @@ int nce_parse(const uint8_t *dgram, uint32_t len, struct nce_pkt *p)
     p->payload = h + NCE_HDR_LEN;
     if (p->version != NCE_VERSION)
         return NCE_BAD_VERSION;
+    /* Element size of the format; a blob (server mode) is any non-empty payload. Every format
+     * the protocol defines passes here: which one a job takes is admission's check. */
     uint32_t size;
     if (p->format == NCE_FMT_NC8)
         size = 1;
     else if (p->format == NCE_FMT_INT)
         size = 8;
+    else if (p->format == NCE_FMT_BLOB)
+        size = 0;
     else
         return NCE_BAD_FORMAT;
     if (p->count == 0)
@@ -33,7 +37,7 @@ int nce_parse(const uint8_t *dgram, uint32_t len, struct nce_pkt *p)
     /* With the TAG flag the last NCE_TAG_LEN bytes are the tag, not payload. */
     const uint32_t tag = p->flags & NCE_FLAG_TAG ? NCE_TAG_LEN : 0;
     p->payload_len = len >= NCE_HDR_LEN + tag ? len - NCE_HDR_LEN - tag : 0;
-    if (p->payload_len != (uint32_t)p->count * size)
+    if (size == 0 ? p->payload_len == 0 : p->payload_len != (uint32_t)p->count * size)
         return NCE_BAD_LENGTH;
     return -1;
 }

@@ -20,6 +20,7 @@
 #define NCE_NOTICE_LEN (NCE_HDR_LEN + 8)   /* header and the 64-bit bitmap, before any tag */
 #define NCE_FMT_NC8 0
 #define NCE_FMT_INT 1
+#define NCE_FMT_BLOB 2                 /* server mode; no job of the engine takes it */
 #define NCE_FMT_JOB 3           /* the job handshake's descriptor */
 #define NCE_JOB_LEN (NCE_HDR_LEN + 16)      /* a job datagram: header and descriptor */
 

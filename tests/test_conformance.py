@@ -1,0 +1,298 @@
+"""The conformance corpus (``ncina.proto.corpus``) replayed on every backend.
+
+Every backend serves the corpus job from its own network namespace behind a veth into the
+tests' bridge (``ncina.aggregator.dpdk.netns``): the python and socket backends through the
+namespace's kernel (a site with ``kernel=True``), dpdk (and bmv2) on the bare veth. The test
+sends the same steps to each: ordinary datagrams from one UDP socket per rank (and one for a
+stranger), odd ones (bad checksums, fragments, IP options ...) as raw Ethernet frames with the
+same source addresses. After each case every rank asks for slot 0's stored result again (the
+barrier: that reply comes after everything the case made), and the counters are read.
+
+For every case the replies each address received (bytes, nothing masked: one --generation and
+--seed) and the change of every counter must equal the Python reference's, on dpdk over both
+af_packet and af_xdp (af_packet's kernel-side reassembly is the one documented exception:
+``as_on_af_packet``). A few cases of the reference are pinned by hand, so that the reference
+itself cannot drift unnoticed. Needs root (namespaces, raw frames); about 5 s per backend.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from ncina.aggregator.dpdk import netns
+from ncina.proto import corpus
+from ncina.proto.header import FLAG_RESULT, HEADER, INT_DTYPE, Format
+from ncina_testlib import (
+    AGGREGATOR_BACKENDS,
+    LOCAL_BACKENDS,
+    START_TIMEOUT,
+    RunningAggregator,
+    counters,
+    is_nc8_rounding,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+CORPUS_FILE = Path(__file__).parent / "conformance" / "corpus.json"
+SENDERS = (*range(corpus.WORKERS), corpus.STRANGER)
+
+
+@dataclass
+class Replay:
+    """What one backend did with the corpus: per case, the datagrams each sender's address
+    received (in order; ``corpus.STRANGER`` last) and the change of each counter."""
+
+    replies: dict[str, list[list[bytes]]] = field(default_factory=dict)
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    final: dict[str, Any] = field(default_factory=dict)
+
+
+def cases() -> list[corpus.Case]:
+    return corpus.load(CORPUS_FILE.read_text())
+
+
+def site_for(backend: str) -> tuple[netns.Star, netns.Site]:
+    """A new site of the shared star for ``backend`` (skips without root, DPDK or P4)."""
+    from ncina.aggregator.bmv2 import toolchain
+    from ncina.aggregator.dpdk import binding
+
+    reason = netns.missing()
+    if reason is None and backend == "dpdk":
+        reason = binding.missing()
+    if reason is None and backend == "bmv2":
+        reason = toolchain.missing()
+    if reason:
+        pytest.skip(f"{backend} backend: {reason}")
+    star = netns.shared_star()
+    return star, star.add_site(kernel=backend in LOCAL_BACKENDS)
+
+
+def start(
+    backend: str, site: netns.Site, workdir: Path, result: str, options: Sequence[str] = ()
+) -> RunningAggregator:
+    workdir.mkdir(parents=True, exist_ok=True)
+    stats, log = workdir / "stats.json", workdir / "aggregator.log"
+    arguments = [*corpus.job_arguments(result), "--stats", str(stats), *options]
+    with log.open("wb") as out:
+        process = subprocess.Popen(site.aggregator_command(arguments, backend),
+                                   stdin=subprocess.DEVNULL, stdout=out,
+                                   stderr=subprocess.STDOUT)  # fmt: skip
+    running = RunningAggregator(process, ("", 0), stats, log)
+    return wait_ready(running)
+
+
+def link_address(ip: str, dev: str) -> str:
+    """The MAC the kernel resolved for ``ip`` on ``dev``."""
+    out = subprocess.run(["ip", "neigh", "show", "to", ip, "dev", dev], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    return out.split("lladdr ")[1].split()[0]
+
+
+def replay(agg: RunningAggregator, star: netns.Star, site: netns.Site) -> Replay:
+    """Send the corpus, case by case; record replies and counter changes."""
+    all_cases = cases()
+    opening = all_cases[0]
+    assert opening.name == "open"
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in SENDERS]
+    raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    out = Replay()
+    try:
+        for s in socks:
+            s.bind((star.host_ip, 0))
+            s.settimeout(START_TIMEOUT)
+        raw.bind((site.peer, 0))
+        src_mac = Path(f"/sys/class/net/{star.bridge}/address").read_text().strip()
+        dst_mac = ""
+        ping_replies: list[bytes] = []
+        ip_id = 0
+        before = counters(agg.stats(), corpus.JOB)
+        for case in all_cases:
+            for step in case.steps:
+                sock = socks[SENDERS.index(step.sender)]
+                if step.plain:
+                    sock.sendto(step.datagram, agg.address)
+                    continue
+                ip_id += 1
+                for frame in corpus.frames(step, src_mac=src_mac, dst_mac=dst_mac,
+                                           src=sock.getsockname(), dst=agg.address,
+                                           ip_id=ip_id):  # fmt: skip
+                    raw.send(frame)
+            got: list[list[bytes]] = [[] for _ in SENDERS]
+            if not ping_replies:  # the opening reduction: one result to each rank
+                ping_replies = [socks[r].recv(0xFFFF) for r in range(corpus.WORKERS)]
+                got[: corpus.WORKERS] = [[d] for d in ping_replies]
+                dst_mac = link_address(agg.address[0], star.bridge)
+            else:
+                for rank in range(corpus.WORKERS):
+                    socks[rank].sendto(corpus.retransmission(opening.steps[rank].datagram),
+                                       agg.address)  # fmt: skip
+                    while (data := socks[rank].recv(0xFFFF)) != ping_replies[rank]:
+                        got[rank].append(data)
+            stranger = socks[-1]
+            stranger.setblocking(False)
+            try:
+                while True:
+                    got[-1].append(stranger.recv(0xFFFF))
+            except BlockingIOError:
+                pass
+            stranger.settimeout(START_TIMEOUT)
+            document = agg.stats()
+            after = counters(document, corpus.JOB)
+            out.replies[case.name] = got
+            out.counters[case.name] = {k: after[k] - before[k] for k in after
+                                       if after[k] != before[k]}  # fmt: skip
+            before = after
+        out.final = {"global": document["global"], "job": document["jobs"][str(corpus.JOB)]}
+    finally:
+        raw.close()
+        for s in socks:
+            s.close()
+    return out
+
+
+def run(backend: str, workdir: Path, result: str, options: Sequence[str] = ()) -> Replay:
+    star, site = site_for(backend)
+    agg = start(backend, site, workdir, result, options)
+    try:
+        return replay(agg, star, site)
+    finally:
+        assert agg.stop() == 0, agg.log()
+
+
+@pytest.fixture(scope="module", params=corpus.RESULTS)
+def result(request: pytest.FixtureRequest) -> str:
+    """The corpus job's result format."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def reference(result: str, tmp_path_factory: pytest.TempPathFactory) -> Replay:
+    return run("python", tmp_path_factory.mktemp(f"corpus-python-{result}"), result)
+
+
+FRAME_ROOM = 2048
+"""The largest frame DPDK's af_packet port delivers whole (its ring frames and mbufs)."""
+
+AF_PACKET_ACCEPTS = ("transport_fragments_ip_checksum_bad",)
+"""Cases whose odd datagram reaches the dpdk backend on af_packet although a host drops it."""
+
+
+def as_on_af_packet(want: Replay) -> Replay:
+    """The reference as the dpdk backend on af_packet must answer it (docs/protocol.md,
+    "Transport"): that port's socket has the kernel reassemble fragments before DPDK sees them
+    (the PMD's fanout asks for it), which neither checks the fragments' IPv4 header checksums
+    nor fits a packet larger than the ring frame (FRAME_ROOM bytes: it arrives truncated and is
+    ignored). So in AF_PACKET_ACCEPTS rank 0's odd contribution arrives (its plain resend then
+    gets the stored result), and a datagram of a larger packet is never counted (it can only be
+    a drop). Everything else must be equal. On af_xdp and on a NIC the data plane reassembles
+    and checks for itself: the dpdk-af_xdp variant answers exactly like the reference.
+    """
+    counters = {name: dict(change) for name, change in want.counters.items()}
+    replies = {name: [list(r) for r in got] for name, got in want.replies.items()}
+    for case in cases():
+        change = counters[case.name]
+        big = [s.datagram for s in case.steps if len(s.datagram) + 42 > FRAME_ROOM]
+        reasons = [k for k in change if ".drops." in k]
+        if big and reasons:  # (a datagram the reference did not see either changes nothing)
+            (reason,) = reasons  # each such datagram is a drop, and the case's only one
+            section = reason.split(".")[0]
+            change[f"{section}.packets_in"] -= len(big)
+            change[f"{section}.bytes_in"] -= sum(map(len, big))
+            change[reason] -= len(big)
+        if case.name in AF_PACKET_ACCEPTS:
+            result = replies[case.name][0][0]
+            replies[case.name][0].append(result)
+            for key, more in (("packets_in", 1), ("bytes_in", len(case.steps[0].datagram)),
+                              ("results_resent", 1), ("packets_out", 1),
+                              ("bytes_out", len(result))):  # fmt: skip
+                change[f"job.{key}"] += more
+        counters[case.name] = {k: v for k, v in change.items() if v}
+    return Replay(replies, counters, want.final)
+
+
+def differences(backend: str, got: Replay, want: Replay) -> Iterator[str]:
+    """One line per difference, naming the case and the field."""
+    for case in want.counters:
+        a, b = got.counters.get(case, {}), want.counters[case]
+        for key in sorted(set(a) | set(b)):
+            if a.get(key, 0) != b.get(key, 0):
+                yield f"{case}: {key}: python {b.get(key, 0)}, {backend} {a.get(key, 0)}"
+        for sender, mine, theirs in zip(SENDERS, got.replies.get(case, []),
+                                        want.replies[case], strict=True):  # fmt: skip
+            if mine != theirs:
+                who = "stranger" if sender == corpus.STRANGER else f"rank {sender}"
+                yield (f"{case}: replies to {who}: python {[d.hex() for d in theirs]}, "
+                       f"{backend} {[d.hex() for d in mine]}")  # fmt: skip
+
+
+def test_corpus_file_is_what_the_generator_writes() -> None:
+    """tests/conformance/corpus.json is ``python -m ncina.proto.corpus`` of this tree."""
+    assert CORPUS_FILE.read_text() == corpus.dump(corpus.generate()), (
+        f"regenerate it: python -m ncina.proto.corpus {CORPUS_FILE}")
+
+
+def sums_match(data: bytes, result: str, exact: list[int]) -> bool:
+    """Whether a result's payload is ``exact`` (int) or rounds it as NC8 must (nc8)."""
+    if result == "int":
+        return np.frombuffer(data[16:], dtype=INT_DTYPE).tolist() == exact
+    return len(data) == 16 + len(exact) and all(
+        is_nc8_rounding(c, e) for c, e in zip(data[16:], exact, strict=True))
+
+
+def test_reference_is_pinned_by_hand(result: str, reference: Replay) -> None:
+    """Exact replies and counters of a few cases, worked out from docs/protocol.md."""
+    flags = FLAG_RESULT | corpus.GENERATION << 3
+    fmt = Format.INT if result == "int" else Format.NC8
+    size = 8 if result == "int" else 1
+    for rank, (data,) in enumerate(reference.replies["open"][: corpus.WORKERS]):
+        head = (1, flags, fmt, corpus.E_MIN, corpus.JOB, rank, 0, corpus.K, 0)
+        assert HEADER.unpack_from(data) == head and sums_match(data, result, [3] * corpus.K)
+    top = 1 << (corpus.TOP - 1)
+    edges = [3 * top, -3 * top, 3, -3, 0, 0] + [3 * top] * (corpus.K - 6)
+    assert all(sums_match(d[0], result, edges) for d in reference.replies["window_edges"][:3])
+    pings = {"job.packets_in": 3, "job.results_resent": 3, "job.retx_seen": 3}
+    # Rank 0's odd datagram is lost (the kernel drops it) or arrives; its plain resend then
+    # completes the slot, or asks for the stored result again.
+    lost = {**pings, "job.contributions": 3, "job.slots_completed": 1, "job.results_sent": 3}
+    for name in ("udp_checksum_bad", "ip_checksum_bad", "fragment_first_only",
+                 "fragment_middle_missing", "fragments_udp_checksum_bad", "udp_length_over",
+                 "ip_length_over", "ip_ihl_4"):  # fmt: skip
+        change = reference.counters[f"transport_{name}"]
+        assert {k: change[k] for k in lost} == {**lost, "job.packets_in": 6, "job.retx_seen": 4}
+        assert change["job.results_resent"] == 3, name
+    for name in ("udp_checksum_none", "ip_options_nop", "fragments_in_order",
+                 "fragments_tiny", "udp_trailer", "ethernet_padding"):  # fmt: skip
+        change = reference.counters[f"transport_{name}"]
+        assert change["job.contributions"] == 3 and change["job.results_resent"] == 4, name
+    assert reference.counters["truncated_0"] == {
+        **pings, "global.packets_in": 1, "global.drops.truncated": 1,
+        "job.packets_out": 3, "job.bytes_in": 3 * 32, "job.bytes_out": 3 * (16 + size * corpus.K),
+    }  # fmt: skip
+    assert reference.counters["oversized_fragmented"]["job.drops.bad_count"] == 1
+    assert reference.final["global"]["drops"]["internal_error"] == 0
+
+
+VARIANTS = {"dpdk-af_xdp": ("dpdk", ["--dpdk-pmd", "af_xdp"])}
+
+
+@pytest.mark.parametrize(
+    "variant", [b for b in AGGREGATOR_BACKENDS if b != "python"] + list(VARIANTS)
+)
+def test_backend_answers_the_corpus_like_the_reference(
+    variant: str, result: str, reference: Replay, tmp_path: Path
+) -> None:
+    backend, options = VARIANTS.get(variant, (variant, []))
+    got = run(backend, tmp_path, result, options)
+    want = as_on_af_packet(reference) if variant == "dpdk" else reference
+    found = list(differences(variant, got, want))
+    assert not found, f"{len(found)} differences:\n" + "\n".join(found[:40])
+    if want is reference:
+        assert got.final == reference.final
