@@ -245,7 +245,7 @@ state.close()
         proc.stdout + proc.stderr
     )
     # the state keeps the client's own error, which DDP's text wraps ("Unable to cast ...")
-    recorded = "\nrecorded: TimeoutError allreduce: no result from aggregator"
+    recorded = "\nrecorded: TimeoutError no answer to the job handshake from aggregator"
     assert recorded in proc.stdout, proc.stdout
 
 
