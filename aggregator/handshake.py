@@ -4,7 +4,9 @@ A worker sends a ``job`` datagram (its descriptor, ``ncina.proto.descriptor``) b
 chunk; the aggregator answers with the descriptor of the job of that id as it holds it, or with
 "no such job", or, when the hello's authentication is not what the job asks for, with "not
 authentic" (the descriptor all the same: a job's parameters are no secret, and the worker then
-names the key as the mismatch). Nothing in a job's state changes: no member is learned.
+names the key as the mismatch). No member is learned; an authentic hello that finds the job
+idle (no round partly filled) starts its slots afresh (``JobSlots.restart_if_idle``), so that a
+new set of workers, counting offsets from 0 again, is not taken for late packets.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ def answer(
     authentic = (key is None and not flags & FLAG_TAG) or (
         key is not None and flags & FLAG_TAG and tag.verify(key, datagram)
     )
+    if authentic:
+        slots.restart_if_idle()
     descriptor = job_descriptor(slots.config, getattr(slots, "compressor", None))
     reply = pack_job_datagram(
         descriptor, job=job_id, rank=rank, status=OK if authentic else NOT_AUTHENTIC,

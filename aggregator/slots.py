@@ -183,6 +183,24 @@ class JobSlots:
         version = (flags & FLAG_POOL) >> 2
         return self._apply(version, slot, rank, offset, count, values)
 
+    def restart_if_idle(self) -> bool:
+        """Start the job afresh when no round is partly filled: its slots and the member
+        addresses it learned (configured ones stay). An authentic hello calls it: a new set of
+        workers comes from new ports and counts its offsets from 0 again, which the member
+        check and the slot rules would take for strangers and late packets (docs/protocol.md,
+        "Job handshake"). The nc8 results' ``use`` counts go on. Returns whether it did."""
+        workers = self._workers
+        if any(0 < seen < workers for row in self._seen for seen in row):
+            return False
+        s = self._pool_size
+        self._bitmap = [[0] * s, [0] * s]
+        self._seen = [[0] * s, [0] * s]
+        self._offset = [[0] * s, [0] * s]
+        self._count = [[0] * s, [0] * s]
+        self._result = [[b""] * s, [b""] * s]
+        self.members = [self.config.members.get(r) for r in range(workers)]
+        return True
+
     def _decode(self, payload: memoryview | bytes, count: int) -> np.ndarray | None:
         """The switch ALU's integer inputs of an NC8 payload, or ``None`` if a code is outside
         the job's window (``bad_code``)."""
@@ -370,6 +388,14 @@ class ServerSlots(JobSlots):
 
     def describe(self) -> str:
         return self.config.describe(f"server mode ({self.compressor.name} blob results)")
+
+    def restart_if_idle(self) -> bool:
+        """As ``JobSlots.restart_if_idle``; a new set of workers also starts without the last
+        set's error-feedback memory."""
+        restarted = super().restart_if_idle()
+        if restarted:
+            self._states.clear()
+        return restarted
 
     def _decode(self, payload: memoryview | bytes, count: int) -> np.ndarray | None:
         # The payload's own element count is checked before decompressing, so a forged count

@@ -30,6 +30,7 @@ struct nce_member {
     uint32_t ip;
     uint16_t port;
     uint8_t known;              /* address configured or learned */
+    uint8_t configured;         /* set by nce_members_set: kept when a job restarts */
     uint8_t has_link;
     uint8_t link[6];            /* learned from its first valid datagram (DPDK: the MAC) */
     uint32_t agg_ip;            /* the aggregator address this member sends to */

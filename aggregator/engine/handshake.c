@@ -1,7 +1,8 @@
 /* The job handshake (docs/protocol.md "Job handshake"): a worker's `job` datagram (format 3,
  * its job descriptor) is answered with the descriptor of the job of that id as the engine holds
  * it, "no such job", or "not authentic" when the hello's authentication is not what the job
- * asks for. Nothing in a job's state changes. The answer is written by nce_build_reply. */
+ * asks for. No member is learned; an authentic hello to an idle job starts it afresh (its
+ * slots and learned members). The answer is written by nce_build_reply. */
 #include "state.h"
 
 #define STATUS_OK 0
@@ -44,6 +45,11 @@ enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_ac
         return NCE_V_DESCRIPTOR;
     }
     act->status = nce_authentic(job, &p) ? STATUS_OK : STATUS_NOT_AUTHENTIC;
+    /* A hello that finds the job idle (no round partly filled) starts it afresh: a new set of
+     * workers comes from new ports and counts its offsets from 0 again, which the member
+     * check and the slot rules would take for strangers and late packets. */
+    if (act->status == STATUS_OK && nce_pool_restart_if_idle(job))
+        nce_members_forget_learned(job);
     c->handshakes++;
     c->packets_out++;
     c->bytes_out += nce_reply_len(act);

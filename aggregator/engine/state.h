@@ -90,6 +90,7 @@ int nce_parse(const uint8_t *dgram, uint32_t len, struct nce_pkt *p);
 int nce_members_alloc(struct nce_job *job);
 void nce_members_free(struct nce_job *job);
 int nce_members_set(struct nce_job *job, uint16_t rank, uint32_t ip_be, uint16_t port);
+void nce_members_forget_learned(struct nce_job *job);     /* configured ones stay */
 int nce_member_accepts(const struct nce_job *job, uint16_t rank, const struct nce_from *from);
 void nce_member_learn(struct nce_job *job, uint16_t rank, const struct nce_from *from);
 void nce_tag_key(struct nce_job *job, const uint8_t *key, uint32_t keylen);
@@ -110,6 +111,9 @@ enum nce_rule {
 };
 enum nce_rule nce_slot_rule(const struct nce_job *job, const struct nce_pkt *p, unsigned version);
 /* Rule 1 of the state machine: add the contribution; 1 when it completes the slot. */
+/* Start the slots afresh (their `uses` go on) if no round is partly filled; whether it did.
+ * An authentic hello calls it (handshake.c), see there. */
+int nce_pool_restart_if_idle(struct nce_job *job);
 int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt *p,
                    unsigned version);
 
