@@ -19,7 +19,6 @@ from ncina.aggregator.jobs import (
     FRAME_OVERHEAD,
     MAX_K,
     MAX_MTU,
-    MAX_POOL_SIZE,
     MAX_WORKERS,
     MIN_MTU,
     JobConfig,
@@ -32,6 +31,7 @@ from ncina.aggregator.jobs import (
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS, Aggregator
 from ncina.aggregator.socket import driver as socket_driver
+from ncina.proto.descriptor import MAX_POOL_SIZE
 from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT, TAG_SIZE
 from ncina.proto.tag import key_file_argument
 from ncina.worker.compressors import create
@@ -51,8 +51,8 @@ docs/protocol.md.
 Backends: python (the reference: one Python loop per datagram), socket (the C slot engine
 behind one kernel UDP socket with batched recvmmsg/sendmmsg: the same datagrams and counters,
 several times faster, no root; docs/socket.md), dpdk (the same C engine on a DPDK port: needs
-root and --iface; docs/dpdk.md), bmv2 (the P4 program on BMv2; docs/bmv2.md). Server mode,
---jobs-dir and the fault options are python's.
+root and --iface; docs/dpdk.md), bmv2 (the P4 program on BMv2; docs/bmv2.md). Server mode
+and the fault options are python's; --jobs-dir works on every backend but bmv2.
 
 On start it prints one line on stderr, "ncina aggregator: listening on HOST:PORT ...", once the
 socket is bound. SIGUSR1 writes the stats now; SIGTERM and SIGINT write them and exit with 0.
@@ -257,8 +257,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="DIR",
-        help="control interface (python backend): every DIR/*.json file is one more job, added "
-        "when the file appears and removed when it goes, while the others run "
+        help="control interface (python, socket, dpdk): every DIR/*.json file is one more job, "
+        "added when the file appears and removed when it goes, while the others run "
         "(docs/reliability.md, 'Several jobs')",
     )
     parser.add_argument(
@@ -266,7 +266,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_positive_int,
         default=DEFAULT_MAX_JOBS,
         metavar="N",
-        help="python backend: at most N jobs at once, the one of the flags included: a "
+        help="at most N jobs at once, the one of the flags included: a "
         "--jobs-dir file past them is refused, logged and counted (limits.jobs_refused) "
         "(default: %(default)s)",
     )
@@ -311,7 +311,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("INA mode needs --result nc8 or --result int")
     if args.mode == "server" and args.result is not None:
         raise ValueError("server mode's results are compressor payloads: drop --result")
-    compressor = create(args.compressor) if args.compressor is not None else None
+    compressor = (
+        create(args.compressor, workers=args.workers, e_max=args.window_max)
+        if args.compressor is not None
+        else None
+    )
     config = JobConfig.create(
         job=args.job,
         workers=args.workers,
@@ -341,8 +345,13 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("server mode (--mode server) is a python backend feature")
         if faults.active:
             raise ValueError("fault injection (--drop-up ...) is a python backend feature")
-        if args.jobs_dir is not None:
-            raise ValueError("--jobs-dir is a python backend feature")
+        if args.backend == "bmv2" and args.jobs_dir is not None:
+            raise ValueError(
+                "--jobs-dir is not available on bmv2: the P4 program holds up to 16 jobs, but "
+                "adding and removing them while the switch runs (table entries, multicast "
+                "groups, a share of the slot registers) is not implemented in its control "
+                "plane; run one job per switch, or the python, socket or dpdk backend"
+            )
         if args.backend == "bmv2":
             return bmv2_driver.serve(config, args, generation)
         if args.backend == "socket":

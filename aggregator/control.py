@@ -16,12 +16,13 @@ that is refused (reported once, counted) and read again when a job goes.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, KeysView
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ncina.aggregator.jobs import DEFAULT_MTU, JobConfig, parse_member
+from ncina.aggregator.stats import LimitStats
 
 SUFFIX = ".json"
 DEFAULT_MAX_JOBS = 64  # installed jobs, the one of the command line included
@@ -105,3 +106,41 @@ class JobsDirectory:
         if config.job in installed:
             return f"job {config.job} is already installed"
         return config
+
+
+def apply_changes(
+    directory: JobsDirectory,
+    installed: KeysView[int],
+    add: Callable[[JobConfig], object],
+    remove: Callable[[int], object],
+    log: TextIO,
+    limits: LimitStats | None = None,
+) -> None:
+    """Add and remove a backend's jobs as ``directory`` says, and log each change on ``log``;
+    a file refused for ``max_jobs`` is counted in ``limits.jobs_refused``.
+
+    ``installed`` is a live view of the job ids the backend runs; ``add`` installs a job (a
+    ``ValueError`` or ``RuntimeError`` from it, a job the backend cannot serve, is logged as
+    ignored, like an invalid file), ``remove`` uninstalls one.
+    """
+    for action, what in directory.changes(set(installed)):
+        if action == "add":
+            assert isinstance(what, JobConfig)
+            try:
+                add(what)
+                message = f"added {what.describe()}"
+            except (ValueError, RuntimeError) as exc:
+                message = f"ignored job {what.job}: {exc}"
+        elif action == "remove":
+            assert isinstance(what, int)
+            if what not in installed:  # its addition was refused
+                continue
+            remove(what)
+            message = f"removed job {what}"
+        elif action == "refused":
+            if limits is not None:
+                limits.jobs_refused += 1
+            message = f"refused {what}"
+        else:
+            message = f"ignored {what}"
+        print(f"ncina aggregator: {message}", file=log, flush=True)

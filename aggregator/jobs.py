@@ -14,6 +14,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from ncina.proto.descriptor import (
+    MAX_K,
+    MAX_MTU,
+    MAX_WORKERS,
+    WORKERS_WHY,
+    check_job,
+    check_range,
+)
 from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, TAG_SIZE, Format, largest_k
 from ncina.proto.nc8 import Window
 from ncina.proto.tag import check_key, key_from_hex
@@ -25,21 +33,10 @@ MAX_SEED = (1 << 64) - 1
 Address = tuple[str, int]
 """An IPv4 UDP endpoint as ``socket.recvfrom`` reports it: ``(dotted quad, port)``."""
 
-# A worker bitmap of at most 64 bits is one register word in every backend: a P4 `bit<64>`
-# register cell in BMv2 and a `uint64_t` in the DPDK data plane (the Python backend follows the
-# same contract so that all three accept the same jobs).
-MAX_WORKERS = 64
-WORKERS_WHY = " (a worker bitmap is one 64-bit register word in every backend)"
-# Link MTUs an aggregator accepts (IPv4 bytes): IPv4's minimum, and the largest jumbo frame
-# common NICs and Linux veths take.
+# The job limits (MAX_WORKERS: a worker bitmap is one 64-bit register word in every backend;
+# MAX_K; MAX_POOL_SIZE; MAX_JOB_ID) live in ncina.proto.descriptor, which the worker validates
+# with too. Link MTUs an aggregator accepts (IPv4 bytes): IPv4's minimum to MAX_MTU (9216).
 MIN_MTU = 68
-MAX_MTU = 9216
-# The largest chunk: an NC8 result of one largest-MTU packet (9172; MTU 9000 gives 8956). The C
-# engine has the same limit (NCE_MAX_K); a K that does not fit the job's MTU is refused by
-# JobConfig.check_mtu, and the BMv2 program compiles fewer lanes (aggregator/bmv2/gen.py).
-MAX_K = largest_k(MAX_MTU, Format.NC8)
-MAX_POOL_SIZE = 0xFFFF  # the header's slot field is 16 bits
-MAX_JOB_ID = 0xFFFF  # the header's job field is 16 bits
 DEFAULT_POOL_SIZE = 64
 DEFAULT_WINDOW_MAX = 10
 DEFAULT_MTU = 1500
@@ -72,17 +69,13 @@ class JobConfig:
     key: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        _check_range("job id", self.job, 0, MAX_JOB_ID)
-        _check_range("workers", self.workers, 1, MAX_WORKERS, WORKERS_WHY)
-        _check_range("k (elements per packet)", self.k, 1, MAX_K)
-        _check_range("pool size", self.pool_size, 1, MAX_POOL_SIZE)
+        check_job(job=self.job, workers=self.workers, k=self.k, pool_size=self.pool_size)
         if self.seed is not None:
-            _check_range("seed", self.seed, 0, MAX_SEED)
+            check_range("seed", self.seed, 0, MAX_SEED)
         object.__setattr__(self, "result_format", Format(self.result_format))
         if self.result_format not in ELEMENT_SIZE:
             raise ValueError(
-                f"{self.result_format.name.lower()} is server mode's payload format, not an INA "
-                "result format"
+                f"{self.result_format.name.lower()} is not an INA result format (nc8 or int)"
             )
         expected = Window.for_job(self.workers, self.window.e_max)
         if self.window != expected:
@@ -123,11 +116,11 @@ class JobConfig:
             try:
                 result_format = Format[result_format.upper()]
             except KeyError:
-                names = ", ".join(f.name.lower() for f in Format)
+                names = ", ".join(f.name.lower() for f in ELEMENT_SIZE)
                 raise ValueError(
                     f"unknown result format {result_format!r} (one of {names})"
                 ) from None
-        _check_range("workers", workers, 1, MAX_WORKERS, WORKERS_WHY)
+        check_range("workers", workers, 1, MAX_WORKERS, WORKERS_WHY)
         try:
             window = Window.for_job(workers, window_max)
         except ValueError as exc:
@@ -194,7 +187,7 @@ class JobConfig:
 
 def check_mtu_range(mtu: int) -> None:
     """Raise ``ValueError`` unless ``mtu`` is a link MTU an aggregator accepts."""
-    _check_range("--mtu", mtu, MIN_MTU, MAX_MTU, " (IPv4's minimum to a jumbo frame)")
+    check_range("--mtu", mtu, MIN_MTU, MAX_MTU, " (IPv4's minimum to a jumbo frame)")
 
 
 def default_k(mtu: int, result_format: Format | str, tagged: bool = False) -> int:
@@ -224,11 +217,6 @@ def check_server_mtu(config: JobConfig, compressor: Compressor, mtu: int) -> Non
         f"has at MTU {mtu}; the largest k for {compressor.name} at this MTU is "
         f"{largest_fitting(compressor, room, config.k)}"
     )
-
-
-def _check_range(what: str, value: int, low: int, high: int, why: str = "") -> None:
-    if not low <= value <= high:
-        raise ValueError(f"{what} must be in {low}..{high}{why}, not {value}")
 
 
 def parse_address(text: str) -> Address:

@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from ncina.aggregator.control import JobsDirectory
+from ncina.aggregator.control import JobsDirectory, apply_changes
 from ncina.aggregator.faults import FaultConfig, FaultyPath
 from ncina.aggregator.jobs import Address
 from ncina.aggregator.process import ready_line
@@ -155,19 +155,8 @@ class PythonBackend:
         """Add and remove jobs as the jobs directory says, and log each change."""
         aggregator = self.aggregator
         assert self.control is not None
-        for action, what in self.control.changes(set(aggregator.jobs)):
-            if action == "add":
-                aggregator.add_job(what)  # type: ignore[arg-type]
-                message = f"added {what.describe()}"  # type: ignore[union-attr]
-            elif action == "remove":
-                aggregator.remove_job(what)  # type: ignore[arg-type]
-                message = f"removed job {what}"
-            elif action == "refused":
-                aggregator.limits.jobs_refused += 1
-                message = f"refused {what}"
-            else:
-                message = f"ignored {what}"
-            print(f"ncina aggregator: {message}", file=self.log, flush=True)
+        apply_changes(self.control, aggregator.jobs.keys(), aggregator.add_job,
+                      aggregator.remove_job, self.log, aggregator.limits)  # fmt: skip
 
     def _send(self, datagram: bytes, destination: Address) -> None:
         """Send one datagram; a failure is counted (``send_errors``), never raised."""

@@ -18,9 +18,11 @@ import struct
 from collections.abc import Sequence
 
 import numpy as np
+from ncina.aggregator import handshake
 from ncina.aggregator.jobs import Address, JobConfig
 from ncina.aggregator.stats import GlobalStats, JobStats, LimitStats
 from ncina.proto import nc8, tag
+from ncina.proto.descriptor import is_job_datagram
 from ncina.proto.header import (
     BAD_COUNT,
     BAD_FLAGS,
@@ -180,6 +182,24 @@ class JobSlots:
             stats.retx_seen += 1
         version = (flags & FLAG_POOL) >> 2
         return self._apply(version, slot, rank, offset, count, values)
+
+    def restart_if_idle(self) -> bool:
+        """Start the job afresh when no round is partly filled: its slots and the member
+        addresses it learned (configured ones stay). An authentic hello calls it: a new set of
+        workers comes from new ports and counts its offsets from 0 again, which the member
+        check and the slot rules would take for strangers and late packets (docs/protocol.md,
+        "Job handshake"). The nc8 results' ``use`` counts go on. Returns whether it did."""
+        workers = self._workers
+        if any(0 < seen < workers for row in self._seen for seen in row):
+            return False
+        s = self._pool_size
+        self._bitmap = [[0] * s, [0] * s]
+        self._seen = [[0] * s, [0] * s]
+        self._offset = [[0] * s, [0] * s]
+        self._count = [[0] * s, [0] * s]
+        self._result = [[b""] * s, [b""] * s]
+        self.members = [self.config.members.get(r) for r in range(workers)]
+        return True
 
     def _decode(self, payload: memoryview | bytes, count: int) -> np.ndarray | None:
         """The switch ALU's integer inputs of an NC8 payload, or ``None`` if a code is outside
@@ -390,6 +410,14 @@ class ServerSlots(JobSlots):
     def describe(self) -> str:
         return self.config.describe(f"server mode ({self.compressor.name} blob results)")
 
+    def restart_if_idle(self) -> bool:
+        """As ``JobSlots.restart_if_idle``; a new set of workers also starts without the last
+        set's error-feedback memory."""
+        restarted = super().restart_if_idle()
+        if restarted:
+            self._states.clear()
+        return restarted
+
     def _decode(self, payload: memoryview | bytes, count: int) -> np.ndarray | None:
         # The payload's own element count is checked before decompressing, so a forged count
         # (up to 2**32 - 1) costs nothing instead of a huge allocation.
@@ -458,7 +486,10 @@ class Aggregator:
 
         A malformed datagram counts under its job when its header is readable (16 bytes,
         version 1) and names an installed job, otherwise under ``stats`` (the global section).
+        A ``job`` datagram is the handshake (``ncina.aggregator.handshake``).
         """
+        if is_job_datagram(datagram):
+            return handshake.answer(self.jobs, self.stats, self.generation, datagram, source)
         try:
             header, payload = parse(datagram)
         except ProtocolError as exc:

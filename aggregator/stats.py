@@ -57,6 +57,7 @@ JOB_COUNTERS = (
     "duplicates",
     "retx_seen",
     "notices_sent",
+    "handshakes",
 )
 
 
@@ -69,6 +70,7 @@ class JobStats:
         "contributions",
         "drops",
         "duplicates",
+        "handshakes",
         "notices_sent",
         "packets_in",
         "packets_out",
@@ -90,6 +92,7 @@ class JobStats:
         self.duplicates = 0
         self.retx_seen = 0
         self.notices_sent = 0
+        self.handshakes = 0
         self.drops = dict.fromkeys(JOB_DROP_REASONS, 0)
 
     def to_json(self) -> dict[str, Any]:
@@ -121,7 +124,7 @@ class GlobalStats:
 
 
 class LimitStats:
-    """What the Python backend's memory caps refused (docs/protocol.md, "Counters": ``limits``):
+    """What the memory caps refused (docs/protocol.md, "Counters": ``limits``):
     job files past ``--max-jobs``, and server-mode error-feedback residuals past
     ``--max-residual-elements``."""
 

@@ -19,6 +19,16 @@ FIXED_K = 256
 elements must fit a frame. Elsewhere ``ncina topo`` takes the largest K for MTU 1500."""
 
 
+# Backends whose uplink the topology's loss rules cannot reach (StarTopo drops a worker's uplink
+# with an iptables INPUT rule on the aggregator host), and why.
+LOSSLESS_UPLINK = {
+    "dpdk": "the uplink drop is an iptables rule in the aggregator host's kernel, and the DPDK "
+    "port (af_packet) takes every frame before the kernel's netfilter sees it",
+    "bmv2": "the uplink drop is an iptables rule on an aggregator host, and with the P4 switch "
+    "aggregating there is no aggregator host",
+}
+
+
 @dataclass
 class TopoConfig:
     """Everything a topology run depends on (recorded in results.json as ``config``).
@@ -74,3 +84,9 @@ class TopoConfig:
         # Python backend's.
         if self.backend is None:
             self.backend = "python" if self.mode == "server" else "socket"
+        if self.loss > 0 and self.backend in LOSSLESS_UPLINK:
+            raise ValueError(
+                f"LOSS={self.loss:g} cannot be applied with BACKEND={self.backend}: "
+                f"{LOSSLESS_UPLINK[self.backend]}, so only the downlink would lose packets. "
+                "Run lossy links with BACKEND=socket or python, or LOSS=0 with this backend"
+            )

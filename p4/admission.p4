@@ -9,14 +9,15 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
     CheckCodes() check_codes;
 
     action set_job(bit<8> index, bit<8> workers, bit<16> k, bit<16> pool, bit<32> slot_base,
-                   bit<8> emin, bit<7> max_code, bit<8> result_format, bit<4> generation,
-                   bit<64> seed) {
+                   bit<8> emin, bit<8> e_max, bit<7> max_code, bit<8> result_format,
+                   bit<4> generation, bit<64> seed) {
         meta.job_index = index;
         meta.workers = workers;
         meta.k = k;
         meta.pool = pool;
         meta.slot_base = slot_base;
         meta.emin = emin;
+        meta.e_max = e_max;
         meta.max_code = max_code;
         meta.result_format = result_format;
         meta.generation = generation;
@@ -50,7 +51,17 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
         if (hdr.nc.tag == 1) {
             tag_bytes = TAG_BYTES;
         }
-        if (hdr.nc.format > FORMAT_BLOB) {
+        // A job datagram is the job handshake (ncina.aggregator.handshake): of the right length
+        // and count 1 it is answered (meta.status) with the job's descriptor, "no such job"
+        // (counted as unknown_job), or, tagged (no BMv2 job has a key), "not authentic".
+        bool handshake = hdr.nc.format == FORMAT_JOB;
+        if (handshake) {
+            if (room != DESCRIPTOR_BYTES + tag_bytes || sm.parser_error == error.PacketTooShort) {
+                fault = EV_BAD_LENGTH;
+            } else if (hdr.nc.count != 1) {
+                fault = EV_BAD_COUNT;
+            }
+        } else if (hdr.nc.format > FORMAT_BLOB) {
             fault = EV_BAD_FORMAT;
         } else if (hdr.nc.count == 0) {
             fault = EV_BAD_COUNT;
@@ -75,12 +86,35 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
                 global_events.count(EV_G_BAD_LENGTH);
             } else {
                 global_events.count(EV_G_UNKNOWN_JOB);
+                if (handshake) {  // the answer's descriptor fields are all 0
+                    meta.status = STATUS_NO_SUCH_JOB;
+                    meta.verdict = VERDICT_HANDSHAKE;
+                    meta.result_format = 0;
+                    meta.e_max = 0;
+                    meta.emin = 0;
+                    meta.workers = 0;
+                    meta.pool = 0;
+                    meta.k = 0;
+                }
             }
             return;
         }
         job_events.count(meta.events + EV_PACKETS_IN);
         if (fault != 0) {
             job_events.count(meta.events + fault);
+            return;
+        }
+        if (handshake) {
+            if (hdr.nc.result == 1) {
+                job_events.count(meta.events + EV_BAD_FLAGS);
+                return;
+            }
+            meta.status = STATUS_OK;
+            if (hdr.nc.tag == 1) {
+                meta.status = STATUS_NOT_AUTHENTIC;
+            }
+            job_events.count(meta.events + EV_HANDSHAKES);
+            meta.verdict = VERDICT_HANDSHAKE;
             return;
         }
         // The job's checks (JobSlots.handle).

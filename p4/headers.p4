@@ -16,11 +16,17 @@ const bit<8> NCINA_VERSION = 1;
 const bit<8> FORMAT_NC8 = 0;
 const bit<8> FORMAT_INT = 1;
 const bit<8> FORMAT_BLOB = 2;
+const bit<8> FORMAT_JOB = 3;
 // Bytes before the ncina header (Ethernet 14, IPv4 20, UDP 8) and of the header itself.
 const bit<16> UDP_HEADER_BYTES = 8;
 const bit<16> NCINA_HEADER_BYTES = 16;
 const bit<16> NOTICE_BYTES = 8;
 const bit<16> TAG_BYTES = 8;
+const bit<16> DESCRIPTOR_BYTES = 16;
+// The job handshake's answer (docs/protocol.md "Job handshake", ncina.proto.descriptor).
+const bit<8> STATUS_OK = 0;
+const bit<8> STATUS_NO_SUCH_JOB = 1;
+const bit<8> STATUS_NOT_AUTHENTIC = 2;
 const bit<32> FRAME_OVERHEAD = 42;
 
 header ethernet_h {
@@ -96,6 +102,21 @@ header notice_h {
     bit<64> bitmap;
 }
 
+// A job datagram's payload: the job as the sender holds it (fixed fields, so that a table
+// entry's action parameters can fill the answer).
+header descriptor_h {
+    bit<8> status;
+    bit<8> mode;
+    bit<8> e_max;
+    bit<8> e_min;
+    bit<16> workers;
+    bit<16> pool;
+    bit<16> k;
+    bit<8> keyed;
+    bit<8> reserved;
+    bit<32> compressor;
+}
+
 struct headers_t {
     ethernet_h eth;
     arp_h arp;
@@ -103,6 +124,7 @@ struct headers_t {
     udp_h udp;
     ncina_h nc;
     notice_h notice;
+    descriptor_h desc;
     lane_h[NCINA_K] lanes;
     wide_lane_h[NCINA_K] wide;
 }
@@ -122,6 +144,7 @@ struct meta_t {
     mac_t local_mac;
     ip4_t local_ip;
     bit<16> local_port;
+    bit<4> local_generation;  // the switch's generation (answers for no job carry it too)
     bit<8> send;              // OUT_*: what leaves the pipeline
     // The job, from the jobs table.
     bit<8> job_index;
@@ -130,6 +153,7 @@ struct meta_t {
     bit<16> pool;
     bit<32> slot_base;
     bit<8> emin;
+    bit<8> e_max;
     bit<7> max_code;
     bit<8> result_format;
     bit<4> generation;
@@ -148,6 +172,8 @@ struct meta_t {
     bit<32> result_use;       // completions of the slot version before this one
     bit<64> result_key;       // the nc8 result's key (docs/protocol.md, "Re-compression")
     bit<1> notice;            // the reply is a notice, not a result
+    bit<1> descriptor;        // the reply is the job handshake's answer
+    bit<8> status;            // its status (STATUS_*)
     // One lane at a time (the generated LaneSums): its sum and the NC8 re-compression's steps.
     bit<64> lane_value;
     bit<64> lane_sum;
@@ -165,6 +191,7 @@ struct meta_t {
 const bit<8> VERDICT_DROP = 0;
 const bit<8> VERDICT_ACCEPT = 1;
 const bit<8> VERDICT_STALE = 2;
+const bit<8> VERDICT_HANDSHAKE = 3;   // a job datagram to answer (meta.status says how)
 
 // The lanes' work on a slot (the generated LaneSums control).
 const bit<8> LANE_NONE = 0;

@@ -25,11 +25,12 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
     Reply() reply;
 
     // The aggregator's own address (one entry): answered by ARP, aggregated on its UDP port.
-    action aggregator(mac_t mac, bit<16> port) {
+    action aggregator(mac_t mac, bit<16> port, bit<4> generation) {
         meta.local = 1;
         meta.local_mac = mac;
         meta.local_ip = meta.target;
         meta.local_port = port;
+        meta.local_generation = generation;
     }
 
     table local_address {
@@ -54,7 +55,10 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
             }
         } else if (meta.local == 1 && hdr.udp.isValid() && hdr.udp.dst_port == meta.local_port) {
             admission.apply(hdr, meta, sm);
-            if (meta.verdict != VERDICT_DROP) {
+            if (meta.verdict == VERDICT_HANDSHAKE) {
+                meta.descriptor = 1;
+                meta.send = OUT_REPLY;
+            } else if (meta.verdict != VERDICT_DROP) {
                 slots.apply(hdr, meta, sm);
             }
             if (meta.send != OUT_NONE) {

@@ -42,8 +42,15 @@ parser NcinaParser(packet_in packet, out headers_t hdr, inout meta_t meta,
         transition select(hdr.nc.format, hdr.nc.count) {
             (FORMAT_NC8, 0): accept;
             (FORMAT_NC8, _): parse_lane;
+            (FORMAT_JOB, _): parse_descriptor;
             default: accept;
         }
+    }
+
+    // The job handshake (a short one stops with PacketTooShort: bad_length in admission).
+    state parse_descriptor {
+        packet.extract(hdr.desc);
+        transition accept;
     }
 
     state parse_lane {
@@ -64,6 +71,7 @@ control NcinaDeparser(packet_out packet, in headers_t hdr) {
         packet.emit(hdr.udp);
         packet.emit(hdr.nc);
         packet.emit(hdr.notice);
+        packet.emit(hdr.desc);
         packet.emit(hdr.lanes);
         packet.emit(hdr.wide);
     }

@@ -1,6 +1,7 @@
 // The datagrams the aggregator sends: a result (every member's copy, or one back to a worker
-// that lost it) or a notice, built in place from the packet that caused it. Results and
-// notices carry the job's format, window and the aggregator's generation (docs/protocol.md).
+// that lost it), a notice or the job handshake's answer, built in place from the packet that
+// caused it. Results and notices carry the job's format, window and the aggregator's
+// generation (docs/protocol.md); an answer carries the job's descriptor from its table entry.
 #ifndef NCINA_REPLY_P4
 #define NCINA_REPLY_P4
 
@@ -10,7 +11,27 @@ control Reply(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
         ip4_t peer_ip = hdr.ipv4.src;
         bit<16> peer_port = hdr.udp.src_port;
         bit<16> payload = NOTICE_BYTES;
-        if (meta.notice == 1) {
+        bit<8> fmt = meta.result_format;
+        if (meta.descriptor == 1) {  // the job's descriptor (all zeros but status: no such job)
+            payload = DESCRIPTOR_BYTES;
+            fmt = FORMAT_JOB;
+            hdr.desc.setValid();
+            hdr.desc.status = meta.status;
+            hdr.desc.mode = meta.result_format;
+            hdr.desc.e_max = meta.e_max;
+            hdr.desc.e_min = meta.emin;
+            hdr.desc.workers = (bit<16>)meta.workers;
+            hdr.desc.pool = meta.pool;
+            hdr.desc.k = meta.k;
+            hdr.desc.keyed = 0;
+            hdr.desc.reserved = 0;
+            hdr.desc.compressor = 0;
+            hdr.nc.tag = 0;
+            hdr.nc.pool = 0;
+            hdr.nc.slot = 0;
+            hdr.nc.offset = 0;
+            meta.generation = meta.local_generation;
+        } else if (meta.notice == 1) {
             hdr.nc.count = 0;
             job_events.count(meta.events + EV_NOTICES_SENT);
         } else if (meta.result_format == FORMAT_INT) {
@@ -21,7 +42,7 @@ control Reply(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
         hdr.nc.result = 1;
         hdr.nc.retx = 0;
         hdr.nc.generation = meta.generation;
-        hdr.nc.format = meta.result_format;
+        hdr.nc.format = fmt;
         hdr.nc.emin = meta.emin;
         hdr.udp.len = UDP_HEADER_BYTES + NCINA_HEADER_BYTES + payload;
         hdr.udp.checksum = 0;  // optional over IPv4; every copy has other ports and addresses

@@ -183,6 +183,29 @@ def _single(name: str, about: str, data: bytes, sender: int = 0) -> Case:
     return Case(name, about, (Step(sender, data),))
 
 
+def _handshakes(slots: _Slots) -> Iterator[Case]:
+    """The job handshake (docs/protocol.md, "Job handshake"): hellos answered with the job's
+    descriptor, "no such job" or "not authentic"; malformed job datagrams dropped."""
+    from ncina.proto.descriptor import Descriptor, pack_job_datagram
+
+    mine = Descriptor(mode=int(Format.NC8), workers=WORKERS, pool_size=POOL, k=K, e_max=E_MAX,
+                      e_min=E_MIN, keyed=False, compressor=0)  # fmt: skip
+    hello = pack_job_datagram(mine, job=JOB, rank=0)
+    yield _single("job_hello", "a hello: answered with the job's descriptor", hello)
+    yield _single("job_hello_stranger", "a hello of rank 2 from a stranger: answered, no member "
+                  "learned", pack_job_datagram(mine, job=JOB, rank=2), sender=STRANGER)
+    yield _single("job_hello_unknown_job", "a hello for a job nobody serves: no such job",
+                  pack_job_datagram(mine, job=JOB + 1, rank=0))
+    yield _single("job_hello_tagged", "a tagged hello to the unkeyed job: not authentic",
+                  pack_job_datagram(mine, job=JOB, rank=0, key=bytes(16)))
+    yield _single("job_hello_result", "a hello with the RESULT flag",
+                  hello[:1] + bytes([hello[1] | FLAG_RESULT]) + hello[2:])
+    yield _single("job_short", "a job datagram one byte short", hello[:-1])
+    yield _single("job_count_2", "a job datagram of count 2", hello[:11] + b"\x02" + hello[12:])
+    yield _single("job_chunk", "a job datagram (format 3) of a chunk's length",
+                  datagram(slot=slots.take(), codes=[1] * K, format=Format.JOB))
+
+
 def _header_edges(slots: _Slots) -> Iterator[Case]:
     """One datagram each, to a fresh slot: every header field at and around its edges."""
     good = [1] * K
@@ -197,9 +220,10 @@ def _header_edges(slots: _Slots) -> Iterator[Case]:
     slot = slots.take()
     yield _single("format_int_uplink", "an int payload (a result's format) on uplink",
                   datagram(slot=slot, codes=bytes(8 * K), count=K, format=Format.INT))
-    for fmt in (3, 255):
+    for fmt in (4, 255):
         yield _single(f"format_{fmt}", "an undefined payload format",
                       datagram(slot=slots.take(), codes=good, format=fmt))
+    yield from _handshakes(slots)
     blob = bytes([0, 0, 0, 0, K]) + bytes(12)  # a compressor payload's head names K elements
     blobs = (
         ("blob", "a server-mode blob to an INA job", {}),

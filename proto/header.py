@@ -59,6 +59,7 @@ class Format(IntEnum):
     NC8 = 0  # one NC8 code per element (uplink and downlink)
     INT = 1  # exact sums, signed 64-bit big-endian, in units of 2**e_min (downlink)
     BLOB = 2  # server mode: one self-describing compressor payload of the chunk (both ways)
+    JOB = 3  # the job handshake: a job descriptor (ncina.proto.descriptor), both ways
 
 
 ELEMENT_SIZE = {Format.NC8: 1, Format.INT: 8}

@@ -216,7 +216,8 @@ def test_a_failing_worker_is_reported_with_its_rank_and_reason(tmp_path: Path) -
     args = small(workers=2, elements=10)
     spec = bench.worker_spec(args, "ina", aggregator=["127.0.0.1", 9])
     spec["k"] = 0  # the client refuses it before anything is sent
-    with pytest.raises(RuntimeError, match=r"worker \d exited with status 1: ValueError: k must"):
+    with pytest.raises(RuntimeError, match=r"worker \d exited with status 1: ValueError: "
+                       r"k \(elements per packet\) must"):  # fmt: skip
         bench.run_workers(spec, tmp_path, bench.local_launch, deadline=30)
 
 

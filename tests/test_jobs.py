@@ -1,4 +1,5 @@
-"""Several jobs on one aggregator, added and removed through the jobs directory while others run.
+"""Several jobs on one aggregator, added and removed through the jobs directory while others run
+(the Python backend, and the C engine behind the socket and DPDK I/O layers).
 
 Each job has its own members, K, pool and result format; a job's packets cannot touch another
 job's slots (the job id routes them, configured members pin the addresses), and adding or
@@ -26,7 +27,10 @@ from ncina_testlib import (
     start_aggregator,
     uplink,
     window_e_min,
+    worker_host,
 )
+
+BACKENDS = ("python", "socket", "dpdk")
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,13 +54,14 @@ def wait_for_log(running: RunningAggregator, text: str, timeout: float = 10.0) -
 
 
 def allreduce_job(address: tuple[str, int], job: int, workers: int, k: int, result: str,
-                  n: int, seed: int, *, pool_size: int = 64,
-                  binds: list[int] | None = None) -> list[np.ndarray]:  # fmt: skip
-    """Every rank of ``job`` as a thread; returns their sums, checked exact for int results."""
+                  n: int, seed: int, *, pool_size: int = 64, binds: list[int] | None = None,
+                  host: str = "127.0.0.1") -> list[np.ndarray]:  # fmt: skip
+    """Every rank of ``job`` as a thread (sockets on ``host``); returns their sums, checked
+    exact for int results."""
     inputs = [powers_of_two(n, seed + r, lowest=-8) for r in range(workers)]
 
     def rank(r: int) -> np.ndarray:
-        bind = ("127.0.0.1", binds[r] if binds else 0)
+        bind = (host, binds[r] if binds else 0)
         with AllreduceClient(address, job=job, rank=r, workers=workers, k=k, seed=r,
                              pool_size=pool_size, result_format=result, bind=bind,
                              deadline=20.0) as client:  # fmt: skip
@@ -90,15 +95,18 @@ def test_jobs_directory_reports_additions_changes_removals_and_errors(tmp_path: 
     assert list(jobs.changes({1, 5})) == [("remove", 5)]
 
 
-def test_four_jobs_at_once_added_and_removed_while_one_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_four_jobs_at_once_added_and_removed_while_one_runs(backend: str, tmp_path: Path) -> None:
     jobs_dir = tmp_path / "jobs"
     jobs_dir.mkdir()
-    running = start_aggregator("python", tmp_path, job=STATIC_JOB, workers=4, k=128,
+    running = start_aggregator(backend, tmp_path, job=STATIC_JOB, workers=4, k=128,
                                result="int", extra=["--jobs-dir", str(jobs_dir)])  # fmt: skip
+    host = worker_host(backend)
     try:
         address = running.address
         background = ThreadPoolExecutor(1)
-        static = background.submit(allreduce_job, address, STATIC_JOB, 4, 128, "int", 400_000, 1)
+        static = background.submit(allreduce_job, address, STATIC_JOB, 4, 128, "int", 400_000, 1,
+                                   host=host)  # fmt: skip
         specs = [
             {"job": 22, "workers": 2, "k": 64, "result_format": "int", "pool_size": 16},
             {"job": 23, "workers": 3, "k": 256, "result_format": "nc8", "pool_size": 8},
@@ -110,7 +118,7 @@ def test_four_jobs_at_once_added_and_removed_while_one_runs(tmp_path: Path) -> N
         with ThreadPoolExecutor(len(specs)) as pool:
             list(pool.map(lambda s: allreduce_job(address, s["job"], s["workers"], s["k"],
                                                   s["result_format"], 50_000, s["job"],
-                                                  pool_size=s["pool_size"]), specs))
+                                                  pool_size=s["pool_size"], host=host), specs))
         for file in files:
             file.unlink()
         for spec in specs:
@@ -131,15 +139,19 @@ def test_four_jobs_at_once_added_and_removed_while_one_runs(tmp_path: Path) -> N
         running.stop()
 
 
-def test_a_job_with_members_drops_other_addresses_and_stays_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_job_with_members_drops_other_addresses_and_stays_exact(
+    backend: str, tmp_path: Path
+) -> None:
     jobs_dir = tmp_path / "jobs"
     jobs_dir.mkdir()
-    running = start_aggregator("python", tmp_path, job=STATIC_JOB, workers=2, k=64,
+    running = start_aggregator(backend, tmp_path, job=STATIC_JOB, workers=2, k=64,
                                result="int", extra=["--jobs-dir", str(jobs_dir)])  # fmt: skip
+    host = worker_host(backend)
     try:
         ports = [free_udp_port() for _ in range(2)]
         write_job(jobs_dir, {"job": 30, "workers": 2, "k": 64, "result_format": "int",
-                             "members": {str(r): f"127.0.0.1:{p}" for r, p in enumerate(ports)}})
+                             "members": {str(r): f"{host}:{p}" for r, p in enumerate(ports)}})
         wait_for_log(running, "added job 30:")
         spoofer = Worker(running.address)
         for slot in range(8):  # a stranger claims both ranks of job 30, and the static job's
@@ -147,7 +159,7 @@ def test_a_job_with_members_drops_other_addresses_and_stays_exact(tmp_path: Path
                 spoofer.send(uplink(job=30, rank=rank, slot=slot, offset=slot * 64,
                                     codes=[0x7F & 40] * 64, emin=window_e_min(2)))  # fmt: skip
         spoofer.close()
-        allreduce_job(running.address, 30, 2, 64, "int", 20_000, 7, binds=ports)
+        allreduce_job(running.address, 30, 2, 64, "int", 20_000, 7, binds=ports, host=host)
         job = running.stats()["jobs"]["30"]
         assert job["drops"]["non_member"] == 16
         assert job["slots_completed"] == -(-20_000 // 64)

@@ -1,4 +1,4 @@
-"""The Python aggregator's memory caps on what a jobs directory adds: at most ``--max-jobs`` jobs
+"""The aggregator's memory caps on what a jobs directory adds: at most ``--max-jobs`` jobs
 at once, the files past them refused, logged once and counted (``limits.jobs_refused``), and
 taken when a job goes. Server mode's cap on error-feedback memory: tests/test_server_mode.py."""
 
@@ -34,10 +34,13 @@ def test_files_past_max_jobs_are_refused_once_and_taken_when_room_appears(
     assert list(jobs.changes({1, 6})) == []  # job 7 still waits, silently
 
 
-def test_aggregator_serves_at_most_max_jobs_and_counts_the_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["python", "socket"])
+def test_aggregator_serves_at_most_max_jobs_and_counts_the_refused(
+    tmp_path: Path, backend: str
+) -> None:
     jobs_dir = tmp_path / "jobs"
     jobs_dir.mkdir()
-    running = start_aggregator("python", tmp_path, job=21, workers=2, k=64, result="int",
+    running = start_aggregator(backend, tmp_path, job=21, workers=2, k=64, result="int",
                                extra=["--jobs-dir", str(jobs_dir), "--max-jobs", "3"])  # fmt: skip
     try:
         for job in range(22, 32):  # ten files for two free places

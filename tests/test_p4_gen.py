@@ -240,3 +240,30 @@ def test_generated_rounding_bits_are_the_protocols() -> None:
             word ^= word >> 27
             word = word * 0x94D049BB133111EB % 2**64
             assert fields.meta.lane_draw == word ^ word >> 31, lane
+
+
+def test_the_p4_descriptor_is_the_protocols_and_its_fields_come_from_the_entries() -> None:
+    """The job handshake on BMv2 (not compiled here): the P4 header has the descriptor's fields
+    in ``ncina.proto.descriptor``'s order and widths, the answer is built from the jobs entry
+    (which carries e_max) and the local entry (the generation), and the stats count answers."""
+    from ncina.proto import descriptor
+
+    text = {p.name: p.read_text() for p in toolchain.sources()}
+    body = re.search(r"header descriptor_h \{(.*?)\}", text["headers.p4"], re.S)
+    assert body
+    widths = [int(w) for w in re.findall(r"bit<(\d+)> \w+;", body.group(1))]
+    codes = {"B": 8, "b": 8, "H": 16, "I": 32}
+    assert widths == [codes[c] for c in descriptor.DESCRIPTOR.format.lstrip("!")]
+    assert "(FORMAT_JOB, _): parse_descriptor;" in text["parser.p4"]
+    assert "EV_HANDSHAKES" in text["admission.p4"] and "hdr.desc.e_max = meta.e_max;" in (
+        text["reply.p4"]
+    )
+    [job] = entries.place([_job(window_max=12)], generation=9, k=64)
+    assert entries.job_entries(job)[0].params["e_max"] == "12"
+    assert entries.local_entry("10.0.0.9", 47000, "02:00:00:00:00:09", 9).params == {
+        "mac": "02:00:00:00:00:09", "port": "47000", "generation": "9"}
+    base = job.index * len(layout.JOB_EVENTS)
+    handshakes = base + layout.JOB_EVENTS.index("handshakes")
+    stats = entries.job_stats(job, {base: (2, 2 * (layout.FRAME_OVERHEAD + 32)),
+                                    handshakes: (2, 0)})  # fmt: skip
+    assert (stats.handshakes, stats.packets_out, stats.bytes_out) == (2, 2, 64)

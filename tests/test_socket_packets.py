@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -157,13 +158,15 @@ def test_k_defaults_to_the_largest_that_fits_the_mtu(
         assert agg.stop() == 0, agg.log()
 
 
-def test_jobs_dir_is_refused_in_one_line(tmp_path: Path) -> None:
-    argv = ["--listen", "127.0.0.1:0", "--job", "1", "--workers", "2", "--k", "8", "--result",
-            "nc8", "--jobs-dir", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(aggregator_command("socket", argv), capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+def test_jobs_dir_on_bmv2_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The socket backend takes --jobs-dir (tests/test_jobs.py); BMv2's control plane cannot
+    add jobs at run time, and says so before it starts anything."""
+    argv = [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", "bmv2", "--listen",
+            "127.0.0.1:0", "--job", "1", "--workers", "2", "--k", "8", "--result", "nc8",
+            "--iface", "none", "--jobs-dir", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1
-    assert proc.stderr.count("\n") == 1 and "--jobs-dir is a python backend feature" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "--jobs-dir is not available on bmv2" in proc.stderr
 
 
 WORKERS = 4

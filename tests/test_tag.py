@@ -183,7 +183,8 @@ def test_keyed_job_end_to_end(backend: str, tmp_path: Path) -> None:
             forger.close()
         with (
             AllreduceClient(agg.address, job=7, rank=0, workers=workers, k=k,
-                            result_format="int", bind=(host, 0), deadline=0.5) as stranger,
+                            result_format="int", bind=(host, 0), deadline=0.5,
+                            handshake_timeout=None) as stranger,
             pytest.raises(TimeoutError),  # no key: not one of its packets is accepted
         ):
             stranger.allreduce(np.ones(100, dtype=np.float32))

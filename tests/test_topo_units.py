@@ -17,6 +17,7 @@ from mininet.util import buildTopo
 from ncina.topo import cli as topo_cli
 from ncina.topo import report
 from ncina.topo import topos as topos_module
+from ncina.topo.config import TopoConfig
 from ncina.topo.runner import Progress, check_backend
 from ncina.topo.topos import InaHost, InaLink, MultiTopo, StarTopo, aggregator_ip, worker_ip
 from ncina.worker.sharding import ShardedAllreduce, shard_bounds
@@ -266,3 +267,15 @@ def test_exposed_communication_is_the_exchange_after_the_slowest_ranks_compute()
     # a rank done early (its own wait was 1 s) does not count: only the tail after the last
     assert report.exposed_comm([[step(1, 5.0, 6.0)], [step(1, 7.0, 7.25)]]) == 0.25
     assert report.exposed_comm([[{"event": "start"}]]) is None
+
+
+@pytest.mark.parametrize("backend", ["dpdk", "bmv2"])
+def test_loss_with_an_uplink_the_rules_cannot_reach_is_refused(
+    backend: str, tmp_path: Path
+) -> None:
+    """StarTopo drops uplink packets on the aggregator host's kernel, which a DPDK port bypasses
+    and a P4 switch does not have: LOSS= would silently be downlink loss only."""
+    with pytest.raises(ValueError, match=f"LOSS=2 cannot be applied with BACKEND={backend}: "):
+        TopoConfig(out=tmp_path, backend=backend, loss=2.0)
+    assert TopoConfig(out=tmp_path, backend=backend).loss == 0.0
+    assert TopoConfig(out=tmp_path, backend="socket", loss=2.0).loss == 2.0

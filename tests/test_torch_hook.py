@@ -215,7 +215,8 @@ def test_a_failed_allreduce_completes_its_future_with_the_error() -> None:
 
 def test_backward_raises_when_the_aggregator_never_answers(tmp_path: Path) -> None:
     """A real DDP model and client whose aggregator address has nobody behind it: the pending
-    future fails at the client's deadline and ``backward()`` raises, instead of hanging."""
+    future fails (the client's job handshake gets no answer) and ``backward()`` raises, instead
+    of hanging."""
     script = f"""
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -240,11 +241,11 @@ state.close()
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("raised:") and "no result from aggregator" in proc.stdout, (
+    assert proc.stdout.startswith("raised:") and "no answer to the job handshake" in proc.stdout, (
         proc.stdout + proc.stderr
     )
     # the state keeps the client's own error, which DDP's text wraps ("Unable to cast ...")
-    recorded = "\nrecorded: TimeoutError allreduce: no result from aggregator"
+    recorded = "\nrecorded: TimeoutError no answer to the job handshake from aggregator"
     assert recorded in proc.stdout, proc.stdout
 
 

@@ -1,6 +1,7 @@
 """AllreduceClient against a scripted fake aggregator on loopback.
 
-The fake is a thread with a UDP socket that plays a whole job: it answers each uplink chunk at
+The fake is a thread with a UDP socket that plays a whole job: it answers the job handshake with
+the worker's own descriptor (a job that agrees with the worker), and each uplink chunk at
 once with the result the real aggregator would send if every one of ``workers`` workers had sent
 the same chunk (so the mean is the input, exactly, for power-of-two inputs). It can drop the first
 copy of chunks of chosen slots, duplicate its results, precede each result by stale, foreign
@@ -21,14 +22,16 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from ncina.proto import nc8, tag
+from ncina.proto import descriptor, nc8, tag
 from ncina.proto.header import (
     FLAG_POOL,
     FLAG_RESULT,
     FLAG_RETX,
     FLAG_TAG,
+    HEADER,
     INT_DTYPE,
     Format,
+    Header,
     largest_k,
     pack,
     parse,
@@ -92,12 +95,16 @@ class FakeAggregator(threading.Thread):
         self.resent_held: set[int] = set()
         self.released_at = 0.0
         self.stopping = threading.Event()
+        self.hellos = 0
 
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
                 data, peer = self.sock.recvfrom(65535)
             except TimeoutError:
+                continue
+            if descriptor.is_job_datagram(data):
+                self.sock.sendto(self.handshake(data), peer)
                 continue
             hdr, _ = parse(data)
             if self.key is not None and not (hdr.is_tagged and tag.verify(self.key, data)):
@@ -112,6 +119,21 @@ class FakeAggregator(threading.Thread):
             # In a client's first call chunk i has offset i (docs/protocol.md: u * S + slot).
             if not self.hold_back(hdr.offset, hdr.flags, first, data, peer):
                 self.answer(data, peer)
+
+    def handshake(self, hello: bytes) -> bytes:
+        """The answer to a worker's hello: its own descriptor, or "not authentic" (with the
+        worker's descriptor, keyed) when the hello's tag does not verify with the fake's key."""
+        hdr = Header._make(HEADER.unpack_from(hello))
+        _, theirs = descriptor.Descriptor.unpack(hello[16:32])
+        authentic = (self.key is None and not hdr.is_tagged) or (
+            self.key is not None and hdr.is_tagged and tag.verify(self.key, hello)
+        )
+        self.hellos += 1
+        return descriptor.pack_job_datagram(
+            theirs._replace(keyed=self.key is not None), job=hdr.job, rank=hdr.rank,
+            status=descriptor.OK if authentic else descriptor.NOT_AUTHENTIC, answer=True,
+            key=self.key if authentic else None,
+        )
 
     def answer(self, data: bytes, peer: tuple[str, int]) -> None:
         """Send the result (and whatever the options add) for the uplink packet ``data``."""
@@ -271,14 +293,23 @@ def test_keyed_job_tags_every_packet_and_ignores_forged_results() -> None:
     assert stats["packets_sent"] == chunks + stats["retransmissions"]
 
 
+def test_untagged_client_of_a_keyed_job_fails_its_handshake_naming_the_key() -> None:
+    with fake(key=bytes(16)) as agg, client_for(agg.address, deadline=0.3) as client:
+        with pytest.raises(descriptor.JobMismatchError) as error:
+            client.allreduce(np.ones(10, dtype=np.float32))
+        host, port = agg.address
+        assert str(error.value) == f"key: worker no key, aggregator keyed (job 7 at {host}:{port})"
+        assert client.stats["packets_sent"] == 0 and not agg.uplink
+
+
 def test_untagged_client_gets_no_answer_from_a_keyed_job() -> None:
     with (
         fake(key=bytes(16)) as agg,
-        client_for(agg.address, deadline=0.3) as client,
+        client_for(agg.address, deadline=0.3, handshake_timeout=None) as client,
         pytest.raises(TimeoutError),
     ):
         client.allreduce(np.ones(10, dtype=np.float32))
-    assert agg.bad_uplink_tags >= 1 and not agg.uplink
+    assert agg.bad_uplink_tags >= 1 and not agg.uplink and not agg.hellos
 
 
 def test_lost_packets_are_resent_with_retx() -> None:
@@ -458,7 +489,7 @@ def test_silent_aggregator_times_out_naming_job_rank_and_slots() -> None:
         host, port = silent.getsockname()
         with client_for(
             (host, port), rank=2, workers=4, pool_size=8, timeout=0.02, max_timeout=0.05,
-            deadline=1.0,
+            deadline=1.0, handshake_timeout=None,
         ) as client:
             with pytest.raises(TimeoutError) as error:
                 client.allreduce(np.ones(64 * 3, dtype=np.float32))
@@ -481,6 +512,8 @@ def test_nan_raises_before_anything_is_sent() -> None:
             with pytest.raises(ValueError, match="517"):
                 client.allreduce(x)
             assert client.stats["packets_sent"] == 0
+        # Only the job handshake's hello, which goes when the client is made.
+        assert descriptor.is_job_datagram(silent.recv(65535))
         with pytest.raises(BlockingIOError):
             silent.recv(65535)
 

@@ -20,6 +20,7 @@ from ncina.worker.client import (
     DATA_PATH_ENV,
     DATA_PATHS,
     DEFAULT_MTU,
+    HANDSHAKE_TIMEOUT,
     OPS,
     RESULT_FORMATS,
     AllreduceClient,
@@ -91,7 +92,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_data_path_argument(p: argparse.ArgumentParser) -> None:
-    """``--data-path c|python``: the worker's transfer loop (AllreduceClient's data_path)."""
+    """``--data-path c|python``: the worker's transfer loop (AllreduceClient's data_path), and
+    ``--handshake-timeout S`` (AllreduceClient's handshake_timeout; 0 skips the handshake)."""
+    p.add_argument(
+        "--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT, metavar="S",
+        help="seconds to wait for the aggregator's answer to the job handshake, which fails "
+        "at once, naming the parameter, when the worker's job differs from the aggregator's; "
+        "0 skips it (an aggregator that does not answer it) (default: %(default)s)",
+    )
     p.add_argument(
         "--data-path", choices=DATA_PATHS, default=None,
         help=f"the INA transfer loop: c (the fast path) or python (the reference); default: "
@@ -130,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         deadline=args.deadline,
         key=args.key_file,
         data_path=args.data_path,
+        handshake_timeout=args.handshake_timeout or None,
     ) as client:
         result = client.allreduce(x, op=args.op)
         stats = client.stats

@@ -47,6 +47,7 @@ decoded once at the end.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -57,6 +58,7 @@ from collections.abc import Hashable
 from types import TracebackType
 
 import numpy as np
+from ncina.proto import descriptor as desc
 from ncina.proto import nc8, tag
 from ncina.proto.header import (
     ELEMENT_SIZE,
@@ -107,7 +109,10 @@ STAT_KEYS = (
     "saturated",
     "allreduce_calls",
     "elements",
+    "handshakes",
 )
+HANDSHAKE_TIMEOUT = 1.0  # seconds a worker waits for the aggregator's job descriptor
+HANDSHAKE_INTERVAL = 0.1  # seconds between two hellos while no answer came
 
 
 class AggregatorRestartedError(RuntimeError):
@@ -239,6 +244,17 @@ class AllreduceClient:
     Python loop. When the C extension cannot be built the constructor raises ``RuntimeError``
     saying why and how to select the Python loop (it never falls back silently). ``data_path``
     (the attribute) is the loop in use.
+
+    Before its first chunk the client sends its job descriptor (docs/protocol.md, "Job
+    handshake"; the first one already when it is made) every ``HANDSHAKE_INTERVAL`` seconds
+    until the aggregator answers, at most ``handshake_timeout`` seconds from the first call: a
+    job that differs in any parameter (mode and result format, workers, pool size, k, window,
+    server mode's compressor, the key) raises
+    ``JobMismatchError`` naming each one with both values, no job of that id at the aggregator
+    raises it naming the job id, and no answer at all ``TimeoutError``. A failed handshake is
+    tried again by the next call. ``handshake_timeout=None`` skips it (an aggregator that does
+    not speak it). The limits on ``job``, ``workers``, ``k`` and ``pool_size`` are the
+    aggregator's (``ncina.proto.descriptor.check_job``).
     """
 
     def __init__(
@@ -263,19 +279,16 @@ class AllreduceClient:
         mode: str = "ina",
         mtu: int = DEFAULT_MTU,
         data_path: str | None = None,
+        handshake_timeout: float | None = HANDSHAKE_TIMEOUT,
     ) -> None:
-        if not 0 <= job < 1 << 16:
-            raise ValueError(f"job must be in [0, 65535], got {job}")
-        if not 0 < workers < 1 << 16 or not 0 <= rank < workers:
-            raise ValueError(f"need 0 <= rank < workers <= 65535, got rank {rank} of {workers}")
         if result_format not in RESULT_FORMATS:
             raise ValueError(f"result_format must be one of {sorted(RESULT_FORMATS)}")
         if k is None:
-            k = largest_k(mtu, RESULT_FORMATS[result_format], key is not None)
-        if not 1 <= k < 1 << 16:
-            raise ValueError(f"k must be in [1, 65535], got {k}")
-        if not 1 <= pool_size < 1 << 16:
-            raise ValueError(f"pool_size must be in [1, 65535], got {pool_size}")
+            k = min(desc.MAX_K, largest_k(mtu, RESULT_FORMATS[result_format], key is not None))
+        desc.check_job(job=job, workers=workers, k=k, pool_size=pool_size)
+        desc.check_range("rank", rank, 0, workers - 1, f" (job of {workers} workers)")
+        if handshake_timeout is not None and not handshake_timeout > 0:
+            raise ValueError(f"handshake_timeout must be positive or None, got {handshake_timeout}")
         if deadline <= 0:
             raise ValueError(f"deadline must be positive, got {deadline}")
         self.key = None if key is None else tag.check_key(key)
@@ -290,7 +303,12 @@ class AllreduceClient:
         self.timer = RtoEstimator(timeout, max_timeout, min_timeout)
         self._format = RESULT_FORMATS[result_format]
         self._rng = np.random.default_rng(seed)
-        self.compressor = None if compressor is None else create(compressor)
+        self.compressor = (
+            None if compressor is None else create(compressor, workers=workers, e_max=window_max)
+        )
+        self.compressor_spec = compressor
+        self.handshake_timeout = handshake_timeout
+        self._handshaken = handshake_timeout is None
         self.mode = mode
         if self.compressor is None and mode != "ina":
             raise ValueError(f"mode {mode!r} needs a compressor")
@@ -345,6 +363,115 @@ class AllreduceClient:
                     f"the C data path is unavailable: {exc}; pass data_path='python' or set "
                     f"{DATA_PATH_ENV}=python to use the Python loop"
                 ) from exc
+        # The first hello goes now, so that its answer is usually waiting when the first call
+        # starts: workers that reach their first call together then start sending together (a
+        # handshake made only then staggers them by round trips, and the first window of the
+        # earliest worker times out waiting for the others).
+        self._hello_at: float | None = None
+        if not self._handshaken:
+            with contextlib.suppress(OSError):  # no route yet: the first call asks again
+                self._send_hello()
+                self._hello_at = time.monotonic()
+
+    @property
+    def descriptor(self) -> desc.Descriptor:
+        """The job as this worker holds it (what its handshake sends)."""
+        server = self.mode == "server"
+        return desc.Descriptor(
+            mode=desc.MODE_SERVER if server else int(self._format),
+            workers=self.workers,
+            pool_size=self.pool_size,
+            k=self.chunk,
+            e_max=self.window.e_max,
+            e_min=self.window.e_min,
+            keyed=self.key is not None,
+            compressor=desc.compressor_hash(self.compressor) if server else 0,
+        )
+
+    def _handshake(self) -> None:
+        """Compare this worker's job with the aggregator's, once, before the first chunk (see
+        the class doc). Learns the aggregator's generation from its answer."""
+        if self._handshaken:
+            return
+        assert self.handshake_timeout is not None
+        mine = self.descriptor
+        host, port = self.aggregator
+        where = f"job {self.job} at {host}:{port}"
+        no_such_job = False
+        now = time.monotonic()
+        end = now + self.handshake_timeout
+        next_hello = now if self._hello_at is None else self._hello_at + HANDSHAKE_INTERVAL
+        self._hello_at = None
+        while now < end:
+            if now >= next_hello:
+                self._send_hello()
+                next_hello = now + HANDSHAKE_INTERVAL
+            wait = min(next_hello, end) - now
+            if self._poll.poll(max(1, math.ceil(wait * 1000))):
+                while True:
+                    try:
+                        size = self._sock.recv_into(self._buf)
+                    except BlockingIOError:
+                        break
+                    answer = self._judge_answer(size)
+                    if answer is None:
+                        continue
+                    status, theirs, generation = answer
+                    if status == desc.NO_SUCH_JOB:  # it may be installed yet: keep asking
+                        no_such_job = True
+                        continue
+                    if status == desc.NOT_AUTHENTIC:
+                        raise desc.JobMismatchError(
+                            [desc.key_mismatch(self.key is not None, theirs.keyed)], where
+                        )
+                    wrong = desc.mismatches(mine, theirs, self.compressor_spec)
+                    if wrong:
+                        raise desc.JobMismatchError(wrong, where)
+                    self.generation = generation or self.generation
+                    self._handshaken = True
+                    return
+            now = time.monotonic()
+        if no_such_job:
+            raise desc.JobMismatchError([("job id", str(self.job), "has no such job")], where)
+        raise TimeoutError(
+            f"no answer to the job handshake from aggregator {host}:{port} within "
+            f"{self.handshake_timeout:g} s (job {self.job}, rank {self.rank}): is it running, "
+            "and does it speak the job handshake? (handshake_timeout=None skips it)"
+        )
+
+    def _send_hello(self) -> None:
+        """Send this worker's job descriptor to the aggregator (a full send buffer skips it:
+        the next hello goes ``HANDSHAKE_INTERVAL`` later)."""
+        self._stats["handshakes"] += 1
+        hello = desc.pack_job_datagram(self.descriptor, job=self.job, rank=self.rank, key=self.key)
+        with contextlib.suppress(BlockingIOError):
+            self._sock.sendto(hello, self.aggregator)
+
+    def _judge_answer(self, size: int) -> tuple[int, desc.Descriptor, int] | None:
+        """``(status, descriptor, generation)`` of the datagram of ``size`` bytes in the receive
+        buffer if it is an answer to this worker's hello, else None (counted as ignored). An
+        ``OK`` answer of a keyed job must carry a tag that verifies; the refusals carry none."""
+        view = memoryview(self._buf)[:size]
+        if not desc.is_job_datagram(view) or size < desc.JOB_DATAGRAM_SIZE:
+            self._stats["results_ignored"] += 1
+            return None
+        _, flags, _, _, job, rank, _, count, _ = HEADER.unpack_from(view)
+        if (
+            not flags & FLAG_RESULT or job != self.job or rank != self.rank or count != 1
+            or size != desc.job_datagram_length(flags)
+        ):
+            self._stats["results_ignored"] += 1
+            return None
+        if flags & FLAG_TAG and (self.key is None or not tag.verify(self.key, view)):
+            self._stats["results_ignored"] += 1
+            self._stats["bad_tag"] += 1
+            return None
+        status, theirs = desc.Descriptor.unpack(view[HEADER_SIZE : desc.JOB_DATAGRAM_SIZE])
+        if status == desc.OK and self.key is not None and not flags & FLAG_TAG:
+            self._stats["results_ignored"] += 1
+            self._stats["bad_tag"] += 1
+            return None
+        return status, theirs, (flags & GENERATION_MASK) >> GENERATION_SHIFT
 
     @property
     def address(self) -> tuple[str, int]:
@@ -475,6 +602,7 @@ class AllreduceClient:
         out = np.empty(n, dtype=np.float32)
         if n == 0:
             return out
+        self._handshake()
         try:
             outcome = c.run(flat, out, key, self.timer, self.generation, self.deadline)
         except BaseException as exc:  # e.g. KeyboardInterrupt between two waits
@@ -582,6 +710,7 @@ class AllreduceClient:
         """Send every chunk of ``frames`` (``pack_chunks`` or ``pack_blobs``); put each chunk's
         result payload into ``received``: at its place for fixed-size formats, as item ``i``
         of the list for BLOBs."""
+        self._handshake()
         frames[:, 1] |= self.generation << GENERATION_SHIFT
         if self.key is not None:  # room for the tag after the longest chunk, and the flag
             frames = np.pad(frames, ((0, 0), (0, TAG_SIZE)))

@@ -143,6 +143,7 @@ def make_fabric(args: argparse.Namespace) -> ShardedAllreduce:
                 result_format=args.result, seed=(args.seed << 16) + args.rank,
                 deadline=args.deadline, compressor=args.compressor, mode=args.mode,
                 key=args.key_file, mtu=args.mtu, data_path=args.data_path,
+                handshake_timeout=args.handshake_timeout or None,
             )
             for agg in args.ina
         ]

@@ -132,7 +132,7 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
     controller = Controller(switch.config.grpc_address, args.device_id)
     try:
         controller.connect(build)
-        controller.insert(entries.local_entry(host, port, mac))
+        controller.insert(entries.local_entry(host, port, mac, generation))
         for entry in entries.job_entries(job):
             controller.insert(entry)
         for entry in entries.l2_entries(dict(args.l2_host)):

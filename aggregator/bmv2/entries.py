@@ -22,6 +22,7 @@ from ncina.aggregator.bmv2.layout import (
 )
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GlobalStats, JobStats
+from ncina.proto.descriptor import JOB_DATAGRAM_SIZE
 from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, NOTICE
 
 # P4Info names of what the control plane touches (p4/ncina.p4 and its controls).
@@ -96,10 +97,11 @@ def place(configs: Sequence[JobConfig], generation: int, k: int) -> list[Install
     return placed
 
 
-def local_entry(ip: str, port: int, mac: str) -> Entry:
+def local_entry(ip: str, port: int, mac: str, generation: int) -> Entry:
     """The aggregator's own address: ARP answered, ncina datagrams to its UDP ``port``
-    aggregated."""
-    return Entry(LOCAL_TABLE, {"meta.target": ip}, LOCAL_ACTION, {"mac": mac, "port": str(port)})
+    aggregated; ``generation`` stamps the answers to a job handshake for no job."""
+    return Entry(LOCAL_TABLE, {"meta.target": ip}, LOCAL_ACTION,
+                 {"mac": mac, "port": str(port), "generation": str(generation)})  # fmt: skip
 
 
 def job_entries(job: InstalledJob) -> list[Entry]:
@@ -112,6 +114,7 @@ def job_entries(job: InstalledJob) -> list[Entry]:
         "pool": c.pool_size,
         "slot_base": job.slot_base,
         "emin": c.window.e_min & 0xFF,  # the header's signed byte, as the switch compares it
+        "e_max": c.window.e_max & 0xFF,  # the job handshake's descriptor, a signed byte too
         "max_code": c.window.max_code,
         "result_format": int(c.result_format),
         "generation": job.generation,
@@ -168,9 +171,9 @@ def job_stats(job: InstalledJob, counts: Counts) -> JobStats:
     results = stats.results_sent + stats.results_resent
     elements = sum(event[name][1] for name in ("results_sent", "results_resent")) - (
         FRAME_OVERHEAD + HEADER_SIZE) * results
-    stats.packets_out = results + stats.notices_sent
+    stats.packets_out = results + stats.notices_sent + stats.handshakes
     stats.bytes_out = HEADER_SIZE * results + size * elements + (
-        HEADER_SIZE + NOTICE.size) * stats.notices_sent
+        HEADER_SIZE + NOTICE.size) * stats.notices_sent + JOB_DATAGRAM_SIZE * stats.handshakes
     return stats
 
 

@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any, TextIO
 
 import numpy as np
+from ncina.aggregator.control import JobsDirectory
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
 from ncina.aggregator.jobs import Address, JobConfig
@@ -142,12 +143,13 @@ class DpdkBackend(EngineBackend):
         mode: str = "aggregate",
         generation: int = 0,
         log: TextIO = sys.stderr,
+        control: JobsDirectory | None = None,
     ) -> None:
         from ncina.aggregator.dpdk.binding import load
 
         plane = DataPlane(load())
         super().__init__(plane, configs, stats_path=stats_path, stats_interval=stats_interval,
-                         generation=generation, log=log)  # fmt: skip
+                         generation=generation, log=log, control=control)  # fmt: skip
         self.plane: DataPlane = plane
         self.iface = iface
         self.address = listen
@@ -237,5 +239,9 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         idle_sleep_us=args.idle_sleep_us,
         mode=args.dpdk_mode,
         generation=generation,
+        control=(
+            JobsDirectory(args.jobs_dir, mtu=args.mtu, max_jobs=args.max_jobs)
+            if args.jobs_dir else None
+        ),
     )
     return backend.run()

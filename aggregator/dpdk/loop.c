@@ -217,7 +217,8 @@ static void handle(struct rte_mbuf *m)
     case NCD_C_DATAGRAM:
         switch (nce_input(p.dgram, p.dgram_len, &p.from, &a)) {
         case NCE_V_SEND_ONE:
-        case NCE_V_NOTICE: {
+        case NCE_V_NOTICE:
+        case NCE_V_DESCRIPTOR: {
             /* The input mbuf becomes the reply: every mbuf holds NCD_FRAME_ROOM bytes, which
              * every job's result frames fit (nce_set_reply_room); a larger one is counted. */
             const uint32_t len =
@@ -295,11 +296,13 @@ int ncd_run(int mode, unsigned idle_sleep_us)
             for (uint16_t i = 0; i < n; i++)
                 forward(rx[i]);
         } else {
+            nce_dp_enter();
             for (uint16_t i = 0; i < n; i++) {
                 if (i + 1 < n)
                     rte_prefetch0(rte_pktmbuf_mtod(rx[i + 1], void *));
                 handle(rx[i]);
             }
+            nce_dp_leave();
         }
         rte_eth_tx_buffer_flush(port_id, 0, txb);
     }
@@ -355,6 +358,7 @@ int ncd_process_frame(const uint8_t *frame, uint32_t len, uint8_t *out, uint32_t
     switch (nce_input(p.dgram, p.dgram_len, &p.from, &a)) {
     case NCE_V_SEND_ONE:
     case NCE_V_NOTICE:
+    case NCE_V_DESCRIPTOR:
         if (max_out < 1 || len > stride)
             return -1;
         memcpy(out, frame, len);

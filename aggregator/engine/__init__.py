@@ -25,7 +25,7 @@ from ncina.aggregator.stats import (
 
 HERE = Path(__file__).resolve().parent
 PROTO = HERE.parent.parent / "proto"
-SOURCES = ("parse.c", "members.c", "slots.c", "reply.c", "admission.c", "engine.c")
+SOURCES = ("parse.c", "members.c", "slots.c", "reply.c", "admission.c", "handshake.c", "engine.c")
 HEADERS = ("engine.h", "datapath.h", "state.h")
 # The wire codecs of ncina.proto the engine links in: NC8 and the tag's BLAKE2b.
 PROTO_SOURCES = ("nc8.c", "blake2b.c")
@@ -123,7 +123,8 @@ class Engine:
 
     def add_job(self, config: JobConfig) -> None:
         """Install a job (with ``config.result_seed()``: its nc8 results are the reference's
-        under the same seed, whatever the order of completions) and its members."""
+        under the same seed, whatever the order of completions) and its members. A job that
+        cannot be installed (``RuntimeError``) leaves nothing behind."""
         import ipaddress
 
         window = config.window
@@ -140,16 +141,31 @@ class Engine:
             ),
             f"installing job {config.job}",
         )
-        if config.key is not None:
+        if config.key is not None:  # a refused key removes the job in the engine
             self.check(self.lib.nce_job_set_key(config.job, config.key, len(config.key)),
                        f"job {config.job} key")  # fmt: skip
-        for rank, (host, port) in sorted(config.members.items()):
-            self.check(
-                self.lib.nce_member_set(
-                    config.job, rank, ipaddress.IPv4Address(host).packed, port
-                ),
-                f"job {config.job} member {rank}",
-            )
+        try:
+            for rank, (host, port) in sorted(config.members.items()):
+                self.check(
+                    self.lib.nce_member_set(
+                        config.job, rank, ipaddress.IPv4Address(host).packed, port
+                    ),
+                    f"job {config.job} member {rank}",
+                )
+            self.check(self.lib.nce_job_publish(config.job), f"publishing job {config.job}")
+        except RuntimeError:
+            self.lib.nce_job_remove(config.job)
+            raise
+
+    def remove_job(self, job: int) -> None:
+        """Uninstall a job (its slots and counters go with it); safe while the data plane runs
+        (``set_live``): returns once no batch of the data plane can hold the job any more."""
+        self.check(self.lib.nce_job_remove(job), f"removing job {job}")
+
+    def set_live(self, live: bool) -> None:
+        """Say whether a data plane runs: while it does, ``add_job`` configures a job completely
+        before the data plane sees it."""
+        self.lib.nce_set_live(int(live))
 
     def _counters(self, job: int) -> Any:
         c = self.ffi.new("struct nce_counters *")

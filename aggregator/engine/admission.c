@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "state.h"
 
@@ -48,6 +49,61 @@ static void job_free(struct nce_job *job)
     free(job);
 }
 
+/* Jobs added while a data plane runs wait here, invisible to it, until nce_job_publish: their
+ * key and members are set first, so that no datagram meets a half-configured job. */
+static struct nce_job *staged[65536];
+static int live;
+
+/* The job of an id for the control plane: published, or staged. */
+static struct nce_job *ctl_job(uint16_t id)
+{
+    return nce_jobs[id] != NULL ? nce_jobs[id] : staged[id];
+}
+
+/* Forget a job that was never published, or that no data plane runs for. */
+static void job_drop(uint16_t id)
+{
+    job_free(ctl_job(id));
+    staged[id] = NULL;
+    nce_jobs[id] = NULL;
+}
+
+void nce_set_live(int on)
+{
+    live = on;
+}
+
+int nce_job_publish(uint16_t id)
+{
+    struct nce_job *job = staged[id];
+    if (job == NULL)
+        return nce_jobs[id] != NULL ? 0 : -1;
+    staged[id] = NULL;
+    __atomic_store_n(&nce_jobs[id], job, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int nce_job_remove(uint16_t id)
+{
+    struct nce_job *job = nce_jobs[id];
+    if (job == NULL) {
+        if (staged[id] == NULL)
+            FAIL("job %u is not installed", id);
+        job_drop(id);
+        return 0;
+    }
+    /* Unpublish, then wait until the data plane is outside the batch it may be in (its epoch
+     * is odd inside one): every later batch reads the NULL (both sides fence, Dekker-style). */
+    __atomic_store_n(&nce_jobs[id], NULL, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    const uint64_t epoch = __atomic_load_n(&nce_dp_epoch, __ATOMIC_SEQ_CST);
+    const struct timespec nap = {0, 50000};
+    while ((epoch & 1) && __atomic_load_n(&nce_dp_epoch, __ATOMIC_ACQUIRE) == epoch)
+        nanosleep(&nap, NULL);
+    job_free(job);
+    return 0;
+}
+
 uint32_t nce_max_k(void)
 {
     return NCE_MAX_K;
@@ -56,7 +112,7 @@ uint32_t nce_max_k(void)
 int nce_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int e_min, int span,
                 int result_format, uint64_t seed)
 {
-    if (nce_jobs[id] != NULL)
+    if (ctl_job(id) != NULL)
         FAIL("job %u is already installed", id);
     if (workers < 1 || workers > NCE_MAX_WORKERS || k < 1 || k > NCE_MAX_K || nslots < 1 ||
         span < 0 || span > 62 || (result_format != NCE_FMT_NC8 && result_format != NCE_FMT_INT))
@@ -81,7 +137,10 @@ int nce_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int 
         job_free(job);
         FAIL("job %u: out of memory", id);
     }
-    nce_jobs[id] = job;
+    if (live)
+        staged[id] = job;
+    else
+        __atomic_store_n(&nce_jobs[id], job, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -92,12 +151,11 @@ void nce_set_generation(uint8_t generation)
 
 int nce_job_set_key(uint16_t id, const uint8_t *key, uint32_t keylen)
 {
-    struct nce_job *job = nce_jobs[id];
+    struct nce_job *job = ctl_job(id);
     if (job == NULL || keylen < 16 || keylen > 64)
         FAIL("job %u: a key has 16 to 64 bytes, not %u", id, keylen);
     if (!fits_reply_room(id, job->k, job->result_format, 1)) {
-        job_free(job);
-        nce_jobs[id] = NULL;
+        job_drop(id);
         return -1;
     }
     nce_tag_key(job, key, keylen);
@@ -115,7 +173,7 @@ void nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t key
 
 int nce_member_set(uint16_t id, uint16_t rank, const uint8_t *ip, uint16_t port)
 {
-    struct nce_job *job = nce_jobs[id];
+    struct nce_job *job = ctl_job(id);
     uint32_t ip_be;
     memcpy(&ip_be, ip, 4);
     if (job == NULL || nce_members_set(job, rank, ip_be, port) != 0)
@@ -126,9 +184,8 @@ int nce_member_set(uint16_t id, uint16_t rank, const uint8_t *ip, uint16_t port)
 void nce_reset(void)
 {
     for (size_t id = 0; id < 65536; id++) {
-        if (nce_jobs[id] != NULL)
-            job_free(nce_jobs[id]);
-        nce_jobs[id] = NULL;
+        if (ctl_job((uint16_t)id) != NULL)
+            job_drop((uint16_t)id);
     }
     memset(&nce_global, 0, sizeof nce_global);
 }
@@ -145,9 +202,10 @@ static void copy_counters(struct nce_counters *out, const struct nce_counters *i
 
 int nce_job_stats(uint16_t id, struct nce_counters *out)
 {
-    if (nce_jobs[id] == NULL)
+    const struct nce_job *job = ctl_job(id);
+    if (job == NULL)
         return -1;
-    copy_counters(out, &nce_jobs[id]->c);
+    copy_counters(out, &job->c);
     return 0;
 }
 

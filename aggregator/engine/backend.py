@@ -18,12 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ncina.aggregator.control import JobsDirectory, apply_changes
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.jobs import Address, JobConfig
 from ncina.aggregator.process import ready_line
-from ncina.aggregator.stats import publish, snapshot
+from ncina.aggregator.stats import LimitStats, publish, snapshot
 
 POLL_SECONDS = 0.05
+CONTROL_INTERVAL = 0.2  # seconds between looks at the jobs directory (as the Python backend)
 
 
 class EngineBackend:
@@ -31,7 +33,11 @@ class EngineBackend:
 
     Same contract as ``PythonBackend``: a readiness line on ``log``, stats to ``stats_path``
     every ``stats_interval`` seconds, on SIGUSR1 and at exit (one JSON line on ``log`` without a
-    path). Subclasses set ``name`` and ``address`` and implement the loop hooks below.
+    path). Subclasses set ``name`` and ``address`` and implement the loop hooks below. With
+    ``control`` (``ncina.aggregator.control``) jobs are added and removed from its directory
+    every ``CONTROL_INTERVAL`` seconds while the others run, each change logged (the engine
+    configures an added job completely before the loop sees it, and frees a removed one once
+    the loop cannot hold it).
     """
 
     name = ""
@@ -45,9 +51,12 @@ class EngineBackend:
         stats_interval: float,
         generation: int,
         log: TextIO,
+        control: JobsDirectory | None = None,
     ) -> None:
         self.plane = plane
-        self.configs = list(configs)
+        self.configs = {c.job: c for c in configs}
+        self.control = control
+        self.limits = LimitStats()  # what --max-jobs refused
         self.stats_path = stats_path
         self.stats_interval = stats_interval
         self.generation = generation
@@ -61,8 +70,18 @@ class EngineBackend:
 
     def install_jobs(self) -> None:
         """Install every job."""
-        for config in self.configs:
+        for config in self.configs.values():
             self.plane.add_job(config)
+
+    def add_job(self, config: JobConfig) -> None:
+        """Install one more job while the loop runs."""
+        self.plane.add_job(config)
+        self.configs[config.job] = config
+
+    def remove_job(self, job: int) -> None:
+        """Uninstall a job while the loop runs."""
+        del self.configs[job]
+        self.plane.remove_job(job)
 
     # ---- hooks of the I/O layer ----
 
@@ -96,9 +115,10 @@ class EngineBackend:
         signal.signal(signal.SIGUSR1, self._on_stats_signal)
         if self.stats_path is not None:
             self.write_stats()
+        self.plane.set_live(True)
         thread = threading.Thread(target=self._loop, name=f"{self.name} loop", daemon=True)
         thread.start()
-        jobs = "; ".join(c.describe() for c in self.configs)
+        jobs = "; ".join(c.describe() for c in self.configs.values())
         details = f"pid {os.getpid()}, {self.details()}, {jobs}"
         print(ready_line(self.address, self.name, details), file=self.log, flush=True)
         try:
@@ -106,6 +126,7 @@ class EngineBackend:
         finally:
             self.stop_loop()
             thread.join()
+            self.plane.set_live(False)
             self.write_stats()
             self.close()
         return self._run_rc
@@ -120,7 +141,12 @@ class EngineBackend:
 
     def _poll(self) -> None:
         next_write = time.monotonic() + self.stats_interval
+        next_control = 0.0
         while not self._stop.wait(POLL_SECONDS):
+            if self.control is not None and time.monotonic() >= next_control:
+                next_control = time.monotonic() + CONTROL_INTERVAL
+                apply_changes(self.control, self.configs.keys(), self.add_job, self.remove_job,
+                              self.log, self.limits)  # fmt: skip
             now = time.monotonic()
             if self._stats_requested or (self.stats_path is not None and now >= next_write):
                 self._stats_requested = False
@@ -143,7 +169,8 @@ class EngineBackend:
             backend=self.name,
             started=self.started,
             global_stats=global_stats,
-            jobs={c.job: self.plane.job_stats(c.job) for c in self.configs},
+            jobs={job: self.plane.job_stats(job) for job in self.configs},
+            limits=self.limits,
         )
         document[self.name] = io
         return document

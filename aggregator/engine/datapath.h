@@ -30,6 +30,7 @@ struct nce_member {
     uint32_t ip;
     uint16_t port;
     uint8_t known;              /* address configured or learned */
+    uint8_t configured;         /* set by nce_members_set: kept when a job restarts */
     uint8_t has_link;
     uint8_t link[6];            /* learned from its first valid datagram (DPDK: the MAC) */
     uint32_t agg_ip;            /* the aggregator address this member sends to */
@@ -44,6 +45,7 @@ enum nce_verdict {
     NCE_V_SEND_ALL,     /* slot completed: a result to every member, ranks 0..n-1 */
     NCE_V_SEND_ONE,     /* the stored result to the sender (rank) */
     NCE_V_NOTICE,       /* a notice back to the sender */
+    NCE_V_DESCRIPTOR,   /* the job handshake's answer back to the sender (job may be NULL) */
 };
 
 struct nce_action {
@@ -56,7 +58,27 @@ struct nce_action {
     uint16_t slot_index;
     uint32_t offset;
     uint64_t bitmap;
+    /* NCE_V_DESCRIPTOR: the job id asked for and the answer's status */
+    uint8_t descriptor;         /* 1: the reply is a job descriptor, not a result or notice */
+    uint8_t status;
+    uint16_t job_id;
 };
+
+/* The data plane's epoch: odd while it handles a batch (nce_dp_enter .. nce_dp_leave), so
+ * that nce_job_remove knows when no batch holds a removed job's pointer any more. An I/O layer
+ * brackets every batch it hands to nce_input with the two. */
+extern uint64_t nce_dp_epoch;
+
+static inline void nce_dp_enter(void)
+{
+    __atomic_add_fetch(&nce_dp_epoch, 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+static inline void nce_dp_leave(void)
+{
+    __atomic_add_fetch(&nce_dp_epoch, 1, __ATOMIC_RELEASE);
+}
 
 /* The reason nce_error() reports; I/O layers write their setup errors here too. */
 extern char nce_errbuf[256];
@@ -71,7 +93,7 @@ uint32_t nce_reply_len(const struct nce_action *act);
 uint32_t nce_build_reply(uint8_t *buf, uint32_t cap, const struct nce_action *act,
                          uint16_t rank);
 /* SEND_ALL: where rank's result goes (address, port, link address, the address it sent to).
- * SEND_ONE and NOTICE go back to the sender of the input datagram (for SEND_ONE that is the
+ * SEND_ONE, NOTICE and DESCRIPTOR go back to the sender of the input datagram (for SEND_ONE that is the
  * member's address: only a member's datagram gets there). */
 const struct nce_member *nce_member_of(const struct nce_action *act, uint16_t rank);
 

@@ -7,6 +7,7 @@
 struct nce_job *nce_jobs[65536];
 struct nce_counters nce_global;
 uint8_t nce_generation;
+uint64_t nce_dp_epoch;
 char nce_errbuf[256];
 
 const char *nce_error(void)
@@ -24,7 +25,7 @@ static void count_malformed(const struct nce_pkt *p, int reason)
 {
     struct nce_job *job = NULL;
     if (reason != NCE_TRUNCATED && reason != NCE_BAD_VERSION)
-        job = nce_jobs[p->job];
+        job = nce_job_at(p->job);
     struct nce_counters *c = job != NULL ? &job->c : &nce_global;
     c->packets_in++;
     c->bytes_in += p->dgram_len;
@@ -48,13 +49,16 @@ static enum nce_verdict notice(struct nce_job *job, const struct nce_pkt *p, uin
 enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_from *from,
                            struct nce_action *act)
 {
+    act->descriptor = 0;
+    if (nce_is_job_datagram(dgram, len))
+        return nce_handshake(dgram, len, act);
     struct nce_pkt p;
     int reason = nce_parse(dgram, len, &p);
     if (reason >= 0) {
         count_malformed(&p, reason);
         return NCE_V_NONE;
     }
-    struct nce_job *job = nce_jobs[p.job];
+    struct nce_job *job = nce_job_at(p.job);
     if (job == NULL) {
         count_malformed(&p, NCE_UNKNOWN_JOB);
         return NCE_V_NONE;
@@ -131,10 +135,14 @@ int nce_process_datagram(const uint8_t *dgram, uint32_t len, const uint8_t *src_
         out_lens[i] = nce_build_reply(out + (size_t)i * stride, stride, &a, r);
         if (out_lens[i] == 0)
             return -1;
+        if (v != NCE_V_SEND_ALL) {              /* back to the sender */
+            out_ips[i] = from.src_ip;
+            out_ports[i] = nce_port_host(from.src_port);
+            continue;
+        }
         const struct nce_member *m = nce_member_of(&a, r);
-        const int to_sender = v != NCE_V_SEND_ALL;
-        out_ips[i] = to_sender ? from.src_ip : m->ip;
-        out_ports[i] = nce_port_host(to_sender ? from.src_port : m->port);
+        out_ips[i] = m->ip;
+        out_ports[i] = nce_port_host(m->port);
     }
     return (int)(end - first);
 }

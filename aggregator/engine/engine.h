@@ -46,6 +46,7 @@ struct nce_counters {
     uint64_t duplicates;
     uint64_t retx_seen;
     uint64_t notices_sent;
+    uint64_t handshakes;        /* job datagrams answered with the job's descriptor */
     uint64_t drops[15];
 };
 
@@ -62,6 +63,14 @@ void nce_set_reply_room(uint32_t bytes, const char *limit);
  * (nc8_result_key). Returns 0, or -1 with nce_error(). */
 int nce_job_add(uint16_t job, uint16_t workers, uint16_t k, uint16_t slots, int e_min, int span,
                 int result_format, uint64_t seed);
+/* Jobs at run time. While live (a data plane runs) nce_job_add stages a job, invisible to the
+ * data plane until nce_job_publish (after its key, members and key ring are set); otherwise it
+ * is installed at once and nce_job_publish does nothing. nce_job_remove unpublishes a job,
+ * waits until the data plane left the batch it may be in, and frees it. Both return 0, or -1
+ * with nce_error(). Control-plane calls come from one thread. */
+void nce_set_live(int on);
+int nce_job_publish(uint16_t job);
+int nce_job_remove(uint16_t job);
 /* The engine's generation, 0..15 (docs/protocol.md "Generations and notices"): stamped on
  * every result and notice; 0 is an aggregator without generations (no notices). */
 void nce_set_generation(uint8_t generation);

@@ -26,7 +26,15 @@ int nce_members_set(struct nce_job *job, uint16_t rank, uint32_t ip_be, uint16_t
     m->ip = ip_be;
     m->port = nce_port_be(port);
     m->known = 1;
+    m->configured = 1;
     return 0;
+}
+
+void nce_members_forget_learned(struct nce_job *job)
+{
+    for (uint16_t r = 0; r < job->n; r++)
+        if (!job->members[r].configured)
+            memset(&job->members[r], 0, sizeof job->members[r]);
 }
 
 /* Whether rank may send from this address: an unknown rank may (and is learned), a known one

@@ -65,11 +65,15 @@ static void put_header(uint8_t *h, const struct nce_job *job, unsigned version, 
 
 uint32_t nce_reply_len(const struct nce_action *a)
 {
+    if (a->descriptor)
+        return nce_descriptor_len(a);
     return a->slot != NULL ? nce_result_len(a->job, a->slot) : nce_notice_len(a->job);
 }
 
 uint32_t nce_build_reply(uint8_t *buf, uint32_t cap, const struct nce_action *a, uint16_t rank)
 {
+    if (a->descriptor)
+        return nce_build_descriptor(buf, cap, a);
     const struct nce_job *job = a->job;
     const uint32_t len = nce_reply_len(a);
     if (len > cap)

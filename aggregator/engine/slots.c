@@ -92,3 +92,20 @@ int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt
     /* The slot rules admit a contribution to an incomplete round only: at most the Nth. */
     return ++s->contributors == job->n;
 }
+
+int nce_pool_restart_if_idle(struct nce_job *job)
+{
+    const size_t versions = 2 * (size_t)job->nslots;
+    for (size_t i = 0; i < versions; i++)
+        if (job->slots[i].contributors != 0 && !job->slots[i].complete)
+            return 0;                           /* a round is being filled: not idle */
+    for (size_t i = 0; i < versions; i++) {
+        struct nce_slot *s = &job->slots[i];
+        s->bitmap = 0;
+        s->contributors = 0;
+        s->complete = 0;
+        s->offset = 0;
+        s->count = 0;
+    }
+    return 1;
+}

@@ -21,6 +21,8 @@
 #define NCE_FMT_NC8 0
 #define NCE_FMT_INT 1
 #define NCE_FMT_BLOB 2                 /* server mode; no job of the engine takes it */
+#define NCE_FMT_JOB 3           /* the job handshake's descriptor */
+#define NCE_JOB_LEN (NCE_HDR_LEN + 16)      /* a job datagram: header and descriptor */
 
 /* A port number between host order and network order (byte by byte: any host). */
 static inline uint16_t nce_port_be(uint16_t port)
@@ -88,6 +90,7 @@ int nce_parse(const uint8_t *dgram, uint32_t len, struct nce_pkt *p);
 int nce_members_alloc(struct nce_job *job);
 void nce_members_free(struct nce_job *job);
 int nce_members_set(struct nce_job *job, uint16_t rank, uint32_t ip_be, uint16_t port);
+void nce_members_forget_learned(struct nce_job *job);     /* configured ones stay */
 int nce_member_accepts(const struct nce_job *job, uint16_t rank, const struct nce_from *from);
 void nce_member_learn(struct nce_job *job, uint16_t rank, const struct nce_from *from);
 void nce_tag_key(struct nce_job *job, const uint8_t *key, uint32_t keylen);
@@ -108,6 +111,9 @@ enum nce_rule {
 };
 enum nce_rule nce_slot_rule(const struct nce_job *job, const struct nce_pkt *p, unsigned version);
 /* Rule 1 of the state machine: add the contribution; 1 when it completes the slot. */
+/* Start the slots afresh (their `uses` go on) if no round is partly filled; whether it did.
+ * An authentic hello calls it (handshake.c), see there. */
+int nce_pool_restart_if_idle(struct nce_job *job);
 int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt *p,
                    unsigned version);
 
@@ -115,6 +121,19 @@ int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt
 void nce_encode_result(const struct nce_job *job, struct nce_slot *s);
 uint32_t nce_result_len(const struct nce_job *job, const struct nce_slot *s);
 uint32_t nce_notice_len(const struct nce_job *job);
+
+/* handshake.c: the job handshake (answered by nce_build_reply). */
+int nce_is_job_datagram(const uint8_t *dgram, uint32_t len);
+enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_action *act);
+uint32_t nce_descriptor_len(const struct nce_action *a);
+uint32_t nce_build_descriptor(uint8_t *buf, uint32_t cap, const struct nce_action *a);
+
+/* The installed job of an id, or NULL (the control plane may add and remove jobs while a data
+ * plane runs: the pointer is published with release order, read with acquire). */
+static inline struct nce_job *nce_job_at(uint16_t id)
+{
+    return __atomic_load_n(&nce_jobs[id], __ATOMIC_ACQUIRE);
+}
 
 /* admission.c: job-level validation; -1 when the datagram may enter the state machine. */
 int nce_admit(const struct nce_job *job, const struct nce_pkt *p, const struct nce_from *from);

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ncina.aggregator.control import JobsDirectory
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
 from ncina.aggregator.jobs import Address, JobConfig
@@ -56,6 +57,7 @@ class SocketBackend(EngineBackend):
         mode: str = "aggregate",
         generation: int = 0,
         log: TextIO = sys.stderr,
+        control: JobsDirectory | None = None,
     ) -> None:
         from ncina.aggregator.socket.binding import load
 
@@ -63,7 +65,7 @@ class SocketBackend(EngineBackend):
         room = int(plane.lib.ncs_dgram_room())
         plane.set_reply_room(room, f"the {room}-byte send buffer of the socket data plane")
         super().__init__(plane, configs, stats_path=stats_path, stats_interval=stats_interval,
-                         generation=generation, log=log)  # fmt: skip
+                         generation=generation, log=log, control=control)  # fmt: skip
         self.mode = MODES[mode]
         host, port = listen
         bound = plane.lib.ncs_open(ipaddress.IPv4Address(host).packed, port)
@@ -121,5 +123,9 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         stats_interval=args.stats_interval,
         mode=args.socket_mode,
         generation=generation,
+        control=(
+            JobsDirectory(args.jobs_dir, mtu=args.mtu, max_jobs=args.max_jobs)
+            if args.jobs_dir else None
+        ),
     )
     return backend.run()

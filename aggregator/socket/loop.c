@@ -319,6 +319,7 @@ static void aggregate(const uint8_t *dgram, uint32_t len, const struct nce_from 
     switch (nce_input(dgram, len, from, &a)) {
     case NCE_V_SEND_ONE:
     case NCE_V_NOTICE:
+    case NCE_V_DESCRIPTOR:
         queue_reply(&a, a.rank, from->src_ip, from->src_port, from->dst_ip);
         break;
     case NCE_V_SEND_ALL:
@@ -394,8 +395,10 @@ int ncs_run(int mode)
         }
         io.rx_batches++;
         io.rx_buffers += (unsigned)n;
+        nce_dp_enter();
         for (unsigned i = 0; i < (unsigned)n; i++)
             take(i, mode);
+        nce_dp_leave();
         flush();
     }
     return 0;

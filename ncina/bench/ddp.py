@@ -5,9 +5,11 @@ Mbit/s links, the aggregator of ``--backend``) and trains ``--model`` for ``--st
 twice on it: through the aggregator (the asynchronous DDP hook) and with gloo's fp32 ring
 all-reduce. Reported, as medians over ``--repeat`` (each repeat's values too):
 ``ina_samples_per_s``, ``gloo_samples_per_s``, ``speedup`` (= ina / gloo), and the INA run's
-``comm_total_s`` (time inside the hook's all-reduces), ``exposed_comm_s`` (step time beyond
-compute-only steps: the communication the backward pass did not hide) and
-``exposed_comm_fraction`` (exposed / total), per rank on average. The runs' directories (logs,
+``comm_total_s`` (time inside the hook's all-reduces, per rank on average),
+``exposed_comm_s`` (over the steps, how long the exchange went on after the slowest rank's
+compute: the communication the backward pass did not hide) and ``exposed_comm_fraction``
+(exposed / total). ``--mtu`` sets every link's MTU (the default K and pool follow it) and
+``--bucket-cap-mb`` DDP's bucket size. The runs' directories (logs,
 results.json, plot.png) stay under ``--out``.
 """
 

@@ -125,13 +125,14 @@ class FuzzReport:
 
 
 def _totals(document: dict[str, Any], job: int) -> tuple[int, dict[str, int]]:
-    """packets_in and the drops by reason of the job and global sections together."""
+    """packets_in (without the job handshakes the job answered: they are neither accepted nor
+    dropped) and the drops by reason of the job and global sections together."""
     sections = [document["global"], document["jobs"][str(job)]]
     drops: dict[str, int] = {}
     for section in sections:
         for reason, count in section["drops"].items():
             drops[reason] = drops.get(reason, 0) + count
-    return sum(s["packets_in"] for s in sections), drops
+    return sum(s["packets_in"] for s in sections) - sections[1]["handshakes"], drops
 
 
 def fuzz_during_allreduce(

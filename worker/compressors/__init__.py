@@ -9,6 +9,8 @@ The methods, their payload layouts and measured figures are in ``docs/compressor
 
 from __future__ import annotations
 
+import dataclasses
+
 from ncina.worker.compressors.base import Compressor, State
 from ncina.worker.compressors.ef import ErrorFeedback
 from ncina.worker.compressors.fft import FFTSparsify
@@ -52,10 +54,14 @@ def _value(text: str) -> int | float | str:
     return text
 
 
-def create(spec: str) -> Compressor:
+def create(spec: str, *, workers: int | None = None, e_max: int | None = None) -> Compressor:
     """The compressor of ``spec`` = ``[ef+]name[:key=value,...]``, e.g. ``ef+topk:ratio=0.01``.
 
-    Raises ``ValueError`` for an unknown name, a malformed or unknown parameter, or a bad value.
+    ``workers`` and ``e_max`` are the job's: a method with an NC8 window of its own (``nc``,
+    ``natdither``: fields ``workers`` and ``e_max``) gets the job's window, so that its codes are
+    the job's and the same spec builds the same compressor on every side of the job; a spec that
+    sets one of them to another value than the job's is refused. Raises ``ValueError`` for an
+    unknown name, a malformed or unknown parameter, a bad value, or a window not the job's.
     """
     ef = spec.startswith(EF_PREFIX)
     name, _, params = spec.removeprefix(EF_PREFIX).partition(":")
@@ -68,6 +74,15 @@ def create(spec: str) -> Compressor:
         if not eq:
             raise ValueError(f"compressor parameter {item!r} is not key=value")
         kwargs[key.strip()] = _value(text.strip())
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    for key, job_value in (("workers", workers), ("e_max", e_max)):
+        if job_value is None or key not in fields:
+            continue
+        if kwargs.setdefault(key, job_value) != job_value:
+            raise ValueError(
+                f"compressor {name}: {key}={kwargs[key]} in the spec, but the job's {key} is "
+                f"{job_value} (leave it out: the job's window is the compressor's)"
+            )
     try:
         compressor = cls(**kwargs)
     except TypeError as exc:

@@ -1,0 +1,101 @@
+/* The job handshake (docs/protocol.md "Job handshake"): a worker's `job` datagram (format 3,
+ * its job descriptor) is answered with the descriptor of the job of that id as the engine holds
+ * it, "no such job", or "not authentic" when the hello's authentication is not what the job
+ * asks for. No member is learned; an authentic hello to an idle job starts it afresh (its
+ * slots and learned members). The answer is written by nce_build_reply. */
+#include "state.h"
+
+#define STATUS_OK 0
+#define STATUS_NO_SUCH_JOB 1
+#define STATUS_NOT_AUTHENTIC 2
+
+int nce_is_job_datagram(const uint8_t *dgram, uint32_t len)
+{
+    return len >= NCE_HDR_LEN && dgram[0] == NCE_VERSION && dgram[2] == NCE_FMT_JOB;
+}
+
+enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_action *act)
+{
+    struct nce_pkt p = {.dgram = dgram, .dgram_len = len, .flags = dgram[1]};
+    const uint16_t id = (uint16_t)(dgram[4] << 8 | dgram[5]);
+    const uint16_t count = (uint16_t)(dgram[10] << 8 | dgram[11]);
+    const uint32_t want = NCE_JOB_LEN + (p.flags & NCE_FLAG_TAG ? NCE_TAG_LEN : 0);
+    int reason = len != want ? NCE_BAD_LENGTH : count != 1 ? NCE_BAD_COUNT : -1;
+    struct nce_job *job = nce_job_at(id);
+    struct nce_counters *c = job != NULL ? &job->c : &nce_global;
+    c->packets_in++;
+    c->bytes_in += len;
+    if (reason < 0 && job != NULL && (p.flags & NCE_FLAG_RESULT))
+        reason = NCE_BAD_FLAGS;
+    if (reason < 0 && job == NULL)
+        reason = NCE_UNKNOWN_JOB;               /* counted, and answered below */
+    if (reason >= 0)
+        c->drops[reason]++;
+    if (reason >= 0 && reason != NCE_UNKNOWN_JOB)
+        return NCE_V_NONE;
+    act->job = job;
+    act->slot = NULL;
+    act->descriptor = 1;
+    act->job_id = id;
+    act->rank = (uint16_t)(dgram[6] << 8 | dgram[7]);
+    act->members = 0;
+    act->version = 0;
+    if (job == NULL) {
+        act->status = STATUS_NO_SUCH_JOB;
+        return NCE_V_DESCRIPTOR;
+    }
+    act->status = nce_authentic(job, &p) ? STATUS_OK : STATUS_NOT_AUTHENTIC;
+    /* A hello that finds the job idle (no round partly filled) starts it afresh: a new set of
+     * workers comes from new ports and counts its offsets from 0 again, which the member
+     * check and the slot rules would take for strangers and late packets. */
+    if (act->status == STATUS_OK && nce_pool_restart_if_idle(job))
+        nce_members_forget_learned(job);
+    c->handshakes++;
+    c->packets_out++;
+    c->bytes_out += nce_reply_len(act);
+    return NCE_V_DESCRIPTOR;
+}
+
+static inline void put_be16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+
+uint32_t nce_descriptor_len(const struct nce_action *a)
+{
+    const int tagged = a->job != NULL && a->job->tagged && a->status == STATUS_OK;
+    return NCE_JOB_LEN + (tagged ? NCE_TAG_LEN : 0);
+}
+
+uint32_t nce_build_descriptor(uint8_t *buf, uint32_t cap, const struct nce_action *a)
+{
+    const struct nce_job *job = a->job;
+    const uint32_t len = nce_descriptor_len(a);
+    const int tagged = len > NCE_JOB_LEN;
+    if (len > cap)
+        return 0;
+    memset(buf, 0, NCE_JOB_LEN);
+    buf[0] = NCE_VERSION;
+    buf[1] = (uint8_t)(NCE_FLAG_RESULT | nce_generation << NCE_GEN_SHIFT |
+                       (tagged ? NCE_FLAG_TAG : 0));
+    buf[2] = NCE_FMT_JOB;
+    put_be16(buf + 4, a->job_id);
+    put_be16(buf + 6, a->rank);
+    put_be16(buf + 10, 1);
+    uint8_t *d = buf + NCE_HDR_LEN;            /* the descriptor, ncina.proto.descriptor */
+    d[0] = a->status;
+    if (job != NULL) {
+        buf[3] = (uint8_t)job->e_min;
+        d[1] = job->result_format;
+        d[2] = (uint8_t)(job->e_min + job->span);       /* e_max */
+        d[3] = (uint8_t)job->e_min;
+        put_be16(d + 4, job->n);
+        put_be16(d + 6, job->nslots);
+        put_be16(d + 8, job->k);
+        d[10] = job->tagged;                    /* d[11] reserved, d[12..15] no compressor */
+    }
+    if (tagged)
+        nce_tag(job, buf, NCE_JOB_LEN, buf + NCE_JOB_LEN);
+    return len;
+}

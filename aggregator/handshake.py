@@ -1,0 +1,101 @@
+"""The aggregator's side of the job handshake (docs/protocol.md, "Job handshake").
+
+A worker sends a ``job`` datagram (its descriptor, ``ncina.proto.descriptor``) before its first
+chunk; the aggregator answers with the descriptor of the job of that id as it holds it, or with
+"no such job", or, when the hello's authentication is not what the job asks for, with "not
+authentic" (the descriptor all the same: a job's parameters are no secret, and the worker then
+names the key as the mismatch). No member is learned; an authentic hello that finds the job
+idle (no round partly filled) starts its slots afresh (``JobSlots.restart_if_idle``), so that a
+new set of workers, counting offsets from 0 again, is not taken for late packets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.stats import GlobalStats
+from ncina.proto import tag
+from ncina.proto.descriptor import (
+    MODE_SERVER,
+    NO_SUCH_JOB,
+    NOT_AUTHENTIC,
+    NOWHERE,
+    OK,
+    Descriptor,
+    compressor_hash,
+    job_datagram_length,
+    pack_job_datagram,
+)
+from ncina.proto.header import BAD_COUNT, BAD_FLAGS, BAD_LENGTH, FLAG_RESULT, FLAG_TAG, HEADER
+
+UNKNOWN_JOB = "unknown_job"
+
+
+def job_descriptor(config: JobConfig, compressor: object | None = None) -> Descriptor:
+    """The descriptor of a job: INA mode with its result format, or server mode with the hash of
+    ``compressor`` (a ``ServerSlots`` job's)."""
+    window = config.window
+    return Descriptor(
+        mode=MODE_SERVER if compressor is not None else int(config.result_format),
+        workers=config.workers,
+        pool_size=config.pool_size,
+        k=config.k,
+        e_max=window.e_max,
+        e_min=window.e_min,
+        keyed=config.key is not None,
+        compressor=compressor_hash(compressor) if compressor is not None else 0,
+    )
+
+
+def answer(
+    jobs: Mapping[int, Any],
+    global_stats: GlobalStats,
+    generation: int,
+    datagram: bytes | bytearray | memoryview,
+    source: Address,
+) -> Sequence[tuple[bytes, Address]]:
+    """The answer to a ``job`` datagram (``is_job_datagram``) from ``source``; ``jobs`` maps a
+    job id to its ``JobSlots``. Counts it: under the job as a handshake (or a drop when it is
+    malformed), globally as ``unknown_job`` when no job has its id (answered all the same)."""
+    size = len(datagram)
+    _, flags, _, _, job_id, rank, _, count, _ = HEADER.unpack_from(datagram)
+    slots = jobs.get(job_id)
+    reason = None
+    if size != job_datagram_length(flags):
+        reason = BAD_LENGTH
+    elif count != 1:
+        reason = BAD_COUNT
+    if slots is None:
+        global_stats.packets_in += 1
+        global_stats.bytes_in += size
+        global_stats.drops[reason or UNKNOWN_JOB] += 1
+        if reason is not None:
+            return ()
+        reply = pack_job_datagram(NOWHERE, job=job_id, rank=rank, status=NO_SUCH_JOB,
+                                  answer=True, generation=generation)  # fmt: skip
+        return ((reply, source),)
+    stats = slots.stats
+    stats.packets_in += 1
+    stats.bytes_in += size
+    if reason is None and flags & FLAG_RESULT:
+        reason = BAD_FLAGS
+    if reason is not None:
+        stats.drops[reason] += 1
+        return ()
+    key = slots.key
+    authentic = (key is None and not flags & FLAG_TAG) or (
+        key is not None and flags & FLAG_TAG and tag.verify(key, datagram)
+    )
+    if authentic:
+        slots.restart_if_idle()
+    descriptor = job_descriptor(slots.config, getattr(slots, "compressor", None))
+    reply = pack_job_datagram(
+        descriptor, job=job_id, rank=rank, status=OK if authentic else NOT_AUTHENTIC,
+        answer=True, generation=generation, key=key if authentic else None,
+    )
+    stats.handshakes += 1
+    stats.packets_out += 1
+    stats.bytes_out += len(reply)
+    return ((reply, source),)

@@ -1,0 +1,207 @@
+"""The job descriptor: a job's parameters as both sides hold them, its limits, and the handshake
+datagram that compares the worker's with the aggregator's (docs/protocol.md, "Job handshake").
+
+Job parameters are set separately on the aggregator (``JobConfig``) and on the workers
+(``AllreduceClient``). A mismatch would otherwise show up as silent drops and a timeout at the
+deadline, so a worker sends its descriptor before its first chunk and the aggregator answers with
+its own for the job; the worker compares them field by field and fails with
+:class:`JobMismatchError` naming every parameter that differs and both values.
+
+The limits both sides validate with (:func:`check_job`) are here too, so that a worker cannot be
+configured with a job no aggregator accepts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import NamedTuple
+
+from ncina.proto.header import (
+    FLAG_RESULT,
+    FLAG_TAG,
+    GENERATION_SHIFT,
+    HEADER,
+    HEADER_SIZE,
+    TAG_SIZE,
+    VERSION,
+    Format,
+    largest_k,
+)
+
+# ---- limits of a job, shared by JobConfig and AllreduceClient ----
+
+MAX_WORKERS = 64
+WORKERS_WHY = " (a worker bitmap is one 64-bit register word in every backend)"
+MAX_MTU = 9216  # the largest jumbo frame common NICs and Linux veths take
+# The largest chunk: an NC8 result of one largest-MTU packet (9172). The C engine has the same
+# limit (NCE_MAX_K); the BMv2 program compiles fewer lanes (aggregator/bmv2/gen.py).
+MAX_K = largest_k(MAX_MTU, Format.NC8)
+MAX_POOL_SIZE = 0xFFFF  # the header's slot field is 16 bits
+MAX_JOB_ID = 0xFFFF  # the header's job field is 16 bits
+
+
+def check_range(what: str, value: int, low: int, high: int, why: str = "") -> None:
+    """Raise ``ValueError`` unless ``low <= value <= high``, naming ``what`` and the range."""
+    if not low <= value <= high:
+        raise ValueError(f"{what} must be in {low}..{high}{why}, not {value}")
+
+
+def check_job(*, job: int, workers: int, k: int, pool_size: int) -> None:
+    """Raise ``ValueError`` unless the job's id, worker count, chunk size and pool size are in
+    the ranges every backend and the worker accept (the one validator both sides use)."""
+    check_range("job id", job, 0, MAX_JOB_ID)
+    check_range("workers", workers, 1, MAX_WORKERS, WORKERS_WHY)
+    check_range("k (elements per packet)", k, 1, MAX_K)
+    check_range("pool size", pool_size, 1, MAX_POOL_SIZE)
+
+
+# ---- the descriptor and its datagram ----
+
+# status, mode, e_max, e_min, workers, pool size, k, keyed, reserved, compressor hash.
+DESCRIPTOR = struct.Struct("!BBbbHHHBBI")
+DESCRIPTOR_SIZE = DESCRIPTOR.size  # 16
+JOB_DATAGRAM_SIZE = HEADER_SIZE + DESCRIPTOR_SIZE  # 32, before a tag
+
+# status: what an answer says (a worker's hello always carries OK).
+OK = 0  # the job's descriptor
+NO_SUCH_JOB = 1  # no job of that id is installed (the other fields are 0)
+NOT_AUTHENTIC = 2  # the hello's tag is missing, wrong, or there for an unkeyed job
+
+# mode: INA with nc8 or int results (the Format values), or server mode.
+MODE_SERVER = int(Format.BLOB)
+MODE_NAMES = {int(Format.NC8): "ina (nc8 results)", int(Format.INT): "ina (int results)",
+              MODE_SERVER: "server"}  # fmt: skip
+RESULT_NAMES = {int(Format.NC8): "nc8", int(Format.INT): "int"}
+
+
+class Descriptor(NamedTuple):
+    """A job as one side holds it (the fields of the descriptor payload, docs/protocol.md)."""
+
+    mode: int  # MODE_NAMES: nc8 or int results (INA), or server mode
+    workers: int
+    pool_size: int
+    k: int  # the largest element count of one chunk
+    e_max: int
+    e_min: int
+    keyed: bool
+    compressor: int  # server mode: compressor_hash of the job's compressor; INA: 0
+
+    def pack(self, status: int = OK) -> bytes:
+        """The 16-byte descriptor payload."""
+        return DESCRIPTOR.pack(status, self.mode, self.e_max, self.e_min, self.workers,
+                               self.pool_size, self.k, int(self.keyed), 0, self.compressor)
+
+    @classmethod
+    def unpack(cls, payload: bytes | memoryview) -> tuple[int, Descriptor]:
+        """``(status, descriptor)`` of a 16-byte descriptor payload."""
+        status, mode, e_max, e_min, workers, pool, k, keyed, _, comp = DESCRIPTOR.unpack(payload)
+        return status, cls(mode, workers, pool, k, e_max, e_min, bool(keyed), comp)
+
+
+NOWHERE = Descriptor(0, 0, 0, 0, 0, 0, False, 0)
+"""The fields of a NO_SUCH_JOB answer."""
+
+
+def compressor_hash(compressor: object) -> int:
+    """32 bits identifying a compressor with every parameter (its ``repr``: the compressors are
+    frozen dataclasses), so that two sides with different specs, defaults included, differ."""
+    digest = hashlib.blake2b(repr(compressor).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big")
+
+
+def pack_job_datagram(
+    descriptor: Descriptor, *, job: int, rank: int, status: int = OK, answer: bool = False,
+    generation: int = 0, key: bytes | None = None,
+) -> bytes:
+    """A ``job`` datagram: the header (format ``job``, count 1, slot and offset 0; ``RESULT``
+    and the generation on an answer) and the descriptor, tagged with ``key`` when given."""
+    flags = (FLAG_RESULT | generation << GENERATION_SHIFT if answer else 0) | (
+        FLAG_TAG if key is not None else 0
+    )
+    datagram = HEADER.pack(VERSION, flags, Format.JOB, descriptor.e_min, job, rank, 0, 1, 0)
+    datagram += descriptor.pack(status)
+    if key is not None:
+        from ncina.proto.tag import sign
+
+        datagram = sign(key, datagram)
+    return datagram
+
+
+def is_job_datagram(datagram: bytes | bytearray | memoryview) -> bool:
+    """Whether a datagram is a version-1 ``job`` datagram (its header says so; the length is
+    checked by whoever handles it)."""
+    return len(datagram) >= HEADER_SIZE and datagram[0] == VERSION and datagram[2] == Format.JOB
+
+
+def job_datagram_length(flags: int) -> int:
+    """The only length a ``job`` datagram with these flags may have."""
+    return JOB_DATAGRAM_SIZE + (TAG_SIZE if flags & FLAG_TAG else 0)
+
+
+# ---- the worker's comparison ----
+
+FIELDS = (
+    ("mode", "mode"),
+    ("workers", "workers"),
+    ("pool_size", "pool size"),
+    ("k", "k (elements per packet)"),
+    ("e_max", "window e_max"),
+    ("compressor", "compressor"),
+)
+
+
+class JobMismatchError(RuntimeError):
+    """The aggregator's job is not the worker's: ``mismatches`` lists ``(parameter, worker's
+    value, aggregator's value)``; the message names each and where the job is."""
+
+    def __init__(self, mismatches: list[tuple[str, str, str]], where: str) -> None:
+        self.mismatches = mismatches
+        self.where = where
+        text = "; ".join(f"{name}: worker {ours}, aggregator {theirs}"
+                         for name, ours, theirs in mismatches)  # fmt: skip
+        super().__init__(f"{text} ({where})")
+
+
+def _show(name: str, value: int, compressor_spec: str | None) -> str:
+    if name == "mode":
+        return MODE_NAMES.get(value, f"mode {value}")
+    if name == "result format":
+        return RESULT_NAMES[value]
+    if name == "compressor":
+        hashed = f"hash 0x{value:08x}"
+        return f"{compressor_spec} ({hashed})" if compressor_spec else hashed
+    return str(value)
+
+
+def mismatches(
+    worker: Descriptor, aggregator: Descriptor, compressor_spec: str | None = None
+) -> list[tuple[str, str, str]]:
+    """Every parameter on which the two descriptors disagree, as ``(name, worker's value,
+    aggregator's value)`` in the order of ``FIELDS``; the compressor is compared in server mode
+    only (an INA aggregator adds NC8 codes whatever produced them), where a worker's ``k`` (its
+    chunk) may also be smaller than the aggregator's. ``compressor_spec`` is the
+    worker's spec, named in the message beside its hash."""
+    out = []
+    for attr, name in FIELDS:
+        ours, theirs = getattr(worker, attr), getattr(aggregator, attr)
+        if attr == "compressor" and not (worker.mode == aggregator.mode == MODE_SERVER):
+            continue
+        if attr == "mode" and ours in RESULT_NAMES and theirs in RESULT_NAMES:
+            attr = name = "result format"  # both INA: only the result format differs
+        if attr == "k" and worker.mode == aggregator.mode == MODE_SERVER and ours <= theirs:
+            continue  # server mode: a worker's chunk may be smaller than K (its MTU's payloads)
+        if ours != theirs:
+            spec = compressor_spec if attr == "compressor" else None
+            out.append((name, _show(attr, ours, spec), _show(attr, theirs, None)))
+    return out
+
+
+def key_mismatch(worker_keyed: bool, aggregator_keyed: bool) -> tuple[str, str, str]:
+    """The mismatch a NOT_AUTHENTIC answer reports."""
+    def show(keyed: bool) -> str:
+        return "keyed" if keyed else "no key"
+
+    if worker_keyed and aggregator_keyed:
+        return ("key", "keyed", "keyed with another key (the worker's tag does not verify)")
+    return ("key", show(worker_keyed), show(aggregator_keyed))
