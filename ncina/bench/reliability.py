@@ -216,9 +216,23 @@ class FaultRun:
     killed_at: int  # slots the aggregator had completed when the process was killed
 
 
-def _chunks_completed(proc: subprocess.Popen[bytes], stats_path: Path) -> int:
+def _job_counter(proc: subprocess.Popen[bytes], stats_path: Path, name: str) -> int:
     document = aggproc.request_stats(proc, stats_path)
-    return document["jobs"][str(JOB)]["slots_completed"]
+    return document["jobs"][str(JOB)][name]
+
+
+def _chunks_completed(proc: subprocess.Popen[bytes], stats_path: Path) -> int:
+    return _job_counter(proc, stats_path, "slots_completed")
+
+
+def _await_handshake(child: subprocess.Popen[bytes], aggregator: subprocess.Popen[bytes],
+                     stats_path: Path) -> None:  # fmt: skip
+    """Wait until the aggregator has answered ``child``'s hello (the job's first), so that the
+    threads started next do not wait out their deadline for a process still importing."""
+    while _job_counter(aggregator, stats_path, "handshakes") < 1:
+        if child.poll() is not None:
+            raise RuntimeError(f"the worker process exited ({child.returncode}) before its hello")
+        time.sleep(0.005)
 
 
 def _kill_when(proc: subprocess.Popen[bytes], aggregator: subprocess.Popen[bytes],
@@ -226,6 +240,9 @@ def _kill_when(proc: subprocess.Popen[bytes], aggregator: subprocess.Popen[bytes
     """SIGKILL ``proc`` (by PID) once the aggregator has completed ``completed`` slots; return
     the number it had then."""
     while (done := _chunks_completed(aggregator, stats_path)) < completed:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the process to kill exited ({proc.returncode}) after {done} "
+                               f"of the {completed} slots it was to see completed")
         time.sleep(0.005)
     proc.kill()
     proc.wait()
@@ -273,9 +290,7 @@ def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: in
     np.save(workdir / "x.npy", inputs[-1])
     try:
         with ThreadPoolExecutor(workers - 1) as pool:
-            began = time.monotonic()
-            futures = _survivors(inputs, address, range(workers - 1), k=k, result=result,
-                                 deadline=deadline, pool=pool)  # fmt: skip
+            # The process first: its start (imports) may take longer than the threads' deadline.
             child = subprocess.Popen([
                 sys.executable, "-m", "ncina.cli", "allreduce", "--aggregator",
                 f"{address[0]}:{address[1]}", "--job", str(JOB), "--rank", str(workers - 1),
@@ -284,6 +299,10 @@ def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: in
             ], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                stderr=subprocess.DEVNULL)  # fmt: skip
             try:
+                _await_handshake(child, proc, stats_path)
+                began = time.monotonic()
+                futures = _survivors(inputs, address, range(workers - 1), k=k, result=result,
+                                     deadline=deadline, pool=pool)  # fmt: skip
                 killed_at = _kill_when(child, proc, stats_path, at)
             finally:
                 child.kill()
