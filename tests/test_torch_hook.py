@@ -285,6 +285,7 @@ def rank_main(spec: dict[str, Any]) -> None:
         model(inputs, weights).backward()
         iterations.append(list(state.records))
         state.records.clear()
+    state.ina.close()  # the communication thread ends before the fabric and the process group
     fabric.close()
     dist.destroy_process_group()
     Path(spec["out"]).write_text(json.dumps(iterations))
