@@ -89,13 +89,14 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
 
 
@@ -263,7 +264,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-jobs",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_JOBS,
         metavar="N",
         help="at most N jobs at once, the one of the flags included: a "
@@ -272,7 +273,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-residual-elements",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_RESIDUAL_ELEMENTS,
         metavar="N",
         help="server mode (python backend): the error-feedback memory a job keeps, in float32 "

@@ -39,6 +39,7 @@ import numpy as np
 
 from ncina.aggregator import jobs
 from ncina.aggregator import process as aggproc
+from ncina.aggregator.cli import positive_int
 from ncina.aggregator.jobs import MAX_K
 from ncina.bench.worker import GO, WARMUP, client_seed, ready_path, report_path, worker_input
 from ncina.proto import nc8
@@ -82,17 +83,6 @@ def default_k(mtu: int, result: str) -> int:
     if k < 1:
         raise ValueError(f"no {result} chunk fits an MTU of {mtu} bytes")
     return k
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def add_common_arguments(p: argparse.ArgumentParser, backend: str, workers: int) -> None:
