@@ -31,11 +31,11 @@ from ncina.aggregator.jobs import (
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS, Aggregator
 from ncina.aggregator.socket import driver as socket_driver
+from ncina.proto.compressors import create
+from ncina.proto.compressors.base import Compressor, largest_fitting
 from ncina.proto.descriptor import MAX_POOL_SIZE
 from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT, TAG_SIZE
 from ncina.proto.tag import key_file_argument
-from ncina.worker.compressors import create
-from ncina.worker.compressors.base import Compressor, largest_fitting
 
 BACKENDS = ("python", "socket", "dpdk", "bmv2")
 

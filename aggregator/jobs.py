@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from ncina.proto.compressors.base import Compressor, largest_fitting
 from ncina.proto.descriptor import (
     MAX_K,
     MAX_MTU,
@@ -25,7 +26,6 @@ from ncina.proto.descriptor import (
 from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, TAG_SIZE, Format, largest_k
 from ncina.proto.nc8 import Window
 from ncina.proto.tag import check_key, key_from_hex
-from ncina.worker.compressors.base import Compressor, largest_fitting
 
 MAX_SEED = (1 << 64) - 1
 """A job's seed is a 64-bit unsigned word (a `bit<64>` in the P4 program, `uint64_t` in C)."""

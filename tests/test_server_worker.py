@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ncina.proto.compressors import State, create
+from ncina.proto.compressors.base import largest_fitting
 from ncina.worker.client import IP_UDP_HEADERS, AllreduceClient
-from ncina.worker.compressors import State, create
-from ncina.worker.compressors.base import largest_fitting
 from ncina_testlib import assert_sent_once_plus_retransmissions, start_aggregator
 
 from ncina.bench.training import METHODS, mode_of

@@ -60,6 +60,8 @@ from types import TracebackType
 import numpy as np
 from ncina.proto import descriptor as desc
 from ncina.proto import nc8, tag
+from ncina.proto.compressors import Compressor, State, create
+from ncina.proto.compressors.base import largest_fitting
 from ncina.proto.header import (
     ELEMENT_SIZE,
     FLAG_POOL,
@@ -80,8 +82,6 @@ from ncina.proto.header import (
     pack_chunks,
 )
 from ncina.worker import cpath
-from ncina.worker.compressors import Compressor, State, create
-from ncina.worker.compressors.base import largest_fitting
 
 log = logging.getLogger(__name__)
 
