@@ -37,10 +37,8 @@ from ncina.proto.header import (
     GENERATION_MASK,
     GENERATION_SHIFT,
     HEADER,
-    HEADER_SIZE,
     INT_DTYPE,
     NOTICE,
-    TAG_SIZE,
     TRUNCATED,
     VERSION,
     Format,
@@ -48,6 +46,7 @@ from ncina.proto.header import (
     ProtocolError,
     parse,
 )
+from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 
 # Job-level drop reasons (the parse-level ones are in ncina.proto.header).
 NON_MEMBER = "non_member"

@@ -18,7 +18,6 @@ from ncina.proto.header import (
     FLAG_POOL,
     FLAG_RESULT,
     FLAG_RETX,
-    HEADER_SIZE,
     PORT,
     VERSION,
     Format,
@@ -27,6 +26,7 @@ from ncina.proto.header import (
     pack,
     parse,
 )
+from ncina.proto.wire import HEADER_SIZE
 
 __all__ = [
     "FLAG_POOL",

@@ -40,10 +40,10 @@ import numpy as np
 from ncina.aggregator import jobs
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
-from ncina.aggregator.jobs import MAX_K
 from ncina.bench.worker import GO, WARMUP, client_seed, ready_path, report_path, worker_input
 from ncina.proto import nc8
 from ncina.proto.header import PORT, Format
+from ncina.proto.wire import DEFAULT_MTU, MAX_K
 
 __all__ = ["worker_input"]  # ncina.bench.worker's, kept importable from here
 
@@ -53,7 +53,6 @@ GO_DELAY = 0.1  # seconds from the go file to the common start instant
 BLOCK = 1 << 20  # elements per block of the reference computations (bounded temporaries)
 RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT}
 DPDK_VDEV_OPTIONS = "framecnt=4096,qdisc_bypass=1"  # as in bench aggregator
-DEFAULT_MTU = 1500
 
 Launch = Callable[[int, list[str], Path], "subprocess.Popen[bytes]"]
 """Starts a worker process: its rank, command line and log file (stdout and stderr)."""
