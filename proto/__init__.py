@@ -6,7 +6,10 @@
   (``ncina.proto.header``: the fast path);
 - ``NcinaHeader`` (``ncina.proto.layers``: the scapy layer, imported lazily because scapy is slow
   to import and the data path does not need it);
-- ``ncina.proto.nc8``: the NC8 codec;
+- ``HEADER_SIZE`` (``ncina.proto.wire``: every header size and limit of the wire);
+- ``ncina.proto.nc8``: the NC8 codec, and ``ncina.proto.nc_bounds``: its error bounds;
+- ``ncina.proto.compressors``: the gradient compressors (codecs the worker and the aggregator's
+  server mode share);
 - ``ncina.proto.corpus``: the conformance corpus every backend must answer alike (scapy).
 """
 
