@@ -22,6 +22,8 @@ from ncina.aggregator import handshake
 from ncina.aggregator.jobs import Address, JobConfig
 from ncina.aggregator.stats import GlobalStats, JobStats, LimitStats
 from ncina.proto import nc8, tag
+from ncina.proto.compressors import Compressor, State
+from ncina.proto.compressors.base import HEAD
 from ncina.proto.descriptor import is_job_datagram
 from ncina.proto.header import (
     BAD_COUNT,
@@ -35,10 +37,8 @@ from ncina.proto.header import (
     GENERATION_MASK,
     GENERATION_SHIFT,
     HEADER,
-    HEADER_SIZE,
     INT_DTYPE,
     NOTICE,
-    TAG_SIZE,
     TRUNCATED,
     VERSION,
     Format,
@@ -46,8 +46,7 @@ from ncina.proto.header import (
     ProtocolError,
     parse,
 )
-from ncina.worker.compressors import Compressor, State
-from ncina.worker.compressors.base import HEAD
+from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 
 # Job-level drop reasons (the parse-level ones are in ncina.proto.header).
 NON_MEMBER = "non_member"
