@@ -37,8 +37,9 @@ from ncina.proto.header import (
     parse,
 )
 from ncina.worker import cpath
-from ncina.worker.client import DATA_PATH_ENV, DATA_PATHS, AllreduceClient, RtoEstimator
+from ncina.worker.client import DATA_PATH_ENV, DATA_PATHS, AllreduceClient
 from ncina.worker.sharding import ShardedAllreduce
+from ncina.worker.timing import RtoEstimator
 from ncina_testlib import powers_of_two
 
 JOB = 7
