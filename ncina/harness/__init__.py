@@ -1,0 +1,9 @@
+"""Harnesses that the benchmarks (``ncina.bench``) and the tests share: what drives the system
+from outside as a user's workers and a stranger would. One module per concept:
+
+- ``fuzzing``: hostile datagrams, and a stranger throwing them during a real job;
+- ``faults``: all-reduce through a lossy aggregator, with a worker killed, across a restart.
+
+Benchmarks import from here and tests import from here; tests never import ``ncina.bench``
+(tests/test_imports.py): a benchmark is tested through its command, ``ncina bench NAME``.
+"""
