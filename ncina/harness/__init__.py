@@ -2,7 +2,11 @@
 from outside as a user's workers and a stranger would. One module per concept:
 
 - ``fuzzing``: hostile datagrams, and a stranger throwing them during a real job;
-- ``faults``: all-reduce through a lossy aggregator, with a worker killed, across a restart.
+- ``faults``: all-reduce through a lossy aggregator, with a worker killed, across a restart;
+- ``workers``: the worker processes of a timed all-reduce (INA or gloo), started together;
+- ``reference``: what those workers send and what their results must be, without an aggregator;
+- ``figures``: lower medians and ratios over repeated runs;
+- ``links``: a Mininet fabric's uplink counters and the share of the bandwidth they show.
 
 Benchmarks import from here and tests import from here; tests never import ``ncina.bench``
 (tests/test_imports.py): a benchmark is tested through its command, ``ncina bench NAME``.
