@@ -134,6 +134,7 @@ def test_a_stopped_run_leaves_nothing_behind(tmp_path: Path) -> None:
          "1000000", "--bw", "1", "--repeat", "1", "--backend", "python", "--workdir",
          str(workdir), "--output", str(tmp_path / "fabric.jsonl")],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=tmp_path,  # not the repository root, whose mininet/ would shadow Mininet's package
     )  # fmt: skip
     try:
         # The INA workers' spec exists once the network, the aggregator and the reference are

@@ -6,7 +6,8 @@ from outside as a user's workers and a stranger would. One module per concept:
 - ``workers``: the worker processes of a timed all-reduce (INA or gloo), started together;
 - ``reference``: what those workers send and what their results must be, without an aggregator;
 - ``figures``: lower medians and ratios over repeated runs;
-- ``links``: a Mininet fabric's uplink counters and the share of the bandwidth they show.
+- ``links``: a Mininet fabric's uplink counters and the share of the bandwidth they show;
+- ``training``: training runs on loopback with each compression method in its mode.
 
 Benchmarks import from here and tests import from here; tests never import ``ncina.bench``
 (tests/test_imports.py): a benchmark is tested through its command, ``ncina bench NAME``.
