@@ -40,7 +40,8 @@ from ncina.worker import cpath
 from ncina.worker.client import DATA_PATH_ENV, DATA_PATHS, AllreduceClient
 from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.timing import RtoEstimator
-from ncina_testlib import powers_of_two
+
+from ncina.harness.reference import powers_of_two
 
 JOB = 7
 

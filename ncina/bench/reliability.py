@@ -37,6 +37,7 @@ import numpy as np
 
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.jobs import JobConfig
+from ncina.harness.aggregators import start_aggregator
 from ncina.harness.faults import (
     JOB,
     SCENARIOS,
@@ -76,15 +77,14 @@ def allreduce_jobs(jobs: Sequence[tuple[int, int, int, int]], elements: int, wor
             {"job": job, "workers": workers, "k": k, "result_format": "int", "pool_size": pool}
         ))  # fmt: skip
     job, workers, k, pool = first
-    stats_path = workdir / "stats.json"
-    proc, address = aggproc.start([
-        "--backend", "python", "--listen", "127.0.0.1:0", "--job", str(job), "--workers",
-        str(workers), "--k", str(k), "--result", "int", "--pool-size", str(pool), "--stats",
-        str(stats_path), "--jobs-dir", str(jobs_dir),
-    ], workdir / "aggregator.log")  # fmt: skip
+    aggregator = start_aggregator(
+        "python", workdir, job=job, workers=workers, k=k, result="int",
+        extra=["--pool-size", str(pool), "--jobs-dir", str(jobs_dir)],
+    )  # fmt: skip
+    address = aggregator.address
     try:
         wanted = {str(j[0]) for j in jobs}
-        while not wanted <= set(aggproc.request_stats(proc, stats_path)["jobs"]):
+        while not wanted <= set(aggregator.stats()["jobs"]):
             time.sleep(0.05)  # the directory is read every 0.2 s
 
         def worker(spec: tuple[int, int, int, int], rank: int) -> tuple[Any, ...]:
@@ -101,7 +101,7 @@ def allreduce_jobs(jobs: Sequence[tuple[int, int, int, int]], elements: int, wor
         with ThreadPoolExecutor(len(tasks)) as pool_:
             done = list(pool_.map(lambda t: worker(*t), tasks))
     finally:
-        aggproc.stop(proc)
+        aggregator.stop()
     outputs: dict[int, list[np.ndarray]] = {j[0]: [] for j in jobs}
     for job, _, out, *_ in done:
         outputs[job].append(out)
@@ -114,24 +114,22 @@ def fuzz_row(workdir: Path, packets: int, elements: int) -> dict[str, Any]:
     three configured members on a Python aggregator."""
     workers, k, pool = 3, 128, 64
     ports = [aggproc.free_udp_port() for _ in range(workers)]
-    stats_path = workdir / "stats.json"
-    proc, address = aggproc.start([
-        "--backend", "python", "--listen", "127.0.0.1:0", "--job", str(JOB), "--workers",
-        str(workers), "--k", str(k), "--result", "int", "--pool-size", str(pool), "--stats",
-        str(stats_path), *(f"--member={r}=127.0.0.1:{p}" for r, p in enumerate(ports)),
-    ], workdir / "aggregator.log")  # fmt: skip
+    members = [f"--member={r}=127.0.0.1:{p}" for r, p in enumerate(ports)]
+    aggregator = start_aggregator("python", workdir, job=JOB, workers=workers, k=k, result="int",
+                                  extra=["--pool-size", str(pool), *members])  # fmt: skip
+    proc = aggregator.process
     try:
         emin = JobConfig.create(job=JOB, workers=workers, k=k, result_format="int").window.e_min
         datagrams = hostile_datagrams(packets, seed=7, job=JOB, workers=workers, k=k, emin=emin,
                                       pool_size=pool)  # fmt: skip
         report = fuzz_during_allreduce(
-            address, "127.0.0.1", ports, lambda: aggproc.request_stats(proc, stats_path),
+            aggregator.address, "127.0.0.1", ports, aggregator.stats,
             proc.pid, lambda send: [send(d) for d in datagrams], job=JOB, k=k, pool_size=pool,
             elements=elements,
         )
         alive = proc.poll() is None
     finally:
-        code = aggproc.stop(proc)
+        code = aggregator.stop()
     return {
         "scenario": f"{report.sent:,} fuzzed datagrams during a job",
         "elements": elements,

@@ -10,7 +10,8 @@ give.
 - ``allreduce_across_restart``: the aggregator SIGKILLed and started again on the same port
   (generation 2); every worker must raise ``AggregatorRestartedError``.
 
-Every process started here is stopped by its PID before a function returns or raises.
+Every process started here is stopped by its PID before a function returns or raises; the
+aggregators are ``ncina.harness.aggregators``'s (stats and log in the work directory).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ncina.aggregator import process as aggproc
+from ncina.harness.aggregators import RunningAggregator, start_aggregator
 from ncina.worker.client import AggregatorRestartedError, AllreduceClient
 
 JOB = 21
@@ -69,19 +70,15 @@ def allreduce_with_faults(
     """Sum ``inputs`` (one tensor per rank) through a Python aggregator with the given fault
     probabilities (``FaultConfig`` field names); client ``r`` is seeded ``100 + r``."""
     workers = len(inputs)
-    stats_path = workdir / "stats.json"
-    arguments = [
-        "--backend", "python", "--listen", "127.0.0.1:0", "--job", str(JOB),
-        "--workers", str(workers), "--k", str(k), "--result", result, "--seed", "3",
-        "--stats", str(stats_path), "--fault-seed", str(fault_seed),
-    ]  # fmt: skip
+    knobs = ["--seed", "3", "--fault-seed", str(fault_seed)]
     for name, p in faults.items():
-        arguments += [f"--{name.replace('_', '-')}", str(p)]
-    proc, address = aggproc.start(arguments, workdir / "aggregator.log")
+        knobs += [f"--{name.replace('_', '-')}", str(p)]
+    aggregator = start_aggregator("python", workdir, job=JOB, workers=workers, k=k,
+                                  result=result, extra=knobs)  # fmt: skip
 
     def worker(rank: int) -> tuple[np.ndarray, dict[str, int], float, float]:
         with AllreduceClient(
-            address, job=JOB, rank=rank, workers=workers, k=k, result_format=result,
+            aggregator.address, job=JOB, rank=rank, workers=workers, k=k, result_format=result,
             seed=100 + rank, timeout=timeout, max_timeout=max_timeout, deadline=deadline,
         ) as client:  # fmt: skip
             began = time.monotonic()
@@ -91,9 +88,9 @@ def allreduce_with_faults(
     try:
         with ThreadPoolExecutor(workers) as pool:
             done = list(pool.map(worker, range(workers)))
-        document = aggproc.request_stats(proc, stats_path)
+        document = aggregator.stats()
     finally:
-        aggproc.stop(proc)
+        aggregator.stop()
     seconds = max(d[3] for d in done) - min(d[2] for d in done)
     return Run([d[0] for d in done], [d[1] for d in done], document, seconds)
 
@@ -108,30 +105,24 @@ class FaultRun:
     killed_at: int  # slots the aggregator had completed when the process was killed
 
 
-def _job_counter(proc: subprocess.Popen[bytes], stats_path: Path, name: str) -> int:
-    document = aggproc.request_stats(proc, stats_path)
-    return document["jobs"][str(JOB)][name]
+def _job_counter(aggregator: RunningAggregator, name: str) -> int:
+    return aggregator.stats()["jobs"][str(JOB)][name]
 
 
-def _chunks_completed(proc: subprocess.Popen[bytes], stats_path: Path) -> int:
-    return _job_counter(proc, stats_path, "slots_completed")
-
-
-def _await_handshake(child: subprocess.Popen[bytes], aggregator: subprocess.Popen[bytes],
-                     stats_path: Path) -> None:  # fmt: skip
+def _await_handshake(child: subprocess.Popen[bytes], aggregator: RunningAggregator) -> None:
     """Wait until the aggregator has answered ``child``'s hello (the job's first), so that the
     threads started next do not wait out their deadline for a process still importing."""
-    while _job_counter(aggregator, stats_path, "handshakes") < 1:
+    while _job_counter(aggregator, "handshakes") < 1:
         if child.poll() is not None:
             raise RuntimeError(f"the worker process exited ({child.returncode}) before its hello")
         time.sleep(0.005)
 
 
-def _kill_when(proc: subprocess.Popen[bytes], aggregator: subprocess.Popen[bytes],
-               stats_path: Path, completed: int) -> int:  # fmt: skip
+def _kill_when(proc: subprocess.Popen[bytes], aggregator: RunningAggregator,
+               completed: int) -> int:  # fmt: skip
     """SIGKILL ``proc`` (by PID) once the aggregator has completed ``completed`` slots; return
     the number it had then."""
-    while (done := _chunks_completed(aggregator, stats_path)) < completed:
+    while (done := _job_counter(aggregator, "slots_completed")) < completed:
         if proc.poll() is not None:
             raise RuntimeError(f"the process to kill exited ({proc.returncode}) after {done} "
                                f"of the {completed} slots it was to see completed")
@@ -174,11 +165,9 @@ def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: in
     """The last rank is an ``ncina allreduce`` process, SIGKILLed once the aggregator has
     completed ``at`` slots; the other ranks are threads of this process."""
     workers = len(inputs)
-    stats_path = workdir / "stats.json"
-    proc, address = aggproc.start([
-        "--listen", "127.0.0.1:0", "--job", str(JOB), "--workers", str(workers), "--k", str(k),
-        "--result", result, "--stats", str(stats_path),
-    ], workdir / "aggregator.log")  # fmt: skip
+    aggregator = start_aggregator("python", workdir, job=JOB, workers=workers, k=k,
+                                  result=result)  # fmt: skip
+    address = aggregator.address
     np.save(workdir / "x.npy", inputs[-1])
     try:
         with ThreadPoolExecutor(workers - 1) as pool:
@@ -191,17 +180,17 @@ def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: in
             ], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                stderr=subprocess.DEVNULL)  # fmt: skip
             try:
-                _await_handshake(child, proc, stats_path)
+                _await_handshake(child, aggregator)
                 began = time.monotonic()
                 futures = _survivors(inputs, address, range(workers - 1), k=k, result=result,
                                      deadline=deadline, pool=pool)  # fmt: skip
-                killed_at = _kill_when(child, proc, stats_path, at)
+                killed_at = _kill_when(child, aggregator, at)
             finally:
                 child.kill()
                 child.wait()
             return _fault_run(futures, began, killed_at, [None])
     finally:
-        aggproc.stop(proc)
+        aggregator.stop()
 
 
 def allreduce_across_restart(inputs: list[np.ndarray], workdir: Path, *, k: int, result: str,
@@ -209,24 +198,19 @@ def allreduce_across_restart(inputs: list[np.ndarray], workdir: Path, *, k: int,
     """Every rank is a thread; the aggregator (generation 1) is SIGKILLed once it has completed
     ``at`` slots and started again on the same port as generation 2."""
     workers = len(inputs)
-    stats_path = workdir / "stats.json"
-    arguments = ["--job", str(JOB), "--workers", str(workers), "--k", str(k), "--result", result,
-                 "--stats", str(stats_path)]  # fmt: skip
-    proc, address = aggproc.start(
-        ["--listen", "127.0.0.1:0", "--generation", "1", *arguments], workdir / "first.log"
-    )
+    job = {"job": JOB, "workers": workers, "k": k, "result": result}
+    aggregator = start_aggregator("python", workdir / "first", extra=["--generation", "1"], **job)
+    address = aggregator.address
     try:
         with ThreadPoolExecutor(workers) as pool:
             began = time.monotonic()
             futures = _survivors(inputs, address, range(workers), k=k, result=result,
                                  deadline=deadline, pool=pool)  # fmt: skip
-            killed_at = _kill_when(proc, proc, stats_path, at)
-            listen = f"{address[0]}:{address[1]}"
-            proc, _ = aggproc.start(
-                ["--listen", listen, "--generation", "2", *arguments], workdir / "second.log"
-            )
+            killed_at = _kill_when(aggregator.process, aggregator, at)
+            aggregator = start_aggregator("python", workdir / "second", listen=f"{address[0]}:"
+                                          f"{address[1]}", extra=["--generation", "2"], **job)
             return _fault_run(futures, began, killed_at, [])
     finally:
-        aggproc.stop(proc)
+        aggregator.stop()
 
 

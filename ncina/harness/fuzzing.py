@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ncina.harness.reference import powers_of_two
 from ncina.proto.header import FLAG_TAG, HEADER, VERSION, pack
 from ncina.proto.wire import DEFAULT_MTU, HEADER_SIZE, IPV4_UDP_HEADERS, TAG_SIZE
 from ncina.worker.client import AllreduceClient
@@ -158,13 +159,7 @@ def fuzz_during_allreduce(
     returns; ``stats`` returns the aggregator's stats document now, ``pid`` is its process (for
     its memory). ``send`` paces the datagrams so that no socket buffer overflows."""
     workers = len(ports)
-    rng = np.random.default_rng(seed)
-    inputs = [
-        (rng.choice((-1.0, 1.0), elements) * 2.0 ** rng.integers(-20, 0, elements)).astype(
-            np.float32
-        )
-        for _ in range(workers)
-    ]
+    inputs = [powers_of_two(elements, seed + rank, lowest=-20) for rank in range(workers)]
     exact = np.sum(np.stack(inputs).astype(np.float64), axis=0).astype(np.float32)
     clients = [
         AllreduceClient(address, job=job, rank=r, workers=workers, k=k, pool_size=pool_size,

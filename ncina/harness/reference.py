@@ -8,6 +8,9 @@ codes it sends are known (``sent_codes``), and so are their exact integer sums
 (``build_reference``). ``exact_mismatches`` counts the elements of a result that the sums rule
 out: with ``int`` results the float32 of the exact sum, with ``nc8`` results one of the two
 roundings of it.
+
+``powers_of_two`` makes inputs whose NC8 codes are exact, so that any sum of them is known
+exactly and an all-reduce must return it bit for bit.
 """
 
 from __future__ import annotations
@@ -100,3 +103,10 @@ def exact_mismatches(
     return bad
 
 
+def powers_of_two(n: int, seed: int, lowest: int = -40) -> np.ndarray:
+    """Signed powers of two ``2**e`` with ``lowest <= e < 8``, about 10 % zeros: well inside every
+    test window, so NC8 encodes them exactly and their sums are exact."""
+    rng = np.random.default_rng(seed)
+    x = np.ldexp(rng.choice([-1.0, 1.0], n), rng.integers(lowest, 8, n)).astype(np.float32)
+    x[rng.random(n) < 0.1] = 0.0
+    return x
