@@ -227,15 +227,28 @@ def frame(datagram: bytes, source: tuple[str, int], destination: tuple[str, int]
             / UDP(sport=source[1], dport=destination[1]) / Raw(datagram))  # fmt: skip
 
 
-def dissect(pcap: Path, port: int = PORT) -> list[dict[str, list[str]]]:
+def tshark(arguments: Sequence[str], home: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run tshark with ``home`` as its home directory (an empty one by default, where the pcap
+    is): no user's preferences and no personally installed dissector (``make dissector``)
+    apply, whose second registration would fail. Without ``home`` the dissector is loaded with
+    ``-X lua_script:``."""
+    if home is None:
+        arguments = ["-X", f"lua_script:{DISSECTOR}", *arguments]
+        home = Path(arguments[arguments.index("-r") + 1]).parent / "home"
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")} | {"HOME": str(home)}
+    return subprocess.run([str(TSHARK), *arguments], capture_output=True, text=True, check=False,
+                          timeout=60, env=env)  # fmt: skip
+
+
+def dissect(pcap: Path, port: int = PORT, home: Path | None = None) -> list[dict[str, list[str]]]:
     """Every frame of ``pcap`` as the dissector decodes it, with the aggregators on UDP
     ``port`` (the dissector's preference): field name to its occurrences."""
-    argv = [str(TSHARK), "-X", f"lua_script:{DISSECTOR}", "-r", str(pcap), "-o",
-            f"ncina.port:{port}", "-T", "fields",
+    argv = ["-r", str(pcap), "-o", f"ncina.port:{port}", "-T", "fields",
             "-E", "occurrence=a", "-E", "aggregator=|", "-E", "separator=/t"]  # fmt: skip
     for name in FIELDS:
         argv += ["-e", name]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    done = tshark(argv, home)
     errors = [line for line in done.stderr.splitlines() if not line.startswith("Running as")]
     assert done.returncode == 0 and not errors, done.stderr
     frames = []
@@ -347,10 +360,24 @@ def test_the_dissector_is_registered_on_port_47000_and_for_decode_as(tmp_path: P
     pcap = tmp_path / "other_port.pcap"
     wrpcap(str(pcap), [frame(datagram, (WORKER_ADDRESS, 40000), (AGGREGATOR_ADDRESS, 9999))])
     assert dissect(pcap)[0]["ncina.kind"] == []
-    argv = [str(TSHARK), "-X", f"lua_script:{DISSECTOR}", "-r", str(pcap), "-d",
-            "udp.port==9999,ncina", "-T", "fields", "-e", "ncina.code"]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60)
-    assert done.stdout.split() == ["0x81,0x02,0x00"]
+    done = tshark(["-r", str(pcap), "-d", "udp.port==9999,ncina", "-T", "fields", "-e",
+                   "ncina.code"])  # fmt: skip
+    assert done.returncode == 0 and done.stdout.split() == ["0x81,0x02,0x00"], done.stderr
+
+
+def test_make_dissector_installs_it_where_tshark_finds_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    done = subprocess.run(["make", "-s", "-C", str(DISSECTOR.parents[2]), "dissector",
+                           f"HOME={home}"], capture_output=True, text=True, check=True,
+                          timeout=60)  # fmt: skip
+    installed = home / ".local" / "lib" / "wireshark" / "plugins" / "ncina.lua"
+    assert done.stdout.startswith(f"installed {installed}:")
+    assert installed.read_bytes() == DISSECTOR.read_bytes()
+    pcap = tmp_path / "hello.pcap"
+    hello = pack_job_datagram(Descriptor(0, 4, 64, 256, 10, -50, False, 0), job=3, rank=1)
+    wrpcap(str(pcap), [frame(hello, (WORKER_ADDRESS, 40000), (AGGREGATOR_ADDRESS, PORT))])
+    [decoded] = dissect(pcap, home=home)  # no -X lua_script: the installed plugin
+    assert decoded == expected_frame(hello, True)
 
 
 # ---- a real exchange on loopback ----
