@@ -61,7 +61,6 @@ local f = {
     kind = ProtoField.string("ncina.kind", "Kind"),
     drop = ProtoField.string("ncina.drop", "Drop reason"),
     payload = ProtoField.bytes("ncina.payload", "Payload"),
-    lane = ProtoField.uint16("ncina.lane", "Lane", base.DEC),
     code = ProtoField.uint8("ncina.code", "NC8 code", base.HEX),
     code_sign = ProtoField.uint8("ncina.code.sign", "Sign", base.DEC, nil, 0x80),
     code_exponent = ProtoField.uint8("ncina.code.exponent", "Exponent code c", base.DEC, nil,
