@@ -153,6 +153,21 @@ def test_the_dissector_is_registered_on_port_47000_and_for_decode_as(tmp_path: P
     assert done.returncode == 0 and done.stdout.split() == ["0x81,0x02,0x00"], done.stderr
 
 
+def test_a_gso_frame_shows_each_of_its_datagrams(tmp_path: Path) -> None:
+    """Datagrams of one length back to back, the last possibly shorter, are a GSO send seen
+    before segmentation; any other concatenation is one malformed datagram."""
+    a = corpus.datagram(slot=1, codes=[1] * corpus.K)
+    b = corpus.datagram(slot=2, codes=[0x81] * corpus.K, rank=1)
+    short = corpus.datagram(slot=3, codes=[2, 3, 4])
+    payloads = [a + b, a + b + short, short + a, a + b[:20]]
+    assert [len(segments(p)) for p in payloads] == [2, 3, 1, 1]
+    pcap = tmp_path / "gso.pcap"
+    wrpcap(str(pcap), [frame(p, (WORKER_ADDRESS, 40000), (AGGREGATOR_ADDRESS, PORT))
+                       for p in payloads])  # fmt: skip
+    check_pcap(pcap, [(p, True) for p in payloads])
+    assert [f["ncina.segments"] for f in dissect(pcap)] == [["2"], ["3"], [], []]
+
+
 def test_make_dissector_installs_it_where_tshark_finds_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
     done = subprocess.run(["make", "-s", "-C", str(DISSECTOR.parents[2]), "dissector",
