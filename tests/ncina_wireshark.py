@@ -4,7 +4,8 @@ scapy's layer and ``ncina.proto`` say each field of a datagram must be.
 ``check_pcap`` (frames and the datagrams they carry) and ``check_capture`` (a capture on the
 aggregator's port, read with scapy) compare the dissector's decode of every frame with
 ``expected_frame``: header fields, flag bits, the kind and the drop reason an aggregator would
-count, every lane, the descriptor, the notice's bitmap and the tag. Used by
+count, every lane, the descriptor, the notice's bitmap, the tag and, given the job's key, whether
+the dissector's BLAKE2b finds it valid as ``ncina.proto.tag.verify`` does. Used by
 tests/test_dissector.py and tests/test_topo_mininet.py (``ncina topo --pcaps``).
 """
 
@@ -38,6 +39,7 @@ from ncina.proto.header import (
     parse,
 )
 from ncina.proto.layers import NcinaHeader
+from ncina.proto.tag import verify
 
 DISSECTOR = Path(__file__).resolve().parents[1] / "tools" / "wireshark" / "ncina.lua"
 TSHARK = shutil.which("tshark")
@@ -53,7 +55,7 @@ FIELDS = (
     "ncina.kind", "ncina.drop", "ncina.code", "ncina.code.sign", "ncina.code.exponent",
     "ncina.sum", "ncina.value", "ncina.blob.method", "ncina.blob.count", "ncina.bitmap",
     "ncina.bitmap.rank", *(f"ncina.descriptor.{name}" for name in DESCRIPTOR_FIELDS), "ncina.tag",
-    "ncina.segments",
+    "ncina.segments", "ncina.tag.valid",
 )  # fmt: skip
 
 
@@ -89,7 +91,9 @@ def kind(datagram: bytes, to_aggregator: bool) -> tuple[str | None, str | None]:
     return ("result" if result else "chunk"), reason
 
 
-def expected(datagram: bytes, to_aggregator: bool) -> dict[str, list[str]]:
+def expected(
+    datagram: bytes, to_aggregator: bool, key: bytes | None = None
+) -> dict[str, list[str]]:
     """The dissector's fields for ``datagram`` as scapy's layer and ``ncina.proto`` decode it:
     each field's occurrences as text, the way ``tshark -T fields`` prints them."""
     what, drop = kind(datagram, to_aggregator)
@@ -115,6 +119,8 @@ def expected(datagram: bytes, to_aggregator: bool) -> dict[str, list[str]]:
     tagged = flags & FLAG_TAG and len(datagram) - HEADER_SIZE >= TAG_SIZE
     if tagged:
         out["ncina.tag"] = [datagram[-TAG_SIZE:].hex()]
+        if key is not None:  # the dissector's verdict with the key preference set
+            out["ncina.tag.valid"] = [str(int(verify(key, datagram)))]
     payload = bytes(header.payload)[: -TAG_SIZE if tagged else None]
     if drop is not None:
         return out
@@ -179,12 +185,14 @@ def segments(payload: bytes) -> list[bytes]:
     return pieces
 
 
-def expected_frame(payload: bytes, to_aggregator: bool) -> dict[str, list[str]]:
+def expected_frame(
+    payload: bytes, to_aggregator: bool, key: bytes | None = None
+) -> dict[str, list[str]]:
     """``expected`` of each datagram of a UDP payload, their occurrences in order."""
     pieces = segments(payload)
     out: dict[str, list[str]] = {name: [] for name in FIELDS}
     for piece in pieces:
-        for name, values in expected(piece, to_aggregator).items():
+        for name, values in expected(piece, to_aggregator, key).items():
             out[name] += values
     if len(pieces) > 1:
         out["ncina.segments"] = [str(len(pieces))]
@@ -209,10 +217,13 @@ def tshark(arguments: Sequence[str], home: Path | None = None) -> subprocess.Com
                           timeout=60, env=env)  # fmt: skip
 
 
-def dissect(pcap: Path, port: int = PORT, home: Path | None = None) -> list[dict[str, list[str]]]:
+def dissect(
+    pcap: Path, port: int = PORT, home: Path | None = None, key: bytes | None = None
+) -> list[dict[str, list[str]]]:
     """Every frame of ``pcap`` as the dissector decodes it, with the aggregators on UDP
     ``port`` (the dissector's preference): field name to its occurrences."""
-    argv = ["-r", str(pcap), "-o", f"ncina.port:{port}", "-T", "fields",
+    argv = ["-r", str(pcap), "-o", f"ncina.port:{port}", "-o", f"ncina.key:{(key or b'').hex()}",
+            "-T", "fields",
             "-E", "occurrence=a", "-E", "aggregator=|", "-E", "separator=/t"]  # fmt: skip
     for name in FIELDS:
         argv += ["-e", name]
@@ -241,17 +252,22 @@ def differences(got: dict[str, list[str]], want: dict[str, list[str]]) -> Iterat
             yield f"{name}: tshark {g[:8]}, scapy {w[:8]}"
 
 
-def check_pcap(pcap: Path, datagrams: Sequence[tuple[bytes, bool]], port: int = PORT) -> None:
+def check_pcap(
+    pcap: Path, datagrams: Sequence[tuple[bytes, bool]], port: int = PORT,
+    key: bytes | None = None,
+) -> None:
     """Every frame of ``pcap`` decodes to what ``expected`` says of the matching datagram
-    (``True``: sent to the aggregator)."""
-    frames = dissect(pcap, port)
+    (``True``: sent to the aggregator), with ``key`` as the dissector's key preference."""
+    frames = dissect(pcap, port, key=key)
     assert len(frames) == len(datagrams)
     for number, (got, (datagram, uplink)) in enumerate(zip(frames, datagrams, strict=True), 1):
-        wrong = list(differences(got, expected_frame(datagram, uplink)))
+        wrong = list(differences(got, expected_frame(datagram, uplink, key)))
         assert not wrong, f"frame {number} ({datagram[:24].hex()}...): {wrong}"
 
 
-def check_capture(pcap: Path, port: int = PORT) -> list[tuple[bytes, bool]]:
+def check_capture(
+    pcap: Path, port: int = PORT, key: bytes | None = None
+) -> list[tuple[bytes, bool]]:
     """``check_pcap`` for a capture of UDP to and from the aggregators' ``port`` (every frame
     must be one); returns each frame's UDP payload and whether it went to the aggregator."""
     from scapy.layers.inet import UDP
@@ -260,5 +276,5 @@ def check_capture(pcap: Path, port: int = PORT) -> list[tuple[bytes, bool]]:
     packets = rdpcap(str(pcap))
     assert all(UDP in p and port in (p[UDP].sport, p[UDP].dport) for p in packets)
     datagrams = [(bytes(p[UDP].payload), p[UDP].dport == port) for p in packets]
-    check_pcap(pcap, datagrams, port)
+    check_pcap(pcap, datagrams, port, key)
     return datagrams

@@ -140,6 +140,10 @@ def test_every_corpus_datagram_and_reply_decodes_as_scapy_does(tmp_path: Path) -
     answers = [d for d, _ in datagrams if kind(d, False) == ("handshake answer", None)]
     assert {d[HEADER_SIZE] for d in answers} == {0, 1, 2}  # every status
     check_pcap(pcap, datagrams)
+    # With the keyed job's key, the dissector verifies every tag as ncina.proto.tag does: the
+    # keyed job's datagrams verify, the corpus's tagged ones (another key, or no tag at all
+    # but a TAG flag) do not.
+    check_pcap(pcap, datagrams, key=KEY)
 
 
 def test_the_dissector_is_registered_on_port_47000_and_for_decode_as(tmp_path: Path) -> None:
@@ -242,7 +246,7 @@ def test_a_captured_keyed_allreduce_decodes_as_scapy_does(tmp_path: Path) -> Non
     pcap = tmp_path / "allreduce.pcap"
     wrpcap(str(pcap), [p for p in sniffer.results if ours(p)])
     assert [len(r) for r in results] == [300, 300]
-    datagrams = check_capture(pcap, port)  # the aggregator's port is not 47000 here
+    datagrams = check_capture(pcap, port, KEY)  # the aggregator's port is not 47000 here
     seen = {kind(d, up) for payload, up in datagrams for d in segments(payload)}
     assert {("hello", None), ("handshake answer", None), ("chunk", None), ("result", None)} <= seen
     assert all(d[1] & FLAG_TAG for payload, _ in datagrams for d in segments(payload))

@@ -75,9 +75,10 @@ def test_star_three_workers_two_steps_through_the_python_aggregator(tmp_path: Pa
 def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
     """Lossy links, and a keyed job: every packet tagged, retransmissions re-tagged. With
     ``--pcaps`` tcpdump captures the aggregator's link, and the Wireshark dissector decodes
-    every frame as scapy does (when tshark is installed)."""
+    every frame as scapy does, tags verified with the key (when tshark is installed)."""
+    key = bytes(range(16))
     key_file = tmp_path / "job.key"
-    key_file.write_text(bytes(range(16)).hex())
+    key_file.write_text(key.hex())
     cfg = TopoConfig(out=tmp_path / "run", workers=2, epochs=1, max_steps=3, loss=3.0,
                      baseline=False, prefix=PREFIX, key_file=key_file, pcaps=True)
     results = run_topology(cfg)
@@ -90,7 +91,7 @@ def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
     assert "tagged" in (cfg.out / "ina" / "aggregator0.log").read_text()  # the job has a key
     if TSHARK is None:
         return  # the capture is checked where tshark is installed (make setup installs it)
-    datagrams = check_capture(cfg.out / "ina" / "pcaps" / "aggregator0.pcap")
+    datagrams = check_capture(cfg.out / "ina" / "pcaps" / "aggregator0.pcap", key=key)
     pieces = [d for payload, _ in datagrams for d in segments(payload)]
     assert all(d[1] & FLAG_TAG for d in pieces)
     # Every rank's chunk of every completed slot went up and its result came down (some more

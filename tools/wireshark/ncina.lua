@@ -7,8 +7,8 @@
 -- layer (ncina.proto.layers) and ncina.proto.descriptor under the prefix "ncina.". A datagram
 -- that an aggregator would drop before looking at its job gets expert info named after the drop
 -- counter (truncated, bad_version, bad_format, bad_count, bad_length; bad_flags for a hello with
--- RESULT) and the generated field ncina.drop with that name. The tag is shown, not verified:
--- that needs the job's key.
+-- RESULT) and the generated field ncina.drop with that name. With the job's key in the "Job key"
+-- preference, tags are verified (keyed BLAKE2b, as ncina.proto.tag computes them).
 --
 -- Registered on UDP port 47000 (a preference), and for "Decode As..." on any UDP port.
 -- Written for Wireshark 4.x (Lua 5.2 to 5.4): no bit library, only integer arithmetic.
@@ -83,6 +83,7 @@ local f = {
     reserved = ProtoField.uint8("ncina.descriptor.reserved", "Reserved", base.DEC),
     compressor = ProtoField.uint32("ncina.descriptor.compressor", "Compressor hash", base.HEX),
     tag = ProtoField.bytes("ncina.tag", "Authentication tag"),
+    tag_valid = ProtoField.bool("ncina.tag.valid", "Tag verifies with the key preference"),
     segments = ProtoField.uint16("ncina.segments", "Datagrams in this UDP GSO packet", base.DEC),
 }
 ncina.fields = {}
@@ -105,6 +106,8 @@ local e = {
                                  expert.group.MALFORMED, expert.severity.ERROR),
     bad_flags = ProtoExpert.new("ncina.bad_flags", "Flags a sender of this kind never sets",
                                 expert.group.MALFORMED, expert.severity.ERROR),
+    bad_tag = ProtoExpert.new("ncina.bad_tag", "The tag does not verify with the key preference",
+                              expert.group.CHECKSUM, expert.severity.ERROR),
     retx = ProtoExpert.new("ncina.retx", "Retransmission", expert.group.SEQUENCE,
                            expert.severity.NOTE),
     notice = ProtoExpert.new("ncina.notice", "Notice: the slot is incomplete or the packet stale",
@@ -120,6 +123,9 @@ for _, expert_field in pairs(e) do
 end
 
 ncina.prefs.port = Pref.uint("UDP port", PORT, "The aggregators' UDP port (ncina.proto.PORT)")
+ncina.prefs.key = Pref.string("Job key (hex)", "",
+                              "A keyed job's shared secret, 16 to 64 bytes as hex digits (the "
+                              .. "--key-file's text): tags are then verified")
 ncina.prefs.gso = Pref.bool("Split UDP GSO packets", true,
                             "Decode a UDP payload made of equal-length datagrams back to back "
                             .. "(a GSO send seen before segmentation) as those datagrams")
@@ -215,6 +221,100 @@ local function add_descriptor(tree, tvb, start)
     d:add(f.reserved, tvb(start + 11, 1))
     d:add(f.compressor, tvb(start + 12, 4))
     return tvb(start, 1):uint()
+end
+
+-- ---- the authentication tag: keyed BLAKE2b (RFC 7693) with an 8-byte digest ----
+-- Wireshark's UInt64 gives the 64-bit words (Lua 5.2 numbers are doubles); ncina.proto.tag is
+-- the reference, and the tests compare with it.
+
+local IV = {}
+for i, hex in ipairs({ "6a09e667f3bcc908", "bb67ae8584caa73b", "3c6ef372fe94f82b",
+                       "a54ff53a5f1d36f1", "510e527fade682d1", "9b05688c2b3e6c1f",
+                       "1f83d9abfb41bd6b", "5be0cd19137e2179" }) do
+    IV[i - 1] = UInt64.fromhex(hex)
+end
+local SIGMA = {
+    { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 },
+    { 14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3 },
+    { 11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4 },
+    { 7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8 },
+    { 9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13 },
+    { 2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9 },
+    { 12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11 },
+    { 13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10 },
+    { 6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5 },
+    { 10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0 },
+}
+local TAG_KEY = nil -- the key preference as a byte string (nil: no valid key set)
+
+local function mix(v, a, b, c, d, x, y)
+    v[a] = v[a] + v[b] + x
+    v[d] = v[d]:bxor(v[a]):ror(32)
+    v[c] = v[c] + v[d]
+    v[b] = v[b]:bxor(v[c]):ror(24)
+    v[a] = v[a] + v[b] + y
+    v[d] = v[d]:bxor(v[a]):ror(16)
+    v[c] = v[c] + v[d]
+    v[b] = v[b]:bxor(v[c]):ror(63)
+end
+
+-- BLAKE2b's compression of one 128-byte block (a string) into h; t counts the bytes so far.
+local function compress(h, block, t, last)
+    local m, v = {}, {}
+    for i = 0, 15 do
+        local b = { block:byte(8 * i + 1, 8 * i + 8) }
+        m[i] = UInt64.new(b[1] + b[2] * 0x100 + b[3] * 0x10000 + b[4] * 0x1000000,
+                          b[5] + b[6] * 0x100 + b[7] * 0x10000 + b[8] * 0x1000000)
+    end
+    for i = 0, 7 do
+        v[i], v[i + 8] = h[i], IV[i]
+    end
+    v[12] = v[12]:bxor(UInt64.new(t % 0x100000000, math.floor(t / 0x100000000)))
+    if last then
+        v[14] = v[14]:bnot()
+    end
+    for round = 0, 11 do
+        local s = SIGMA[round % 10 + 1]
+        mix(v, 0, 4, 8, 12, m[s[1]], m[s[2]])
+        mix(v, 1, 5, 9, 13, m[s[3]], m[s[4]])
+        mix(v, 2, 6, 10, 14, m[s[5]], m[s[6]])
+        mix(v, 3, 7, 11, 15, m[s[7]], m[s[8]])
+        mix(v, 0, 5, 10, 15, m[s[9]], m[s[10]])
+        mix(v, 1, 6, 11, 12, m[s[11]], m[s[12]])
+        mix(v, 2, 7, 8, 13, m[s[13]], m[s[14]])
+        mix(v, 3, 4, 9, 14, m[s[15]], m[s[16]])
+    end
+    for i = 0, 7 do
+        h[i] = h[i]:bxor(v[i], v[i + 8])
+    end
+end
+
+-- The 8-byte tag of `message` under `key` (strings), as the little-endian word it is on the
+-- wire (the first word of BLAKE2b's state).
+local function tag_of(key, message)
+    local h = {}
+    for i = 0, 7 do
+        h[i] = IV[i]
+    end
+    h[0] = h[0]:bxor(UInt64.new(0x01010000 + #key * 0x100 + TAG_SIZE, 0)) -- digest 8, keyed
+    local data = key .. string.rep("\0", 128 - #key) .. message
+    local done = 0
+    while #data - done > 128 do
+        compress(h, data:sub(done + 1, done + 128), done + 128, false)
+        done = done + 128
+    end
+    local rest = #data - done
+    compress(h, data:sub(done + 1) .. string.rep("\0", 128 - rest), #data, true)
+    return h[0]
+end
+
+-- The key preference: 16 to 64 bytes of hex (spaces ignored), else no key.
+local function parse_key(text)
+    local hex = text:gsub("%s", "")
+    if hex:find("^%x+$") == nil or #hex % 2 ~= 0 or #hex < 32 or #hex > 128 then
+        return nil
+    end
+    return (hex:gsub("%x%x", function(pair) return string.char(tonumber(pair, 16)) end))
 end
 
 -- One datagram (the whole UDP payload, or one segment of a GSO super-packet): its tree under
@@ -341,7 +441,15 @@ local function dissect_datagram(tvb, pinfo, tree)
     end
 
     if tagged and size - HEADER_SIZE >= TAG_SIZE then
-        root:add(f.tag, tvb(size - TAG_SIZE, TAG_SIZE))
+        local tag_item = root:add(f.tag, tvb(size - TAG_SIZE, TAG_SIZE))
+        if TAG_KEY ~= nil then
+            local valid = tag_of(TAG_KEY, tvb:raw(0, size - TAG_SIZE))
+                          == tvb(size - TAG_SIZE, TAG_SIZE):le_uint64()
+            tag_item:add(f.tag_valid, valid):set_generated()
+            if not valid then
+                tag_item:add_proto_expert_info(e.bad_tag)
+            end
+        end
     end
     root:add(f.kind, kind):set_generated()
     root:append_text(string.format(", %s", kind))
@@ -438,6 +546,7 @@ local function register(port)
 end
 
 function ncina.prefs_changed()
+    TAG_KEY = parse_key(ncina.prefs.key)
     if ncina.prefs.port ~= registered then
         register(ncina.prefs.port)
     end
