@@ -13,6 +13,7 @@ socket aggregator, whose UDP GSO sends the capture sees whole), captured with sc
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -25,9 +26,9 @@ import pytest
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.slots import Aggregator
 from ncina.proto import corpus
-from ncina.proto.compressors import create
+from ncina.proto.compressors import REGISTRY, create
 from ncina.proto.compressors.base import State
-from ncina.proto.descriptor import Descriptor, pack_job_datagram
+from ncina.proto.descriptor import MODE_NAMES, Descriptor, pack_job_datagram
 from ncina.proto.header import (
     FLAG_POOL,
     FLAG_RESULT,
@@ -155,6 +156,20 @@ def test_the_dissector_is_registered_on_port_47000_and_for_decode_as(tmp_path: P
     done = tshark(["-r", str(pcap), "-d", "udp.port==9999,ncina", "-T", "fields", "-e",
                    "ncina.code"])  # fmt: skip
     assert done.returncode == 0 and done.stdout.split() == ["0x81,0x02,0x00"], done.stderr
+
+
+def lua_table(name: str) -> dict[int, str]:
+    """The ``[number] = "name"`` entries of the dissector's table ``local NAME = {...}``."""
+    text = DISSECTOR.read_text()
+    body = text[text.index(f"local {name} = {{") :]
+    body = body[: body.index("}")]
+    return {int(n): v for n, v in re.findall(r'\[(\d+)\] = "([^"]*)"', body)}
+
+
+def test_the_dissector_names_formats_and_methods_as_ncina_proto_does() -> None:
+    assert lua_table("FORMATS") == {f.value: f.name.lower() for f in Format}
+    assert lua_table("METHODS") == {cls.tag: name for name, cls in REGISTRY.items()}
+    assert lua_table("MODES") == MODE_NAMES
 
 
 def test_a_gso_frame_shows_each_of_its_datagrams(tmp_path: Path) -> None:

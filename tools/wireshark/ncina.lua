@@ -11,7 +11,8 @@
 -- preference, tags are verified (keyed BLAKE2b, as ncina.proto.tag computes them).
 --
 -- Registered on UDP port 47000 (a preference), and for "Decode As..." on any UDP port.
--- Written for Wireshark 4.x (Lua 5.2 to 5.4): no bit library, only integer arithmetic.
+-- Written for Wireshark 4.x (Lua 5.2 to 5.4), without a bit library: the byte fields take
+-- integer arithmetic, the tag's 64-bit words Wireshark's UInt64.
 
 local PORT = 47000
 local HEADER_SIZE = 16
