@@ -40,7 +40,7 @@ from ncina.proto.header import (
     Format,
 )
 from ncina.proto.layers import NcinaHeader
-from ncina.proto.tag import sign
+from ncina.proto.tag import sign, verify
 from ncina_wireshark import (
     DISSECTOR,
     TSHARK,
@@ -140,6 +140,9 @@ def test_every_corpus_datagram_and_reply_decodes_as_scapy_does(tmp_path: Path) -
     assert {(Format.INT, 1, 0), (Format.NC8, 1, FLAG_TAG), (Format.BLOB, 1, 0)} <= formats
     answers = [d for d, _ in datagrams if kind(d, False) == ("handshake answer", None)]
     assert {d[HEADER_SIZE] for d in answers} == {0, 1, 2}  # every status
+    valid = [d for d, up in datagrams if len(d) > TAG_SIZE and verify(KEY, d)]
+    assert {kind(d, up)[0] for d, up in datagrams if d in valid} == {
+        "hello", "handshake answer", "chunk", "notice", "result"}
     check_pcap(pcap, datagrams)
     # With the keyed job's key, the dissector verifies every tag as ncina.proto.tag does: the
     # keyed job's datagrams verify, the corpus's tagged ones (another key, or no tag at all
