@@ -1,6 +1,6 @@
 /* Admission: the jobs (installed by the control plane), the engine's generation, and the
  * job-level checks a well-formed datagram passes before it reaches the slots, in the order of
- * docs/protocol.md "Order of checks" (ncina.aggregator.slots follows it too): flags, format,
+ * docs/protocol.md "Order of checks" (ncina.aggregator.admission follows it too): flags, format,
  * membership, window, slot and count bounds, generation, codes. */
 #include <stdio.h>
 #include <stdlib.h>
