@@ -52,7 +52,7 @@ docs/protocol.md.
 Backends: python (the reference: one Python loop per datagram), socket (the C slot engine
 behind one kernel UDP socket with batched recvmmsg/sendmmsg: the same datagrams and counters,
 several times faster, no root; docs/socket.md), dpdk (the same C engine on a DPDK port: needs
-root and --iface; docs/dpdk.md), bmv2 (the P4 program on BMv2; docs/bmv2.md). Server mode
+root and --iface or --pci; docs/dpdk.md), bmv2 (the P4 program on BMv2; docs/bmv2.md). Server mode
 and the fault options are python's; --jobs-dir works on every backend but bmv2.
 
 On start it prints one line on stderr, "ncina aggregator: listening on HOST:PORT ...", once the
@@ -296,8 +296,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--iface",
         metavar="IF",
-        help="dpdk: the network interface the data plane serves; bmv2: one or more, "
-        "comma-separated, the switch's ports 1, 2, ... (required for both)",
+        help="dpdk: the network interface the data plane serves (or --pci); bmv2: one or "
+        "more, comma-separated, the switch's ports 1, 2, ... (required)",
     )
     socket_driver.add_arguments(parser)
     dpdk_driver.add_arguments(parser)
