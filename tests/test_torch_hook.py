@@ -41,6 +41,7 @@ from ncina.worker.torch_hook import (
     nc_error_bounds,
     verifying_hook,
 )
+from ncina.worker.training import release_ddp
 from ncina_testlib import start_aggregator
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -287,7 +288,8 @@ def rank_main(spec: dict[str, Any]) -> None:
         state.records.clear()
     state.ina.close()  # the communication thread ends before the fabric and the process group
     fabric.close()
-    dist.destroy_process_group()
+    del model  # DDP before the process group, while Python is alive (training.release_ddp)
+    release_ddp()
     Path(spec["out"]).write_text(json.dumps(iterations))
 
 
