@@ -26,9 +26,9 @@ from ncina.aggregator.slots import (
     ServerSlots,
 )
 from ncina.aggregator.stats import GlobalStats, LimitStats, count_drop
+from ncina.proto.compressors import Compressor
 from ncina.proto.descriptor import is_job_datagram
 from ncina.proto.header import FLAG_POOL, FLAG_RETX
-from ncina.worker.compressors import Compressor
 
 
 class Aggregator:

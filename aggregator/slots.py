@@ -22,9 +22,9 @@ from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.members import Members
 from ncina.aggregator.stats import JobStats, LimitStats
 from ncina.proto import nc8
+from ncina.proto.compressors import Compressor, State
+from ncina.proto.compressors.base import HEAD
 from ncina.proto.header import FLAG_TAG, INT_DTYPE, Format
-from ncina.worker.compressors import Compressor, State
-from ncina.worker.compressors.base import HEAD
 
 # What the slot rules make of an admitted packet (``JobSlots.rule``): one of three actions, or a
 # drop reason.

@@ -25,8 +25,8 @@ from ncina.aggregator.stats import (
     JobStats,
     LimitStats,
 )
+from ncina.proto.compressors import create
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE, Format, pack
-from ncina.worker.compressors import create
 from ncina_testlib import code_values, dissect, exact_sums, is_nc8_rounding, uplink
 
 from ncina.cli import build_parser

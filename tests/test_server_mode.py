@@ -13,8 +13,8 @@ import pytest
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.slots import ServerSlots
+from ncina.proto.compressors import State, create
 from ncina.proto.header import BAD_LENGTH, ProtocolError, flags_for, pack, parse
-from ncina.worker.compressors import State, create
 from ncina_testlib import aggregator_command, dissect, start_aggregator
 
 JOB = 3

@@ -35,6 +35,7 @@ import numpy as np
 from ncina.aggregator import process as aggproc
 from ncina.bench import allreduce as bench
 from ncina.proto.header import PORT
+from ncina.proto.wire import DEFAULT_MTU
 
 GLOO_PORT = 29500  # gloo's rendezvous on worker 0; + repeat, so no run meets a TIME_WAIT
 MIN_TIME_LIMIT = 120.0  # seconds one all-reduce may take at least (see time_limit)
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with bench.sigterm_interrupts():
             try:
                 net.start()
-                if args.mtu != bench.DEFAULT_MTU:
+                if args.mtu != DEFAULT_MTU:
                     set_mtu(net, args.mtu)
                 repeats = [one_repeat(args, net, topo, procs, workdir / f"run{i}", i, ref)
                            for i in range(args.repeat)]  # fmt: skip

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator import process as aggproc
+from ncina.proto.compressors import create
 from ncina.worker.client import check_mode
-from ncina.worker.compressors import create
 
 JOB = 1
 NC8 = "nc8"
