@@ -1,7 +1,7 @@
 """docs/architecture.md stays true: every file it names exists, every docs/protocol.md section it
 links is a heading there, each concept has its row with a file in each backend, and the C
-engine's concept files (``aggregator/engine/*.c``) call each other without a cycle (the Python
-modules' imports are ``test_imports.py``'s).
+files of the engine and its I/O layers (``aggregator/{engine,socket,dpdk}/*.c``) call each other
+without a cycle (the Python modules' imports are ``test_imports.py``'s).
 
 Runs everywhere: it reads files, it builds and runs nothing.
 """
@@ -46,12 +46,17 @@ def slug(heading: str) -> str:
 
 
 def c_calls(files: Iterable[Path]) -> dict[str, set[str]]:
-    """Which of ``files`` each one calls (a function defined in one, called in another)."""
-    texts = {f.name: re.sub(r"/\*.*?\*/", "", f.read_text(), flags=re.S) for f in files}
+    """Which of ``files`` (named by their path under ``aggregator/``) each one calls: a function
+    of the engine (``nce_``) or an I/O layer (``ncs_``, ``ncd_``) defined in one and called in
+    another."""
+    texts = {
+        str(f.relative_to(ROOT / "aggregator")): re.sub(r"/\*.*?\*/", "", f.read_text(), flags=re.S)
+        for f in files
+    }
     defined = {
         name: file
         for file, text in texts.items()
-        for name in re.findall(r"^(?!static)[a-z][\w \*]*?\b(nce_\w+)\(", text, re.M)
+        for name in re.findall(r"^(?!static)[a-z][\w \*]*?\b(nc[eds]_\w+)\(", text, re.M)
     }
     return {
         file: {home for name, home in defined.items()
@@ -92,11 +97,19 @@ def test_the_concept_table_has_a_row_per_concept_with_each_backend() -> None:
         assert "`p4/" in cells[3], row
 
 
-def test_c_engine_files_call_without_cycles() -> None:
-    files = sorted((ROOT / "aggregator" / "engine").glob("*.c"))
+def test_c_files_call_without_cycles() -> None:
+    """The engine's concept files and the socket and DPDK I/O layers around them: no call
+    cycle, the pipeline calls every concept, and the engine never calls an I/O layer."""
+    files = sorted(
+        path for folder in ("engine", "socket", "dpdk")
+        for path in (ROOT / "aggregator" / folder).glob("*.c")
+    )  # fmt: skip
     graph = {file: sorted(calls) for file, calls in c_calls(files).items()}
-    assert {f"{c}.c" for c in CONCEPTS} <= set(graph)
-    # The pipeline calls every concept; no concept calls the pipeline back.
-    assert set(graph["pipeline.c"]) >= {f"{c}.c" for c in CONCEPTS if c != "pipeline"}
+    concepts = {f"engine/{c}.c" for c in CONCEPTS}
+    assert concepts <= set(graph) and {"socket/loop.c", "dpdk/loop.c"} <= set(graph)
+    assert set(graph["engine/pipeline.c"]) >= concepts - {"engine/pipeline.c"}
+    assert set(graph["socket/loop.c"]) >= {"engine/pipeline.c"}  # the I/O layer calls nce_input
+    assert not [(f, c) for f, calls in graph.items() if f.startswith("engine/")
+                for c in calls if not c.startswith("engine/")]  # fmt: skip
     assert find_cycle(graph) is None, f"call cycle: {' -> '.join(find_cycle(graph) or [])}"
 
