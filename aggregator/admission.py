@@ -2,9 +2,11 @@
 docs/protocol.md, "Order of checks" (step 7, the tag, and 10, membership, are ``members.py``'s;
 admission asks it at 10, in its place in the order).
 
-``admit`` takes a well-formed datagram of an installed job and says whether it may enter the slot
-rules: flags, format, membership, window, slot and count bounds, generation, payload. The C
-engine's ``admission.c`` and P4's ``admission.p4`` check in the same order.
+Step 6 is the lookup of the header's job id in the jobs the aggregator holds
+(``Aggregator.jobs``; ``UNKNOWN_JOB`` when there is none). ``admit`` takes a well-formed datagram
+of an installed job and says whether it may enter the slot rules: flags, format, membership,
+window, slot and count bounds, generation, payload. The C engine's ``admission.c`` and P4's
+``admission.p4`` check in the same order.
 """
 
 from __future__ import annotations

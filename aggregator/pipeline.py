@@ -76,8 +76,8 @@ class Aggregator:
             return handshake.answer(self.jobs, self.stats, self.generation, datagram, source)
         size = len(datagram)
         parsed = parse.uplink(datagram)  # 1-5
-        if type(parsed) is str:
-            job = self.jobs.get(parse.job_named(datagram, parsed))  # type: ignore[arg-type]
+        if isinstance(parsed, str):
+            job = self.jobs.get(parse.job_named(datagram, parsed))
             count_drop(job.stats if job is not None else self.stats, parsed, size)
             return NOTHING
         header, payload = parsed
@@ -93,7 +93,7 @@ class Aggregator:
             stats.drops[members.BAD_TAG] += 1
             return NOTHING
         values = admission.admit(job, header, payload, source)  # 8-15
-        if type(values) is str:
+        if isinstance(values, str):
             stats.drops[values] += 1
             if values == admission.STALE_GENERATION:  # answered: the notice holds nothing
                 return reply.notice(job, rank, flags & FLAG_POOL, slot, offset, 0, source)
@@ -104,7 +104,7 @@ class Aggregator:
         version = (flags & FLAG_POOL) >> 2
         rule = job.rule(version, slot, rank, offset, count)
         if rule is CONTRIBUTE:  # rule 1
-            if not job.contribute(version, slot, rank, offset, count, values):  # type: ignore[arg-type]
+            if not job.contribute(version, slot, rank, offset, count, values):
                 return NOTHING
             stats.slots_completed += 1
             stats.results_sent += job.workers
