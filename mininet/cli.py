@@ -86,7 +86,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true",
                    help="check every INA result against an exact gloo all-reduce (extra traffic)")
     p.add_argument("--pcaps", action="store_true",
-                   help="bmv2: the switch writes pcaps of every port (the run's ina/pcaps/ and "
+                   help="capture for Wireshark (docs/wireshark.md): tcpdump writes the job's UDP "
+                   "on each aggregator's link to the run's ina/pcaps/aggregator<j>.pcap; with "
+                   "--backend bmv2 the switch writes pcaps of every port (ina/pcaps/ and "
                    "gloo/pcaps/)")
     p.add_argument("--repeat", type=int, default=d.repeat,
                    help="train this many times per mode on the same network; results.json and "
