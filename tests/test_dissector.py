@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.slots import Aggregator
+from ncina.aggregator.pipeline import Aggregator
 from ncina.proto import corpus
 from ncina.proto.compressors import REGISTRY, create
 from ncina.proto.compressors.base import State
