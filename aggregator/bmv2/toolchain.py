@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ncina.aggregator.bmv2 import gen
 from ncina.aggregator.bmv2.layout import DEFAULT_K
+
 from ncina.cbuild import cache_root
 
 # The source checkout, or the installed ``ncina`` package folder.
