@@ -28,6 +28,7 @@ from ncina.aggregator.bmv2 import gen
 from ncina.aggregator.bmv2.layout import DEFAULT_K
 
 from ncina.cbuild import cache_root
+from ncina.progress import progress
 
 # The source checkout, or the installed ``ncina`` package folder.
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,7 +133,7 @@ def _build_locked(result: Build, force: bool) -> Build:
         raise ToolchainError(f"cannot compile p4/{MAIN}: {reason}")
     gen.write(k, result.directory)
     command = compile_command(result)
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    proc = _run_with_progress(command, f"p4c-bm2-ss {MAIN} K={k}")
     if proc.returncode != 0:
         raise ToolchainError(
             f"{' '.join(command)} failed with status {proc.returncode}:\n"
@@ -140,6 +141,24 @@ def _build_locked(result: Build, force: bool) -> Build:
         )
     stamp.write_text(digest + "\n")
     return result
+
+
+def _run_with_progress(command: list[str], desc: str) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` and capture its output; on a terminal, a bar counts the seconds it has
+    taken (p4c prints nothing for minutes at large K). Interrupted, the command is killed."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc, progress(desc=desc, unit="s") as bar:  # fmt: skip
+        try:
+            while True:
+                try:
+                    out, err = proc.communicate(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:  # output so far is kept for the next call
+                    bar.update(1)
+        except BaseException:
+            proc.kill()
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
 def main(argv: list[str] | None = None) -> int:

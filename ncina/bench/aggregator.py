@@ -26,6 +26,7 @@ import numpy as np
 
 from ncina.aggregator import process as aggproc
 from ncina.cli import deprecated_alias
+from ncina.progress import progress
 from ncina.proto.header import PORT
 
 JOB = 1
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         forward = "socket_forward" if args.backend == "socket" else "forward"
         kinds = ["python", forward] + ([args.backend] if args.backend != "python" else [])
-        for kind in kinds:
+        for kind in progress(kinds, desc="bench aggregator", unit="backend"):
             figures[kind] = measure(args, star, kind)
     finally:
         star.close()

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.cli import deprecated_alias
+from ncina.progress import progress
 
 FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
           "exposed_comm_s", "exposed_comm_fraction")  # fmt: skip
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pool_size = args.pool_size or topo_pool_size(args.backend, k)
 
     runs = []
-    for i in range(args.repeat):
+    for i in progress(range(args.repeat), desc="bench ddp", unit="run"):
         out = args.workdir / f"{time.strftime('%Y%m%d-%H%M%S')}-{i}"
         cfg = TopoConfig(out=out, workers=args.workers, backend=args.backend, bw=args.bw,
                          model=args.model, epochs=EPOCHS, max_steps=args.steps,

@@ -25,6 +25,7 @@ import numpy as np
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.slots import Aggregator
 from ncina.cli import deprecated_alias
+from ncina.progress import progress
 from ncina.proto import tag
 from ncina.proto.header import FLAG_TAG, pack
 
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"workers": args.workers, "k": args.k, "packets": n}
     for backend, timer in timers.items():
         runs: dict[str, list[float]] = {"untagged": [], "keyed": []}
-        for _ in range(args.repeat):
+        for _ in progress(range(args.repeat), desc=f"bench tag {backend}", unit="run"):
             for kind in runs:
                 runs[kind].append(timer(configs[kind], packets[kind]))
         rates = {kind: n / statistics.median(seconds) for kind, seconds in runs.items()}

@@ -23,6 +23,7 @@ from typing import Any
 
 from ncina.aggregator import process as aggproc
 from ncina.cli import deprecated_alias
+from ncina.progress import progress
 from ncina.worker.client import check_mode
 from ncina.worker.compressors import create
 
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train once per method; optionally write the markdown table."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="ncina-bench-training-") as tmp:
-        for i, spec in enumerate(args.methods):
+        for i, spec in enumerate(progress(args.methods, desc="bench training", unit="method")):
             workdir = Path(tmp, str(i))
             workdir.mkdir()
             rows.append(train_one(spec, args, workdir))
