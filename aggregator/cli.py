@@ -12,15 +12,8 @@ from ncina.aggregator.control import DEFAULT_MAX_JOBS, JobsDirectory
 from ncina.aggregator.dpdk import driver as dpdk_driver
 from ncina.aggregator.faults import FaultConfig
 from ncina.aggregator.jobs import (
-    DEFAULT_MTU,
     DEFAULT_POOL_SIZE,
     DEFAULT_WINDOW_MAX,
-    ETHERNET_HEADER,
-    FRAME_OVERHEAD,
-    MAX_K,
-    MAX_MTU,
-    MAX_WORKERS,
-    MIN_MTU,
     JobConfig,
     check_mtu_range,
     check_server_mtu,
@@ -28,14 +21,23 @@ from ncina.aggregator.jobs import (
     parse_address,
     parse_member,
 )
+from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.python_backend import PythonBackend
-from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS, Aggregator
+from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS
 from ncina.aggregator.socket import driver as socket_driver
-from ncina.proto.descriptor import MAX_POOL_SIZE
-from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT, TAG_SIZE
+from ncina.proto.compressors import create
+from ncina.proto.compressors.base import Compressor, largest_fitting
+from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT
 from ncina.proto.tag import key_file_argument
-from ncina.worker.compressors import create
-from ncina.worker.compressors.base import Compressor, largest_fitting
+from ncina.proto.wire import (
+    DEFAULT_MTU,
+    MAX_K,
+    MAX_MTU,
+    MAX_POOL_SIZE,
+    MAX_WORKERS,
+    MIN_MTU,
+    payload_room,
+)
 
 BACKENDS = ("python", "socket", "dpdk", "bmv2")
 
@@ -51,7 +53,7 @@ docs/protocol.md.
 Backends: python (the reference: one Python loop per datagram), socket (the C slot engine
 behind one kernel UDP socket with batched recvmmsg/sendmmsg: the same datagrams and counters,
 several times faster, no root; docs/socket.md), dpdk (the same C engine on a DPDK port: needs
-root and --iface; docs/dpdk.md), bmv2 (the P4 program on BMv2; docs/bmv2.md). Server mode
+root and --iface or --pci; docs/dpdk.md), bmv2 (the P4 program on BMv2; docs/bmv2.md). Server mode
 and the fault options are python's; --jobs-dir works on every backend but bmv2.
 
 On start it prints one line on stderr, "ncina aggregator: listening on HOST:PORT ...", once the
@@ -117,7 +119,7 @@ def job_k(args: argparse.Namespace, compressor: Compressor | None) -> int:
     tagged = args.key_file is not None
     if compressor is None:
         return default_k(args.mtu, args.result, tagged)
-    room = args.mtu + ETHERNET_HEADER - FRAME_OVERHEAD - (TAG_SIZE if tagged else 0)
+    room = payload_room(args.mtu, tagged)
     k = largest_fitting(compressor, room, default_k(args.mtu, "nc8", tagged))
     if k == 0:
         raise ValueError(f"not one {compressor.name} element fits a packet of MTU {args.mtu}")
@@ -295,8 +297,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--iface",
         metavar="IF",
-        help="dpdk: the network interface the data plane serves; bmv2: one or more, "
-        "comma-separated, the switch's ports 1, 2, ... (required for both)",
+        help="dpdk: the network interface the data plane serves (or --pci); bmv2: one or "
+        "more, comma-separated, the switch's ports 1, 2, ... (required)",
     )
     socket_driver.add_arguments(parser)
     dpdk_driver.add_arguments(parser)

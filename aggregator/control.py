@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ncina.aggregator.jobs import DEFAULT_MTU, JobConfig, parse_member
+from ncina.aggregator.jobs import JobConfig, parse_member
 from ncina.aggregator.stats import LimitStats
+from ncina.proto.wire import DEFAULT_MTU
 
 SUFFIX = ".json"
 DEFAULT_MAX_JOBS = 64  # installed jobs, the one of the command line included

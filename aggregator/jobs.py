@@ -14,18 +14,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from ncina.proto.descriptor import (
+from ncina.proto.compressors.base import Compressor, largest_fitting
+from ncina.proto.descriptor import WORKERS_WHY, check_job, check_range
+from ncina.proto.header import ELEMENT_SIZE, Format, largest_k
+from ncina.proto.nc8 import Window
+from ncina.proto.tag import check_key, key_from_hex
+from ncina.proto.wire import (
+    ETH_IPV4_UDP_NCINA_HEADERS,
+    ETHERNET_HEADER,
     MAX_K,
     MAX_MTU,
     MAX_WORKERS,
-    WORKERS_WHY,
-    check_job,
-    check_range,
+    MIN_MTU,
+    TAG_SIZE,
+    payload_room,
 )
-from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, TAG_SIZE, Format, largest_k
-from ncina.proto.nc8 import Window
-from ncina.proto.tag import check_key, key_from_hex
-from ncina.worker.compressors.base import Compressor, largest_fitting
 
 MAX_SEED = (1 << 64) - 1
 """A job's seed is a 64-bit unsigned word (a `bit<64>` in the P4 program, `uint64_t` in C)."""
@@ -33,19 +36,11 @@ MAX_SEED = (1 << 64) - 1
 Address = tuple[str, int]
 """An IPv4 UDP endpoint as ``socket.recvfrom`` reports it: ``(dotted quad, port)``."""
 
-# The job limits (MAX_WORKERS: a worker bitmap is one 64-bit register word in every backend;
-# MAX_K; MAX_POOL_SIZE; MAX_JOB_ID) live in ncina.proto.descriptor, which the worker validates
-# with too. Link MTUs an aggregator accepts (IPv4 bytes): IPv4's minimum to MAX_MTU (9216).
-MIN_MTU = 68
+# The job limits (MAX_WORKERS, MAX_K, MAX_POOL_SIZE, MAX_JOB_ID) and the link MTUs an aggregator
+# accepts (MIN_MTU..MAX_MTU, IPv4 bytes) are the wire's (ncina.proto.wire); the worker validates
+# with the same (ncina.proto.descriptor.check_job).
 DEFAULT_POOL_SIZE = 64
 DEFAULT_WINDOW_MAX = 10
-DEFAULT_MTU = 1500
-
-# Bytes of a result frame around its payload: Ethernet, IPv4 (no options), UDP, ncina header.
-ETHERNET_HEADER = 14
-IPV4_HEADER = 20
-UDP_HEADER = 8
-FRAME_OVERHEAD = ETHERNET_HEADER + IPV4_HEADER + UDP_HEADER + HEADER_SIZE
 
 
 @dataclass(frozen=True)
@@ -163,7 +158,7 @@ class JobConfig:
     def result_frame_size(self) -> int:
         """Bytes of the largest result frame on the wire, Ethernet header included."""
         tag = TAG_SIZE if self.key is not None else 0
-        return FRAME_OVERHEAD + self.k * ELEMENT_SIZE[self.result_format] + tag
+        return ETH_IPV4_UDP_NCINA_HEADERS + self.k * ELEMENT_SIZE[self.result_format] + tag
 
     def check_mtu(self, mtu: int) -> None:
         """Raise ``ValueError`` unless a full result frame fits a link of this MTU (IP bytes)."""
@@ -207,8 +202,7 @@ def check_server_mtu(config: JobConfig, compressor: Compressor, mtu: int) -> Non
     check makes ``k`` itself a chunk that fits, so that a worker at the default chunk size needs
     no smaller one.
     """
-    tag = TAG_SIZE if config.key is not None else 0
-    room = mtu + ETHERNET_HEADER - FRAME_OVERHEAD - tag
+    room = payload_room(mtu, config.key is not None)
     if compressor.max_payload_size(config.k) <= room:
         return
     raise ValueError(

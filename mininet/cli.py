@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ncina.aggregator.jobs import DEFAULT_MTU, default_k
+from ncina.aggregator.jobs import default_k
 from ncina.proto.tag import read_key_file
+from ncina.proto.wire import DEFAULT_MTU
 from ncina.topo.config import BMV2_POOL_SIZE, FIXED_K, TopoConfig
 from ncina.worker.client import MODES
 from ncina.worker.train import check_options

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncina.aggregator.jobs import DEFAULT_MTU
+from ncina.proto.wire import DEFAULT_MTU
 
 BMV2_POOL_SIZE = 8
 """The bmv2 backend's default pool: with 4 workers, 32 frames in flight, what libpcap's ring in

@@ -32,8 +32,9 @@ from ncina.aggregator import process as aggproc
 from ncina.aggregator.bmv2 import toolchain
 from ncina.aggregator.cli import BACKENDS
 from ncina.aggregator.dpdk import netns as dpdk_netns
-from ncina.aggregator.jobs import DEFAULT_MTU, check_mtu_range
+from ncina.aggregator.jobs import check_mtu_range
 from ncina.proto.header import PORT
+from ncina.proto.wire import DEFAULT_MTU
 from ncina.topo import report
 from ncina.topo.config import TopoConfig
 from ncina.topo.topos import P4Switch, StarTopo, aggregator_ip, topos, worker_ip

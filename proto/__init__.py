@@ -6,7 +6,10 @@
   (``ncina.proto.header``: the fast path);
 - ``NcinaHeader`` (``ncina.proto.layers``: the scapy layer, imported lazily because scapy is slow
   to import and the data path does not need it);
-- ``ncina.proto.nc8``: the NC8 codec;
+- ``HEADER_SIZE`` (``ncina.proto.wire``: every header size and limit of the wire);
+- ``ncina.proto.nc8``: the NC8 codec, and ``ncina.proto.nc_bounds``: its error bounds;
+- ``ncina.proto.compressors``: the gradient compressors (codecs the worker and the aggregator's
+  server mode share);
 - ``ncina.proto.corpus``: the conformance corpus every backend must answer alike (scapy).
 """
 
@@ -18,7 +21,6 @@ from ncina.proto.header import (
     FLAG_POOL,
     FLAG_RESULT,
     FLAG_RETX,
-    HEADER_SIZE,
     PORT,
     VERSION,
     Format,
@@ -27,6 +29,7 @@ from ncina.proto.header import (
     pack,
     parse,
 )
+from ncina.proto.wire import HEADER_SIZE
 
 __all__ = [
     "FLAG_POOL",

@@ -31,16 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ncina.proto.header import (
-    FLAG_POOL,
-    FLAG_RESULT,
-    FLAG_RETX,
-    FLAG_TAG,
-    GENERATION_SHIFT,
-    HEADER_SIZE,
-    TAG_SIZE,
-    Format,
-)
+from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_RETX, FLAG_TAG, GENERATION_SHIFT, Format
+from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 
 SCHEMA = 1
 JOB = 4242

@@ -22,23 +22,21 @@ from ncina.proto.header import (
     FLAG_TAG,
     GENERATION_SHIFT,
     HEADER,
-    HEADER_SIZE,
-    TAG_SIZE,
     VERSION,
     Format,
-    largest_k,
+)
+from ncina.proto.wire import (
+    HEADER_SIZE,
+    MAX_JOB_ID,
+    MAX_K,
+    MAX_POOL_SIZE,
+    MAX_WORKERS,
+    TAG_SIZE,
 )
 
-# ---- limits of a job, shared by JobConfig and AllreduceClient ----
+# ---- validation of a job, shared by JobConfig and AllreduceClient (limits: ncina.proto.wire) ----
 
-MAX_WORKERS = 64
 WORKERS_WHY = " (a worker bitmap is one 64-bit register word in every backend)"
-MAX_MTU = 9216  # the largest jumbo frame common NICs and Linux veths take
-# The largest chunk: an NC8 result of one largest-MTU packet (9172). The C engine has the same
-# limit (NCE_MAX_K); the BMv2 program compiles fewer lanes (aggregator/bmv2/gen.py).
-MAX_K = largest_k(MAX_MTU, Format.NC8)
-MAX_POOL_SIZE = 0xFFFF  # the header's slot field is 16 bits
-MAX_JOB_ID = 0xFFFF  # the header's job field is 16 bits
 
 
 def check_range(what: str, value: int, low: int, high: int, why: str = "") -> None:

@@ -12,6 +12,7 @@ from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
+from ncina.proto.wire import HEADER_SIZE, TAG_SIZE, payload_room
 
 VERSION = 1
 PORT = 47000
@@ -24,9 +25,9 @@ FLAG_POOL = 0x04  # pool version of the slot (SwitchML's shadow copy)
 GENERATION_SHIFT = 3
 GENERATION_MASK = 0x78
 MAX_GENERATION = GENERATION_MASK >> GENERATION_SHIFT
-# Bit 7: the datagram ends in an authentication tag (ncina.proto.tag; keyed jobs only).
+# Bit 7: the datagram ends in an authentication tag (ncina.proto.tag, TAG_SIZE bytes; keyed jobs
+# only).
 FLAG_TAG = 0x80
-TAG_SIZE = 8
 
 # A notice (RESULT set, count 0) carries one big-endian 64-bit word: the bitmap of the ranks
 # whose contribution to the slot's version the aggregator holds.
@@ -34,7 +35,7 @@ NOTICE = struct.Struct("!Q")
 
 # version, flags, format, emin (signed), job, rank, slot, count, offset; network byte order.
 HEADER = struct.Struct("!BBBbHHHHI")
-HEADER_SIZE = HEADER.size  # 16
+assert HEADER.size == HEADER_SIZE  # ncina.proto.wire holds the sizes
 
 # The same layout as a numpy record, for packing many chunks at once.
 HEADER_DTYPE = np.dtype(
@@ -66,9 +67,6 @@ ELEMENT_SIZE = {Format.NC8: 1, Format.INT: 8}
 """Bytes per element of the fixed-size formats (BLOB payloads have their own length)."""
 INT_DTYPE = np.dtype(">i8")  # element type of the INT payload
 
-# IPv4 (no options) and UDP in front of every datagram: what an IP MTU leaves for the datagram.
-IPV4_UDP_HEADERS = 20 + 8
-
 
 def largest_k(mtu: int, result_format: Format, tagged: bool = False) -> int:
     """The largest chunk size K whose datagrams both ways fit one IPv4 packet of ``mtu`` bytes.
@@ -77,8 +75,8 @@ def largest_k(mtu: int, result_format: Format, tagged: bool = False) -> int:
     (``ELEMENT_SIZE``), each behind IPv4, UDP, the ncina header and, for a keyed job, the tag;
     the result is the larger. 0 when not even one element fits.
     """
-    room = mtu - IPV4_UDP_HEADERS - HEADER_SIZE - (TAG_SIZE if tagged else 0)
-    return max(0, room // ELEMENT_SIZE[Format(result_format)])
+    return max(0, payload_room(mtu, tagged) // ELEMENT_SIZE[Format(result_format)])
+
 
 # Drop reasons found by `parse` (all but BAD_FLAGS: every flag bit has a meaning, so which flags
 # are wrong depends on the job); the aggregator adds the job-level ones (docs/protocol.md).

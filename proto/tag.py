@@ -14,7 +14,7 @@ import hashlib
 import hmac
 from pathlib import Path
 
-from ncina.proto.header import TAG_SIZE
+from ncina.proto.wire import TAG_SIZE
 
 __all__ = ["TAG_SIZE", "check_key", "compute", "key_file_argument", "key_from_hex",
            "read_key_file", "sign", "verify"]

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ncina.aggregator import cli as aggregator_cli
 from ncina.aggregator.jobs import JobConfig, parse_address, parse_member
-from ncina.aggregator.slots import Aggregator, JobSlots
+from ncina.aggregator.pipeline import Aggregator
+from ncina.aggregator.slots import JobSlots
 from ncina.aggregator.stats import (
     GLOBAL_DROP_REASONS,
     JOB_DROP_REASONS,
@@ -24,8 +25,8 @@ from ncina.aggregator.stats import (
     JobStats,
     LimitStats,
 )
+from ncina.proto.compressors import create
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE, Format, pack
-from ncina.worker.compressors import create
 from ncina_testlib import code_values, dissect, exact_sums, is_nc8_rounding, uplink
 
 from ncina.cli import build_parser

@@ -4,7 +4,7 @@ aggregator process on loopback.
 Four workers (threads, one client each) all-reduce 1,000,000 elements. Inputs made of in-window
 powers of two whose per-element sums are powers of two must come back bit-exact in both result
 formats; random inputs must show the error statistics Natural Compression predicts
-(``ncina.bench.allreduce.nc_error_model`` has the derivation; summarised at ``test_random``).
+(``ncina.proto.nc_bounds`` has the derivation; summarised at ``test_random``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+from ncina.proto.nc_bounds import bounds_from_inputs
 from ncina.worker.client import AllreduceClient
 from ncina_testlib import RunningAggregator, start_aggregator
-
-from ncina.bench.allreduce import nc_error_model
 
 JOB = 11
 WORKERS = 4
@@ -124,10 +123,10 @@ def test_random_inputs_match_the_nc_error_model(job: Job) -> None:
         np.testing.assert_array_equal(other, output)  # every worker gets the same result
     stacked = np.stack(inputs)
     exact = stacked.astype(np.float64).mean(axis=0)
-    model = nc_error_model(stacked, job.result)
+    model = bounds_from_inputs(stacked, job.result)
     error = output.astype(np.float64) - exact
     mse = float(np.mean(error * error))
-    low, high = float(np.mean(model["var_low"])), float(np.mean(model["var_high"]))
+    low, high = float(np.mean(model.var_low)), float(np.mean(model.var_high))
     if job.result == "int":
         assert low == high
         assert abs(mse / low - 1) < 0.03, (mse, low)
@@ -135,7 +134,7 @@ def test_random_inputs_match_the_nc_error_model(job: Job) -> None:
         assert 0.97 * low <= mse <= 1.03 * high, (low, mse, high)
         assert mse > 1.1 * low  # the downlink re-compression does add error
     assert abs(float(np.mean(error))) < 6 * (mse / ELEMENTS) ** 0.5
-    assert np.all(np.abs(error) <= model["max_error"] * (1 + 1e-6))
+    assert np.all(np.abs(error) <= model.max_error * (1 + 1e-6))
     check_aggregator_clean(job, calls=1, elements=ELEMENTS)
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ncina.aggregator import cli as aggregator_cli
-from ncina.aggregator.jobs import MAX_K
 from ncina.proto import nc8
 from ncina.proto.header import Format, largest_k
+from ncina.proto.wire import MAX_K
 from ncina_testlib import code_values
 
 from ncina.bench import allreduce as bench

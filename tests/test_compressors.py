@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ncina.worker.compressors import REGISTRY, ErrorFeedback, State, create
-from ncina.worker.compressors.bits import (
+from ncina.proto.compressors import REGISTRY, ErrorFeedback, State, create
+from ncina.proto.compressors.bits import (
     omega_bits,
     omega_decode,
     omega_encode,
     pack_bits,
     unpack_bits,
 )
-from ncina.worker.compressors.fft import offset_float_base, offset_float_decode, offset_float_encode
-from ncina.worker.compressors.threelc import (
+from ncina.proto.compressors.fft import offset_float_base, offset_float_decode, offset_float_encode
+from ncina.proto.compressors.threelc import (
     quartic_decode,
     quartic_encode,
     zero_run_decode,

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 import pytest
-from ncina.worker.compressors import State, create
+from ncina.proto.compressors import State, create
 
 # Norm-independent methods: any pattern works.
 PATTERN = np.array([0.3, -1.7, 5e-3, 2.5, -0.05, 1.0, 0.7, -3.1e-4], dtype=np.float32)
@@ -157,7 +157,7 @@ def test_natural_dithering_is_unbiased_at_every_norm(norm: float, packed: bool) 
 
 @pytest.mark.parametrize("value", [3.0, 1e-3, 1265.0, 1e30, 2.0**-60, 64.0])
 def test_natural_round_is_nc_without_a_window(value: float) -> None:
-    from ncina.worker.compressors.natdither import natural_round
+    from ncina.proto.compressors.natdither import natural_round
 
     rng = np.random.default_rng(5)
     draws = np.array([natural_round(value, rng) for _ in range(40_000)])

@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ncina.aggregator.process import free_udp_port
-from ncina.proto.header import HEADER, HEADER_SIZE, TAG_SIZE
+from ncina.proto.header import HEADER
+from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 from ncina_testlib import (
     AGGREGATOR_BACKENDS,
     PACING,

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 from ncina.proto import descriptor as desc
+from ncina.proto.compressors import create
 from ncina.proto.header import Format, pack
 from ncina.worker.client import AllreduceClient
-from ncina.worker.compressors import create
 from ncina_testlib import RunningAggregator, Worker, source_address, start_aggregator
 
 JOB = 7

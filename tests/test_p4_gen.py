@@ -17,6 +17,7 @@ from ncina.aggregator.bmv2 import entries, gen, layout, toolchain
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_DROP_REASONS
 from ncina.proto import nc8
+from ncina.proto.wire import ETH_IPV4_UDP_HEADERS
 
 
 def _action(text: str, name: str) -> str:
@@ -218,7 +219,7 @@ def test_counters_become_the_stats_document_in_udp_payload_bytes() -> None:
                            _job(job=4, k=16)], 1, k=16)[1:]  # fmt: skip
     base = job.index * len(layout.JOB_EVENTS)
     ev = {name: base + i for i, name in enumerate(layout.JOB_EVENTS)}
-    frame = layout.FRAME_OVERHEAD + 16  # every uplink below has the header and `count` codes
+    frame = ETH_IPV4_UDP_HEADERS + 16  # every uplink below has the header and `count` codes
     counts = {
         ev["packets_in"]: (5, 5 * frame + 16 * 4 + 2),
         ev["contributions"]: (4, 0),
@@ -308,6 +309,6 @@ def test_the_p4_descriptor_is_the_protocols_and_its_fields_come_from_the_entries
         "mac": "02:00:00:00:00:09", "port": "47000", "generation": "9"}
     base = job.index * len(layout.JOB_EVENTS)
     handshakes = base + layout.JOB_EVENTS.index("handshakes")
-    stats = entries.job_stats(job, {base: (2, 2 * (layout.FRAME_OVERHEAD + 32)),
+    stats = entries.job_stats(job, {base: (2, 2 * (ETH_IPV4_UDP_HEADERS + 32)),
                                     handshakes: (2, 0)})  # fmt: skip
     assert (stats.handshakes, stats.packets_out, stats.bytes_out) == (2, 2, 64)

@@ -13,14 +13,12 @@ from ncina.proto.header import (
     FLAG_RESULT,
     FLAG_RETX,
     HEADER_DTYPE,
-    HEADER_SIZE,
-    IPV4_UDP_HEADERS,
-    TAG_SIZE,
     Format,
     flags_for,
     largest_k,
     pack_chunks,
 )
+from ncina.proto.wire import HEADER_SIZE, IPV4_UDP_HEADERS, TAG_SIZE
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw, raw

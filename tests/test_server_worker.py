@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ncina.worker.client import IP_UDP_HEADERS, AllreduceClient
-from ncina.worker.compressors import State, create
-from ncina.worker.compressors.base import largest_fitting
+from ncina.proto.compressors import State, create
+from ncina.proto.compressors.base import largest_fitting
+from ncina.proto.wire import IPV4_UDP_HEADERS
+from ncina.worker.client import AllreduceClient
 from ncina_testlib import assert_sent_once_plus_retransmissions, start_aggregator
 
 from ncina.bench.training import METHODS, mode_of
@@ -187,7 +188,7 @@ def test_chunks_are_the_largest_whose_payload_fits_the_mtu(key: bytes | None) ->
     comp = create("topk:ratio=1")
     with AllreduceClient(("127.0.0.1", 9), job=1, rank=0, workers=2, k=1024, key=key,
                          compressor="topk:ratio=1", mode="server", mtu=600) as client:  # fmt: skip
-        room = 600 - IP_UDP_HEADERS - 16 - (8 if key else 0)
+        room = 600 - IPV4_UDP_HEADERS - 16 - (8 if key else 0)
         assert comp.max_payload_size(client.chunk) <= room < comp.max_payload_size(client.chunk + 1)
         assert client.chunk == largest_fitting(comp, room, 1024)
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 from ncina.proto.tag import key_file_argument
+from ncina.proto.wire import DEFAULT_MTU
 from ncina.worker.client import (
     DATA_PATH_ENV,
     DATA_PATHS,
-    DEFAULT_MTU,
     HANDSHAKE_TIMEOUT,
     OPS,
     RESULT_FORMATS,

@@ -60,6 +60,8 @@ from types import TracebackType
 import numpy as np
 from ncina.proto import descriptor as desc
 from ncina.proto import nc8, tag
+from ncina.proto.compressors import Compressor, State, create
+from ncina.proto.compressors.base import largest_fitting
 from ncina.proto.header import (
     ELEMENT_SIZE,
     FLAG_POOL,
@@ -70,18 +72,15 @@ from ncina.proto.header import (
     GENERATION_SHIFT,
     HEADER,
     HEADER_DTYPE,
-    HEADER_SIZE,
     INT_DTYPE,
     NOTICE,
-    TAG_SIZE,
     Format,
     largest_k,
     pack_blobs,
     pack_chunks,
 )
+from ncina.proto.wire import DEFAULT_MTU, HEADER_SIZE, MAX_DATAGRAM, MAX_K, TAG_SIZE, payload_room
 from ncina.worker import cpath
-from ncina.worker.compressors import Compressor, State, create
-from ncina.worker.compressors.base import largest_fitting
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +89,6 @@ OPS = ("mean", "sum")
 MODES = ("ina", "server")
 DATA_PATHS = ("c", "python")
 DATA_PATH_ENV = "NCINA_DATA_PATH"  # overrides the default data path ("c") when data_path is None
-DEFAULT_MTU = 1500
-IP_UDP_HEADERS = 20 + 8  # IPv4 without options, UDP
-MAX_DATAGRAM = 65535
 SOCKET_BUFFER = 4 << 20  # requested SO_RCVBUF/SO_SNDBUF; the kernel caps it at rmem_max/wmem_max
 
 STAT_KEYS = (
@@ -284,7 +280,7 @@ class AllreduceClient:
         if result_format not in RESULT_FORMATS:
             raise ValueError(f"result_format must be one of {sorted(RESULT_FORMATS)}")
         if k is None:
-            k = min(desc.MAX_K, largest_k(mtu, RESULT_FORMATS[result_format], key is not None))
+            k = min(MAX_K, largest_k(mtu, RESULT_FORMATS[result_format], key is not None))
         desc.check_job(job=job, workers=workers, k=k, pool_size=pool_size)
         desc.check_range("rank", rank, 0, workers - 1, f" (job of {workers} workers)")
         if handshake_timeout is not None and not handshake_timeout > 0:
@@ -317,7 +313,7 @@ class AllreduceClient:
             check_mode(self.compressor, mode)
         if mode == "server":
             self._format = Format.BLOB
-            room = mtu - IP_UDP_HEADERS - HEADER_SIZE - (0 if self.key is None else TAG_SIZE)
+            room = payload_room(mtu, self.key is not None)
             self.chunk = largest_fitting(self.compressor, room, k)
             if not self.chunk:
                 raise ValueError(f"no {compressor} payload fits a datagram at MTU {mtu}")

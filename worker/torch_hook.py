@@ -23,7 +23,7 @@ so a rebuilt bucket of another size starts afresh).
 
 :func:`verifying_hook` wraps the hook for tests and ``ncina train --verify``: it also all-reduces
 the raw bucket with gloo and records how far the fabric's mean is from the exact one, against the
-error bounds of natural compression (:func:`nc_error_bounds`).
+error bounds of natural compression (:mod:`ncina.proto.nc_bounds`).
 """
 
 # No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's annotations
@@ -37,13 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from ncina.proto.nc8 import Window
+from ncina.proto.nc_bounds import bounds_from_sums
 from ncina.worker.sharding import ShardedAllreduce
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-# Variance of natural compression relative to x**2 (omega in the paper): for x = 2**e * (1 + p),
-# rounding to 2**e or 2**(e+1) has variance p(1-p) 4**e, at most x**2 / 8 (at p = 1/3).
-NC_OMEGA = 1.0 / 8.0
 # Relative slack for float32 rounding of the decoded mean (decode, divide by N).
 FLOAT_SLACK = 2.0**-20
 
@@ -136,40 +133,6 @@ def gloo_hook(state: GlooHookState, bucket: dist.GradBucket) -> torch.futures.Fu
     return default_hooks.allreduce_hook(None, bucket)
 
 
-def nc_error_bounds(
-    abs_sum: np.ndarray,
-    sq_sum: np.ndarray,
-    total: np.ndarray,
-    workers: int,
-    window: Window,
-    result_format: str,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Error bounds of the NC8 mean of ``workers`` vectors, from their element-wise sums.
-
-    ``abs_sum``, ``sq_sum``, ``total``: sums over the workers of ``|x_i|``, ``x_i**2`` and ``x_i``
-    (float64), which an all-reduce gives each rank (no worker needs the others' vectors). Returns,
-    per element, a hard bound on ``|mean' - mean|`` and a bound on ``E[(mean' - mean)**2]``:
-
-    - uplink: rounding ``x`` to a neighbouring power of two moves it by less than ``|x|``, with
-      variance at most ``x**2 / 8``; below the window by less than ``2**e_min``, variance at most
-      ``4**e_min / 4``. The workers round independently: the integer sum ``S'`` has
-      ``|S' - S| <= sum|x_i| + N 2**e_min`` and ``Var S' <= V = sum x_i**2 / 8 + N 4**e_min / 4``;
-    - ``nc8`` downlink: re-compressing ``S'`` moves it by less than ``|S'| <= 2 sum|x_i| +
-      N 2**e_min``, with variance at most ``E[S'**2] / 8 = (S**2 + V) / 8`` (the two roundings
-      are uncorrelated, so the variances add); ``int`` results are exact;
-    - the mean divides errors by N and variances by N**2.
-
-    Saturated elements (above the window) are outside these bounds.
-    """
-    floor = 2.0**window.e_min
-    variance = NC_OMEGA * sq_sum + workers * floor**2 / 4
-    worst = abs_sum + workers * floor
-    if result_format == "nc8":
-        variance = variance + NC_OMEGA * (total**2 + variance)
-        worst = worst + 2.0 * abs_sum + workers * floor
-    return worst / workers, variance / workers**2
-
-
 @dataclass
 class VerifyingState:
     """State of :func:`verifying_hook`: the INA state and one record per hook call."""
@@ -187,8 +150,8 @@ def verifying_hook(
     difference between the fabric's mean and gloo's fp32 all-reduce (divided by N);
     ``worst_ratio``, the largest error (against the exact float64 mean) over its hard bound;
     ``variance_ratio``, the squared error over the bound on its expectation
-    (:func:`nc_error_bounds`). ``worst_ratio <= 1`` always holds; ``variance_ratio`` is about 1 or
-    less.
+    (``ncina.proto.nc_bounds.bounds_from_sums``). ``worst_ratio <= 1`` always holds;
+    ``variance_ratio`` is about 1 or less.
     """
     workers = dist.get_world_size()
     client = state.ina.fabric.clients[0]
@@ -200,8 +163,8 @@ def verifying_hook(
     future = ina_hook(state.ina, bucket)
     got = future.wait()
     total, abs_sum, sq_sum = moments.numpy()
-    worst, variance = nc_error_bounds(
-        abs_sum, sq_sum, total, workers, client.window, client.result_format
+    bounds = bounds_from_sums(
+        abs_sum, sq_sum, total, workers, client.window.e_min, client.result_format
     )
     mean = got.double().numpy()
     error = np.abs(mean - total / workers)
@@ -210,8 +173,8 @@ def verifying_hook(
             "bucket": bucket.index(),
             "elements": int(x.numel()),
             "max_abs_error": float((got - x).abs().max()),
-            "worst_ratio": float((error / (worst + FLOAT_SLACK * np.abs(mean))).max()),
-            "variance_ratio": float((error**2).sum() / variance.sum()),
+            "worst_ratio": float((error / (bounds.max_error + FLOAT_SLACK * np.abs(mean))).max()),
+            "variance_ratio": float((error**2).sum() / bounds.var_high.sum()),
         }
     )
     return future

@@ -32,10 +32,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ncina.proto.compressors import create
 from ncina.proto.tag import key_file_argument
+from ncina.proto.wire import DEFAULT_MTU
 from ncina.worker.cli import add_data_path_argument, host_port
-from ncina.worker.client import DEFAULT_MTU, MODES, RESULT_FORMATS, check_mode
-from ncina.worker.compressors import create
+from ncina.worker.client import MODES, RESULT_FORMATS, check_mode
 
 from ncina.cli import deprecated_alias
 

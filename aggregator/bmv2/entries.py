@@ -13,17 +13,21 @@ from dataclasses import dataclass, field
 from ncina.aggregator.bmv2.layout import (
     COUNTED,
     FLOOD_GROUP,
-    FRAME_OVERHEAD,
     GLOBAL_EVENTS,
     JOB_EVENTS,
     MAX_JOBS,
-    MAX_WORKERS,
     SLOTS,
 )
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GlobalStats, JobStats
 from ncina.proto.descriptor import JOB_DATAGRAM_SIZE
-from ncina.proto.header import ELEMENT_SIZE, HEADER_SIZE, NOTICE
+from ncina.proto.header import ELEMENT_SIZE, NOTICE
+from ncina.proto.wire import (
+    ETH_IPV4_UDP_HEADERS,
+    ETH_IPV4_UDP_NCINA_HEADERS,
+    HEADER_SIZE,
+    MAX_WORKERS,
+)
 
 # P4Info names of what the control plane touches (p4/ncina.p4 and its controls).
 LOCAL_TABLE = "NcinaIngress.local_address"
@@ -155,9 +159,10 @@ def job_stats(job: InstalledJob, counts: Counts) -> JobStats:
     """The job's stats section from its event counters.
 
     BMv2 counts the bytes of the frame that caused an event: UDP payload bytes are the frame's
-    minus ``FRAME_OVERHEAD``. A result has the 16-byte header and ``count`` elements of the job's
-    result format, and ``count`` is the count of the uplink that completed or asked for it, so
-    ``sum(count)`` over results is (frame bytes - overhead - 16 * results); a notice is 24 bytes.
+    minus ``ETH_IPV4_UDP_HEADERS``. A result has the 16-byte header and ``count`` elements of the
+    job's result format, and ``count`` is the count of the uplink that completed or asked for
+    it, so ``sum(count)`` over results is (frame bytes - ``ETH_IPV4_UDP_NCINA_HEADERS`` *
+    results); a notice is 24 bytes.
     """
     base = job.index * len(JOB_EVENTS)
     event = {name: counts.get(base + i, (0, 0)) for i, name in enumerate(JOB_EVENTS)}
@@ -166,11 +171,11 @@ def job_stats(job: InstalledJob, counts: Counts) -> JobStats:
         setattr(stats, name, event[name][0])
     for reason in stats.drops:
         stats.drops[reason] = event[reason][0]
-    stats.bytes_in = event["packets_in"][1] - FRAME_OVERHEAD * stats.packets_in
+    stats.bytes_in = event["packets_in"][1] - ETH_IPV4_UDP_HEADERS * stats.packets_in
     size = ELEMENT_SIZE[job.config.result_format]
     results = stats.results_sent + stats.results_resent
     elements = sum(event[name][1] for name in ("results_sent", "results_resent")) - (
-        FRAME_OVERHEAD + HEADER_SIZE) * results
+        ETH_IPV4_UDP_NCINA_HEADERS * results)
     stats.packets_out = results + stats.notices_sent + stats.handshakes
     stats.bytes_out = HEADER_SIZE * results + size * elements + (
         HEADER_SIZE + NOTICE.size) * stats.notices_sent + JOB_DATAGRAM_SIZE * stats.handshakes
@@ -184,5 +189,5 @@ def global_stats(counts: Counts) -> GlobalStats:
         packets, frame_bytes = counts.get(i, (0, 0))
         stats.drops[reason] = packets
         stats.packets_in += packets
-        stats.bytes_in += frame_bytes - FRAME_OVERHEAD * packets
+        stats.bytes_in += frame_bytes - ETH_IPV4_UDP_HEADERS * packets
     return stats

@@ -20,7 +20,7 @@ from ncina.proto.nc8 import GAMMA
 GENERATED = ("config.p4", "lanes.p4")
 # The program has one unrolled lane per element, so p4c's time and the switch's header stack
 # grow with K: it is generated for K up to this (the engines take MTU-sized K up to
-# ncina.aggregator.jobs.MAX_K).
+# ncina.proto.wire.MAX_K).
 MAX_K = 1024
 
 

@@ -5,15 +5,13 @@
 from __future__ import annotations
 
 from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_COUNTERS, JOB_DROP_REASONS
+from ncina.proto.wire import MAX_WORKERS
 
 DEFAULT_K = 64
 """Lanes (elements per packet) compiled in by default; a job's K may be smaller."""
 
 MAX_JOBS = 16
 """Jobs one switch holds at once (table and counter sizes)."""
-
-MAX_WORKERS = 64
-"""Ranks per job: the slot bitmap is 64 bits wide, as the protocol's notice bitmap."""
 
 SLOTS = 2048
 """Slot versions in the registers, shared by all jobs (a job takes 2 * pool size of them)."""
@@ -36,9 +34,6 @@ JOB_EVENTS: tuple[str, ...] = (*COUNTED, *JOB_DROP_REASONS)
 GLOBAL_EVENTS: tuple[str, ...] = tuple(r for r in GLOBAL_DROP_REASONS if r != "internal_error")
 """Counter ``i`` of ``global_events`` counts drop reason ``GLOBAL_EVENTS[i]`` (a switch has no
 internal errors to count)."""
-
-FRAME_OVERHEAD = 14 + 20 + 8
-"""Ethernet, IPv4 and UDP header bytes: BMv2 counts frames, the stats count UDP payloads."""
 
 
 def defines(k: int) -> dict[str, int]:

@@ -1,4 +1,5 @@
-"""Drive the C data plane: EAL and the af_packet (or af_xdp) port around the slot engine.
+"""Drive the C data plane: EAL and its port (a vdev on an interface, or a NIC by PCI address)
+around the slot engine.
 
 The burst loop (``ncd_run``) runs in a thread of ``ncina.aggregator.engine.backend.
 EngineBackend``, which keeps the backend contract (readiness, stats, signals); this module adds
@@ -7,8 +8,8 @@ EAL, the port and its counters (the stats document's ``dpdk`` section).
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,15 @@ from typing import Any, TextIO
 
 import numpy as np
 from ncina.aggregator.control import JobsDirectory
+from ncina.aggregator.dpdk.eal import (
+    HUGEPAGE_MODES,
+    PMDS,
+    Memory,
+    check_pci_port,
+    choose_memory,
+    eal_arguments,
+    pci_address,
+)
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
 from ncina.aggregator.jobs import Address, JobConfig
@@ -28,39 +38,6 @@ IO_COUNTERS = (
 )  # fmt: skip
 DEFAULT_IDLE_SLEEP_US = 20
 MODES = {"aggregate": 0, "forward": 1}
-# The poll-mode drivers that attach the data plane to a Linux interface (Debian's DPDK ships
-# both), and the options each gets by default: af_packet is a packet socket; af_xdp an AF_XDP
-# socket on the interface's queue 0 (the kernel hands it the frames from its XDP hook).
-PMDS = {"af_packet": "", "af_xdp": "start_queue=0,queue_count=1"}
-
-
-def eal_arguments(
-    iface: str, extra: Sequence[str] = (), *, vdev_options: str = "", pmd: str = "af_packet"
-) -> list[str]:
-    """The EAL command line for one port of ``pmd`` (``PMDS``) on ``iface`` without hugepages
-    or PCI; ``vdev_options`` are added to the PMD's defaults.
-
-    ``--no-shconf`` and a per-process ``--file-prefix`` let several data planes run at once
-    (``--in-memory`` would, but it is incompatible with ``--no-huge``), and the main lcore may
-    run on any CPU this process may use (EAL would otherwise pin it to one).
-    """
-    cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
-    options = ",".join(o for o in (PMDS[pmd], vdev_options) if o)
-    vdev = f"net_{pmd}0,iface={iface}" + (f",{options}" if options else "")
-    return [
-        "ncina-dpdk",
-        "--no-huge",
-        "--no-pci",
-        "--no-shconf",
-        f"--file-prefix=ncd{os.getpid()}",
-        "-m",
-        "128",
-        f"--lcores=0@({cpus})",
-        "--log-level=lib.eal:error",
-        "--no-telemetry",
-        f"--vdev={vdev}",
-        *extra,
-    ]
 
 
 class DataPlane(Engine):
@@ -121,7 +98,9 @@ class DataPlane(Engine):
 
 
 class DpdkBackend(EngineBackend):
-    """Serve jobs with the C data plane on ``iface`` (the ``EngineBackend`` contract).
+    """Serve jobs with the C data plane on one port (the ``EngineBackend`` contract): the
+    interface ``iface`` through a vdev of ``pmd``, or the NIC at PCI address ``pci``; in
+    hugepages or not as ``memory`` says (``eal.choose_memory``).
 
     ``mode="forward"`` runs the no-op forwarder instead (benchmarks).
     """
@@ -131,9 +110,11 @@ class DpdkBackend(EngineBackend):
     def __init__(
         self,
         configs: Sequence[JobConfig],
-        iface: str,
         listen: Address,
         *,
+        iface: str | None = None,
+        pci: str | None = None,
+        memory: Memory,
         eal_extra: Sequence[str] = (),
         vdev_options: str = "",
         pmd: str = "af_packet",
@@ -151,15 +132,16 @@ class DpdkBackend(EngineBackend):
         super().__init__(plane, configs, stats_path=stats_path, stats_interval=stats_interval,
                          generation=generation, log=log, control=control)  # fmt: skip
         self.plane: DataPlane = plane
-        self.iface = iface
+        self.port = f"PCI {pci}" if pci is not None else f"iface {iface} ({pmd})"
+        self.memory = memory
         self.address = listen
         self.idle_sleep_us = idle_sleep_us
         self.mode = MODES[mode]
         plane.set_address(listen)
         # Jobs first: one the data plane cannot serve is refused before EAL takes the port.
         self.install_jobs()
-        self.pmd = pmd
-        plane.init(eal_arguments(iface, eal_extra, vdev_options=vdev_options, pmd=pmd))
+        plane.init(eal_arguments(iface=iface, pci=pci, memory=memory, extra=eal_extra,
+                                 vdev_options=vdev_options, pmd=pmd))  # fmt: skip
 
     def loop(self) -> int:
         return int(self.plane.lib.ncd_run(self.mode, self.idle_sleep_us))
@@ -172,13 +154,20 @@ class DpdkBackend(EngineBackend):
 
     def details(self) -> str:
         mode = "no-op forwarder" if self.mode else f"aggregator, generation {self.generation}"
-        return f"{mode}, iface {self.iface} ({self.pmd}) mac {self.plane.mac}"
+        return f"{mode}, {self.port} mac {self.plane.mac}, memory: {self.memory.reason}"
 
     def io_stats(self) -> tuple[int, dict[str, int]]:
         c = self.plane.ffi.new("struct ncd_io *")
         self.plane.lib.ncd_io_stats(c)
         io = {name: getattr(c, name) for name in IO_COUNTERS}
         return io["tx_dropped"] + io["no_mbuf"] + io["oversize"], io
+
+
+def _pci(text: str) -> str:
+    try:
+        return pci_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(parser: Any) -> None:
@@ -190,6 +179,21 @@ def add_arguments(parser: Any) -> None:
         default=[],
         metavar="ARG",
         help="dpdk: an extra EAL argument, passed through (repeatable, e.g. --eal-arg=-m256)",
+    )
+    group.add_argument(
+        "--pci",
+        type=_pci,
+        metavar="ADDRESS",
+        help="dpdk: serve the NIC at this PCI address (dddd:bb:dd.f, bound to vfio-pci) instead "
+        "of --iface; EAL probes only this device",
+    )
+    group.add_argument(
+        "--hugepages",
+        choices=HUGEPAGE_MODES,
+        default="auto",
+        help="dpdk: auto uses hugepages when 128 MB of them are free, else runs --no-huge (the "
+        "start line says which); on requires them; off never uses them "
+        "(default: %(default)s)",
     )
     group.add_argument(
         "--dpdk-pmd",
@@ -225,12 +229,19 @@ def add_arguments(parser: Any) -> None:
 
 def serve(config: JobConfig, args: Any, generation: int) -> int:
     """Run the dpdk backend for ``config`` with the parsed command line ``args``."""
-    if not args.iface:
-        raise ValueError("the dpdk backend needs --iface IF (the interface to attach to)")
+    if bool(args.iface) == bool(args.pci):
+        raise ValueError(
+            "the dpdk backend serves one port: give --iface IF (an interface, through "
+            "--dpdk-pmd) or --pci ADDRESS (a NIC bound to vfio-pci)"
+        )
+    if args.pci:
+        check_pci_port(args.pci)
     backend = DpdkBackend(
         [config],
-        args.iface,
         args.listen,
+        iface=args.iface or None,
+        pci=args.pci,
+        memory=choose_memory(args.hugepages),
         eal_extra=args.eal_arg,
         vdev_options=args.vdev_options,
         pmd=args.dpdk_pmd,

@@ -14,7 +14,7 @@
 #define GEN_MAX_RANKS 16
 #define GEN_MAX_WINDOW 1024
 #define GEN_BATCH 64
-#define GEN_MAX_K 9172             /* ncina.aggregator.jobs.MAX_K: an MTU-sized chunk */
+#define GEN_MAX_K 9172             /* ncina.proto.wire.MAX_K: an MTU-sized chunk */
 #define GEN_MAX_DGRAM (16 + GEN_MAX_K)
 
 static double now_s(void)

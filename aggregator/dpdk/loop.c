@@ -64,7 +64,7 @@ int ncd_init(int argc, char **argv)
         FAIL("rte_eal_init failed: %s", rte_strerror(rte_errno));
     eal_up = 1;
     if (rte_eth_dev_count_avail() < 1)
-        FAIL("no ethdev port (is the --vdev=net_af_packet0,iface=... interface up?)");
+        FAIL("no ethdev port (is the --vdev interface up? is the --pci NIC bound to vfio-pci?)");
     RTE_ETH_FOREACH_DEV(port_id) break;
 
     pool = rte_pktmbuf_pool_create("ncd_mbufs", NB_MBUF, MBUF_CACHE, 0,

@@ -14,7 +14,7 @@
 #define NCE_HDR_LEN 16          /* the ncina header, docs/protocol.md */
 #define NCE_TAG_LEN 8
 #define NCE_MAX_WORKERS 64      /* the bitmap is one 64-bit word, as in every backend */
-/* The largest K: NC8 results at the largest MTU (ncina.aggregator.jobs.MAX_K). */
+/* The largest K: NC8 results at the largest MTU (ncina.proto.wire.MAX_K). */
 #define NCE_MAX_K 9172
 
 /* Where a datagram came from; addresses and the port in network order. */

@@ -15,7 +15,7 @@ resident set sizes; ``exact``, whether every run's result is the reference model
 :func:`exact_mismatches`); and, of the median run, the packets the aggregator handled per second
 and per second of its own CPU time (all processes share the host's cores, so the CPU figure says
 what the aggregator could do alone), retransmissions, and the error against the exact mean next
-to the NC bounds derived in :func:`nc_error_model`.
+to the NC bounds (``ncina.proto.nc_bounds.bounds_from_inputs``).
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ import numpy as np
 from ncina.aggregator import jobs
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
-from ncina.aggregator.jobs import MAX_K
 from ncina.bench.worker import GO, WARMUP, client_seed, ready_path, report_path, worker_input
 from ncina.progress import progress
 from ncina.proto import nc8
 from ncina.proto.header import PORT, Format
+from ncina.proto.nc_bounds import bounds_from_inputs
+from ncina.proto.wire import DEFAULT_MTU, MAX_K
 
 __all__ = ["worker_input"]  # ncina.bench.worker's, kept importable from here
 
@@ -54,7 +55,6 @@ GO_DELAY = 0.1  # seconds from the go file to the common start instant
 BLOCK = 1 << 20  # elements per block of the reference computations (bounded temporaries)
 RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT}
 DPDK_VDEV_OPTIONS = "framecnt=4096,qdisc_bypass=1"  # as in bench aggregator
-DEFAULT_MTU = 1500
 
 Launch = Callable[[int, list[str], Path], "subprocess.Popen[bytes]"]
 """Starts a worker process: its rank, command line and log file (stdout and stderr)."""
@@ -129,42 +129,6 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.k is None:
         args.k = default_k(args.mtu, args.result)
     nc8.Window.for_job(args.workers, args.window_max)
-
-
-
-def nc_error_model(inputs: np.ndarray, result_format: str) -> dict[str, np.ndarray]:
-    """Per-element error bounds of the mean of ``inputs`` (workers x elements) under NC8.
-
-    Uplink: NC rounds ``x`` with ``|x|`` in ``[2^e, 2^(e+1))`` to ``2^e`` or ``2^(e+1)`` without
-    bias, so its error is at most ``2^e <= |x|`` and its variance exactly
-    ``(2^(e+1) - |x|)(|x| - 2^e)`` (at most ``x^2 / 8``, the paper's omega = 1/8). The workers
-    round independently, so the integer sum ``T`` has ``E[T] = sum x`` and
-    ``Var T = V_up = sum_i var_i``.
-    Downlink (``nc8`` results): the aggregator rounds ``T`` the same way, error at most
-    ``|T| <= 2 sum |x|``, conditional variance at most ``T^2 / 8``; by the law of total variance
-    the result's variance lies in ``[V_up, V_up + E[T^2] / 8]`` with
-    ``E[T^2] = (sum x)^2 + V_up``. (``int`` results: exactly ``V_up``, error at most ``sum |x|``.)
-    Dividing by N for the mean divides errors by N and variances by N^2. Values below the window
-    (irrelevant for normal inputs) would add up to ``2^e_min`` per worker.
-
-    Returns ``max_error`` (a hard bound), ``var_low`` and ``var_high`` (bounds of the expected
-    squared error), each per element.
-    """
-    n = inputs.shape[0]
-    x = np.abs(inputs.astype(np.float64))
-    _, exponent = np.frexp(x)  # x = m * 2^exponent with m in [0.5, 1)
-    # 2^e with |x| in [2^e, 2^(e+1)); a zero is sent exactly (frexp gives it exponent 0)
-    low = np.where(x > 0, np.ldexp(0.5, exponent), 0.0)
-    v_up = ((2 * low - x) * (x - low)).sum(axis=0)
-    total = inputs.astype(np.float64).sum(axis=0)
-    absolute = x.sum(axis=0)
-    if result_format == "nc8":
-        max_error = 3 * absolute
-        var_high = v_up + (total * total + v_up) / 8
-    else:
-        max_error = absolute
-        var_high = v_up
-    return {"max_error": max_error / n, "var_low": v_up / n**2, "var_high": var_high / n**2}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,14 +288,14 @@ def accuracy(ref: Reference, result: np.ndarray, result_format: str) -> dict[str
     for a in range(0, n, BLOCK):
         block = ref.inputs[:, a : a + BLOCK]
         exact = block.astype(np.float64).mean(axis=0)
-        model = nc_error_model(block, result_format)
+        model = bounds_from_inputs(block, result_format)
         error = np.abs(result[a : a + BLOCK].astype(np.float64) - exact)
         max_error = max(max_error, float(error.max()))
-        worst = max(worst, float(np.max(error / np.maximum(model["max_error"], 1e-300))))
+        worst = max(worst, float(np.max(error / np.maximum(model.max_error, 1e-300))))
         totals["sq_error"] += float(np.sum(error * error))
         totals["sq_exact"] += float(np.sum(exact * exact))
-        totals["var_low"] += float(np.sum(model["var_low"]))
-        totals["var_high"] += float(np.sum(model["var_high"]))
+        totals["var_low"] += float(np.sum(model.var_low))
+        totals["var_high"] += float(np.sum(model.var_high))
     mse = totals["sq_error"] / n
     return {
         "max_abs_error": max_error,

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ncina.progress import progress
-from ncina.worker.compressors import ErrorFeedback, State, create
+from ncina.proto.compressors import ErrorFeedback, State, create
 
 METHODS = (
     "nc",

@@ -36,6 +36,7 @@ from ncina.aggregator import process as aggproc
 from ncina.bench import allreduce as bench
 from ncina.progress import progress
 from ncina.proto.header import PORT
+from ncina.proto.wire import DEFAULT_MTU
 
 GLOO_PORT = 29500  # gloo's rendezvous on worker 0; + repeat, so no run meets a TIME_WAIT
 MIN_TIME_LIMIT = 120.0  # seconds one all-reduce may take at least (see time_limit)
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with bench.sigterm_interrupts():
             try:
                 net.start()
-                if args.mtu != bench.DEFAULT_MTU:
+                if args.mtu != DEFAULT_MTU:
                     set_mtu(net, args.mtu)
                 runs = progress(range(args.repeat), desc="bench fabric", unit="run")
                 repeats = [one_repeat(args, net, topo, procs, workdir / f"run{i}", i, ref)

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ncina.proto.header import FLAG_TAG, HEADER, HEADER_SIZE, TAG_SIZE, VERSION, pack
+from ncina.proto.header import FLAG_TAG, HEADER, VERSION, pack
+from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 from ncina.worker.client import AllreduceClient
 
 MAX_DATAGRAM = 1472  # an IPv4/UDP payload that fits a 1500-byte MTU unfragmented

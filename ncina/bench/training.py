@@ -24,8 +24,8 @@ from typing import Any
 from ncina.aggregator import process as aggproc
 from ncina.cli import deprecated_alias
 from ncina.progress import progress
+from ncina.proto.compressors import create
 from ncina.worker.client import check_mode
-from ncina.worker.compressors import create
 
 JOB = 1
 NC8 = "nc8"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from ncina.worker.compressors.base import (
+from ncina.proto.compressors.base import (
     HEAD,
     Compressor,
     State,
@@ -42,7 +42,7 @@ from ncina.worker.compressors.base import (
     expect_end,
     take,
 )
-from ncina.worker.compressors.bits import (
+from ncina.proto.compressors.bits import (
     omega_bits,
     omega_codes,
     omega_decode,

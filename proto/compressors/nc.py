@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 from ncina.proto import nc8
-from ncina.worker.compressors.base import Compressor, State, as_vector, expect_end, take
+from ncina.proto.compressors.base import Compressor, State, as_vector, expect_end, take
 
 
 @dataclass(frozen=True)

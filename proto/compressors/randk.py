@@ -1,7 +1,7 @@
 """Random-k sparsification: ``k = ceil(ratio * n)`` elements chosen uniformly without
 replacement, scaled by ``n / k`` so the result is unbiased (variance grows as ``n / k - 1``).
 
-Payload: the index + value format of :mod:`~ncina.worker.compressors.topk` with tag 6; the
+Payload: the index + value format of :mod:`~ncina.proto.compressors.topk` with tag 6; the
 indices are sent, not the seed that drew them, so any receiver decodes without numpy's sampler.
 """
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from ncina.worker.compressors.base import State
-from ncina.worker.compressors.topk import Sparsifier
+from ncina.proto.compressors.base import State
+from ncina.proto.compressors.topk import Sparsifier
 
 
 @dataclass(frozen=True)

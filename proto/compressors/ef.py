@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from ncina.worker.compressors.base import Compressor, State, as_vector
+from ncina.proto.compressors.base import Compressor, State, as_vector
 
 
 @dataclass(frozen=True)

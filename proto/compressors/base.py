@@ -43,7 +43,7 @@ class State:
     ``rng`` makes every random choice (one seeded ``numpy.random.Generator``). ``residual`` is the
     error-feedback memory ``e`` (float32, the tensor's flat shape; ``None`` before the first
     call): what earlier payloads failed to carry, added to the next input by
-    :class:`~ncina.worker.compressors.ef.ErrorFeedback`. ``saturated`` counts elements clipped
+    :class:`~ncina.proto.compressors.ef.ErrorFeedback`. ``saturated`` counts elements clipped
     to the top of an NC8 window over all calls (biased; should stay 0).
     """
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from ncina.worker.compressors.base import Compressor, State, as_vector, expect_end, take
-from ncina.worker.compressors.bits import pack_bits, packed_size, unpack_bits
+from ncina.proto.compressors.base import Compressor, State, as_vector, expect_end, take
+from ncina.proto.compressors.bits import pack_bits, packed_size, unpack_bits
 
 
 @dataclass(frozen=True)

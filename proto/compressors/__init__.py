@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from ncina.worker.compressors.base import Compressor, State
-from ncina.worker.compressors.ef import ErrorFeedback
-from ncina.worker.compressors.fft import FFTSparsify
-from ncina.worker.compressors.natdither import NaturalDithering
-from ncina.worker.compressors.nc import NaturalCompression
-from ncina.worker.compressors.onebit import OneBitSGD, SignSGD
-from ncina.worker.compressors.qsgd import QSGD
-from ncina.worker.compressors.randk import RandomK
-from ncina.worker.compressors.terngrad import TernGrad
-from ncina.worker.compressors.threelc import ThreeLC
-from ncina.worker.compressors.topk import TopK
+from ncina.proto.compressors.base import Compressor, State
+from ncina.proto.compressors.ef import ErrorFeedback
+from ncina.proto.compressors.fft import FFTSparsify
+from ncina.proto.compressors.natdither import NaturalDithering
+from ncina.proto.compressors.nc import NaturalCompression
+from ncina.proto.compressors.onebit import OneBitSGD, SignSGD
+from ncina.proto.compressors.qsgd import QSGD
+from ncina.proto.compressors.randk import RandomK
+from ncina.proto.compressors.terngrad import TernGrad
+from ncina.proto.compressors.threelc import ThreeLC
+from ncina.proto.compressors.topk import TopK
 
 REGISTRY: dict[str, type[Compressor]] = {
     cls.name: cls

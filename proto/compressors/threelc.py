@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from ncina.worker.compressors.base import Compressor, State, as_vector
+from ncina.proto.compressors.base import Compressor, State, as_vector
 
 QUARTIC_WEIGHTS = np.array([81, 27, 9, 3, 1], dtype=np.uint8)
 ZERO_GROUP = 121

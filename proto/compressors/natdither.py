@@ -41,7 +41,7 @@ from typing import ClassVar
 
 import numpy as np
 from ncina.proto import nc8
-from ncina.worker.compressors.base import (
+from ncina.proto.compressors.base import (
     Compressor,
     State,
     as_vector,
@@ -49,7 +49,7 @@ from ncina.worker.compressors.base import (
     expect_end,
     take,
 )
-from ncina.worker.compressors.bits import pack_bits, packed_size, unpack_bits
+from ncina.proto.compressors.bits import pack_bits, packed_size, unpack_bits
 
 MAX_LEVELS = 32
 """Most levels: the lowest, 2**-31, is still far inside float32 for any sane norm."""
