@@ -26,7 +26,7 @@ WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
 # topology's K, 256 unless TOPO_ARGS says otherwise).
 K ?= 64
 
-.PHONY: help setup apt venv extensions test lint topo need-root p4 dissector stop clean
+.PHONY: help setup apt venv test lint topo need-root p4 dissector stop clean
 
 help:
 	@echo "make topo    bring up the Mininet topology and train a model through the aggregator"
@@ -37,7 +37,7 @@ help:
 	@echo "make stop    stop a running make topo (by the PID it recorded in runs/topo.pid)"
 	@echo "make clean   remove build products (keeps runs/)"
 
-setup: apt venv extensions
+setup: apt venv
 
 # Install the missing Debian packages (root only; others get a list of what is missing).
 apt:
@@ -60,10 +60,9 @@ $(VENV)/.stamp: pyproject.toml
 	$(PY) -m pip install -q -e '.[train,test]'
 	@touch $@
 
+# The venv, with the C extensions built now rather than at first use (quick when nothing
+# changed: they are cached by a hash of their sources, ncina/cbuild.py).
 venv: $(VENV)/.stamp
-
-# Build the C extensions now rather than at first use (quick when nothing changed: cached by hash).
-extensions: venv
 	$(PY) -m ncina.cbuild
 
 lint: venv

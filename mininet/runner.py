@@ -230,7 +230,7 @@ def train(
         host = net.get(name)
         metrics.append(run_dir / f"worker{rank}.jsonl")
         argv = [
-            str(NCINA), "train", "--rank", str(rank), "--world-size", str(cfg.workers),
+            str(NCINA), "train", "--rank", str(rank), "--workers", str(cfg.workers),
             "--master", master, "--iface", host.defaultIntf().name, "--model", cfg.model,
             "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
             "--bucket-cap-mb", str(cfg.bucket_cap_mb),
@@ -238,7 +238,7 @@ def train(
             "--pool-size", str(cfg.pool_size), "--window-max", str(cfg.window_max),
             "--result", cfg.result, "--job", str(JOB), "--metrics", str(metrics[-1]),
         ]
-        argv += [arg for a in aggregators for arg in ("--ina", a)]
+        argv += [arg for a in aggregators for arg in ("--aggregator", a)]
         argv += ["--max-steps", str(cfg.max_steps)] if cfg.max_steps else []
         argv += ["--verify"] if cfg.verify else []
         argv += ["--compressor", cfg.compressor] if cfg.compressor else []
