@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator.bmv2 import driver as bmv2_driver
-from ncina.aggregator.control import DEFAULT_MAX_JOBS, JobsDirectory
+from ncina.aggregator.control import DEFAULT_MAX_JOBS, jobs_directory
 from ncina.aggregator.dpdk import driver as dpdk_driver
 from ncina.aggregator.faults import FaultConfig
 from ncina.aggregator.jobs import (
@@ -21,8 +21,9 @@ from ncina.aggregator.jobs import (
     parse_address,
     parse_member,
 )
+from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.python_backend import PythonBackend
-from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS, Aggregator
+from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS
 from ncina.aggregator.socket import driver as socket_driver
 from ncina.proto.compressors import create
 from ncina.proto.compressors.base import Compressor, largest_fitting
@@ -367,9 +368,6 @@ def run(args: argparse.Namespace) -> int:
         stats_path=args.stats,
         stats_interval=args.stats_interval,
         faults=faults,
-        control=(
-            JobsDirectory(args.jobs_dir, mtu=args.mtu, max_jobs=args.max_jobs)
-            if args.jobs_dir else None
-        ),
+        control=jobs_directory(args),
     )
     return backend.run()

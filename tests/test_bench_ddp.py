@@ -41,7 +41,7 @@ def bench_ddp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr("ncina.topo.runner.run_topology", lambda cfg: next(given))
     output = tmp_path / "ddp.jsonl"
     assert main(["bench", "ddp", "--model", "mlp", "--workers", "2", "--repeat",
-                 str(len(results)), "--k", "256", "--pool-size", "16", "--out",
+                 str(len(results)), "--k", "256", "--pool-size", "16", "--workdir",
                  str(tmp_path / "runs"), "--output", str(output)]) == 0  # fmt: skip
     [line] = output.read_text().splitlines()
     return json.loads(line)
@@ -76,7 +76,7 @@ def test_a_small_real_run(tmp_path: Path) -> None:
     proc = subprocess.run(
         [str(Path(sys.executable).with_name("ncina")), "bench", "ddp", "--model", "mlp",
          "--workers", "2",
-         "--steps", "3", "--bw", "100", "--out", str(tmp_path / "runs"), "--output",
+         "--steps", "3", "--bw", "100", "--workdir", str(tmp_path / "runs"), "--output",
          str(output)],
         capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path,
     )  # fmt: skip

@@ -40,6 +40,7 @@ from ncina.aggregator.cli import positive_int
 from ncina.harness.figures import median_repeat, medians
 from ncina.harness.reference import BLOCK, Reference, build_reference, exact_mismatches
 from ncina.harness.workers import START_TIMEOUT, local_launch, run_workers, wall_time
+from ncina.progress import progress
 from ncina.proto import nc8
 from ncina.proto.header import PORT, Format
 from ncina.proto.nc_bounds import bounds_from_inputs
@@ -298,8 +299,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
                 star = netns.Star.create()
             site = star.add_site() if star else None
-            repeats = [one_repeat(args, Path(tmp, f"run{i}"), ref, site)
-                       for i in range(args.repeat)]  # fmt: skip
+            runs = progress(range(args.repeat), desc="bench allreduce", unit="run")
+            repeats = [one_repeat(args, Path(tmp, f"run{i}"), ref, site) for i in runs]
         finally:
             if star is not None:
                 star.close()

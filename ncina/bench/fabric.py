@@ -39,6 +39,7 @@ from ncina.harness.figures import medians
 from ncina.harness.links import fractions, rx_bytes, time_limit, uplink_ports
 from ncina.harness.reference import Reference
 from ncina.harness.workers import START_TIMEOUT, run_workers
+from ncina.progress import progress
 from ncina.proto.header import PORT
 from ncina.proto.wire import DEFAULT_MTU
 
@@ -154,8 +155,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 net.start()
                 if args.mtu != DEFAULT_MTU:
                     set_mtu(net, args.mtu)
+                runs = progress(range(args.repeat), desc="bench fabric", unit="run")
                 repeats = [one_repeat(args, net, topo, procs, workdir / f"run{i}", i, ref)
-                           for i in range(args.repeat)]  # fmt: skip
+                           for i in runs]  # fmt: skip
             finally:
                 procs.stop_all()
                 net.stop()

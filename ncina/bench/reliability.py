@@ -48,6 +48,7 @@ from ncina.harness.faults import (
     allreduce_with_faults,
 )
 from ncina.harness.fuzzing import fuzz_during_allreduce, hostile_datagrams
+from ncina.progress import progress
 from ncina.worker.client import AllreduceClient
 
 # Concurrent jobs: (job id, workers, K, pool size); the first is the job of the flags. Results
@@ -170,7 +171,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     baseline: Run | None = None
     with tempfile.TemporaryDirectory(prefix="ncina-bench-reliability-") as tmp:
-        for i, (name, faults) in enumerate(SCENARIOS.items()):
+        scenarios = progress(SCENARIOS.items(), desc="bench reliability", unit="scenario")
+        for i, (name, faults) in enumerate(scenarios):
             workdir = Path(tmp) / str(i)
             workdir.mkdir()
             got = allreduce_with_faults(inputs, workdir, k=args.k, result=args.result,

@@ -20,7 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ncina.cli import deprecated_alias
 from ncina.harness.training import METHODS, NC8, train_one
+from ncina.progress import progress
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -36,7 +38,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per training run")
+    run_timeout = p.add_argument("--run-timeout", type=float, default=900.0,
+                                 help="seconds per training run (default: %(default)s)")
+    deprecated_alias(p, "--timeout", run_timeout)
     p.add_argument("--markdown", type=Path, help="also write the table to this file")
     return p
 
@@ -63,11 +67,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train once per method; optionally write the markdown table."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="ncina-bench-training-") as tmp:
-        for i, spec in enumerate(args.methods):
+        for i, spec in enumerate(progress(args.methods, desc="bench training", unit="method")):
             workdir = Path(tmp, str(i))
             workdir.mkdir()
             rows.append(train_one(spec, workdir, workers=args.workers, epochs=args.epochs,
-                                  seed=args.seed, timeout=args.timeout))
+                                  seed=args.seed, timeout=args.run_timeout))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -67,8 +67,8 @@ def train_one(
             with (workdir / f"worker{rank}.log").open("wb") as log:
                 workers.append(subprocess.Popen(
                     [sys.executable, "-m", "ncina.cli", "train", "--rank", str(rank),
-                     "--world-size", str(workers), "--master", f"127.0.0.1:{master}",
-                     "--ina", f"{host}:{port}", "--k", "256", "--epochs", str(epochs),
+                     "--workers", str(workers), "--master", f"127.0.0.1:{master}",
+                     "--aggregator", f"{host}:{port}", "--k", "256", "--epochs", str(epochs),
                      "--seed", str(seed), "--log-every", "1000", "--metrics",
                      str(metrics[rank]),
                      *compressor],
