@@ -18,7 +18,9 @@ from typing import Any
 
 from ncina.proto import tag
 from ncina.proto.header import FLAG_TAG, GENERATION_MASK, GENERATION_SHIFT
-from ncina_testlib import RunningAggregator, start_aggregator, uplink, window_e_min, worker_host
+from ncina_testlib import start_aggregator, uplink, window_e_min, worker_host
+
+from ncina.harness.aggregators import RunningAggregator
 
 K = 8
 REPLAY_GUARD = 60.0  # s: a replay that has not been answered by then hangs

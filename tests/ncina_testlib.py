@@ -1,4 +1,6 @@
-"""Helpers shared by packet-level tests: aggregator processes, worker sockets, crafted packets.
+"""Helpers shared by packet-level tests: aggregators on every backend, worker sockets, crafted
+packets. The aggregator processes themselves are ``ncina.harness.aggregators``'s (shared with the
+benchmarks); here they get the tests' namespaces for the backends without a kernel socket.
 
 Import with ``from ncina_testlib import ...`` (``tests/`` is on pytest's ``pythonpath``).
 
@@ -12,17 +14,15 @@ from __future__ import annotations
 
 import collections
 import socket
-import subprocess
-import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from ncina.aggregator import process as aggproc
 from ncina.proto.layers import NcinaHeader
 from scapy.packet import Raw
+
+from ncina.harness import aggregators
+from ncina.harness.aggregators import LOCAL_BACKENDS, RunningAggregator, local_command
 
 Address = tuple[str, int]
 
@@ -36,41 +36,15 @@ PACING = 0.002
 """Seconds between the datagrams of a long burst: BMv2 reads its port through libpcap, whose
 ring holds a few dozen frames, so a longer burst loses packets before the switch sees them."""
 
-LOCAL_BACKENDS = ("python", "socket")
-"""Backends that serve a kernel UDP socket: tests reach them on 127.0.0.1, no namespace."""
-
-START_TIMEOUT = 60.0  # generous: the first start may compile the NC8 C extension
-
-
-@dataclass
-class RunningAggregator:
-    """An ``ncina aggregator`` child process and where it listens, logs and writes stats."""
-
-    process: subprocess.Popen[bytes]
-    address: Address
-    stats_path: Path
-    log_path: Path
-
-    def log(self) -> str:
-        """Everything the process wrote on stderr and stdout so far."""
-        return self.log_path.read_text(errors="replace")
-
-    def stats(self, timeout: float = 10.0) -> dict[str, Any]:
-        """Ask for the stats now (SIGUSR1) and return the first document written after asking."""
-        return aggproc.request_stats(self.process, self.stats_path, timeout)
-
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM, wait, and return the exit status (SIGKILL if it does not exit in time)."""
-        return aggproc.stop(self.process, timeout)
-
-
 def aggregator_command(backend: str, arguments: Sequence[str]) -> list[str]:
-    """The command line of ``ncina aggregator --backend BACKEND ARGUMENTS``."""
+    """The command line of ``ncina aggregator --backend BACKEND ARGUMENTS`` for any backend of
+    ``AGGREGATOR_BACKENDS``: the dpdk and bmv2 ones in a namespace of their own on a veth into
+    the tests' bridge (the test is skipped, with the reason, where they cannot run)."""
     if backend not in AGGREGATOR_BACKENDS:
         raise ValueError(f"unknown aggregator backend {backend!r}")
-    if backend not in LOCAL_BACKENDS:  # in its own namespace on a veth into the tests' bridge
+    if backend not in LOCAL_BACKENDS:
         return _star(backend).add_site().aggregator_command(arguments, backend)
-    return [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend, *arguments]
+    return local_command(backend, arguments)
 
 
 def _star(backend: str) -> Any:
@@ -98,53 +72,16 @@ def source_address(destination: Address) -> str:
         return probe.getsockname()[0]
 
 
-def launch_aggregator(
-    backend: str,
-    workdir: Path,
-    *,
-    job: int,
-    workers: int,
-    k: int | None,
-    result: str | None,
-    extra: Sequence[str] = (),
-    listen: str = "127.0.0.1:0",
-) -> RunningAggregator:
-    """Start an aggregator for one job without waiting for it (see ``wait_ready``); ``k=None``
-    leaves K to the aggregator (the largest that fits its MTU).
-
-    Stats go to ``workdir/stats.json``, stderr and stdout to ``workdir/aggregator.log``.
-    """
-    workdir.mkdir(parents=True, exist_ok=True)
-    stats_path = workdir / "stats.json"
-    log_path = workdir / "aggregator.log"
-    arguments = [
-        "--listen", listen, "--job", str(job), "--workers", str(workers),
-        *(["--k", str(k)] if k is not None else []),
-        "--stats", str(stats_path), *(["--result", result] if result else []), *extra,
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            aggregator_command(backend, arguments),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    return RunningAggregator(process, ("", 0), stats_path, log_path)
-
-
-def wait_ready(running: RunningAggregator) -> RunningAggregator:
-    """Wait for the readiness line (the socket is bound) and record the address it names."""
-    try:
-        running.address = aggproc.wait_ready(running.process, running.log_path, START_TIMEOUT)
-    except RuntimeError:
-        running.stop()
-        raise
-    return running
-
-
 def start_aggregator(backend: str, workdir: Path, **options: Any) -> RunningAggregator:
-    """``launch_aggregator`` and ``wait_ready``."""
-    return wait_ready(launch_aggregator(backend, workdir, **options))
+    """``ncina.harness.aggregators.start_aggregator`` for any backend of
+    ``AGGREGATOR_BACKENDS`` (``aggregator_command``)."""
+    return aggregators.start_aggregator(backend, workdir, command=aggregator_command, **options)
+
+
+def launch_aggregator(backend: str, workdir: Path, **options: Any) -> RunningAggregator:
+    """``ncina.harness.aggregators.launch_aggregator`` for any backend of
+    ``AGGREGATOR_BACKENDS`` (``aggregator_command``); ``wait_ready`` waits for it."""
+    return aggregators.launch_aggregator(backend, workdir, command=aggregator_command, **options)
 
 
 def uplink(
@@ -305,15 +242,6 @@ class Cluster:
     def close(self) -> None:
         for worker in self.workers:
             worker.close()
-
-
-def powers_of_two(n: int, seed: int, lowest: int = -40) -> np.ndarray:
-    """Signed powers of two ``2**e`` with ``lowest <= e < 8``, about 10 % zeros: well inside every
-    test window, so NC8 encodes them exactly and their sums are exact."""
-    rng = np.random.default_rng(seed)
-    x = np.ldexp(rng.choice([-1.0, 1.0], n), rng.integers(lowest, 8, n)).astype(np.float32)
-    x[rng.random(n) < 0.1] = 0.0
-    return x
 
 
 def counters(stats: dict[str, Any], job: int) -> collections.Counter[str]:

@@ -42,11 +42,12 @@ from ncina_testlib import (
     launch_aggregator,
     start_aggregator,
     uplink,
-    wait_ready,
     window_e_min,
     worker_host,
 )
 from scapy.packet import Raw
+
+from ncina.harness.aggregators import wait_ready
 
 K = 16
 POOL = 64  # the aggregators' default --pool-size

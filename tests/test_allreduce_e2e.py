@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 from ncina.proto.nc_bounds import bounds_from_inputs
 from ncina.worker.client import AllreduceClient
-from ncina_testlib import RunningAggregator, start_aggregator
+from ncina_testlib import start_aggregator
+
+from ncina.harness.aggregators import RunningAggregator
 
 JOB = 11
 WORKERS = 4

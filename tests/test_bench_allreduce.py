@@ -1,11 +1,14 @@
 """``ncina bench allreduce``: its options, the reference model's ``exact`` check (fed right and
-wrong sums), the median figures, the worker processes' error path, and one tiny real run on
-loopback against gloo. No timing assertions: speed is what the benchmark reports."""
+wrong sums, ``ncina.harness.reference``), the median figures (``ncina.harness.figures``), the
+worker processes' error path, and one tiny real run on loopback against gloo. The benchmark
+itself is run through its command, as a user runs it. No timing assertions: speed is what the
+benchmark reports."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +16,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ncina.aggregator import cli as aggregator_cli
+from ncina.aggregator.jobs import default_k
 from ncina.proto import nc8
 from ncina.proto.header import Format, largest_k
 from ncina.proto.wire import MAX_K
 from ncina_testlib import code_values
 
-from ncina.bench import allreduce as bench
-from ncina.cli import build_parser
+from ncina.cli import build_parser, main
+from ncina.harness.figures import medians, ratio
+from ncina.harness.reference import (
+    Reference,
+    build_reference,
+    client_seed,
+    exact_mismatches,
+    sent_codes,
+    worker_input,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,11 +40,13 @@ def parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["bench", "allreduce", *argv])
 
 
-def small(workers: int = 3, elements: int = 5000, result: str = "nc8") -> argparse.Namespace:
-    """Arguments of a small job, as the parser fills them."""
-    args = parse("--workers", str(workers), "--elements", str(elements), "--result", result)
-    bench.check_arguments(args)
-    return args
+SEED = 0  # bench allreduce's default --seed
+WINDOW_MAX = 10  # and --window-max
+
+
+def small(workers: int = 3, elements: int = 5000) -> Reference:
+    """The reference model of a small run with the benchmark's default seed and window."""
+    return build_reference(workers=workers, elements=elements, seed=SEED, window_max=WINDOW_MAX)
 
 
 # --- options ---------------------------------------------------------------------------------
@@ -46,35 +60,35 @@ def test_the_backend_choices_are_the_aggregators_but_bmv2(
     with pytest.raises(SystemExit):
         parse("--backend", "bmv2")
     assert parse("--backend", "socket").backend == "socket"
-    assert bench.backends() == ("python", "socket", "dpdk")
+    with pytest.raises(SystemExit):
+        parse("--backend", "x")
     # A backend the aggregator gains becomes a choice with nothing else to do.
     monkeypatch.setattr(aggregator_cli, "BACKENDS", ("python", "socket", "dpdk", "bmv2", "x"))
-    assert bench.backends() == ("python", "socket", "dpdk", "x")
     assert parse("--backend", "x").backend == "x"
 
 
 @pytest.mark.parametrize(
-    ("argv", "k"),
+    ("mtu", "result", "k"),
     [
-        ((), min(1500 - 20 - 8 - 16, MAX_K)),  # nc8 both ways: one byte per element
-        (("--result", "int"), (1500 - 20 - 8 - 16) // 8),  # the result's 8 bytes decide
-        (("--result", "int", "--mtu", "9000"), min((9000 - 44) // 8, MAX_K)),
-        (("--result", "int", "--mtu", "600"), (600 - 44) // 8),
-        (("--mtu", "600", "--k", "64"), 64),  # an explicit K is kept
+        (1500, "nc8", min(1500 - 20 - 8 - 16, MAX_K)),  # nc8 both ways: one byte per element
+        (1500, "int", (1500 - 20 - 8 - 16) // 8),  # the result's 8 bytes decide
+        (9000, "int", min((9000 - 44) // 8, MAX_K)),
+        (600, "int", (600 - 44) // 8),
     ],
 )
-def test_k_defaults_to_the_largest_that_fits_the_mtu(argv: tuple[str, ...], k: int) -> None:
-    args = parse(*argv)
-    bench.check_arguments(args)
-    assert args.k == k
-    if "--k" not in argv:
-        assert args.k == min(largest_k(args.mtu, Format[args.result.upper()]), MAX_K)
+def test_the_default_k_is_the_largest_that_fits_the_mtu(mtu: int, result: str, k: int) -> None:
+    """The aggregator's default K, which the benchmark takes without ``--k`` (the tiny runs
+    below check that it does, and that an explicit ``--k`` is kept)."""
+    assert default_k(mtu, result) == k == min(largest_k(mtu, Format[result.upper()]), MAX_K)
 
 
-def test_an_mtu_too_small_for_one_element_is_an_error() -> None:
-    args = parse("--mtu", "44")
-    with pytest.raises(ValueError, match="no nc8 chunk fits an MTU of 44"):
-        bench.check_arguments(args)
+def test_an_mtu_too_small_for_one_element_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "allreduce.jsonl"
+    assert main(["bench", "allreduce", "--mtu", "44", "--output", str(output)]) == 1
+    assert "no nc8 chunk fits an MTU of 44" in capsys.readouterr().err
+    assert not output.exists()
 
 
 @pytest.mark.parametrize(
@@ -96,56 +110,53 @@ def nc8_result(sums: np.ndarray, window: nc8.Window, workers: int, seed: int = 3
 
 
 def test_the_reference_sums_are_the_sums_of_the_codes_the_workers_send() -> None:
-    args = small(workers=3, elements=2000)
-    ref = bench.reference(args)
-    window = nc8.Window.for_job(3, args.window_max)
+    ref = small(workers=3, elements=2000)
+    window = nc8.Window.for_job(3, WINDOW_MAX)
     expected = np.zeros(2000, dtype=np.int64)
     for rank in range(3):
         # A client draws one key for the warm-up all-reduce, then one for the tensor.
-        rng = np.random.default_rng(bench.client_seed(args.seed, rank))
+        rng = np.random.default_rng(client_seed(SEED, rank))
         nc8.encode(np.zeros(1, dtype=np.float32), window, rng)
-        codes = nc8.encode(bench.worker_input(args.seed, rank, 2000), window, rng).codes
+        codes = nc8.encode(worker_input(SEED, rank, 2000), window, rng).codes
         expected += np.array(code_values(codes.tolist()), dtype=np.int64)
     np.testing.assert_array_equal(ref.sums, expected)
     assert ref.inputs.shape == (3, 2000)
 
 
 def test_nc8_results_pass_and_a_wrong_sum_is_caught() -> None:
-    args = small(workers=3)
-    ref = bench.reference(args)
+    ref = small(workers=3)
     good = nc8_result(ref.sums, ref.window, 3)
-    assert bench.exact_mismatches(good, ref.sums, ref.window, 3, "nc8") == 0
+    assert exact_mismatches(good, ref.sums, ref.window, 3, "nc8") == 0
     # Another draw of the aggregator's rounding is just as right.
     other = nc8_result(ref.sums, ref.window, 3, seed=99)
     assert not np.array_equal(other, good)
-    assert bench.exact_mismatches(other, ref.sums, ref.window, 3, "nc8") == 0
+    assert exact_mismatches(other, ref.sums, ref.window, 3, "nc8") == 0
     # One element summed wrong (four times too big: outside its two roundings).
     i = int(np.flatnonzero(np.abs(ref.sums) >= 4)[0])
     wrong = ref.sums.copy()
     wrong[i] *= 4
     bad = nc8_result(wrong, ref.window, 3)
-    assert bench.exact_mismatches(bad, ref.sums, ref.window, 3, "nc8") == 1
+    assert exact_mismatches(bad, ref.sums, ref.window, 3, "nc8") == 1
     # A worker's contribution missing from every element.
-    codes = bench.sent_codes(args.seed, 2, ref.inputs[2], ref.window)
+    codes = sent_codes(SEED, 2, ref.inputs[2], ref.window)
     missing = ref.sums - nc8.codes_to_int(codes)
     lost = nc8_result(missing, ref.window, 3)
-    assert bench.exact_mismatches(lost, ref.sums, ref.window, 3, "nc8") > args.elements // 10
+    assert exact_mismatches(lost, ref.sums, ref.window, 3, "nc8") > ref.sums.size // 10
 
 
 def test_int_results_must_be_the_float_of_the_exact_sum() -> None:
-    args = small(workers=3, result="int")
-    ref = bench.reference(args)
+    ref = small(workers=3)
     good = nc8.ints_to_float(ref.sums, ref.window) / np.float32(3)
-    assert bench.exact_mismatches(good, ref.sums, ref.window, 3, "int") == 0
-    codes = bench.sent_codes(args.seed, 0, ref.inputs[0], ref.window)
+    assert exact_mismatches(good, ref.sums, ref.window, 3, "int") == 0
+    codes = sent_codes(SEED, 0, ref.inputs[0], ref.window)
     i = int(np.flatnonzero(codes & 0x7F)[0])
     wrong = ref.sums.copy()
     wrong[i] += nc8.codes_to_int(codes)[i]  # rank 0 counted twice in one element
     bad = nc8.ints_to_float(wrong, ref.window) / np.float32(3)
-    assert bench.exact_mismatches(bad, ref.sums, ref.window, 3, "int") == 1
+    assert exact_mismatches(bad, ref.sums, ref.window, 3, "int") == 1
     # An nc8 rounding is not an exact int result.
     rounded = nc8_result(ref.sums, ref.window, 3)
-    assert bench.exact_mismatches(rounded, ref.sums, ref.window, 3, "int") > 0
+    assert exact_mismatches(rounded, ref.sums, ref.window, 3, "int") > 0
 
 
 def test_the_roundings_are_exact_at_powers_of_two_and_beyond_float64() -> None:
@@ -166,16 +177,16 @@ def test_the_roundings_are_exact_at_powers_of_two_and_beyond_float64() -> None:
         return nc8.decode(c, window) / np.float32(workers)
 
     for shift in (0, 1):  # 2**h and 2**(h + 1)
-        assert bench.exact_mismatches(mean(codes(shift)), array, window, workers, "nc8") == 0
+        assert exact_mismatches(mean(codes(shift)), array, window, workers, "nc8") == 0
     nonzero = sum(1 for s in sums if s)
     for shift in (-1, 2):  # one power too small or too big (too small where 2**64 would be)
         c = np.where((codes(shift) & 0x7F) > 64, codes(-1), codes(shift)).astype(np.uint8)
         c[array == 0] = 0
-        assert bench.exact_mismatches(mean(c), array, window, workers, "nc8") == nonzero
+        assert exact_mismatches(mean(c), array, window, workers, "nc8") == nonzero
     flipped = codes(0) ^ np.where(array != 0, 0x80, 0).astype(np.uint8)  # the wrong sign
-    assert bench.exact_mismatches(mean(flipped), array, window, workers, "nc8") == nonzero
+    assert exact_mismatches(mean(flipped), array, window, workers, "nc8") == nonzero
     with pytest.raises(ValueError, match="13 sums"):
-        bench.exact_mismatches(np.zeros(5, np.float32), array, window, workers, "nc8")
+        exact_mismatches(np.zeros(5, np.float32), array, window, workers, "nc8")
 
 
 # --- figures -----------------------------------------------------------------------------------
@@ -188,9 +199,8 @@ def repeat(wall: float, gloo: float, exact: bool = True, rss: int = 100) -> dict
 
 
 def test_figures_are_lower_medians_and_their_ratio_with_every_run_kept() -> None:
-    args = argparse.Namespace(workers=2, elements=1000)
     runs = [repeat(3.0, 0.5, rss=300), repeat(1.0, 0.4, rss=100), repeat(2.0, 0.6, rss=200)]
-    figures = bench.medians(args, runs)
+    figures = medians(runs, workers=2, elements=1000)
     assert (figures["wall_s"], figures["gloo_wall_s"]) == (2.0, 0.5)
     assert figures["vs_gloo"] == 4.0  # the ratio of the medians, not the median ratio (5.0)
     assert figures["elements_per_s"] == 500
@@ -201,40 +211,47 @@ def test_figures_are_lower_medians_and_their_ratio_with_every_run_kept() -> None
     assert [r["vs_gloo"] for r in figures["runs"]] == [6.0, 2.5, 3.33]
     assert [r["wall_s"] for r in figures["runs"]] == [3.0, 1.0, 2.0]
     # An even count takes the lower of the middle two: a measured value, never an average.
-    assert bench.medians(args, runs[:2])["wall_s"] == 1.0
+    assert medians(runs[:2], workers=2, elements=1000)["wall_s"] == 1.0
     # One inexact run makes the whole benchmark inexact.
     runs[0] = repeat(3.0, 0.5, exact=False)
-    figures = bench.medians(args, runs)
+    figures = medians(runs, workers=2, elements=1000)
     assert figures["exact"] is False and figures["runs"][0]["exact_mismatches"] == 7
-    assert bench.ratio(1.0, 0.0) == float("inf")
+    assert ratio(1.0, 0.0) == float("inf")
 
 
 # --- worker processes --------------------------------------------------------------------------
 
 
-def test_a_failing_worker_is_reported_with_its_rank_and_reason(tmp_path: Path) -> None:
-    args = small(workers=2, elements=10)
-    spec = bench.worker_spec(args, "ina", aggregator=["127.0.0.1", 9])
-    spec["k"] = 0  # the client refuses it before anything is sent
-    with pytest.raises(RuntimeError, match=r"worker \d exited with status 1: ValueError: "
-                       r"k \(elements per packet\) must"):  # fmt: skip
-        bench.run_workers(spec, tmp_path, bench.local_launch, deadline=30)
+def test_a_failing_worker_is_reported_with_its_rank_and_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "allreduce.jsonl"
+    # An initial RTO of 0: every worker's client refuses it before anything is sent.
+    status = main(["bench", "allreduce", "--workers", "2", "--elements", "10", "--repeat", "1",
+                   "--timeout", "0", "--output", str(output)])  # fmt: skip
+    assert status == 1
+    assert re.search(r"worker \d exited with status 1: ValueError: need 0 < min_timeout",
+                     capsys.readouterr().err)  # fmt: skip
+    assert not output.exists()
 
 
-@pytest.mark.parametrize("result", ["nc8", "int"])
-def test_a_tiny_run_against_gloo_is_exact_and_complete(tmp_path: Path, result: str) -> None:
+@pytest.mark.parametrize(("result", "k"), [("nc8", None), ("int", 100)])
+def test_a_tiny_run_against_gloo_is_exact_and_complete(
+    tmp_path: Path, result: str, k: int | None
+) -> None:
+    """Without ``--k`` the run takes the aggregator's default K for the MTU, with it that K."""
     output = tmp_path / "allreduce.jsonl"
     proc = subprocess.run(
         [sys.executable, "-m", "ncina.cli", "bench", "allreduce", "--workers", "2",
          "--elements", "20000", "--repeat", "1", "--backend", "python", "--result", result,
-         "--output", str(output)],
+         *(["--k", str(k)] if k else []), "--output", str(output)],
         capture_output=True, text=True, timeout=100, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     figures = json.loads(proc.stdout)
     assert json.loads(output.read_text()) == figures
     assert figures["exact"] is True and figures["results_identical_across_workers"] is True
-    assert figures["k"] == bench.default_k(1500, result) and figures["mtu"] == 1500
+    assert figures["k"] == (k or default_k(1500, result)) and figures["mtu"] == 1500
     assert figures["wall_s"] > 0 and figures["gloo_wall_s"] > 0
     # (the times are rounded to microseconds, the ratio to three digits)
     assert figures["vs_gloo"] == pytest.approx(figures["wall_s"] / figures["gloo_wall_s"], 0.01)

@@ -1,4 +1,5 @@
-"""``ncina bench ddp``: its fields from a topology run, and one small real run (root)."""
+"""``ncina bench ddp``: its fields from topology runs (the runs stubbed, the command real), and
+one small real run (root)."""
 
 from __future__ import annotations
 
@@ -7,32 +8,64 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ncina.bench import ddp
+from ncina.cli import main
+
+FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
+          "exposed_comm_s", "exposed_comm_fraction")  # fmt: skip
+"""The figures ``bench ddp`` reports, medians over the runs and each run's own."""
 
 
-def test_fields_and_medians() -> None:
-    runs = []
-    for ina, gloo in ((30.0, 10.0), (20.0, 10.0), (50.0, 20.0)):
-        results = {
-            "runs": {
-                "ina": {"samples_per_s": ina, "comm_total_s": 4.0, "exposed_comm_s": 1.0,
-                        "exposed_comm_fraction": 0.25},
-                "gloo": {"samples_per_s": gloo, "comm_total_s": None, "exposed_comm_s": 3.0,
-                         "exposed_comm_fraction": None},
-            },
-            "comparison": {"speedup": ina / gloo},
-        }  # fmt: skip
-        runs.append(ddp.figures(results))
-    assert runs[0] == {"ina_samples_per_s": 30.0, "gloo_samples_per_s": 10.0, "speedup": 3.0,
-                       "comm_total_s": 4.0, "exposed_comm_s": 1.0,
-                       "exposed_comm_fraction": 0.25}  # fmt: skip
-    med = ddp.medians(runs)
-    assert (med["ina_samples_per_s"], med["gloo_samples_per_s"], med["speedup"]) == (30, 10, 2.5)
-    runs[1]["comm_total_s"] = None
-    assert ddp.medians(runs)["comm_total_s"] is None
+def topology_results(ina: float, gloo: float, comm: float | None = 4.0) -> dict[str, Any]:
+    """What ``ncina topo``'s runner returns for a training run (results.json), in part."""
+    return {
+        "runs": {
+            "ina": {"samples_per_s": ina, "comm_total_s": comm, "exposed_comm_s": 1.0,
+                    "exposed_comm_fraction": 0.25},
+            "gloo": {"samples_per_s": gloo, "comm_total_s": None, "exposed_comm_s": 3.0,
+                     "exposed_comm_fraction": None},
+        },
+        "comparison": {"speedup": ina / gloo},
+    }  # fmt: skip
+
+
+def bench_ddp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+              results: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """The figures ``ncina bench ddp --repeat N`` writes when its N topology runs give
+    ``results`` (no network is built)."""
+    given = iter(results)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr("ncina.topo.runner.run_topology", lambda cfg: next(given))
+    output = tmp_path / "ddp.jsonl"
+    assert main(["bench", "ddp", "--model", "mlp", "--workers", "2", "--repeat",
+                 str(len(results)), "--k", "256", "--pool-size", "16", "--workdir",
+                 str(tmp_path / "runs"), "--output", str(output)]) == 0  # fmt: skip
+    [line] = output.read_text().splitlines()
+    return json.loads(line)
+
+
+def test_fields_and_medians(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    line = bench_ddp(tmp_path, monkeypatch, [topology_results(30.0, 10.0),
+                                             topology_results(20.0, 10.0),
+                                             topology_results(50.0, 20.0)])  # fmt: skip
+    first = line["runs"][0]
+    assert {f: first[f] for f in FIELDS} == {
+        "ina_samples_per_s": 30.0, "gloo_samples_per_s": 10.0, "speedup": 3.0,
+        "comm_total_s": 4.0, "exposed_comm_s": 1.0, "exposed_comm_fraction": 0.25,
+    }  # fmt: skip
+    assert (line["ina_samples_per_s"], line["gloo_samples_per_s"], line["speedup"]) == (30, 10, 2.5)
+    assert (line["repeat"], line["k"], line["pool_size"]) == (3, 256, 16)
+
+
+def test_a_field_missing_in_one_run_has_no_median(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = bench_ddp(tmp_path, monkeypatch, [topology_results(30.0, 10.0),
+                                             topology_results(20.0, 10.0, comm=None)])
+    assert line["comm_total_s"] is None and line["ina_samples_per_s"] == 25.0
 
 
 @pytest.mark.root
@@ -49,7 +82,7 @@ def test_a_small_real_run(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = json.loads(output.read_text())
-    for field in ddp.FIELDS:
+    for field in FIELDS:
         assert line[field] is not None and line[field] >= 0, field
     assert line["speedup"] == pytest.approx(line["ina_samples_per_s"] / line["gloo_samples_per_s"])
     assert 0 <= line["exposed_comm_fraction"] <= 1

@@ -1,20 +1,23 @@
-"""``ncina bench fabric``: its options and figures, and (as root) one tiny real run over a
-Mininet star, and that it removes everything it made when a run fails."""
+"""``ncina bench fabric``: its options and refusals, its link figures (``ncina.harness.links``),
+and (as root) one tiny real run over a Mininet star, and that it removes everything it made when
+a run is stopped. The benchmark runs through its command, as a user runs it."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from ncina.aggregator import cli as aggregator_cli
 
-from ncina.bench import allreduce, fabric
 from ncina.cli import build_parser, main
+from ncina.harness.links import MIN_TIME_LIMIT, fractions, link_fraction, time_limit
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,35 +38,42 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_link_fraction_counts_frames_against_the_link_rate() -> None:
     # 12.5 MB of frames in one second fill a 100 Mbit/s link.
-    assert fabric.link_fraction(12_500_000, 1.0, 100.0) == 1.0
-    assert fabric.link_fraction(1_250_000, 2.0, 10.0) == 0.5
-    assert fabric.fractions([100, 0], [1_250_100, 625_000], 1.0, 10.0) == [1.0, 0.5]
+    assert link_fraction(12_500_000, 1.0, 100.0) == 1.0
+    assert link_fraction(1_250_000, 2.0, 10.0) == 0.5
+    assert fractions([100, 0], [1_250_100, 625_000], 1.0, 10.0) == [1.0, 0.5]
 
 
 def test_the_time_limit_grows_with_the_transfer_over_slow_links() -> None:
-    args = argparse.Namespace(elements=10**7, bw=10.0, deadline=30.0)
-    assert fabric.time_limit(args) == 3 * 2 * 32 * 10**7 / 10e6 + 30.0
-    args.bw = 10_000.0
-    assert fabric.time_limit(args) == fabric.MIN_TIME_LIMIT
+    assert time_limit(10**7, 10.0, 30.0) == 3 * 2 * 32 * 10**7 / 10e6 + 30.0
+    assert time_limit(10**7, 10_000.0, 30.0) == MIN_TIME_LIMIT
 
 
-def test_without_root_it_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+def refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """What ``ncina bench fabric ARGV`` says on stderr when it refuses to run (exit status 1,
+    no figures written)."""
+    output = tmp_path / "fabric.jsonl"
+    assert main(["bench", "fabric", *argv, "--output", str(output)]) == 1
+    assert not output.exists()
+    return capsys.readouterr().err
+
+
+def test_without_root_it_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(RuntimeError, match="needs root"):
-        fabric.check_arguments(parse())
+    assert "needs root" in refusal(tmp_path, capsys)
 
 
-def test_bad_bandwidth_and_dpdk_jumbo_frames_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "geteuid", lambda: 0)
-    with pytest.raises(ValueError, match="--bw must be positive"):
-        fabric.check_arguments(parse("--bw", "0"))
-    args = parse("--backend", "dpdk", "--mtu", "9000")
+def test_bad_bandwidth_and_dpdk_jumbo_frames_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # the checks come before any network
+    assert "--bw must be positive" in refusal(tmp_path, capsys, "--bw", "0")
     from ncina.aggregator.dpdk import binding
 
     if binding.missing():
         pytest.skip(f"dpdk: {binding.missing()}")
-    with pytest.raises(ValueError, match="MTU 1500"):
-        fabric.check_arguments(args)
+    assert "MTU 1500" in refusal(tmp_path, capsys, "--backend", "dpdk", "--mtu", "9000")
 
 
 root = pytest.mark.skipif(os.geteuid() != 0, reason="Mininet needs root")
@@ -100,23 +110,46 @@ def test_a_tiny_run_over_mininet(tmp_path: Path) -> None:
     assert (tmp_path / "run0" / "aggregator.log").exists()
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """The processes whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_text(errors="replace"):
+                found.append(int(entry.name))
+        except OSError:  # exited meanwhile
+            continue
+    return found
+
+
 @pytest.mark.root
 @root
-def test_a_failed_run_leaves_nothing_behind(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    started: list[subprocess.Popen[bytes]] = []
-
-    def failing(args: Any, net: Any, topo: Any, procs: Any, *rest: Any) -> dict[str, Any]:
-        host = net.get(topo.worker_names[0])
-        started.append(procs.start(host, ["sleep", "600"], tmp_path / "sleep.log"))
-        raise KeyboardInterrupt  # as Ctrl-C would, mid-run
-
-    monkeypatch.setattr(fabric, "one_repeat", failing)
-    monkeypatch.setattr(allreduce, "reference", lambda args: None)
-    args = parse("--workers", "2", "--elements", "10", "--repeat", "1", "--backend", "python")
-    prefix = f"b{os.getpid() % 100000}"
-    with pytest.raises(KeyboardInterrupt):
-        fabric.run(args)
-    assert links(prefix) == []
-    assert started and started[0].poll() is not None  # stopped by its PID
+def test_a_stopped_run_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGTERM while the workers all-reduce (as Ctrl-C or a CI timeout would stop it): the run
+    ends with status 130, its network is gone and so is every process it started (each one's
+    command line names a file of its --workdir)."""
+    workdir = tmp_path / "work"
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "ncina.cli", "bench", "fabric", "--workers", "2", "--elements",
+         "1000000", "--bw", "1", "--repeat", "1", "--backend", "python", "--workdir",
+         str(workdir), "--output", str(tmp_path / "fabric.jsonl")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=tmp_path,  # not the repository root, whose mininet/ would shadow Mininet's package
+    )  # fmt: skip
+    try:
+        # The INA workers' spec exists once the network, the aggregator and the reference are
+        # up; a megabyte per worker over 1 Mbit/s links then takes seconds.
+        spec = workdir / "run0" / "ina" / "spec.json"
+        limit = time.monotonic() + 100
+        while not spec.exists() and bench.poll() is None and time.monotonic() < limit:
+            time.sleep(0.05)
+        assert spec.exists(), bench.communicate(timeout=60)[1].decode(errors="replace")
+        bench.send_signal(signal.SIGTERM)
+        _, err = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 130, err.decode(errors="replace")
+    assert links(f"b{bench.pid % 100000}") == []
+    assert processes_mentioning(str(workdir)) == []

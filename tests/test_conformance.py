@@ -29,15 +29,9 @@ import pytest
 from ncina.aggregator.dpdk import netns
 from ncina.proto import corpus
 from ncina.proto.header import FLAG_RESULT, HEADER, INT_DTYPE, Format
-from ncina_testlib import (
-    AGGREGATOR_BACKENDS,
-    LOCAL_BACKENDS,
-    START_TIMEOUT,
-    RunningAggregator,
-    counters,
-    is_nc8_rounding,
-    wait_ready,
-)
+from ncina_testlib import AGGREGATOR_BACKENDS, counters, is_nc8_rounding
+
+from ncina.harness.aggregators import LOCAL_BACKENDS, START_TIMEOUT, RunningAggregator, wait_ready
 
 pytestmark = pytest.mark.timeout(300)
 

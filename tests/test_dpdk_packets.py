@@ -22,14 +22,9 @@ from pathlib import Path
 import pytest
 from ncina.aggregator.dpdk import binding, eal, netns
 from ncina_parity import assert_wire_parity
-from ncina_testlib import (
-    RunningAggregator,
-    launch_aggregator,
-    start_aggregator,
-    uplink,
-    window_e_min,
-    worker_host,
-)
+from ncina_testlib import launch_aggregator, start_aggregator, uplink, window_e_min, worker_host
+
+from ncina.harness.aggregators import RunningAggregator
 
 _MISSING = netns.missing() or binding.missing()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"dpdk backend: {_MISSING}")

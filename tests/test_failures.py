@@ -4,8 +4,9 @@ The promise (docs/reliability.md): nobody hangs without a clear error and nothin
 returned. A killed worker makes the others fail after their deadline with an error naming its
 rank (from the aggregator's notices); a restarted aggregator (a new generation) makes every
 worker in the call fail at once; packets of an old generation are dropped and counted. The
-mechanism is docs/protocol.md, "Generations and notices"; the end-to-end scenarios are the
-benchmark's (``ncina.bench.reliability``). The end-to-end tests run on both worker data paths.
+mechanism is docs/protocol.md, "Generations and notices"; the end-to-end scenarios are
+``ncina.harness.faults``'s (which ``ncina bench reliability`` runs too). The end-to-end tests run
+on both worker data paths.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ncina.worker.client import (
 )
 from ncina_testlib import start_aggregator, uplink
 
-from ncina.bench.reliability import JOB, allreduce_across_restart, allreduce_with_dead_worker
+from ncina.harness.faults import JOB, allreduce_across_restart, allreduce_with_dead_worker
 
 pytestmark = pytest.mark.timeout(120)
 

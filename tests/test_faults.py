@@ -19,7 +19,7 @@ import pytest
 from ncina.aggregator.faults import FaultConfig, FaultyPath
 from ncina.proto.nc8 import Window
 
-from ncina.bench.reliability import JOB, SCENARIOS, allreduce_with_faults
+from ncina.harness.faults import JOB, SCENARIOS, allreduce_with_faults
 
 WORKERS = 4
 ELEMENTS = 60_000

@@ -4,7 +4,7 @@ A stranger throws datagrams at a running aggregator while three configured membe
 powers of two, call after call: hypothesis-made datagrams (every header field over its whole
 range, with the job's own id and in-range values often enough to reach the deep checks; lengths
 that match and that do not; truncated, oversized-for-K and tagged ones), then the seeded mix of
-``ncina.bench.fuzzing.hostile_datagrams`` (mutated valid packets, scapy's ``fuzz()`` of the
+``ncina.harness.fuzzing.hostile_datagrams`` (mutated valid packets, scapy's ``fuzz()`` of the
 header, raw bytes). The promise: every result is exact, the aggregator stays up and answers, every
 fuzzed datagram is counted as exactly one drop, and its memory stays flat.
 
@@ -33,7 +33,7 @@ from ncina_testlib import (
     worker_host,
 )
 
-from ncina.bench.fuzzing import MAX_DATAGRAM, fuzz_during_allreduce, hostile_datagrams
+from ncina.harness.fuzzing import FUZZ_DATAGRAM, fuzz_during_allreduce, hostile_datagrams
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -62,7 +62,7 @@ def datagrams(emin: int) -> st.SearchStrategy[bytes]:
         either(st.sampled_from((0, 1, K, K + 1)), 16),  # count
         st.integers(0, (1 << 32) - 1),  # offset
     ).map(lambda fields: HEADER.pack(*fields))
-    room = MAX_DATAGRAM - HEADER_SIZE - TAG_SIZE
+    room = FUZZ_DATAGRAM - HEADER_SIZE - TAG_SIZE
     payload = (
         st.binary(max_size=K + 2)
         | st.tuples(st.integers(0, room), st.integers(0, 255)).map(lambda t: bytes([t[1]]) * t[0])

@@ -19,7 +19,9 @@ from ncina.proto import descriptor as desc
 from ncina.proto.compressors import create
 from ncina.proto.header import Format, pack
 from ncina.worker.client import AllreduceClient
-from ncina_testlib import RunningAggregator, Worker, source_address, start_aggregator
+from ncina_testlib import Worker, source_address, start_aggregator
+
+from ncina.harness.aggregators import RunningAggregator
 
 JOB = 7
 KEY = bytes(range(32))

@@ -39,6 +39,10 @@ RULES = (
          "the switch side does not depend on the worker; shared codecs live in ncina.proto"),
     Rule("ncina.proto", "ncina.worker", "the wire format is below both sides"),
     Rule("ncina.proto", "ncina.aggregator", "the wire format is below both sides"),
+    Rule("tests", "ncina.bench",
+         "tests share harnesses with the benchmarks through ncina.harness; a benchmark is "
+         "tested through its command, ncina bench NAME"),
+    Rule("ncina.harness", "ncina.bench", "the benchmarks use the harness, not the other way"),
 )
 
 
@@ -174,7 +178,7 @@ def test_modules_are_found() -> None:
     modules = find_modules()
     for name in ("ncina.cli", "ncina.proto.nc8", "ncina.proto.compressors.base",
                  "ncina.worker.client", "ncina.aggregator.slots", "ncina.topo.runner",
-                 "tests.ncina_testlib"):
+                 "ncina.harness.fuzzing", "ncina.bench.allreduce", "tests.ncina_testlib"):
         assert name in modules, name
     assert not any(".__pycache__" in name for name in modules)
 

@@ -20,15 +20,10 @@ import pytest
 from ncina.aggregator.control import JobsDirectory
 from ncina.aggregator.process import free_udp_port
 from ncina.worker.client import AllreduceClient
-from ncina_testlib import (
-    RunningAggregator,
-    Worker,
-    powers_of_two,
-    start_aggregator,
-    uplink,
-    window_e_min,
-    worker_host,
-)
+from ncina_testlib import Worker, start_aggregator, uplink, window_e_min, worker_host
+
+from ncina.harness.aggregators import RunningAggregator
+from ncina.harness.reference import powers_of_two
 
 BACKENDS = ("python", "socket", "dpdk")
 

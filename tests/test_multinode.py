@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from ncina.aggregator.dpdk import netns
 from ncina.topo import report
-from ncina_testlib import RunningAggregator, wait_ready
+
+from ncina.harness.aggregators import RunningAggregator, wait_ready
 
 NODES = 2
 PER_NODE = 2

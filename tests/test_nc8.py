@@ -9,7 +9,7 @@ chunks' keys, C/numpy parity).
 
 from __future__ import annotations
 
-import argparse
+import json
 import math
 import os
 import subprocess
@@ -22,8 +22,8 @@ import pytest
 from ncina.proto import nc8
 from ncina.proto.nc8 import Window
 
-from ncina.bench import codec as bench
 from ncina.cbuild import build_extension
+from ncina.cli import main
 
 W4 = Window.for_job(4)  # [-50, 10], the paper's window
 M64 = (1 << 64) - 1
@@ -674,18 +674,20 @@ def test_build_extension_reports_compile_errors(
         build_extension("t_broken", "int broken(void);", [src])
 
 
-def test_codec_benchmark_smoke() -> None:
-    parser = argparse.ArgumentParser()
-    args = bench.add_parser(parser.add_subparsers()).parse_args(
-        ["--elements", "3000", "--repeat", "2"]
-    )
+def test_codec_benchmark_smoke(tmp_path: Path) -> None:
+    """``ncina bench codec`` appends its figures to the results file."""
     try:
         nc8.codec("c")
+        impl = "both"
     except RuntimeError:
-        args.impl = "numpy"
-    figures = bench.run(args)
-    assert figures["memcpy_gbps"] > 0
-    for name in ("c", "numpy") if args.impl == "both" else ("numpy",):
+        impl = "numpy"
+    output = tmp_path / "codec.jsonl"
+    argv = ["bench", "codec", "--elements", "3000", "--repeat", "2", "--output", str(output)]
+    assert main([*argv, *(["--impl", "numpy"] if impl == "numpy" else [])]) == 0
+    [line] = output.read_text().splitlines()
+    figures = json.loads(line)
+    assert figures["benchmark"] == "codec" and figures["memcpy_gbps"] > 0
+    for name in ("c", "numpy") if impl == "both" else ("numpy",):
         assert figures[name]["encode_gbps"] > 0 and figures[name]["decode_vs_memcpy"] > 0
     assert figures.get("identical_codes", True)
 

@@ -24,7 +24,7 @@ from ncina.proto.wire import IPV4_UDP_HEADERS
 from ncina.worker.client import AllreduceClient
 from ncina_testlib import assert_sent_once_plus_retransmissions, start_aggregator
 
-from ncina.bench.training import METHODS, mode_of
+from ncina.harness.training import METHODS, mode_of
 
 JOB = 4
 WORKERS = 3

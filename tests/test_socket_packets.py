@@ -34,12 +34,13 @@ from ncina_testlib import (
     aggregator_command,
     dissect,
     launch_aggregator,
-    powers_of_two,
     start_aggregator,
     uplink,
-    wait_ready,
     window_e_min,
 )
+
+from ncina.harness.aggregators import wait_ready
+from ncina.harness.reference import powers_of_two
 
 JOB = 3
 

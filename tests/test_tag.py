@@ -14,14 +14,9 @@ from ncina.proto import tag
 from ncina.proto.header import FLAG_RETX, FLAG_TAG, HEADER, INT_DTYPE, NOTICE, Header, pack, parse
 from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 from ncina.worker.client import AllreduceClient
-from ncina_testlib import (
-    TAGGED_BACKENDS,
-    Worker,
-    powers_of_two,
-    start_aggregator,
-    uplink,
-    worker_host,
-)
+from ncina_testlib import TAGGED_BACKENDS, Worker, start_aggregator, uplink, worker_host
+
+from ncina.harness.reference import powers_of_two
 
 pytestmark = pytest.mark.timeout(120)
 

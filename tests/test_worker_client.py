@@ -37,9 +37,11 @@ from ncina.proto.header import (
     parse,
 )
 from ncina.worker import cpath
-from ncina.worker.client import DATA_PATH_ENV, DATA_PATHS, AllreduceClient, RtoEstimator
+from ncina.worker.client import DATA_PATH_ENV, DATA_PATHS, AllreduceClient
 from ncina.worker.sharding import ShardedAllreduce
-from ncina_testlib import powers_of_two
+from ncina.worker.timing import RtoEstimator
+
+from ncina.harness.reference import powers_of_two
 
 JOB = 7
 

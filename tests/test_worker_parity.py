@@ -30,7 +30,8 @@ import numpy as np
 import pytest
 from ncina.proto.header import FLAG_RETX, HEADER
 from ncina.worker import cpath
-from ncina.worker.client import AllreduceClient, RtoEstimator
+from ncina.worker.client import AllreduceClient
+from ncina.worker.timing import RtoEstimator
 from ncina_testlib import start_aggregator
 
 pytestmark = pytest.mark.timeout(300)

@@ -32,17 +32,15 @@
   (docs/protocol.md, "Server mode"). The same slot machinery carries both.
 
 Data paths: in INA mode the whole transfer of a tensor runs in C by default
-(``ncina.worker.cpath``: the same loop, the NC8 encode fused into the send and the decode into the
-receive, batched system calls, the GIL released); the Python loop below (``_Transfer``) is the
-reference, selected with ``data_path="python"`` or the environment variable
-``NCINA_DATA_PATH=python``, and the one server mode always uses. Both put the same bytes on the
-wire for the same seed.
+(``ncina.worker.cpath``, ``worker/transfer.c``: the same loop, the NC8 encode fused into the send
+and the decode into the receive, batched system calls, the GIL released); the Python loop
+(``ncina.worker.transfer.Transfer``) is the reference, selected with ``data_path="python"`` or the
+environment variable ``NCINA_DATA_PATH=python``, and the one server mode always uses. Both put the
+same bytes on the wire for the same seed, and both share the RTO estimator
+(``ncina.worker.timing``).
 
-In the Python loop per-packet work is kept to a few Python operations: a result is accepted when its
-16-byte header equals the header expected for the slot's outstanding chunk (one comparison that
-covers what ``header.parse`` checks plus job, rank, window, slot, pool version, offset, count and
-format) and its length is right; its payload is copied into a buffer for the whole tensor, which is
-decoded once at the end.
+This module holds the public client: its checks, the job handshake, the choice of data path, the
+encoding and decoding of a tensor, and the errors a transfer's outcome becomes.
 """
 
 from __future__ import annotations
@@ -64,16 +62,12 @@ from ncina.proto.compressors import Compressor, State, create
 from ncina.proto.compressors.base import largest_fitting
 from ncina.proto.header import (
     ELEMENT_SIZE,
-    FLAG_POOL,
     FLAG_RESULT,
-    FLAG_RETX,
     FLAG_TAG,
     GENERATION_MASK,
     GENERATION_SHIFT,
     HEADER,
-    HEADER_DTYPE,
     INT_DTYPE,
-    NOTICE,
     Format,
     largest_k,
     pack_blobs,
@@ -81,6 +75,23 @@ from ncina.proto.header import (
 )
 from ncina.proto.wire import DEFAULT_MTU, HEADER_SIZE, MAX_DATAGRAM, MAX_K, TAG_SIZE, payload_room
 from ncina.worker import cpath
+from ncina.worker.timing import RtoEstimator
+from ncina.worker.transfer import Restarted, Stalled, Transfer, schedule
+
+__all__ = [  # the public API, as users import it (RtoEstimator is ncina.worker.timing's)
+    "DATA_PATHS",
+    "DATA_PATH_ENV",
+    "HANDSHAKE_INTERVAL",
+    "HANDSHAKE_TIMEOUT",
+    "MODES",
+    "OPS",
+    "RESULT_FORMATS",
+    "STAT_KEYS",
+    "AggregatorRestartedError",
+    "AllreduceClient",
+    "RtoEstimator",
+    "check_mode",
+]
 
 log = logging.getLogger(__name__)
 
@@ -125,91 +136,6 @@ def check_mode(compressor: Compressor, mode: str) -> None:
             f"{compressor.name} payloads cannot be summed by a switch, so it cannot run in INA "
             "mode: use --mode server (the aggregator decompresses, averages and re-compresses)"
         )
-
-
-class RtoEstimator:
-    """Retransmission timeout from measured round-trip times, as TCP does it (RFC 6298).
-
-    ``rto`` is the timeout a fresh chunk gets: ``initial`` until the first sample, then
-    ``SRTT + max(G, 4 RTTVAR)`` clamped to ``[floor, cap]``. A timed-out chunk's own timeout
-    doubles per retransmission up to ``cap`` (``backoff``). Unlike TCP's single timer, a timeout
-    does not raise ``rto`` for every fresh chunk: here one slot timing out means a lost packet far
-    more often than a slower path, and at 10 % loss such a shared backoff kept the timeouts near
-    the cap and made the transfer four times slower. A slower path is still learned: the sampling
-    slot keeps its backed-off timeout for its next chunk until one comes back in time (Karn), and
-    callers pass only samples that say which copy they time: chunks sent once, and re-sent chunks
-    whose result came in order and late enough to answer the first copy (:meth:`spurious`). The
-    RTT of a slot includes the queueing behind the rest of the window and the wait for the other
-    workers, which is the delay a timeout must wait out.
-    """
-
-    ALPHA = 0.125  # SRTT gain (RFC 6298)
-    BETA = 0.25  # RTTVAR gain
-    GRANULARITY = 0.001  # G: the loop's poll() sleeps in whole milliseconds
-    OUTLIER_STREAK = 4  # slow samples in a row taken as a slower path
-
-    def __init__(self, initial: float, cap: float, floor: float) -> None:
-        if not 0 < floor <= initial <= cap:
-            raise ValueError(
-                f"need 0 < min_timeout <= timeout <= max_timeout, got {floor}, {initial}, {cap}"
-            )
-        self.initial = initial
-        self.cap = cap
-        self.floor = floor
-        self.rto = initial
-        self.srtt = 0.0
-        self.rttvar = 0.0
-        self.samples = 0
-        self.outliers = 0
-        self.streak = 0  # slow samples skipped in a row
-
-    def sample(self, rtt: float) -> None:
-        """Take one RTT measurement (seconds) of a chunk sent once, and recompute ``rto``.
-
-        A sample above twice SRTT is skipped (counted in ``outliers``) unless it is the
-        ``OUTLIER_STREAK``-th such sample in a row: in an aggregation the result waits for every
-        worker, so a lone slow sample mostly measures another worker's loss recovery, and feeding
-        those in raised every worker's RTO, which slowed that recovery further (at 10 % loss both
-        ways the RTOs climbed towards the cap). A path that really got slower gives slow samples
-        in a row (the sampling slot keeps its backed-off timeout until one comes back).
-        """
-        if self.samples and rtt > 2 * self.srtt:
-            self.streak += 1
-            if self.streak < self.OUTLIER_STREAK:
-                self.outliers += 1
-                return
-        self.streak = 0
-        if self.samples:
-            self.rttvar += self.BETA * (abs(self.srtt - rtt) - self.rttvar)
-            self.srtt += self.ALPHA * (rtt - self.srtt)
-        else:
-            self.srtt, self.rttvar = rtt, rtt / 2
-        self.samples += 1
-        rto = self.srtt + max(self.GRANULARITY, 4 * self.rttvar)
-        self.rto = min(max(rto, self.floor), self.cap)
-
-    def spurious(self, rtt: float, since: float) -> bool:
-        """Take a re-sent chunk answered in order (``_Transfer``), ``rtt`` after its first send
-        and ``since`` after its last re-send, as a sample when the answer came later than a
-        round trip of the re-sent copy would explain: more than ``2 SRTT + G`` after it. Says
-        whether it was taken.
-
-        In order, the answer is the first copy's when the chunks were queued behind a slow link
-        (the re-sent copy waits behind the whole queue), and it then comes at any time up to the
-        queue's length after the re-send, mostly well after one round trip of the learnt path.
-        A window stalled by loss (at 5-10 % loss with four workers a slot stalls in a third of
-        its rounds) also answers its recoveries in order, but each one round trip after its
-        re-send: those would be samples of the timeout itself, and taking them raised the RTO
-        and slowed the recovery (bench reliability's downlink-loss rows).
-        """
-        if since <= 2 * self.srtt + self.GRANULARITY:
-            return False
-        self.sample(rtt)
-        return True
-
-    def backoff(self, rto: float) -> float:
-        """The timeout after one more retransmission of a chunk whose timeout was ``rto``."""
-        return min(2.0 * rto, self.cap)
 
 
 class AllreduceClient:
@@ -546,7 +472,7 @@ class AllreduceClient:
 
     def _python_allreduce(self, flat: np.ndarray) -> np.ndarray:
         """The sum of ``flat`` (float32, 1-D) over the workers through the Python loop (the
-        reference of the C path): the tensor encoded and packed at once, ``_Transfer``, one
+        reference of the C path): the tensor encoded and packed at once, ``Transfer``, one
         decode at the end."""
         n = flat.size
         encoded = nc8.encode(flat, self.window, self._rng)
@@ -560,7 +486,7 @@ class AllreduceClient:
         element_size = ELEMENT_SIZE[self._format]
         received = bytearray(n * element_size)
         chunks = -(-n // self.k)
-        slots, pools, offsets = self._schedule(chunks)
+        slots, pools, offsets = schedule(self._slot_uses, chunks)
         frames, lengths = pack_chunks(
             encoded.codes, k=self.k, job=self.job, rank=self.rank, emin=self.window.e_min,
             slots=slots, pools=pools, offsets=offsets,
@@ -643,7 +569,7 @@ class AllreduceClient:
             self.compressor.compress(flat[start : start + c], self._state(int(offset)))
             for start, offset in zip(starts.tolist(), offsets.tolist(), strict=True)
         ]
-        slots, pools, _ = self._schedule(starts.size)  # the offsets are the tensors' ranges
+        slots, pools, _ = schedule(self._slot_uses, starts.size)  # offsets: the tensors' ranges
         frames, lengths = pack_blobs(
             payloads, counts=counts, offsets=offsets, job=self.job, rank=self.rank,
             emin=self.window.e_min, slots=slots, pools=pools,
@@ -683,19 +609,6 @@ class AllreduceClient:
             state = self._states[offset] = State(rng=self._rng)
         return state
 
-    def _schedule(self, chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Slot, pool version and INA offset of each chunk of a tensor; advances the slots' use
-        counts. Chunk ``i`` is use ``u`` of slot ``i % S`` (``u`` counts the slot's earlier uses,
-        across calls): version ``u & 1``, offset ``u * S + slot`` mod 2**32, the chunk's
-        sequence number, which grows by ``2 S`` from one round of a slot version to the next
-        (docs/protocol.md, "Late and duplicate packets")."""
-        s = self.pool_size
-        index = np.arange(chunks, dtype=np.int64)
-        slots = index % s
-        use = self._slot_uses[slots] + index // s
-        self._slot_uses += np.bincount(slots, minlength=s)
-        return slots, use & 1, (use * s + slots) & 0xFFFFFFFF
-
     def _exchange(
         self,
         frames: np.ndarray,
@@ -711,298 +624,28 @@ class AllreduceClient:
         if self.key is not None:  # room for the tag after the longest chunk, and the flag
             frames = np.pad(frames, ((0, 0), (0, TAG_SIZE)))
             frames[:, 1] |= FLAG_TAG
+        transfer = Transfer(
+            self._sock, self._poll, self._buf, self.aggregator, job=self.job, rank=self.rank,
+            pool_size=self.pool_size, k=self.k, result_format=self._format, key=self.key,
+            timer=self.timer, generation=self.generation, deadline=self.deadline,
+            stats=self._stats, frames=frames, lengths=lengths, pools=pools, received=received,
+        )
         try:
-            _Transfer(self, frames, lengths, pools, received).run()
+            try:
+                transfer.run()
+            finally:
+                self.generation = transfer.generation
+        except Stalled as stall:
+            error: BaseException = _timed_out(self, stall.outstanding, stall.waiting)
+        except Restarted as restart:
+            error = _restarted(self, restart.generation)
         except BaseException as exc:  # the job's slots moved on without this worker's chunks
             self._broken = f"{type(exc).__name__}: {exc}"
             raise
-
-
-class _Transfer:
-    """The send/receive loop of one tensor: slot state, result checks, timers.
-
-    Per slot it keeps the outstanding chunk (-1: none), the header and length its result must
-    have, its send time and its RTO. The hot loop copies what it touches into locals. The RTT is
-    sampled from slot 0 only, once per round of the window (RFC 6298 asks for at least one sample
-    per RTT), which keeps the estimator off the per-packet path; ``clean`` says slot 0's chunk was
-    sent once (Karn). After a retransmission slot 0's next chunk keeps the backed-off timeout, so
-    that a path slower than the RTO still yields a sample.
-
-    After a timer check that re-sent chunks (``probe``), the first re-sent chunk (any slot) whose
-    result arrives in order, before the result of any later chunk, may give a sample too, timed
-    from its first send (``RtoEstimator.spurious`` decides: when it came later than a round trip
-    after the re-send). Every worker sends its chunks in order and each link is FIFO, so results
-    come back in chunk order unless a packet is lost; a lost chunk waits a whole timeout for its
-    retransmission, during which the chunks after it are normally answered, so its result comes
-    out of order and gives nothing. In order, the result answers the first copy when the window
-    queues behind a slow link (the re-sent copy waits behind the whole queue): the retransmission
-    was spurious. That is what a window that queues longer than the RTO looks like (the RTO was
-    learnt on the idle path): every slot times out, slot 0 too, so slot 0 gives no sample for
-    rounds, while slots keep expiring check after check (their send times are spread over the
-    round) and the in-order results, one per such check, bring the RTO above the queueing delay
-    within the first round. One per check, because a transient stall (a descheduled process)
-    expires every slot in one check and then answers them all in order: one sample of it is a
-    lone outlier for the streak.
-
-    Results of a fixed-size format (``received`` a buffer) have a known length and are copied to
-    their place in it; BLOB results (``received`` a list, ``want_length`` 0) have any length that
-    holds more than a header and are stored as item ``i`` of the list.
-    """
-
-    def __init__(
-        self,
-        client: AllreduceClient,
-        frames: np.ndarray,
-        lengths: np.ndarray,
-        pools: np.ndarray,
-        received: bytearray | list[bytes],
-    ) -> None:
-        self.client = client
-        self.chunks = frames.shape[0]
-        self.row = frames.shape[1]
-        self.frame_array = frames
-        self.frames = memoryview(frames.reshape(-1))
-        self.sizes: list[int] = lengths.tolist()
-        headers = frames[:, :HEADER_SIZE].view(HEADER_DTYPE)[:, 0]
-        self.counts: list[int] = headers["count"].tolist()
-        self.offsets: list[int] = headers["offset"].tolist()
-        self.element_size = ELEMENT_SIZE.get(client._format, 0)  # 0: BLOB, any length
-        self.key = client.key
-        self.tag_size = 0 if client.key is None else TAG_SIZE
-        # The header each chunk's result must carry, byte for byte: the uplink header with the
-        # RESULT flag (no RETX) and the job's result format.
-        expected = frames[:, :HEADER_SIZE].copy()
-        expected[:, 1] = np.where(pools != 0, FLAG_RESULT | FLAG_POOL, FLAG_RESULT)
-        expected[:, 1] |= client.generation << GENERATION_SHIFT
-        if client.key is not None:
-            expected[:, 1] |= FLAG_TAG
-        expected[:, 2] = client._format
-        self.expected = expected.tobytes()
-        self.blobs = received if isinstance(received, list) else []
-        self.out = memoryview(received if isinstance(received, bytearray) else b"")
-        s = client.pool_size
-        self.current = [-1] * s
-        self.want_header: list[bytes | None] = [None] * s
-        self.want_length = [0] * s
-        self.sent_at = [0.0] * s  # the last send (first or re-sent)
-        self.first_sent = [0.0] * s  # the outstanding chunk's first send
-        self.rto = [client.timer.rto] * s
-        self.clean = False
-        self.probe = False  # a timer check re-sent chunks: take one in-order sample
-        # Per slot, the last notice: (offset of the chunk it is about, bitmap of the ranks whose
-        # contribution the aggregator holds).
-        self.notices: dict[int, tuple[int, int]] = {}
-
-    def send(self, i: int, slot: int, now: float) -> None:
-        """Send chunk ``i`` into ``slot``. A full send buffer loses the packet like the network
-        would; the slot's timer re-sends it."""
-        start = i * self.row
-        size = self.sizes[i]
-        self.sent_at[slot] = now
-        if self.key is not None:  # the tag covers the flags as they are now (RETX, generation)
-            end = start + size
-            size += TAG_SIZE
-            self.frames[end : end + TAG_SIZE] = tag.compute(self.key, self.frames[start:end])
-        try:
-            self.client._sock.sendto(self.frames[start : start + size], self.client.aggregator)
-        except BlockingIOError:
-            return
-        stats = self.client._stats
-        stats["packets_sent"] += 1
-        stats["bytes_sent"] += size
-
-    def start(self, i: int, slot: int, now: float) -> None:
-        """Make chunk ``i`` the outstanding chunk of ``slot`` and send it."""
-        begin = i * HEADER_SIZE
-        self.current[slot] = i
-        self.first_sent[slot] = now
-        self.want_header[slot] = self.expected[begin : begin + HEADER_SIZE]
-        self.want_length[slot] = (
-            HEADER_SIZE + self.counts[i] * self.element_size + self.tag_size
-            if self.element_size else 0
-        )
-        if slot:
-            self.rto[slot] = self.client.timer.rto
         else:
-            if self.clean:  # else keep the backed-off timeout until a sample comes back (Karn)
-                self.rto[0] = self.client.timer.rto
-            self.clean = True
-        self.send(i, slot, now)
-
-    def run(self) -> None:
-        """Drive the window until every chunk's result is in."""
-        client = self.client
-        s, chunks = client.pool_size, self.chunks
-        recv_into, poll = client._sock.recv_into, client._poll.poll
-        buf = client._buf
-        view = memoryview(buf)
-        out, blobs, current, want_header, want_length = (
-            self.out, self.blobs, self.current, self.want_header, self.want_length,
-        )
-        shortest_blob = HEADER_SIZE + self.tag_size + 1
-        stride = client.k * self.element_size
-        key, payload_end = self.key, -self.tag_size or None
-        start, clock = self.start, time.monotonic
-        now = clock()
-        for i in range(min(s, chunks)):
-            start(i, i, now)
-        done = received = received_bytes = ignored = 0
-        top = -1  # the highest chunk answered so far
-        frames, row, first_sent = self.frames, self.row, self.first_sent
-        last_progress = now
-        next_check = now + client.timer.rto
-        try:
-            while done < chunks:
-                try:
-                    size = recv_into(buf)
-                except BlockingIOError:
-                    size = -1
-                now = clock()
-                if size >= 0:
-                    received += 1
-                    received_bytes += size
-                    slot = (buf[8] << 8) | buf[9] if size >= HEADER_SIZE else s
-                    if key is not None and not self.authentic(size):
-                        slot = s  # nothing in it is believed
-                    elif slot < s and buf[1] & FLAG_RETX:
-                        buf[1] ^= FLAG_RETX  # an echoed RETX flag does not make it foreign
-                    if (
-                        slot >= s
-                        or (
-                            size != want_length[slot]
-                            and (want_length[slot] or size < shortest_blob)
-                        )
-                        or buf[:HEADER_SIZE] != want_header[slot]
-                    ) and not self.unexpected(size, slot):
-                        ignored += 1
-                    else:
-                        i = current[slot]
-                        body = view[HEADER_SIZE:size][:payload_end]
-                        if stride:
-                            begin = i * stride
-                            out[begin : begin + len(body)] = body
-                        else:
-                            blobs[i] = bytes(body)
-                        done += 1
-                        last_progress = now
-                        if slot == 0 and self.clean:
-                            client.timer.sample(now - self.sent_at[0])
-                        if i > top:  # in order: no later chunk was answered before it
-                            if (
-                                frames[i * row + 1] & FLAG_RETX
-                                and self.probe
-                                and client.timer.spurious(
-                                    now - first_sent[slot], now - self.sent_at[slot]
-                                )
-                            ):
-                                self.probe = False
-                            top = i
-                        if i + s < chunks:
-                            start(i + s, slot, now)
-                        else:
-                            current[slot] = -1
-                            want_header[slot] = None
-                elif now < next_check:
-                    poll(max(1, math.ceil((next_check - now) * 1000)))
-                    continue
-                if now >= next_check:
-                    next_check = self.check_timers(now, last_progress)
-        finally:
-            stats = client._stats
-            stats["packets_received"] += received
-            stats["bytes_received"] += received_bytes
-            stats["results_ignored"] += ignored
-
-    def unexpected(self, size: int, slot: int) -> bool:
-        """Look closer at a datagram in ``client._buf`` that is not the expected result of
-        ``slot`` (off the per-packet path; its tag, if the job has a key, is verified): a
-        notice is noted, another generation than the one learned raises
-        ``AggregatorRestartedError``, and the first result of a generation is adopted. Returns
-        True when the datagram is the expected result after all."""
-        client = self.client
-        buf = client._buf
-        if slot >= client.pool_size or self.current[slot] < 0:  # slot >= S also if size < 16
-            return False
-        _, flags, _, _, job, rank, _, count, offset = HEADER.unpack_from(buf)
-        if not flags & FLAG_RESULT or job != client.job or rank != client.rank:
-            return False
-        generation = (flags & GENERATION_MASK) >> GENERATION_SHIFT
-        if client.generation and generation != client.generation:
-            raise _restarted(client, generation)
-        if count == 0:
-            if size == HEADER_SIZE + NOTICE.size + self.tag_size:
-                client._stats["notices"] += 1
-                self.notices[slot] = (offset, NOTICE.unpack_from(buf, HEADER_SIZE)[0])
-            return False
-        if not generation:
-            return False
-        bits = generation << GENERATION_SHIFT
-        header = bytearray(buf[:HEADER_SIZE])
-        header[1] ^= bits
-        want = self.want_length[slot]
-        if (size != want if want else size <= HEADER_SIZE + self.tag_size) or (
-            header != self.want_header[slot]
-        ):
-            return False
-        client.generation = generation
-        self.frame_array[:, 1] |= bits
-        expected = np.frombuffer(self.expected, dtype=np.uint8).reshape(-1, HEADER_SIZE).copy()
-        expected[:, 1] |= bits
-        self.expected = expected.tobytes()
-        for s, i in enumerate(self.current):
-            if i >= 0:
-                self.want_header[s] = self.expected[i * HEADER_SIZE : (i + 1) * HEADER_SIZE]
-        return True
-
-    def authentic(self, size: int) -> bool:
-        """Whether the datagram of ``size`` bytes in ``client._buf`` carries the ``TAG`` flag
-        and a tag that verifies with the job's key (a failure is counted as ``bad_tag``)."""
-        buf = self.client._buf
-        key = self.key
-        if key is not None and buf[1] & FLAG_TAG and tag.verify(key, memoryview(buf)[:size]):
-            return True
-        self.client._stats["bad_tag"] += 1
-        return False
-
-    def check_timers(self, now: float, last_progress: float) -> float:
-        """Re-send expired slots with RETX; raise ``TimeoutError`` past the deadline.
-
-        Returns the time of the next check: the earliest expiry, and no later than one fresh
-        chunk's RTO from now (a chunk sent after this check expires no earlier than that, unless
-        an RTT sample lowers the RTO meanwhile: it then waits for this check).
-        """
-        client = self.client
-        outstanding = [slot for slot, i in enumerate(self.current) if i >= 0]
-        if now - last_progress >= client.deadline:
-            waiting = []
-            for slot in outstanding:
-                i = self.current[slot]
-                offset, held = self.notices.get(slot, (-1, 0))
-                waiting.append((self.counts[i], held if offset == self.offsets[i] else None))
-            raise _timed_out(client, outstanding, waiting)
-        timer = client.timer
-        next_check = now + timer.rto
-        expired = resent = 0
-        for slot in outstanding:
-            due = self.sent_at[slot] + self.rto[slot]
-            if due <= now:
-                i = self.current[slot]
-                flags = i * self.row + 1
-                self.frames[flags] |= FLAG_RETX
-                self.rto[slot] = timer.backoff(self.rto[slot])
-                if slot == 0:
-                    self.clean = False
-                self.send(i, slot, now)
-                expired += 1
-                resent += self.sizes[i] + self.tag_size
-                due = now + self.rto[slot]
-            next_check = min(next_check, due)
-        if expired:
-            self.probe = True
-            client._stats["retransmissions"] += expired
-            client._stats["bytes_retransmitted"] += resent
-            client._stats["timeouts"] += 1
-        return next_check
+            return
+        self._broken = f"{type(error).__name__}: {error}"
+        raise error
 
 
 def _choose_data_path(requested: str | None) -> str:

@@ -1,8 +1,8 @@
 """The worker's C data path: one INA all-reduce per C call (``transfer.c``, ``timing.c``).
 
 ``AllreduceClient`` uses it by default in INA mode (``data_path="c"``); the Python loop
-(``client._Transfer``) stays the reference, selectable with ``data_path="python"`` or
-``NCINA_DATA_PATH=python``. The C code does what ``_Transfer`` does (slot window, pool versions,
+(``ncina.worker.transfer.Transfer``) stays the reference, selectable with ``data_path="python"``
+or ``NCINA_DATA_PATH=python``. The C code does what ``Transfer`` does (slot window, pool versions,
 self-clocking, RTO and RETX, generations, notices, the tag), and fuses the NC8 encode into the
 send and the decode into the receive; the whole transfer runs with the GIL released (cffi
 releases it for the duration of every call). The extension is built by ``ncina.cbuild`` from
@@ -43,7 +43,7 @@ _CONSTANT = re.compile(r"#define NCW_[A-Z]+ -?\d+\b")  # integer constants cffi 
 
 
 class Timer(Protocol):
-    """The RTO state the C timer copies in and out (``client.RtoEstimator``'s attributes)."""
+    """The RTO state the C timer copies in and out (``timing.RtoEstimator``'s attributes)."""
 
     initial: float
     cap: float

@@ -1,4 +1,4 @@
-/* RTO estimator (timing.h); mirrors ncina.worker.client.RtoEstimator operation for operation,
+/* RTO estimator (timing.h); mirrors ncina.worker.timing.RtoEstimator operation for operation,
  * so both give the same doubles for the same samples. */
 #include "timing.h"
 

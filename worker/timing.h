@@ -1,4 +1,4 @@
-/* Retransmission timeout of the worker's C data path: ncina.worker.client.RtoEstimator in C.
+/* Retransmission timeout of the worker's C data path: ncina.worker.timing.RtoEstimator in C.
  *
  * RFC 6298 gains, clamped to [floor, cap]; a sample above twice SRTT is skipped as an outlier
  * unless it is the OUTLIER_STREAK-th such sample in a row; a timed-out chunk's own timeout

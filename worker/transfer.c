@@ -4,8 +4,9 @@
  * release the slot's next chunk), send the burst of chunks it released (sendmmsg); at a timer
  * check, re-send expired slots with RETX. A burst that emptied the socket is followed by a sleep
  * in poll() (until data or the next check) rather than by another read that would find nothing:
- * three system calls per result when they come one by one. The order of decisions is _Transfer.run's, so both paths put the same bytes on the wire
- * for the same seed (timing aside: a burst shares one clock reading). */
+ * three system calls per result when they come one by one. The order of decisions is that of
+ * ncina.worker.transfer.Transfer.run, so both paths put the same bytes on the wire for the same
+ * seed (timing aside: a burst shares one clock reading). The RTO estimator is timing.c's. */
 #define _GNU_SOURCE
 #include "transfer.h"
 

@@ -1,6 +1,6 @@
 /* The worker's C data path: one all-reduce of a float32 tensor in INA mode, end to end.
  *
- * ncina.worker.client._Transfer is the reference and docs/protocol.md the wire format; this is
+ * ncina.worker.transfer.Transfer is the reference and docs/protocol.md the wire format; this is
  * the same loop without the interpreter: chunk i of the tensor goes into slot i % S with the
  * pool version and offset of the slot's next use (u & 1, u * S + slot), NC8-encoded right
  * before it first goes out (element j of a call uses the random word of flat index j, so chunk

@@ -1,7 +1,7 @@
 """``ncina bench allreduce``: the INA all-reduce on loopback beside gloo's, with figures.
 
 Each repeat starts a fresh aggregator (``ncina aggregator --backend B``, its stats to a temporary
-file) and ``--workers`` worker processes (``ncina.bench.worker``), every one all-reducing
+file) and ``--workers`` worker processes (``ncina.harness.workers``), every one all-reducing
 ``--elements`` random normal float32 elements (seeded by rank) through one ``AllreduceClient``;
 then as many processes all-reduce the same tensors with ``torch.distributed``'s gloo backend
 (ring all-reduce of float32) on loopback. Both sides warm up with an all-reduce of one element,
@@ -26,48 +26,29 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from ncina.aggregator import jobs
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
-from ncina.bench.worker import GO, WARMUP, client_seed, ready_path, report_path, worker_input
+from ncina.harness.figures import median_repeat, medians
+from ncina.harness.reference import BLOCK, Reference, build_reference, exact_mismatches
+from ncina.harness.workers import START_TIMEOUT, local_launch, run_workers, wall_time
 from ncina.progress import progress
 from ncina.proto import nc8
 from ncina.proto.header import PORT, Format
 from ncina.proto.nc_bounds import bounds_from_inputs
 from ncina.proto.wire import DEFAULT_MTU, MAX_K
 
-__all__ = ["worker_input"]  # ncina.bench.worker's, kept importable from here
-
 JOB = 1
-START_TIMEOUT = 60.0  # seconds for an aggregator or the workers to get ready
-GO_DELAY = 0.1  # seconds from the go file to the common start instant
-BLOCK = 1 << 20  # elements per block of the reference computations (bounded temporaries)
 RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT}
 DPDK_VDEV_OPTIONS = "framecnt=4096,qdisc_bypass=1"  # as in bench aggregator
-
-Launch = Callable[[int, list[str], Path], "subprocess.Popen[bytes]"]
-"""Starts a worker process: its rank, command line and log file (stdout and stderr)."""
-
-
-class Workers(NamedTuple):
-    """What :func:`run_workers` returns: the reports in rank order, and what its ``probe``
-    returned just before the go signal and just after the last worker exited."""
-
-    reports: list[dict[str, Any]]
-    before: Any
-    after: Any
-
 
 def backends() -> tuple[str, ...]:
     """The aggregator backends an all-reduce benchmark can drive: every ``ncina aggregator``
@@ -132,17 +113,10 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Worker processes
-
-def local_launch(rank: int, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """Start a worker process in this namespace (any rank)."""
-    with log.open("wb") as out:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
-
+# Worker processes (ncina.harness.workers) and the reference model (ncina.harness.reference)
 
 def worker_spec(args: argparse.Namespace, mode: str, **extra: Any) -> dict[str, Any]:
-    """What every worker process of a run reads (``ncina.bench.worker``)."""
+    """What every worker process of a run reads (``ncina.harness.workers``)."""
     return {
         "mode": mode, "job": JOB, "workers": args.workers, "elements": args.elements,
         "seed": args.seed, "k": args.k, "pool_size": args.pool_size,
@@ -151,132 +125,11 @@ def worker_spec(args: argparse.Namespace, mode: str, **extra: Any) -> dict[str, 
     }  # fmt: skip
 
 
-def run_workers(
-    spec: dict[str, Any], directory: Path, launch: Launch, deadline: float,
-    probe: Callable[[], Any] = lambda: None,
-) -> Workers:  # fmt: skip
-    """Run one all-reduce: start ``spec["workers"]`` worker processes with ``launch``, wait
-    until all are warmed up, give them a common start instant, and return their reports.
-    ``probe`` (e.g. interface counters) is called just before the go signal and after the
-    last exit. Raises ``RuntimeError`` naming the first rank that failed, or when the
-    all-reduce takes longer than ``deadline`` seconds; every process started here is stopped
-    by its PID before this returns."""
-    directory.mkdir(parents=True, exist_ok=True)
-    spec_path = directory / "spec.json"
-    spec_path.write_text(json.dumps({**spec, "time_limit": deadline}))
-    workers = spec["workers"]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for rank in range(workers):
-            argv = [sys.executable, "-m", "ncina.bench.worker", str(spec_path), str(rank)]
-            procs.append(launch(rank, argv, directory / f"worker-{rank}.log"))
-        limit = time.monotonic() + START_TIMEOUT
-        while not all(ready_path(directory, r).exists() for r in range(workers)):
-            _check_alive(procs, directory)
-            if time.monotonic() > limit:
-                raise RuntimeError(f"workers not ready within {START_TIMEOUT:g} s ({directory})")
-            time.sleep(0.01)
-        before = probe()
-        go = directory / f"{GO}.tmp"
-        go.write_text(repr(time.monotonic() + GO_DELAY))
-        go.replace(directory / GO)
-        limit = time.monotonic() + GO_DELAY + deadline
-        while any(p.poll() is None for p in procs):
-            _check_alive(procs, directory)
-            if time.monotonic() > limit:
-                raise RuntimeError(f"the all-reduce took longer than {deadline:g} s ({directory})")
-            time.sleep(0.01)
-        _check_alive(procs, directory)
-        after = probe()
-    finally:
-        for proc in procs:
-            aggproc.stop(proc, grace=5.0)
-    reports = [json.loads(report_path(directory, r).read_text()) for r in range(workers)]
-    return Workers(reports, before, after)
-
-
-def _check_alive(procs: Sequence[subprocess.Popen[bytes]], directory: Path) -> None:
-    """Raise for the first worker that exited with an error, with its reason."""
-    for rank, proc in enumerate(procs):
-        if proc.poll() not in (None, 0):
-            try:
-                reason = json.loads(report_path(directory, rank).read_text())["error"]
-            except (FileNotFoundError, json.JSONDecodeError, KeyError):
-                reason = aggproc.tail(directory / f"worker-{rank}.log")
-            raise RuntimeError(f"worker {rank} exited with status {proc.returncode}: {reason}")
-
-
-def wall_time(reports: Sequence[dict[str, Any]]) -> float:
-    """The all-reduce's wall time: from the earliest start to the latest end."""
-    return max(r["ended"] for r in reports) - min(r["began"] for r in reports)
-
-
-# ---------------------------------------------------------------------------------------------
-# The reference model
-
-class Reference(NamedTuple):
-    """The workers' inputs (workers x elements) and the exact integer sums of the NC8 codes
-    they send (units of ``2**window.e_min``)."""
-
-    inputs: np.ndarray
-    sums: np.ndarray
-    window: nc8.Window
-
-
-def sent_codes(seed: int, rank: int, x: np.ndarray, window: nc8.Window) -> np.ndarray:
-    """The NC8 codes rank ``rank`` sends for ``x``: its client's rounding stream
-    (``client_seed``) draws one key for the warm-up all-reduce, then one for ``x``."""
-    rng = np.random.default_rng(client_seed(seed, rank))
-    nc8.encode(WARMUP, window, rng)
-    return nc8.encode(x, window, rng).codes
-
 
 def reference(args: argparse.Namespace) -> Reference:
-    """Recompute every worker's input and codes, and the exact sums of the codes."""
-    window = nc8.Window.for_job(args.workers, args.window_max)
-    inputs = np.stack([worker_input(args.seed, r, args.elements) for r in range(args.workers)])
-    sums = np.zeros(args.elements, dtype=np.int64)
-    for rank in range(args.workers):
-        nc8.accumulate(sums, sent_codes(args.seed, rank, inputs[rank], window))
-    return Reference(inputs, sums, window)
-
-
-def exact_mismatches(
-    result: np.ndarray, sums: np.ndarray, window: nc8.Window, workers: int, result_format: str
-) -> int:
-    """How many elements of a worker's mean ``result`` the reference model rules out.
-
-    ``int`` results: the mean must be bit for bit the client's float32 of the exact integer sum
-    (``ints_to_float`` divided by N). ``nc8`` results: the aggregator rounds each exact sum
-    ``S`` (``2**h <= |S| < 2**(h+1)``) to ``2**h`` or ``2**(h+1)``, sign kept, 0 stays 0; the
-    mean must be the decoded value of one of those two codes divided by N.
-    """
-    n = np.float32(workers)
-    y = np.asarray(result, dtype=np.float32).reshape(-1)
-    if y.shape != sums.shape:
-        raise ValueError(f"result of {y.size} elements against {sums.size} sums")
-    bad = 0
-    for a in range(0, sums.size, BLOCK):
-        s, r = sums[a : a + BLOCK], y[a : a + BLOCK]
-        if result_format == "int":
-            bad += int(np.count_nonzero(r != nc8.ints_to_float(s, window) / n))
-            continue
-        magnitude = np.abs(s).astype(np.uint64)  # |S| < 2**63: the window rules overflow out
-        h = np.zeros(s.shape, dtype=np.int64)
-        nonzero = magnitude > 0
-        _, exponent = np.frexp(magnitude[nonzero].astype(np.float64))
-        estimate = exponent.astype(np.int64) - 1  # float64 rounding may be one off: fix below
-        low = np.left_shift(np.uint64(1), estimate.astype(np.uint64))
-        estimate -= low > magnitude[nonzero]
-        low = np.left_shift(np.uint64(1), estimate.astype(np.uint64))
-        estimate += (magnitude[nonzero] - low) >= low
-        h[nonzero] = estimate
-        sign = np.where(s < 0, 0x80, 0).astype(np.uint8)
-        down = np.where(nonzero, (h + 1).astype(np.uint8) | sign, 0).astype(np.uint8)
-        up = np.where(nonzero, (h + 2).astype(np.uint8) | sign, 0).astype(np.uint8)
-        ok = (r == nc8.decode(down, window) / n) | (r == nc8.decode(up, window) / n)
-        bad += int(np.count_nonzero(~ok))
-    return bad
+    """The reference model of the run ``args`` describes (``ncina.harness.reference``)."""
+    return build_reference(workers=args.workers, elements=args.elements, seed=args.seed,
+                           window_max=args.window_max)  # fmt: skip
 
 
 def accuracy(ref: Reference, result: np.ndarray, result_format: str) -> dict[str, Any]:
@@ -432,52 +285,6 @@ def repeat_figures(
     }
 
 
-def ratio(a: float, b: float) -> float:
-    """``a / b`` to three significant digits (inf when ``b`` is 0)."""
-    return float(f"{a / b:.3g}") if b > 0 else float("inf")
-
-
-def medians(args: argparse.Namespace, repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The figures every all-reduce benchmark reports: lower medians over the runs of the
-    times, ratios and peak memory, ``exact`` over all runs, and every run's own values."""
-    median = statistics.median_low
-    wall = median(r["wall_s"] for r in repeats)
-    gloo = median(r["gloo_wall_s"] for r in repeats)
-    ranks = range(args.workers)
-    return {
-        "wall_s": round(wall, 6),
-        "gloo_wall_s": round(gloo, 6),
-        "vs_gloo": ratio(wall, gloo),
-        "elements_per_s": round(args.elements / wall),
-        "exact": all(r["exact"] for r in repeats),
-        "peak_rss": [median(r["peak_rss"][i] for r in repeats) for i in ranks],
-        "gloo_peak_rss": [median(r["gloo_peak_rss"][i] for r in repeats) for i in ranks],
-        "input_bytes": 4 * args.elements,
-        "peak_rss_over_input": ratio(max(max(r["peak_rss"]) for r in repeats), 4 * args.elements),
-        "runs": [run_values(args, r) for r in repeats],
-    }
-
-
-def run_values(args: argparse.Namespace, r: dict[str, Any]) -> dict[str, Any]:
-    """One run's own values of the median figures (and its ``extra`` ones)."""
-    return {
-        "wall_s": round(r["wall_s"], 6),
-        "gloo_wall_s": round(r["gloo_wall_s"], 6),
-        "vs_gloo": ratio(r["wall_s"], r["gloo_wall_s"]),
-        "elements_per_s": round(args.elements / r["wall_s"]),
-        "exact": r["exact"],
-        "exact_mismatches": r["exact_mismatches"],
-        "peak_rss": r["peak_rss"],
-        "gloo_peak_rss": r["gloo_peak_rss"],
-        **r.get("extra", {}),
-    }
-
-
-def median_repeat(repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The run of the lower-median INA wall time."""
-    return sorted(repeats, key=lambda r: r["wall_s"])[(len(repeats) - 1) // 2]
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run ``--repeat`` INA and gloo all-reduces; medians lead, the median run's details follow."""
     check_arguments(args)
@@ -506,7 +313,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "k": args.k, "mtu": args.mtu, "pool_size": args.pool_size, "result": args.result,
         "repeat": args.repeat,
     }  # fmt: skip
-    figures |= medians(args, repeats)
+    figures |= medians(repeats, workers=args.workers, elements=args.elements)
     figures |= {
         "wall_s_all": [round(r["wall_s"], 6) for r in repeats],
         "aggregator_packets_in": job["packets_in"],

@@ -5,9 +5,10 @@ The network is the project's star (``ncina.topo``): ``--workers`` hosts, each on
 behind an unshaped link (it stands in for the switch's data plane), all on one Linux bridge (no
 Open vSwitch). Node and interface names carry a per-process prefix. Each repeat starts a fresh
 ``ncina aggregator --backend B`` on the aggregator host and one worker process per worker host
-(``ncina.bench.worker``: one ``AllreduceClient``) for the INA all-reduce of ``--elements`` float32
-elements per worker, then runs gloo's all-reduce of the same tensors over the same links; both
-warm up, start at one instant and time the all-reduce call alone (as ``bench allreduce``).
+(``ncina.harness.workers``: one ``AllreduceClient``) for the INA all-reduce of ``--elements``
+float32 elements per worker, then runs gloo's all-reduce of the same tensors over the same
+links; both warm up, start at one instant and time the all-reduce call alone (as
+``bench allreduce``).
 
 ``link_fraction`` is the bit rate the INA all-reduce put on a worker's uplink, whole frames
 (Ethernet, IPv4, UDP and ncina headers included), over the link's bandwidth: the bytes are the
@@ -34,12 +35,15 @@ import numpy as np
 
 from ncina.aggregator import process as aggproc
 from ncina.bench import allreduce as bench
+from ncina.harness.figures import medians
+from ncina.harness.links import fractions, rx_bytes, time_limit, uplink_ports
+from ncina.harness.reference import Reference
+from ncina.harness.workers import START_TIMEOUT, run_workers
 from ncina.progress import progress
 from ncina.proto.header import PORT
 from ncina.proto.wire import DEFAULT_MTU
 
 GLOO_PORT = 29500  # gloo's rendezvous on worker 0; + repeat, so no run meets a TIME_WAIT
-MIN_TIME_LIMIT = 120.0  # seconds one all-reduce may take at least (see time_limit)
 
 
 def default_backend() -> str:
@@ -64,18 +68,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def link_fraction(frame_bytes: int, seconds: float, bw_mbit: float) -> float:
-    """The share of a ``bw_mbit`` Mbit/s link that ``frame_bytes`` bytes of frames in
-    ``seconds`` take."""
-    return frame_bytes * 8 / seconds / (bw_mbit * 1e6)
-
-
-def time_limit(args: argparse.Namespace) -> float:
-    """Seconds one all-reduce may take: three times what gloo's ring needs on the links
-    (each worker sends about twice its tensor), and at least ``MIN_TIME_LIMIT``."""
-    return max(MIN_TIME_LIMIT, 3 * 2 * 32 * args.elements / (args.bw * 1e6) + args.deadline)
-
-
 def check_arguments(args: argparse.Namespace) -> None:
     """Reject what cannot run before any network is built."""
     if os.geteuid() != 0:
@@ -87,35 +79,15 @@ def check_arguments(args: argparse.Namespace) -> None:
     bench.check_arguments(args)
 
 
-def uplink_ports(net: Any, topo: Any) -> list[str]:
-    """The switch-side interface of each worker's link, in rank order: its receive counters
-    count what the worker put on its uplink."""
-    switch = net.get(topo.switch_name)
-    ports = []
-    for name in topo.worker_names:
-        [link] = net.linksBetween(net.get(name), switch)
-        ports.append((link.intf1 if link.intf1.node is switch else link.intf2).name)
-    return ports
-
-
-def rx_bytes(ports: list[str]) -> list[int]:
-    """Receive byte counters of interfaces of this namespace (the bridge's ports)."""
-    return [int(Path("/sys/class/net", p, "statistics", "rx_bytes").read_text()) for p in ports]
-
-
-def fractions(before: list[int], after: list[int], seconds: float, bw: float) -> list[float]:
-    """Per worker, the link fraction of the bytes counted between ``before`` and ``after``."""
-    return [round(link_fraction(a - b, seconds, bw), 4) for b, a in zip(before, after, strict=True)]
-
-
 def one_repeat(
     args: argparse.Namespace, net: Any, topo: Any, procs: Any, directory: Path, index: int,
-    ref: bench.Reference,
+    ref: Reference,
 ) -> dict[str, Any]:  # fmt: skip
     """One INA all-reduce through a fresh aggregator and one gloo all-reduce on the fabric."""
     from ncina.topo.topos import aggregator_ip, worker_ip
 
     directory.mkdir(parents=True, exist_ok=True)
+    limit = time_limit(args.elements, args.bw, args.deadline)
     hosts = [net.get(name) for name in topo.worker_names]
     ports = uplink_ports(net, topo)
 
@@ -137,10 +109,10 @@ def one_repeat(
     aggregator = procs.start(agg_host, argv, log_path)
     result_path = directory / "result.npy"
     try:
-        aggproc.wait_ready(aggregator, log_path, bench.START_TIMEOUT)
+        aggproc.wait_ready(aggregator, log_path, START_TIMEOUT)
         spec = bench.worker_spec(args, "ina", aggregator=list(address),
                                  result_path=str(result_path))  # fmt: skip
-        ina = bench.run_workers(spec, directory / "ina", launch, time_limit(args), probe)
+        ina = run_workers(spec, directory / "ina", launch, limit, probe)
     finally:
         procs.stop([aggregator])
     job = json.loads(stats_path.read_text())["jobs"][str(bench.JOB)]
@@ -148,7 +120,7 @@ def one_repeat(
     result_path.unlink()
     spec = bench.worker_spec(args, "gloo", master=[worker_ip(0), GLOO_PORT + index],
                              ifaces=[h.defaultIntf().name for h in hosts])  # fmt: skip
-    gloo = bench.run_workers(spec, directory / "gloo", launch, time_limit(args), probe)
+    gloo = run_workers(spec, directory / "gloo", launch, limit, probe)
     figures = bench.repeat_figures(args, ref, ina.reports, gloo.reports, result)
     ina_links = fractions(ina.before, ina.after, figures["wall_s"], args.bw)
     gloo_links = fractions(gloo.before, gloo.after, figures["gloo_wall_s"], args.bw)
@@ -197,6 +169,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "link_fraction": median(r["extra"]["link_fraction"] for r in repeats),
         "gloo_link_fraction": median(r["extra"]["gloo_link_fraction"] for r in repeats),
     }  # fmt: skip
-    figures |= bench.medians(args, repeats)
+    figures |= medians(repeats, workers=args.workers, elements=args.elements)
     figures["retransmissions"] = median(r["extra"]["retransmissions"] for r in repeats)
     return figures

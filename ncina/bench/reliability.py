@@ -1,6 +1,7 @@
 """``ncina bench reliability``: all-reduce through an aggregator that loses, duplicates and
 reorders packets, against a lossless run of the same inputs in the same session; then the
-faults: a worker killed mid-allreduce, and the aggregator restarted mid-allreduce.
+faults: a worker killed mid-allreduce, and the aggregator restarted mid-allreduce
+(the runs are ``ncina.harness.faults``'s).
 
 Each scenario starts a Python aggregator with its seeded fault knobs (``--drop-up`` ...), runs
 the workers as threads of this process (one ``AllreduceClient`` each, the same inputs and seeds
@@ -17,15 +18,13 @@ every worker still in the call raise ``AggregatorRestartedError`` at once.
 Then several jobs at once on one aggregator (2 and 4, each its own workers, K, pool and its
 own file in ``--jobs-dir``): each job's result must be bit-identical to the same job alone.
 Last, ``--fuzz-packets`` hostile datagrams from a stranger during a job
-(``ncina.bench.fuzzing``): exact results, every datagram one counted drop, flat memory.
+(``ncina.harness.fuzzing``): exact results, every datagram one counted drop, flat memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -38,79 +37,19 @@ import numpy as np
 
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.jobs import JobConfig
-from ncina.bench.fuzzing import fuzz_during_allreduce, hostile_datagrams
+from ncina.harness.aggregators import start_aggregator
+from ncina.harness.faults import (
+    JOB,
+    SCENARIOS,
+    FaultRun,
+    Run,
+    allreduce_across_restart,
+    allreduce_with_dead_worker,
+    allreduce_with_faults,
+)
+from ncina.harness.fuzzing import fuzz_during_allreduce, hostile_datagrams
 from ncina.progress import progress
-from ncina.worker.client import AggregatorRestartedError, AllreduceClient
-
-JOB = 21
-SCENARIOS: dict[str, dict[str, float]] = {
-    "lossless": {},
-    "loss 1% up": {"drop_up": 0.01},
-    "loss 5% up": {"drop_up": 0.05},
-    "loss 10% up": {"drop_up": 0.10},
-    "loss 1% down": {"drop_down": 0.01},
-    "loss 5% down": {"drop_down": 0.05},
-    "loss 10% down": {"drop_down": 0.10},
-    "loss 1% both": {"drop_up": 0.01, "drop_down": 0.01},
-    "loss 5% both": {"drop_up": 0.05, "drop_down": 0.05},
-    "loss 10% both": {"drop_up": 0.10, "drop_down": 0.10},
-    "dup 5% + reorder 5%": {"duplicate": 0.05, "reorder": 0.05},
-}
-
-
-@dataclass
-class Run:
-    """What one all-reduce through a faulty aggregator gave."""
-
-    outputs: list[np.ndarray]  # per rank
-    clients: list[dict[str, int]]  # each client's counters
-    aggregator: dict[str, Any]  # the aggregator's stats document at the end
-    seconds: float  # from the first worker's start to the last worker's end
-
-
-def allreduce_with_faults(
-    inputs: list[np.ndarray],
-    workdir: Path,
-    *,
-    k: int,
-    result: str,
-    faults: dict[str, float],
-    fault_seed: int = 11,
-    timeout: float = 0.02,
-    max_timeout: float = 0.2,
-    deadline: float = 30.0,
-) -> Run:
-    """Sum ``inputs`` (one tensor per rank) through a Python aggregator with the given fault
-    probabilities (``FaultConfig`` field names); client ``r`` is seeded ``100 + r``."""
-    workers = len(inputs)
-    stats_path = workdir / "stats.json"
-    arguments = [
-        "--backend", "python", "--listen", "127.0.0.1:0", "--job", str(JOB),
-        "--workers", str(workers), "--k", str(k), "--result", result, "--seed", "3",
-        "--stats", str(stats_path), "--fault-seed", str(fault_seed),
-    ]  # fmt: skip
-    for name, p in faults.items():
-        arguments += [f"--{name.replace('_', '-')}", str(p)]
-    proc, address = aggproc.start(arguments, workdir / "aggregator.log")
-
-    def worker(rank: int) -> tuple[np.ndarray, dict[str, int], float, float]:
-        with AllreduceClient(
-            address, job=JOB, rank=rank, workers=workers, k=k, result_format=result,
-            seed=100 + rank, timeout=timeout, max_timeout=max_timeout, deadline=deadline,
-        ) as client:  # fmt: skip
-            began = time.monotonic()
-            out = client.allreduce(inputs[rank], op="sum")
-            return out, client.stats, began, time.monotonic()
-
-    try:
-        with ThreadPoolExecutor(workers) as pool:
-            done = list(pool.map(worker, range(workers)))
-        document = aggproc.request_stats(proc, stats_path)
-    finally:
-        aggproc.stop(proc)
-    seconds = max(d[3] for d in done) - min(d[2] for d in done)
-    return Run([d[0] for d in done], [d[1] for d in done], document, seconds)
-
+from ncina.worker.client import AllreduceClient
 
 # Concurrent jobs: (job id, workers, K, pool size); the first is the job of the flags. Results
 # are int, so that a job alone and among others must give the same bits.
@@ -139,15 +78,14 @@ def allreduce_jobs(jobs: Sequence[tuple[int, int, int, int]], elements: int, wor
             {"job": job, "workers": workers, "k": k, "result_format": "int", "pool_size": pool}
         ))  # fmt: skip
     job, workers, k, pool = first
-    stats_path = workdir / "stats.json"
-    proc, address = aggproc.start([
-        "--backend", "python", "--listen", "127.0.0.1:0", "--job", str(job), "--workers",
-        str(workers), "--k", str(k), "--result", "int", "--pool-size", str(pool), "--stats",
-        str(stats_path), "--jobs-dir", str(jobs_dir),
-    ], workdir / "aggregator.log")  # fmt: skip
+    aggregator = start_aggregator(
+        "python", workdir, job=job, workers=workers, k=k, result="int",
+        extra=["--pool-size", str(pool), "--jobs-dir", str(jobs_dir)],
+    )  # fmt: skip
+    address = aggregator.address
     try:
         wanted = {str(j[0]) for j in jobs}
-        while not wanted <= set(aggproc.request_stats(proc, stats_path)["jobs"]):
+        while not wanted <= set(aggregator.stats()["jobs"]):
             time.sleep(0.05)  # the directory is read every 0.2 s
 
         def worker(spec: tuple[int, int, int, int], rank: int) -> tuple[Any, ...]:
@@ -164,7 +102,7 @@ def allreduce_jobs(jobs: Sequence[tuple[int, int, int, int]], elements: int, wor
         with ThreadPoolExecutor(len(tasks)) as pool_:
             done = list(pool_.map(lambda t: worker(*t), tasks))
     finally:
-        aggproc.stop(proc)
+        aggregator.stop()
     outputs: dict[int, list[np.ndarray]] = {j[0]: [] for j in jobs}
     for job, _, out, *_ in done:
         outputs[job].append(out)
@@ -177,24 +115,22 @@ def fuzz_row(workdir: Path, packets: int, elements: int) -> dict[str, Any]:
     three configured members on a Python aggregator."""
     workers, k, pool = 3, 128, 64
     ports = [aggproc.free_udp_port() for _ in range(workers)]
-    stats_path = workdir / "stats.json"
-    proc, address = aggproc.start([
-        "--backend", "python", "--listen", "127.0.0.1:0", "--job", str(JOB), "--workers",
-        str(workers), "--k", str(k), "--result", "int", "--pool-size", str(pool), "--stats",
-        str(stats_path), *(f"--member={r}=127.0.0.1:{p}" for r, p in enumerate(ports)),
-    ], workdir / "aggregator.log")  # fmt: skip
+    members = [f"--member={r}=127.0.0.1:{p}" for r, p in enumerate(ports)]
+    aggregator = start_aggregator("python", workdir, job=JOB, workers=workers, k=k, result="int",
+                                  extra=["--pool-size", str(pool), *members])  # fmt: skip
+    proc = aggregator.process
     try:
         emin = JobConfig.create(job=JOB, workers=workers, k=k, result_format="int").window.e_min
         datagrams = hostile_datagrams(packets, seed=7, job=JOB, workers=workers, k=k, emin=emin,
                                       pool_size=pool)  # fmt: skip
         report = fuzz_during_allreduce(
-            address, "127.0.0.1", ports, lambda: aggproc.request_stats(proc, stats_path),
+            aggregator.address, "127.0.0.1", ports, aggregator.stats,
             proc.pid, lambda send: [send(d) for d in datagrams], job=JOB, k=k, pool_size=pool,
             elements=elements,
         )
         alive = proc.poll() is None
     finally:
-        code = aggproc.stop(proc)
+        code = aggregator.stop()
     return {
         "scenario": f"{report.sent:,} fuzzed datagrams during a job",
         "elements": elements,
@@ -205,138 +141,6 @@ def fuzz_row(workdir: Path, packets: int, elements: int) -> dict[str, Any]:
         "drops": report.drops,
         "rss_kib_before_after": list(report.rss_kib),
     }
-
-
-@dataclass
-class FaultRun:
-    """How each rank's all-reduce ended when a worker or the aggregator died during it."""
-
-    outcomes: list[np.ndarray | BaseException | None]  # result, exception, or None (killed)
-    seconds: float  # from the first worker's start until the last surviving worker returned
-    retransmissions: int  # summed over the surviving workers
-    killed_at: int  # slots the aggregator had completed when the process was killed
-
-
-def _job_counter(proc: subprocess.Popen[bytes], stats_path: Path, name: str) -> int:
-    document = aggproc.request_stats(proc, stats_path)
-    return document["jobs"][str(JOB)][name]
-
-
-def _chunks_completed(proc: subprocess.Popen[bytes], stats_path: Path) -> int:
-    return _job_counter(proc, stats_path, "slots_completed")
-
-
-def _await_handshake(child: subprocess.Popen[bytes], aggregator: subprocess.Popen[bytes],
-                     stats_path: Path) -> None:  # fmt: skip
-    """Wait until the aggregator has answered ``child``'s hello (the job's first), so that the
-    threads started next do not wait out their deadline for a process still importing."""
-    while _job_counter(aggregator, stats_path, "handshakes") < 1:
-        if child.poll() is not None:
-            raise RuntimeError(f"the worker process exited ({child.returncode}) before its hello")
-        time.sleep(0.005)
-
-
-def _kill_when(proc: subprocess.Popen[bytes], aggregator: subprocess.Popen[bytes],
-               stats_path: Path, completed: int) -> int:  # fmt: skip
-    """SIGKILL ``proc`` (by PID) once the aggregator has completed ``completed`` slots; return
-    the number it had then."""
-    while (done := _chunks_completed(aggregator, stats_path)) < completed:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the process to kill exited ({proc.returncode}) after {done} "
-                               f"of the {completed} slots it was to see completed")
-        time.sleep(0.005)
-    proc.kill()
-    proc.wait()
-    return done
-
-
-def _survivors(inputs: list[np.ndarray], address: tuple[str, int], ranks: range, *, k: int,
-               result: str, deadline: float, pool: ThreadPoolExecutor) -> list[Any]:  # fmt: skip
-    """Start worker threads for ``ranks``; each future gives (result or exception, stats, end)."""
-    def worker(rank: int) -> tuple[np.ndarray | BaseException, dict[str, Any], float]:
-        with AllreduceClient(
-            address, job=JOB, rank=rank, workers=len(inputs), k=k, result_format=result,
-            seed=100 + rank, timeout=0.02, max_timeout=0.2, deadline=deadline,
-        ) as client:  # fmt: skip
-            try:
-                out: np.ndarray | BaseException = client.allreduce(inputs[rank], op="sum")
-            except (TimeoutError, AggregatorRestartedError) as exc:
-                out = exc
-            return out, client.stats, time.monotonic()
-
-    return [pool.submit(worker, rank) for rank in ranks]
-
-
-def _fault_run(futures: list[Any], began: float, killed_at: int,
-               killed: list[None]) -> FaultRun:  # fmt: skip
-    done = [f.result() for f in futures]
-    return FaultRun(
-        outcomes=[d[0] for d in done] + killed,  # type: ignore[operator]
-        seconds=max(d[2] for d in done) - began,
-        retransmissions=sum(d[1]["retransmissions"] for d in done),
-        killed_at=killed_at,
-    )
-
-
-def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: int, result: str,
-                               deadline: float, at: int) -> FaultRun:  # fmt: skip
-    """The last rank is an ``ncina allreduce`` process, SIGKILLed once the aggregator has
-    completed ``at`` slots; the other ranks are threads of this process."""
-    workers = len(inputs)
-    stats_path = workdir / "stats.json"
-    proc, address = aggproc.start([
-        "--listen", "127.0.0.1:0", "--job", str(JOB), "--workers", str(workers), "--k", str(k),
-        "--result", result, "--stats", str(stats_path),
-    ], workdir / "aggregator.log")  # fmt: skip
-    np.save(workdir / "x.npy", inputs[-1])
-    try:
-        with ThreadPoolExecutor(workers - 1) as pool:
-            # The process first: its start (imports) may take longer than the threads' deadline.
-            child = subprocess.Popen([
-                sys.executable, "-m", "ncina.cli", "allreduce", "--aggregator",
-                f"{address[0]}:{address[1]}", "--job", str(JOB), "--rank", str(workers - 1),
-                "--workers", str(workers), "--k", str(k), "--result", result,
-                "--input", str(workdir / "x.npy"), "--output", str(workdir / "y.npy"),
-            ], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-               stderr=subprocess.DEVNULL)  # fmt: skip
-            try:
-                _await_handshake(child, proc, stats_path)
-                began = time.monotonic()
-                futures = _survivors(inputs, address, range(workers - 1), k=k, result=result,
-                                     deadline=deadline, pool=pool)  # fmt: skip
-                killed_at = _kill_when(child, proc, stats_path, at)
-            finally:
-                child.kill()
-                child.wait()
-            return _fault_run(futures, began, killed_at, [None])
-    finally:
-        aggproc.stop(proc)
-
-
-def allreduce_across_restart(inputs: list[np.ndarray], workdir: Path, *, k: int, result: str,
-                             deadline: float, at: int) -> FaultRun:  # fmt: skip
-    """Every rank is a thread; the aggregator (generation 1) is SIGKILLed once it has completed
-    ``at`` slots and started again on the same port as generation 2."""
-    workers = len(inputs)
-    stats_path = workdir / "stats.json"
-    arguments = ["--job", str(JOB), "--workers", str(workers), "--k", str(k), "--result", result,
-                 "--stats", str(stats_path)]  # fmt: skip
-    proc, address = aggproc.start(
-        ["--listen", "127.0.0.1:0", "--generation", "1", *arguments], workdir / "first.log"
-    )
-    try:
-        with ThreadPoolExecutor(workers) as pool:
-            began = time.monotonic()
-            futures = _survivors(inputs, address, range(workers), k=k, result=result,
-                                 deadline=deadline, pool=pool)  # fmt: skip
-            killed_at = _kill_when(proc, proc, stats_path, at)
-            listen = f"{address[0]}:{address[1]}"
-            proc, _ = aggproc.start(
-                ["--listen", listen, "--generation", "2", *arguments], workdir / "second.log"
-            )
-            return _fault_run(futures, began, killed_at, [])
-    finally:
-        aggproc.stop(proc)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

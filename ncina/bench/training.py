@@ -1,11 +1,12 @@
 """``ncina bench training``: train the digits MLP with each compression method in its mode.
 
-For every method (``--methods``, default :data:`METHODS`): start a Python aggregator on loopback
-(INA mode for the methods whose payloads a switch can add, server mode with the same spec for the
-others), run ``--workers`` ranks of ``ncina train --compressor SPEC --mode MODE`` for
-``--epochs`` epochs, and report the final test accuracy and loss and the bytes each worker's
-client sent (UDP payloads: headers and compressed gradients; in all, and without the
-retransmissions: the method's own cost) and received. The first row is NC8 of the raw
+For every method (``--methods``, default ``ncina.harness.training.METHODS``): start a Python
+aggregator on loopback (INA mode for the methods whose payloads a switch can add, server mode
+with the same spec for the others), run ``--workers`` ranks of ``ncina train --compressor SPEC
+--mode MODE`` for ``--epochs`` epochs (``ncina.harness.training.train_one``), and report the
+final test accuracy and loss and the bytes each worker's client sent (UDP payloads: headers and
+compressed gradients; in all, and without the retransmissions: the method's own cost) and
+received. The first row is NC8 of the raw
 gradients, ``ncina train``'s default. ``--markdown FILE`` writes the table of
 docs/compressors.md ("Training on the digits MLP with each method").
 """
@@ -14,38 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from ncina.aggregator import process as aggproc
 from ncina.cli import deprecated_alias
+from ncina.harness.training import METHODS, NC8, train_one
 from ncina.progress import progress
-from ncina.proto.compressors import create
-from ncina.worker.client import check_mode
-
-JOB = 1
-NC8 = "nc8"
-"""The row of ``ncina train`` without ``--compressor``: NC8 of the raw gradients (INA)."""
-METHODS = [
-    NC8,
-    "natdither:s=8",
-    "natdither:s=8,packed=1",
-    "qsgd:s=16,bucket=256",
-    "qsgd:s=2,bucket=1024,encoding=sparse",
-    "terngrad",
-    "ef+topk:ratio=0.01",
-    "ef+topk:ratio=0.1",
-    "randk:ratio=0.25",
-    "signsgd",
-    "onebit",
-    "fft:theta=0.85,bits=10",
-    "ef+fft:theta=0.85,bits=10",
-    "3lc",
-]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -66,70 +43,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     deprecated_alias(p, "--timeout", run_timeout)
     p.add_argument("--markdown", type=Path, help="also write the table to this file")
     return p
-
-
-def mode_of(spec: str) -> str:
-    """INA for the integer-summable methods, server mode for the others."""
-    return "ina" if spec == NC8 or create(spec).ina else "server"
-
-
-def train_one(spec: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """One training run of ``spec`` in its mode; its figures."""
-    mode = mode_of(spec)
-    if spec != NC8:
-        check_mode(create(spec), mode)
-    agg_args = ["--listen", "127.0.0.1:0", "--job", str(JOB), "--workers", str(args.workers),
-                "--k", "256", "--seed", str(args.seed), "--stats", str(workdir / "stats.json")]
-    agg_args += (["--mode", "server", "--compressor", spec] if mode == "server"
-                 else ["--result", "nc8"])  # fmt: skip
-    proc, (host, port) = aggproc.start(agg_args, workdir / "aggregator.log")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        master = s.getsockname()[1]
-    metrics = [workdir / f"worker{rank}.jsonl" for rank in range(args.workers)]
-    compressor = [] if spec == NC8 else ["--compressor", spec, "--mode", mode]
-    workers = []
-    try:
-        for rank in range(args.workers):
-            with (workdir / f"worker{rank}.log").open("wb") as log:
-                workers.append(subprocess.Popen(
-                    [sys.executable, "-m", "ncina.cli", "train", "--rank", str(rank),
-                     "--workers", str(args.workers), "--master", f"127.0.0.1:{master}",
-                     "--aggregator", f"{host}:{port}", "--k", "256", "--epochs", str(args.epochs),
-                     "--seed", str(args.seed), "--log-every", "1000", "--metrics",
-                     str(metrics[rank]),
-                     *compressor],
-                    stdout=log, stderr=subprocess.STDOUT,
-                ))  # fmt: skip
-        for rank, w in enumerate(workers):
-            if w.wait(timeout=args.run_timeout) != 0:
-                log = aggproc.tail(workdir / f"worker{rank}.log")
-                raise RuntimeError(f"{spec}: worker {rank} failed:\n{log}")
-    finally:
-        for w in workers:
-            if w.poll() is None:
-                w.kill()
-                w.wait()
-        aggproc.stop(proc)
-    ends = [next(e for e in map(json.loads, m.read_text().splitlines()) if e["event"] == "end")
-            for m in metrics]  # fmt: skip
-    n = len(ends)
-    return {
-        "method": spec,
-        "mode": mode,
-        "steps": ends[0]["steps"],
-        "accuracy": round(ends[0]["test_acc"], 2),
-        "test_loss": round(ends[0]["test_loss"], 4),
-        "mb_sent_per_worker": round(sum(e["fabric"]["bytes_sent"] for e in ends) / n / 1e6, 3),
-        "mb_received_per_worker": round(
-            sum(e["fabric"]["bytes_received"] for e in ends) / n / 1e6, 3
-        ),
-        "mb_first_sends_per_worker": round(
-            sum(e["fabric"]["bytes_sent"] - e["fabric"]["bytes_retransmitted"] for e in ends)
-            / n / 1e6, 3
-        ),
-        "retransmissions": sum(e["fabric"]["retransmissions"] for e in ends),
-    }
 
 
 def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
@@ -157,7 +70,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i, spec in enumerate(progress(args.methods, desc="bench training", unit="method")):
             workdir = Path(tmp, str(i))
             workdir.mkdir()
-            rows.append(train_one(spec, args, workdir))
+            rows.append(train_one(spec, workdir, workers=args.workers, epochs=args.epochs,
+                                  seed=args.seed, timeout=args.run_timeout))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -24,11 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from ncina.harness.reference import powers_of_two
 from ncina.proto.header import FLAG_TAG, HEADER, VERSION, pack
-from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
+from ncina.proto.wire import DEFAULT_MTU, HEADER_SIZE, IPV4_UDP_HEADERS, TAG_SIZE
 from ncina.worker.client import AllreduceClient
 
-MAX_DATAGRAM = 1472  # an IPv4/UDP payload that fits a 1500-byte MTU unfragmented
+FUZZ_DATAGRAM = DEFAULT_MTU - IPV4_UDP_HEADERS
+"""The longest fuzzed datagram: an IPv4/UDP payload that fits a 1500-byte MTU unfragmented."""
 BURST = 32  # datagrams sent between two short pauses: far below any socket or ring capacity
 PAUSE = 0.001
 
@@ -71,8 +73,8 @@ def hostile_datagrams(
             count,
             rnd.getrandbits(32),
         )
-        size = count if rnd.random() < 0.5 else rnd.randint(0, MAX_DATAGRAM - HEADER_SIZE)
-        return header + rnd.randbytes(min(size, MAX_DATAGRAM - HEADER_SIZE))
+        size = count if rnd.random() < 0.5 else rnd.randint(0, FUZZ_DATAGRAM - HEADER_SIZE)
+        return header + rnd.randbytes(min(size, FUZZ_DATAGRAM - HEADER_SIZE))
 
     def mutated() -> bytes:
         datagram = valid()
@@ -87,7 +89,7 @@ def hostile_datagrams(
 
     def scapy_fuzzed() -> bytes:
         layer = fuzz(NcinaHeader()) / Raw(RandBin(rnd.randint(0, 512)))
-        return bytes(layer)[:MAX_DATAGRAM]
+        return bytes(layer)[:FUZZ_DATAGRAM]
 
     makers: Sequence[Callable[[], bytes]] = (
         mutated,
@@ -97,8 +99,8 @@ def hostile_datagrams(
         tagged,
         scapy_fuzzed,
         lambda: rnd.randbytes(rnd.randint(0, HEADER_SIZE - 1)),  # truncated
-        lambda: rnd.randbytes(rnd.randint(HEADER_SIZE, MAX_DATAGRAM)),  # raw
-        lambda: bytes(valid()) + rnd.randbytes(rnd.randint(1, MAX_DATAGRAM - HEADER_SIZE - k)),
+        lambda: rnd.randbytes(rnd.randint(HEADER_SIZE, FUZZ_DATAGRAM)),  # raw
+        lambda: bytes(valid()) + rnd.randbytes(rnd.randint(1, FUZZ_DATAGRAM - HEADER_SIZE - k)),
     )
     return [rnd.choice(makers)() for _ in range(n)]
 
@@ -157,13 +159,7 @@ def fuzz_during_allreduce(
     returns; ``stats`` returns the aggregator's stats document now, ``pid`` is its process (for
     its memory). ``send`` paces the datagrams so that no socket buffer overflows."""
     workers = len(ports)
-    rng = np.random.default_rng(seed)
-    inputs = [
-        (rng.choice((-1.0, 1.0), elements) * 2.0 ** rng.integers(-20, 0, elements)).astype(
-            np.float32
-        )
-        for _ in range(workers)
-    ]
+    inputs = [powers_of_two(elements, seed + rank, lowest=-20) for rank in range(workers)]
     exact = np.sum(np.stack(inputs).astype(np.float64), axis=0).astype(np.float32)
     clients = [
         AllreduceClient(address, job=job, rank=r, workers=workers, k=k, pool_size=pool_size,

@@ -1,20 +1,25 @@
-"""One worker process of the all-reduce benchmarks (``bench allreduce``, ``bench fabric``).
-
-``python -m ncina.bench.worker SPEC RANK`` runs rank ``RANK`` of the run described by the JSON
-file ``SPEC``, in one of two modes:
+"""Worker processes of a timed all-reduce (``ncina bench allreduce``, ``bench fabric``): the
+parent's side, :func:`run_workers`, and the worker's, ``python -m ncina.harness.workers SPEC
+RANK``, which runs rank ``RANK`` of the run described by the JSON file ``SPEC`` in one of two
+modes:
 
 - ``ina``: one ``AllreduceClient`` through the aggregator at ``spec["aggregator"]``;
 - ``gloo``: ``torch.distributed`` with the gloo backend (ring all-reduce of float32), rendezvous
   at ``spec["master"]``, on the interface ``spec["ifaces"][RANK]`` (``GLOO_SOCKET_IFNAME``).
 
 Both do the same steps, so the two timings compare like with like: build the input
-(:func:`worker_input`), rendezvous and warm up with an all-reduce of one element (the aggregator
-learns the worker's address; gloo connects its pairs), write ``ready-RANK`` into the spec's
-directory, wait for the ``go`` file, which holds a ``CLOCK_MONOTONIC`` instant shared by every
-process of the machine (network namespaces share the clock), start at that instant, time the
-all-reduce call alone, and write ``report-RANK.json``: start and end instants, CPU time, the
-client's counters, a digest of the result, the peak resident set size, or the error. Rank 0
-also saves its result when ``spec["result_path"]`` names a file (the bench checks it).
+(``ncina.harness.reference.worker_input``), rendezvous and warm up with an all-reduce of one
+element (the aggregator learns the worker's address; gloo connects its pairs), write
+``ready-RANK`` into the spec's directory, wait for the ``go`` file, which holds a
+``CLOCK_MONOTONIC`` instant shared by every process of the machine (network namespaces share the
+clock), start at that instant, time the all-reduce call alone, and write ``report-RANK.json``:
+start and end instants, CPU time, the client's counters, a digest of the result, the peak
+resident set size, or the error. Rank 0 also saves its result when ``spec["result_path"]`` names
+a file (the benchmark checks it against the reference model).
+
+The parent starts the processes through a ``Launch`` (``local_launch`` here, a Mininet host's
+for ``bench fabric``), writes the go file once all are ready and stops every process by its PID
+before :func:`run_workers` returns or raises.
 """
 
 from __future__ import annotations
@@ -22,27 +27,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from ncina.aggregator import process as aggproc
+from ncina.harness.reference import WARMUP, client_seed, worker_input
+
 GO = "go"
 POLL = 0.002  # seconds between looks for the go file
-WARMUP = np.zeros(1, dtype=np.float32)
-"""The warm-up all-reduce's tensor; its NC8 encoding draws the first key of a client's stream."""
+START_TIMEOUT = 60.0  # seconds for an aggregator or the workers to get ready
+GO_DELAY = 0.1  # seconds from the go file to the common start instant
 
-
-def worker_input(seed: int, rank: int, elements: int) -> np.ndarray:
-    """The tensor rank ``rank`` all-reduces: standard normal float32, seeded by (seed, rank)."""
-    return np.random.default_rng([seed, rank]).standard_normal(elements, dtype=np.float32)
-
-
-def client_seed(seed: int, rank: int) -> int:
-    """The seed of rank ``rank``'s ``AllreduceClient`` (its NC8 rounding stream)."""
-    return seed * 1000 + rank
 
 
 def ready_path(directory: Path, rank: int) -> Path:
@@ -129,6 +130,86 @@ def run_gloo(spec: dict[str, Any], rank: int, x: np.ndarray, directory: Path) ->
     finally:
         dist.destroy_process_group()
     return {"began": began, "ended": ended, "cpu": cpu, "stats": {}, "y": x}
+
+
+Launch = Callable[[int, list[str], Path], "subprocess.Popen[bytes]"]
+"""Starts a worker process: its rank, command line and log file (stdout and stderr)."""
+
+
+class Workers(NamedTuple):
+    """What :func:`run_workers` returns: the reports in rank order, and what its ``probe``
+    returned just before the go signal and just after the last worker exited."""
+
+    reports: list[dict[str, Any]]
+    before: Any
+    after: Any
+
+
+def local_launch(rank: int, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """Start a worker process in this namespace (any rank)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def run_workers(
+    spec: dict[str, Any], directory: Path, launch: Launch, deadline: float,
+    probe: Callable[[], Any] = lambda: None,
+) -> Workers:  # fmt: skip
+    """Run one all-reduce: start ``spec["workers"]`` worker processes with ``launch``, wait
+    until all are warmed up, give them a common start instant, and return their reports.
+    ``probe`` (e.g. interface counters) is called just before the go signal and after the
+    last exit. Raises ``RuntimeError`` naming the first rank that failed, or when the
+    all-reduce takes longer than ``deadline`` seconds; every process started here is stopped
+    by its PID before this returns."""
+    directory.mkdir(parents=True, exist_ok=True)
+    spec_path = directory / "spec.json"
+    spec_path.write_text(json.dumps({**spec, "time_limit": deadline}))
+    workers = spec["workers"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(workers):
+            argv = [sys.executable, "-m", "ncina.harness.workers", str(spec_path), str(rank)]
+            procs.append(launch(rank, argv, directory / f"worker-{rank}.log"))
+        limit = time.monotonic() + START_TIMEOUT
+        while not all(ready_path(directory, r).exists() for r in range(workers)):
+            _check_alive(procs, directory)
+            if time.monotonic() > limit:
+                raise RuntimeError(f"workers not ready within {START_TIMEOUT:g} s ({directory})")
+            time.sleep(0.01)
+        before = probe()
+        go = directory / f"{GO}.tmp"
+        go.write_text(repr(time.monotonic() + GO_DELAY))
+        go.replace(directory / GO)
+        limit = time.monotonic() + GO_DELAY + deadline
+        while any(p.poll() is None for p in procs):
+            _check_alive(procs, directory)
+            if time.monotonic() > limit:
+                raise RuntimeError(f"the all-reduce took longer than {deadline:g} s ({directory})")
+            time.sleep(0.01)
+        _check_alive(procs, directory)
+        after = probe()
+    finally:
+        for proc in procs:
+            aggproc.stop(proc, grace=5.0)
+    reports = [json.loads(report_path(directory, r).read_text()) for r in range(workers)]
+    return Workers(reports, before, after)
+
+
+def _check_alive(procs: Sequence[subprocess.Popen[bytes]], directory: Path) -> None:
+    """Raise for the first worker that exited with an error, with its reason."""
+    for rank, proc in enumerate(procs):
+        if proc.poll() not in (None, 0):
+            try:
+                reason = json.loads(report_path(directory, rank).read_text())["error"]
+            except (FileNotFoundError, json.JSONDecodeError, KeyError):
+                reason = aggproc.tail(directory / f"worker-{rank}.log")
+            raise RuntimeError(f"worker {rank} exited with status {proc.returncode}: {reason}")
+
+
+def wall_time(reports: Sequence[dict[str, Any]]) -> float:
+    """The all-reduce's wall time: from the earliest start to the latest end."""
+    return max(r["ended"] for r in reports) - min(r["began"] for r in reports)
 
 
 def main(argv: list[str]) -> int:

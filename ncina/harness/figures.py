@@ -1,0 +1,63 @@
+"""The figures of repeated timed all-reduce runs (``ncina bench allreduce``, ``bench fabric``).
+
+A run is a dict of its own values: ``wall_s`` and ``gloo_wall_s`` (the INA and gloo
+all-reduce's wall times), ``exact`` and ``exact_mismatches`` (against
+``ncina.harness.reference``), ``peak_rss`` and ``gloo_peak_rss`` (per rank, bytes) and
+optionally ``extra`` figures of the benchmark. The reported figure of a time is the lower median
+over the runs, a measured value, never an average of two; a ratio is that of the medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+
+def ratio(a: float, b: float) -> float:
+    """``a / b`` to three significant digits (inf when ``b`` is 0)."""
+    return float(f"{a / b:.3g}") if b > 0 else float("inf")
+
+
+def medians(repeats: Sequence[dict[str, Any]], *, workers: int, elements: int) -> dict[str, Any]:
+    """The figures every all-reduce benchmark reports, from its runs (``workers`` ranks of
+    ``elements`` each): lower medians over the runs of the times, ratios and peak memory,
+    ``exact`` over all runs, and every run's own values."""
+    median = statistics.median_low
+    wall = median(r["wall_s"] for r in repeats)
+    gloo = median(r["gloo_wall_s"] for r in repeats)
+    ranks = range(workers)
+    return {
+        "wall_s": round(wall, 6),
+        "gloo_wall_s": round(gloo, 6),
+        "vs_gloo": ratio(wall, gloo),
+        "elements_per_s": round(elements / wall),
+        "exact": all(r["exact"] for r in repeats),
+        "peak_rss": [median(r["peak_rss"][i] for r in repeats) for i in ranks],
+        "gloo_peak_rss": [median(r["gloo_peak_rss"][i] for r in repeats) for i in ranks],
+        "input_bytes": 4 * elements,
+        "peak_rss_over_input": ratio(max(max(r["peak_rss"]) for r in repeats), 4 * elements),
+        "runs": [run_values(r, elements) for r in repeats],
+    }
+
+
+def run_values(r: dict[str, Any], elements: int) -> dict[str, Any]:
+    """One run's own values of the median figures (and its ``extra`` ones)."""
+    return {
+        "wall_s": round(r["wall_s"], 6),
+        "gloo_wall_s": round(r["gloo_wall_s"], 6),
+        "vs_gloo": ratio(r["wall_s"], r["gloo_wall_s"]),
+        "elements_per_s": round(elements / r["wall_s"]),
+        "exact": r["exact"],
+        "exact_mismatches": r["exact_mismatches"],
+        "peak_rss": r["peak_rss"],
+        "gloo_peak_rss": r["gloo_peak_rss"],
+        **r.get("extra", {}),
+    }
+
+
+def median_repeat(repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run of the lower-median INA wall time."""
+    return sorted(repeats, key=lambda r: r["wall_s"])[(len(repeats) - 1) // 2]
+
+

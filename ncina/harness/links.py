@@ -1,0 +1,46 @@
+"""The links of a Mininet fabric as a benchmark measures them (``ncina bench fabric``): which
+switch port carries each worker's uplink, its receive byte counter, and the share of the link's
+bandwidth the bytes counted over a run took; and how long an all-reduce may take on such links.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MIN_TIME_LIMIT = 120.0  # seconds one all-reduce may take at least (see time_limit)
+
+
+def uplink_ports(net: Any, topo: Any) -> list[str]:
+    """The switch-side interface of each worker's link, in rank order: its receive counters
+    count what the worker put on its uplink."""
+    switch = net.get(topo.switch_name)
+    ports = []
+    for name in topo.worker_names:
+        [link] = net.linksBetween(net.get(name), switch)
+        ports.append((link.intf1 if link.intf1.node is switch else link.intf2).name)
+    return ports
+
+
+def rx_bytes(ports: list[str]) -> list[int]:
+    """Receive byte counters of interfaces of this namespace (the bridge's ports)."""
+    return [int(Path("/sys/class/net", p, "statistics", "rx_bytes").read_text()) for p in ports]
+
+
+def fractions(before: list[int], after: list[int], seconds: float, bw: float) -> list[float]:
+    """Per worker, the link fraction of the bytes counted between ``before`` and ``after``."""
+    return [round(link_fraction(a - b, seconds, bw), 4) for b, a in zip(before, after, strict=True)]
+
+
+def link_fraction(frame_bytes: int, seconds: float, bw_mbit: float) -> float:
+    """The share of a ``bw_mbit`` Mbit/s link that ``frame_bytes`` bytes of frames in
+    ``seconds`` take."""
+    return frame_bytes * 8 / seconds / (bw_mbit * 1e6)
+
+
+def time_limit(elements: int, bw_mbit: float, deadline: float) -> float:
+    """Seconds one all-reduce of ``elements`` float32 per worker may take on links of
+    ``bw_mbit`` Mbit/s whose workers give up after ``deadline`` seconds without progress: three
+    times what gloo's ring needs on the links (each worker sends about twice its tensor), plus
+    the deadline, and at least ``MIN_TIME_LIMIT``."""
+    return max(MIN_TIME_LIMIT, 3 * 2 * 32 * elements / (bw_mbit * 1e6) + deadline)
