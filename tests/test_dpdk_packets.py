@@ -49,6 +49,17 @@ def dpdk(tmp_path: Path) -> Iterator[RunningAggregator]:
     agg.stop()
 
 
+def assert_one_slot_completes(agg: RunningAggregator) -> None:
+    """A one-worker job (K=4, int results) completes a slot: the sums of codes 2, 2, 0, -1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((worker_host("dpdk"), 0))
+        s.settimeout(5)
+        s.sendto(uplink(job=1, rank=0, slot=0, offset=0, codes=[2, 2, 0, 0x81],
+                        emin=window_e_min(1)), agg.address)  # fmt: skip
+        data, _ = s.recvfrom(0xFFFF)
+    assert data[16:] == b"".join(v.to_bytes(8, "big", signed=True) for v in (2, 2, 0, -1))
+
+
 def test_kernel_stays_silent_and_arp_comes_from_dpdk(dpdk: RunningAggregator) -> None:
     host = worker_host("dpdk")
     for port in (dpdk.address[1], dpdk.address[1] + 1):
@@ -91,13 +102,7 @@ def test_garbage_frames_keep_it_serving_and_sigint_exits_cleanly(
             else:  # ARP and other ethertypes
                 frame = mac + b"\x02" * 6 + rnd.choice([b"\x08\x06", b"\x86\xdd"]) + body
             raw.send(frame.ljust(14, b"\0"))
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((worker_host("dpdk"), 0))
-        s.settimeout(5)
-        s.sendto(uplink(job=1, rank=0, slot=0, offset=0, codes=[2, 2, 0, 0x81],
-                        emin=window_e_min(1)), dpdk.address)  # fmt: skip
-        data, _ = s.recvfrom(0xFFFF)
-    assert data[16:] == (2).to_bytes(8, "big") * 2 + bytes(8) + (-1).to_bytes(8, "big", signed=True)
+    assert_one_slot_completes(dpdk)
     dpdk.process.send_signal(signal.SIGINT)
     assert dpdk.process.wait(10) == 0
     final = json.loads(dpdk.stats_path.read_text())
@@ -148,13 +153,7 @@ def test_the_data_plane_runs_in_hugepages_when_asked(tmp_path: Path, hugepages: 
     try:
         assert "memory: hugepages" in agg.log()
         assert eal.free_hugepage_mb() <= hugepages - eal.MEMORY_MB
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind((worker_host("dpdk"), 0))
-            s.settimeout(5)
-            s.sendto(uplink(job=1, rank=0, slot=0, offset=0, codes=[2, 2, 0, 0x81],
-                            emin=window_e_min(1)), agg.address)  # fmt: skip
-            data, _ = s.recvfrom(0xFFFF)
-        assert data[16:] == b"".join(v.to_bytes(8, "big", signed=True) for v in (2, 2, 0, -1))
+        assert_one_slot_completes(agg)
     finally:
         assert agg.stop() == 0
     assert eal.free_hugepage_mb() == hugepages
