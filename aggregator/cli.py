@@ -7,6 +7,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from ncina.aggregator import hierarchy
 from ncina.aggregator.bmv2 import driver as bmv2_driver
 from ncina.aggregator.control import DEFAULT_MAX_JOBS, JobsDirectory
 from ncina.aggregator.dpdk import driver as dpdk_driver
@@ -116,8 +117,9 @@ def job_k(args: argparse.Namespace, compressor: Compressor | None) -> int:
     if args.k is not None:
         return int(args.k)
     tagged = args.key_file is not None
-    if compressor is None:
-        return default_k(args.mtu, args.result, tagged)
+    if compressor is None:  # a leaf's or spine's int partial sums must fit too
+        partial_sums = args.upstream is not None or args.uplink == "int"
+        return default_k(args.mtu, "int" if partial_sums else args.result, tagged)
     room = payload_room(args.mtu, tagged)
     k = largest_fitting(compressor, room, default_k(args.mtu, "nc8", tagged))
     if k == 0:
@@ -299,6 +301,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="dpdk: the network interface the data plane serves (or --pci); bmv2: one or "
         "more, comma-separated, the switch's ports 1, 2, ... (required)",
     )
+    hierarchy.add_arguments(parser)
     socket_driver.add_arguments(parser)
     dpdk_driver.add_arguments(parser)
     bmv2_driver.add_arguments(parser)
@@ -313,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("INA mode needs --result nc8 or --result int")
     if args.mode == "server" and args.result is not None:
         raise ValueError("server mode's results are compressor payloads: drop --result")
+    hierarchical = hierarchy.check_arguments(args)
     compressor = (
         create(args.compressor, workers=args.workers, e_max=args.window_max)
         if args.compressor is not None
@@ -329,6 +333,8 @@ def run(args: argparse.Namespace) -> int:
         members=args.member,
         seed=args.seed,
         key=args.key_file,
+        total_workers=args.total_workers,
+        uplink_format=args.uplink,
     )
     if compressor is None:
         config.check_mtu(args.mtu)
@@ -359,8 +365,11 @@ def run(args: argparse.Namespace) -> int:
         if args.backend == "socket":
             return socket_driver.serve(config, args, generation)
         return dpdk_driver.serve(config, args, generation)
-    aggregator = Aggregator(generation, max_residual_elements=args.max_residual_elements)
-    aggregator.add_job(config, compressor)
+    if hierarchical:
+        aggregator = hierarchy.make_aggregator(config, args, generation)
+    else:
+        aggregator = Aggregator(generation, max_residual_elements=args.max_residual_elements)
+        aggregator.add_job(config, compressor)
     backend = PythonBackend(
         aggregator,
         args.listen,

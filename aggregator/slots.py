@@ -239,8 +239,7 @@ class JobSlots:
         if bitmap & bit:  # L2: rank's latest contribution is to this version
             if held:
                 if seen >= workers:
-                    stats.results_resent += 1
-                    return self._send(version, slot, (rank,))
+                    return self._resend(version, slot, rank)
                 stats.duplicates += 1
                 if not self.generation:
                     return NOTHING
@@ -271,9 +270,22 @@ class JobSlots:
         if seen != workers:
             return NOTHING
         stats.slots_completed += 1
+        return self._complete(version, slot, acc, offset)
+
+    def _complete(self, version: int, slot: int, acc: np.ndarray, offset: int) -> Datagrams:
+        """A slot's last contribution arrived (its sum is ``acc``): encode and store the result
+        and send it to every member. A leaf aggregator sends the sum upstream instead
+        (``ncina.aggregator.hierarchy``)."""
         self._result[version][slot] = self._encode(acc, version, slot, offset)
-        stats.results_sent += workers
-        return self._send(version, slot, range(workers))
+        self.stats.results_sent += self._workers
+        return self._send(version, slot, range(self._workers))
+
+    def _resend(self, version: int, slot: int, rank: int) -> Datagrams:
+        """Rule 2: ``rank`` retransmitted the chunk of a complete slot, so it lost the result:
+        send it the stored result again. A leaf still waiting for its spine's result re-sends
+        its partial sum upstream instead (``ncina.aggregator.hierarchy``)."""
+        self.stats.results_resent += 1
+        return self._send(version, slot, (rank,))
 
     def _not_after(self, version: int, slot: int, offset: int) -> bool:
         """Whether ``offset`` is the offset of ``(slot, version)``'s last round or before it, in
@@ -465,13 +477,19 @@ class Aggregator:
     def add_job(self, config: JobConfig, compressor: Compressor | None = None) -> JobSlots:
         """Install a job; its id must be new. With a ``compressor`` the job runs in server mode
         (``ServerSlots``), otherwise in INA mode."""
-        if config.job in self.jobs:
-            raise ValueError(f"job {config.job} is already installed")
         if compressor is None:
             slots: JobSlots = JobSlots(config)
         else:
             slots = ServerSlots(config, compressor, limits=self.limits,
                                 max_residual_elements=self.max_residual_elements)  # fmt: skip
+        return self.install(slots)
+
+    def install(self, slots: JobSlots) -> JobSlots:
+        """Install a job's slots made elsewhere (a leaf's or a spine's,
+        ``ncina.aggregator.hierarchy``); its id must be new."""
+        config = slots.config
+        if config.job in self.jobs:
+            raise ValueError(f"job {config.job} is already installed")
         self.jobs[config.job] = slots
         slots.generation = self.generation
         return slots
