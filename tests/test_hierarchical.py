@@ -9,6 +9,7 @@ without emulated loss on every aggregator (docs/protocol.md, "Hierarchical aggre
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -16,15 +17,22 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ncina.aggregator.hierarchy import LeafAggregator, SpineSlots, Upstream
+from ncina.aggregator.jobs import JobConfig
+from ncina.aggregator.slots import Aggregator
 from ncina.proto import nc8
 from ncina.proto.descriptor import JobMismatchError
 from ncina.worker.client import AllreduceClient
 from ncina_testlib import (
     RunningAggregator,
     counters,
+    dissect,
+    exact_sums,
     launch_aggregator,
     powers_of_two,
     start_aggregator,
+    uplink,
+    window_e_min,
 )
 
 from ncina import cli
@@ -158,7 +166,7 @@ def one_level(workdir: Path, total: int, result: str, calls: list[list[np.ndarra
         assert agg.stop() == 0, agg.log()
 
 
-def exact_sums(total: int, calls: list[list[np.ndarray]]) -> list[np.ndarray]:
+def exact_float_sums(total: int, calls: list[list[np.ndarray]]) -> list[np.ndarray]:
     """Per call, the exact sum of the workers' powers of two as an int result decodes it."""
     window = nc8.Window.for_job(total)
     out = []
@@ -195,7 +203,7 @@ def test_hierarchical_int_results_are_the_exact_sum(
     calls = inputs(tree.total, "powers")
     got = run_workers([tree.worker_site(g) for g in range(tree.total)], workers=width,
                       total=tree.total, result="int", calls=calls)  # fmt: skip
-    for c, want in enumerate(exact_sums(tree.total, calls)):
+    for c, want in enumerate(exact_float_sums(tree.total, calls)):
         for g in range(tree.total):
             assert got[c][g].tobytes() == want.tobytes(), (c, g)
     check_accounting(tree)
@@ -233,7 +241,7 @@ def test_hierarchical_results_survive_loss(
     got = run_workers([tree.worker_site(g) for g in range(tree.total)], workers=2,
                       total=tree.total, result=result, calls=calls)  # fmt: skip
     want = (
-        [[s] * tree.total for s in exact_sums(tree.total, calls)]
+        [[s] * tree.total for s in exact_float_sums(tree.total, calls)]
         if result == "int"
         else one_level(tmp_path, tree.total, result, calls)
     )
@@ -341,3 +349,119 @@ def test_hierarchical_options_checked(
                        *options])  # fmt: skip
     assert status == 1
     assert reason in capsys.readouterr().err
+
+
+# ---- the leaf's and the spine's logic, datagram by datagram (no sockets) ----
+
+SPINE = ("10.0.1.1", 47000)
+LEAF_GENERATION, SPINE_GENERATION = 3, 5
+
+
+def worker_address(rank: int) -> tuple[str, int]:
+    return (f"10.0.0.{rank + 1}", 5000 + rank)
+
+
+def leaf_logic(result: str = "nc8") -> LeafAggregator:
+    """A leaf of 2 workers (4 in total) at rank 1 of ``SPINE``, after its handshake."""
+    leaf = LeafAggregator(Upstream(SPINE, 1), LEAF_GENERATION)
+    leaf.add_leaf(JobConfig.create(job=JOB, workers=2, k=8, result_format=result,
+                                   pool_size=POOL, total_workers=4))  # fmt: skip
+    leaf.upstream.generation = SPINE_GENERATION
+    return leaf
+
+
+def test_hierarchical_leaf_sends_the_exact_partial_sum_up_and_the_spine_result_down() -> None:
+    leaf = leaf_logic()
+    emin = window_e_min(4)
+    codes = [[0x01, 0x82, 0x10, 0x00, 0x3D, 0xBD, 0x05, 0x3D], [0x01, 0x02, 0x90, 0x00,
+             0x3D, 0x3D, 0x85, 0x01]]  # fmt: skip
+    slot, offset = 2, 2 + 2 * POOL  # the slot's third use: version 0
+    sent = [list(leaf.handle(uplink(job=JOB, rank=r, slot=slot, offset=offset, codes=c,
+                                    emin=emin), worker_address(r)))
+            for r, c in enumerate(codes)]  # fmt: skip
+    assert sent[0] == []
+    sums = exact_sums(codes)
+    up = struct.pack("!BBBbHHHHI", 1, SPINE_GENERATION << 3, 1, emin, JOB, 1, slot, 8, offset)
+    up += b"".join(struct.pack("!q", s) for s in sums)
+    assert sent[1] == [(up, SPINE)]  # the exact sum, once, to the spine, as rank 1
+    # A worker's retransmission while the leaf waits: the same partial sum again, RETX set.
+    retx = uplink(job=JOB, rank=0, slot=slot, offset=offset, codes=codes[0], emin=emin, retx=True)
+    again = bytearray(up)
+    again[1] |= 0x02
+    assert list(leaf.handle(retx, worker_address(0))) == [(bytes(again), SPINE)]
+    # The spine's result (its generation, the leaf's rank there) goes to both workers.
+    result_codes = bytes(range(0x30, 0x38))
+    result = struct.pack("!BBBbHHHHI", 1, 0x01 | SPINE_GENERATION << 3, 0, emin, JOB, 1, slot, 8,
+                         offset) + result_codes  # fmt: skip
+    down = list(leaf.handle(result, SPINE))
+    assert [(dissect(d)[0]["rank"], d[1] >> 3, dissect(d)[1], to) for d, to in down] == [
+        (r, LEAF_GENERATION, result_codes, worker_address(r)) for r in range(2)
+    ]
+    # The same result again is late; a worker's retransmission now gets the stored result.
+    assert list(leaf.handle(result, SPINE)) == []
+    assert list(leaf.handle(retx, worker_address(0))) == [down[0]]
+    stats = leaf.upstream.stats.to_json()
+    assert {k: stats[k] for k in ("sent", "resent", "results", "late")} == {
+        "sent": 1, "resent": 1, "results": 1, "late": 1,
+    }
+    job = leaf.jobs[JOB].stats
+    assert (job.slots_completed, job.results_sent, job.results_resent) == (1, 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"generation": 6}, "stale_generation"),
+        ({"rank": 0}, "non_member"),
+        ({"fmt": 1}, "bad_length"),  # 8 bytes of nc8 codes are no 8 int elements
+        ({"emin": 0}, "window_mismatch"),
+        ({"slot": POOL}, "bad_slot"),
+        ({"flags": 0}, "bad_flags"),
+        ({"job": JOB + 1}, "unknown_job"),
+        ({"offset": 2}, None),  # another chunk: late
+    ],
+)  # fmt: skip
+def test_hierarchical_leaf_drops_a_wrong_spine_result_and_keeps_waiting(
+    change: dict[str, int], reason: str | None
+) -> None:
+    leaf = leaf_logic()
+    emin = window_e_min(4)
+    slot, offset = 2, 2 + 2 * POOL
+    for r in range(2):
+        leaf.handle(uplink(job=JOB, rank=r, slot=slot, offset=offset, codes=[1] * 8, emin=emin),
+                    worker_address(r))  # fmt: skip
+    fields = {"flags": 0x01 | SPINE_GENERATION << 3, "fmt": 0, "emin": emin, "job": JOB,
+              "rank": 1, "slot": slot, "offset": offset, **change}  # fmt: skip
+    if "generation" in fields:
+        fields["flags"] = 0x01 | fields.pop("generation") << 3
+    header = struct.pack("!BBBbHHHHI", 1, fields["flags"], fields["fmt"], fields["emin"],
+                         fields["job"], fields["rank"], fields["slot"], 8, fields["offset"])
+    assert list(leaf.handle(header + bytes(8), SPINE)) == []
+    stats = leaf.upstream.stats.to_json()
+    assert stats["late"] == (reason is None)
+    assert sum(stats["drops"].values()) == (reason is not None)
+    if reason is not None:
+        assert stats["drops"][reason] == 1
+    assert leaf.leaf is not None and leaf.leaf.waiting(0, slot)
+
+
+def test_hierarchical_spine_drops_partial_sums_beyond_what_its_leaves_can_sum() -> None:
+    """A spine of 2 leaves and 4 workers takes partial sums up to 2 * 2**span in magnitude
+    (two workers' largest codes), so that no two of them overflow."""
+    config = JobConfig.create(job=JOB, workers=2, k=2, result_format="int", pool_size=POOL,
+                              total_workers=4, uplink_format="int")  # fmt: skip
+    spine = Aggregator(1)
+    slots = spine.install(SpineSlots(config))
+    top = 2 << config.window.span
+    emin = config.window.e_min
+
+    def send(rank: int, slot: int, values: list[int]) -> list[tuple[bytes, tuple[str, int]]]:
+        payload = b"".join(struct.pack("!q", v) for v in values)
+        datagram = struct.pack("!BBBbHHHHI", 1, 0, 1, emin, JOB, rank, slot, 2, slot) + payload
+        return list(spine.handle(datagram, worker_address(rank)))
+
+    assert send(0, 0, [top + 1, 0]) == [] and send(0, 0, [0, -top - 1]) == []
+    assert slots.stats.drops["bad_code"] == 2
+    assert send(0, 0, [top, -top]) == []
+    out = send(1, 0, [top, -top])
+    assert [dissect(d)[1] for d, _ in out] == [struct.pack("!qq", 2 * top, -2 * top)] * 2
