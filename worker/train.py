@@ -57,6 +57,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--ina", type=host_port, action="append", default=[], metavar="HOST:PORT",
                    help="aggregator; repeat to shard tensors across several (none: gloo baseline)")
     p.add_argument("--job", type=int, default=1, help="INA job id, as on the aggregator(s)")
+    p.add_argument("--leaf-workers", type=int, metavar="W",
+                   help="hierarchical aggregation (docs/protocol.md): the --ina aggregator is a "
+                   "leaf of W workers, this rank its rank RANK mod W; the job's total is "
+                   "--world-size (default: one level, --ina serves every rank)")
     p.add_argument("--iface", help="interface whose counters measure the traffic (and gloo binds)")
     p.add_argument("--model", default="mlp",
                    help="mlp, cnn (digits), resnet20, resnet18, vgg11, alexnet (synthetic "
@@ -138,6 +142,14 @@ def resolve_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> None
 
 def check_options(args: argparse.Namespace) -> None:
     """Refuse a compressor/mode combination that cannot work, before anything starts."""
+    leaf = getattr(args, "leaf_workers", None)  # ncina topo checks its options here too
+    if leaf is not None and not (
+        leaf >= 1 and args.world_size % leaf == 0 and len(args.ina) == 1 and args.mode == "ina"
+    ):
+        raise ValueError(
+            f"--leaf-workers {leaf}: a leaf aggregator (one --ina, INA mode) serves W ranks, "
+            f"W >= 1 dividing the world size {args.world_size}"
+        )
     if args.compressor is None:
         if args.mode != "ina":
             raise ValueError(f"--mode {args.mode} needs --compressor")
