@@ -104,6 +104,11 @@ def replay(
 
         for i, (rank, datagram) in enumerate(packets):
             socks[rank].sendto(datagram, aggregator.address)
+            if i == 0:
+                # A data plane in a namespace is first reached through ARP: the kernel queues
+                # this datagram until the answer, and datagrams sent while the answer is being
+                # processed can overtake it. The rest go once the aggregator has counted it.
+                _wait_counted(aggregator, 1)
             if i % 8 == 7:
                 time.sleep(0.002)  # stay far below any queue's capacity
                 drain()
@@ -115,9 +120,7 @@ def replay(
             time.sleep(0.05)
             drain()
             stats = aggregator.stats()
-            counted = stats["global"]["packets_in"] + sum(
-                job["packets_in"] for job in stats["jobs"].values()
-            )
+            counted = _counted(stats)
             replies = sum(job["packets_out"] for job in stats["jobs"].values())
             if counted >= len(packets) and sum(map(len, received)) >= replies:
                 return received, stats
@@ -126,6 +129,17 @@ def replay(
     finally:
         for s in socks:
             s.close()
+
+
+def _counted(stats: dict[str, Any]) -> int:
+    """Datagrams the aggregator has received, whether a job took them or they were dropped."""
+    return stats["global"]["packets_in"] + sum(job["packets_in"] for job in stats["jobs"].values())
+
+
+def _wait_counted(aggregator: RunningAggregator, datagrams: int) -> None:
+    deadline = time.monotonic() + REPLAY_GUARD
+    while _counted(aggregator.stats()) < datagrams and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 GENERATION = 6

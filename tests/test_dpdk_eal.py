@@ -75,11 +75,12 @@ def test_a_missing_pci_device_is_refused(tmp_path: Path) -> None:
         check_pci_port("0000:3b:00.0", tmp_path)
 
 
-def _hugepages(root: Path, free: dict[int, int]) -> Path:
+def _hugepages(root: Path, free: dict[int, int], reserved: int = 0) -> Path:
     for size_kb, pages in free.items():
         d = root / f"hugepages-{size_kb}kB"
         d.mkdir(parents=True)
         (d / "free_hugepages").write_text(f"{pages}\n")
+        (d / "resv_hugepages").write_text(f"{reserved}\n")
     return root
 
 
@@ -100,6 +101,12 @@ def test_auto_uses_hugepages_when_128_mb_are_free(
     if not hugepages:
         assert memory.reason.startswith("--no-huge fallback: ")
         assert "128 MB needed" in memory.reason
+
+
+def test_pages_another_process_reserved_are_not_counted_as_free(tmp_path: Path) -> None:
+    """EAL counts free minus reserved: 70 free pages of which 7 reserved are 126 MB, too few."""
+    memory = choose_memory("auto", _hugepages(tmp_path / "hp", {2048: 70}, reserved=7))
+    assert not memory.hugepages and "126 MB of free hugepages" in memory.reason
 
 
 def test_on_refuses_to_start_without_hugepages_and_off_never_uses_them(tmp_path: Path) -> None:

@@ -67,11 +67,16 @@ class Memory:
 
 
 def free_hugepage_mb(sys_hugepages: Path = SYS_HUGEPAGES) -> int:
-    """MB of free hugepages over every page size."""
+    """MB of hugepages over every page size that are free and not reserved by another process's
+    mapping (what EAL counts as available)."""
     total_kb = 0
     for size_dir in sys_hugepages.glob("hugepages-*kB"):
         size_kb = int(size_dir.name.removeprefix("hugepages-").removesuffix("kB"))
-        total_kb += size_kb * int((size_dir / "free_hugepages").read_text())
+        reserved = size_dir / "resv_hugepages"
+        pages = int((size_dir / "free_hugepages").read_text()) - (
+            int(reserved.read_text()) if reserved.exists() else 0
+        )
+        total_kb += size_kb * max(pages, 0)
     return total_kb // 1024
 
 
