@@ -123,7 +123,7 @@ def inputs(total: int, kind: str) -> list[list[np.ndarray]]:
 
 def run_workers(
     sites: Sequence[tuple[tuple[str, int], int]], *, workers: int, total: int, result: str,
-    calls: list[list[np.ndarray]],
+    calls: list[list[np.ndarray]], key: bytes | None = None,
 ) -> list[list[np.ndarray]]:  # fmt: skip
     """Global worker ``g`` runs at ``sites[g]`` (aggregator address, local rank) in its own
     thread and all-reduces (sum) every call's input ``g``; returns results per call, per
@@ -136,7 +136,7 @@ def run_workers(
         try:
             with AllreduceClient(
                 address, job=JOB, rank=rank, workers=workers, total_workers=total, k=K,
-                pool_size=POOL, result_format=result, seed=g, deadline=30.0,
+                pool_size=POOL, result_format=result, seed=g, deadline=30.0, key=key,
             ) as client:  # fmt: skip
                 for c, call in enumerate(calls):
                     out[c][g] = client.allreduce(call[g], op="sum")
@@ -194,15 +194,23 @@ def check_accounting(tree: Tree) -> None:
             assert up["results"] * tree.width == job["results_sent"], doc
 
 
-@pytest.mark.parametrize(("leaves", "width"), [(2, 2), (2, 4)])
+@pytest.mark.parametrize(("leaves", "width", "keyed"), [(2, 2, False), (2, 4, False), (2, 2, True)])
 def test_hierarchical_int_results_are_the_exact_sum(
-    tmp_path: Path, trees: list[Tree], leaves: int, width: int
+    tmp_path: Path, trees: list[Tree], leaves: int, width: int, keyed: bool
 ) -> None:
-    tree = start_tree(tmp_path, leaves, width, "int")
+    """Keyed: every datagram of the tree tagged, the leaves' partial sums and the spine's
+    results included (a leaf signs with the job's key, as a worker does)."""
+    key = bytes(range(32)) if keyed else None
+    key_option: list[str] = []
+    if key is not None:
+        (tmp_path / "job.key").write_text(key.hex())
+        key_option = ["--key-file", str(tmp_path / "job.key")]
+    tree = start_tree(tmp_path, leaves, width, "int", spine_extra=key_option,
+                      leaf_extra=key_option)  # fmt: skip
     trees.append(tree)
     calls = inputs(tree.total, "powers")
     got = run_workers([tree.worker_site(g) for g in range(tree.total)], workers=width,
-                      total=tree.total, result="int", calls=calls)  # fmt: skip
+                      total=tree.total, result="int", calls=calls, key=key)  # fmt: skip
     for c, want in enumerate(exact_float_sums(tree.total, calls)):
         for g in range(tree.total):
             assert got[c][g].tobytes() == want.tobytes(), (c, g)
