@@ -113,6 +113,7 @@ UPSTREAM_COUNTERS = (
     "late",
     "notices",
     "handshakes",
+    "hellos",
 )
 
 
@@ -184,6 +185,7 @@ class LeafSlots(JobSlots):
         self.upstream = upstream
         s = config.pool_size
         self._partial = [[b""] * s, [b""] * s]  # per [version][slot]: the int payload sent up
+        self.restarts = 0  # times a hello started the job afresh (``LeafAggregator.handle``)
 
     def waiting(self, version: int, slot: int) -> bool:
         """Whether ``(slot, version)`` is complete here and its spine result has not come."""
@@ -239,7 +241,9 @@ class LeafSlots(JobSlots):
         """As ``JobSlots.restart_if_idle``; a slot waiting for the spine is not idle."""
         if any(self.waiting(v, s) for v in (0, 1) for s in range(self._pool_size)):
             return False
-        return super().restart_if_idle()
+        restarted = super().restart_if_idle()
+        self.restarts += restarted
+        return restarted
 
 
 class LeafAggregator(Aggregator):
@@ -275,9 +279,32 @@ class LeafAggregator(Aggregator):
         return leaf
 
     def handle(self, datagram: bytes | bytearray | memoryview, source: Address) -> Datagrams:
+        """As ``Aggregator.handle``; datagrams from the spine go to ``from_spine``. A worker's
+        hello that starts the leaf's job afresh (a new set of workers, offsets from 0 again) also
+        sends the leaf's hello to the spine, which then starts afresh too if it is idle (else
+        the spine would take the new partial sums for late ones)."""
         if source == self.upstream.address:
             return self.from_spine(datagram)
-        return super().handle(datagram, source)
+        leaf = self.leaf
+        restarts = leaf.restarts if leaf is not None else 0
+        out = super().handle(datagram, source)
+        if leaf is not None and leaf.restarts != restarts:
+            return [*out, (self.hello(), self.upstream.address)]
+        return out
+
+    def hello(self) -> bytes:
+        """The leaf's hello to the spine, its descriptor of the spine's job as member ``R``
+        (counted: the caller sends it)."""
+        leaf = self.leaf
+        assert leaf is not None
+        config = leaf.config
+        hello = pack_job_datagram(self.spine_descriptor(), job=config.job,
+                                  rank=self.upstream.rank, key=config.key)  # fmt: skip
+        stats = self.upstream.stats
+        stats.hellos += 1
+        stats.packets_out += 1
+        stats.bytes_out += len(hello)
+        return hello
 
     def spine_descriptor(self) -> Descriptor:
         """The spine's job as this leaf holds it: ``N / W`` members sending int partial sums,
@@ -368,7 +395,6 @@ class LeafAggregator(Aggregator):
         up = self.upstream
         config = leaf.config
         mine = self.spine_descriptor()
-        hello = pack_job_datagram(mine, job=config.job, rank=up.rank, key=config.key)
         host, port = up.address
         where = f"job {config.job} at spine {host}:{port}"
         sides = ("leaf", "spine")
@@ -378,12 +404,18 @@ class LeafAggregator(Aggregator):
         next_hello = now
         while now < end:
             if now >= next_hello:
-                sock.sendto(hello, up.address)
+                sock.sendto(self.hello(), up.address)
                 next_hello = now + HANDSHAKE_INTERVAL
             readable, _, _ = select.select([sock], [], [], max(0.0, min(next_hello, end) - now))
             if readable:
                 datagram, source = sock.recvfrom(0xFFFF)
-                answer = self._answer(datagram) if source == up.address else None
+                answer = None
+                if source == up.address:  # anything else from the spine is of no use yet
+                    up.stats.packets_in += 1
+                    up.stats.bytes_in += len(datagram)
+                    answer = self._answer(datagram)
+                    if answer is None:
+                        up.stats.drops[BAD_FLAGS] += 1
                 if answer is not None:
                     status, theirs, generation = answer
                     up.stats.handshakes += 1

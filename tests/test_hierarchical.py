@@ -192,6 +192,11 @@ def check_accounting(tree: Tree) -> None:
         if running is not tree.spine:
             assert up["sent"] == job["slots_completed"], doc
             assert up["results"] * tree.width == job["results_sent"], doc
+            assert up["packets_in"] == (
+                up["results"] + up["late"] + up["notices"] + up["handshakes"]
+                + sum(up["drops"].values())
+            ), doc
+            assert up["packets_out"] == up["sent"] + up["resent"] + up["hellos"], doc
 
 
 @pytest.mark.parametrize(("leaves", "width", "keyed"), [(2, 2, False), (2, 4, False), (2, 2, True)])
@@ -219,6 +224,27 @@ def test_hierarchical_int_results_are_the_exact_sum(
     chunks = sum(-(-n // K) for n in SIZES)
     assert spine["slots_completed"] == chunks
     assert spine["contributions"] == chunks * leaves
+
+
+def test_hierarchical_a_new_set_of_workers_restarts_the_tree(
+    tmp_path: Path, trees: list[Tree]
+) -> None:
+    """A second set of clients (offsets from 0 again) on the same leaves and spine: their hellos
+    start the idle leaves afresh, and the leaves' hellos the idle spine, so every call completes
+    exactly again (docs/protocol.md, "A new set of workers")."""
+    tree = start_tree(tmp_path, 2, 2, "int")
+    trees.append(tree)
+    calls = inputs(tree.total, "powers")
+    sites = [tree.worker_site(g) for g in range(tree.total)]
+    want = exact_float_sums(tree.total, calls)
+    for _ in range(2):
+        got = run_workers(sites, workers=2, total=tree.total, result="int", calls=calls)
+        for c in range(len(calls)):
+            assert all(got[c][g].tobytes() == want[c].tobytes() for g in range(tree.total))
+    check_accounting(tree)
+    assert tree.spine.stats()["jobs"][str(JOB)]["slots_completed"] == 2 * sum(
+        -(-n // K) for n in SIZES
+    )
 
 
 def test_hierarchical_nc8_results_equal_one_level(tmp_path: Path, trees: list[Tree]) -> None:
