@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from ncina.aggregator.hierarchy import LeafAggregator, SpineSlots, Upstream
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.slots import Aggregator
@@ -499,3 +501,50 @@ def test_hierarchical_spine_drops_partial_sums_beyond_what_its_leaves_can_sum() 
     assert send(0, 0, [top, -top]) == []
     out = send(1, 0, [top, -top])
     assert [dissect(d)[1] for d, _ in out] == [struct.pack("!qq", 2 * top, -2 * top)] * 2
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),  # from the spine (else from a worker)
+            st.integers(0, 1), st.integers(0, 3), st.integers(0, 1),  # rank, slot, version
+            st.integers(0, 40), st.integers(0, 255), st.integers(0, 40),  # one byte, a cut
+        ),
+        max_size=60,
+    )
+)
+def test_hierarchical_leaf_fuzz_never_raises_and_counts_everything(items: list[Any]) -> None:
+    """Mostly valid worker chunks and spine results with one byte replaced or the end cut: the
+    leaf never raises, everything it sends goes to a worker or the spine, and both sides'
+    counters account for every datagram."""
+    leaf = leaf_logic("int")
+    emin = window_e_min(4)
+    from_workers = 0
+    for from_spine, rank, slot, version, where, byte, cut in items:
+        offset = slot + version * POOL  # each slot's use 0 or 1
+        if from_spine:
+            good = struct.pack("!BBBbHHHHI", 1, 0x01 | version << 2 | SPINE_GENERATION << 3, 1,
+                               emin, JOB, 1, slot, 2, offset) + struct.pack("!qq", 3, -5)
+        else:
+            good = uplink(job=JOB, rank=rank, slot=slot, offset=offset, codes=[1, 0x83],
+                          emin=emin, pool=version)  # fmt: skip
+        datagram = bytearray(good[: len(good) - cut] if cut < 8 else good)
+        if where < len(datagram):
+            datagram[where] = byte
+        source = SPINE if from_spine else worker_address(rank)
+        from_workers += not from_spine
+        for out, destination in leaf.handle(bytes(datagram), source):
+            assert destination in {SPINE, worker_address(0), worker_address(1)}
+            assert out[1] & 0x01 or destination == SPINE
+    up = leaf.upstream.stats.to_json()
+    job = leaf.jobs[JOB].stats.to_json()
+    assert up["packets_in"] == len(items) - from_workers == (
+        up["results"] + up["late"] + up["notices"] + up["handshakes"] + sum(up["drops"].values())
+    )
+    assert job["packets_in"] + leaf.stats.packets_in == from_workers
+    assert job["packets_in"] == (
+        job["contributions"] + job["duplicates"] + job["results_resent"] + job["handshakes"]
+        + sum(job["drops"].values()) + up["resent"]
+    )
+    assert up["packets_out"] == up["sent"] + up["resent"] + up["hellos"]
