@@ -22,8 +22,9 @@ from ncina.aggregator.jobs import (
     parse_address,
     parse_member,
 )
+from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.python_backend import PythonBackend
-from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS, Aggregator
+from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS
 from ncina.aggregator.socket import driver as socket_driver
 from ncina.proto.compressors import create
 from ncina.proto.compressors.base import Compressor, largest_fitting

@@ -5,8 +5,9 @@ chunk; the aggregator answers with the descriptor of the job of that id as it ho
 "no such job", or, when the hello's authentication is not what the job asks for, with "not
 authentic" (the descriptor all the same: a job's parameters are no secret, and the worker then
 names the key as the mismatch). No member is learned; an authentic hello that finds the job
-idle (no round partly filled) starts its slots afresh (``JobSlots.restart_if_idle``), so that a
-new set of workers, counting offsets from 0 again, is not taken for late packets.
+idle (no round partly filled) starts its slots afresh (``JobSlots.restart_if_idle``) and forgets
+the members' learned addresses, so that a new set of workers, from new ports and counting
+offsets from 0 again, is not taken for strangers and late packets.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ncina.aggregator.admission import UNKNOWN_JOB
 from ncina.aggregator.jobs import Address, JobConfig
-from ncina.aggregator.stats import GlobalStats
-from ncina.proto import tag
+from ncina.aggregator.members import authentic
+from ncina.aggregator.stats import GlobalStats, count_drop
 from ncina.proto.descriptor import (
     MODE_SERVER,
     NO_SUCH_JOB,
@@ -28,9 +30,7 @@ from ncina.proto.descriptor import (
     job_datagram_length,
     pack_job_datagram,
 )
-from ncina.proto.header import BAD_COUNT, BAD_FLAGS, BAD_LENGTH, FLAG_RESULT, FLAG_TAG, HEADER
-
-UNKNOWN_JOB = "unknown_job"
+from ncina.proto.header import BAD_COUNT, BAD_FLAGS, BAD_LENGTH, FLAG_RESULT, HEADER
 
 
 def job_descriptor(config: JobConfig, compressor: object | None = None) -> Descriptor:
@@ -69,9 +69,7 @@ def answer(
     elif count != 1:
         reason = BAD_COUNT
     if slots is None:
-        global_stats.packets_in += 1
-        global_stats.bytes_in += size
-        global_stats.drops[reason or UNKNOWN_JOB] += 1
+        count_drop(global_stats, reason or UNKNOWN_JOB, size)
         if reason is not None:
             return ()
         reply = pack_job_datagram(NOWHERE, job=job_id, rank=rank, status=NO_SUCH_JOB,
@@ -86,15 +84,13 @@ def answer(
         stats.drops[reason] += 1
         return ()
     key = slots.key
-    authentic = (key is None and not flags & FLAG_TAG) or (
-        key is not None and flags & FLAG_TAG and tag.verify(key, datagram)
-    )
-    if authentic:
-        slots.restart_if_idle()
+    is_authentic = authentic(key, flags, datagram)
+    if is_authentic and slots.restart_if_idle():
+        slots.members.forget_learned()
     descriptor = job_descriptor(slots.config, getattr(slots, "compressor", None))
     reply = pack_job_datagram(
-        descriptor, job=job_id, rank=rank, status=OK if authentic else NOT_AUTHENTIC,
-        answer=True, generation=generation, key=key if authentic else None,
+        descriptor, job=job_id, rank=rank, status=OK if is_authentic else NOT_AUTHENTIC,
+        answer=True, generation=generation, key=key if is_authentic else None,
     )
     stats.handshakes += 1
     stats.packets_out += 1

@@ -30,19 +30,13 @@ import time
 from typing import Any
 
 import numpy as np
+from ncina.aggregator import reply
+from ncina.aggregator.admission import BAD_SLOT, STALE_GENERATION, UNKNOWN_JOB, WINDOW_MISMATCH
 from ncina.aggregator.jobs import Address, JobConfig, parse_address
-from ncina.aggregator.slots import (
-    BAD_SLOT,
-    BAD_TAG,
-    NON_MEMBER,
-    NOTHING,
-    STALE_GENERATION,
-    UNKNOWN_JOB,
-    WINDOW_MISMATCH,
-    Aggregator,
-    Datagrams,
-    JobSlots,
-)
+from ncina.aggregator.members import BAD_TAG, NON_MEMBER
+from ncina.aggregator.pipeline import Aggregator
+from ncina.aggregator.reply import NOTHING, Datagrams
+from ncina.aggregator.slots import JobSlots
 from ncina.aggregator.stats import JobStats
 from ncina.proto import tag
 from ncina.proto.descriptor import (
@@ -145,6 +139,33 @@ class Upstream:
         self.generation = 0
         self.stats = UpstreamStats()
 
+    def forward(self, leaf: JobSlots, version: int, slot: int, retx: bool = False) -> Datagrams:
+        """The exact sum of the leaf's waiting ``(slot, version)`` as an uplink datagram to the
+        spine: when the slot completes (``sent``), and again, with ``RETX``, for a worker's
+        retransmission while it waits (``resent``). ``pipeline.py`` calls it for a job whose
+        ``upstream`` is set. The sum is the slot version's accumulators, which no packet can
+        change while it waits (every worker's bit is set: the slot rules answer each packet
+        with a resend, a drop or a duplicate, none with a contribution)."""
+        stats = self.stats
+        if retx:
+            stats.resent += 1
+        else:
+            stats.sent += 1
+        flags = (
+            (FLAG_POOL if version else 0) | (FLAG_RETX if retx else 0)
+            | self.generation << GENERATION_SHIFT | leaf.tag_flag
+        )
+        count = leaf.counts[version][slot]
+        datagram = HEADER.pack(
+            VERSION, flags, _INT, leaf.emin, leaf.config.job, self.rank, slot, count,
+            leaf.offsets[version][slot],
+        ) + leaf.accumulators[version, slot, :count].astype(INT_DTYPE).tobytes()  # fmt: skip
+        if leaf.key is not None:
+            datagram = tag.sign(leaf.key, datagram)
+        stats.packets_out += 1
+        stats.bytes_out += len(datagram)
+        return ((datagram, self.address),)
+
 
 class SpineSlots(JobSlots):
     """A spine's job: the slot rules of ``JobSlots`` over ``int`` uplink payloads, the exact
@@ -154,7 +175,7 @@ class SpineSlots(JobSlots):
     dropped as ``bad_code``: the bound keeps the sum of the ``L`` partial sums within
     ``N * 2**span <= 2**62``, so no input can overflow the accumulators."""
 
-    _uplink_format = _INT
+    uplink_format = _INT
 
     def __init__(self, config: JobConfig, stats: JobStats | None = None) -> None:
         if config.uplink_format != Format.INT:
@@ -162,7 +183,9 @@ class SpineSlots(JobSlots):
         super().__init__(config, stats)
         self._bound = config.total // config.workers << config.window.span
 
-    def _decode(self, payload: memoryview | bytes, count: int) -> np.ndarray | None:
+    def decode(self, payload: memoryview | bytes, count: int) -> np.ndarray | None:
+        """The int partial sums of a payload, or ``None`` if one is beyond the bound
+        (``bad_code``)."""
         values = np.frombuffer(payload, dtype=INT_DTYPE).astype(np.int64)
         bound = self._bound
         if ((values > bound) | (values < -bound)).any():
@@ -171,10 +194,11 @@ class SpineSlots(JobSlots):
 
 
 class LeafSlots(JobSlots):
-    """A leaf's job: the slot rules of ``JobSlots`` for its workers, with a complete slot's sum
-    sent to the spine (``upstream``) instead of encoded, and the spine's result taken as the
-    slot's result (``take_result``). A slot version is *waiting* from its completion at the leaf
-    until the spine's result for it arrives; its partial sum is kept for re-sending meanwhile."""
+    """A leaf's job: the slot rules of ``JobSlots`` for its workers, but a complete slot's sum is
+    not encoded: it stays in the accumulators and goes to the spine (``upstream``, which
+    ``pipeline.py`` calls), and the spine's result becomes the slot's result (``take_result``).
+    A slot version is *waiting* from its completion at the leaf until the spine's result for it
+    arrives: complete, with an empty stored result."""
 
     def __init__(
         self, config: JobConfig, upstream: Upstream, stats: JobStats | None = None
@@ -183,43 +207,15 @@ class LeafSlots(JobSlots):
             raise ValueError("a leaf's workers send nc8 codes: a spine cannot be a leaf")
         super().__init__(config, stats)
         self.upstream = upstream
-        s = config.pool_size
-        self._partial = [[b""] * s, [b""] * s]  # per [version][slot]: the int payload sent up
         self.restarts = 0  # times a hello started the job afresh (``LeafAggregator.handle``)
 
     def waiting(self, version: int, slot: int) -> bool:
         """Whether ``(slot, version)`` is complete here and its spine result has not come."""
-        return self._seen[version][slot] >= self._workers and not self._result[version][slot]
+        return self.seen[version][slot] >= self.workers and not self.results[version][slot]
 
-    def _complete(self, version: int, slot: int, acc: np.ndarray, offset: int) -> Datagrams:
-        self._result[version][slot] = b""  # the last round's: this round waits for the spine
-        self._partial[version][slot] = acc.astype(INT_DTYPE).tobytes()
-        self.upstream.stats.sent += 1
-        return self._to_spine(version, slot, retx=False)
-
-    def _resend(self, version: int, slot: int, rank: int) -> Datagrams:
-        if not self.waiting(version, slot):
-            return super()._resend(version, slot, rank)
-        # The worker timed out waiting: the partial sum or the spine's result may be lost.
-        self.upstream.stats.resent += 1
-        return self._to_spine(version, slot, retx=True)
-
-    def _to_spine(self, version: int, slot: int, retx: bool) -> Datagrams:
-        """The kept partial sum of ``(slot, version)`` as an uplink datagram to the spine."""
-        up = self.upstream
-        flags = (
-            (FLAG_POOL if version else 0) | (FLAG_RETX if retx else 0)
-            | up.generation << GENERATION_SHIFT | self._tag_flag
-        )
-        datagram = HEADER.pack(
-            VERSION, flags, _INT, self._emin, self._job, up.rank, slot,
-            self._count[version][slot], self._offset[version][slot],
-        ) + self._partial[version][slot]  # fmt: skip
-        if self.key is not None:
-            datagram = tag.sign(self.key, datagram)
-        up.stats.packets_out += 1
-        up.stats.bytes_out += len(datagram)
-        return ((datagram, up.address),)
+    def encode(self, acc: np.ndarray, version: int, slot: int, offset: int) -> bytes:
+        """No result yet: the sum goes to the spine, the slot waits (an empty result)."""
+        return b""
 
     def take_result(
         self, version: int, slot: int, offset: int, count: int, payload: memoryview | bytes
@@ -229,17 +225,17 @@ class LeafSlots(JobSlots):
         which changes nothing)."""
         if (
             not self.waiting(version, slot)
-            or self._offset[version][slot] != offset
-            or self._count[version][slot] != count
+            or self.offsets[version][slot] != offset
+            or self.counts[version][slot] != count
         ):
             return None
-        self._result[version][slot] = bytes(payload)
-        self.stats.results_sent += self._workers
-        return self._send(version, slot, range(self._workers))
+        self.results[version][slot] = bytes(payload)
+        self.stats.results_sent += self.workers
+        return reply.results(self, version, slot, range(self.workers))
 
     def restart_if_idle(self) -> bool:
         """As ``JobSlots.restart_if_idle``; a slot waiting for the spine is not idle."""
-        if any(self.waiting(v, s) for v in (0, 1) for s in range(self._pool_size)):
+        if any(self.waiting(v, s) for v in (0, 1) for s in range(self.pool_size)):
             return False
         restarted = super().restart_if_idle()
         self.restarts += restarted

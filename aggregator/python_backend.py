@@ -1,4 +1,4 @@
-"""The Python reference backend: one blocking UDP socket in front of ``slots.Aggregator``.
+"""The Python reference backend: one blocking UDP socket in front of ``pipeline.Aggregator``.
 
 The loop receives into one preallocated buffer, hands the datagram to the aggregator logic and
 sends what it returns. The socket has a kernel receive timeout (``SO_RCVTIMEO``) rather than a
@@ -23,8 +23,8 @@ from ncina.aggregator.control import JobsDirectory, apply_changes
 from ncina.aggregator.faults import FaultConfig, FaultyPath
 from ncina.aggregator.hierarchy import LeafAggregator
 from ncina.aggregator.jobs import Address
+from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.process import ready_line
-from ncina.aggregator.slots import Aggregator
 from ncina.aggregator.stats import publish, snapshot
 
 NAME = "python"

@@ -139,6 +139,13 @@ class LimitStats:
         return {"jobs_refused": self.jobs_refused, "residuals_unkept": self.residuals_unkept}
 
 
+def count_drop(stats: JobStats | GlobalStats, reason: str, size: int) -> None:
+    """Count a dropped datagram of ``size`` bytes under ``reason`` (and as received)."""
+    stats.packets_in += 1
+    stats.bytes_in += size
+    stats.drops[reason] += 1
+
+
 def snapshot(
     *,
     backend: str,

@@ -117,7 +117,7 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
             meta.verdict = VERDICT_HANDSHAKE;
             return;
         }
-        // The job's checks (JobSlots.handle).
+        // The job's checks (ncina.aggregator.admission.admit; the tag first, as pipeline.py).
         if (hdr.nc.tag == 1) {
             fault = EV_BAD_TAG;  // no BMv2 job has a key: a tagged datagram is not the job's
         } else if (hdr.nc.result == 1) {

@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 import pytest
 from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.process import free_udp_port
 from ncina.aggregator.python_backend import PythonBackend
-from ncina.aggregator.slots import Aggregator, Datagrams
+from ncina.aggregator.reply import Datagrams
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE
 from ncina.proto.layers import NcinaHeader
 from ncina_testlib import (

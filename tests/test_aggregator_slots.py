@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ncina.aggregator import cli as aggregator_cli
 from ncina.aggregator.jobs import JobConfig, parse_address, parse_member
-from ncina.aggregator.slots import Aggregator, JobSlots
+from ncina.aggregator.pipeline import Aggregator
+from ncina.aggregator.slots import JobSlots
 from ncina.aggregator.stats import (
     GLOBAL_DROP_REASONS,
     JOB_DROP_REASONS,

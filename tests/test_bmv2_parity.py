@@ -157,7 +157,7 @@ def test_bmv2_answers_like_the_python_reference(result: str, tmp_path: Path) -> 
 def test_session_covers_every_reason_a_packet_can_be_dropped_for() -> None:
     """The recorded session itself, checked on the reference: each drop reason it aims at."""
     from ncina.aggregator.jobs import JobConfig
-    from ncina.aggregator.slots import Aggregator
+    from ncina.aggregator.pipeline import Aggregator
 
     agg = Aggregator(GENERATION)
     agg.add_job(JobConfig.create(job=JOB, workers=WORKERS, k=K, result_format="int",

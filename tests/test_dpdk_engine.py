@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.slots import Aggregator
+from ncina.aggregator.pipeline import Aggregator
 from ncina.proto import tag
 from ncina.proto.header import FLAG_TAG
 from ncina.proto.layers import NcinaHeader

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.slots import Aggregator
+from ncina.aggregator.pipeline import Aggregator
 from ncina.proto.wire import MAX_K
 from ncina_parity import GENERATION, KEY, K, schedule
 from ncina_testlib import uplink, window_e_min

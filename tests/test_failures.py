@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.slots import Aggregator
+from ncina.aggregator.pipeline import Aggregator
 from ncina.proto.header import HEADER, NOTICE, Header, flags_for
 from ncina.worker.client import (
     DATA_PATH_ENV,

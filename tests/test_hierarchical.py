@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ncina.aggregator.hierarchy import LeafAggregator, SpineSlots, Upstream
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.slots import Aggregator
+from ncina.aggregator.pipeline import Aggregator
 from ncina.proto import nc8
 from ncina.proto.descriptor import JobMismatchError
 from ncina.worker.client import AllreduceClient

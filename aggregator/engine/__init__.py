@@ -1,11 +1,13 @@
 """The C slot engine (``aggregator/engine``) that the socket and dpdk backends share.
 
-The engine is the protocol of docs/protocol.md on UDP datagrams: header parse, admission, members,
-the slot state machine, replies (``parse.c``, ``admission.c``, ``members.c``, ``slots.c``,
-``reply.c``, ``engine.c``). Each I/O layer compiles it into its own cffi extension, next to its
-own loop; :class:`Engine` is the control plane both drivers use on that extension: jobs (and the
-seed of their nc8 results), members, keys and the counters as ``ncina.aggregator.stats``
-objects.
+The engine is the protocol of docs/protocol.md on UDP datagrams, one file per concept with the
+names of the Python reference (``ncina.aggregator``) and of p4/ (docs/architecture.md): header
+parse, admission, members, the slot state machine, replies, the handshake, and the pipeline that
+runs them in the order of checks (``parse.c``, ``admission.c``, ``members.c``, ``slots.c``,
+``reply.c``, ``handshake.c``, ``pipeline.c``). Each I/O layer compiles it into its own cffi
+extension, next to its own loop; :class:`Engine` is the control plane both drivers use on that
+extension: jobs (and the seed of their nc8 results), members, keys and the counters as
+``ncina.aggregator.stats`` objects.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ncina.aggregator.stats import (
 
 HERE = Path(__file__).resolve().parent
 PROTO = HERE.parent.parent / "proto"
-SOURCES = ("parse.c", "members.c", "slots.c", "reply.c", "admission.c", "handshake.c", "engine.c")
+SOURCES = ("parse.c", "members.c", "slots.c", "reply.c", "admission.c", "handshake.c", "pipeline.c")
 HEADERS = ("engine.h", "datapath.h", "state.h")
 # The wire codecs of ncina.proto the engine links in: NC8 and the tag's BLAKE2b.
 PROTO_SOURCES = ("nc8.c", "blake2b.c")

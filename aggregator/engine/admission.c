@@ -1,7 +1,7 @@
 /* Admission: the jobs (installed by the control plane), the engine's generation, and the
- * job-level checks a well-formed datagram passes before it reaches the slots, in the order of
- * docs/protocol.md "Order of checks" (ncina.aggregator.slots follows it too): flags, format,
- * membership, window, slot and count bounds, generation, codes. */
+ * job-level checks a well-formed datagram passes before it reaches the slots, steps 8-15 of
+ * docs/protocol.md "Order of checks" in that order, as ncina.aggregator.admission: flags,
+ * format, membership (asked of members.c), window, slot and count bounds, generation, codes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,15 +160,6 @@ int nce_job_set_key(uint16_t id, const uint8_t *key, uint32_t keylen)
     }
     nce_tag_key(job, key, keylen);
     return 0;
-}
-
-void nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,
-                 const uint8_t *msg, uint32_t len)
-{
-    struct ncd_b2b s;
-    ncd_b2b_init(&s, outlen, key, keylen);
-    ncd_b2b_update(&s, msg, len);
-    ncd_b2b_final(&s, out);
 }
 
 int nce_member_set(uint16_t id, uint16_t rank, const uint8_t *ip, uint16_t port)

@@ -52,7 +52,7 @@ enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_ac
         nce_members_forget_learned(job);
     c->handshakes++;
     c->packets_out++;
-    c->bytes_out += nce_reply_len(act);
+    c->bytes_out += nce_descriptor_len(act);
     return NCE_V_DESCRIPTOR;
 }
 

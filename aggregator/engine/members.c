@@ -1,6 +1,7 @@
-/* Members: each job's ranks, their addresses (configured, or learned from a first valid
- * datagram), the contributors' bitmap bit, and the authentication tag every datagram of a
- * keyed job carries (docs/protocol.md "Authentication tag"). */
+/* Members: each job's ranks and their addresses (configured, or learned from a first valid
+ * datagram), and the authentication tag every datagram of a keyed job carries (docs/protocol.md
+ * "Members" and "Authentication tag"): steps 7, 10 and 16 of "Order of checks", as
+ * ncina.aggregator.members. The contributors' bitmaps are the slots' (slots.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +60,20 @@ void nce_member_learn(struct nce_job *job, uint16_t rank, const struct nce_from 
         m->has_link = 1;
     }
     m->agg_ip = from->dst_ip;
+}
+
+const struct nce_member *nce_member_of(const struct nce_action *act, uint16_t rank)
+{
+    return &act->job->members[rank];
+}
+
+void nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,
+                 const uint8_t *msg, uint32_t len)
+{
+    struct ncd_b2b s;
+    ncd_b2b_init(&s, outlen, key, keylen);
+    ncd_b2b_update(&s, msg, len);
+    ncd_b2b_final(&s, out);
 }
 
 void nce_tag_key(struct nce_job *job, const uint8_t *key, uint32_t keylen)

@@ -1,34 +1,11 @@
-/* Replies: re-encode a completed slot once (nc8 keyed by the job's seed and the chunk's job,
- * slot, version and offset, or int), and write the datagrams that carry it (one per member: the
- * emulated multicast) and the notices. Every result and notice carries the engine's generation,
- * a keyed job's its tag. */
+/* Reply: the datagrams the engine sends (docs/protocol.md): a completed slot's stored result
+ * (one per member: the emulated multicast; or one back to a member that lost it), the notices,
+ * and, written by handshake.c, the job handshake's answer; each counted as it is decided. Every
+ * result and notice carries the engine's generation, a keyed job's its tag. As
+ * ncina.aggregator.reply. */
 #include <string.h>
 
-#include "nc8.h"
 #include "state.h"
-
-static inline void put_be64(uint8_t *p, uint64_t v)
-{
-    for (int i = 7; i >= 0; i--, v >>= 8)
-        p[i] = (uint8_t)v;
-}
-
-void nce_encode_result(const struct nce_job *job, struct nce_slot *s)
-{
-    const unsigned n = s->count;
-    if (job->result_format == NCE_FMT_NC8) {
-        const size_t at = (size_t)(s - job->slots);     /* slot at / 2, version at % 2 */
-        const uint64_t key = nc8_result_key(job->seed, job->id, (uint16_t)(at >> 1),
-                                            (unsigned)(at & 1), s->offset, s->uses);
-        nc8_int_to_codes(s->acc, s->result, n, key);
-    } else {
-        for (unsigned i = 0; i < n; i++)
-            put_be64(s->result + 8 * (size_t)i, (uint64_t)s->acc[i]);
-    }
-    s->uses++;
-}
-
-/* ---- datagrams ---- */
 
 uint32_t nce_result_len(const struct nce_job *job, const struct nce_slot *s)
 {
@@ -38,6 +15,25 @@ uint32_t nce_result_len(const struct nce_job *job, const struct nce_slot *s)
 uint32_t nce_notice_len(const struct nce_job *job)
 {
     return NCE_NOTICE_LEN + (job->tagged ? NCE_TAG_LEN : 0);
+}
+
+void nce_count_results(struct nce_job *job, const struct nce_slot *s, uint32_t copies)
+{
+    job->c.packets_out += copies;
+    job->c.bytes_out += (uint64_t)copies * nce_result_len(job, s);
+}
+
+enum nce_verdict nce_notice(struct nce_job *job, const struct nce_pkt *p, uint64_t bitmap,
+                            struct nce_action *act)
+{
+    act->slot = NULL;
+    act->slot_index = p->slot;
+    act->offset = p->offset;
+    act->bitmap = bitmap;
+    job->c.notices_sent++;
+    job->c.packets_out++;
+    job->c.bytes_out += nce_notice_len(job);
+    return NCE_V_NOTICE;
 }
 
 /* The ncina header of a result or notice for pool version `version`. */
@@ -88,7 +84,7 @@ uint32_t nce_build_reply(uint8_t *buf, uint32_t cap, const struct nce_action *a,
     } else {                                    /* a notice: the contributors' bitmap */
         body = 8;
         put_header(buf, job, a->version, rank, a->slot_index, 0, a->offset);
-        put_be64(buf + NCE_HDR_LEN, a->bitmap);
+        nce_put_be64(buf + NCE_HDR_LEN, a->bitmap);
     }
     if (job->tagged)                            /* one tag per destination: rank differs */
         nce_tag(job, buf, NCE_HDR_LEN + body, buf + NCE_HDR_LEN + body);

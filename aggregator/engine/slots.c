@@ -1,6 +1,7 @@
 /* Slots: each job's pool of slots, two versions each (the SwitchML shadow copy), the slot rules
  * of docs/protocol.md ("Late and duplicate packets") and rule 1: a new contribution is added
- * into the slot version's 64-bit integer accumulators. */
+ * into the slot version's 64-bit integer accumulators; the last of N completes the slot, whose
+ * result is encoded once (re-compression) and stored. As ncina.aggregator.slots. */
 #include <stdlib.h>
 
 #include "nc8.h"
@@ -73,6 +74,23 @@ enum nce_rule nce_slot_rule(const struct nce_job *job, const struct nce_pkt *p, 
     return NCE_R_CONTRIBUTE;
 }
 
+/* The result payload of a complete slot version, once: nc8 keyed by the job's seed and the
+ * chunk's job, slot, version, offset and the slot version's use, or the exact int sums. */
+static void encode_result(const struct nce_job *job, struct nce_slot *s)
+{
+    const unsigned n = s->count;
+    if (job->result_format == NCE_FMT_NC8) {
+        const size_t at = (size_t)(s - job->slots);     /* slot at / 2, version at % 2 */
+        const uint64_t key = nc8_result_key(job->seed, job->id, (uint16_t)(at >> 1),
+                                            (unsigned)(at & 1), s->offset, s->uses);
+        nc8_int_to_codes(s->acc, s->result, n, key);
+    } else {
+        for (unsigned i = 0; i < n; i++)
+            nce_put_be64(s->result + 8 * (size_t)i, (uint64_t)s->acc[i]);
+    }
+    s->uses++;
+}
+
 int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt *p,
                    unsigned version)
 {
@@ -90,7 +108,11 @@ int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt
     job->slots[2 * p->slot + (version ^ 1)].bitmap &= ~bit;    /* the shadow copy's bit */
     job->c.contributions++;
     /* The slot rules admit a contribution to an incomplete round only: at most the Nth. */
-    return ++s->contributors == job->n;
+    if (++s->contributors != job->n)
+        return 0;
+    s->complete = 1;
+    encode_result(job, s);
+    return 1;
 }
 
 int nce_pool_restart_if_idle(struct nce_job *job)

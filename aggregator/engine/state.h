@@ -1,6 +1,8 @@
 /* ncina slot engine: the types and module state its files share, and each file's functions.
- * Calls go one way: engine.c -> admission.c -> {slots.c, members.c, reply.c}, reply.c ->
- * members.c, and parse.c stands alone. */
+ * One file per concept, named as in ncina.aggregator and p4/ (docs/architecture.md). Calls go
+ * one way, with no cycle: pipeline.c -> every other file; admission.c -> members.c, slots.c;
+ * handshake.c -> members.c, slots.c; reply.c -> handshake.c, members.c; parse.c, members.c and
+ * slots.c call no other engine file. */
 #ifndef NCE_STATE_H
 #define NCE_STATE_H
 
@@ -38,6 +40,13 @@ static inline uint16_t nce_port_host(uint16_t be)
     uint8_t bytes[2];
     memcpy(bytes, &be, 2);
     return (uint16_t)(bytes[0] << 8 | bytes[1]);
+}
+
+/* A 64-bit word in network order at p. */
+static inline void nce_put_be64(uint8_t *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)v;
 }
 
 /* One uplink datagram's header (host order) and where its payload is. */
@@ -78,7 +87,7 @@ struct nce_job {
     struct nce_slot *slots;     /* 2 * nslots: slot s version v at [2 * s + v] */
 };
 
-/* Module state (engine.c). */
+/* Module state (pipeline.c). */
 extern struct nce_job *nce_jobs[65536];
 extern struct nce_counters nce_global;
 extern uint8_t nce_generation;
@@ -110,17 +119,23 @@ enum nce_rule {
     NCE_R_MISMATCH,     /* dropped as chunk_mismatch */
 };
 enum nce_rule nce_slot_rule(const struct nce_job *job, const struct nce_pkt *p, unsigned version);
-/* Rule 1 of the state machine: add the contribution; 1 when it completes the slot. */
+/* Rule 1 of the state machine: add the contribution; 1 when it completes the slot, whose
+ * result is then encoded and stored (s->result, s->complete). */
+int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt *p,
+                   unsigned version);
 /* Start the slots afresh (their `uses` go on) if no round is partly filled; whether it did.
  * An authentic hello calls it (handshake.c), see there. */
 int nce_pool_restart_if_idle(struct nce_job *job);
-int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt *p,
-                   unsigned version);
 
 /* reply.c */
-void nce_encode_result(const struct nce_job *job, struct nce_slot *s);
 uint32_t nce_result_len(const struct nce_job *job, const struct nce_slot *s);
 uint32_t nce_notice_len(const struct nce_job *job);
+/* Count copies of the slot's stored result going out (packets_out, bytes_out). */
+void nce_count_results(struct nce_job *job, const struct nce_slot *s, uint32_t copies);
+/* A notice to the datagram's sender about (slot, version) at its offset, holding bitmap:
+ * counted, and act filled for nce_build_reply. */
+enum nce_verdict nce_notice(struct nce_job *job, const struct nce_pkt *p, uint64_t bitmap,
+                            struct nce_action *act);
 
 /* handshake.c: the job handshake (answered by nce_build_reply). */
 int nce_is_job_datagram(const uint8_t *dgram, uint32_t len);

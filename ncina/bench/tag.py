@@ -4,8 +4,8 @@ The same recorded uplink schedule (``--workers`` ranks, chunks of ``--k`` NC8 co
 completing) goes through each backend's packet logic without any I/O, once for an untagged job
 and once for a keyed one, alternating, ``--repeats`` times; the figures are medians.
 
-- Python: ``ncina.aggregator.slots.Aggregator.handle`` on datagrams (hashlib's BLAKE2b checks each
-  uplink tag and tags every result);
+- Python: ``ncina.aggregator.pipeline.Aggregator.handle`` on datagrams (hashlib's BLAKE2b
+  checks each uplink tag and tags every result);
 - DPDK: the C engine on Ethernet frames through ``ncd_process_frame`` (the data plane's own
   BLAKE2b). Each call crosses cffi, which costs more than the engine itself, so the packets/s
   here are far below the data plane's; the difference of the per-packet times, keyed minus
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.slots import Aggregator
+from ncina.aggregator.pipeline import Aggregator
 from ncina.proto import tag
 from ncina.proto.header import FLAG_TAG, pack
 

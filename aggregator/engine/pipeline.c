@@ -1,5 +1,7 @@
-/* The per-datagram decision of docs/protocol.md: parse, admission, members, the slot state
- * machine, and which replies go out; plus the engine's module state. */
+/* The pipeline: one datagram through the concepts in the order of docs/protocol.md "Order of
+ * checks" (nce_input: parse, the job, the tag, admission, the member learned, the slot rules,
+ * which replies go out), as ncina.aggregator.pipeline does; plus the engine's module state and
+ * the offline entry point for tests. */
 #include <string.h>
 
 #include "state.h"
@@ -15,11 +17,6 @@ const char *nce_error(void)
     return nce_errbuf;
 }
 
-const struct nce_member *nce_member_of(const struct nce_action *act, uint16_t rank)
-{
-    return &act->job->members[rank];
-}
-
 /* A datagram that parse rejected: under its job when the header is readable and names one. */
 static void count_malformed(const struct nce_pkt *p, int reason)
 {
@@ -32,20 +29,6 @@ static void count_malformed(const struct nce_pkt *p, int reason)
     c->drops[reason]++;
 }
 
-/* A notice to the datagram's sender about (slot, version) at the datagram's offset. */
-static enum nce_verdict notice(struct nce_job *job, const struct nce_pkt *p, uint64_t bitmap,
-                               struct nce_action *act)
-{
-    act->slot = NULL;
-    act->slot_index = p->slot;
-    act->offset = p->offset;
-    act->bitmap = bitmap;
-    job->c.notices_sent++;
-    job->c.packets_out++;
-    job->c.bytes_out += nce_notice_len(job);
-    return NCE_V_NOTICE;
-}
-
 enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_from *from,
                            struct nce_action *act)
 {
@@ -53,12 +36,12 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
     if (nce_is_job_datagram(dgram, len))
         return nce_handshake(dgram, len, act);
     struct nce_pkt p;
-    int reason = nce_parse(dgram, len, &p);
+    int reason = nce_parse(dgram, len, &p);    /* 1-5 */
     if (reason >= 0) {
         count_malformed(&p, reason);
         return NCE_V_NONE;
     }
-    struct nce_job *job = nce_job_at(p.job);
+    struct nce_job *job = nce_job_at(p.job);   /* 6 */
     if (job == NULL) {
         count_malformed(&p, NCE_UNKNOWN_JOB);
         return NCE_V_NONE;
@@ -66,7 +49,7 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
     struct nce_counters *c = &job->c;
     c->packets_in++;
     c->bytes_in += len;
-    if (!nce_authentic(job, &p)) {
+    if (!nce_authentic(job, &p)) {             /* 7 */
         c->drops[NCE_BAD_TAG]++;
         return NCE_V_NONE;
     }
@@ -75,12 +58,12 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
     act->rank = p.rank;
     act->members = job->n;
     act->version = (uint8_t)ver;
-    reason = nce_admit(job, &p, from);
+    reason = nce_admit(job, &p, from);         /* 8-15 */
     if (reason >= 0) {
         c->drops[reason]++;
-        return reason == NCE_STALE_GENERATION ? notice(job, &p, 0, act) : NCE_V_NONE;
+        return reason == NCE_STALE_GENERATION ? nce_notice(job, &p, 0, act) : NCE_V_NONE;
     }
-    nce_member_learn(job, p.rank, from);
+    nce_member_learn(job, p.rank, from);       /* 16: a valid packet */
     c->retx_seen += (p.flags & NCE_FLAG_RETX) != 0;
 
     struct nce_slot *s = &job->slots[2 * p.slot + ver];
@@ -94,23 +77,19 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
         return NCE_V_NONE;
     case NCE_R_RESEND:                          /* rule 2: the worker lost the result */
         c->results_resent++;
-        c->packets_out++;
-        c->bytes_out += nce_result_len(job, s);
+        nce_count_results(job, s, 1);
         return NCE_V_SEND_ONE;
     case NCE_R_DUPLICATE:                       /* rule 3: ignored duplicate, and a notice */
         c->duplicates++;
-        return nce_generation ? notice(job, &p, s->bitmap, act) : NCE_V_NONE;
+        return nce_generation ? nce_notice(job, &p, s->bitmap, act) : NCE_V_NONE;
     case NCE_R_CONTRIBUTE:
         break;
     }
     if (!nce_contribute(job, s, &p, ver))       /* rule 1: a new contribution */
         return NCE_V_NONE;
-    s->complete = 1;
-    nce_encode_result(job, s);
     c->slots_completed++;
     c->results_sent += job->n;
-    c->packets_out += job->n;
-    c->bytes_out += (uint64_t)job->n * nce_result_len(job, s);
+    nce_count_results(job, s, job->n);          /* to every member: the emulated multicast */
     return NCE_V_SEND_ALL;
 }
 
