@@ -3,9 +3,11 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Debian packages the project uses at run time and in tests (Mininet, its Linux-bridge switch, links,
-# the C compiler for the cffi extensions, DPDK for the dpdk backend).
+# the C compiler for the cffi extensions, DPDK for the dpdk backend, tcpdump for `ncina topo --pcaps`,
+# tshark for the dissector's tests; tshark's one debconf question, whether non-root users may
+# capture, takes its default "no" under DEBIAN_FRONTEND=noninteractive).
 APT_PACKAGES ?= mininet bridge-utils iproute2 iptables ethtool gcc libc6-dev python3-venv python3-dev \
-	dpdk libdpdk-dev pkg-config
+	dpdk libdpdk-dev pkg-config tcpdump tshark
 PYTEST_ARGS ?=
 # make topo: star topology, INA+NC8 through the aggregator, then the gloo fp32 baseline (docs/topo.md).
 # BW: link bandwidth in Mbit/s (empty: unshaped); LOSS: percent of packets lost per link direction;
@@ -18,21 +20,24 @@ LOSS ?= 0
 EPOCHS ?= 10
 MODEL ?= mlp
 TOPO_ARGS ?=
+# make dissector: where Wireshark (and tshark) look for a user's Lua plugins.
+WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
 # make p4: lanes per packet the P4 program is generated and compiled for (BACKEND=bmv2 uses the
 # topology's K, 256 unless TOPO_ARGS says otherwise).
 K ?= 64
 
-.PHONY: help setup apt venv extensions test lint topo need-root p4 stop clean
+.PHONY: help setup apt venv test lint topo need-root p4 dissector stop clean
 
 help:
 	@echo "make topo    bring up the Mininet topology and train a model through the aggregator"
 	@echo "make test    run the whole test suite (sets up apt packages and .venv first)"
 	@echo "make lint    ruff"
 	@echo "make p4      generate and compile p4/ for K lanes into build/p4/k<K>/ (needs p4c-bm2-ss)"
+	@echo "make dissector  install the Wireshark dissector (tools/wireshark/ncina.lua) for this user"
 	@echo "make stop    stop a running make topo (by the PID it recorded in runs/topo.pid)"
 	@echo "make clean   remove build products (keeps runs/)"
 
-setup: apt venv extensions
+setup: apt venv
 
 # Install the missing Debian packages (root only; others get a list of what is missing).
 apt:
@@ -55,10 +60,9 @@ $(VENV)/.stamp: pyproject.toml
 	$(PY) -m pip install -q -e '.[train,test]'
 	@touch $@
 
+# The venv, with the C extensions built now rather than at first use (quick when nothing
+# changed: they are cached by a hash of their sources, ncina/cbuild.py).
 venv: $(VENV)/.stamp
-
-# Build the C extensions now rather than at first use (quick when nothing changed: cached by hash).
-extensions: venv
 	$(PY) -m ncina.cbuild
 
 lint: venv
@@ -79,6 +83,12 @@ topo: need-root setup
 # The P4 program for BMv2: generated lanes + p4c-bm2-ss --p4runtime-files (docs/bmv2.md).
 p4: venv
 	$(PY) -m ncina.aggregator.bmv2.toolchain --k $(K)
+
+# The Wireshark dissector: Wireshark and tshark load every .lua in this folder at start
+# (docs/wireshark.md).
+dissector:
+	@install -D -m 644 tools/wireshark/ncina.lua $(WIRESHARK_PLUGINS)/ncina.lua
+	@echo "installed $(WIRESHARK_PLUGINS)/ncina.lua: Wireshark and tshark decode UDP port 47000 as ncina (restart Wireshark, or Analyze > Reload Lua Plugins)"
 
 stop:
 	@if [ -f runs/topo.pid ]; then kill -TERM "$$(cat runs/topo.pid)" && echo "stopping make topo (pid $$(cat runs/topo.pid))"; \

@@ -19,6 +19,8 @@ from ncina.topo.config import BMV2_POOL_SIZE, FIXED_K, TopoConfig
 from ncina.worker.client import MODES
 from ncina.worker.train import check_options
 
+from ncina.cli import deprecated_alias
+
 ROOT_NEEDED = (
     "ncina topo needs root: Mininet creates network namespaces, virtual links and a bridge "
     "(run it, or make topo, as root)"
@@ -92,14 +94,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true",
                    help="check every INA result against an exact gloo all-reduce (extra traffic)")
     p.add_argument("--pcaps", action="store_true",
-                   help="bmv2: the switch writes pcaps of every port (the run's ina/pcaps/ and "
+                   help="capture for Wireshark (docs/wireshark.md): tcpdump writes the job's UDP "
+                   "on each aggregator's link to the run's ina/pcaps/aggregator<j>.pcap; with "
+                   "--backend bmv2 the switch writes pcaps of every port (ina/pcaps/ and "
                    "gloo/pcaps/)")
     p.add_argument("--repeat", type=int, default=d.repeat,
                    help="train this many times per mode on the same network; results.json and "
                    "the table give the median and the spread (default: %(default)s)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip the gloo fp32 run")
-    p.add_argument("--out", type=Path, help="run directory (default: runs/<timestamp>)")
+    workdir = p.add_argument("--workdir", type=Path,
+                             help="run directory (default: runs/<timestamp>)")
+    deprecated_alias(p, "--out", workdir)
     return p
 
 
@@ -148,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                          args.topo)  # fmt: skip
     run_topology(
         TopoConfig(
-            out=args.out or Path("runs", time.strftime("%Y%m%d-%H%M%S")),
+            out=args.workdir or Path("runs", time.strftime("%Y%m%d-%H%M%S")),
             topo=args.topo,
             workers=args.workers,
             aggregators=args.aggregators or (2 if args.topo == "multi" else 1),

@@ -106,6 +106,8 @@ class TopoConfig:
             raise ValueError(f"--topo leafspine runs the python backend in INA mode, not "
                              f"BACKEND={self.backend} --mode {self.mode}: the C and P4 data "
                              "planes do not carry int partial sums yet")  # fmt: skip
+        if self.pcaps:
+            raise ValueError("--pcaps captures the star's aggregator links: not in leafspine yet")
         if not 1 <= self.leaves <= self.workers or self.workers % self.leaves:
             raise ValueError(f"--leaves {self.leaves}: the {self.workers} workers must split "
                              "evenly over the leaves")  # fmt: skip

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +56,7 @@ NCINA = Path(sys.executable).with_name("ncina")  # the console script of this en
 JOB = 1  # the job id of every run
 GLOO_PORTS = {"ina": 29500, "gloo": 29501}  # rendezvous port of each mode (no TIME_WAIT clash)
 STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
+CAPTURE_DRAIN = 0.5  # seconds tcpdump gets to write the last packets before its SIGTERM
 PID_FILE = Path("runs", "topo.pid")  # the running topology's PID, for `make stop`
 
 
@@ -224,6 +226,34 @@ def start_tree(
     return [*started, spine], addresses
 
 
+def start_captures(
+    net: Mininet, topo: StarTopo, procs: Processes, run_dir: Path
+) -> list[subprocess.Popen[bytes]]:
+    """``--pcaps`` without BMv2: tcpdump on the switch's end of every aggregator's link (in the
+    root namespace, so that it sees what any backend sends and receives, DPDK's included)
+    writes the job's UDP to ``pcaps/aggregator<j>.pcap``; returns once each is capturing."""
+    if shutil.which("tcpdump") is None:
+        raise RuntimeError("--pcaps needs tcpdump (a Debian package: make setup installs it)")
+    switch = net.get(topo.switch_name)
+    (run_dir / "pcaps").mkdir(exist_ok=True)
+    started = []
+    for j, name in enumerate(topo.aggregator_names):
+        [link] = net.linksBetween(net.get(name), switch)
+        iface = (link.intf1 if link.intf1.node is switch else link.intf2).name
+        # Each packet to the file as it comes (--immediate-mode, -U); -Z root: the run's
+        # directory is root's.
+        argv = ["tcpdump", "-i", iface, "--immediate-mode", "-U", "-Z", "root", "-B", "16384",
+                "-w", str(run_dir / "pcaps" / f"aggregator{j}.pcap"), "udp", "port", str(PORT)]
+        log = run_dir / "pcaps" / f"tcpdump{j}.log"
+        started.append(procs.start(switch, argv, log))
+        deadline = time.monotonic() + 10.0
+        while "listening on" not in log.read_text(errors="replace"):
+            if started[-1].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"tcpdump on {iface} did not start:\n{aggproc.tail(log)}")
+            time.sleep(0.05)
+    return started
+
+
 def switch_arguments(net: Mininet, topo: StarTopo, cfg: TopoConfig, run_dir: Path) -> list[str]:
     """``ncina aggregator --backend bmv2`` arguments for the P4 switch: its worker-facing
     interfaces in rank order (rank r on switch port r + 1), each worker's MAC address on its
@@ -261,7 +291,7 @@ def train(
         host = net.get(name)
         metrics.append(run_dir / f"worker{rank}.jsonl")
         argv = [
-            str(NCINA), "train", "--rank", str(rank), "--world-size", str(cfg.workers),
+            str(NCINA), "train", "--rank", str(rank), "--workers", str(cfg.workers),
             "--master", master, "--iface", host.defaultIntf().name, "--model", cfg.model,
             "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
             "--bucket-cap-mb", str(cfg.bucket_cap_mb),
@@ -271,9 +301,9 @@ def train(
         ]
         if isinstance(topo, LeafSpineTopo) and aggregators:  # this rank's leaf aggregator
             width = topo.workers_per_leaf
-            argv += ["--ina", aggregators[rank // width], "--leaf-workers", str(width)]
+            argv += ["--aggregator", aggregators[rank // width], "--leaf-workers", str(width)]
         else:
-            argv += [arg for a in aggregators for arg in ("--ina", a)]
+            argv += [arg for a in aggregators for arg in ("--aggregator", a)]
         argv += ["--max-steps", str(cfg.max_steps)] if cfg.max_steps else []
         argv += ["--verify"] if cfg.verify else []
         argv += ["--compressor", cfg.compressor] if cfg.compressor else []
@@ -378,6 +408,9 @@ def run_mode(
     print(f"*** {label}: {cfg.workers} workers, {cfg.model}, logs in {run_dir}")
     aggregators: list[subprocess.Popen[bytes]] = []
     addresses: list[str] = []
+    captures: list[subprocess.Popen[bytes]] = []  # BMv2 writes pcaps; other backends, tcpdump
+    if mode == "ina" and cfg.pcaps and cfg.backend != "bmv2":
+        captures = start_captures(net, topo, procs, run_dir)
     # The P4 switch is the network: it runs for the baseline too, whose workers it only switches.
     if mode == "ina" or cfg.backend == "bmv2":
         aggregators, addresses = start_aggregators(net, topo, cfg, procs, run_dir)
@@ -387,6 +420,9 @@ def run_mode(
         metrics = train(net, topo, cfg, procs, run_dir, addresses)
     finally:
         procs.stop(aggregators)  # SIGTERM: the aggregators write their stats and exit
+        if captures:  # tcpdump drops what it has not read at SIGTERM: let it drain first
+            time.sleep(CAPTURE_DRAIN)
+            procs.stop(captures)
     spine = 1 if addresses and isinstance(topo, LeafSpineTopo) else 0  # its stats come last
     stats = [run_dir / f"aggregator{j}.json" for j in range(len(addresses) + spine)]
     return report.summarize(mode, metrics, stats, label)

@@ -1,8 +1,10 @@
 """Compile small C extensions with cffi (API mode), cached and process-safe.
 
-``make venv`` (and so ``make test`` and ``make topo``) runs ``python -m ncina.cbuild``, which builds
-every extension of the package (``EXTENSIONS``) once, at install time; a process that finds its
-extension's sources changed since then rebuilds it on first use.
+``make venv`` (and so ``make setup``, ``make test`` and ``make topo``) runs ``python -m
+ncina.cbuild``, which builds every extension of the package (``EXTENSIONS``) once, at install time.
+Without it (a plain ``pip install``), or when its extension's sources changed since, a process
+builds the extension on first use, saying so in one line on stderr (a first call takes seconds
+and should not look hung).
 
 Several worker processes of one job start at the same moment and all want the same extension, so
 the build is keyed by a hash of everything that affects the binary (sources, declarations, flags,
@@ -181,6 +183,8 @@ def build_extension(
         with open(build_dir / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             if not target.exists():  # another process may have built it meanwhile
+                print(f"ncina: compiling C extension {name} (once; cached in {build_dir})",
+                      file=sys.stderr, flush=True)  # fmt: skip
                 ffi = cffi.FFI()
                 ffi.cdef(cdef)
                 ffi.set_source(

@@ -43,7 +43,7 @@ def test_a_small_real_run(tmp_path: Path) -> None:
     proc = subprocess.run(
         [str(Path(sys.executable).with_name("ncina")), "bench", "ddp", "--model", "mlp",
          "--workers", "2",
-         "--steps", "3", "--bw", "100", "--out", str(tmp_path / "runs"), "--output",
+         "--steps", "3", "--bw", "100", "--workdir", str(tmp_path / "runs"), "--output",
          str(output)],
         capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path,
     )  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ncina import cbuild
@@ -41,3 +43,22 @@ def test_sanitizer_flags_come_from_the_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(cbuild.SANITIZE_ENV, "address; rm -rf /")
     with pytest.raises(RuntimeError, match="is not a list"):
         cbuild._sanitizer_flags()
+
+
+def test_a_build_on_first_use_says_so_once_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A package installed without ``make venv`` compiles on first use: one line on stderr says
+    so and names the cache, so that the first call does not look hung; a cached build is quiet."""
+    monkeypatch.setenv("NCINA_CACHE", str(tmp_path))
+    source = tmp_path / "twice.c"
+    source.write_text("#include <stdint.h>\nint64_t twice(int64_t x) { return 2 * x; }\n")
+    cdef = "int64_t twice(int64_t x);"
+    module = cbuild.build_extension("ncina_test_twice", cdef, [source])
+    assert module.lib.twice(21) == 42
+    (build_dir,) = tmp_path.glob("ncina_test_twice-*")
+    assert capsys.readouterr().err == (
+        f"ncina: compiling C extension ncina_test_twice (once; cached in {build_dir})\n"
+    )
+    assert cbuild.build_extension("ncina_test_twice", cdef, [source]).lib.twice(-4) == -8
+    assert capsys.readouterr().err == ""

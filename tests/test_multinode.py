@@ -59,7 +59,7 @@ def _torchrun(node: int, site: netns.Site, master: netns.Site, aggregator: netns
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master.ip}:{RDZV_PORT}",
         "--rdzv-id", "ncina-multinode", "--rdzv-conf", f"is_host={int(site is master)}",
         "--local-addr", site.ip,
-        "-m", "ncina.cli", "train", "--ina", f"{aggregator.ip}:{AGGREGATOR_PORT}",
+        "-m", "ncina.cli", "train", "--aggregator", f"{aggregator.ip}:{AGGREGATOR_PORT}",
         "--k", str(K), "--max-steps", str(STEPS), "--iface", site.iface,
         "--metrics", str(metrics / f"node{node}-rank{{rank}}.jsonl"),
     ]  # fmt: skip

@@ -7,7 +7,9 @@ must name the program, the generated directory and both outputs.
 
 from __future__ import annotations
 
+import io
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,6 +130,48 @@ def test_missing_compiler_is_one_sentence_naming_what_to_install(
     assert reason is not None and "no-such-p4c is not installed" in reason and "\n" not in reason
     with pytest.raises(toolchain.ToolchainError, match="no-such-p4c is not installed"):
         toolchain.build(8, tmp_path / "k8", force=True)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _fake_p4c(path: Path, body: str) -> Path:
+    """A stand-in for p4c-bm2-ss: a shell script (``$@``: the compile command's arguments)."""
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+# Writes both outputs the compile command names, like p4c-bm2-ss.
+WRITE_OUTPUTS = """while [ $# -gt 0 ]; do
+  case "$1" in -o|--p4runtime-files) echo built > "$2"; shift;; esac; shift
+done"""
+
+
+def test_a_compile_shows_progress_on_a_terminal_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NCINA_P4C", str(_fake_p4c(tmp_path / "p4c", WRITE_OUTPUTS)))
+    build = toolchain.build(8, tmp_path / "quiet")
+    assert build.json.read_text() == "built\n" and build.p4info.read_text() == "built\n"
+    assert capsys.readouterr().err == ""  # stderr is not a terminal here: no bar
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    toolchain.build(8, tmp_path / "shown")
+    assert "p4c-bm2-ss ncina.p4 K=8" in terminal.getvalue()
+
+
+def test_a_failed_compile_names_the_command_and_its_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p4c = _fake_p4c(tmp_path / "p4c", "echo 'ncina.p4(3): syntax error' >&2; exit 2")
+    monkeypatch.setenv("NCINA_P4C", str(p4c))
+    with pytest.raises(toolchain.ToolchainError) as failed:
+        toolchain.build(8, tmp_path / "k8")
+    assert str(failed.value).startswith(f"{p4c} --std p4-16")
+    assert str(failed.value).endswith("failed with status 2:\nncina.p4(3): syntax error")
 
 
 def _job(**options: object) -> JobConfig:

@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 from mininet.net import Mininet
 from mininet.nodelib import LinuxBridge
+from ncina.proto.header import FLAG_RESULT, FLAG_TAG
 from ncina.topo.config import TopoConfig
 from ncina.topo.report import PLOT, RESULTS
 from ncina.topo.runner import build_net, run_topology, switch_arguments
 from ncina.topo.topos import InaLink, P4Switch, StarTopo
 from ncina_testlib import assert_sent_once_plus_retransmissions
+from ncina_wireshark import TSHARK, check_capture, kind, segments
 
 pytestmark = [
     pytest.mark.root,
@@ -71,11 +73,14 @@ def test_star_three_workers_two_steps_through_the_python_aggregator(tmp_path: Pa
 
 
 def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
-    """Lossy links, and a keyed job: every packet tagged, retransmissions re-tagged."""
+    """Lossy links, and a keyed job: every packet tagged, retransmissions re-tagged. With
+    ``--pcaps`` tcpdump captures the aggregator's link, and the Wireshark dissector decodes
+    every frame as scapy does, tags verified with the key (when tshark is installed)."""
+    key = bytes(range(16))
     key_file = tmp_path / "job.key"
-    key_file.write_text(bytes(range(16)).hex())
+    key_file.write_text(key.hex())
     cfg = TopoConfig(out=tmp_path / "run", workers=2, epochs=1, max_steps=3, loss=3.0,
-                     baseline=False, prefix=PREFIX, key_file=key_file)
+                     baseline=False, prefix=PREFIX, key_file=key_file, pcaps=True)
     results = run_topology(cfg)
     ina = results["runs"]["ina"]
     assert ina["steps"] == 3
@@ -84,6 +89,19 @@ def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
     assert job["slots_completed"] == 3 * math.ceil(PARAMETERS / cfg.k)
     assert job["drops"]["bad_tag"] == 0 and ina["fabric"]["bad_tag"] == 0
     assert "tagged" in (cfg.out / "ina" / "aggregator0.log").read_text()  # the job has a key
+    if TSHARK is None:
+        return  # the capture is checked where tshark is installed (make setup installs it)
+    datagrams = check_capture(cfg.out / "ina" / "pcaps" / "aggregator0.pcap", key=key)
+    pieces = [d for payload, _ in datagrams for d in segments(payload)]
+    assert all(d[1] & FLAG_TAG for d in pieces)
+    # Every rank's chunk of every completed slot went up and its result came down (some more
+    # than once: the links lose packets beyond the capture); (rank, offset) names each.
+    for what in ("chunk", "result"):
+        seen = {(d[6:8], d[12:16]) for d in pieces if kind(d, what == "chunk") == (what, None)}
+        assert len(seen) == 2 * job["slots_completed"], what
+    kinds = {kind(d, not d[1] & FLAG_RESULT)[0] for d in pieces}
+    assert {"hello", "handshake answer", "chunk", "result"} <= kinds
+    assert kinds <= {"hello", "handshake answer", "chunk", "result", "notice"}
 
 
 def test_server_mode_topk_through_the_aggregator(tmp_path: Path) -> None:

@@ -40,10 +40,10 @@ def train(
     metrics = [tmp_path / f"{mode}{rank}.jsonl" for rank in range(WORLD)]
     procs = [
         subprocess.Popen(
-            [str(NCINA), "train", "--rank", str(rank), "--world-size", str(WORLD),
+            [str(NCINA), "train", "--rank", str(rank), "--workers", str(WORLD),
              "--master", f"127.0.0.1:{port}", "--iface", "lo", "--max-steps", str(steps),
              "--metrics", str(metrics[rank]), "--k", "256",
-             *[a for agg in ina for a in ("--ina", agg)],
+             *[a for agg in ina for a in ("--aggregator", agg)],
              *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
@@ -136,7 +136,7 @@ def test_hierarchical_training_through_a_leaf_and_its_spine(tmp_path: Path) -> N
 
 def test_unknown_model_is_refused(tmp_path: Path) -> None:
     out = subprocess.run(
-        [str(NCINA), "train", "--rank", "0", "--world-size", "1", "--master",
+        [str(NCINA), "train", "--rank", "0", "--workers", "1", "--master",
          f"127.0.0.1:{free_tcp_port()}", "--model", "resnet"],
         capture_output=True, text=True, timeout=120, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"},
     )
@@ -146,7 +146,7 @@ def test_unknown_model_is_refused(tmp_path: Path) -> None:
 
 
 def test_torchrun_starts_the_ranks_against_an_aggregator(tmp_path: Path) -> None:
-    """``torchrun --nproc-per-node 2 -m ncina.cli train``: no --rank/--world-size/--master, the
+    """``torchrun --nproc-per-node 2 -m ncina.cli train``: no --rank/--workers/--master, the
     ranks take torchrun's environment and store; each writes its own metrics file ({rank}), and
     the aggregator completes every chunk of every step of both ranks."""
     agg = start_aggregator("python", tmp_path / "aggregator", job=1, workers=WORLD, k=256,
@@ -156,7 +156,7 @@ def test_torchrun_starts_the_ranks_against_an_aggregator(tmp_path: Path) -> None
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
              "--master-addr", "127.0.0.1", "--master-port", str(free_tcp_port()),
-             "-m", "ncina.cli", "train", "--ina", f"{host}:{port}", "--k", "256",
+             "-m", "ncina.cli", "train", "--aggregator", f"{host}:{port}", "--k", "256",
              "--max-steps", str(STEPS), "--metrics", str(tmp_path / "rank{rank}.jsonl")],
             capture_output=True, text=True, timeout=300, check=False,
             env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
@@ -185,7 +185,7 @@ def test_torchrun_starts_the_ranks_against_an_aggregator(tmp_path: Path) -> None
 
 def test_training_outside_torchrun_names_the_missing_flag() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    out = subprocess.run([str(NCINA), "train", "--world-size", "2"], capture_output=True,
+    out = subprocess.run([str(NCINA), "train", "--workers", "2"], capture_output=True,
                          text=True, timeout=60, env=env, check=False)  # fmt: skip
     assert out.returncode == 1
     assert out.stderr == ("ncina train: error: --rank is missing and $RANK is not set: give "
@@ -217,8 +217,8 @@ def test_server_mode_training_learns(tmp_path: Path) -> None:
 
 def test_ina_mode_refuses_a_method_a_switch_cannot_add() -> None:
     out = subprocess.run(
-        [str(NCINA), "train", "--rank", "0", "--world-size", "1", "--master",
-         f"127.0.0.1:{free_tcp_port()}", "--ina", "127.0.0.1:9", "--compressor", "3lc"],
+        [str(NCINA), "train", "--rank", "0", "--workers", "1", "--master",
+         f"127.0.0.1:{free_tcp_port()}", "--aggregator", "127.0.0.1:9", "--compressor", "3lc"],
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 1

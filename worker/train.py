@@ -1,19 +1,19 @@
 """``ncina train``: one rank of data-parallel SGD (``--model``, ``--data``), INA+NC8 or gloo.
 
 Every rank runs this command (``ncina topo`` starts one per worker host), or ``torchrun`` starts
-them: ``torchrun --nproc-per-node N -m ncina.cli train --ina AGG:PORT ...`` (torchrun's
-``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; ``--rank``, ``--world-size`` and
+them: ``torchrun --nproc-per-node N -m ncina.cli train --aggregator AGG:PORT ...`` (torchrun's
+``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; ``--rank``, ``--workers`` and
 ``--master`` override them). ``torch.distributed`` (gloo; a TCP rendezvous at ``--master``, or
 torchrun's store) brings the ranks together and DDP broadcasts rank 0's initial parameters. The
 gradient all-reduce then goes either
 
-- through the in-network aggregator(s) given with ``--ina`` (NC8 uplink, the job's result format
-  downlink), by the DDP communication hook of :mod:`ncina.worker.torch_hook`; with
+- through the in-network aggregator(s) given with ``--aggregator`` (NC8 uplink, the job's result
+  format downlink), by the DDP communication hook of :mod:`ncina.worker.torch_hook`; with
   ``--compressor SPEC`` through that method instead: ``--mode ina`` (the default) for methods
   whose payloads a switch can add (NC8 codes), ``--mode server`` for any method (the aggregator,
   started with ``--mode server --compressor SPEC``, averages the decompressed payloads and sends
   the compressed mean); or
-- (no ``--ina``) through gloo's own fp32 ring all-reduce: the baseline.
+- (no ``--aggregator``) through gloo's own fp32 ring all-reduce: the baseline.
 
 Each rank trains on its shard of the training set (``DistributedSampler``, same shuffle on all
 ranks), evaluates the full test set after every epoch, prints progress lines and appends JSON events
@@ -38,6 +38,8 @@ from ncina.proto.wire import DEFAULT_MTU
 from ncina.worker.cli import add_data_path_argument, host_port
 from ncina.worker.client import MODES, RESULT_FORMATS, check_mode
 
+from ncina.cli import deprecated_alias
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``ncina train``."""
@@ -45,22 +47,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "train",
         help="one rank of data-parallel training (INA hook, or gloo baseline), also under torchrun",
         description="One rank of data-parallel SGD of --model on its data set; run it once per "
-        "rank. Gradients go through the aggregator(s) given with --ina (NC8, or --compressor "
-        "in --mode ina or server), or through gloo's fp32 all-reduce without it.",
+        "rank. Gradients go through the aggregator(s) given with --aggregator (NC8, or "
+        "--compressor in --mode ina or server), or through gloo's fp32 all-reduce without it.",
     )
     p.add_argument("--rank", type=int, help="this rank (default: $RANK, set by torchrun)")
-    p.add_argument("--world-size", type=int,
-                   help="number of ranks (default: $WORLD_SIZE, set by torchrun)")
+    workers = p.add_argument("--workers", type=int,
+                             help="number of ranks (default: $WORLD_SIZE, set by torchrun)")
+    deprecated_alias(p, "--world-size", workers)
     p.add_argument("--master", type=host_port, metavar="HOST:PORT",
                    help="gloo rendezvous address, rank 0 listens there (default: torchrun's "
                    "store at $MASTER_ADDR:$MASTER_PORT)")
-    p.add_argument("--ina", type=host_port, action="append", default=[], metavar="HOST:PORT",
-                   help="aggregator; repeat to shard tensors across several (none: gloo baseline)")
+    aggregator = p.add_argument(
+        "--aggregator", type=host_port, action="append", default=[], metavar="HOST:PORT",
+        help="aggregator; repeat to shard tensors across several (none: gloo baseline)")
+    deprecated_alias(p, "--ina", aggregator)
     p.add_argument("--job", type=int, default=1, help="INA job id, as on the aggregator(s)")
     p.add_argument("--leaf-workers", type=int, metavar="W",
-                   help="hierarchical aggregation (docs/protocol.md): the --ina aggregator is a "
+                   help="hierarchical aggregation (docs/protocol.md): the --aggregator is a "
                    "leaf of W workers, this rank its rank RANK mod W; the job's total is "
-                   "--world-size (default: one level, --ina serves every rank)")
+                   "--workers (default: one level, the --aggregator serves every rank)")
     p.add_argument("--iface", help="interface whose counters measure the traffic (and gloo binds)")
     p.add_argument("--model", default="mlp",
                    help="mlp, cnn (digits), resnet20, resnet18, vgg11, alexnet (synthetic "
@@ -118,10 +123,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def resolve_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
-    """Fill ``args.rank`` and ``args.world_size`` from torchrun's ``RANK`` and ``WORLD_SIZE``
+    """Fill ``args.rank`` and ``args.workers`` from torchrun's ``RANK`` and ``WORLD_SIZE``
     where the flags leave them unset; without ``--master`` the rendezvous is torchrun's
     (``env://``: ``MASTER_ADDR``, ``MASTER_PORT``). ``ValueError`` names what is missing."""
-    for name, variable in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
+    for name, variable in (("rank", "RANK"), ("workers", "WORLD_SIZE")):
         if getattr(args, name) is not None:
             continue
         text = environ.get(variable)
@@ -136,19 +141,20 @@ def resolve_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> None
     if args.master is None and not {"MASTER_ADDR", "MASTER_PORT"} <= environ.keys():
         raise ValueError("--master is missing and $MASTER_ADDR/$MASTER_PORT are not set: give "
                          "--master HOST:PORT, or start the ranks with torchrun")  # fmt: skip
-    if not 0 <= args.rank < args.world_size:
-        raise ValueError(f"rank {args.rank} is not one of 0..{args.world_size - 1}")
+    if not 0 <= args.rank < args.workers:
+        raise ValueError(f"rank {args.rank} is not one of 0..{args.workers - 1}")
 
 
 def check_options(args: argparse.Namespace) -> None:
     """Refuse a compressor/mode combination that cannot work, before anything starts."""
     leaf = getattr(args, "leaf_workers", None)  # ncina topo checks its options here too
     if leaf is not None and not (
-        leaf >= 1 and args.world_size % leaf == 0 and len(args.ina) == 1 and args.mode == "ina"
+        leaf >= 1 and args.workers % leaf == 0 and len(args.aggregator) == 1
+        and args.mode == "ina"
     ):
         raise ValueError(
-            f"--leaf-workers {leaf}: a leaf aggregator (one --ina, INA mode) serves W ranks, "
-            f"W >= 1 dividing the world size {args.world_size}"
+            f"--leaf-workers {leaf}: a leaf aggregator (one --aggregator, INA mode) serves W "
+            f"ranks, W >= 1 dividing the {args.workers} workers"
         )
     if args.compressor is None:
         if args.mode != "ina":

@@ -143,14 +143,14 @@ def make_fabric(args: argparse.Namespace) -> ShardedAllreduce:
         [
             AllreduceClient(
                 agg, job=args.job, rank=args.rank % leaf if leaf else args.rank,
-                workers=leaf or args.world_size, total_workers=args.world_size, k=args.k,
+                workers=leaf or args.workers, total_workers=args.workers, k=args.k,
                 pool_size=args.pool_size, window_max=args.window_max,
                 result_format=args.result, seed=(args.seed << 16) + args.rank,
                 deadline=args.deadline, compressor=args.compressor, mode=args.mode,
                 key=args.key_file, mtu=args.mtu, data_path=args.data_path,
                 handshake_timeout=args.handshake_timeout or None,
             )
-            for agg in args.ina
+            for agg in args.aggregator
         ]
     )
 
@@ -168,12 +168,12 @@ def run_rank(args: argparse.Namespace) -> None:
     # torchrun's workers join its agent's store (env://); otherwise rank 0 listens at --master.
     init = "env://" if args.master is None else "tcp://{}:{}".format(*args.master)
     dist.init_process_group(
-        "gloo", init_method=init, rank=args.rank, world_size=args.world_size,
+        "gloo", init_method=init, rank=args.rank, world_size=args.workers,
         timeout=timedelta(seconds=120),
     )
     # Under torchrun every rank gets the same flags: "{rank}" in the path keeps their files apart.
     events = Events(Path(str(args.metrics).format(rank=args.rank)) if args.metrics else None)
-    fabric = make_fabric(args) if args.ina else None
+    fabric = make_fabric(args) if args.aggregator else None
     try:
         train(args, events, fabric)
     finally:
@@ -235,7 +235,7 @@ def steps(
 ) -> None:
     """Train ``model`` for the epochs or steps asked, emitting the events."""
     sampler = DistributedSampler(
-        train_set, num_replicas=args.world_size, rank=args.rank, seed=args.seed, drop_last=True
+        train_set, num_replicas=args.workers, rank=args.rank, seed=args.seed, drop_last=True
     )
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
@@ -249,9 +249,9 @@ def steps(
     events.emit(
         "start", f"{tag} {args.model} on {data_name}, {params} parameters, "
         f"{len(loader)} steps/epoch, compute {compute_s * 1e3:.1f} ms/step",
-        rank=args.rank, world_size=args.world_size, mode=mode, model=args.model,
+        rank=args.rank, world_size=args.workers, mode=mode, model=args.model,
         data=data_name, parameters=params, steps_per_epoch=len(loader),
-        aggregators=len(args.ina), compressor=args.compressor,
+        aggregators=len(args.aggregator), compressor=args.compressor,
         fabric_mode=args.mode if fabric else None, test_loss=test_loss, test_acc=test_acc,
         compute_step_s=compute_s,
     )
@@ -305,7 +305,7 @@ def steps(
     dist.barrier()
     elapsed = clock()
     timing = step_timing(step, step_total, compute_s, comm_wait, hook)
-    samples_per_s = step * args.batch_size * args.world_size / elapsed if elapsed else 0.0
+    samples_per_s = step * args.batch_size * args.workers / elapsed if elapsed else 0.0
     events.emit(
         "end", f"{tag} finished: {step} steps, accuracy {test_acc:.2f}%, "
         f"{samples_per_s:.1f} samples/s, exposed communication "

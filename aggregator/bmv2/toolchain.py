@@ -2,9 +2,16 @@
 
 Nothing here ships or builds p4c or BMv2: ``p4c-bm2-ss`` and ``simple_switch_grpc`` are looked up
 on ``PATH`` (or named by ``NCINA_P4C`` / ``NCINA_BMV2``), and when one is missing the backend
-stops with one sentence naming what to install. A build goes to ``build/p4/k<K>/``: the generated
-``config.p4`` and ``lanes.p4``, the BMv2 JSON and the P4Info; it is redone only when a source or
-K changed (a digest of the inputs is kept next to the outputs).
+stops with one sentence naming what to install. A build goes to ``build/p4/k<K>/`` of the source
+checkout (``~/.cache/ncina/p4/k<K>/``, or under ``$NCINA_CACHE``, for an installed copy, whose
+folder may be read-only): the generated ``config.p4`` and ``lanes.p4``, the BMv2 JSON and the
+P4Info; it is redone only when a source or K changed (a digest of the inputs is kept next to the
+outputs).
+
+The P4 sources are package data (``ncina.p4``, mapped to ``p4/`` in pyproject.toml): ``p4/`` of
+the checkout in an editable install, ``ncina/p4/`` in an installed one. Both sit two folders above
+this file, next to ``aggregator/``, so one path finds them; the import system does not (``p4/`` has
+no ``__init__.py``: a regular package there would shadow p4runtime's ``p4``).
 """
 
 from __future__ import annotations
@@ -20,9 +27,14 @@ from pathlib import Path
 from ncina.aggregator.bmv2 import gen
 from ncina.aggregator.bmv2.layout import DEFAULT_K
 
+from ncina.cbuild import cache_root
+from ncina.progress import progress
+
+# The source checkout, or the installed ``ncina`` package folder.
 ROOT = Path(__file__).resolve().parents[2]
 P4_DIR = ROOT / "p4"
-BUILD_DIR = ROOT / "build" / "p4"
+CHECKOUT = (ROOT / "pyproject.toml").is_file()
+BUILD_DIR = ROOT / "build" / "p4" if CHECKOUT else cache_root() / "p4"
 MAIN = "ncina.p4"
 
 INSTALL_HINT = (
@@ -121,7 +133,7 @@ def _build_locked(result: Build, force: bool) -> Build:
         raise ToolchainError(f"cannot compile p4/{MAIN}: {reason}")
     gen.write(k, result.directory)
     command = compile_command(result)
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    proc = _run_with_progress(command, f"p4c-bm2-ss {MAIN} K={k}")
     if proc.returncode != 0:
         raise ToolchainError(
             f"{' '.join(command)} failed with status {proc.returncode}:\n"
@@ -131,6 +143,24 @@ def _build_locked(result: Build, force: bool) -> Build:
     return result
 
 
+def _run_with_progress(command: list[str], desc: str) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` and capture its output; on a terminal, a bar counts the seconds it has
+    taken (p4c prints nothing for minutes at large K). Interrupted, the command is killed."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc, progress(desc=desc, unit="s") as bar:  # fmt: skip
+        try:
+            while True:
+                try:
+                    out, err = proc.communicate(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:  # output so far is kept for the next call
+                    bar.update(1)
+        except BaseException:
+            proc.kill()
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m ncina.aggregator.bmv2.toolchain --k K``: what ``make p4`` runs."""
     import argparse
@@ -138,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="python -m ncina.aggregator.bmv2.toolchain",
-        description=f"Generate and compile p4/{MAIN} for K lanes into build/p4/k<K>/.",
+        description=f"Generate and compile p4/{MAIN} for K lanes into {BUILD_DIR}/k<K>/.",
     )
     parser.add_argument("--k", type=int, default=DEFAULT_K, help="lanes (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="compile even if up to date")

@@ -9,7 +9,7 @@ backend's I/O path (it echoes every datagram: one reply per packet, like the agg
 limit of this machine): DPDK's on the af_packet path, for socket the socket backend's own
 (``--socket-mode forward``). Needs root and DPDK (``apt-get install dpdk libdpdk-dev``; the load
 generator is in its extension); bmv2 needs p4c and BMv2 too (docs/bmv2.md). BMv2 reads its port
-through libpcap, whose ring holds a few dozen frames: give it a small --window.
+through libpcap, whose ring holds a few dozen frames: give it a small --pool-size.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from ncina.aggregator import process as aggproc
+from ncina.cli import deprecated_alias
+from ncina.progress import progress
 from ncina.proto.header import PORT
 
 JOB = 1
@@ -42,14 +44,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the backend measured (default: %(default)s)")  # fmt: skip
     p.add_argument("--workers", type=int, default=4, help="senders (default: %(default)s)")
     p.add_argument("--k", type=int, default=256, help="elements per packet (default: %(default)s)")
-    p.add_argument("--window", type=int, default=64,
-                   help="outstanding slots per worker (default: %(default)s)")  # fmt: skip
+    pool_size = p.add_argument("--pool-size", type=int, default=64,
+                               help="slots per job, each outstanding at every worker "
+                               "(default: %(default)s)")  # fmt: skip
+    deprecated_alias(p, "--window", pool_size)
     p.add_argument("--seconds", type=float, default=5.0,
                    help="duration of each measurement (default: %(default)s)")  # fmt: skip
     p.add_argument("--result", choices=("nc8", "int"), default="nc8")
-    p.add_argument("--retransmit-timeout", type=float, default=0.05, metavar="S",
-                   help="the load generator re-sends a slot unanswered this long; raise it for a "
-                   "slow switch (bmv2 at K=256: 1) (default: %(default)s)")  # fmt: skip
+    timeout = p.add_argument("--timeout", type=float, default=0.05, metavar="S",
+                             help="the load generator re-sends a slot unanswered this long; raise "
+                             "it for a slow switch (bmv2 at K=256: 1) (default: %(default)s)")
+    deprecated_alias(p, "--retransmit-timeout", timeout)
     p.add_argument("--dpdk-pmd", choices=("af_packet", "af_xdp"), default="af_packet",
                    help="how the DPDK aggregator and forwarder attach to their veth "
                    "(default: %(default)s)")  # fmt: skip
@@ -73,7 +78,7 @@ def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
     cmd = [
         sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend,
         "--job", str(JOB), "--workers", str(args.workers), "--k", str(args.k),
-        "--result", args.result, "--pool-size", str(args.window), "--seed", "1",
+        "--result", args.result, "--pool-size", str(args.pool_size), "--seed", "1",
         "--stats", str(stats_path), "--stats-interval", "60", "--listen", f"{site.ip}:{PORT}",
     ]  # fmt: skip
     if backend in ("python", "socket"):  # a kernel socket needs the address on the interface
@@ -110,8 +115,8 @@ def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
         fds = ffi.new("int[]", [s.fileno() for s in socks])
         st = ffi.new("struct ncd_gen_stats *")
         before = aggproc.request_stats(proc, stats_path)
-        rc = lib.ncd_gen_run(fds, args.workers, JOB, window.e_min, args.k, args.window,
-                             args.seconds, args.retransmit_timeout, ffi.from_buffer(codes),
+        rc = lib.ncd_gen_run(fds, args.workers, JOB, window.e_min, args.k, args.pool_size,
+                             args.seconds, args.timeout, ffi.from_buffer(codes),
                              st)  # fmt: skip
         after = aggproc.request_stats(proc, stats_path)
         for s in socks:
@@ -156,14 +161,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise RuntimeError(f"the bmv2 benchmark cannot run: {reason}")
     star = netns.Star.create()
     figures: dict[str, Any] = {
-        "workers": args.workers, "k": args.k, "window": args.window, "result": args.result,
+        "workers": args.workers, "k": args.k, "pool_size": args.pool_size, "result": args.result,
         "seconds": args.seconds, "backend": args.backend,
-        "retransmit_timeout": args.retransmit_timeout, "dpdk_pmd": args.dpdk_pmd,
+        "timeout": args.timeout, "dpdk_pmd": args.dpdk_pmd,
     }  # fmt: skip
     try:
         forward = "socket_forward" if args.backend == "socket" else "forward"
         kinds = ["python", forward] + ([args.backend] if args.backend != "python" else [])
-        for kind in kinds:
+        for kind in progress(kinds, desc="bench aggregator", unit="backend"):
             figures[kind] = measure(args, star, kind)
     finally:
         star.close()

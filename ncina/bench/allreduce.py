@@ -41,6 +41,7 @@ from ncina.aggregator import jobs
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
 from ncina.bench.worker import GO, WARMUP, client_seed, ready_path, report_path, worker_input
+from ncina.progress import progress
 from ncina.proto import nc8
 from ncina.proto.header import PORT, Format
 from ncina.proto.nc_bounds import bounds_from_inputs
@@ -491,8 +492,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
                 star = netns.Star.create()
             site = star.add_site() if star else None
-            repeats = [one_repeat(args, Path(tmp, f"run{i}"), ref, site)
-                       for i in range(args.repeat)]  # fmt: skip
+            runs = progress(range(args.repeat), desc="bench allreduce", unit="run")
+            repeats = [one_repeat(args, Path(tmp, f"run{i}"), ref, site) for i in runs]
         finally:
             if star is not None:
                 star.close()

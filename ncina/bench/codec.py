@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ncina.progress import progress
 from ncina.proto import nc8
 
 IMPLS = ("c", "numpy")
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     np.copyto(copy, x)
 
     times: dict[str, list[float]] = {"memcpy": []}
-    for r in range(args.repeat):
+    for r in progress(range(args.repeat), desc="bench codec", unit="run"):
         times["memcpy"].append(_seconds(lambda: np.copyto(copy, x)))
         for name, codec in codecs.items():
             rng = np.random.default_rng([args.seed, r])  # same key for every implementation

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ncina.progress import progress
 from ncina.proto.compressors import ErrorFeedback, State, create
 
 METHODS = (
@@ -283,7 +284,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     gaussian = np.random.default_rng(args.seed).standard_normal(args.elements).astype(np.float32)
     grads = digits_gradients(args.steps, args.seed)
     methods = []
-    for spec in specs:
+    for spec in progress(specs, desc="bench compressors", unit="method"):
         comp = create(spec)
         methods.append(
             {

@@ -10,7 +10,7 @@ all-reduce. Reported, as medians over ``--repeat`` (each repeat's values too):
 compute: the communication the backward pass did not hide) and ``exposed_comm_fraction``
 (exposed / total). ``--mtu`` sets every link's MTU (the default K and pool follow it) and
 ``--bucket-cap-mb`` DDP's bucket size. The runs' directories (logs,
-results.json, plot.png) stay under ``--out``.
+results.json, plot.png) stay under ``--workdir``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from ncina.cli import deprecated_alias
+from ncina.progress import progress
 
 FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
           "exposed_comm_s", "exposed_comm_fraction")  # fmt: skip
@@ -55,8 +58,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="elements per packet (default: as ncina topo, the largest for MTU 1500)")
     p.add_argument("--repeat", type=int, default=1, help="runs; medians are reported "
                    "(default: %(default)s)")  # fmt: skip
-    p.add_argument("--out", type=Path, default=Path("runs/bench/ddp"),
-                   help="where each run's directory goes (default: %(default)s)")  # fmt: skip
+    workdir = p.add_argument("--workdir", type=Path, default=Path("runs/bench/ddp"),
+                             help="where each run's directory goes (default: %(default)s)")
+    deprecated_alias(p, "--out", workdir)
     return p
 
 
@@ -96,8 +100,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pool_size = args.pool_size or topo_pool_size(args.backend, k)
 
     runs = []
-    for i in range(args.repeat):
-        out = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-{i}"
+    for i in progress(range(args.repeat), desc="bench ddp", unit="run"):
+        out = args.workdir / f"{time.strftime('%Y%m%d-%H%M%S')}-{i}"
         cfg = TopoConfig(out=out, workers=args.workers, backend=args.backend, bw=args.bw,
                          model=args.model, epochs=EPOCHS, max_steps=args.steps,
                          batch_size=args.batch_size,

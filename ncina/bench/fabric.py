@@ -34,6 +34,7 @@ import numpy as np
 
 from ncina.aggregator import process as aggproc
 from ncina.bench import allreduce as bench
+from ncina.progress import progress
 from ncina.proto.header import PORT
 from ncina.proto.wire import DEFAULT_MTU
 
@@ -182,8 +183,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 net.start()
                 if args.mtu != DEFAULT_MTU:
                     set_mtu(net, args.mtu)
+                runs = progress(range(args.repeat), desc="bench fabric", unit="run")
                 repeats = [one_repeat(args, net, topo, procs, workdir / f"run{i}", i, ref)
-                           for i in range(args.repeat)]  # fmt: skip
+                           for i in runs]  # fmt: skip
             finally:
                 procs.stop_all()
                 net.stop()

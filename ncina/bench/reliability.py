@@ -39,6 +39,7 @@ import numpy as np
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.jobs import JobConfig
 from ncina.bench.fuzzing import fuzz_during_allreduce, hostile_datagrams
+from ncina.progress import progress
 from ncina.worker.client import AggregatorRestartedError, AllreduceClient
 
 JOB = 21
@@ -366,7 +367,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     baseline: Run | None = None
     with tempfile.TemporaryDirectory(prefix="ncina-bench-reliability-") as tmp:
-        for i, (name, faults) in enumerate(SCENARIOS.items()):
+        scenarios = progress(SCENARIOS.items(), desc="bench reliability", unit="scenario")
+        for i, (name, faults) in enumerate(scenarios):
             workdir = Path(tmp) / str(i)
             workdir.mkdir()
             got = allreduce_with_faults(inputs, workdir, k=args.k, result=args.result,

@@ -2,7 +2,7 @@
 
 The same recorded uplink schedule (``--workers`` ranks, chunks of ``--k`` NC8 codes, every slot
 completing) goes through each backend's packet logic without any I/O, once for an untagged job
-and once for a keyed one, alternating, ``--repeats`` times; the figures are medians.
+and once for a keyed one, alternating, ``--repeat`` times; the figures are medians.
 
 - Python: ``ncina.aggregator.pipeline.Aggregator.handle`` on datagrams (hashlib's BLAKE2b
   checks each uplink tag and tags every result);
@@ -24,6 +24,8 @@ import numpy as np
 
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
+from ncina.cli import deprecated_alias
+from ncina.progress import progress
 from ncina.proto import tag
 from ncina.proto.header import FLAG_TAG, pack
 
@@ -42,7 +44,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=4, help="default: %(default)s")
     p.add_argument("--k", type=int, default=256, help="elements per packet (default: 256)")
     p.add_argument("--chunks", type=int, default=4000, help="chunks per rank (default: 4000)")
-    p.add_argument("--repeats", type=int, default=5, help="default: %(default)s")
+    repeat = p.add_argument("--repeat", type=int, default=5, help="default: %(default)s")
+    deprecated_alias(p, "--repeats", repeat)
     return p
 
 
@@ -133,7 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"workers": args.workers, "k": args.k, "packets": n}
     for backend, timer in timers.items():
         runs: dict[str, list[float]] = {"untagged": [], "keyed": []}
-        for _ in range(args.repeats):
+        for _ in progress(range(args.repeat), desc=f"bench tag {backend}", unit="run"):
             for kind in runs:
                 runs[kind].append(timer(configs[kind], packets[kind]))
         rates = {kind: n / statistics.median(seconds) for kind, seconds in runs.items()}

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator import process as aggproc
+from ncina.cli import deprecated_alias
+from ncina.progress import progress
 from ncina.proto.compressors import create
 from ncina.worker.client import check_mode
 
@@ -59,7 +61,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per training run")
+    run_timeout = p.add_argument("--run-timeout", type=float, default=900.0,
+                                 help="seconds per training run (default: %(default)s)")
+    deprecated_alias(p, "--timeout", run_timeout)
     p.add_argument("--markdown", type=Path, help="also write the table to this file")
     return p
 
@@ -90,15 +94,15 @@ def train_one(spec: str, args: argparse.Namespace, workdir: Path) -> dict[str, A
             with (workdir / f"worker{rank}.log").open("wb") as log:
                 workers.append(subprocess.Popen(
                     [sys.executable, "-m", "ncina.cli", "train", "--rank", str(rank),
-                     "--world-size", str(args.workers), "--master", f"127.0.0.1:{master}",
-                     "--ina", f"{host}:{port}", "--k", "256", "--epochs", str(args.epochs),
+                     "--workers", str(args.workers), "--master", f"127.0.0.1:{master}",
+                     "--aggregator", f"{host}:{port}", "--k", "256", "--epochs", str(args.epochs),
                      "--seed", str(args.seed), "--log-every", "1000", "--metrics",
                      str(metrics[rank]),
                      *compressor],
                     stdout=log, stderr=subprocess.STDOUT,
                 ))  # fmt: skip
         for rank, w in enumerate(workers):
-            if w.wait(timeout=args.timeout) != 0:
+            if w.wait(timeout=args.run_timeout) != 0:
                 log = aggproc.tail(workdir / f"worker{rank}.log")
                 raise RuntimeError(f"{spec}: worker {rank} failed:\n{log}")
     finally:
@@ -150,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train once per method; optionally write the markdown table."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="ncina-bench-training-") as tmp:
-        for i, spec in enumerate(args.methods):
+        for i, spec in enumerate(progress(args.methods, desc="bench training", unit="method")):
             workdir = Path(tmp, str(i))
             workdir.mkdir()
             rows.append(train_one(spec, args, workdir))
