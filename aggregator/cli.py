@@ -9,7 +9,7 @@ from typing import Any
 
 from ncina.aggregator import hierarchy
 from ncina.aggregator.bmv2 import driver as bmv2_driver
-from ncina.aggregator.control import DEFAULT_MAX_JOBS, JobsDirectory
+from ncina.aggregator.control import DEFAULT_MAX_JOBS, jobs_directory
 from ncina.aggregator.dpdk import driver as dpdk_driver
 from ncina.aggregator.faults import FaultConfig
 from ncina.aggregator.jobs import (
@@ -379,9 +379,6 @@ def run(args: argparse.Namespace) -> int:
         stats_path=args.stats,
         stats_interval=args.stats_interval,
         faults=faults,
-        control=(
-            JobsDirectory(args.jobs_dir, mtu=args.mtu, max_jobs=args.max_jobs)
-            if args.jobs_dir else None
-        ),
+        control=jobs_directory(args),
     )
     return backend.run()

@@ -109,6 +109,14 @@ class JobsDirectory:
         return config
 
 
+def jobs_directory(args: Any) -> JobsDirectory | None:
+    """The control interface ``ncina aggregator``'s options ask for: ``--jobs-dir`` (with the
+    job's ``--mtu`` and ``--max-jobs``), or none."""
+    if not args.jobs_dir:
+        return None
+    return JobsDirectory(args.jobs_dir, mtu=args.mtu, max_jobs=args.max_jobs)
+
+
 def apply_changes(
     directory: JobsDirectory,
     installed: KeysView[int],

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any, TextIO
 
 import numpy as np
-from ncina.aggregator.control import JobsDirectory
+from ncina.aggregator.control import JobsDirectory, jobs_directory
 from ncina.aggregator.dpdk.eal import (
     HUGEPAGE_MODES,
     PMDS,
@@ -250,9 +250,6 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         idle_sleep_us=args.idle_sleep_us,
         mode=args.dpdk_mode,
         generation=generation,
-        control=(
-            JobsDirectory(args.jobs_dir, mtu=args.mtu, max_jobs=args.max_jobs)
-            if args.jobs_dir else None
-        ),
+        control=jobs_directory(args),
     )
     return backend.run()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ncina.aggregator.control import JobsDirectory
+from ncina.aggregator.control import JobsDirectory, jobs_directory
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
 from ncina.aggregator.jobs import Address, JobConfig
@@ -123,9 +123,6 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         stats_interval=args.stats_interval,
         mode=args.socket_mode,
         generation=generation,
-        control=(
-            JobsDirectory(args.jobs_dir, mtu=args.mtu, max_jobs=args.max_jobs)
-            if args.jobs_dir else None
-        ),
+        control=jobs_directory(args),
     )
     return backend.run()
