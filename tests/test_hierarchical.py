@@ -125,7 +125,7 @@ def inputs(total: int, kind: str) -> list[list[np.ndarray]]:
 
 def run_workers(
     sites: Sequence[tuple[tuple[str, int], int]], *, workers: int, total: int, result: str,
-    calls: list[list[np.ndarray]], key: bytes | None = None,
+    calls: list[list[np.ndarray]], key: bytes | None = None, data_path: str = "c",
 ) -> list[list[np.ndarray]]:  # fmt: skip
     """Global worker ``g`` runs at ``sites[g]`` (aggregator address, local rank) in its own
     thread and all-reduces (sum) every call's input ``g``; returns results per call, per
@@ -139,6 +139,7 @@ def run_workers(
             with AllreduceClient(
                 address, job=JOB, rank=rank, workers=workers, total_workers=total, k=K,
                 pool_size=POOL, result_format=result, seed=g, deadline=30.0, key=key,
+                data_path=data_path,
             ) as client:  # fmt: skip
                 for c, call in enumerate(calls):
                     out[c][g] = client.allreduce(call[g], op="sum")
@@ -201,12 +202,16 @@ def check_accounting(tree: Tree) -> None:
             assert up["packets_out"] == up["sent"] + up["resent"] + up["hellos"], doc
 
 
-@pytest.mark.parametrize(("leaves", "width", "keyed"), [(2, 2, False), (2, 4, False), (2, 2, True)])
+@pytest.mark.parametrize(
+    ("leaves", "width", "keyed", "data_path"),
+    [(2, 2, False, "c"), (2, 4, False, "c"), (2, 2, True, "c"), (2, 2, False, "python")],
+)
 def test_hierarchical_int_results_are_the_exact_sum(
-    tmp_path: Path, trees: list[Tree], leaves: int, width: int, keyed: bool
+    tmp_path: Path, trees: list[Tree], leaves: int, width: int, keyed: bool, data_path: str
 ) -> None:
     """Keyed: every datagram of the tree tagged, the leaves' partial sums and the spine's
-    results included (a leaf signs with the job's key, as a worker does)."""
+    results included (a leaf signs with the job's key, as a worker does). The workers' C data
+    path and the Python reference loop alike."""
     key = bytes(range(32)) if keyed else None
     key_option: list[str] = []
     if key is not None:
@@ -217,7 +222,8 @@ def test_hierarchical_int_results_are_the_exact_sum(
     trees.append(tree)
     calls = inputs(tree.total, "powers")
     got = run_workers([tree.worker_site(g) for g in range(tree.total)], workers=width,
-                      total=tree.total, result="int", calls=calls, key=key)  # fmt: skip
+                      total=tree.total, result="int", calls=calls, key=key,
+                      data_path=data_path)  # fmt: skip
     for c, want in enumerate(exact_float_sums(tree.total, calls)):
         for g in range(tree.total):
             assert got[c][g].tobytes() == want.tobytes(), (c, g)
