@@ -38,9 +38,12 @@ STALE_GENERATION = "stale_generation"
 BAD_CODE = "bad_code"
 BAD_PAYLOAD = "bad_payload"
 
-# Step 15's reason by the job's uplink format: an NC8 code above the window, or a server-mode
-# blob that does not decode to ``count`` elements.
-_UNDECODABLE = {int(Format.NC8): BAD_CODE, int(Format.BLOB): BAD_PAYLOAD}
+# Step 15's reason by the job's uplink format: an NC8 code above the window, a spine's int
+# partial sum beyond what a leaf can sum (hierarchy.py), or a server-mode blob that does not
+# decode to ``count`` elements.
+_UNDECODABLE = {
+    int(Format.NC8): BAD_CODE, int(Format.INT): BAD_CODE, int(Format.BLOB): BAD_PAYLOAD,
+}
 
 
 def admit(

@@ -7,6 +7,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from ncina.aggregator import hierarchy
 from ncina.aggregator.bmv2 import driver as bmv2_driver
 from ncina.aggregator.control import DEFAULT_MAX_JOBS, jobs_directory
 from ncina.aggregator.dpdk import driver as dpdk_driver
@@ -54,7 +55,9 @@ Backends: python (the reference: one Python loop per datagram), socket (the C sl
 behind one kernel UDP socket with batched recvmmsg/sendmmsg: the same datagrams and counters,
 several times faster, no root; docs/socket.md), dpdk (the same C engine on a DPDK port: needs
 root and --iface or --pci; docs/dpdk.md), bmv2 (the P4 program on BMv2; docs/bmv2.md). Server mode
-and the fault options are python's; --jobs-dir works on every backend but bmv2.
+and the fault options are python's, as is two-level aggregation (a spine: --uplink int; a leaf:
+--upstream; docs/protocol.md, "Hierarchical aggregation"); --jobs-dir works on every backend but
+bmv2.
 
 On start it prints one line on stderr, "ncina aggregator: listening on HOST:PORT ...", once the
 socket is bound. SIGUSR1 writes the stats now; SIGTERM and SIGINT write them and exit with 0.
@@ -117,8 +120,9 @@ def job_k(args: argparse.Namespace, compressor: Compressor | None) -> int:
     if args.k is not None:
         return int(args.k)
     tagged = args.key_file is not None
-    if compressor is None:
-        return default_k(args.mtu, args.result, tagged)
+    if compressor is None:  # a leaf's or spine's int partial sums must fit too
+        partial_sums = args.upstream is not None or args.uplink == "int"
+        return default_k(args.mtu, "int" if partial_sums else args.result, tagged)
     room = payload_room(args.mtu, tagged)
     k = largest_fitting(compressor, room, default_k(args.mtu, "nc8", tagged))
     if k == 0:
@@ -300,6 +304,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="dpdk: the network interface the data plane serves (or --pci); bmv2: one or "
         "more, comma-separated, the switch's ports 1, 2, ... (required)",
     )
+    hierarchy.add_arguments(parser)
     socket_driver.add_arguments(parser)
     dpdk_driver.add_arguments(parser)
     bmv2_driver.add_arguments(parser)
@@ -314,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("INA mode needs --result nc8 or --result int")
     if args.mode == "server" and args.result is not None:
         raise ValueError("server mode's results are compressor payloads: drop --result")
+    hierarchical = hierarchy.check_arguments(args)
     compressor = (
         create(args.compressor, workers=args.workers, e_max=args.window_max)
         if args.compressor is not None
@@ -330,6 +336,8 @@ def run(args: argparse.Namespace) -> int:
         members=args.member,
         seed=args.seed,
         key=args.key_file,
+        total_workers=args.total_workers,
+        uplink_format=args.uplink,
     )
     if compressor is None:
         config.check_mtu(args.mtu)
@@ -360,8 +368,11 @@ def run(args: argparse.Namespace) -> int:
         if args.backend == "socket":
             return socket_driver.serve(config, args, generation)
         return dpdk_driver.serve(config, args, generation)
-    aggregator = Aggregator(generation, max_residual_elements=args.max_residual_elements)
-    aggregator.add_job(config, compressor)
+    if hierarchical:
+        aggregator = hierarchy.make_aggregator(config, args, generation)
+    else:
+        aggregator = Aggregator(generation, max_residual_elements=args.max_residual_elements)
+        aggregator.add_job(config, compressor)
     backend = PythonBackend(
         aggregator,
         args.listen,

@@ -46,6 +46,7 @@ def job_descriptor(config: JobConfig, compressor: object | None = None) -> Descr
         e_min=window.e_min,
         keyed=config.key is not None,
         compressor=compressor_hash(compressor) if compressor is not None else 0,
+        uplink=int(config.uplink_format),  # UPLINK_MODE (nc8) or UPLINK_INT (a spine)
     )
 
 

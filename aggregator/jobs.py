@@ -24,6 +24,7 @@ from ncina.proto.wire import (
     ETHERNET_HEADER,
     MAX_K,
     MAX_MTU,
+    MAX_TOTAL_WORKERS,
     MAX_WORKERS,
     MIN_MTU,
     TAG_SIZE,
@@ -50,6 +51,12 @@ class JobConfig:
     ``members`` maps a rank to its configured address; ranks not in it are learned from their
     first valid packet. Construct with ``JobConfig.create`` (which derives the window); direct
     construction validates the same way.
+
+    Hierarchical aggregation (docs/protocol.md, "Hierarchical aggregation"): ``total_workers``
+    is the number of workers of the whole tree, whose window every aggregator and worker of the
+    job uses (None: ``workers``, a one-level job); ``uplink_format`` ``INT`` makes a spine, whose
+    ``workers`` members are leaf aggregators sending exact partial sums of ``total_workers /
+    workers`` workers each.
     """
 
     job: int
@@ -62,9 +69,23 @@ class JobConfig:
     seed: int | None = None
     # The job's shared secret for the authentication tag (docs/protocol.md); None: untagged.
     key: bytes | None = field(default=None, repr=False)
+    total_workers: int | None = None
+    uplink_format: Format = Format.NC8
 
     def __post_init__(self) -> None:
         check_job(job=self.job, workers=self.workers, k=self.k, pool_size=self.pool_size)
+        object.__setattr__(self, "uplink_format", Format(self.uplink_format))
+        if self.uplink_format not in ELEMENT_SIZE:
+            raise ValueError(f"an INA job's uplink is nc8 or int, not {self.uplink_format.name}")
+        total = self.total
+        check_range("total workers", total, self.workers, MAX_TOTAL_WORKERS,
+                    f" (at least the {self.workers} workers of this aggregator)")  # fmt: skip
+        if self.uplink_format == Format.INT and total % self.workers:
+            raise ValueError(
+                f"a spine's {total} total workers must be a multiple of its {self.workers} "
+                "leaves (every leaf serves as many workers: their partial sums are bounded "
+                "by it)"
+            )
         if self.seed is not None:
             check_range("seed", self.seed, 0, MAX_SEED)
         object.__setattr__(self, "result_format", Format(self.result_format))
@@ -72,11 +93,11 @@ class JobConfig:
             raise ValueError(
                 f"{self.result_format.name.lower()} is not an INA result format (nc8 or int)"
             )
-        expected = Window.for_job(self.workers, self.window.e_max)
+        expected = Window.for_job(total, self.window.e_max)
         if self.window != expected:
             raise ValueError(
                 f"window {self.window} is not the one docs/protocol.md derives for "
-                f"{self.workers} workers and e_max {self.window.e_max}: {expected}"
+                f"{total} workers and e_max {self.window.e_max}: {expected}"
             )
         for rank in self.members:
             if not 0 <= rank < self.workers:
@@ -101,6 +122,8 @@ class JobConfig:
         members: Iterable[tuple[int, Address]] = (),
         seed: int | None = None,
         key: bytes | str | None = None,
+        total_workers: int | None = None,
+        uplink_format: Format | str = Format.NC8,
     ) -> JobConfig:
         """Validate the parameters and build the job, deriving its window from ``workers`` and
         ``window_max`` (e_max) as docs/protocol.md specifies; ``key`` is the tag's secret, as
@@ -116,8 +139,13 @@ class JobConfig:
                     f"unknown result format {result_format!r} (one of {names})"
                 ) from None
         check_range("workers", workers, 1, MAX_WORKERS, WORKERS_WHY)
+        if isinstance(uplink_format, str):
+            uplink_format = Format[uplink_format.upper()]
+        if total_workers is not None:
+            check_range("total workers", total_workers, workers, MAX_TOTAL_WORKERS,
+                        f" (at least the {workers} workers of this aggregator)")  # fmt: skip
         try:
-            window = Window.for_job(workers, window_max)
+            window = Window.for_job(total_workers or workers, window_max)
         except ValueError as exc:
             raise ValueError(f"no exponent window with e_max {window_max}: {exc}") from None
         by_rank: dict[int, Address] = {}
@@ -135,7 +163,14 @@ class JobConfig:
             members=by_rank,
             seed=seed,
             key=key,
+            total_workers=total_workers,
+            uplink_format=uplink_format,
         )
+
+    @property
+    def total(self) -> int:
+        """The workers whose sum the job's results are: ``total_workers``, else ``workers``."""
+        return self.total_workers if self.total_workers is not None else self.workers
 
     def describe(self, results: str | None = None) -> str:
         """One line naming the job's settings, for logs and readiness lines; ``results`` says
@@ -143,7 +178,10 @@ class JobConfig:
         window = self.window
         results = results or f"{self.result_format.name.lower()} results"
         return (
-            f"job {self.job}: {self.workers} workers, k={self.k}, "
+            f"job {self.job}: {self.workers} "
+            + ("leaves" if self.uplink_format == Format.INT else "workers")
+            + (f" of {self.total} workers in total" if self.total != self.workers else "")
+            + f", k={self.k}, "
             f"{results}, pool {self.pool_size}, "
             f"window 2^{window.e_min}..2^{window.e_max}"
             + (", tagged" if self.key is not None else "")

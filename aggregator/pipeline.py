@@ -51,13 +51,19 @@ class Aggregator:
     def add_job(self, config: JobConfig, compressor: Compressor | None = None) -> JobSlots:
         """Install a job; its id must be new. With a ``compressor`` the job runs in server mode
         (``ServerSlots``), otherwise in INA mode."""
-        if config.job in self.jobs:
-            raise ValueError(f"job {config.job} is already installed")
         if compressor is None:
             slots: JobSlots = JobSlots(config)
         else:
             slots = ServerSlots(config, compressor, limits=self.limits,
                                 max_residual_elements=self.max_residual_elements)  # fmt: skip
+        return self.install(slots)
+
+    def install(self, slots: JobSlots) -> JobSlots:
+        """Install a job's slots made elsewhere (a leaf's or a spine's,
+        ``ncina.aggregator.hierarchy``); its id must be new."""
+        config = slots.config
+        if config.job in self.jobs:
+            raise ValueError(f"job {config.job} is already installed")
         self.jobs[config.job] = slots
         slots.generation = self.generation
         return slots
@@ -107,9 +113,13 @@ class Aggregator:
             if not job.contribute(version, slot, rank, offset, count, values):
                 return NOTHING
             stats.slots_completed += 1
+            if job.upstream is not None:  # a leaf: the exact sum goes to its spine (hierarchy.py)
+                return job.upstream.forward(job, version, slot)
             stats.results_sent += job.workers
             return reply.results(job, version, slot, range(job.workers))
         if rule is RESEND:  # rule 2: the worker lost the result
+            if job.upstream is not None and not job.results[version][slot]:
+                return job.upstream.forward(job, version, slot, retx=True)  # still waiting
             stats.results_resent += 1
             return reply.results(job, version, slot, (rank,))
         if rule is DUPLICATE:  # rule 3: ignored, and a notice at a generation

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from ncina.aggregator.control import JobsDirectory, apply_changes
 from ncina.aggregator.faults import FaultConfig, FaultyPath
+from ncina.aggregator.hierarchy import LeafAggregator
 from ncina.aggregator.jobs import Address
 from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.process import ready_line
@@ -96,6 +97,12 @@ class PythonBackend:
         signal.signal(signal.SIGUSR1, self._on_stats_signal)
         if self.stats_path is not None:
             self.write_stats()  # fails early on an unwritable path, and shows the schema at once
+        if isinstance(self.aggregator, LeafAggregator):  # a leaf: its spine's handshake first
+            try:
+                self.aggregator.join(self.socket)
+            except BaseException:
+                self.close()
+                raise
         jobs = "; ".join(slots.describe() for slots in self.aggregator.jobs.values())
         details = f"pid {os.getpid()}, generation {self.aggregator.generation}, {jobs}"
         line = ready_line(self.address, NAME, details)
@@ -175,7 +182,7 @@ class PythonBackend:
 
     def stats_document(self) -> dict[str, Any]:
         """The stats JSON document (docs/protocol.md, "Counters") as of now."""
-        return snapshot(
+        document = snapshot(
             backend=NAME,
             started=self.started,
             global_stats=self.aggregator.stats,
@@ -183,6 +190,9 @@ class PythonBackend:
             faults=self.faults.counts if self.faults is not None else None,
             limits=self.aggregator.limits,
         )
+        if isinstance(self.aggregator, LeafAggregator):
+            document["upstream"] = self.aggregator.upstream_document()
+        return document
 
     def write_stats(self) -> None:
         """Write the stats document to ``stats_path``, or print it as one line on ``log``."""

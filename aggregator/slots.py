@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
 from ncina.aggregator.jobs import JobConfig
@@ -26,6 +27,9 @@ from ncina.proto import nc8
 from ncina.proto.compressors import Compressor, State
 from ncina.proto.compressors.base import HEAD
 from ncina.proto.header import FLAG_TAG, INT_DTYPE, Format
+
+if TYPE_CHECKING:
+    from ncina.aggregator.hierarchy import Upstream
 
 # What the slot rules make of an admitted packet (``JobSlots.rule``): one of three actions, or a
 # drop reason.
@@ -69,6 +73,9 @@ class JobSlots:
     """
 
     uplink_format = _NC8
+    # A leaf aggregator's way to its spine (``ncina.aggregator.hierarchy``): set, a complete
+    # slot's exact sum goes up instead of a result down (``pipeline.py``). None: one level.
+    upstream: Upstream | None = None
     _accumulator_dtype: type = np.int64
     # Offsets are the slot's running element counter, so a version's rounds have increasing
     # offsets and an older one is late (docs/protocol.md, "Late and duplicate packets").

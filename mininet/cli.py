@@ -39,8 +39,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "results.json, logs and a plot under runs/.",
     )
     d = TopoConfig  # the defaults
-    p.add_argument("--topo", choices=("star", "multi"), default=d.topo,
-                   help="star: one aggregator; multi: tensors sharded across --aggregators")
+    p.add_argument("--topo", choices=("star", "multi", "leafspine"), default=d.topo,
+                   help="star: one aggregator; multi: tensors sharded across --aggregators; "
+                   "leafspine: --leaves leaf switches, each with its workers and a leaf "
+                   "aggregator, under a spine switch and the spine aggregator (python backend: "
+                   "docs/topo.md)")
+    p.add_argument("--leaves", type=int, default=d.leaves,
+                   help="leafspine: leaf switches, the workers split evenly over them "
+                   "(default: %(default)s)")
     p.add_argument("--workers", type=int, default=d.workers, help="default: %(default)s")
     p.add_argument("--aggregators", type=int, help="aggregator nodes (star: 1, multi: default 2)")
     p.add_argument("--backend",
@@ -104,13 +110,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def topo_k(
-    backend: str, mode: str, result: str, tagged: bool, mtu: int = DEFAULT_MTU
-) -> int:
+    backend: str, mode: str, result: str, tagged: bool, mtu: int = DEFAULT_MTU,
+    topo: str = "star",
+) -> int:  # fmt: skip
     """The K a topology's job gets without --k: ``FIXED_K`` on BMv2 and in server mode, else the
-    largest whose packets fit ``mtu`` (``ncina.aggregator.jobs.default_k``)."""
+    largest whose packets fit ``mtu`` (``ncina.aggregator.jobs.default_k``; in leaf-spine, whose
+    leaves send int partial sums, for int)."""
     if backend == "bmv2" or mode == "server":
         return FIXED_K
-    return default_k(mtu, result, tagged)
+    return default_k(mtu, "int" if topo == "leafspine" else result, tagged)
 
 
 def topo_pool_size(backend: str | None, k: int) -> int:
@@ -138,15 +146,19 @@ def run(args: argparse.Namespace) -> int:
         raise PermissionError(ROOT_NEEDED)
     if args.topo == "star" and args.aggregators not in (None, 1):
         raise ValueError("the star topology has one aggregator; use --topo multi")
+    if args.topo == "leafspine" and args.aggregators is not None:
+        raise ValueError("leafspine has one aggregator per leaf and the spine's: give --leaves")
     from ncina.topo.runner import run_topology
 
-    k = args.k or topo_k(args.backend, args.mode, args.result, args.key_file is not None, args.mtu)
+    k = args.k or topo_k(args.backend, args.mode, args.result, args.key_file is not None, args.mtu,
+                         args.topo)  # fmt: skip
     run_topology(
         TopoConfig(
             out=args.workdir or Path("runs", time.strftime("%Y%m%d-%H%M%S")),
             topo=args.topo,
             workers=args.workers,
             aggregators=args.aggregators or (2 if args.topo == "multi" else 1),
+            leaves=args.leaves,
             backend=args.backend,
             bw=args.bw,
             agg_bw=args.agg_bw,

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ncina.proto.header import Format, largest_k
 from ncina.proto.wire import DEFAULT_MTU
 
 BMV2_POOL_SIZE = 8
@@ -33,7 +34,9 @@ LOSSLESS_UPLINK = {
 class TopoConfig:
     """Everything a topology run depends on (recorded in results.json as ``config``).
 
-    topo: ``star`` or ``multi``; bw: Mbit/s per worker link (None: unshaped); agg_bw: the same
+    topo: ``star``, ``multi`` or ``leafspine`` (``leaves`` leaf aggregators of ``workers /
+    leaves`` workers and a spine: python backend, INA mode, a K whose int partial sums fit
+    ``mtu``); bw: Mbit/s per worker link (None: unshaped); agg_bw: the same
     per aggregator link (None: unshaped, the aggregators stand in for the switch); loss: percent
     per worker link direction; mtu: of every link (the default K is the largest that fits it);
     batch_size: per worker; bucket_cap_mb: DDP's gradient bucket
@@ -53,6 +56,7 @@ class TopoConfig:
     topo: str = "star"
     workers: int = 4
     aggregators: int = 1
+    leaves: int = 2
     backend: str | None = None  # None: socket, or python in server mode (__post_init__)
     bw: float | None = None
     agg_bw: float | None = None
@@ -83,10 +87,32 @@ class TopoConfig:
         # The C backends serve INA mode; server mode (decompress, average, re-compress) is the
         # Python backend's.
         if self.backend is None:
-            self.backend = "python" if self.mode == "server" else "socket"
+            self.backend = "python" if self.mode == "server" or self.topo == "leafspine" else (
+                "socket"
+            )
+        if self.topo == "leafspine":
+            self.check_leafspine()
         if self.loss > 0 and self.backend in LOSSLESS_UPLINK:
             raise ValueError(
                 f"LOSS={self.loss:g} cannot be applied with BACKEND={self.backend}: "
                 f"{LOSSLESS_UPLINK[self.backend]}, so only the downlink would lose packets. "
                 "Run lossy links with BACKEND=socket or python, or LOSS=0 with this backend"
             )
+
+    def check_leafspine(self) -> None:
+        """Raise ``ValueError`` unless the leaf-spine run can work: python backend, INA mode
+        (docs/protocol.md, "Hierarchical aggregation"), workers split evenly, int frames of K."""
+        if self.backend != "python" or self.mode != "ina":
+            raise ValueError(f"--topo leafspine runs the python backend in INA mode, not "
+                             f"BACKEND={self.backend} --mode {self.mode}: the C and P4 data "
+                             "planes do not carry int partial sums yet")  # fmt: skip
+        if self.pcaps:
+            raise ValueError("--pcaps captures the star's aggregator links: not in leafspine yet")
+        if not 1 <= self.leaves <= self.workers or self.workers % self.leaves:
+            raise ValueError(f"--leaves {self.leaves}: the {self.workers} workers must split "
+                             "evenly over the leaves")  # fmt: skip
+        largest = largest_k(self.mtu, Format.INT, self.key_file is not None)
+        if self.k > largest:
+            raise ValueError(f"k={self.k}: the leaves' int partial sums of K elements must fit "
+                             f"MTU {self.mtu} (the largest k is {largest})")  # fmt: skip
+        self.aggregators = self.leaves + 1

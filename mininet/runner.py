@@ -38,7 +38,14 @@ from ncina.proto.header import PORT
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.topo import report
 from ncina.topo.config import TopoConfig
-from ncina.topo.topos import P4Switch, StarTopo, aggregator_ip, topos, worker_ip
+from ncina.topo.topos import (
+    LeafSpineTopo,
+    P4Switch,
+    StarTopo,
+    aggregator_ip,
+    topos,
+    worker_ip,
+)
 from ncina.worker import models
 
 from mininet.net import Mininet
@@ -57,11 +64,16 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def check_backend(backend: str, aggregators: int = 1, mtu: int = DEFAULT_MTU) -> None:
+def check_backend(
+    backend: str, aggregators: int = 1, mtu: int = DEFAULT_MTU, topo: str = "star"
+) -> None:
     """Raise a clear error when the chosen aggregator backend cannot run here (or not on links
-    of this MTU)."""
+    of this MTU, or not in this topology)."""
     if backend not in BACKENDS:
         raise RuntimeError(f"BACKEND={backend} is not a backend (available: {', '.join(BACKENDS)})")
+    if topo == "leafspine" and backend != "python":
+        raise RuntimeError(f"--topo leafspine runs the python backend (BACKEND={backend}: its data "
+                           "plane does not carry the leaves' int partial sums yet)")  # fmt: skip
     check_mtu_range(mtu)
     if mtu != DEFAULT_MTU and backend in ("dpdk", "bmv2"):
         # af_packet's default frames and the P4 switch's ports are set up for 1500-byte frames
@@ -120,10 +132,13 @@ def build_net(cfg: TopoConfig) -> tuple[Mininet, StarTopo]:
     """The network of ``cfg``, not yet built: ``net.start()`` builds it (inside the caller's
     ``try``, so that ``net.stop()`` also removes a half-built network)."""
     in_switch = cfg.backend == "bmv2"  # the switch aggregates: no aggregator nodes
-    topo = topos[cfg.topo](
-        workers=cfg.workers, aggregators=0 if in_switch else cfg.aggregators, bw=cfg.bw,
-        agg_bw=cfg.agg_bw, loss=cfg.loss, prefix=cfg.prefix,
-    )
+    shape = {"bw": cfg.bw, "agg_bw": cfg.agg_bw, "loss": cfg.loss, "prefix": cfg.prefix}
+    if cfg.topo == "leafspine":
+        topo: StarTopo = LeafSpineTopo(workers=cfg.workers, leaves=cfg.leaves, **shape)
+    else:
+        topo = topos[cfg.topo](
+            workers=cfg.workers, aggregators=0 if in_switch else cfg.aggregators, **shape
+        )
     net = Mininet(topo=topo, switch=P4Switch if in_switch else LinuxBridge, controller=None,
                   autoStaticArp=True, build=False)  # fmt: skip
     return net, topo
@@ -133,7 +148,10 @@ def start_aggregators(
     net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, run_dir: Path
 ) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     """Start one ``ncina aggregator`` per aggregator node (with BACKEND=bmv2, the one of the
-    P4 switch); wait until each is listening."""
+    P4 switch); wait until each is listening. Returns the processes and the addresses the
+    workers use (in leaf-spine: the leaves', the spine is the last process)."""
+    if isinstance(topo, LeafSpineTopo):
+        return start_tree(net, topo, cfg, procs, run_dir)
     started, addresses = [], []
     for j, name in enumerate(topo.aggregator_names or [topo.switch_name]):
         address = f"{aggregator_ip(j)}:{PORT}"
@@ -163,6 +181,49 @@ def start_aggregators(
     for j, proc in enumerate(started):
         aggproc.wait_ready(proc, run_dir / f"aggregator{j}.log", timeout=timeout)
     return started, addresses
+
+
+def aggregator_argv(cfg: TopoConfig, j: int, address: str, run_dir: Path) -> list[str]:
+    """``ncina aggregator`` for aggregator node ``j`` of an INA-mode python tree, without the
+    worker count and the hierarchy options."""
+    argv = [
+        str(NCINA), "aggregator", "--backend", cfg.backend, "--listen", address,
+        "--job", str(JOB), "--k", str(cfg.k), "--result", cfg.result,
+        "--pool-size", str(cfg.pool_size), "--mtu", str(cfg.mtu),
+        "--window-max", str(cfg.window_max), "--seed", str(cfg.seed),
+        "--stats", str(run_dir / f"aggregator{j}.json"),
+    ]  # fmt: skip
+    if cfg.key_file is not None:
+        argv += ["--key-file", str(cfg.key_file.resolve())]
+    return argv
+
+
+def start_tree(
+    net: Mininet, topo: LeafSpineTopo, cfg: TopoConfig, procs: Processes, run_dir: Path
+) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    """The spine's aggregator (``--uplink int``, the leaves its members), then each leaf's
+    (``--upstream`` the spine), every one with the total of the workers (docs/protocol.md,
+    "Hierarchical aggregation"); the leaves do the spine's handshake before they are ready."""
+    leaves = len(topo.aggregator_names) - 1
+    total = str(cfg.workers)
+    spine_address = f"{aggregator_ip(leaves)}:{PORT}"
+    argv = aggregator_argv(cfg, leaves, spine_address, run_dir)
+    argv += ["--workers", str(leaves), "--total-workers", total, "--uplink", "int"]
+    spine = procs.start(net.get(topo.aggregator_names[leaves]), argv,
+                        run_dir / f"aggregator{leaves}.log")  # fmt: skip
+    aggproc.wait_ready(spine, run_dir / f"aggregator{leaves}.log", timeout=30.0)
+    started, addresses = [], []
+    for i in range(leaves):
+        address = f"{aggregator_ip(i)}:{PORT}"
+        argv = aggregator_argv(cfg, i, address, run_dir)
+        argv += ["--workers", str(topo.workers_per_leaf), "--total-workers", total,
+                 "--upstream", spine_address, "--upstream-rank", str(i)]  # fmt: skip
+        started.append(procs.start(net.get(topo.aggregator_names[i]), argv,
+                                   run_dir / f"aggregator{i}.log"))  # fmt: skip
+        addresses.append(address)
+    for i, proc in enumerate(started):
+        aggproc.wait_ready(proc, run_dir / f"aggregator{i}.log", timeout=30.0)
+    return [*started, spine], addresses
 
 
 def start_captures(
@@ -238,7 +299,11 @@ def train(
             "--pool-size", str(cfg.pool_size), "--window-max", str(cfg.window_max),
             "--result", cfg.result, "--job", str(JOB), "--metrics", str(metrics[-1]),
         ]
-        argv += [arg for a in aggregators for arg in ("--aggregator", a)]
+        if isinstance(topo, LeafSpineTopo) and aggregators:  # this rank's leaf aggregator
+            width = topo.workers_per_leaf
+            argv += ["--aggregator", aggregators[rank // width], "--leaf-workers", str(width)]
+        else:
+            argv += [arg for a in aggregators for arg in ("--aggregator", a)]
         argv += ["--max-steps", str(cfg.max_steps)] if cfg.max_steps else []
         argv += ["--verify"] if cfg.verify else []
         argv += ["--compressor", cfg.compressor] if cfg.compressor else []
@@ -358,13 +423,14 @@ def run_mode(
         if captures:  # tcpdump drops what it has not read at SIGTERM: let it drain first
             time.sleep(CAPTURE_DRAIN)
             procs.stop(captures)
-    stats = [run_dir / f"aggregator{j}.json" for j in range(len(addresses))]
+    spine = 1 if addresses and isinstance(topo, LeafSpineTopo) else 0  # its stats come last
+    stats = [run_dir / f"aggregator{j}.json" for j in range(len(addresses) + spine)]
     return report.summarize(mode, metrics, stats, label)
 
 
 def run_topology(cfg: TopoConfig) -> dict[str, Any]:
     """Build the network, train with INA+NC8 (and the gloo baseline), write the results."""
-    check_backend(cfg.backend, cfg.aggregators, cfg.mtu)
+    check_backend(cfg.backend, cfg.aggregators, cfg.mtu, cfg.topo)
     models.check(cfg.model)
     if not NCINA.exists():
         raise RuntimeError(f"{NCINA} not found: install ncina into this environment (make setup)")

@@ -6,12 +6,15 @@ This file imports only the standard library and Mininet, so ``mn`` can load it d
 
     mn --custom mininet/topos.py --topo star,4 ...
     mn --custom mininet/topos.py --topo multi,4,2,bw=100,loss=1 ...
+    mn --custom mininet/topos.py --topo leafspine,8,2,bw=100 ...
 
 (``ncina topo`` builds the same topologies and runs training over them.)
 
 Addressing (one /16, one broadcast domain): worker ``i`` is ``10.0.0.(i+1)``, aggregator ``j`` is
 ``10.0.1.(j+1)``. Node names are ``<prefix>w<i>``, ``<prefix>a<j>`` and ``<prefix>s1``; interface
 names derive from them (``w0-eth0``), so runs that may overlap in time use different prefixes.
+The leaf-spine topology (:class:`LeafSpineTopo`) adds leaf switches ``<prefix>l<i>`` under the
+spine switch ``<prefix>s1``, one broadcast domain still (a tree of bridges has no loop).
 
 Links: bandwidth shaping with tc (HTB, or TBF with ``use_tbf``) on both ends of each worker link
 (aggregator links only with ``agg_bw``: see :class:`StarTopo`), checksum offloads and GRO off.
@@ -200,5 +203,73 @@ class MultiTopo(StarTopo):
         super().build(workers=workers, aggregators=aggregators, **opts)
 
 
+class LeafSpineTopo(StarTopo):
+    """Two-level aggregation (docs/protocol.md, "Hierarchical aggregation"): ``leaves`` leaf
+    switches of ``workers / leaves`` workers each, each with its leaf aggregator node, and one
+    spine switch with the spine aggregator node; one link from each leaf switch up to the spine
+    switch, the **leaf uplink**, which carries only the leaf's partial sums and the spine's
+    results.
+
+    Worker ``g`` is on leaf ``g // W``; aggregator node ``a<i>`` (``i < leaves``) is leaf ``i``'s,
+    ``a<leaves>`` the spine's (``aggregator_names`` in that order, the spine last). Worker links
+    and leaf uplinks are shaped with ``bw``; aggregator links with ``agg_bw`` only (as in
+    :class:`StarTopo`, the nodes stand in for the switches' data planes). Loss is a worker
+    link's, as in the star: a worker's downlink on its interface, its uplink in every other
+    worker and in its leaf aggregator.
+    """
+
+    def build(  # type: ignore[override]
+        self,
+        workers: int = 4,
+        leaves: int = 2,
+        bw: float | None = None,
+        loss: float = 0.0,
+        loss_up: float | None = None,
+        loss_down: float | None = None,
+        agg_bw: float | None = None,
+        use_tbf: bool = False,
+        prefix: str = "",
+        aggregators: int | None = None,
+    ) -> None:
+        if not 1 <= leaves <= MAX_NODES_PER_ROLE - 1 or workers % leaves or workers < leaves:
+            raise ValueError(f"{workers} workers cannot be split evenly over {leaves} leaves")
+        if aggregators not in (None, leaves + 1):
+            raise ValueError(f"leaf-spine has {leaves + 1} aggregators (the leaves' and the "
+                             f"spine's), not {aggregators}")  # fmt: skip
+        up = loss if loss_up is None else loss_up
+        down = loss if loss_down is None else loss_down
+        for percent in (up, down):
+            if not 0 <= percent < 100:
+                raise ValueError(f"loss {percent}% not in [0, 100)")
+        width = workers // leaves
+        self.workers_per_leaf = width
+        self.worker_names = [f"{prefix}w{i}" for i in range(workers)]
+        self.aggregator_names = [f"{prefix}a{j}" for j in range(leaves + 1)]  # the spine last
+        self.switch_name = f"{prefix}s1"  # the spine switch
+        self.leaf_switch_names = [f"{prefix}l{i}" for i in range(leaves)]
+        worker_ips = [worker_ip(i) for i in range(workers)]
+        link_opts: dict[str, Any] = {"cls": InaLink, "txo": False, "rxo": False, "gro": False}
+        spine = self.addSwitch(self.switch_name)
+        for i, leaf_name in enumerate(self.leaf_switch_names):
+            leaf = self.addSwitch(leaf_name)
+            self.addLink(leaf, spine, **link_opts, **shaping(bw, use_tbf))  # the leaf uplink
+            mine = range(i * width, (i + 1) * width)
+            for g in mine:
+                ip = worker_ips[g]
+                drops = [(None, down)] + [(other, up) for other in worker_ips if other != ip]
+                self.addHost(self.worker_names[g], cls=InaHost, ip=f"{ip}/{PREFIX_LEN}",
+                             drops=drops)  # fmt: skip
+                self.addLink(self.worker_names[g], leaf, **link_opts, **shaping(bw, use_tbf))
+            drops = [(worker_ips[g], up) for g in mine]
+            self.addHost(self.aggregator_names[i], cls=InaHost,
+                         ip=f"{aggregator_ip(i)}/{PREFIX_LEN}", drops=drops)  # fmt: skip
+            self.addLink(self.aggregator_names[i], leaf, **link_opts,
+                         **shaping(agg_bw, use_tbf))  # fmt: skip
+        self.addHost(self.aggregator_names[leaves], cls=InaHost,
+                     ip=f"{aggregator_ip(leaves)}/{PREFIX_LEN}")  # fmt: skip
+        self.addLink(self.aggregator_names[leaves], spine, **link_opts,
+                     **shaping(agg_bw, use_tbf))  # fmt: skip
+
+
 # For `mn --custom`.
-topos = {"star": StarTopo, "multi": MultiTopo}
+topos = {"star": StarTopo, "multi": MultiTopo, "leafspine": LeafSpineTopo}

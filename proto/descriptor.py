@@ -56,7 +56,7 @@ def check_job(*, job: int, workers: int, k: int, pool_size: int) -> None:
 
 # ---- the descriptor and its datagram ----
 
-# status, mode, e_max, e_min, workers, pool size, k, keyed, reserved, compressor hash.
+# status, mode, e_max, e_min, workers, pool size, k, keyed, uplink, compressor hash.
 DESCRIPTOR = struct.Struct("!BBbbHHHBBI")
 DESCRIPTOR_SIZE = DESCRIPTOR.size  # 16
 JOB_DATAGRAM_SIZE = HEADER_SIZE + DESCRIPTOR_SIZE  # 32, before a tag
@@ -72,6 +72,13 @@ MODE_NAMES = {int(Format.NC8): "ina (nc8 results)", int(Format.INT): "ina (int r
               MODE_SERVER: "server"}  # fmt: skip
 RESULT_NAMES = {int(Format.NC8): "nc8", int(Format.INT): "int"}
 
+# uplink: what the members send (docs/protocol.md, "Hierarchical aggregation"): 0 the mode's own
+# (NC8 codes in INA mode, blobs in server mode), 1 exact int partial sums (a spine, whose members
+# are leaf aggregators). The byte was reserved (0) before, so older peers read as UPLINK_MODE.
+UPLINK_MODE = 0
+UPLINK_INT = int(Format.INT)
+UPLINK_NAMES = {UPLINK_MODE: "nc8 codes (workers)", UPLINK_INT: "int partial sums (leaves)"}
+
 
 class Descriptor(NamedTuple):
     """A job as one side holds it (the fields of the descriptor payload, docs/protocol.md)."""
@@ -84,17 +91,19 @@ class Descriptor(NamedTuple):
     e_min: int
     keyed: bool
     compressor: int  # server mode: compressor_hash of the job's compressor; INA: 0
+    uplink: int = UPLINK_MODE  # UPLINK_NAMES: what the job's members send
 
     def pack(self, status: int = OK) -> bytes:
         """The 16-byte descriptor payload."""
         return DESCRIPTOR.pack(status, self.mode, self.e_max, self.e_min, self.workers,
-                               self.pool_size, self.k, int(self.keyed), 0, self.compressor)
+                               self.pool_size, self.k, int(self.keyed), self.uplink,
+                               self.compressor)  # fmt: skip
 
     @classmethod
     def unpack(cls, payload: bytes | memoryview) -> tuple[int, Descriptor]:
         """``(status, descriptor)`` of a 16-byte descriptor payload."""
-        status, mode, e_max, e_min, workers, pool, k, keyed, _, comp = DESCRIPTOR.unpack(payload)
-        return status, cls(mode, workers, pool, k, e_max, e_min, bool(keyed), comp)
+        status, mode, e_max, e_min, workers, pool, k, keyed, up, comp = DESCRIPTOR.unpack(payload)
+        return status, cls(mode, workers, pool, k, e_max, e_min, bool(keyed), comp, up)
 
 
 NOWHERE = Descriptor(0, 0, 0, 0, 0, 0, False, 0)
@@ -145,18 +154,25 @@ FIELDS = (
     ("pool_size", "pool size"),
     ("k", "k (elements per packet)"),
     ("e_max", "window e_max"),
+    ("e_min", "window e_min (total workers)"),
+    ("uplink", "uplink"),
     ("compressor", "compressor"),
 )
 
 
 class JobMismatchError(RuntimeError):
     """The aggregator's job is not the worker's: ``mismatches`` lists ``(parameter, worker's
-    value, aggregator's value)``; the message names each and where the job is."""
+    value, aggregator's value)``; the message names each and where the job is. ``sides`` names
+    the two ends in the message (a leaf aggregator's handshake with its spine says so)."""
 
-    def __init__(self, mismatches: list[tuple[str, str, str]], where: str) -> None:
+    def __init__(
+        self, mismatches: list[tuple[str, str, str]], where: str,
+        sides: tuple[str, str] = ("worker", "aggregator"),
+    ) -> None:  # fmt: skip
         self.mismatches = mismatches
         self.where = where
-        text = "; ".join(f"{name}: worker {ours}, aggregator {theirs}"
+        ours_name, theirs_name = sides
+        text = "; ".join(f"{name}: {ours_name} {ours}, {theirs_name} {theirs}"
                          for name, ours, theirs in mismatches)  # fmt: skip
         super().__init__(f"{text} ({where})")
 
@@ -166,6 +182,8 @@ def _show(name: str, value: int, compressor_spec: str | None) -> str:
         return MODE_NAMES.get(value, f"mode {value}")
     if name == "result format":
         return RESULT_NAMES[value]
+    if name == "uplink":
+        return UPLINK_NAMES.get(value, f"uplink {value}")
     if name == "compressor":
         hashed = f"hash 0x{value:08x}"
         return f"{compressor_spec} ({hashed})" if compressor_spec else hashed
@@ -178,11 +196,18 @@ def mismatches(
     """Every parameter on which the two descriptors disagree, as ``(name, worker's value,
     aggregator's value)`` in the order of ``FIELDS``; the compressor is compared in server mode
     only (an INA aggregator adds NC8 codes whatever produced them), where a worker's ``k`` (its
-    chunk) may also be smaller than the aggregator's. ``compressor_spec`` is the
-    worker's spec, named in the message beside its hash."""
+    chunk) may also be smaller than the aggregator's. ``e_min`` is named only when it is the one
+    difference of the window (e_max and workers equal): then the two disagree on the total
+    number of workers of a hierarchical job, which sets the window (docs/protocol.md,
+    "Hierarchical aggregation"). ``compressor_spec`` is the worker's spec, named in the
+    message beside its hash."""
     out = []
     for attr, name in FIELDS:
         ours, theirs = getattr(worker, attr), getattr(aggregator, attr)
+        if attr == "e_min" and (worker.e_max, worker.workers) != (
+            aggregator.e_max, aggregator.workers
+        ):
+            continue  # follows from the fields already named
         if attr == "compressor" and not (worker.mode == aggregator.mode == MODE_SERVER):
             continue
         if attr == "mode" and ours in RESULT_NAMES and theirs in RESULT_NAMES:

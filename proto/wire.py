@@ -45,6 +45,9 @@ MAX_DATAGRAM = 65535
 and counted, not truncated)."""
 MAX_WORKERS = 64
 """Ranks per job: a worker bitmap is one 64-bit register word in every backend."""
+MAX_TOTAL_WORKERS = MAX_WORKERS * MAX_WORKERS
+"""Workers of a hierarchical job (docs/protocol.md, "Hierarchical aggregation"): up to
+``MAX_WORKERS`` leaf aggregators of ``MAX_WORKERS`` workers each."""
 MAX_JOB_ID = 0xFFFF
 """The header's job field is 16 bits."""
 MAX_POOL_SIZE = 0xFFFF

@@ -137,6 +137,30 @@ def test_multi_shards_each_bucket_across_the_aggregators(tmp_path: Path) -> None
     assert_sent_once_plus_retransmissions(ina["fabric"], 2 * 2 * chunks)
 
 
+def test_leafspine_hierarchical_training_through_leaves_and_spine(tmp_path: Path) -> None:
+    """Two leaves of two workers under a spine (python backend): every bucket's chunks complete
+    at both leaves and once at the spine, each leaf sends each partial sum up once at least,
+    and the hook's gradients are within NC8's bounds against gloo's exact all-reduce."""
+    cfg = TopoConfig(out=tmp_path / "run", topo="leafspine", leaves=2, workers=4, k=182,
+                     epochs=1, max_steps=2, bw=100, verify=True, baseline=False, prefix=PREFIX)
+    results = run_topology(cfg)
+    ina = results["runs"]["ina"]
+    chunks = math.ceil(PARAMETERS / cfg.k)
+    leaves, spine = ina["aggregators"][:2], ina["aggregators"][2]
+    assert len(ina["aggregators"]) == 3
+    for leaf in leaves:
+        job = leaf["jobs"]["1"]
+        assert job["slots_completed"] == 2 * chunks
+        assert leaf["upstream"]["sent"] == 2 * chunks
+        assert leaf["upstream"]["results"] == 2 * chunks
+        assert leaf["global"]["drops"]["internal_error"] == 0
+    assert spine["jobs"]["1"]["slots_completed"] == 2 * chunks
+    assert spine["jobs"]["1"]["contributions"] == 2 * 2 * chunks
+    assert ina["verify"]["buckets"] == 2 * 4
+    assert ina["verify"]["worst_ratio"] <= 1.0
+    assert_sent_once_plus_retransmissions(ina["fabric"], 4 * 2 * chunks)
+
+
 @pytest.fixture
 def net() -> Iterator[Mininet]:
     """A started star network (2 workers, 2 % loss each way, 50 Mbit/s) without processes."""

@@ -19,7 +19,15 @@ from ncina.topo import report
 from ncina.topo import topos as topos_module
 from ncina.topo.config import TopoConfig
 from ncina.topo.runner import Progress, check_backend
-from ncina.topo.topos import InaHost, InaLink, MultiTopo, StarTopo, aggregator_ip, worker_ip
+from ncina.topo.topos import (
+    InaHost,
+    InaLink,
+    LeafSpineTopo,
+    MultiTopo,
+    StarTopo,
+    aggregator_ip,
+    worker_ip,
+)
 from ncina.worker.sharding import ShardedAllreduce, shard_bounds
 
 IFNAMSIZ = 15  # longest Linux interface name
@@ -91,6 +99,63 @@ def test_multi_has_several_aggregators_in_shard_order() -> None:
     assert len(topo.links()) == 7
 
 
+def test_hierarchical_leafspine_has_leaf_switches_under_one_spine() -> None:
+    topo = LeafSpineTopo(workers=4, leaves=2, bw=100, loss=2.0)
+    assert topo.worker_names == ["w0", "w1", "w2", "w3"]
+    assert topo.aggregator_names == ["a0", "a1", "a2"]  # the leaves', then the spine's
+    assert sorted(topo.switches()) == ["l0", "l1", "s1"]
+    assert sorted(topo.links()) == [
+        ("a0", "l0"), ("a1", "l1"), ("a2", "s1"), ("l0", "s1"), ("l1", "s1"),
+        ("w0", "l0"), ("w1", "l0"), ("w2", "l1"), ("w3", "l1"),
+    ]  # fmt: skip
+    ips = {h: topo.nodeInfo(h)["ip"] for h in topo.hosts()}
+    assert ips == {"w0": "10.0.0.1/16", "w1": "10.0.0.2/16", "w2": "10.0.0.3/16",
+                   "w3": "10.0.0.4/16", "a0": "10.0.1.1/16", "a1": "10.0.1.2/16",
+                   "a2": "10.0.1.3/16"}  # fmt: skip
+    # Worker links and leaf uplinks shaped; aggregator links not (they stand in for switches).
+    shaped = {e: topo.linkInfo(*e).get("bw") for e in topo.links()}
+    assert {e for e, bw in shaped.items() if bw == 100} == {
+        ("l0", "s1"), ("l1", "s1"), ("w0", "l0"), ("w1", "l0"), ("w2", "l1"), ("w3", "l1"),
+    }  # fmt: skip
+    # A worker's uplink loss is dropped by its leaf aggregator, not by the other leaf's.
+    assert topo.nodeInfo("a0")["drops"] == [("10.0.0.1", 2.0), ("10.0.0.2", 2.0)]
+    assert "drops" not in topo.nodeInfo("a2")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"workers": 5, "leaves": 2}, "cannot be split evenly"),
+        ({"workers": 4, "leaves": 2, "aggregators": 2}, "leaf-spine has 3 aggregators"),
+    ],
+)
+def test_hierarchical_leafspine_refuses_uneven_leaves(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        LeafSpineTopo(**options)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"backend": "socket"}, "runs the python backend in INA mode"),
+        ({"mode": "server", "compressor": "topk"}, "runs the python backend in INA mode"),
+        ({"leaves": 3}, "must split evenly"),
+        ({"k": 183}, "the largest k is 182"),
+        ({"pcaps": True}, "not in leafspine yet"),
+    ],
+)
+def test_hierarchical_leafspine_config_is_checked(
+    tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        TopoConfig(out=tmp_path, topo="leafspine", workers=4, **{"k": 182, **options})
+    cfg = TopoConfig(out=tmp_path, topo="leafspine", workers=4, k=182)
+    assert (cfg.backend, cfg.aggregators) == ("python", 3)
+    assert topo_cli.topo_k(None, "ina", "nc8", tagged=False, topo="leafspine") == 182
+
+
 def test_prefixed_names_fit_linux_interface_names() -> None:
     topo = StarTopo(workers=254, prefix="n99999")
     ports = len(topo.hosts())
@@ -104,7 +169,7 @@ def test_mn_custom_loads_the_file_alone() -> None:
     path = Path(topos_module.__file__)
     customs: dict[str, Any] = {}
     exec(compile(path.read_text(), str(path), "exec"), customs, customs)
-    assert set(customs["topos"]) == {"star", "multi"}
+    assert set(customs["topos"]) == {"star", "multi", "leafspine"}
     topo = buildTopo(customs["topos"], "multi,4,2,bw=100")
     assert len(topo.hosts()) == 6
     assert {topo.linkInfo(*e).get("bw") for e in topo.links()} == {100, None}

@@ -107,6 +107,33 @@ def test_ina_and_gloo_runs_and_their_summary(
     assert (tmp_path / report.PLOT).stat().st_size > 0
 
 
+def test_hierarchical_training_through_a_leaf_and_its_spine(tmp_path: Path) -> None:
+    """``ncina train --leaf-workers 2``: both ranks under one leaf aggregator whose partial sums
+    a spine adds (docs/protocol.md, "Hierarchical aggregation"); int frames, so K = 128."""
+    common = ["--k", "128", "--seed", "0", "--total-workers", str(WORLD)]
+    spine = start_aggregator("python", tmp_path / "spine", job=1, workers=1, k=None,
+                             result="nc8", extra=[*common, "--uplink", "int"])  # fmt: skip
+    try:
+        host, port = spine.address
+        leaf = start_aggregator(
+            "python", tmp_path / "leaf", job=1, workers=WORLD, k=None, result="nc8",
+            extra=[*common, "--upstream", f"{host}:{port}", "--upstream-rank", "0"],
+        )
+        try:
+            host, port = leaf.address
+            train(tmp_path, "ina", [f"{host}:{port}"], extra=["--k", "128", "--leaf-workers", "2"])
+            leaf_stats = leaf.stats()
+        finally:
+            assert leaf.stop() == 0, leaf.log()
+        spine_stats = spine.stats()["jobs"]["1"]
+    finally:
+        assert spine.stop() == 0, spine.log()
+    chunks = -(-PARAMETERS // 128)
+    assert leaf_stats["jobs"]["1"]["slots_completed"] == STEPS * chunks
+    assert leaf_stats["upstream"]["results"] == STEPS * chunks
+    assert spine_stats["slots_completed"] == STEPS * chunks
+
+
 def test_unknown_model_is_refused(tmp_path: Path) -> None:
     out = subprocess.run(
         [str(NCINA), "train", "--rank", "0", "--workers", "1", "--master",

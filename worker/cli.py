@@ -46,7 +46,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--aggregator", type=host_port, required=True, metavar="HOST:PORT")
     p.add_argument("--job", type=int, required=True, help="job id")
     p.add_argument("--rank", type=int, required=True, help="this worker's rank, 0..N-1")
-    p.add_argument("--workers", type=int, required=True, metavar="N", help="workers in the job")
+    p.add_argument("--workers", type=int, required=True, metavar="N",
+                   help="workers in the job (under a leaf aggregator: the leaf's)")
+    p.add_argument(
+        "--total-workers", type=int, default=None, metavar="N",
+        help="under a leaf aggregator (docs/protocol.md, 'Hierarchical aggregation'): the "
+        "workers of the whole tree, whose window and sum the job has (default: --workers)",
+    )
     p.add_argument(
         "--k", type=int, default=None,
         help="elements per packet, the job's K (default: the most whose datagrams fit --mtu "
@@ -127,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         job=args.job,
         rank=args.rank,
         workers=args.workers,
+        total_workers=args.total_workers,
         k=args.k,
         mtu=args.mtu,
         pool_size=args.pool_size,

@@ -73,7 +73,15 @@ from ncina.proto.header import (
     pack_blobs,
     pack_chunks,
 )
-from ncina.proto.wire import DEFAULT_MTU, HEADER_SIZE, MAX_DATAGRAM, MAX_K, TAG_SIZE, payload_room
+from ncina.proto.wire import (
+    DEFAULT_MTU,
+    HEADER_SIZE,
+    MAX_DATAGRAM,
+    MAX_K,
+    MAX_TOTAL_WORKERS,
+    TAG_SIZE,
+    payload_room,
+)
 from ncina.worker import cpath
 from ncina.worker.timing import RtoEstimator
 from ncina.worker.transfer import Restarted, Stalled, Transfer, schedule
@@ -143,7 +151,9 @@ class AllreduceClient:
 
     ``k`` elements per packet (default: the most that fit a packet of ``mtu`` bytes both ways,
     ``ncina.proto.header.largest_k``), ``pool_size`` slots, ``window_max`` the largest in-window
-    exponent (the window is ``nc8.Window.for_job(workers, window_max)``); ``result_format`` is the
+    exponent (the window is ``nc8.Window.for_job(total_workers, window_max)``, ``total_workers``
+    the workers of the whole tree under a leaf aggregator, default ``workers``: docs/protocol.md,
+    "Hierarchical aggregation"; ``mean`` divides by it); ``result_format`` is the
     job's downlink format (``nc8`` or ``int``), which must match the aggregator's. ``seed`` seeds
     the stochastic rounding. ``timeout`` is the retransmission timeout until the first RTT sample,
     ``min_timeout``/``max_timeout`` the floor and cap of the adaptive one, ``deadline`` the longest
@@ -202,6 +212,7 @@ class AllreduceClient:
         mtu: int = DEFAULT_MTU,
         data_path: str | None = None,
         handshake_timeout: float | None = HANDSHAKE_TIMEOUT,
+        total_workers: int | None = None,
     ) -> None:
         if result_format not in RESULT_FORMATS:
             raise ValueError(f"result_format must be one of {sorted(RESULT_FORMATS)}")
@@ -217,16 +228,26 @@ class AllreduceClient:
         self.job = job
         self.rank = rank
         self.workers = workers
+        # Hierarchical aggregation (docs/protocol.md): the workers of the whole tree, whose
+        # window every member of the job uses and whose sum the results are.
+        if total_workers is not None:
+            desc.check_range("total_workers", total_workers, workers, MAX_TOTAL_WORKERS,
+                             f" (at least the {workers} workers of this aggregator)")  # fmt: skip
+            if mode == "server" and total_workers != workers:
+                raise ValueError("server mode has no hierarchical aggregation (total_workers)")
+        self.total_workers = total_workers or workers
         self.k = k
         self.pool_size = pool_size
-        self.window = nc8.Window.for_job(workers, e_max=window_max)
+        self.window = nc8.Window.for_job(self.total_workers, e_max=window_max)
         self.result_format = result_format
         self.deadline = deadline
         self.timer = RtoEstimator(timeout, max_timeout, min_timeout)
         self._format = RESULT_FORMATS[result_format]
         self._rng = np.random.default_rng(seed)
         self.compressor = (
-            None if compressor is None else create(compressor, workers=workers, e_max=window_max)
+            None
+            if compressor is None
+            else create(compressor, workers=self.total_workers, e_max=window_max)
         )
         self.compressor_spec = compressor
         self.handshake_timeout = handshake_timeout
@@ -467,7 +488,7 @@ class AllreduceClient:
             flat = self.compressor.decompress(self.compressor.compress(flat, state))
         total = self._c_allreduce(flat) if self._c is not None else self._python_allreduce(flat)
         if op == "mean":
-            total /= np.float32(self.workers)
+            total /= np.float32(self.total_workers)
         return total.reshape(x.shape)
 
     def _python_allreduce(self, flat: np.ndarray) -> np.ndarray:

@@ -62,6 +62,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="aggregator; repeat to shard tensors across several (none: gloo baseline)")
     deprecated_alias(p, "--ina", aggregator)
     p.add_argument("--job", type=int, default=1, help="INA job id, as on the aggregator(s)")
+    p.add_argument("--leaf-workers", type=int, metavar="W",
+                   help="hierarchical aggregation (docs/protocol.md): the --aggregator is a "
+                   "leaf of W workers, this rank its rank RANK mod W; the job's total is "
+                   "--workers (default: one level, the --aggregator serves every rank)")
     p.add_argument("--iface", help="interface whose counters measure the traffic (and gloo binds)")
     p.add_argument("--model", default="mlp",
                    help="mlp, cnn (digits), resnet20, resnet18, vgg11, alexnet (synthetic "
@@ -143,6 +147,15 @@ def resolve_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> None
 
 def check_options(args: argparse.Namespace) -> None:
     """Refuse a compressor/mode combination that cannot work, before anything starts."""
+    leaf = getattr(args, "leaf_workers", None)  # ncina topo checks its options here too
+    if leaf is not None and not (
+        leaf >= 1 and args.workers % leaf == 0 and len(args.aggregator) == 1
+        and args.mode == "ina"
+    ):
+        raise ValueError(
+            f"--leaf-workers {leaf}: a leaf aggregator (one --aggregator, INA mode) serves W "
+            f"ranks, W >= 1 dividing the {args.workers} workers"
+        )
     if args.compressor is None:
         if args.mode != "ina":
             raise ValueError(f"--mode {args.mode} needs --compressor")

@@ -135,11 +135,15 @@ def compute_step_time(model: DistributedDataParallel, loader: DataLoader) -> flo
 
 
 def make_fabric(args: argparse.Namespace) -> ShardedAllreduce:
-    """One client per aggregator; stochastic rounding seeded per rank (independent errors)."""
+    """One client per aggregator; stochastic rounding seeded per rank (independent errors).
+    With ``--leaf-workers W`` the aggregator is a leaf of W of the ranks (hierarchical
+    aggregation): this rank is its rank ``RANK mod W``, and the job's total the world size."""
+    leaf = args.leaf_workers
     return ShardedAllreduce(
         [
             AllreduceClient(
-                agg, job=args.job, rank=args.rank, workers=args.workers, k=args.k,
+                agg, job=args.job, rank=args.rank % leaf if leaf else args.rank,
+                workers=leaf or args.workers, total_workers=args.workers, k=args.k,
                 pool_size=args.pool_size, window_max=args.window_max,
                 result_format=args.result, seed=(args.seed << 16) + args.rank,
                 deadline=args.deadline, compressor=args.compressor, mode=args.mode,

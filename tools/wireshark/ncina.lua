@@ -33,6 +33,9 @@ local ELEMENT_SIZE = { [FORMAT_NC8] = 1, [FORMAT_INT] = 8 }
 local STATUS = { [0] = "ok (the job's descriptor)", [1] = "no such job",
                  [2] = "not authentic" }
 local MODES = { [0] = "ina (nc8 results)", [1] = "ina (int results)", [2] = "server" }
+-- What a job's members send (docs/protocol.md, "Hierarchical aggregation").
+local UPLINKS = { [0] = "the mode's (nc8 codes; blobs in server mode)",
+                  [1] = "int partial sums (a spine's leaves)" }
 -- The compressors' method tags (ncina.proto.compressors: each class's `tag`, the first byte of
 -- a blob).
 local METHODS = { [1] = "nc", [2] = "natdither", [3] = "qsgd", [4] = "terngrad", [5] = "topk",
@@ -81,7 +84,7 @@ local f = {
     pool_size = ProtoField.uint16("ncina.descriptor.pool_size", "Pool size (slots)", base.DEC),
     k = ProtoField.uint16("ncina.descriptor.k", "K (elements per chunk)", base.DEC),
     keyed = ProtoField.uint8("ncina.descriptor.keyed", "Keyed", base.DEC),
-    reserved = ProtoField.uint8("ncina.descriptor.reserved", "Reserved", base.DEC),
+    uplink = ProtoField.uint8("ncina.descriptor.uplink", "Uplink", base.DEC, UPLINKS),
     compressor = ProtoField.uint32("ncina.descriptor.compressor", "Compressor hash", base.HEX),
     tag = ProtoField.bytes("ncina.tag", "Authentication tag"),
     tag_valid = ProtoField.bool("ncina.tag.valid", "Tag verifies with the key preference"),
@@ -219,7 +222,7 @@ local function add_descriptor(tree, tvb, start)
     d:add(f.pool_size, tvb(start + 6, 2))
     d:add(f.k, tvb(start + 8, 2))
     d:add(f.keyed, tvb(start + 10, 1))
-    d:add(f.reserved, tvb(start + 11, 1))
+    d:add(f.uplink, tvb(start + 11, 1))
     d:add(f.compressor, tvb(start + 12, 4))
     return tvb(start, 1):uint()
 end

@@ -1,0 +1,556 @@
+"""Hierarchical (leaf-spine) aggregation with real processes on loopback (python backend).
+
+A spine (``--uplink int``, ``--workers L``) and ``L`` leaves (``--upstream``, ``--workers W``),
+every one with ``--total-workers N = L * W``, and ``N`` ``AllreduceClient`` workers (threads)
+with ``total_workers=N``: int results must be the exact sum over all ``N`` workers, and nc8
+results the bytes a one-level aggregator of the same seed sends for the same inputs, with and
+without emulated loss on every aggregator (docs/protocol.md, "Hierarchical aggregation").
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from ncina.aggregator.hierarchy import LeafAggregator, SpineSlots, Upstream
+from ncina.aggregator.jobs import JobConfig
+from ncina.aggregator.pipeline import Aggregator
+from ncina.proto import nc8
+from ncina.proto.descriptor import JobMismatchError
+from ncina.worker.client import AllreduceClient
+from ncina_testlib import (
+    RunningAggregator,
+    counters,
+    dissect,
+    exact_sums,
+    launch_aggregator,
+    powers_of_two,
+    start_aggregator,
+    uplink,
+    window_e_min,
+)
+
+from ncina import cli
+
+JOB = 23
+K = 64  # int frames of 64 elements fit MTU 1500 (the largest is 182)
+POOL = 8
+SEED = 77
+# Three calls per worker: sizes that use every slot several times, and a short last chunk.
+SIZES = (1000, 3 * POOL * K + 5, 130)
+
+pytestmark = pytest.mark.timeout(120)
+
+LOSS = ["--drop-up", "0.05", "--drop-down", "0.05", "--duplicate", "0.05", "--reorder", "0.05"]
+
+
+class Tree:
+    """A running spine and its leaves for one job."""
+
+    def __init__(self, spine: RunningAggregator, leaves: list[RunningAggregator], width: int):
+        self.spine = spine
+        self.leaves = leaves
+        self.width = width  # workers per leaf
+
+    @property
+    def total(self) -> int:
+        return len(self.leaves) * self.width
+
+    def worker_site(self, g: int) -> tuple[tuple[str, int], int]:
+        """The aggregator address and local rank of global worker ``g``."""
+        return self.leaves[g // self.width].address, g % self.width
+
+    def stop(self) -> None:
+        for running in [*self.leaves, self.spine]:
+            assert running.stop() == 0, running.log()
+
+
+def start_tree(
+    workdir: Path, leaves: int, width: int, result: str, *, spine_extra: Sequence[str] = (),
+    leaf_extra: Sequence[str] = (),
+) -> Tree:  # fmt: skip
+    total = leaves * width
+    spine = start_aggregator(
+        "python", workdir / "spine", job=JOB, workers=leaves, k=K, result=result,
+        extra=["--uplink", "int", "--total-workers", str(total), "--seed", str(SEED),
+               "--pool-size", str(POOL), *spine_extra],
+    )  # fmt: skip
+    host, port = spine.address
+    running: list[RunningAggregator] = []
+    try:
+        for r in range(leaves):
+            extra = [
+                "--total-workers", str(total), "--upstream", f"{host}:{port}",
+                "--upstream-rank", str(r), "--pool-size", str(POOL),
+                *[a.replace("SEED", str(100 + r)) for a in leaf_extra],
+            ]  # fmt: skip
+            running.append(start_aggregator("python", workdir / f"leaf{r}", job=JOB,
+                                            workers=width, k=K, result=result, extra=extra))
+    except BaseException:
+        for leaf in running:
+            leaf.stop()
+        spine.stop()
+        raise
+    return Tree(spine, running, width)
+
+
+@pytest.fixture
+def trees(tmp_path: Path) -> Iterator[list[Tree]]:
+    """The trees a test starts, stopped (and checked to exit cleanly) at its end."""
+    started: list[Tree] = []
+    yield started
+    for tree in started:
+        tree.stop()
+
+
+def inputs(total: int, kind: str) -> list[list[np.ndarray]]:
+    """Per call, one float32 input per worker: in-window powers of two (NC8 encodes them
+    exactly) or normal random values (stochastically rounded by each worker's own seed)."""
+    calls = []
+    for c, n in enumerate(SIZES):
+        if kind == "powers":
+            calls.append([powers_of_two(n, seed=1000 * c + g) for g in range(total)])
+        else:
+            rng = np.random.default_rng(c)
+            calls.append([rng.normal(size=n).astype(np.float32) for _ in range(total)])
+    return calls
+
+
+def run_workers(
+    sites: Sequence[tuple[tuple[str, int], int]], *, workers: int, total: int, result: str,
+    calls: list[list[np.ndarray]], key: bytes | None = None, data_path: str = "c",
+) -> list[list[np.ndarray]]:  # fmt: skip
+    """Global worker ``g`` runs at ``sites[g]`` (aggregator address, local rank) in its own
+    thread and all-reduces (sum) every call's input ``g``; returns results per call, per
+    worker. Worker ``g``'s random stream is seeded with ``g`` whatever the topology."""
+    out: list[list[Any]] = [[None] * total for _ in calls]
+    errors: list[BaseException] = []
+
+    def work(g: int) -> None:
+        address, rank = sites[g]
+        try:
+            with AllreduceClient(
+                address, job=JOB, rank=rank, workers=workers, total_workers=total, k=K,
+                pool_size=POOL, result_format=result, seed=g, deadline=30.0, key=key,
+                data_path=data_path,
+            ) as client:  # fmt: skip
+                for c, call in enumerate(calls):
+                    out[c][g] = client.allreduce(call[g], op="sum")
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(g,)) for g in range(total)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+def one_level(workdir: Path, total: int, result: str, calls: list[list[np.ndarray]]) -> list:
+    """The results of a one-level python aggregator of ``total`` workers, same seed."""
+    agg = start_aggregator(
+        "python", workdir / "flat", job=JOB, workers=total, k=K, result=result,
+        extra=["--seed", str(SEED), "--pool-size", str(POOL)],
+    )
+    try:
+        return run_workers([(agg.address, g) for g in range(total)], workers=total,
+                           total=total, result=result, calls=calls)  # fmt: skip
+    finally:
+        assert agg.stop() == 0, agg.log()
+
+
+def exact_float_sums(total: int, calls: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Per call, the exact sum of the workers' powers of two as an int result decodes it."""
+    window = nc8.Window.for_job(total)
+    out = []
+    for call in calls:
+        ints = sum(np.ldexp(x.astype(np.float64), -window.e_min).astype(np.int64) for x in call)
+        out.append(nc8.ints_to_float(ints, window))
+    return out
+
+
+def check_accounting(tree: Tree) -> None:
+    """Every leaf's and the spine's counters add up (docs/protocol.md, "Counters"), every leaf
+    sent each of its completed slots up once, and no aggregator hit an internal error."""
+    for running in [*tree.leaves, tree.spine]:
+        doc = running.stats()
+        flat = counters(doc, JOB)
+        job = doc["jobs"][str(JOB)]
+        up = doc.get("upstream", {"resent": 0})
+        assert job["packets_in"] == (
+            job["contributions"] + job["duplicates"] + job["results_resent"]
+            + job["handshakes"] + sum(job["drops"].values()) + up["resent"]
+        ), doc
+        assert flat["global.drops.internal_error"] == 0, running.log()
+        if running is not tree.spine:
+            assert up["sent"] == job["slots_completed"], doc
+            assert up["results"] * tree.width == job["results_sent"], doc
+            assert up["packets_in"] == (
+                up["results"] + up["late"] + up["notices"] + up["handshakes"]
+                + sum(up["drops"].values())
+            ), doc
+            assert up["packets_out"] == up["sent"] + up["resent"] + up["hellos"], doc
+
+
+@pytest.mark.parametrize(
+    ("leaves", "width", "keyed", "data_path"),
+    [(2, 2, False, "c"), (2, 4, False, "c"), (2, 2, True, "c"), (2, 2, False, "python")],
+)
+def test_hierarchical_int_results_are_the_exact_sum(
+    tmp_path: Path, trees: list[Tree], leaves: int, width: int, keyed: bool, data_path: str
+) -> None:
+    """Keyed: every datagram of the tree tagged, the leaves' partial sums and the spine's
+    results included (a leaf signs with the job's key, as a worker does). The workers' C data
+    path and the Python reference loop alike."""
+    key = bytes(range(32)) if keyed else None
+    key_option: list[str] = []
+    if key is not None:
+        (tmp_path / "job.key").write_text(key.hex())
+        key_option = ["--key-file", str(tmp_path / "job.key")]
+    tree = start_tree(tmp_path, leaves, width, "int", spine_extra=key_option,
+                      leaf_extra=key_option)  # fmt: skip
+    trees.append(tree)
+    calls = inputs(tree.total, "powers")
+    got = run_workers([tree.worker_site(g) for g in range(tree.total)], workers=width,
+                      total=tree.total, result="int", calls=calls, key=key,
+                      data_path=data_path)  # fmt: skip
+    for c, want in enumerate(exact_float_sums(tree.total, calls)):
+        for g in range(tree.total):
+            assert got[c][g].tobytes() == want.tobytes(), (c, g)
+    check_accounting(tree)
+    spine = tree.spine.stats()["jobs"][str(JOB)]
+    chunks = sum(-(-n // K) for n in SIZES)
+    assert spine["slots_completed"] == chunks
+    assert spine["contributions"] == chunks * leaves
+
+
+def test_hierarchical_a_new_set_of_workers_restarts_the_tree(
+    tmp_path: Path, trees: list[Tree]
+) -> None:
+    """A second set of clients (offsets from 0 again) on the same leaves and spine: their hellos
+    start the idle leaves afresh, and the leaves' hellos the idle spine, so every call completes
+    exactly again (docs/protocol.md, "A new set of workers")."""
+    tree = start_tree(tmp_path, 2, 2, "int")
+    trees.append(tree)
+    calls = inputs(tree.total, "powers")
+    sites = [tree.worker_site(g) for g in range(tree.total)]
+    want = exact_float_sums(tree.total, calls)
+    for _ in range(2):
+        got = run_workers(sites, workers=2, total=tree.total, result="int", calls=calls)
+        for c in range(len(calls)):
+            assert all(got[c][g].tobytes() == want[c].tobytes() for g in range(tree.total))
+    check_accounting(tree)
+    assert tree.spine.stats()["jobs"][str(JOB)]["slots_completed"] == 2 * sum(
+        -(-n // K) for n in SIZES
+    )
+
+
+def test_hierarchical_nc8_results_equal_one_level(tmp_path: Path, trees: list[Tree]) -> None:
+    tree = start_tree(tmp_path, 2, 2, "nc8")
+    trees.append(tree)
+    calls = inputs(tree.total, "normal")
+    got = run_workers([tree.worker_site(g) for g in range(tree.total)], workers=2,
+                      total=tree.total, result="nc8", calls=calls)  # fmt: skip
+    want = one_level(tmp_path, tree.total, "nc8", calls)
+    for c in range(len(calls)):
+        for g in range(tree.total):
+            assert got[c][g].tobytes() == want[c][g].tobytes(), (c, g)
+    check_accounting(tree)
+
+
+@pytest.mark.parametrize("result", ["int", "nc8"])
+def test_hierarchical_results_survive_loss(
+    tmp_path: Path, trees: list[Tree], result: str
+) -> None:
+    """Seeded drops both ways, duplicates and reordering on every leaf and on the spine: every
+    call completes with the same results as without loss."""
+    tree = start_tree(
+        tmp_path, 2, 2, result,
+        spine_extra=[*LOSS, "--fault-seed", "9"], leaf_extra=[*LOSS, "--fault-seed", "SEED"],
+    )  # fmt: skip
+    trees.append(tree)
+    calls = inputs(tree.total, "powers" if result == "int" else "normal")
+    got = run_workers([tree.worker_site(g) for g in range(tree.total)], workers=2,
+                      total=tree.total, result=result, calls=calls)  # fmt: skip
+    want = (
+        [[s] * tree.total for s in exact_float_sums(tree.total, calls)]
+        if result == "int"
+        else one_level(tmp_path, tree.total, result, calls)
+    )
+    for c in range(len(calls)):
+        for g in range(tree.total):
+            assert got[c][g].tobytes() == want[c][g].tobytes(), (c, g)
+    check_accounting(tree)
+    faults = [running.stats()["faults"] for running in [*tree.leaves, tree.spine]]
+    assert all(f["dropped_up"] and f["dropped_down"] for f in faults), faults
+
+
+@pytest.mark.parametrize(
+    ("spine_options", "named"),
+    [
+        (["--workers", "3", "--uplink", "int", "--total-workers", "6"], "workers: leaf 2, spine 3"),
+        (["--workers", "2", "--uplink", "int", "--total-workers", "8"],
+         "window e_min (total workers): leaf -50, spine -49"),
+        (["--workers", "2"], "uplink: leaf int partial sums (leaves), spine nc8 codes (workers)"),
+        (["--workers", "2", "--uplink", "int", "--total-workers", "4", "--pool-size", "16"],
+         "pool size: leaf 8, spine 16"),
+    ],
+)  # fmt: skip
+def test_hierarchical_handshake_mismatch_fails_fast(
+    tmp_path: Path, spine_options: list[str], named: str
+) -> None:
+    """A leaf whose spine's job differs exits with status 1 before serving, the parameter
+    named (it has the answer within one round trip, far inside its handshake timeout)."""
+    workers = int(spine_options[1])
+    spine = start_aggregator(
+        "python", tmp_path / "spine", job=JOB, workers=workers, k=K, result="int",
+        extra=["--pool-size", "8", *spine_options[2:]] if "--pool-size" not in spine_options
+        else spine_options[2:],
+    )  # fmt: skip
+    try:
+        host, port = spine.address
+        leaf = launch_aggregator(
+            "python", tmp_path / "leaf", job=JOB, workers=2, k=K, result="int",
+            extra=["--total-workers", "4", "--upstream", f"{host}:{port}", "--upstream-rank",
+                   "0", "--pool-size", "8", "--upstream-timeout", "30"],
+        )  # fmt: skip
+        assert leaf.process.wait(timeout=60) == 1, leaf.log()
+        log = leaf.log()
+        assert named in log, log
+        assert "listening on" not in log
+        assert spine.stats()["jobs"][str(JOB)]["handshakes"] >= 1
+    finally:
+        assert spine.stop() == 0, spine.log()
+
+
+def test_hierarchical_worker_with_another_total_is_refused(
+    tmp_path: Path, trees: list[Tree]
+) -> None:
+    """A worker that counts another total number of workers than its leaf (another window)
+    fails its handshake naming it."""
+    tree = start_tree(tmp_path, 2, 2, "int")
+    trees.append(tree)
+    named = r"window e_min \(total workers\): worker -49, aggregator -50"
+    with (
+        AllreduceClient(tree.leaves[0].address, job=JOB, rank=0, workers=2, total_workers=8,
+                        k=K, pool_size=POOL, result_format="int") as client,
+        pytest.raises(JobMismatchError, match=named),
+    ):  # fmt: skip
+        client.allreduce(np.ones(4, dtype=np.float32))
+
+
+@pytest.mark.parametrize("backend", ["socket", "dpdk", "bmv2"])
+@pytest.mark.parametrize(
+    "options",
+    [["--uplink", "int", "--total-workers", "4"],
+     ["--upstream", "127.0.0.1:47000", "--upstream-rank", "0", "--total-workers", "4"]],
+)  # fmt: skip
+def test_hierarchical_options_refused_on_c_and_p4_backends(
+    capsys: pytest.CaptureFixture[str], backend: str, options: list[str]
+) -> None:
+    status = cli.main(["aggregator", "--backend", backend, "--job", "1", "--workers", "2",
+                       "--result", "int", *options])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 1
+    assert err == (
+        "ncina aggregator: error: hierarchical aggregation (--upstream, --uplink int, "
+        f"--total-workers) is a python backend feature: the {backend} data plane does not "
+        "carry int partial sums yet"
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        (["--mode", "server", "--compressor", "qsgd", "--uplink", "int"],
+         "hierarchical aggregation is INA mode's: server mode sums floats"),
+        (["--result", "int", "--total-workers", "4"],
+         "--total-workers is for a leaf (--upstream) or a spine (--uplink int)"),
+        (["--result", "int", "--upstream", "127.0.0.1:1"],
+         "--upstream and --upstream-rank go together (a leaf needs both)"),
+        (["--result", "int", "--uplink", "int", "--total-workers", "5"],
+         "a spine's 5 total workers must be a multiple of its 2 leaves"),
+        (["--result", "nc8", "--uplink", "int", "--total-workers", "4", "--k", "200"],
+         "partial sums sent up as int: a result frame of k=200 int elements"),
+    ],
+)  # fmt: skip
+def test_hierarchical_options_checked(
+    capsys: pytest.CaptureFixture[str], options: list[str], reason: str
+) -> None:
+    status = cli.main(["aggregator", "--job", "1", "--workers", "2", "--listen", "127.0.0.1:0",
+                       *options])  # fmt: skip
+    assert status == 1
+    assert reason in capsys.readouterr().err
+
+
+# ---- the leaf's and the spine's logic, datagram by datagram (no sockets) ----
+
+SPINE = ("10.0.1.1", 47000)
+LEAF_GENERATION, SPINE_GENERATION = 3, 5
+
+
+def worker_address(rank: int) -> tuple[str, int]:
+    return (f"10.0.0.{rank + 1}", 5000 + rank)
+
+
+def leaf_logic(result: str = "nc8") -> LeafAggregator:
+    """A leaf of 2 workers (4 in total) at rank 1 of ``SPINE``, after its handshake."""
+    leaf = LeafAggregator(Upstream(SPINE, 1), LEAF_GENERATION)
+    leaf.add_leaf(JobConfig.create(job=JOB, workers=2, k=8, result_format=result,
+                                   pool_size=POOL, total_workers=4))  # fmt: skip
+    leaf.upstream.generation = SPINE_GENERATION
+    return leaf
+
+
+def test_hierarchical_leaf_sends_the_exact_partial_sum_up_and_the_spine_result_down() -> None:
+    leaf = leaf_logic()
+    emin = window_e_min(4)
+    codes = [[0x01, 0x82, 0x10, 0x00, 0x3D, 0xBD, 0x05, 0x3D], [0x01, 0x02, 0x90, 0x00,
+             0x3D, 0x3D, 0x85, 0x01]]  # fmt: skip
+    slot, offset = 2, 2 + 2 * POOL  # the slot's third use: version 0
+    sent = [list(leaf.handle(uplink(job=JOB, rank=r, slot=slot, offset=offset, codes=c,
+                                    emin=emin), worker_address(r)))
+            for r, c in enumerate(codes)]  # fmt: skip
+    assert sent[0] == []
+    sums = exact_sums(codes)
+    up = struct.pack("!BBBbHHHHI", 1, SPINE_GENERATION << 3, 1, emin, JOB, 1, slot, 8, offset)
+    up += b"".join(struct.pack("!q", s) for s in sums)
+    assert sent[1] == [(up, SPINE)]  # the exact sum, once, to the spine, as rank 1
+    # A worker's retransmission while the leaf waits: the same partial sum again, RETX set.
+    retx = uplink(job=JOB, rank=0, slot=slot, offset=offset, codes=codes[0], emin=emin, retx=True)
+    again = bytearray(up)
+    again[1] |= 0x02
+    assert list(leaf.handle(retx, worker_address(0))) == [(bytes(again), SPINE)]
+    # The spine's result (its generation, the leaf's rank there) goes to both workers.
+    result_codes = bytes(range(0x30, 0x38))
+    result = struct.pack("!BBBbHHHHI", 1, 0x01 | SPINE_GENERATION << 3, 0, emin, JOB, 1, slot, 8,
+                         offset) + result_codes  # fmt: skip
+    down = list(leaf.handle(result, SPINE))
+    assert [(dissect(d)[0]["rank"], d[1] >> 3, dissect(d)[1], to) for d, to in down] == [
+        (r, LEAF_GENERATION, result_codes, worker_address(r)) for r in range(2)
+    ]
+    # The same result again is late; a worker's retransmission now gets the stored result.
+    assert list(leaf.handle(result, SPINE)) == []
+    assert list(leaf.handle(retx, worker_address(0))) == [down[0]]
+    stats = leaf.upstream.stats.to_json()
+    assert {k: stats[k] for k in ("sent", "resent", "results", "late")} == {
+        "sent": 1, "resent": 1, "results": 1, "late": 1,
+    }
+    job = leaf.jobs[JOB].stats
+    assert (job.slots_completed, job.results_sent, job.results_resent) == (1, 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"generation": 6}, "stale_generation"),
+        ({"rank": 0}, "non_member"),
+        ({"fmt": 1}, "bad_length"),  # 8 bytes of nc8 codes are no 8 int elements
+        ({"emin": 0}, "window_mismatch"),
+        ({"slot": POOL}, "bad_slot"),
+        ({"flags": 0}, "bad_flags"),
+        ({"job": JOB + 1}, "unknown_job"),
+        ({"offset": 2}, None),  # another chunk: late
+    ],
+)  # fmt: skip
+def test_hierarchical_leaf_drops_a_wrong_spine_result_and_keeps_waiting(
+    change: dict[str, int], reason: str | None
+) -> None:
+    leaf = leaf_logic()
+    emin = window_e_min(4)
+    slot, offset = 2, 2 + 2 * POOL
+    for r in range(2):
+        leaf.handle(uplink(job=JOB, rank=r, slot=slot, offset=offset, codes=[1] * 8, emin=emin),
+                    worker_address(r))  # fmt: skip
+    fields = {"flags": 0x01 | SPINE_GENERATION << 3, "fmt": 0, "emin": emin, "job": JOB,
+              "rank": 1, "slot": slot, "offset": offset, **change}  # fmt: skip
+    if "generation" in fields:
+        fields["flags"] = 0x01 | fields.pop("generation") << 3
+    header = struct.pack("!BBBbHHHHI", 1, fields["flags"], fields["fmt"], fields["emin"],
+                         fields["job"], fields["rank"], fields["slot"], 8, fields["offset"])
+    assert list(leaf.handle(header + bytes(8), SPINE)) == []
+    stats = leaf.upstream.stats.to_json()
+    assert stats["late"] == (reason is None)
+    assert sum(stats["drops"].values()) == (reason is not None)
+    if reason is not None:
+        assert stats["drops"][reason] == 1
+    assert leaf.leaf is not None and leaf.leaf.waiting(0, slot)
+
+
+def test_hierarchical_spine_drops_partial_sums_beyond_what_its_leaves_can_sum() -> None:
+    """A spine of 2 leaves and 4 workers takes partial sums up to 2 * 2**span in magnitude
+    (two workers' largest codes), so that no two of them overflow."""
+    config = JobConfig.create(job=JOB, workers=2, k=2, result_format="int", pool_size=POOL,
+                              total_workers=4, uplink_format="int")  # fmt: skip
+    spine = Aggregator(1)
+    slots = spine.install(SpineSlots(config))
+    top = 2 << config.window.span
+    emin = config.window.e_min
+
+    def send(rank: int, slot: int, values: list[int]) -> list[tuple[bytes, tuple[str, int]]]:
+        payload = b"".join(struct.pack("!q", v) for v in values)
+        datagram = struct.pack("!BBBbHHHHI", 1, 0, 1, emin, JOB, rank, slot, 2, slot) + payload
+        return list(spine.handle(datagram, worker_address(rank)))
+
+    assert send(0, 0, [top + 1, 0]) == [] and send(0, 0, [0, -top - 1]) == []
+    assert slots.stats.drops["bad_code"] == 2
+    assert send(0, 0, [top, -top]) == []
+    out = send(1, 0, [top, -top])
+    assert [dissect(d)[1] for d, _ in out] == [struct.pack("!qq", 2 * top, -2 * top)] * 2
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),  # from the spine (else from a worker)
+            st.integers(0, 1), st.integers(0, 3), st.integers(0, 1),  # rank, slot, version
+            st.integers(0, 40), st.integers(0, 255), st.integers(0, 40),  # one byte, a cut
+        ),
+        max_size=60,
+    )
+)
+def test_hierarchical_leaf_fuzz_never_raises_and_counts_everything(items: list[Any]) -> None:
+    """Mostly valid worker chunks and spine results with one byte replaced or the end cut: the
+    leaf never raises, everything it sends goes to a worker or the spine, and both sides'
+    counters account for every datagram."""
+    leaf = leaf_logic("int")
+    emin = window_e_min(4)
+    from_workers = 0
+    for from_spine, rank, slot, version, where, byte, cut in items:
+        offset = slot + version * POOL  # each slot's use 0 or 1
+        if from_spine:
+            good = struct.pack("!BBBbHHHHI", 1, 0x01 | version << 2 | SPINE_GENERATION << 3, 1,
+                               emin, JOB, 1, slot, 2, offset) + struct.pack("!qq", 3, -5)
+        else:
+            good = uplink(job=JOB, rank=rank, slot=slot, offset=offset, codes=[1, 0x83],
+                          emin=emin, pool=version)  # fmt: skip
+        datagram = bytearray(good[: len(good) - cut] if cut < 8 else good)
+        if where < len(datagram):
+            datagram[where] = byte
+        source = SPINE if from_spine else worker_address(rank)
+        from_workers += not from_spine
+        for out, destination in leaf.handle(bytes(datagram), source):
+            assert destination in {SPINE, worker_address(0), worker_address(1)}
+            assert out[1] & 0x01 or destination == SPINE
+    up = leaf.upstream.stats.to_json()
+    job = leaf.jobs[JOB].stats.to_json()
+    assert up["packets_in"] == len(items) - from_workers == (
+        up["results"] + up["late"] + up["notices"] + up["handshakes"] + sum(up["drops"].values())
+    )
+    assert job["packets_in"] + leaf.stats.packets_in == from_workers
+    assert job["packets_in"] == (
+        job["contributions"] + job["duplicates"] + job["results_resent"] + job["handshakes"]
+        + sum(job["drops"].values()) + up["resent"]
+    )
+    assert up["packets_out"] == up["sent"] + up["resent"] + up["hellos"]
