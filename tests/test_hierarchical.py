@@ -26,18 +26,18 @@ from ncina.proto import nc8
 from ncina.proto.descriptor import JobMismatchError
 from ncina.worker.client import AllreduceClient
 from ncina_testlib import (
-    RunningAggregator,
     counters,
     dissect,
     exact_sums,
     launch_aggregator,
-    powers_of_two,
     start_aggregator,
     uplink,
     window_e_min,
 )
 
 from ncina import cli
+from ncina.harness.aggregators import RunningAggregator
+from ncina.harness.reference import powers_of_two
 
 JOB = 23
 K = 64  # int frames of 64 elements fit MTU 1500 (the largest is 182)
