@@ -76,6 +76,16 @@ def test_bad_bandwidth_and_dpdk_jumbo_frames_are_refused(
     assert "MTU 1500" in refusal(tmp_path, capsys, "--backend", "dpdk", "--mtu", "9000")
 
 
+def test_leafspine_needs_the_python_backend_and_even_leaves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # the checks come before any network
+    err = refusal(tmp_path, capsys, "--topo", "leafspine", "--backend", "socket")
+    assert "--topo leafspine runs the python backend" in err
+    err = refusal(tmp_path, capsys, "--topo", "leafspine", "--backend", "python", "--leaves", "3")
+    assert "--workers 4 cannot be split evenly over --leaves 3" in err
+
+
 root = pytest.mark.skipif(os.geteuid() != 0, reason="Mininet needs root")
 
 
@@ -107,7 +117,32 @@ def test_a_tiny_run_over_mininet(tmp_path: Path) -> None:
     # NC8 codes behind Ethernet, IPv4, UDP and the ncina header.
     frames = 13 * (1456 + 58) + (1072 + 58)
     assert all(b >= frames for b in run["uplink_bytes"]), run["uplink_bytes"]
-    assert (tmp_path / "run0" / "aggregator.log").exists()
+    assert (tmp_path / "run0" / "aggregator0.log").exists()
+    assert "leaf_link_fraction" not in figures
+
+
+@pytest.mark.root
+@root
+def test_a_tiny_leafspine_run_reports_the_leaf_uplinks(tmp_path: Path) -> None:
+    """Two leaves of two workers under a spine: the tree's result is the reference model's
+    (exact), and each leaf uplink carried at least its partial sums, 8 bytes per element."""
+    output = tmp_path / "fabric.jsonl"
+    status = main(["bench", "fabric", "--topo", "leafspine", "--leaves", "2", "--workers", "4",
+                   "--elements", "20000", "--repeat", "1", "--backend", "python", "--bw", "100",
+                   "--workdir", str(tmp_path), "--output", str(output)])  # fmt: skip
+    assert status == 0
+    assert links(f"b{os.getpid() % 100000}") == []
+    figures = json.loads(output.read_text())
+    assert figures["exact"] is True
+    assert (figures["topo"], figures["leaves"], figures["k"]) == ("leafspine", 2, 182)
+    assert figures["leaf_link_fraction"] > 0 and figures["link_fraction"] > 0
+    [run] = figures["runs"]
+    assert len(run["leaf_link_fractions"]) == 2 and len(run["link_fractions"]) == 4
+    # The spine (aggregator 2) completed every chunk once: 110 chunks of 182 (the last of 162),
+    # and one of the warm-up's element.
+    spine = json.loads((tmp_path / "run0" / "aggregator2.json").read_text())
+    assert spine["jobs"]["1"]["slots_completed"] == 110 + 1
+    assert [(tmp_path / "run0" / f"aggregator{j}.log").exists() for j in range(3)] == [True] * 3
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -612,3 +612,16 @@ def test_hierarchical_leaf_fuzz_never_raises_and_counts_everything(items: list[A
         + sum(job["drops"].values()) + up["resent"]
     )
     assert up["packets_out"] == up["sent"] + up["resent"] + up["hellos"]
+
+
+def test_a_worker_under_a_leaf_defaults_to_the_trees_k() -> None:
+    """Without --k a worker takes the largest K for its result frames (1456 nc8 lanes at MTU
+    1500); under a leaf (total > workers) the tree's K is the leaf's, the largest for int lanes
+    (182), so the two meet at the handshake instead of failing it."""
+    alone = AllreduceClient(("127.0.0.1", 9), job=JOB, rank=0, workers=2)
+    leafed = AllreduceClient(("127.0.0.1", 9), job=JOB, rank=0, workers=2, total_workers=4)
+    try:
+        assert (alone.k, leafed.k) == (1456, 182)
+    finally:
+        alone.close()
+        leafed.close()

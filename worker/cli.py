@@ -51,7 +51,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--total-workers", type=int, default=None, metavar="N",
         help="under a leaf aggregator (docs/protocol.md, 'Hierarchical aggregation'): the "
-        "workers of the whole tree, whose window and sum the job has (default: --workers)",
+        "workers of the whole tree, whose window and sum the job has; the default --k is "
+        "then the largest for int lanes, as the leaf's (default: --workers)",
     )
     p.add_argument(
         "--k", type=int, default=None,

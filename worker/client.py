@@ -150,7 +150,8 @@ class AllreduceClient:
     """One worker (``rank`` of ``workers``) of job ``job`` at ``aggregator``; see the module doc.
 
     ``k`` elements per packet (default: the most that fit a packet of ``mtu`` bytes both ways,
-    ``ncina.proto.header.largest_k``), ``pool_size`` slots, ``window_max`` the largest in-window
+    ``ncina.proto.header.largest_k``; under a leaf, int lanes, as the leaf's), ``pool_size``
+    slots, ``window_max`` the largest in-window
     exponent (the window is ``nc8.Window.for_job(total_workers, window_max)``, ``total_workers``
     the workers of the whole tree under a leaf aggregator, default ``workers``: docs/protocol.md,
     "Hierarchical aggregation"; ``mean`` divides by it); ``result_format`` is the
@@ -217,7 +218,10 @@ class AllreduceClient:
         if result_format not in RESULT_FORMATS:
             raise ValueError(f"result_format must be one of {sorted(RESULT_FORMATS)}")
         if k is None:
-            k = min(MAX_K, largest_k(mtu, RESULT_FORMATS[result_format], key is not None))
+            # Under a leaf the tree's K is the leaf's: its partial sums go up as int lanes.
+            under_leaf = total_workers is not None and total_workers > workers
+            fmt = Format.INT if under_leaf else RESULT_FORMATS[result_format]
+            k = min(MAX_K, largest_k(mtu, fmt, key is not None))
         desc.check_job(job=job, workers=workers, k=k, pool_size=pool_size)
         desc.check_range("rank", rank, 0, workers - 1, f" (job of {workers} workers)")
         if handshake_timeout is not None and not handshake_timeout > 0:

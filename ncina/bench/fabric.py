@@ -15,6 +15,14 @@ links; both warm up, start at one instant and time the all-reduce call alone (as
 switch port's receive counter of that worker's link, read just before the start and after the
 last worker ended, divided by the wall time; the figure is the mean over the workers (each run's
 per-worker values are kept). ``gloo_link_fraction`` is the same for gloo's TCP traffic.
+
+``--topo leafspine`` builds ``ncina topo``'s leaf-spine fabric instead (docs/protocol.md,
+"Hierarchical aggregation"): ``--leaves`` leaf switches, each with ``--workers / --leaves``
+workers and a leaf aggregator, joined by leaf uplinks shaped like the worker links to a spine
+switch with the spine aggregator. The workers reach their leaf, the leaves the spine;
+``leaf_link_fraction`` is ``link_fraction`` of the leaf uplinks (the spine switch's receive
+counters: the leaves' int partial sums, 8 bytes per element against a worker's 1). The result
+is checked against the reference model as in a star: the tree's sum is the one-level sum.
 Everything started here is stopped by PID and the network is removed on the way out, on error
 and on Ctrl-C or SIGTERM alike (never by Mininet's machine-wide cleanup). Needs root.
 """
@@ -34,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from ncina.aggregator import process as aggproc
+from ncina.aggregator.cli import positive_int
 from ncina.bench import allreduce as bench
 from ncina.harness.figures import medians
 from ncina.harness.links import fractions, rx_bytes, time_limit, uplink_ports
@@ -63,6 +72,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     bench.add_common_arguments(p, backend=default_backend(), workers=4)
     p.add_argument("--bw", type=float, default=100.0,
                    help="Mbit/s of each worker's link (default: %(default)s)")  # fmt: skip
+    p.add_argument("--topo", choices=("star", "leafspine"), default="star",
+                   help="star: every worker and the aggregator on one switch; leafspine: "
+                   "--leaves leaf switches, each with its workers and a leaf aggregator, under a "
+                   "spine switch with the spine aggregator (python backend; the default --k is "
+                   "then the largest for int lanes) (default: %(default)s)")  # fmt: skip
+    p.add_argument("--leaves", type=positive_int, default=2,
+                   help="leafspine: leaf switches, each with --workers / LEAVES workers "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument("--workdir", type=Path, default=None,
                    help="keep the logs and stats here (default: a temporary directory)")
     return p
@@ -76,6 +93,15 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--bw must be positive, not {args.bw:g}")
     if args.backend == "dpdk":
         bench.check_dpdk(args.mtu)
+    if args.topo == "leafspine":
+        if args.backend != "python":
+            raise ValueError("--topo leafspine runs the python backend: the C engine does not "
+                             "forward partial sums (docs/protocol.md, 'Hierarchical aggregation')")
+        if args.workers % args.leaves:
+            raise ValueError(f"--workers {args.workers} cannot be split evenly over --leaves "
+                             f"{args.leaves}")  # fmt: skip
+        if args.k is None:  # the leaves' partial sums go up as int lanes
+            args.k = bench.default_k(args.mtu, "int")
     bench.check_arguments(args)
 
 
@@ -84,12 +110,14 @@ def one_repeat(
     ref: Reference,
 ) -> dict[str, Any]:  # fmt: skip
     """One INA all-reduce through a fresh aggregator and one gloo all-reduce on the fabric."""
-    from ncina.topo.topos import aggregator_ip, worker_ip
+    from ncina.topo.topos import worker_ip
 
     directory.mkdir(parents=True, exist_ok=True)
     limit = time_limit(args.elements, args.bw, args.deadline)
     hosts = [net.get(name) for name in topo.worker_names]
-    ports = uplink_ports(net, topo)
+    # The workers' uplinks, then (leaf-spine) the leaves' uplinks, counted over the timed call.
+    w = args.workers
+    ports = uplink_ports(net, topo) + leaf_uplinks(net, topo)
 
     def launch(rank: int, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
         return procs.start(hosts[rank], argv, log)
@@ -97,43 +125,100 @@ def one_repeat(
     def probe() -> list[int]:
         return rx_bytes(ports)
 
-    agg_host = net.get(topo.aggregator_names[0])
-    address = (aggregator_ip(0), PORT)
-    stats_path, log_path = directory / "aggregator-stats.json", directory / "aggregator.log"
-    argv = [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", args.backend,
-            "--listen", f"{address[0]}:{PORT}", *bench.aggregator_arguments(args, stats_path)]
-    if args.backend == "dpdk":  # the data plane serves the host's interface
-        from ncina.aggregator.dpdk import netns
-
-        argv += [*netns.prepare_host(agg_host), "--vdev-options", bench.DPDK_VDEV_OPTIONS]
-    aggregator = procs.start(agg_host, argv, log_path)
+    aggregators, stats_paths, where = start_aggregators(args, net, topo, procs, directory)
     result_path = directory / "result.npy"
     try:
-        aggproc.wait_ready(aggregator, log_path, START_TIMEOUT)
-        spec = bench.worker_spec(args, "ina", aggregator=list(address),
-                                 result_path=str(result_path))  # fmt: skip
+        spec = bench.worker_spec(args, "ina", result_path=str(result_path), **where)
         ina = run_workers(spec, directory / "ina", launch, limit, probe)
     finally:
-        procs.stop([aggregator])
-    job = json.loads(stats_path.read_text())["jobs"][str(bench.JOB)]
+        procs.stop(aggregators)
+    jobs = [json.loads(p.read_text())["jobs"][str(bench.JOB)] for p in stats_paths]
     result = np.load(result_path)
     result_path.unlink()
     spec = bench.worker_spec(args, "gloo", master=[worker_ip(0), GLOO_PORT + index],
                              ifaces=[h.defaultIntf().name for h in hosts])  # fmt: skip
     gloo = run_workers(spec, directory / "gloo", launch, limit, probe)
     figures = bench.repeat_figures(args, ref, ina.reports, gloo.reports, result)
-    ina_links = fractions(ina.before, ina.after, figures["wall_s"], args.bw)
-    gloo_links = fractions(gloo.before, gloo.after, figures["gloo_wall_s"], args.bw)
+    ina_links = fractions(ina.before[:w], ina.after[:w], figures["wall_s"], args.bw)
+    gloo_links = fractions(gloo.before[:w], gloo.after[:w], figures["gloo_wall_s"], args.bw)
     figures["extra"] = {
         "link_fraction": round(statistics.mean(ina_links), 4),
         "link_fractions": ina_links,
         "gloo_link_fraction": round(statistics.mean(gloo_links), 4),
         "gloo_link_fractions": gloo_links,
-        "uplink_bytes": [a - b for b, a in zip(ina.before, ina.after, strict=True)],
+        "uplink_bytes": [a - b for b, a in zip(ina.before[:w], ina.after[:w], strict=True)],
         "retransmissions": sum(w["retransmissions"] for w in figures["workers"]),
     }
-    figures["job"] = job
+    if len(ports) > w:
+        leaf_links = fractions(ina.before[w:], ina.after[w:], figures["wall_s"], args.bw)
+        figures["extra"] |= {"leaf_link_fraction": round(statistics.mean(leaf_links), 4),
+                             "leaf_link_fractions": leaf_links}  # fmt: skip
+    figures["job"] = jobs[-1]  # the spine's in a tree: the job as a whole
     return figures
+
+
+def start_aggregators(
+    args: argparse.Namespace, net: Any, topo: Any, procs: Any, directory: Path
+) -> tuple[list[subprocess.Popen[bytes]], list[Path], dict[str, Any]]:
+    """Start the run's aggregator (star) or its tree (the spine, then each leaf with
+    ``--upstream`` the spine) on fresh processes and wait until they serve; return them, their
+    stats files (the spine's last) and what the worker spec needs to reach them."""
+    from ncina.topo.topos import aggregator_ip
+
+    def start(j: int, extra: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
+        stats_path, log_path = directory / f"aggregator{j}.json", directory / f"aggregator{j}.log"
+        host = net.get(topo.aggregator_names[j])
+        argv = [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", args.backend,
+                "--listen", f"{aggregator_ip(j)}:{PORT}",
+                *bench.aggregator_arguments(args, stats_path), *extra]  # fmt: skip
+        if args.backend == "dpdk":  # the data plane serves the host's interface
+            from ncina.aggregator.dpdk import netns
+
+            argv += [*netns.prepare_host(host), "--vdev-options", bench.DPDK_VDEV_OPTIONS]
+        proc = procs.start(host, argv, log_path)
+        try:
+            aggproc.wait_ready(proc, log_path, START_TIMEOUT)
+        except RuntimeError:
+            procs.stop([proc])
+            raise
+        return proc, stats_path
+
+    if args.topo == "star":
+        proc, stats_path = start(0, [])
+        return [proc], [stats_path], {"aggregator": [aggregator_ip(0), PORT]}
+    leaves = args.leaves
+    total = str(args.workers)
+    spine, spine_stats = start(leaves, ["--workers", str(leaves), "--total-workers", total,
+                                        "--uplink", "int"])  # fmt: skip
+    started, stats_paths = [], []
+    try:
+        for i in range(leaves):
+            proc, stats_path = start(i, [
+                "--workers", str(args.workers // leaves), "--total-workers", total,
+                "--upstream", f"{aggregator_ip(leaves)}:{PORT}", "--upstream-rank", str(i),
+            ])  # fmt: skip
+            started.append(proc)
+            stats_paths.append(stats_path)
+    except RuntimeError:
+        procs.stop([*started, spine])
+        raise
+    where = {
+        "aggregator": [aggregator_ip(leaves), PORT],
+        "leaves": [[aggregator_ip(i), PORT] for i in range(leaves)],
+        "leaf_workers": args.workers // leaves,
+    }
+    return [*started, spine], [*stats_paths, spine_stats], where
+
+
+def leaf_uplinks(net: Any, topo: Any) -> list[str]:
+    """The spine switch's port of each leaf switch's uplink, in leaf order (none in a star):
+    its receive counter is what the leaf sent up."""
+    spine = net.get(topo.switch_name)
+    ports = []
+    for name in getattr(topo, "leaf_switch_names", []):
+        [link] = net.linksBetween(net.get(name), spine)
+        ports.append((link.intf1 if link.intf1.node is spine else link.intf2).name)
+    return ports
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -146,6 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ncina-fabric-") as tmp:
         workdir = args.workdir or Path(tmp)
         cfg = TopoConfig(out=workdir, workers=args.workers, backend=args.backend, bw=args.bw,
+                         topo=args.topo, leaves=args.leaves, k=args.k,
                          prefix=f"b{os.getpid() % 100000}")  # fmt: skip
         ref = bench.reference(args)
         net, topo = build_net(cfg)
@@ -165,10 +251,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "backend": args.backend, "workers": args.workers, "elements": args.elements,
         "bw_mbit": args.bw, "k": args.k, "mtu": args.mtu, "pool_size": args.pool_size,
-        "result": args.result, "repeat": args.repeat,
+        "result": args.result, "repeat": args.repeat, "topo": args.topo,
         "link_fraction": median(r["extra"]["link_fraction"] for r in repeats),
         "gloo_link_fraction": median(r["extra"]["gloo_link_fraction"] for r in repeats),
     }  # fmt: skip
     figures |= medians(repeats, workers=args.workers, elements=args.elements)
     figures["retransmissions"] = median(r["extra"]["retransmissions"] for r in repeats)
+    if args.topo == "leafspine":
+        figures["leaves"] = args.leaves
+        figures["leaf_link_fraction"] = median(r["extra"]["leaf_link_fraction"] for r in repeats)
     return figures

@@ -12,13 +12,13 @@ MIN_TIME_LIMIT = 120.0  # seconds one all-reduce may take at least (see time_lim
 
 
 def uplink_ports(net: Any, topo: Any) -> list[str]:
-    """The switch-side interface of each worker's link, in rank order: its receive counters
-    count what the worker put on its uplink."""
-    switch = net.get(topo.switch_name)
+    """The switch-side interface of each worker's link (to whichever switch it hangs off), in
+    rank order: its receive counters count what the worker put on its uplink."""
     ports = []
     for name in topo.worker_names:
-        [link] = net.linksBetween(net.get(name), switch)
-        ports.append((link.intf1 if link.intf1.node is switch else link.intf2).name)
+        intf = net.get(name).defaultIntf()
+        link = intf.link
+        ports.append((link.intf2 if link.intf1 is intf else link.intf1).name)
     return ports
 
 

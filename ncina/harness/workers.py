@@ -3,7 +3,9 @@ parent's side, :func:`run_workers`, and the worker's, ``python -m ncina.harness.
 RANK``, which runs rank ``RANK`` of the run described by the JSON file ``SPEC`` in one of two
 modes:
 
-- ``ina``: one ``AllreduceClient`` through the aggregator at ``spec["aggregator"]``;
+- ``ina``: one ``AllreduceClient`` through the aggregator at ``spec["aggregator"]``, or in a
+  leaf-spine tree (``spec["leaf_workers"]`` W) through leaf ``RANK // W`` of ``spec["leaves"]``
+  as its worker ``RANK % W`` (the job's total is ``spec["workers"]``);
 - ``gloo``: ``torch.distributed`` with the gloo backend (ring all-reduce of float32), rendezvous
   at ``spec["master"]``, on the interface ``spec["ifaces"][RANK]`` (``GLOO_SOCKET_IFNAME``).
 
@@ -83,11 +85,17 @@ def run_ina(spec: dict[str, Any], rank: int, x: np.ndarray, directory: Path) -> 
     from ncina.worker.client import AllreduceClient
 
     host, port = spec["aggregator"]
+    local_rank, workers, total = rank, spec["workers"], None
+    if spec.get("leaf_workers"):  # leaf-spine: the rank's leaf, as one of its W workers
+        width = spec["leaf_workers"]
+        host, port = spec["leaves"][rank // width]
+        local_rank, workers, total = rank % width, width, spec["workers"]
     with AllreduceClient(
-        (host, port), job=spec["job"], rank=rank, workers=spec["workers"], k=spec["k"],
+        (host, port), job=spec["job"], rank=local_rank, workers=workers, k=spec["k"],
         pool_size=spec["pool_size"], window_max=spec["window_max"],
         result_format=spec["result"], seed=client_seed(spec["seed"], rank),
         timeout=spec["timeout"], deadline=spec["deadline"], mtu=spec["mtu"],
+        total_workers=total,
     ) as client:  # fmt: skip
         client.allreduce(WARMUP)
         before = client.stats
