@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.hierarchy import SpineSlots
 from ncina.aggregator.jobs import JobConfig
@@ -139,6 +141,44 @@ def test_spine_partial_sums_at_the_int64_extremes(engine: Engine) -> None:
     assert send(0, [bound, -bound]) == [] and send(1, [bound, -bound]) == []
     out = send(2, [bound, -bound])
     assert [d[16:] for d, _ in out] == [struct.pack("!qq", 3 * bound, -3 * bound)] * 3
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3), st.integers(0, 1), st.integers(0, 1),  # rank, slot, version
+            st.sampled_from((0, 1, -1, 2)),  # lanes: 0, the bound, minus it, beyond it
+            st.integers(0, 120), st.integers(0, 255), st.integers(0, 19),  # one byte, a cut
+        ),
+        max_size=40,
+    )
+)  # fmt: skip
+def test_spine_fuzz_like_the_reference(engine: Engine, items: list[Any]) -> None:
+    """Mostly valid partial sums (a rank beyond the leaves too) with one byte replaced or the
+    end cut: the engine's replies and counters are ``SpineSlots``'s, datagram by datagram."""
+    engine.lib.nce_reset()
+    config = spine_config("nc8")
+    reference = Aggregator(GENERATION)
+    reference.install(SpineSlots(config))
+    engine.set_generation(GENERATION)
+    engine.add_job(config)
+    bound = 2 << config.window.span
+    for rank, slot, version, lane, where, byte, cut in items:
+        value = bound + 1 if lane == 2 else lane * bound
+        payload = struct.pack("!qq", value, -value)
+        good = uplink(job=9, rank=rank, slot=slot, offset=slot + 4 * version,
+                      codes=payload, emin=config.window.e_min, pool=version, format=1,
+                      count=2)  # fmt: skip
+        datagram = bytearray(good[: len(good) - cut] if cut < 3 else good)
+        if where < len(datagram):
+            datagram[where] = byte
+        source = (f"10.9.1.{rank + 1}", 5000 + rank)
+        want = list(reference.handle(bytes(datagram), source))
+        assert process(engine, bytes(datagram), source) == want, bytes(datagram).hex()
+    assert engine.job_stats(9).to_json() == reference.jobs[9].stats.to_json()
+    assert engine.global_stats().to_json() == reference.stats.to_json()
 
 
 @pytest.mark.parametrize(
