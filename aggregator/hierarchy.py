@@ -470,7 +470,8 @@ class LeafAggregator(Aggregator):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The hierarchical aggregation options of ``ncina aggregator``."""
     group = parser.add_argument_group(
-        "hierarchical aggregation (python backend; docs/protocol.md, 'Hierarchical aggregation')"
+        "hierarchical aggregation (a spine: python, socket, dpdk; a leaf: python; "
+        "docs/protocol.md, 'Hierarchical aggregation')"
     )
     group.add_argument(
         "--total-workers", type=int, default=None, metavar="N",
@@ -513,10 +514,16 @@ def check_arguments(args: argparse.Namespace) -> bool:
     total = args.total_workers
     if not (leaf or spine or args.upstream_rank is not None or total not in (None, args.workers)):
         return False
-    if args.backend != "python":
+    if args.backend == "bmv2":
         raise ValueError(
-            f"hierarchical aggregation (--upstream, --uplink int, --total-workers) is a python "
-            f"backend feature: the {args.backend} data plane does not carry int partial sums yet"
+            "hierarchical aggregation (--upstream, --uplink int, --total-workers) is not "
+            "available on bmv2: the P4 program does not carry int partial sums"
+        )
+    if leaf and args.backend != "python":
+        raise ValueError(
+            f"a leaf (--upstream) is a python backend feature: the {args.backend} data plane "
+            "serves as a spine (--uplink int) but sends no partial sums upstream; run the "
+            "leaves with --backend python"
         )
     if args.mode == "server":
         raise ValueError("hierarchical aggregation is INA mode's: server mode sums floats")
@@ -538,6 +545,16 @@ def check_int_frames(config: JobConfig, mtu: int) -> None:
     leaves send to the spine, fit a link of ``mtu``."""
     try:
         dataclasses.replace(config, result_format=Format.INT).check_mtu(mtu)
+    except ValueError as exc:
+        raise ValueError(f"partial sums sent up as int: {exc}") from None
+
+
+def check_int_frame_room(config: JobConfig, room: int, limit: str) -> None:
+    """Raise ``ValueError`` unless a frame of ``config``'s K int partial sums fits ``room``
+    bytes (a data plane's packet buffer, described by ``limit``), as ``check_int_frames``
+    does for a link."""
+    try:
+        dataclasses.replace(config, result_format=Format.INT).check_frame_room(room, limit)
     except ValueError as exc:
         raise ValueError(f"partial sums sent up as int: {exc}") from None
 

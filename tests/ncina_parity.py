@@ -4,13 +4,15 @@ One recorded schedule (duplicates, retransmissions, malformed packets, packets o
 generation, and for a keyed job forged packets) is sent to the Python backend and to the backend
 under test under one --generation; every rank must receive the same datagrams (results and
 notices, byte for byte) and the counters must be equal (int results, and nc8 results under one
---seed: the same rounding bits). Used by test_socket_packets.py and test_dpdk_packets.py.
+--seed: the same rounding bits), for a one-level job and for a spine's (int partial sums from
+its leaves). Used by test_socket_packets.py and test_dpdk_packets.py.
 """
 
 from __future__ import annotations
 
 import random
 import socket
+import struct
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,21 +29,39 @@ REPLAY_GUARD = 60.0  # s: a replay that has not been answered by then hangs
 
 
 def schedule(
-    job: int, workers: int, rounds: int, pool: int, seed: int, key: bytes | None = None
-) -> list[tuple[int, bytes]]:
+    job: int, workers: int, rounds: int, pool: int, seed: int, key: bytes | None = None,
+    total: int | None = None,
+) -> list[tuple[int, bytes]]:  # fmt: skip
     """(sending rank, datagram): SwitchML order (each round's packets shuffled), with
     duplicates, lost-result retransmissions, malformed packets and packets of another generation
     mixed in. With ``key`` every datagram is tagged (the malformed ones too, so they reach the
-    checks after the tag's) and each round adds one forged packet (a wrong key)."""
+    checks after the tag's) and each round adds one forged packet (a wrong key).
+
+    With ``total`` the ranks are the leaves of a spine of ``total`` workers (docs/protocol.md,
+    "Hierarchical aggregation"): their payloads are int partial sums, mostly within what
+    ``total / workers`` workers can sum, sometimes one beyond (``bad_code``), and each round
+    adds a leaf's datagram in nc8 codes (``bad_format``)."""
     rnd = random.Random(seed)
-    emin = window_e_min(workers)
-    top = 62 - (workers - 1).bit_length() + 1
+    emin = window_e_min(total or workers)
+    span = 62 - ((total or workers) - 1).bit_length()
+    top = span + 1
+    bound = (total // workers << span) if total else 0
     out: list[tuple[int, bytes]] = []
     for chunk in range(rounds):
         slot, version = chunk % pool, (chunk // pool) % 2
         count = rnd.randint(1, K)
         packets = []
         for rank in range(workers):
+            if total:
+                sums = [rnd.choice((-bound, bound, rnd.randint(-bound, bound), 0))
+                        for _ in range(count)]  # fmt: skip
+                if rnd.random() < 0.1:
+                    sums[rnd.randrange(count)] = rnd.choice((bound + 1, -bound - 1))
+                payload = b"".join(struct.pack("!q", v) for v in sums)
+                packets.append((rank, uplink(job=job, rank=rank, slot=slot, offset=chunk * K,
+                                             codes=payload, emin=emin, pool=version, format=1,
+                                             count=count)))  # fmt: skip
+                continue
             codes = [rnd.choice((0, 0x80)) | rnd.randint(1, top) if rnd.random() < 0.8 else 0
                      for _ in range(count)]  # fmt: skip
             packets.append((rank, uplink(job=job, rank=rank, slot=slot, offset=chunk * K,
@@ -64,6 +84,10 @@ def schedule(
         else:
             bad[3] ^= 1
         out.append((packets[0][0], bytes(bad)))
+        if total:  # codes where the spine takes partial sums
+            rank = rnd.randrange(workers)
+            out.append((rank, uplink(job=job, rank=rank, slot=slot, offset=chunk * K,
+                                     codes=[1] * count, emin=emin, pool=version)))  # fmt: skip
         if chunk % 5 == 4:  # from an aggregator start before this one
             stale = bytearray(packets[-1][1])
             stale[1] |= STALE << GENERATION_SHIFT
@@ -150,13 +174,19 @@ KEY = bytes(range(32, 64))
 
 
 def assert_wire_parity(
-    backend: str, tmp_path: Path, result: str, keyed: bool, options: Sequence[str] = ()
-) -> None:
+    backend: str, tmp_path: Path, result: str, keyed: bool, options: Sequence[str] = (),
+    spine: bool = False,
+) -> None:  # fmt: skip
     """Replay one schedule to the Python backend and to ``backend`` (started with ``options``
-    too); assert equal replies and counters."""
+    too); assert equal replies and counters. ``spine``: both serve a spine of 3 leaves and 6
+    workers in total (``--uplink int``), the schedule sends int partial sums."""
     workers, pool = 3, 4
-    packets = schedule(9, workers, rounds=30, pool=pool, seed=4, key=KEY if keyed else None)
+    total = 2 * workers if spine else None
+    packets = schedule(9, workers, rounds=30, pool=pool, seed=4, key=KEY if keyed else None,
+                       total=total)  # fmt: skip
     extra = ["--seed", "42", "--pool-size", str(pool), "--generation", str(GENERATION)]
+    if total:
+        extra += ["--uplink", "int", "--total-workers", str(total)]
     if keyed:
         key_file = tmp_path / "job.key"
         key_file.write_text(KEY.hex())
@@ -187,5 +217,7 @@ def assert_wire_parity(
     job = py_stats["jobs"]["9"]
     assert job["notices_sent"] > 0 and job["drops"]["stale_generation"] == 6
     assert (job["drops"]["bad_tag"] > 0) == keyed
+    assert (job["drops"]["bad_format"] > 0) == spine
+    assert job["drops"]["bad_code"] > 0 and job["slots_completed"] > 0
     assert dp_stats["jobs"] == py_stats["jobs"]
     assert dp_stats["global"] == py_stats["global"]

@@ -8,6 +8,7 @@ tests over a veth pair are in test_dpdk_packets.py.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import re
@@ -335,3 +336,18 @@ def test_a_job_whose_frames_exceed_the_mbuf_is_refused(
         datagram = tag.sign(key, bytes([datagram[0], datagram[1] | FLAG_TAG]) + datagram[2:])
     (out,) = process(plane, frame(datagram, ("10.77.1.1", 5000)))
     assert MBUF_ROOM - (8 if result == "int" else 1) < len(out) <= MBUF_ROOM
+
+
+def test_a_spine_whose_leaves_int_frames_exceed_the_mbuf_is_refused(plane: object) -> None:
+    """A spine with nc8 results (frames of K bytes) still takes its leaves' int partial sums
+    (frames of 8 K bytes): the driver holds it to the int K of the mbuf."""
+    ffi, lib = plane.ffi, plane.lib  # type: ignore[attr-defined]
+    spine = JobConfig.create(job=3, workers=2, k=249, result_format="nc8", pool_size=4,
+                             total_workers=4, uplink_format="int")  # fmt: skip
+    message = r"partial sums sent up as int: .*largest k for int results is 248"
+    with pytest.raises(ValueError, match=message):
+        plane.add_job(spine)  # type: ignore[attr-defined]
+    stats = ffi.new("struct nce_counters *")
+    assert lib.nce_job_stats(3, stats) == -1  # nothing installed
+    plane.add_job(dataclasses.replace(spine, k=248))  # type: ignore[attr-defined]
+    assert lib.nce_job_stats(3, stats) == 0

@@ -37,6 +37,13 @@ def test_wire_parity_with_the_python_backend(tmp_path: Path, result: str, keyed:
 
 
 @pytest.mark.parametrize("result", ["int", "nc8"])
+def test_spine_wire_parity_with_the_python_backend(tmp_path: Path, result: str) -> None:
+    """A keyed spine (--uplink int): its leaves' int partial sums as the python spine takes
+    them (docs/protocol.md, "Hierarchical aggregation")."""
+    assert_wire_parity("dpdk", tmp_path, result, True, spine=True)
+
+
+@pytest.mark.parametrize("result", ["int", "nc8"])
 def test_wire_parity_over_af_xdp(tmp_path: Path, result: str) -> None:
     """The same engine behind DPDK's AF_XDP driver instead of af_packet (--dpdk-pmd af_xdp)."""
     assert_wire_parity("dpdk", tmp_path, result, True, ["--dpdk-pmd", "af_xdp"])

@@ -6,13 +6,18 @@ buffers, the reply room, job parameters).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from ncina.aggregator.engine import Engine
+from ncina.aggregator.hierarchy import SpineSlots
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
+from ncina.proto.descriptor import UPLINK_INT, Descriptor, pack_job_datagram
 from ncina.proto.wire import MAX_K
 from ncina_parity import GENERATION, KEY, K, schedule
 from ncina_testlib import uplink, window_e_min
@@ -75,6 +80,128 @@ def test_datagram_for_datagram_like_the_reference(
     assert replies > 40
     assert engine.job_stats(9).to_json() == reference.jobs[9].stats.to_json()
     assert engine.global_stats().to_json() == reference.stats.to_json()
+
+
+def spine_config(result: str, key: bytes | None = None) -> JobConfig:
+    """A spine of 3 leaves of 2 workers each (docs/protocol.md, "Hierarchical aggregation")."""
+    return JobConfig.create(job=9, workers=3, k=K, result_format=result, seed=42, pool_size=4,
+                            key=key, total_workers=6, uplink_format="int")  # fmt: skip
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["untagged", "keyed"])
+@pytest.mark.parametrize("result", ["int", "nc8"])
+def test_spine_datagram_for_datagram_like_the_reference(
+    engine: Engine, result: str, keyed: bool
+) -> None:
+    """A spine's job: int partial sums in bound, at it and beyond it, and nc8 codes, against
+    ``hierarchy.SpineSlots``; and its answer to a leaf's hello, uplink byte and window of the
+    total workers included."""
+    key = KEY if keyed else None
+    config = spine_config(result, key)
+    reference = Aggregator(GENERATION)
+    reference.install(SpineSlots(config))
+    engine.set_generation(GENERATION)
+    engine.add_job(config)
+    sources = [(f"10.9.1.{rank + 1}", 5000 + rank) for rank in range(3)]
+    hello = pack_job_datagram(Descriptor(mode=int(config.result_format), workers=3,
+                                         pool_size=4, k=K, e_max=10, e_min=window_e_min(6),
+                                         keyed=keyed, compressor=0, uplink=UPLINK_INT),
+                              job=9, rank=1, key=key)  # fmt: skip
+    packets = [(1, hello), *schedule(9, 3, rounds=40, pool=4, seed=7, key=key, total=6)]
+    replies = 0
+    for rank, datagram in packets:
+        want = list(reference.handle(datagram, sources[rank]))
+        got = process(engine, datagram, sources[rank])
+        assert got == want, f"datagram {datagram[:16].hex()} from rank {rank}"
+        replies += len(got)
+    assert replies > 20  # fewer than one level: a round with a bad lane needs a duplicate
+    stats = engine.job_stats(9)
+    assert stats.to_json() == reference.jobs[9].stats.to_json()
+    assert stats.drops["bad_code"] and stats.drops["bad_format"] and stats.handshakes == 1
+    assert engine.global_stats().to_json() == reference.stats.to_json()
+
+
+def test_spine_partial_sums_at_the_int64_extremes(engine: Engine) -> None:
+    """Lanes at the bound sum exactly; lanes at INT64_MIN and INT64_MAX are bad_code, as every
+    lane beyond the bound (no overflow, no undefined negation)."""
+    config = spine_config("int")
+    engine.add_job(config)
+    bound = 2 << config.window.span
+    emin = config.window.e_min
+
+    def send(rank: int, lanes: list[int]) -> list[tuple[bytes, Any]]:
+        payload = b"".join(struct.pack("!q", v) for v in lanes)
+        datagram = uplink(job=9, rank=rank, slot=0, offset=0, codes=payload, emin=emin,
+                          format=1, count=len(lanes))  # fmt: skip
+        return process(engine, datagram, (f"10.9.1.{rank + 1}", 5000 + rank))
+
+    for lanes in ([-(2**63), 0], [2**63 - 1, 0], [bound + 1, 0], [0, -bound - 1]):
+        assert send(0, lanes) == []
+    assert engine.job_stats(9).drops["bad_code"] == 4
+    assert send(0, [bound, -bound]) == [] and send(1, [bound, -bound]) == []
+    out = send(2, [bound, -bound])
+    assert [d[16:] for d, _ in out] == [struct.pack("!qq", 3 * bound, -3 * bound)] * 3
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3), st.integers(0, 1), st.integers(0, 1),  # rank, slot, version
+            st.sampled_from((0, 1, -1, 2)),  # lanes: 0, the bound, minus it, beyond it
+            st.integers(0, 120), st.integers(0, 255), st.integers(0, 19),  # one byte, a cut
+        ),
+        max_size=40,
+    )
+)  # fmt: skip
+def test_spine_fuzz_like_the_reference(engine: Engine, items: list[Any]) -> None:
+    """Mostly valid partial sums (a rank beyond the leaves too) with one byte replaced or the
+    end cut: the engine's replies and counters are ``SpineSlots``'s, datagram by datagram."""
+    engine.lib.nce_reset()
+    config = spine_config("nc8")
+    reference = Aggregator(GENERATION)
+    reference.install(SpineSlots(config))
+    engine.set_generation(GENERATION)
+    engine.add_job(config)
+    bound = 2 << config.window.span
+    for rank, slot, version, lane, where, byte, cut in items:
+        value = bound + 1 if lane == 2 else lane * bound
+        payload = struct.pack("!qq", value, -value)
+        good = uplink(job=9, rank=rank, slot=slot, offset=slot + 4 * version,
+                      codes=payload, emin=config.window.e_min, pool=version, format=1,
+                      count=2)  # fmt: skip
+        datagram = bytearray(good[: len(good) - cut] if cut < 3 else good)
+        if where < len(datagram):
+            datagram[where] = byte
+        source = (f"10.9.1.{rank + 1}", 5000 + rank)
+        want = list(reference.handle(bytes(datagram), source))
+        assert process(engine, bytes(datagram), source) == want, bytes(datagram).hex()
+    assert engine.job_stats(9).to_json() == reference.jobs[9].stats.to_json()
+    assert engine.global_stats().to_json() == reference.stats.to_json()
+
+
+@pytest.mark.parametrize(
+    ("uplink_format", "total", "reason"),
+    [
+        (2, 6, r"an uplink is nc8 \(0\) or int \(1\), not 2"),
+        (1, 2, "2 total workers are fewer than its 3 members"),
+        (1, 7, "a spine's 7 total workers must be a multiple of its 3 leaves"),
+    ],
+)  # fmt: skip
+def test_spine_uplink_parameters_are_checked(
+    engine: Engine, uplink_format: int, total: int, reason: str
+) -> None:
+    window = spine_config("int").window
+    assert engine.lib.nce_job_add(9, 3, K, 4, window.e_min, window.span, 1, 0) == 0
+    with pytest.raises(RuntimeError, match=reason):
+        engine.check(engine.lib.nce_job_set_uplink(9, uplink_format, total), "uplink")
+    with pytest.raises(RuntimeError, match="job 10 is not installed"):
+        engine.check(engine.lib.nce_job_set_uplink(10, 1, 6), "uplink")
+    # A window too wide for the total: the n partial sums could overflow 64 bits.
+    assert engine.lib.nce_job_add(11, 3, K, 4, -52, 62, 1, 0) == 0
+    with pytest.raises(RuntimeError, match="6 workers of values up to 2\\^62 overflow"):
+        engine.check(engine.lib.nce_job_set_uplink(11, 1, 6), "uplink")
 
 
 def test_reply_buffers_are_checked_before_any_write(engine: Engine) -> None:

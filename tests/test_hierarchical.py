@@ -1,10 +1,15 @@
-"""Hierarchical (leaf-spine) aggregation with real processes on loopback (python backend).
+"""Hierarchical (leaf-spine) aggregation with real processes.
 
 A spine (``--uplink int``, ``--workers L``) and ``L`` leaves (``--upstream``, ``--workers W``),
 every one with ``--total-workers N = L * W``, and ``N`` ``AllreduceClient`` workers (threads)
 with ``total_workers=N``: int results must be the exact sum over all ``N`` workers, and nc8
 results the bytes a one-level aggregator of the same seed sends for the same inputs, with and
 without emulated loss on every aggregator (docs/protocol.md, "Hierarchical aggregation").
+
+The leaves are python (the one backend with a leaf's role); the spine runs on python and on the
+C engine (``SPINES``): socket on loopback, dpdk in its namespace (the leaves and workers then
+listen on the host's address on the tests' bridge). The fault options are python's: under loss,
+a C spine's leaves drop, duplicate and reorder.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from ncina_testlib import (
     start_aggregator,
     uplink,
     window_e_min,
+    worker_host,
 )
 
 from ncina import cli
@@ -49,6 +55,7 @@ SIZES = (1000, 3 * POOL * K + 5, 130)
 pytestmark = pytest.mark.timeout(120)
 
 LOSS = ["--drop-up", "0.05", "--drop-down", "0.05", "--duplicate", "0.05", "--reorder", "0.05"]
+SPINES = ["python", "socket", "dpdk"]  # the backends that serve as a spine
 
 
 class Tree:
@@ -74,15 +81,18 @@ class Tree:
 
 def start_tree(
     workdir: Path, leaves: int, width: int, result: str, *, spine_extra: Sequence[str] = (),
-    leaf_extra: Sequence[str] = (),
+    leaf_extra: Sequence[str] = (), spine_backend: str = "python",
 ) -> Tree:  # fmt: skip
+    """A spine on ``spine_backend`` and ``leaves`` python leaves of ``width`` workers each,
+    listening where the spine can reach them (``worker_host``)."""
     total = leaves * width
     spine = start_aggregator(
-        "python", workdir / "spine", job=JOB, workers=leaves, k=K, result=result,
+        spine_backend, workdir / "spine", job=JOB, workers=leaves, k=K, result=result,
         extra=["--uplink", "int", "--total-workers", str(total), "--seed", str(SEED),
                "--pool-size", str(POOL), *spine_extra],
     )  # fmt: skip
     host, port = spine.address
+    listen = f"{worker_host(spine_backend)}:0"
     running: list[RunningAggregator] = []
     try:
         for r in range(leaves):
@@ -92,7 +102,8 @@ def start_tree(
                 *[a.replace("SEED", str(100 + r)) for a in leaf_extra],
             ]  # fmt: skip
             running.append(start_aggregator("python", workdir / f"leaf{r}", job=JOB,
-                                            workers=width, k=K, result=result, extra=extra))
+                                            workers=width, k=K, result=result, extra=extra,
+                                            listen=listen))  # fmt: skip
     except BaseException:
         for leaf in running:
             leaf.stop()
@@ -203,22 +214,27 @@ def check_accounting(tree: Tree) -> None:
 
 
 @pytest.mark.parametrize(
-    ("leaves", "width", "keyed", "data_path"),
-    [(2, 2, False, "c"), (2, 4, False, "c"), (2, 2, True, "c"), (2, 2, False, "python")],
-)
+    ("leaves", "width", "keyed", "data_path", "spine"),
+    [
+        (2, 2, False, "c", "python"), (2, 4, False, "c", "python"), (2, 2, True, "c", "python"),
+        (2, 2, False, "python", "python"), (2, 2, False, "c", "socket"),
+        (2, 4, False, "c", "socket"), (2, 2, True, "c", "socket"), (2, 2, True, "c", "dpdk"),
+    ],
+)  # fmt: skip
 def test_hierarchical_int_results_are_the_exact_sum(
-    tmp_path: Path, trees: list[Tree], leaves: int, width: int, keyed: bool, data_path: str
-) -> None:
+    tmp_path: Path, trees: list[Tree], leaves: int, width: int, keyed: bool, data_path: str,
+    spine: str,
+) -> None:  # fmt: skip
     """Keyed: every datagram of the tree tagged, the leaves' partial sums and the spine's
     results included (a leaf signs with the job's key, as a worker does). The workers' C data
-    path and the Python reference loop alike."""
+    path and the Python reference loop alike; the spine on python and on the C engine."""
     key = bytes(range(32)) if keyed else None
     key_option: list[str] = []
     if key is not None:
         (tmp_path / "job.key").write_text(key.hex())
         key_option = ["--key-file", str(tmp_path / "job.key")]
     tree = start_tree(tmp_path, leaves, width, "int", spine_extra=key_option,
-                      leaf_extra=key_option)  # fmt: skip
+                      leaf_extra=key_option, spine_backend=spine)  # fmt: skip
     trees.append(tree)
     calls = inputs(tree.total, "powers")
     got = run_workers([tree.worker_site(g) for g in range(tree.total)], workers=width,
@@ -228,19 +244,20 @@ def test_hierarchical_int_results_are_the_exact_sum(
         for g in range(tree.total):
             assert got[c][g].tobytes() == want.tobytes(), (c, g)
     check_accounting(tree)
-    spine = tree.spine.stats()["jobs"][str(JOB)]
+    served = tree.spine.stats()["jobs"][str(JOB)]
     chunks = sum(-(-n // K) for n in SIZES)
-    assert spine["slots_completed"] == chunks
-    assert spine["contributions"] == chunks * leaves
+    assert served["slots_completed"] == chunks
+    assert served["contributions"] == chunks * leaves
 
 
+@pytest.mark.parametrize("spine", ["python", "socket"])
 def test_hierarchical_a_new_set_of_workers_restarts_the_tree(
-    tmp_path: Path, trees: list[Tree]
+    tmp_path: Path, trees: list[Tree], spine: str
 ) -> None:
     """A second set of clients (offsets from 0 again) on the same leaves and spine: their hellos
     start the idle leaves afresh, and the leaves' hellos the idle spine, so every call completes
     exactly again (docs/protocol.md, "A new set of workers")."""
-    tree = start_tree(tmp_path, 2, 2, "int")
+    tree = start_tree(tmp_path, 2, 2, "int", spine_backend=spine)
     trees.append(tree)
     calls = inputs(tree.total, "powers")
     sites = [tree.worker_site(g) for g in range(tree.total)]
@@ -255,8 +272,13 @@ def test_hierarchical_a_new_set_of_workers_restarts_the_tree(
     )
 
 
-def test_hierarchical_nc8_results_equal_one_level(tmp_path: Path, trees: list[Tree]) -> None:
-    tree = start_tree(tmp_path, 2, 2, "nc8")
+@pytest.mark.parametrize("spine", SPINES)
+def test_hierarchical_nc8_results_equal_one_level(
+    tmp_path: Path, trees: list[Tree], spine: str
+) -> None:
+    """The spine's re-compressed results are the bytes of a one-level python aggregator of the
+    same seed, whichever backend the spine runs on."""
+    tree = start_tree(tmp_path, 2, 2, "nc8", spine_backend=spine)
     trees.append(tree)
     calls = inputs(tree.total, "normal")
     got = run_workers([tree.worker_site(g) for g in range(tree.total)], workers=2,
@@ -268,15 +290,19 @@ def test_hierarchical_nc8_results_equal_one_level(tmp_path: Path, trees: list[Tr
     check_accounting(tree)
 
 
+@pytest.mark.parametrize("spine", ["python", "socket"])
 @pytest.mark.parametrize("result", ["int", "nc8"])
 def test_hierarchical_results_survive_loss(
-    tmp_path: Path, trees: list[Tree], result: str
+    tmp_path: Path, trees: list[Tree], result: str, spine: str
 ) -> None:
-    """Seeded drops both ways, duplicates and reordering on every leaf and on the spine: every
-    call completes with the same results as without loss."""
+    """Seeded drops both ways, duplicates and reordering on every leaf and on a python spine
+    (a C spine has no fault options: its leaves' faults hit the traffic both ways): every call
+    completes with the same results as without loss."""
+    faulty = spine == "python"
     tree = start_tree(
-        tmp_path, 2, 2, result,
-        spine_extra=[*LOSS, "--fault-seed", "9"], leaf_extra=[*LOSS, "--fault-seed", "SEED"],
+        tmp_path, 2, 2, result, spine_backend=spine,
+        spine_extra=[*LOSS, "--fault-seed", "9"] if faulty else [],
+        leaf_extra=[*LOSS, "--fault-seed", "SEED"],
     )  # fmt: skip
     trees.append(tree)
     calls = inputs(tree.total, "powers" if result == "int" else "normal")
@@ -291,8 +317,12 @@ def test_hierarchical_results_survive_loss(
         for g in range(tree.total):
             assert got[c][g].tobytes() == want[c][g].tobytes(), (c, g)
     check_accounting(tree)
-    faults = [running.stats()["faults"] for running in [*tree.leaves, tree.spine]]
+    faults = [running.stats()["faults"]
+              for running in [*tree.leaves, *([tree.spine] if faulty else [])]]  # fmt: skip
     assert all(f["dropped_up"] and f["dropped_down"] for f in faults), faults
+    if not faulty:  # the leaves' losses reached the C spine: retransmissions, duplicates
+        served = tree.spine.stats()["jobs"][str(JOB)]
+        assert served["retx_seen"] and served["duplicates"] + served["results_resent"], served
 
 
 @pytest.mark.parametrize(
@@ -306,14 +336,16 @@ def test_hierarchical_results_survive_loss(
          "pool size: leaf 8, spine 16"),
     ],
 )  # fmt: skip
+@pytest.mark.parametrize("backend", ["python", "socket"])
 def test_hierarchical_handshake_mismatch_fails_fast(
-    tmp_path: Path, spine_options: list[str], named: str
+    tmp_path: Path, spine_options: list[str], named: str, backend: str
 ) -> None:
     """A leaf whose spine's job differs exits with status 1 before serving, the parameter
-    named (it has the answer within one round trip, far inside its handshake timeout)."""
+    named (it has the answer within one round trip, far inside its handshake timeout); the C
+    engine's answer carries the uplink and the window of its total workers as python's."""
     workers = int(spine_options[1])
     spine = start_aggregator(
-        "python", tmp_path / "spine", job=JOB, workers=workers, k=K, result="int",
+        backend, tmp_path / "spine", job=JOB, workers=workers, k=K, result="int",
         extra=["--pool-size", "8", *spine_options[2:]] if "--pool-size" not in spine_options
         else spine_options[2:],
     )  # fmt: skip
@@ -349,23 +381,49 @@ def test_hierarchical_worker_with_another_total_is_refused(
         client.allreduce(np.ones(4, dtype=np.float32))
 
 
-@pytest.mark.parametrize("backend", ["socket", "dpdk", "bmv2"])
-@pytest.mark.parametrize(
-    "options",
-    [["--uplink", "int", "--total-workers", "4"],
-     ["--upstream", "127.0.0.1:47000", "--upstream-rank", "0", "--total-workers", "4"]],
-)  # fmt: skip
-def test_hierarchical_options_refused_on_c_and_p4_backends(
-    capsys: pytest.CaptureFixture[str], backend: str, options: list[str]
+LEAF_OPTIONS = ["--upstream", "127.0.0.1:47000", "--upstream-rank", "0", "--total-workers", "4"]
+
+
+@pytest.mark.parametrize("backend", ["socket", "dpdk"])
+def test_hierarchical_leaf_refused_on_c_backends(
+    capsys: pytest.CaptureFixture[str], backend: str
 ) -> None:
     status = cli.main(["aggregator", "--backend", backend, "--job", "1", "--workers", "2",
+                       "--result", "int", *LEAF_OPTIONS])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 1
+    assert err == (
+        f"ncina aggregator: error: a leaf (--upstream) is a python backend feature: the "
+        f"{backend} data plane serves as a spine (--uplink int) but sends no partial sums "
+        "upstream; run the leaves with --backend python"
+    )
+
+
+@pytest.mark.parametrize("options", [["--uplink", "int", "--total-workers", "4"], LEAF_OPTIONS])
+def test_hierarchical_options_refused_on_bmv2(
+    capsys: pytest.CaptureFixture[str], options: list[str]
+) -> None:
+    status = cli.main(["aggregator", "--backend", "bmv2", "--job", "1", "--workers", "2",
                        "--result", "int", *options])  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert status == 1
     assert err == (
         "ncina aggregator: error: hierarchical aggregation (--upstream, --uplink int, "
-        f"--total-workers) is a python backend feature: the {backend} data plane does not "
-        "carry int partial sums yet"
+        "--total-workers) is not available on bmv2: the P4 program does not carry int "
+        "partial sums"
+    )
+
+
+def test_hierarchical_c_spine_checks_its_leaves_int_frames(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A socket spine refuses, as a python one, a K whose int partial sums exceed the MTU."""
+    status = cli.main(["aggregator", "--backend", "socket", "--job", "1", "--workers", "2",
+                       "--listen", "127.0.0.1:0", "--result", "nc8", "--uplink", "int",
+                       "--total-workers", "4", "--k", "200"])  # fmt: skip
+    assert status == 1
+    assert "partial sums sent up as int: a result frame of k=200 int elements" in (
+        capsys.readouterr().err
     )
 
 

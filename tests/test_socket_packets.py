@@ -51,6 +51,16 @@ def test_wire_parity_with_the_python_backend(tmp_path: Path, result: str, keyed:
     assert_wire_parity("socket", tmp_path, result, keyed)
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["untagged", "keyed"])
+@pytest.mark.parametrize("result", ["int", "nc8"])
+def test_spine_wire_parity_with_the_python_backend(
+    tmp_path: Path, result: str, keyed: bool
+) -> None:
+    """A spine (--uplink int): its leaves' int partial sums, bounded, added and re-compressed
+    as the python spine does (docs/protocol.md, "Hierarchical aggregation")."""
+    assert_wire_parity("socket", tmp_path, result, keyed, spine=True)
+
+
 def test_bound_to_any_address_replies_come_from_the_address_sent_to(tmp_path: Path) -> None:
     agg = start_aggregator("socket", tmp_path, job=JOB, workers=2, k=4, result="int",
                            listen="0.0.0.0:0")  # fmt: skip

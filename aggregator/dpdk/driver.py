@@ -29,7 +29,9 @@ from ncina.aggregator.dpdk.eal import (
 )
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
+from ncina.aggregator.hierarchy import check_int_frame_room
 from ncina.aggregator.jobs import Address, JobConfig
+from ncina.proto.header import Format
 
 NAME = "dpdk"
 IO_COUNTERS = (
@@ -94,6 +96,8 @@ class DataPlane(Engine):
         ``frame_room``: raises ``ValueError`` naming the largest K, before anything is installed
         (the engine refuses such a job as well)."""
         config.check_frame_room(self.frame_room, self.room_limit)
+        if config.uplink_format == Format.INT:  # a spine: its leaves' int partial sums
+            check_int_frame_room(config, self.frame_room, self.room_limit)
         return super().add_job(config)
 
 

@@ -6,8 +6,8 @@ parse, admission, members, the slot state machine, replies, the handshake, and t
 runs them in the order of checks (``parse.c``, ``admission.c``, ``members.c``, ``slots.c``,
 ``reply.c``, ``handshake.c``, ``pipeline.c``). Each I/O layer compiles it into its own cffi
 extension, next to its own loop; :class:`Engine` is the control plane both drivers use on that
-extension: jobs (and the seed of their nc8 results), members, keys and the counters as
-``ncina.aggregator.stats`` objects.
+extension: jobs (and the seed of their nc8 results, and what their members send: a spine's take
+int partial sums), members, keys and the counters as ``ncina.aggregator.stats`` objects.
 """
 
 from __future__ import annotations
@@ -147,6 +147,14 @@ class Engine:
             self.check(self.lib.nce_job_set_key(config.job, config.key, len(config.key)),
                        f"job {config.job} key")  # fmt: skip
         try:
+            # A spine's members are leaves sending int partial sums (docs/protocol.md,
+            # "Hierarchical aggregation"); the window above is the one of the total workers.
+            self.check(
+                self.lib.nce_job_set_uplink(
+                    config.job, int(config.uplink_format), config.total
+                ),
+                f"job {config.job} uplink",
+            )
             for rank, (host, port) in sorted(config.members.items()):
                 self.check(
                     self.lib.nce_member_set(

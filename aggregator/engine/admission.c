@@ -1,7 +1,8 @@
 /* Admission: the jobs (installed by the control plane), the engine's generation, and the
  * job-level checks a well-formed datagram passes before it reaches the slots, steps 8-15 of
  * docs/protocol.md "Order of checks" in that order, as ncina.aggregator.admission: flags,
- * format, membership (asked of members.c), window, slot and count bounds, generation, codes. */
+ * format, membership (asked of members.c), window, slot and count bounds, generation, codes
+ * (or a spine's int partial sums, nce_job_set_uplink). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +134,8 @@ int nce_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int 
     job->result_format = (uint8_t)result_format;
     job->elem_size = result_format == NCE_FMT_INT ? 8 : 1;
     job->seed = seed;
+    job->uplink_format = NCE_FMT_NC8;
+    job->total = workers;
     if (nce_members_alloc(job) != 0 || nce_pool_alloc(job) != 0) {
         job_free(job);
         FAIL("job %u: out of memory", id);
@@ -141,6 +144,27 @@ int nce_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int 
         staged[id] = job;
     else
         __atomic_store_n(&nce_jobs[id], job, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int nce_job_set_uplink(uint16_t id, int uplink_format, uint16_t total)
+{
+    struct nce_job *job = ctl_job(id);
+    if (job == NULL)
+        FAIL("job %u is not installed", id);
+    if (uplink_format != NCE_FMT_NC8 && uplink_format != NCE_FMT_INT)
+        FAIL("job %u: an uplink is nc8 (0) or int (1), not %d", id, uplink_format);
+    if (total < job->n)
+        FAIL("job %u: %u total workers are fewer than its %u members", id, total, job->n);
+    if (uplink_format == NCE_FMT_INT && total % job->n != 0)
+        FAIL("job %u: a spine's %u total workers must be a multiple of its %u leaves", id, total,
+             job->n);
+    /* The sum of the n partial sums, at most total * 2^span, must fit the accumulators. */
+    if ((uint64_t)total > (uint64_t)INT64_MAX >> job->span)
+        FAIL("job %u: %u workers of values up to 2^%u overflow 64 bits", id, total, job->span);
+    job->uplink_format = (uint8_t)uplink_format;
+    job->total = total;
+    job->bound = uplink_format == NCE_FMT_INT ? (int64_t)(total / job->n) << job->span : 0;
     return 0;
 }
 
@@ -216,11 +240,23 @@ static inline unsigned max_code(const uint8_t *codes, unsigned n)
     return top;
 }
 
+/* Whether an int payload's lanes (big-endian int64, n of them) are all within bound in
+ * magnitude: a spine's partial sums of leaves of total / n workers. */
+static inline int within(const uint8_t *lanes, unsigned n, int64_t bound)
+{
+    for (unsigned i = 0; i < n; i++) {
+        const int64_t v = (int64_t)nce_get_be64(lanes + 8 * (size_t)i);
+        if (v > bound || v < -bound)
+            return 0;
+    }
+    return 1;
+}
+
 int nce_admit(const struct nce_job *job, const struct nce_pkt *p, const struct nce_from *from)
 {
     if (p->flags & NCE_FLAG_RESULT)
         return NCE_BAD_FLAGS;
-    if (p->format != NCE_FMT_NC8)
+    if (p->format != job->uplink_format)       /* nc8 codes, or a spine's int partial sums */
         return NCE_BAD_FORMAT;
     if (p->rank >= job->n || !nce_member_accepts(job, p->rank, from))
         return NCE_NON_MEMBER;
@@ -234,6 +270,9 @@ int nce_admit(const struct nce_job *job, const struct nce_pkt *p, const struct n
     const unsigned stamp = p->flags & NCE_GEN_MASK;
     if (stamp && stamp != (unsigned)nce_generation << NCE_GEN_SHIFT)
         return nce_generation ? NCE_STALE_GENERATION : NCE_BAD_FLAGS;
+    /* Parse checked payload_len against count and the format's element size (8 for int). */
+    if (job->uplink_format == NCE_FMT_INT)
+        return within(p->payload, p->count, job->bound) ? -1 : NCE_BAD_CODE;
     /* payload_len, not count: equal for NC8 (parse checked it), and never past a blob's end */
     if (max_code(p->payload, p->payload_len) > (unsigned)job->span + 1)
         return NCE_BAD_CODE;

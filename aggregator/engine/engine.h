@@ -63,6 +63,12 @@ void nce_set_reply_room(uint32_t bytes, const char *limit);
  * (nc8_result_key). Returns 0, or -1 with nce_error(). */
 int nce_job_add(uint16_t job, uint16_t workers, uint16_t k, uint16_t slots, int e_min, int span,
                 int result_format, uint64_t seed);
+/* What a job's members send (docs/protocol.md "Hierarchical aggregation"): uplink_format 0,
+ * nc8 codes (workers: the default), or 1, int partial sums of leaf aggregators (a spine of
+ * `workers` leaves); total_workers: the workers of the whole tree, a multiple of `workers` for
+ * a spine. The job's window (nce_job_add's e_min and span) is the one of total_workers. Call
+ * before nce_job_publish. Returns 0, or -1 with nce_error() (the job stays as it was). */
+int nce_job_set_uplink(uint16_t job, int uplink_format, uint16_t total_workers);
 /* Jobs at run time. While live (a data plane runs) nce_job_add stages a job, invisible to the
  * data plane until nce_job_publish (after its key, members and key ring are set); otherwise it
  * is installed at once and nce_job_publish does nothing. nce_job_remove unpublishes a job,

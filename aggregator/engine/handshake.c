@@ -93,7 +93,9 @@ uint32_t nce_build_descriptor(uint8_t *buf, uint32_t cap, const struct nce_actio
         put_be16(d + 4, job->n);
         put_be16(d + 6, job->nslots);
         put_be16(d + 8, job->k);
-        d[10] = job->tagged;                    /* d[11] reserved, d[12..15] no compressor */
+        d[10] = job->tagged;
+        d[11] = job->uplink_format;             /* UPLINK_MODE 0 (nc8), UPLINK_INT 1 (a spine) */
+        /* d[12..15]: no compressor */
     }
     if (tagged)
         nce_tag(job, buf, NCE_JOB_LEN, buf + NCE_JOB_LEN);

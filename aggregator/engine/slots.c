@@ -1,7 +1,8 @@
 /* Slots: each job's pool of slots, two versions each (the SwitchML shadow copy), the slot rules
  * of docs/protocol.md ("Late and duplicate packets") and rule 1: a new contribution is added
- * into the slot version's 64-bit integer accumulators; the last of N completes the slot, whose
- * result is encoded once (re-compression) and stored. As ncina.aggregator.slots. */
+ * into the slot version's 64-bit integer accumulators (NC8 codes, or a spine's int partial
+ * sums); the last of N completes the slot, whose result is encoded once (re-compression) and
+ * stored. As ncina.aggregator.slots (and hierarchy.SpineSlots). */
 #include <stdlib.h>
 
 #include "nc8.h"
@@ -91,19 +92,34 @@ static void encode_result(const struct nce_job *job, struct nce_slot *s)
     s->uses++;
 }
 
+/* A spine's contribution: a leaf's exact partial sums, big-endian int64 lanes, stored by the
+ * first contribution and added by the others (within the bound: no sum overflows). */
+static void add_partial_sums(int64_t *acc, const uint8_t *lanes, unsigned n, int first)
+{
+    for (unsigned i = 0; i < n; i++) {
+        const int64_t v = (int64_t)nce_get_be64(lanes + 8 * (size_t)i);
+        acc[i] = first ? v : acc[i] + v;
+    }
+}
+
 int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt *p,
                    unsigned version)
 {
     const uint64_t bit = 1ULL << p->rank;
-    if (s->bitmap == 0) {                       /* the first contribution starts the chunk */
+    const int first = s->bitmap == 0;
+    if (first) {                                /* the first contribution starts the chunk */
         s->offset = p->offset;
         s->count = p->count;
         s->contributors = 0;
         s->complete = 0;
-        nc8_codes_to_int(p->payload, s->acc, p->count);
-    } else {
-        nc8_accumulate(s->acc, p->payload, p->count);
     }
+    /* count <= k lanes (admission); int lanes were checked against the job's bound. */
+    if (job->uplink_format == NCE_FMT_INT)
+        add_partial_sums(s->acc, p->payload, p->count, first);
+    else if (first)
+        nc8_codes_to_int(p->payload, s->acc, p->count);
+    else
+        nc8_accumulate(s->acc, p->payload, p->count);
     s->bitmap |= bit;
     job->slots[2 * p->slot + (version ^ 1)].bitmap &= ~bit;    /* the shadow copy's bit */
     job->c.contributions++;

@@ -49,6 +49,15 @@ static inline void nce_put_be64(uint8_t *p, uint64_t v)
         p[i] = (uint8_t)v;
 }
 
+/* The 64-bit word in network order at p (any alignment). */
+static inline uint64_t nce_get_be64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
 /* One uplink datagram's header (host order) and where its payload is. */
 struct nce_pkt {
     const uint8_t *dgram;       /* the ncina header and its payload (and tag) */
@@ -79,6 +88,13 @@ struct nce_job {
     uint8_t span;
     uint8_t result_format;
     uint8_t elem_size;          /* of the result format */
+    /* What the members send (docs/protocol.md "Hierarchical aggregation"): NC8 codes (workers),
+     * or INT, the exact partial sums of leaf aggregators of total / n workers each (a spine),
+     * each element at most bound in magnitude, (total / n) * 2^span, so that the n of them
+     * sum to at most total * 2^span (nce_job_set_uplink checks that it fits an int64). */
+    uint8_t uplink_format;
+    uint16_t total;             /* workers of the whole tree (n for a one-level job) */
+    int64_t bound;
     uint64_t seed;              /* of the nc8 results' rounding bits (nc8_result_key) */
     uint8_t tagged;             /* the job has an authentication key */
     struct ncd_b2b mac;         /* BLAKE2b state with the key block absorbed (copied per tag) */
