@@ -2,7 +2,7 @@
  * One file per concept, named as in ncina.aggregator and p4/ (docs/architecture.md). Calls go
  * one way, with no cycle: pipeline.c -> every other file; admission.c -> members.c, slots.c,
  * upstream.c; handshake.c -> members.c, slots.c; reply.c -> handshake.c, members.c;
- * upstream.c -> parse.c, members.c, reply.c; parse.c, members.c and slots.c call no other
+ * upstream.c -> parse.c, members.c, reply.c, handshake.c; parse.c, members.c and slots.c call no other
  * engine file. */
 #ifndef NCE_STATE_H
 #define NCE_STATE_H
