@@ -119,9 +119,13 @@ int nce_process_datagram(const uint8_t *dgram, uint32_t len, const uint8_t *src_
     memcpy(&from.dst_ip, dst_ip, 4);
     struct nce_action a;
     const enum nce_verdict v = nce_input(dgram, len, &from, &a);
-    const uint16_t first = v == NCE_V_SEND_ALL ? 0 : a.rank;
-    const uint16_t end = v == NCE_V_NONE ? first
-                       : v == NCE_V_SEND_ALL ? a.members : (uint16_t)(a.rank + 1);
+    uint16_t first = 0, end = 0;                /* the replies' ranks: none for NCE_V_NONE */
+    if (v == NCE_V_SEND_ALL) {
+        end = a.members;
+    } else if (v != NCE_V_NONE) {
+        first = a.rank;
+        end = (uint16_t)(a.rank + 1);
+    }
     const uint32_t replies = (uint32_t)(end - first), total = replies + (a.up != NCE_UP_NONE);
     if (total > max_out)
         return -1;
