@@ -169,11 +169,7 @@ class StarTopo(Topo):
         for count, role, least in ((workers, "workers", 1), (aggregators, "aggregators", 0)):
             if not least <= count <= MAX_NODES_PER_ROLE:
                 raise ValueError(f"{role}: {count} not in {least}..{MAX_NODES_PER_ROLE}")
-        up = loss if loss_up is None else loss_up
-        down = loss if loss_down is None else loss_down
-        for percent in (up, down):
-            if not 0 <= percent < 100:
-                raise ValueError(f"loss {percent}% not in [0, 100)")
+        up, down = loss_rates(loss, loss_up, loss_down)
         # Host names in rank order and in shard order, for the runner.
         self.worker_names = [f"{prefix}w{i}" for i in range(workers)]
         self.aggregator_names = [f"{prefix}a{j}" for j in range(aggregators)]
@@ -189,6 +185,17 @@ class StarTopo(Topo):
             drops = [(other, up) for other in worker_ips]
             self.addHost(name, cls=InaHost, ip=f"{aggregator_ip(j)}/{PREFIX_LEN}", drops=drops)
             self.addLink(name, switch, **link_opts, **shaping(agg_bw, use_tbf))
+
+
+def loss_rates(loss: float, loss_up: float | None, loss_down: float | None) -> tuple[float, float]:
+    """The percent of packets a worker link loses up and down (``loss`` unless overridden);
+    raises ``ValueError`` for one outside [0, 100)."""
+    up = loss if loss_up is None else loss_up
+    down = loss if loss_down is None else loss_down
+    for percent in (up, down):
+        if not 0 <= percent < 100:
+            raise ValueError(f"loss {percent}% not in [0, 100)")
+    return up, down
 
 
 def shaping(bw: float | None, use_tbf: bool) -> dict[str, Any]:
@@ -236,11 +243,7 @@ class LeafSpineTopo(StarTopo):
         if aggregators not in (None, leaves + 1):
             raise ValueError(f"leaf-spine has {leaves + 1} aggregators (the leaves' and the "
                              f"spine's), not {aggregators}")  # fmt: skip
-        up = loss if loss_up is None else loss_up
-        down = loss if loss_down is None else loss_down
-        for percent in (up, down):
-            if not 0 <= percent < 100:
-                raise ValueError(f"loss {percent}% not in [0, 100)")
+        up, down = loss_rates(loss, loss_up, loss_down)
         width = workers // leaves
         self.workers_per_leaf = width
         self.worker_names = [f"{prefix}w{i}" for i in range(workers)]

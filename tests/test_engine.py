@@ -60,6 +60,20 @@ def process(e: Engine, datagram: bytes, src: tuple[str, int]) -> list[tuple[byte
     return replies
 
 
+def replay_against(
+    engine: Engine, reference: Any, packets: list[tuple[int, bytes]], sources: list[Any]
+) -> int:
+    """Each (rank, datagram) through ``reference`` (a Python aggregator) and the C engine: the
+    same replies, datagram by datagram; returns how many there were."""
+    replies = 0
+    for rank, datagram in packets:
+        want = list(reference.handle(datagram, sources[rank]))
+        got = process(engine, datagram, sources[rank])
+        assert got == want, f"datagram {datagram[:16].hex()} from rank {rank}"
+        replies += len(got)
+    return replies
+
+
 @pytest.mark.parametrize("keyed", [False, True], ids=["untagged", "keyed"])
 @pytest.mark.parametrize("result", ["int", "nc8"])
 def test_datagram_for_datagram_like_the_reference(
@@ -74,13 +88,7 @@ def test_datagram_for_datagram_like_the_reference(
     engine.add_job(config)
     sources = [(f"10.9.1.{rank + 1}", 5000 + rank) for rank in range(workers)]
     packets = schedule(9, workers, rounds=40, pool=pool, seed=7, key=KEY if keyed else None)
-    replies = 0
-    for rank, datagram in packets:
-        want = list(reference.handle(datagram, sources[rank]))
-        got = process(engine, datagram, sources[rank])
-        assert got == want, f"datagram {datagram[:16].hex()} from rank {rank}"
-        replies += len(got)
-    assert replies > 40
+    assert replay_against(engine, reference, packets, sources) > 40
     assert engine.job_stats(9).to_json() == reference.jobs[9].stats.to_json()
     assert engine.global_stats().to_json() == reference.stats.to_json()
 
@@ -111,13 +119,8 @@ def test_spine_datagram_for_datagram_like_the_reference(
                                          keyed=keyed, compressor=0, uplink=UPLINK_INT),
                               job=9, rank=1, key=key)  # fmt: skip
     packets = [(1, hello), *schedule(9, 3, rounds=40, pool=4, seed=7, key=key, total=6)]
-    replies = 0
-    for rank, datagram in packets:
-        want = list(reference.handle(datagram, sources[rank]))
-        got = process(engine, datagram, sources[rank])
-        assert got == want, f"datagram {datagram[:16].hex()} from rank {rank}"
-        replies += len(got)
-    assert replies > 20  # fewer than one level: a round with a bad lane needs a duplicate
+    # fewer than one level: a round with a bad lane needs a duplicate
+    assert replay_against(engine, reference, packets, sources) > 20
     stats = engine.job_stats(9)
     assert stats.to_json() == reference.jobs[9].stats.to_json()
     assert stats.drops["bad_code"] and stats.drops["bad_format"] and stats.handshakes == 1
