@@ -65,13 +65,19 @@ def replay_against(
 ) -> int:
     """Each (rank, datagram) through ``reference`` (a Python aggregator) and the C engine: the
     same replies, datagram by datagram; returns how many there were."""
-    replies = 0
-    for rank, datagram in packets:
-        want = list(reference.handle(datagram, sources[rank]))
-        got = process(engine, datagram, sources[rank])
-        assert got == want, f"datagram {datagram[:16].hex()} from rank {rank}"
-        replies += len(got)
-    return replies
+    return sum(len(replay_one(engine, reference, datagram, sources[rank]))
+               for rank, datagram in packets)  # fmt: skip
+
+
+def replay_one(
+    engine: Engine, reference: Any, datagram: bytes, source: tuple[str, int]
+) -> list[tuple[bytes, Any]]:
+    """One datagram from ``source`` through ``reference`` and the C engine: the same replies
+    (returned)."""
+    want = list(reference.handle(datagram, source))
+    got = process(engine, datagram, source)
+    assert got == want, f"datagram {datagram[:16].hex()} from {source}"
+    return got
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["untagged", "keyed"])
@@ -444,10 +450,7 @@ def test_hierarchical_c_leaf_datagram_for_datagram_like_the_reference(
     hello = pack_job_datagram(job_descriptor(reference.leaf.config), job=9, rank=0, key=key)
 
     def both(datagram: bytes, source: tuple[str, int]) -> list[tuple[bytes, Any]]:
-        want = list(reference.handle(datagram, source))
-        got = process(engine, datagram, source)
-        assert got == want, f"datagram {datagram[:16].hex()} from {source}"
-        return got
+        return replay_one(engine, reference, datagram, source)
 
     pending: list[bytes] = []
     ups = 0
