@@ -57,7 +57,7 @@ several times faster, no root; docs/socket.md), dpdk (the same C engine on a DPD
 root and --iface or --pci; docs/dpdk.md), bmv2 (the P4 program on BMv2; docs/bmv2.md). Server mode
 and the fault options are python's; in two-level aggregation (docs/protocol.md, "Hierarchical
 aggregation") a spine (--uplink int) runs on python, socket or dpdk, a leaf (--upstream) on
-python; --jobs-dir works on every backend but bmv2.
+python or socket; --jobs-dir works on every backend but bmv2.
 
 On start it prints one line on stderr, "ncina aggregator: listening on HOST:PORT ...", once the
 socket is bound. SIGUSR1 writes the stats now; SIGTERM and SIGINT write them and exit with 0.
@@ -365,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
             )
         if args.backend == "bmv2":
             return bmv2_driver.serve(config, args, generation)
-        if hierarchical:  # a spine (check_arguments refused a leaf): its leaves' int frames
+        if hierarchical:  # a spine's leaves' int frames, or a (socket) leaf's own
             hierarchy.check_int_frames(config, args.mtu)
         if args.backend == "socket":
             return socket_driver.serve(config, args, generation)

@@ -289,18 +289,22 @@ class LeafAggregator(Aggregator):
         return out
 
     def hello(self) -> bytes:
-        """The leaf's hello to the spine, its descriptor of the spine's job as member ``R``
-        (counted: the caller sends it)."""
-        leaf = self.leaf
-        assert leaf is not None
-        config = leaf.config
-        hello = pack_job_datagram(self.spine_descriptor(), job=config.job,
-                                  rank=self.upstream.rank, key=config.key)  # fmt: skip
+        """The leaf's hello to the spine (``hello_datagram``), counted: the caller sends it."""
+        hello = self.hello_datagram()
         stats = self.upstream.stats
         stats.hellos += 1
         stats.packets_out += 1
         stats.bytes_out += len(hello)
         return hello
+
+    def hello_datagram(self) -> bytes:
+        """The leaf's hello to the spine, its descriptor of the spine's job as member ``R``
+        (the C engine's leaf sends it too: ``Engine.set_upstream``)."""
+        leaf = self.leaf
+        assert leaf is not None
+        config = leaf.config
+        return pack_job_datagram(self.spine_descriptor(), job=config.job,
+                                 rank=self.upstream.rank, key=config.key)  # fmt: skip
 
     def spine_descriptor(self) -> Descriptor:
         """The spine's job as this leaf holds it: ``N / W`` members sending int partial sums,
@@ -470,7 +474,7 @@ class LeafAggregator(Aggregator):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The hierarchical aggregation options of ``ncina aggregator``."""
     group = parser.add_argument_group(
-        "hierarchical aggregation (a spine: python, socket, dpdk; a leaf: python; "
+        "hierarchical aggregation (a spine: python, socket, dpdk; a leaf: python, socket; "
         "docs/protocol.md, 'Hierarchical aggregation')"
     )
     group.add_argument(
@@ -519,11 +523,11 @@ def check_arguments(args: argparse.Namespace) -> bool:
             "hierarchical aggregation (--upstream, --uplink int, --total-workers) is not "
             "available on bmv2: the P4 program does not carry int partial sums"
         )
-    if leaf and args.backend != "python":
+    if leaf and args.backend not in ("python", "socket"):
         raise ValueError(
-            f"a leaf (--upstream) is a python backend feature: the {args.backend} data plane "
-            "serves as a spine (--uplink int) but sends no partial sums upstream; run the "
-            "leaves with --backend python"
+            f"a leaf (--upstream) runs on the python or socket backend: the {args.backend} data "
+            "plane serves as a spine (--uplink int) but sends no partial sums upstream (it "
+            "would need ARP for the spine's MAC); run the leaves with --backend socket or python"
         )
     if args.mode == "server":
         raise ValueError("hierarchical aggregation is INA mode's: server mode sums floats")

@@ -71,9 +71,10 @@ def check_backend(
     of this MTU, or not in this topology)."""
     if backend not in BACKENDS:
         raise RuntimeError(f"BACKEND={backend} is not a backend (available: {', '.join(BACKENDS)})")
-    if topo == "leafspine" and backend != "python":
-        raise RuntimeError(f"--topo leafspine runs the python backend (BACKEND={backend}: its data "
-                           "plane does not carry the leaves' int partial sums yet)")  # fmt: skip
+    if topo == "leafspine" and backend not in ("python", "socket"):
+        raise RuntimeError(f"--topo leafspine runs the python or socket backend (BACKEND={backend}"
+                           ": a dpdk leaf would need ARP for its spine's MAC, the P4 data plane "
+                           "carries no int partial sums)")  # fmt: skip
     check_mtu_range(mtu)
     if mtu != DEFAULT_MTU and backend in ("dpdk", "bmv2"):
         # af_packet's default frames and the P4 switch's ports are set up for 1500-byte frames
@@ -184,7 +185,7 @@ def start_aggregators(
 
 
 def aggregator_argv(cfg: TopoConfig, j: int, address: str, run_dir: Path) -> list[str]:
-    """``ncina aggregator`` for aggregator node ``j`` of an INA-mode python tree, without the
+    """``ncina aggregator`` for aggregator node ``j`` of an INA-mode tree, without the
     worker count and the hierarchy options."""
     argv = [
         str(NCINA), "aggregator", "--backend", cfg.backend, "--listen", address,

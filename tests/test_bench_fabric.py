@@ -76,12 +76,14 @@ def test_bad_bandwidth_and_dpdk_jumbo_frames_are_refused(
     assert "MTU 1500" in refusal(tmp_path, capsys, "--backend", "dpdk", "--mtu", "9000")
 
 
-def test_leafspine_needs_the_python_backend_and_even_leaves(
+def test_leafspine_needs_the_python_or_socket_backend_and_even_leaves(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 0)  # the checks come before any network
-    err = refusal(tmp_path, capsys, "--topo", "leafspine", "--backend", "socket")
-    assert "--topo leafspine runs the python backend" in err
+    err = refusal(tmp_path, capsys, "--topo", "leafspine", "--backend", "dpdk")
+    assert "--topo leafspine runs the python or socket backend" in err
+    err = refusal(tmp_path, capsys, "--topo", "leafspine", "--backend", "socket", "--leaves", "3")
+    assert "--workers 4 cannot be split evenly over --leaves 3" in err
     err = refusal(tmp_path, capsys, "--topo", "leafspine", "--backend", "python", "--leaves", "3")
     assert "--workers 4 cannot be split evenly over --leaves 3" in err
 

@@ -6,6 +6,7 @@ buffers, the reply room, job parameters).
 
 from __future__ import annotations
 
+import random
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -14,9 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ncina.aggregator.engine import Engine
-from ncina.aggregator.hierarchy import SpineSlots
+from ncina.aggregator.handshake import job_descriptor
+from ncina.aggregator.hierarchy import LeafAggregator, SpineSlots, Upstream
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
+from ncina.proto import tag
 from ncina.proto.descriptor import UPLINK_INT, Descriptor, pack_job_datagram
 from ncina.proto.wire import MAX_K
 from ncina_parity import GENERATION, KEY, K, schedule
@@ -62,13 +65,19 @@ def replay_against(
 ) -> int:
     """Each (rank, datagram) through ``reference`` (a Python aggregator) and the C engine: the
     same replies, datagram by datagram; returns how many there were."""
-    replies = 0
-    for rank, datagram in packets:
-        want = list(reference.handle(datagram, sources[rank]))
-        got = process(engine, datagram, sources[rank])
-        assert got == want, f"datagram {datagram[:16].hex()} from rank {rank}"
-        replies += len(got)
-    return replies
+    return sum(len(replay_one(engine, reference, datagram, sources[rank]))
+               for rank, datagram in packets)  # fmt: skip
+
+
+def replay_one(
+    engine: Engine, reference: Any, datagram: bytes, source: tuple[str, int]
+) -> list[tuple[bytes, Any]]:
+    """One datagram from ``source`` through ``reference`` and the C engine: the same replies
+    (returned)."""
+    want = list(reference.handle(datagram, source))
+    got = process(engine, datagram, source)
+    assert got == want, f"datagram {datagram[:16].hex()} from {source}"
+    return got
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["untagged", "keyed"])
@@ -362,3 +371,120 @@ def test_nc8_rounding_is_fresh_at_every_use_of_a_chunk(engine: Engine) -> None:
     assert np.array_equal(mean[var == 0], exact[var == 0])
     z = (mean[var > 0] - exact[var > 0]) / np.sqrt(var[var > 0] / steps)
     assert np.max(np.abs(z)) < 5.5, z
+
+
+SPINE = ("10.9.2.1", 47000)
+SPINE_GENERATION = 5
+
+
+def leaf_pair(engine: Engine, result: str, key: bytes | None) -> LeafAggregator:
+    """The same leaf twice: the reference (``hierarchy.LeafAggregator``, returned, its spine's
+    generation set as its handshake would) and the engine's job 9, a leaf at rank 1 of
+    ``SPINE`` with 2 of 4 workers."""
+    config = JobConfig.create(job=9, workers=2, k=K, result_format=result, seed=42,
+                              pool_size=4, key=key, total_workers=4)  # fmt: skip
+    reference = LeafAggregator(Upstream(SPINE, 1), GENERATION)
+    reference.add_leaf(config)
+    reference.upstream.generation = SPINE_GENERATION
+    engine.set_generation(GENERATION)
+    engine.add_job(config)
+    engine.set_upstream(9, reference)
+    return reference
+
+
+def spine_answers(rnd: random.Random, up: bytes, result: str, key: bytes | None) -> list[bytes]:
+    """What a spine may send for the partial sum ``up``: its result (a random payload), maybe
+    twice, maybe first for another offset, of another generation, a notice, a job datagram, or
+    with one byte replaced or the end cut."""
+    _, flags, _, emin, job, rank, slot, count, offset = struct.unpack_from("!BBBbHHHHI", up)
+    size = 8 if result == "int" else 1
+    fmt = 1 if result == "int" else 0
+
+    def make(flags: int, count: int, offset: int, payload: bytes) -> bytes:
+        flags |= 0x80 if key is not None else 0
+        d = struct.pack("!BBBbHHHHI", 1, flags, fmt, emin, job, rank, slot, count, offset)
+        return tag.sign(key, d + payload) if key is not None else d + payload
+
+    base = 0x01 | (flags & 0x04) | SPINE_GENERATION << 3
+    good = make(base, count, offset, rnd.randbytes(count * size))
+    out = []
+    what = rnd.randrange(8)
+    if what == 0:
+        out.append(make(base, count, offset + 1, rnd.randbytes(count * size)))  # another offset
+    elif what == 1:
+        out.append(make(base & ~0x78 | 6 << 3, count, offset, rnd.randbytes(count * size)))
+    elif what == 2:
+        out.append(make(base, 0, offset, bytes(8)))  # a notice
+    elif what == 3:
+        bad = bytearray(good)
+        bad[rnd.randrange(len(bad))] = rnd.randrange(256)
+        out.append(bytes(bad[: len(bad) - rnd.choice((0, 0, 1, 9))]))
+    elif what == 4:
+        hello = pack_job_datagram(Descriptor(mode=fmt, workers=2, pool_size=4, k=K, e_max=10,
+                                             e_min=emin, keyed=key is not None, compressor=0,
+                                             uplink=UPLINK_INT), job=job, rank=rank, key=key)
+        out.append(hello)
+    out.append(good)
+    if rnd.random() < 0.3:
+        out.append(good)  # a duplicate: late
+    return out
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["untagged", "keyed"])
+@pytest.mark.parametrize("result", ["int", "nc8"])
+def test_hierarchical_c_leaf_datagram_for_datagram_like_the_reference(
+    engine: Engine, result: str, keyed: bool
+) -> None:
+    """A leaf's job (``Engine.set_upstream``) against ``hierarchy.LeafAggregator``: the workers'
+    codes (duplicates, retransmissions while the slot waits and after), the exact partial sums
+    going up (RETX again), the spine's results (late, duplicated, for another offset, of
+    another generation, notices, job datagrams, mangled) and the workers' hellos (a new set of
+    workers restarts the leaf and its hello goes up): replies, destinations and every counter
+    equal."""
+    key = KEY if keyed else None
+    reference = leaf_pair(engine, result, key)
+    rnd = random.Random(11)
+    emin = window_e_min(4)
+    sources = [(f"10.9.1.{rank + 1}", 5000 + rank) for rank in range(2)]
+    assert reference.leaf is not None
+    hello = pack_job_datagram(job_descriptor(reference.leaf.config), job=9, rank=0, key=key)
+
+    def both(datagram: bytes, source: tuple[str, int]) -> list[tuple[bytes, Any]]:
+        return replay_one(engine, reference, datagram, source)
+
+    pending: list[bytes] = []
+    ups = 0
+    for chunk in range(60):
+        slot, version = chunk % 4, (chunk // 4) % 2
+        count = rnd.randint(1, K)
+        packets = []
+        for rank in range(2):
+            codes = bytes(rnd.choice((0, 0x80)) | rnd.randint(0, 8) for _ in range(count))
+            flags = (0x04 if version else 0) | (0x80 if keyed else 0)
+            d = struct.pack("!BBBbHHHHI", 1, flags, 0, emin, 9, rank, slot, count, chunk * K)
+            packets.append((rank, tag.sign(key, d + codes) if key else d + codes))
+        packets += [p for p in packets if rnd.random() < 0.2]
+        rnd.shuffle(packets)
+        for rank, datagram in packets:
+            for out, to in both(datagram, sources[rank]):
+                if to == SPINE:
+                    ups += 1
+                    pending += spine_answers(rnd, out, result, key)
+        if rnd.random() < 0.3:  # a worker retransmits while the slot waits (or after)
+            rank, datagram = packets[0]
+            retx = bytearray(datagram[:16])
+            retx[1] |= 0x02
+            body = bytes(retx) + datagram[16 : len(datagram) - (8 if keyed else 0)]
+            both(tag.sign(key, body) if key else body, sources[rank])
+        rnd.shuffle(pending)
+        while pending and rnd.random() < 0.7:
+            both(pending.pop(), SPINE)
+        if rnd.random() < 0.1:  # a hello: restarts the leaf if it is idle
+            both(hello, sources[rnd.randrange(2)])
+    for datagram in pending:
+        both(datagram, SPINE)
+    up = reference.upstream.stats.to_json()
+    assert ups > 60 and up["results"] > 20 and up["late"] and up["resent"] and up["hellos"]
+    assert engine.upstream_stats().to_json() == up
+    assert engine.job_stats(9).to_json() == reference.jobs[9].stats.to_json()
+    assert engine.global_stats().to_json() == reference.stats.to_json()

@@ -6,10 +6,11 @@ with ``total_workers=N``: int results must be the exact sum over all ``N`` worke
 results the bytes a one-level aggregator of the same seed sends for the same inputs, with and
 without emulated loss on every aggregator (docs/protocol.md, "Hierarchical aggregation").
 
-The leaves are python (the one backend with a leaf's role); the spine runs on python and on the
-C engine (``SPINES``): socket on loopback, dpdk in its namespace (the leaves and workers then
-listen on the host's address on the tests' bridge). The fault options are python's: under loss,
-a C spine's leaves drop, duplicate and reorder.
+The leaves run on python and on the C engine's socket backend (``LEAVES``); the spine on python
+and on the C engine (``SPINES``): socket on loopback, dpdk in its namespace (the leaves and
+workers then listen on the host's address on the tests' bridge). The fault options are python's:
+under loss, a C spine's python leaves drop, duplicate and reorder, and socket leaves have a lossy
+python spine.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ pytestmark = pytest.mark.timeout(120)
 
 LOSS = ["--drop-up", "0.05", "--drop-down", "0.05", "--duplicate", "0.05", "--reorder", "0.05"]
 SPINES = ["python", "socket", "dpdk"]  # the backends that serve as a spine
+LEAVES = ["python", "socket"]  # the backends that serve as a leaf
 
 
 class Tree:
@@ -81,10 +83,10 @@ class Tree:
 
 def start_tree(
     workdir: Path, leaves: int, width: int, result: str, *, spine_extra: Sequence[str] = (),
-    leaf_extra: Sequence[str] = (), spine_backend: str = "python",
+    leaf_extra: Sequence[str] = (), spine_backend: str = "python", leaf_backend: str = "python",
 ) -> Tree:  # fmt: skip
-    """A spine on ``spine_backend`` and ``leaves`` python leaves of ``width`` workers each,
-    listening where the spine can reach them (``worker_host``)."""
+    """A spine on ``spine_backend`` and ``leaves`` leaves on ``leaf_backend`` of ``width``
+    workers each, listening where the spine can reach them (``worker_host``)."""
     total = leaves * width
     spine = start_aggregator(
         spine_backend, workdir / "spine", job=JOB, workers=leaves, k=K, result=result,
@@ -101,7 +103,7 @@ def start_tree(
                 "--upstream-rank", str(r), "--pool-size", str(POOL),
                 *[a.replace("SEED", str(100 + r)) for a in leaf_extra],
             ]  # fmt: skip
-            running.append(start_aggregator("python", workdir / f"leaf{r}", job=JOB,
+            running.append(start_aggregator(leaf_backend, workdir / f"leaf{r}", job=JOB,
                                             workers=width, k=K, result=result, extra=extra,
                                             listen=listen))  # fmt: skip
     except BaseException:
@@ -214,27 +216,31 @@ def check_accounting(tree: Tree) -> None:
 
 
 @pytest.mark.parametrize(
-    ("leaves", "width", "keyed", "data_path", "spine"),
+    ("leaves", "width", "keyed", "data_path", "spine", "leaf"),
     [
-        (2, 2, False, "c", "python"), (2, 4, False, "c", "python"), (2, 2, True, "c", "python"),
-        (2, 2, False, "python", "python"), (2, 2, False, "c", "socket"),
-        (2, 4, False, "c", "socket"), (2, 2, True, "c", "socket"), (2, 2, True, "c", "dpdk"),
+        (2, 2, False, "c", "python", "python"), (2, 4, False, "c", "python", "python"),
+        (2, 2, True, "c", "python", "python"), (2, 2, False, "python", "python", "python"),
+        (2, 2, False, "c", "socket", "python"), (2, 4, False, "c", "socket", "python"),
+        (2, 2, True, "c", "socket", "python"), (2, 2, True, "c", "dpdk", "python"),
+        (2, 2, False, "c", "python", "socket"), (2, 2, True, "c", "python", "socket"),
+        (2, 4, False, "c", "socket", "socket"), (3, 2, True, "c", "socket", "socket"),
     ],
 )  # fmt: skip
 def test_hierarchical_int_results_are_the_exact_sum(
     tmp_path: Path, trees: list[Tree], leaves: int, width: int, keyed: bool, data_path: str,
-    spine: str,
+    spine: str, leaf: str,
 ) -> None:  # fmt: skip
     """Keyed: every datagram of the tree tagged, the leaves' partial sums and the spine's
     results included (a leaf signs with the job's key, as a worker does). The workers' C data
-    path and the Python reference loop alike; the spine on python and on the C engine."""
+    path and the Python reference loop alike; the spine and the leaves on python and on the C
+    engine."""
     key = bytes(range(32)) if keyed else None
     key_option: list[str] = []
     if key is not None:
         (tmp_path / "job.key").write_text(key.hex())
         key_option = ["--key-file", str(tmp_path / "job.key")]
     tree = start_tree(tmp_path, leaves, width, "int", spine_extra=key_option,
-                      leaf_extra=key_option, spine_backend=spine)  # fmt: skip
+                      leaf_extra=key_option, spine_backend=spine, leaf_backend=leaf)  # fmt: skip
     trees.append(tree)
     calls = inputs(tree.total, "powers")
     got = run_workers([tree.worker_site(g) for g in range(tree.total)], workers=width,
@@ -250,14 +256,15 @@ def test_hierarchical_int_results_are_the_exact_sum(
     assert served["contributions"] == chunks * leaves
 
 
+@pytest.mark.parametrize("leaf", LEAVES)
 @pytest.mark.parametrize("spine", ["python", "socket"])
 def test_hierarchical_a_new_set_of_workers_restarts_the_tree(
-    tmp_path: Path, trees: list[Tree], spine: str
+    tmp_path: Path, trees: list[Tree], spine: str, leaf: str
 ) -> None:
     """A second set of clients (offsets from 0 again) on the same leaves and spine: their hellos
     start the idle leaves afresh, and the leaves' hellos the idle spine, so every call completes
     exactly again (docs/protocol.md, "A new set of workers")."""
-    tree = start_tree(tmp_path, 2, 2, "int", spine_backend=spine)
+    tree = start_tree(tmp_path, 2, 2, "int", spine_backend=spine, leaf_backend=leaf)
     trees.append(tree)
     calls = inputs(tree.total, "powers")
     sites = [tree.worker_site(g) for g in range(tree.total)]
@@ -270,15 +277,19 @@ def test_hierarchical_a_new_set_of_workers_restarts_the_tree(
     assert tree.spine.stats()["jobs"][str(JOB)]["slots_completed"] == 2 * sum(
         -(-n // K) for n in SIZES
     )
+    assert all(running.stats()["upstream"]["hellos"] >= 2 for running in tree.leaves)
 
 
-@pytest.mark.parametrize("spine", SPINES)
+@pytest.mark.parametrize(
+    ("spine", "leaf"), [*((spine, "python") for spine in SPINES), ("python", "socket"),
+                        ("socket", "socket")],
+)  # fmt: skip
 def test_hierarchical_nc8_results_equal_one_level(
-    tmp_path: Path, trees: list[Tree], spine: str
+    tmp_path: Path, trees: list[Tree], spine: str, leaf: str
 ) -> None:
     """The spine's re-compressed results are the bytes of a one-level python aggregator of the
-    same seed, whichever backend the spine runs on."""
-    tree = start_tree(tmp_path, 2, 2, "nc8", spine_backend=spine)
+    same seed, whichever backends the spine and the leaves run on."""
+    tree = start_tree(tmp_path, 2, 2, "nc8", spine_backend=spine, leaf_backend=leaf)
     trees.append(tree)
     calls = inputs(tree.total, "normal")
     got = run_workers([tree.worker_site(g) for g in range(tree.total)], workers=2,
@@ -290,19 +301,22 @@ def test_hierarchical_nc8_results_equal_one_level(
     check_accounting(tree)
 
 
-@pytest.mark.parametrize("spine", ["python", "socket"])
+@pytest.mark.parametrize(
+    ("spine", "leaf"), [("python", "python"), ("socket", "python"), ("python", "socket")]
+)
 @pytest.mark.parametrize("result", ["int", "nc8"])
 def test_hierarchical_results_survive_loss(
-    tmp_path: Path, trees: list[Tree], result: str, spine: str
+    tmp_path: Path, trees: list[Tree], result: str, spine: str, leaf: str
 ) -> None:
-    """Seeded drops both ways, duplicates and reordering on every leaf and on a python spine
-    (a C spine has no fault options: its leaves' faults hit the traffic both ways): every call
-    completes with the same results as without loss."""
+    """Seeded drops both ways, duplicates and reordering on every python leaf and on a python
+    spine (the C backends have no fault options: a C spine's python leaves' faults hit the
+    traffic both ways, and socket leaves lose partial sums and results at their lossy python
+    spine): every call completes with the same results as without loss."""
     faulty = spine == "python"
     tree = start_tree(
-        tmp_path, 2, 2, result, spine_backend=spine,
+        tmp_path, 2, 2, result, spine_backend=spine, leaf_backend=leaf,
         spine_extra=[*LOSS, "--fault-seed", "9"] if faulty else [],
-        leaf_extra=[*LOSS, "--fault-seed", "SEED"],
+        leaf_extra=[*LOSS, "--fault-seed", "SEED"] if leaf == "python" else [],
     )  # fmt: skip
     trees.append(tree)
     calls = inputs(tree.total, "powers" if result == "int" else "normal")
@@ -317,9 +331,12 @@ def test_hierarchical_results_survive_loss(
         for g in range(tree.total):
             assert got[c][g].tobytes() == want[c][g].tobytes(), (c, g)
     check_accounting(tree)
-    faults = [running.stats()["faults"]
-              for running in [*tree.leaves, *([tree.spine] if faulty else [])]]  # fmt: skip
+    lossy = [*(tree.leaves if leaf == "python" else []), *([tree.spine] if faulty else [])]
+    faults = [running.stats()["faults"] for running in lossy]
     assert all(f["dropped_up"] and f["dropped_down"] for f in faults), faults
+    if leaf == "socket":  # partial sums re-sent for the workers' retransmissions, late results
+        ups = [running.stats()["upstream"] for running in tree.leaves]
+        assert all(up["resent"] for up in ups) and any(up["late"] for up in ups), ups
     if not faulty:  # the leaves' losses reached the C spine: retransmissions, duplicates
         served = tree.spine.stats()["jobs"][str(JOB)]
         assert served["retx_seen"] and served["duplicates"] + served["results_resent"], served
@@ -336,9 +353,10 @@ def test_hierarchical_results_survive_loss(
          "pool size: leaf 8, spine 16"),
     ],
 )  # fmt: skip
+@pytest.mark.parametrize("leaf_backend", LEAVES)
 @pytest.mark.parametrize("backend", ["python", "socket"])
 def test_hierarchical_handshake_mismatch_fails_fast(
-    tmp_path: Path, spine_options: list[str], named: str, backend: str
+    tmp_path: Path, spine_options: list[str], named: str, backend: str, leaf_backend: str
 ) -> None:
     """A leaf whose spine's job differs exits with status 1 before serving, the parameter
     named (it has the answer within one round trip, far inside its handshake timeout); the C
@@ -352,7 +370,7 @@ def test_hierarchical_handshake_mismatch_fails_fast(
     try:
         host, port = spine.address
         leaf = launch_aggregator(
-            "python", tmp_path / "leaf", job=JOB, workers=2, k=K, result="int",
+            leaf_backend, tmp_path / "leaf", job=JOB, workers=2, k=K, result="int",
             extra=["--total-workers", "4", "--upstream", f"{host}:{port}", "--upstream-rank",
                    "0", "--pool-size", "8", "--upstream-timeout", "30"],
         )  # fmt: skip
@@ -384,18 +402,16 @@ def test_hierarchical_worker_with_another_total_is_refused(
 LEAF_OPTIONS = ["--upstream", "127.0.0.1:47000", "--upstream-rank", "0", "--total-workers", "4"]
 
 
-@pytest.mark.parametrize("backend", ["socket", "dpdk"])
-def test_hierarchical_leaf_refused_on_c_backends(
-    capsys: pytest.CaptureFixture[str], backend: str
-) -> None:
-    status = cli.main(["aggregator", "--backend", backend, "--job", "1", "--workers", "2",
+def test_hierarchical_leaf_refused_on_dpdk(capsys: pytest.CaptureFixture[str]) -> None:
+    status = cli.main(["aggregator", "--backend", "dpdk", "--job", "1", "--workers", "2",
                        "--result", "int", *LEAF_OPTIONS])  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert status == 1
     assert err == (
-        f"ncina aggregator: error: a leaf (--upstream) is a python backend feature: the "
-        f"{backend} data plane serves as a spine (--uplink int) but sends no partial sums "
-        "upstream; run the leaves with --backend python"
+        "ncina aggregator: error: a leaf (--upstream) runs on the python or socket backend: "
+        "the dpdk data plane serves as a spine (--uplink int) but sends no partial sums "
+        "upstream (it would need ARP for the spine's MAC); run the leaves with --backend "
+        "socket or python"
     )
 
 

@@ -16,6 +16,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ncina.aggregator.hierarchy import (
+    UPSTREAM_COUNTERS,
+    UPSTREAM_DROP_REASONS,
+    LeafAggregator,
+    UpstreamStats,
+)
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import (
     GLOBAL_DROP_REASONS,
@@ -27,7 +33,10 @@ from ncina.aggregator.stats import (
 
 HERE = Path(__file__).resolve().parent
 PROTO = HERE.parent.parent / "proto"
-SOURCES = ("parse.c", "members.c", "slots.c", "reply.c", "admission.c", "handshake.c", "pipeline.c")
+SOURCES = (
+    "parse.c", "members.c", "slots.c", "reply.c", "admission.c", "handshake.c", "upstream.c",
+    "pipeline.c",
+)  # fmt: skip
 HEADERS = ("engine.h", "datapath.h", "state.h")
 # The wire codecs of ncina.proto the engine links in: NC8 and the tag's BLAKE2b.
 PROTO_SOURCES = ("nc8.c", "blake2b.c")
@@ -166,6 +175,33 @@ class Engine:
         except RuntimeError:
             self.lib.nce_job_remove(config.job)
             raise
+
+    def set_upstream(self, job: int, leaf: LeafAggregator) -> None:
+        """Make ``job`` the leaf of ``leaf``'s spine (``ncina.aggregator.hierarchy``): its
+        address, the leaf's rank and the spine's generation (after ``leaf.join``) and the leaf's
+        hello, which the engine sends again when a worker's hello restarts the job."""
+        import ipaddress
+
+        up = leaf.upstream
+        host, port = up.address
+        hello = leaf.hello_datagram()
+        self.check(
+            self.lib.nce_job_set_upstream(job, ipaddress.IPv4Address(host).packed, port,
+                                          up.rank, up.generation, hello, len(hello)),
+            f"job {job} upstream",
+        )  # fmt: skip
+
+    def upstream_stats(self) -> UpstreamStats:
+        """The engine's counters of the leaf's traffic with its spine (``UpstreamStats``)."""
+        c = self.ffi.new("struct nce_upstream_counters *")
+        self.lib.nce_upstream_stats(c)
+        stats = UpstreamStats()
+        for name in UPSTREAM_COUNTERS:
+            setattr(stats, name, getattr(c, name))
+        for i, name in enumerate(DROP_NAMES):
+            if name in UPSTREAM_DROP_REASONS:
+                stats.drops[name] = c.drops[i]
+        return stats
 
     def remove_job(self, job: int) -> None:
         """Uninstall a job (its slots and counters go with it); safe while the data plane runs

@@ -168,6 +168,25 @@ int nce_job_set_uplink(uint16_t id, int uplink_format, uint16_t total)
     return 0;
 }
 
+int nce_job_set_upstream(uint16_t id, const uint8_t *ip, uint16_t port, uint16_t rank,
+                         uint8_t generation, const uint8_t *hello, uint32_t hello_len)
+{
+    struct nce_job *job = ctl_job(id);
+    if (job == NULL)
+        FAIL("job %u is not installed", id);
+    if (job->uplink_format != NCE_FMT_NC8)
+        FAIL("job %u: a leaf's workers send nc8 codes: a spine cannot be a leaf", id);
+    if (job->total % job->n != 0 || rank >= job->total / job->n)
+        FAIL("job %u: upstream rank %u is not a leaf of a spine of %u workers, %u a leaf", id,
+             rank, job->total, job->n);
+    uint32_t ip_be;
+    memcpy(&ip_be, ip, 4);
+    if (nce_upstream_set(id, ip_be, port, rank, generation, hello, hello_len) != 0)
+        FAIL("job %u: another job is the leaf, or the hello is not a job datagram", id);
+    job->leaf = 1;
+    return 0;
+}
+
 void nce_set_generation(uint8_t generation)
 {
     nce_generation = generation & (NCE_GEN_MASK >> NCE_GEN_SHIFT);
@@ -203,6 +222,7 @@ void nce_reset(void)
             job_drop((uint16_t)id);
     }
     memset(&nce_global, 0, sizeof nce_global);
+    nce_upstream_reset();
 }
 
 /* Counters are written by the data-plane thread only; readers copy them word by word (64-bit

@@ -97,6 +97,14 @@ class EngineBackend:
         """Release the I/O layer (after the loop returned)."""
         raise NotImplementedError
 
+    def prepare(self) -> None:
+        """What must happen before the loop serves (after the first stats are written): a
+        leaf's job handshake with its spine. Nothing by default."""
+
+    def upstream_document(self) -> dict[str, Any] | None:
+        """A leaf's ``upstream`` section of the stats document, or None (not a leaf)."""
+        return None
+
     def details(self) -> str:
         """What the readiness line says about the I/O layer (after the pid)."""
         raise NotImplementedError
@@ -115,6 +123,7 @@ class EngineBackend:
         signal.signal(signal.SIGUSR1, self._on_stats_signal)
         if self.stats_path is not None:
             self.write_stats()
+        self.prepare()
         self.plane.set_live(True)
         thread = threading.Thread(target=self._loop, name=f"{self.name} loop", daemon=True)
         thread.start()
@@ -172,6 +181,9 @@ class EngineBackend:
             jobs={job: self.plane.job_stats(job) for job in self.configs},
             limits=self.limits,
         )
+        upstream = self.upstream_document()
+        if upstream is not None:
+            document["upstream"] = upstream
         document[self.name] = io
         return document
 

@@ -62,7 +62,19 @@ struct nce_action {
     uint8_t descriptor;         /* 1: the reply is a job descriptor, not a result or notice */
     uint8_t status;
     uint16_t job_id;
+    uint8_t restarted;          /* the hello started its job afresh (handshake.c) */
+    /* Besides the verdict's replies, a datagram to a leaf's spine (nce_build_uplink) to
+     * up_ip:up_port (network order): NCE_UP_SUM, the slot version's partial sums (up_retx: a
+     * retransmission), or NCE_UP_HELLO, the leaf's hello. */
+    uint8_t up;
+    uint8_t up_retx;
+    uint32_t up_ip;
+    uint16_t up_port;
 };
+
+#define NCE_UP_NONE 0
+#define NCE_UP_SUM 1
+#define NCE_UP_HELLO 2
 
 /* The data plane's epoch: odd while it handles a batch (nce_dp_enter .. nce_dp_leave), so
  * that nce_job_remove knows when no batch holds a removed job's pointer any more. An I/O layer
@@ -92,6 +104,9 @@ uint32_t nce_reply_len(const struct nce_action *act);
  * length, or 0 (nothing written) when cap is too small. */
 uint32_t nce_build_reply(uint8_t *buf, uint32_t cap, const struct nce_action *act,
                          uint16_t rank);
+/* Write the datagram to the spine that act->up asks for into buf of cap bytes; its length, or
+ * 0 (nothing written) when cap is too small. */
+uint32_t nce_build_uplink(uint8_t *buf, uint32_t cap, const struct nce_action *act);
 /* SEND_ALL: where rank's result goes (address, port, link address, the address it sent to).
  * SEND_ONE, NOTICE and DESCRIPTOR go back to the sender of the input datagram (for SEND_ONE that is the
  * member's address: only a member's datagram gets there). */

@@ -69,6 +69,30 @@ int nce_job_add(uint16_t job, uint16_t workers, uint16_t k, uint16_t slots, int 
  * a spine. The job's window (nce_job_add's e_min and span) is the one of total_workers. Call
  * before nce_job_publish. Returns 0, or -1 with nce_error() (the job stays as it was). */
 int nce_job_set_uplink(uint16_t job, int uplink_format, uint16_t total_workers);
+/* Make a job a leaf of the spine at ip (4 bytes, network order):port (host order), where it is
+ * member `rank` of the spine's job at the spine's `generation` (learned by the job handshake);
+ * hello: the leaf's hello to the spine (a job datagram of at most 32 bytes), sent again when a
+ * worker's hello restarts the job. One leaf job per engine; its members send nc8 codes. Returns
+ * 0, or -1 with nce_error(). docs/protocol.md "Hierarchical aggregation". */
+int nce_job_set_upstream(uint16_t job, const uint8_t *ip, uint16_t port, uint16_t rank,
+                         uint8_t generation, const uint8_t *hello, uint32_t hello_len);
+/* A leaf's counters of its traffic with the spine (the stats document's upstream section, as
+ * ncina.aggregator.hierarchy.UpstreamStats; drops indexed by enum nce_drop). */
+struct nce_upstream_counters {
+    uint64_t packets_in;
+    uint64_t bytes_in;
+    uint64_t packets_out;
+    uint64_t bytes_out;
+    uint64_t sent;
+    uint64_t resent;
+    uint64_t results;
+    uint64_t late;
+    uint64_t notices;
+    uint64_t handshakes;
+    uint64_t hellos;
+    uint64_t drops[15];
+};
+void nce_upstream_stats(struct nce_upstream_counters *out);
 /* Jobs at run time. While live (a data plane runs) nce_job_add stages a job, invisible to the
  * data plane until nce_job_publish (after its key, members and key ring are set); otherwise it
  * is installed at once and nce_job_publish does nothing. nce_job_remove unpublishes a job,

@@ -48,7 +48,8 @@ enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_ac
     /* A hello that finds the job idle (no round partly filled) starts it afresh: a new set of
      * workers comes from new ports and counts its offsets from 0 again, which the member
      * check and the slot rules would take for strangers and late packets. */
-    if (act->status == STATUS_OK && nce_pool_restart_if_idle(job))
+    act->restarted = act->status == STATUS_OK && nce_pool_restart_if_idle(job);
+    if (act->restarted)
         nce_members_forget_learned(job);
     c->handshakes++;
     c->packets_out++;

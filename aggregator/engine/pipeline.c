@@ -33,8 +33,16 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
                            struct nce_action *act)
 {
     act->descriptor = 0;
-    if (nce_is_job_datagram(dgram, len))
-        return nce_handshake(dgram, len, act);
+    act->restarted = 0;
+    act->up = NCE_UP_NONE;
+    if (nce_upstream_from(from))                /* a leaf's spine (upstream.c) */
+        return nce_upstream_input(dgram, len, act);
+    if (nce_is_job_datagram(dgram, len)) {
+        const enum nce_verdict v = nce_handshake(dgram, len, act);
+        if (act->restarted && act->job->leaf)   /* the spine starts afresh too, if idle */
+            nce_upstream_hello(act);
+        return v;
+    }
     struct nce_pkt p;
     int reason = nce_parse(dgram, len, &p);    /* 1-5 */
     if (reason >= 0) {
@@ -76,6 +84,10 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
         c->drops[NCE_CHUNK_MISMATCH]++;
         return NCE_V_NONE;
     case NCE_R_RESEND:                          /* rule 2: the worker lost the result */
+        if (s->waiting) {                       /* a leaf's, still without it: ask again */
+            nce_upstream_forward(job, s, 1, act);
+            return NCE_V_NONE;
+        }
         c->results_resent++;
         nce_count_results(job, s, 1);
         return NCE_V_SEND_ONE;
@@ -88,6 +100,10 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
     if (!nce_contribute(job, s, &p, ver))       /* rule 1: a new contribution */
         return NCE_V_NONE;
     c->slots_completed++;
+    if (job->leaf) {                            /* its exact sum goes to the spine */
+        nce_upstream_forward(job, s, 0, act);
+        return NCE_V_NONE;
+    }
     c->results_sent += job->n;
     nce_count_results(job, s, job->n);          /* to every member: the emulated multicast */
     return NCE_V_SEND_ALL;
@@ -103,11 +119,15 @@ int nce_process_datagram(const uint8_t *dgram, uint32_t len, const uint8_t *src_
     memcpy(&from.dst_ip, dst_ip, 4);
     struct nce_action a;
     const enum nce_verdict v = nce_input(dgram, len, &from, &a);
-    if (v == NCE_V_NONE)
-        return 0;
-    const uint16_t first = v == NCE_V_SEND_ALL ? 0 : a.rank;
-    const uint16_t end = v == NCE_V_SEND_ALL ? a.members : (uint16_t)(a.rank + 1);
-    if ((uint32_t)(end - first) > max_out)
+    uint16_t first = 0, end = 0;                /* the replies' ranks: none for NCE_V_NONE */
+    if (v == NCE_V_SEND_ALL) {
+        end = a.members;
+    } else if (v != NCE_V_NONE) {
+        first = a.rank;
+        end = (uint16_t)(a.rank + 1);
+    }
+    const uint32_t replies = (uint32_t)(end - first), total = replies + (a.up != NCE_UP_NONE);
+    if (total > max_out)
         return -1;
     for (uint16_t r = first; r < end; r++) {
         const uint32_t i = (uint32_t)(r - first);
@@ -123,5 +143,12 @@ int nce_process_datagram(const uint8_t *dgram, uint32_t len, const uint8_t *src_
         out_ips[i] = m->ip;
         out_ports[i] = nce_port_host(m->port);
     }
-    return (int)(end - first);
+    if (a.up != NCE_UP_NONE) {                  /* a leaf's datagram to its spine, last */
+        out_lens[replies] = nce_build_uplink(out + (size_t)replies * stride, stride, &a);
+        if (out_lens[replies] == 0)
+            return -1;
+        out_ips[replies] = a.up_ip;
+        out_ports[replies] = nce_port_host(a.up_port);
+    }
+    return (int)total;
 }

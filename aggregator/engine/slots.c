@@ -112,6 +112,7 @@ int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt
         s->count = p->count;
         s->contributors = 0;
         s->complete = 0;
+        s->waiting = 0;
     }
     /* count <= k lanes (admission); int lanes were checked against the job's bound. */
     if (job->uplink_format == NCE_FMT_INT)
@@ -127,7 +128,10 @@ int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt
     if (++s->contributors != job->n)
         return 0;
     s->complete = 1;
-    encode_result(job, s);
+    if (job->leaf)                              /* the sum goes up; the spine's result due */
+        s->waiting = 1;
+    else
+        encode_result(job, s);
     return 1;
 }
 
@@ -135,13 +139,15 @@ int nce_pool_restart_if_idle(struct nce_job *job)
 {
     const size_t versions = 2 * (size_t)job->nslots;
     for (size_t i = 0; i < versions; i++)
-        if (job->slots[i].contributors != 0 && !job->slots[i].complete)
-            return 0;                           /* a round is being filled: not idle */
+        if ((job->slots[i].contributors != 0 && !job->slots[i].complete) ||
+            job->slots[i].waiting)
+            return 0;               /* a round is being filled, or waits for a spine: not idle */
     for (size_t i = 0; i < versions; i++) {
         struct nce_slot *s = &job->slots[i];
         s->bitmap = 0;
         s->contributors = 0;
         s->complete = 0;
+        s->waiting = 0;
         s->offset = 0;
         s->count = 0;
     }

@@ -1,8 +1,9 @@
 /* ncina slot engine: the types and module state its files share, and each file's functions.
  * One file per concept, named as in ncina.aggregator and p4/ (docs/architecture.md). Calls go
- * one way, with no cycle: pipeline.c -> every other file; admission.c -> members.c, slots.c;
- * handshake.c -> members.c, slots.c; reply.c -> handshake.c, members.c; parse.c, members.c and
- * slots.c call no other engine file. */
+ * one way, with no cycle: pipeline.c -> every other file; admission.c -> members.c, slots.c,
+ * upstream.c; handshake.c -> members.c, slots.c; reply.c -> handshake.c, members.c;
+ * upstream.c -> parse.c, members.c, reply.c, handshake.c; parse.c, members.c and slots.c call no other
+ * engine file. */
 #ifndef NCE_STATE_H
 #define NCE_STATE_H
 
@@ -77,6 +78,7 @@ struct nce_slot {
     uint16_t count;             /* elements of the chunk */
     uint32_t offset;            /* element offset of the chunk */
     uint8_t complete;
+    uint8_t waiting;            /* a leaf's: complete, its sum sent up, the spine's result due */
     uint32_t uses;              /* completions so far: the nc8 result key's `use` */
     int64_t *acc;               /* k accumulators */
     uint8_t *result;            /* stored result payload, count * element size bytes */
@@ -95,6 +97,9 @@ struct nce_job {
     uint8_t uplink_format;
     uint16_t total;             /* workers of the whole tree (n for a one-level job) */
     int64_t bound;
+    /* A leaf of a spine (nce_job_set_upstream, upstream.c): a complete slot's sum goes up as
+     * int partial sums and waits; the spine's result becomes the slot's result. */
+    uint8_t leaf;
     uint64_t seed;              /* of the nc8 results' rounding bits (nc8_result_key) */
     uint8_t tagged;             /* the job has an authentication key */
     struct ncd_b2b mac;         /* BLAKE2b state with the key block absorbed (copied per tag) */
@@ -165,6 +170,22 @@ static inline struct nce_job *nce_job_at(uint16_t id)
 {
     return __atomic_load_n(&nce_jobs[id], __ATOMIC_ACQUIRE);
 }
+
+/* upstream.c: a leaf's side towards its spine (one leaf job per engine), as
+ * ncina.aggregator.hierarchy (Upstream, LeafAggregator.from_spine). */
+int nce_upstream_set(uint16_t job, uint32_t ip_be, uint16_t port, uint16_t rank,
+                     uint8_t generation, const uint8_t *hello, uint32_t hello_len);
+int nce_upstream_from(const struct nce_from *from);     /* whether from the spine's address */
+/* A datagram from the spine: a result for a waiting slot is stored (NCE_V_SEND_ALL to the
+ * leaf's workers); anything else is counted in the upstream counters (NCE_V_NONE). */
+enum nce_verdict nce_upstream_input(const uint8_t *dgram, uint32_t len, struct nce_action *act);
+/* The slot version's exact sum goes to the spine (retx: again, for a worker's retransmission
+ * while it waits): counted, and act->up set for nce_build_uplink. */
+void nce_upstream_forward(const struct nce_job *job, const struct nce_slot *s, int retx,
+                          struct nce_action *act);
+/* A worker's hello restarted the leaf's job: the leaf's hello goes to the spine too. */
+void nce_upstream_hello(struct nce_action *act);
+void nce_upstream_reset(void);
 
 /* admission.c: job-level validation; -1 when the datagram may enter the state machine. */
 int nce_admit(const struct nce_job *job, const struct nce_pkt *p, const struct nce_from *from);

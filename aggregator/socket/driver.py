@@ -14,9 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ncina.aggregator import hierarchy
 from ncina.aggregator.control import JobsDirectory, jobs_directory
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
+from ncina.aggregator.hierarchy import UPSTREAM_COUNTERS, LeafAggregator
 from ncina.aggregator.jobs import Address, JobConfig
 
 NAME = "socket"
@@ -43,6 +45,11 @@ class SocketBackend(EngineBackend):
 
     ``mode="forward"`` runs the no-op forwarder instead (every datagram back to its sender: the
     limit of this I/O path, for benchmarks).
+
+    With ``leaf`` (``hierarchy.LeafAggregator`` of the one job of ``configs``) the job is a leaf
+    of a spine (docs/protocol.md "Hierarchical aggregation"): before serving, ``leaf.join`` does
+    the spine's job handshake on this socket; then the engine sends complete slots' sums up and
+    the spine's results down (``aggregator/engine/upstream.c``).
     """
 
     name = NAME
@@ -58,6 +65,7 @@ class SocketBackend(EngineBackend):
         generation: int = 0,
         log: TextIO = sys.stderr,
         control: JobsDirectory | None = None,
+        leaf: LeafAggregator | None = None,
     ) -> None:
         from ncina.aggregator.socket.binding import load
 
@@ -72,11 +80,46 @@ class SocketBackend(EngineBackend):
         if bound < 0:
             raise OSError(plane.ffi.string(plane.lib.nce_error()).decode(errors="replace"))
         self.address = (host, bound)
+        self.leaf = leaf
         try:
+            if leaf is not None:
+                assert leaf.leaf is not None
+                hierarchy.check_int_frame_room(leaf.leaf.config, room, f"the {room}-byte send "
+                                               "buffer of the socket data plane")  # fmt: skip
             self.install_jobs()
         except BaseException:
             plane.lib.ncs_close()
             raise
+
+    def prepare(self) -> None:
+        """A leaf: the spine's job handshake (``LeafAggregator.join``, on a duplicate of the
+        data plane's socket), then the engine learns the spine, the rank and its generation."""
+        import os
+        import socket
+
+        leaf = self.leaf
+        if leaf is None:
+            return
+        assert leaf.leaf is not None
+        try:
+            with socket.socket(fileno=os.dup(self.plane.lib.ncs_fileno())) as sock:
+                leaf.join(sock)
+            self.plane.set_upstream(leaf.leaf.config.job, leaf)
+        except BaseException:
+            self.close()
+            raise
+
+    def upstream_document(self) -> dict[str, Any] | None:
+        """The ``upstream`` section: the handshake's counts (``join``) plus the engine's."""
+        if self.leaf is None:
+            return None
+        document = self.leaf.upstream_document()
+        engine = self.plane.upstream_stats()
+        for name in UPSTREAM_COUNTERS:
+            document[name] += getattr(engine, name)
+        for reason, count in engine.drops.items():
+            document["drops"][reason] += count
+        return document
 
     def loop(self) -> int:
         return int(self.plane.lib.ncs_run(self.mode))
@@ -116,6 +159,11 @@ def add_arguments(parser: Any) -> None:
 
 def serve(config: JobConfig, args: Any, generation: int) -> int:
     """Run the socket backend for ``config`` with the parsed command line ``args``."""
+    leaf = None
+    if args.upstream is not None:  # a leaf of a spine (hierarchy.check_arguments let it by)
+        made = hierarchy.make_aggregator(config, args, generation)
+        assert isinstance(made, LeafAggregator)
+        leaf = made
     backend = SocketBackend(
         [config],
         args.listen,
@@ -124,5 +172,6 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         mode=args.socket_mode,
         generation=generation,
         control=jobs_directory(args),
+        leaf=leaf,
     )
     return backend.run()

@@ -289,6 +289,19 @@ static void queue_reply(const struct nce_action *a, uint16_t rank, uint32_t ip, 
     tx_count++;
 }
 
+/* Queue a leaf's datagram to its spine (from the address the kernel chooses). */
+static void queue_uplink(const struct nce_action *a)
+{
+    const unsigned t = next_tx(a->up_ip, a->up_port, 0);
+    const uint32_t len = nce_build_uplink(tx_bufs[t], TX_BYTES, a);
+    if (len == 0) {
+        io.oversized++;
+        return;
+    }
+    tx_lens[t] = len;
+    tx_count++;
+}
+
 /* What buffer i's control messages say: the address its datagrams were sent to (IP_PKTINFO when
  * bound to any address) and their segment size (UDP_GRO; 0: the buffer is one datagram). */
 static void ancillary(unsigned i, uint32_t *dst, uint32_t *seg)
@@ -331,6 +344,8 @@ static void aggregate(const uint8_t *dgram, uint32_t len, const struct nce_from 
     case NCE_V_NONE:
         break;
     }
+    if (a.up != NCE_UP_NONE)            /* a leaf's partial sums or hello, to its spine */
+        queue_uplink(&a);
 }
 
 /* The no-op forwarder: the datagram goes back to its sender as it came. */
@@ -420,6 +435,11 @@ void ncs_close(void)
     if (stop_fd >= 0)
         close(stop_fd);
     sock = stop_fd = -1;
+}
+
+int ncs_fileno(void)
+{
+    return sock;
 }
 
 void ncs_io_stats(struct ncs_io *out)

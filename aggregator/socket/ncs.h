@@ -45,6 +45,9 @@ int ncs_open(const uint8_t *ip, uint16_t port);
 int ncs_run(int mode);
 /* Make ncs_run return (from any thread; prompt even when it sleeps). */
 void ncs_stop(void);
+/* The socket's descriptor (-1: none), for a leaf's job handshake with its spine before
+ * ncs_run serves (the driver does it in Python on a duplicate). */
+int ncs_fileno(void);
 /* Close the socket and the stop event. */
 void ncs_close(void);
 void ncs_io_stats(struct ncs_io *io);
