@@ -125,12 +125,13 @@ def test_a_tiny_run_over_mininet(tmp_path: Path) -> None:
 
 @pytest.mark.root
 @root
-def test_a_tiny_leafspine_run_reports_the_leaf_uplinks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["python", "socket"])
+def test_a_tiny_leafspine_run_reports_the_leaf_uplinks(tmp_path: Path, backend: str) -> None:
     """Two leaves of two workers under a spine: the tree's result is the reference model's
     (exact), and each leaf uplink carried at least its partial sums, 8 bytes per element."""
     output = tmp_path / "fabric.jsonl"
     status = main(["bench", "fabric", "--topo", "leafspine", "--leaves", "2", "--workers", "4",
-                   "--elements", "20000", "--repeat", "1", "--backend", "python", "--bw", "100",
+                   "--elements", "20000", "--repeat", "1", "--backend", backend, "--bw", "100",
                    "--workdir", str(tmp_path), "--output", str(output)])  # fmt: skip
     assert status == 0
     assert links(f"b{os.getpid() % 100000}") == []
@@ -140,6 +141,9 @@ def test_a_tiny_leafspine_run_reports_the_leaf_uplinks(tmp_path: Path) -> None:
     assert figures["leaf_link_fraction"] > 0 and figures["link_fraction"] > 0
     [run] = figures["runs"]
     assert len(run["leaf_link_fractions"]) == 2 and len(run["link_fractions"]) == 4
+    # Each leaf sent the whole tensor's partial sum up: 20000 int lanes of 8 bytes at least.
+    for fraction in run["leaf_link_fractions"]:
+        assert fraction * run["wall_s"] * 100e6 / 8 >= 20000 * 8, run["leaf_link_fractions"]
     # The spine (aggregator 2) completed every chunk once: 110 chunks of 182 (the last of 162),
     # and one of the warm-up's element.
     spine = json.loads((tmp_path / "run0" / "aggregator2.json").read_text())

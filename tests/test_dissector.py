@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -55,7 +57,7 @@ from ncina_wireshark import (
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
-from scapy.utils import wrpcap
+from scapy.utils import rdpcap, wrpcap
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -212,36 +214,35 @@ def test_make_dissector_installs_it_where_tshark_finds_it(tmp_path: Path) -> Non
 @pytest.mark.skipif(os.geteuid() != 0, reason="capturing on loopback needs root")
 def test_a_captured_keyed_allreduce_decodes_as_scapy_does(tmp_path: Path) -> None:
     """Two workers all-reduce through the socket backend with a key: hellos, answers, tagged
-    chunks and results, captured on ``lo`` by scapy's sniffer."""
+    chunks and results, captured on ``lo`` by tcpdump (scapy's sniffer closed its socket on a
+    GSO batch larger than its buffer and then saw nothing, now and then)."""
     from ncina.worker.client import AllreduceClient
     from ncina_testlib import start_aggregator
-    from scapy.arch.linux import L2Socket
-    from scapy.sendrecv import AsyncSniffer
 
+    tcpdump = shutil.which("tcpdump")
+    if tcpdump is None:
+        pytest.skip("tcpdump is not installed (make setup installs it)")
     key_file = tmp_path / "job.key"
     key_file.write_text(KEY.hex())
     agg = start_aggregator("socket", tmp_path, job=5, workers=2, k=64, result="int",
                            extra=["--key-file", str(key_file), "--seed", "1"])  # fmt: skip
     port = agg.address[1]
-    # A datagram to this port on loopback ends the capture: everything before it was seen.
+    pcap = tmp_path / "allreduce.pcap"
+    # A datagram to the sentinel's port ends the capture: once tcpdump wrote it, it wrote every
+    # datagram before it.
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sentinel:
         sentinel.bind(("127.0.0.1", 0))
         end = sentinel.getsockname()[1]
-        started = threading.Event()
-
-        def ours(p: Any) -> bool:
-            return UDP in p and port in (p[UDP].sport, p[UDP].dport)
-
-        def last(p: Any) -> bool:
-            return UDP in p and p[UDP].dport == end
-
-        # scapy's L2Socket (not its listen socket) skips the frames loopback shows a second
-        # time, as they leave (PACKET_OUTGOING): each datagram is captured once.
-        sniffer = AsyncSniffer(iface="lo", L2socket=L2Socket, lfilter=lambda p: ours(p) or last(p),
-                               stop_filter=last, started_callback=started.set)
-        sniffer.start()
+        dump = subprocess.Popen(
+            [tcpdump, "-i", "lo", "-n", "-U", "-w", str(pcap),
+             f"udp port {port} or udp port {end}"],
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
         try:
-            assert started.wait(10)
+            said = ""
+            while "listening on" not in said and dump.poll() is None:
+                said = dump.stderr.readline() if dump.stderr else ""
+            assert dump.poll() is None, f"tcpdump exited: {said}"
             data = [np.arange(300, dtype=np.float32) * (r + 1) for r in range(2)]
             results: list[np.ndarray] = [np.empty(0)] * 2
 
@@ -256,13 +257,16 @@ def test_a_captured_keyed_allreduce_decodes_as_scapy_does(tmp_path: Path) -> Non
             for t in threads:
                 t.join(60)
             sentinel.sendto(b"end", ("127.0.0.1", end))
-            sniffer.join(30)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not any(
+                UDP in p and p[UDP].dport == end for p in _read(pcap)
+            ):
+                time.sleep(0.1)
         finally:
-            if sniffer.running:
-                sniffer.stop()
+            dump.send_signal(signal.SIGINT)
+            dump.wait(10)
             assert agg.stop() == 0, agg.log()
-    pcap = tmp_path / "allreduce.pcap"
-    wrpcap(str(pcap), [p for p in sniffer.results if ours(p)])
+    wrpcap(str(pcap), [p for p in _read(pcap) if UDP in p and port in (p[UDP].sport, p[UDP].dport)])
     assert [len(r) for r in results] == [300, 300]
     datagrams = check_capture(pcap, port, KEY)  # the aggregator's port is not 47000 here
     seen = {kind(d, up) for payload, up in datagrams for d in segments(payload)}
@@ -271,3 +275,11 @@ def test_a_captured_keyed_allreduce_decodes_as_scapy_does(tmp_path: Path) -> Non
     hellos = [d for d, up in datagrams if kind(d, up) == ("hello", None)]
     answers = [d for d, up in datagrams if kind(d, up) == ("handshake answer", None)]
     assert {d[6:8] for d in hellos} == {b"\0\0", b"\0\1"} and len(answers) == len(hellos)
+
+
+def _read(pcap: Path) -> list[Packet]:
+    """The packets of ``pcap`` so far (none while tcpdump has not written its header yet)."""
+    try:
+        return list(rdpcap(str(pcap)))
+    except (OSError, EOFError):
+        return []

@@ -137,12 +137,17 @@ def test_multi_shards_each_bucket_across_the_aggregators(tmp_path: Path) -> None
     assert_sent_once_plus_retransmissions(ina["fabric"], 2 * 2 * chunks)
 
 
-def test_leafspine_hierarchical_training_through_leaves_and_spine(tmp_path: Path) -> None:
-    """Two leaves of two workers under a spine (python backend): every bucket's chunks complete
-    at both leaves and once at the spine, each leaf sends each partial sum up once at least,
-    and the hook's gradients are within NC8's bounds against gloo's exact all-reduce."""
+@pytest.mark.parametrize("backend", ["python", "socket"])
+def test_leafspine_hierarchical_training_through_leaves_and_spine(
+    tmp_path: Path, backend: str
+) -> None:
+    """Two leaves of two workers under a spine (every aggregator on ``backend``): every bucket's
+    chunks complete at both leaves and once at the spine, each leaf sends each partial sum up
+    once at least, and the hook's gradients are within NC8's bounds against gloo's exact
+    all-reduce."""
     cfg = TopoConfig(out=tmp_path / "run", topo="leafspine", leaves=2, workers=4, k=182,
-                     epochs=1, max_steps=2, bw=100, verify=True, baseline=False, prefix=PREFIX)
+                     backend=backend, epochs=1, max_steps=2, bw=100, verify=True,
+                     baseline=False, prefix=PREFIX)  # fmt: skip
     results = run_topology(cfg)
     ina = results["runs"]["ina"]
     chunks = math.ceil(PARAMETERS / cfg.k)
