@@ -12,6 +12,7 @@ int partial sums), members, keys and the counters as ``ncina.aggregator.stats`` 
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -196,11 +197,7 @@ class Engine:
         c = self.ffi.new("struct nce_upstream_counters *")
         self.lib.nce_upstream_stats(c)
         stats = UpstreamStats()
-        for name in UPSTREAM_COUNTERS:
-            setattr(stats, name, getattr(c, name))
-        for i, name in enumerate(DROP_NAMES):
-            if name in UPSTREAM_DROP_REASONS:
-                stats.drops[name] = c.drops[i]
+        _copy_counters(c, stats, UPSTREAM_COUNTERS, UPSTREAM_DROP_REASONS)
         return stats
 
     def remove_job(self, job: int) -> None:
@@ -222,13 +219,9 @@ class Engine:
         """The job's counters as the reference's ``JobStats``."""
         c = self._counters(job)
         stats = JobStats()
-        for name in JOB_COUNTERS:
-            setattr(stats, name, getattr(c, name))
-        for i, name in enumerate(DROP_NAMES):
-            if name in JOB_DROP_REASONS:
-                stats.drops[name] = c.drops[i]
-            elif c.drops[i]:  # never happens: the engine counts these globally
-                raise RuntimeError(f"job {job} counted {name}, a global reason")
+        others = _copy_counters(c, stats, JOB_COUNTERS, JOB_DROP_REASONS)
+        if others:  # never happens: the engine counts these globally
+            raise RuntimeError(f"job {job} counted {others[0]}, a global reason")
         return stats
 
     def global_stats(self) -> GlobalStats:
@@ -236,9 +229,21 @@ class Engine:
         c = self.ffi.new("struct nce_counters *")
         self.lib.nce_global_stats(c)
         stats = GlobalStats()
-        stats.packets_in = c.packets_in
-        stats.bytes_in = c.bytes_in
-        for i, name in enumerate(DROP_NAMES):
-            if name in GLOBAL_DROP_REASONS:
-                stats.drops[name] = c.drops[i]
+        _copy_counters(c, stats, ("packets_in", "bytes_in"), GLOBAL_DROP_REASONS)
         return stats
+
+
+def _copy_counters(
+    c: Any, stats: Any, counters: Iterable[str], reasons: Container[str]
+) -> list[str]:
+    """The engine's counters ``c`` into ``stats``: the fields ``counters``, and the drops of the
+    reasons in ``reasons``; returns the other reasons ``c`` counted drops for."""
+    for name in counters:
+        setattr(stats, name, getattr(c, name))
+    others = []
+    for i, name in enumerate(DROP_NAMES):
+        if name in reasons:
+            stats.drops[name] = c.drops[i]
+        elif c.drops[i]:
+            others.append(name)
+    return others
