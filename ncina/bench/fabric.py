@@ -134,7 +134,8 @@ def one_repeat(
         ina = run_workers(spec, directory / "ina", launch, limit, probe)
     finally:
         procs.stop(aggregators)
-    jobs = [json.loads(p.read_text())["jobs"][str(bench.JOB)] for p in stats_paths]
+    # The job as a whole: the one aggregator's, or in a tree the spine's (its stats come last).
+    job = json.loads(stats_paths[-1].read_text())["jobs"][str(bench.JOB)]
     result = np.load(result_path)
     result_path.unlink()
     spec = bench.worker_spec(args, "gloo", master=[worker_ip(0), GLOO_PORT + index],
@@ -155,7 +156,7 @@ def one_repeat(
         leaf_links = fractions(ina.before[w:], ina.after[w:], figures["wall_s"], args.bw)
         figures["extra"] |= {"leaf_link_fraction": round(statistics.mean(leaf_links), 4),
                              "leaf_link_fractions": leaf_links}  # fmt: skip
-    figures["job"] = jobs[-1]  # the spine's in a tree: the job as a whole
+    figures["job"] = job
     return figures
 
 
