@@ -54,6 +54,8 @@ static void job_free(struct nce_job *job)
  * key and members are set first, so that no datagram meets a half-configured job. */
 static struct nce_job *staged[65536];
 static int live;
+unsigned nce_lanes = 1;
+static uint16_t leaf_job;       /* + 1: the leaf job's id, 0 when there is none */
 
 /* The job of an id for the control plane: published, or staged. */
 static struct nce_job *ctl_job(uint16_t id)
@@ -72,6 +74,16 @@ static void job_drop(uint16_t id)
 void nce_set_live(int on)
 {
     live = on;
+}
+
+int nce_set_lanes(unsigned lanes)
+{
+    if (lanes < 1 || lanes > NCE_MAX_LANES)
+        FAIL("%u lanes: an engine runs 1 to %d", lanes, NCE_MAX_LANES);
+    if (lanes > 1 && leaf_job != 0 && ctl_job((uint16_t)(leaf_job - 1)) != NULL)
+        FAIL("job %u is a leaf, which serves on one lane only, not %u", leaf_job - 1, lanes);
+    nce_lanes = lanes;
+    return 0;
 }
 
 int nce_job_publish(uint16_t id)
@@ -93,14 +105,17 @@ int nce_job_remove(uint16_t id)
         job_drop(id);
         return 0;
     }
-    /* Unpublish, then wait until the data plane is outside the batch it may be in (its epoch
-     * is odd inside one): every later batch reads the NULL (both sides fence, Dekker-style). */
+    /* Unpublish, then wait until every lane is outside the batch it may be in (its epoch is
+     * odd inside one): every later batch reads the NULL (both sides fence, Dekker-style). A
+     * lane handing a datagram to another passes the frame, never the job's pointer. */
     __atomic_store_n(&nce_jobs[id], NULL, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    const uint64_t epoch = __atomic_load_n(&nce_dp_epoch, __ATOMIC_SEQ_CST);
     const struct timespec nap = {0, 50000};
-    while ((epoch & 1) && __atomic_load_n(&nce_dp_epoch, __ATOMIC_ACQUIRE) == epoch)
-        nanosleep(&nap, NULL);
+    for (unsigned lane = 0; lane < NCE_MAX_LANES; lane++) {
+        const uint64_t epoch = __atomic_load_n(&nce_dp_epoch[lane].v, __ATOMIC_SEQ_CST);
+        while ((epoch & 1) && __atomic_load_n(&nce_dp_epoch[lane].v, __ATOMIC_ACQUIRE) == epoch)
+            nanosleep(&nap, NULL);
+    }
     job_free(job);
     return 0;
 }
@@ -122,9 +137,11 @@ int nce_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int 
              id, workers, NCE_MAX_WORKERS, k, NCE_MAX_K, nslots, span, result_format);
     if (!fits_reply_room(id, k, result_format, 0))
         return -1;
-    struct nce_job *job = calloc(1, sizeof *job);
+    /* Aligned for its per-lane counters (a multiple of the alignment, as aligned_alloc asks). */
+    struct nce_job *job = aligned_alloc(_Alignof(struct nce_job), sizeof *job);
     if (job == NULL)
         FAIL("job %u: out of memory", id);
+    memset(job, 0, sizeof *job);
     job->id = id;
     job->n = workers;
     job->k = k;
@@ -181,9 +198,12 @@ int nce_job_set_upstream(uint16_t id, const uint8_t *ip, uint16_t port, uint16_t
              rank, job->total, job->n);
     uint32_t ip_be;
     memcpy(&ip_be, ip, 4);
+    if (nce_lanes > 1)          /* its upstream state (upstream.c) is one lane's */
+        FAIL("job %u: a leaf serves on one lane, not %u (--lcores 1)", id, nce_lanes);
     if (nce_upstream_set(id, ip_be, port, rank, generation, hello, hello_len) != 0)
         FAIL("job %u: another job is the leaf, or the hello is not a job datagram", id);
     job->leaf = 1;
+    leaf_job = (uint16_t)(id + 1);
     return 0;
 }
 
@@ -221,18 +241,22 @@ void nce_reset(void)
         if (ctl_job((uint16_t)id) != NULL)
             job_drop((uint16_t)id);
     }
-    memset(&nce_global, 0, sizeof nce_global);
+    memset(nce_global, 0, sizeof nce_global);
     nce_upstream_reset();
+    leaf_job = 0;
 }
 
-/* Counters are written by the data-plane thread only; readers copy them word by word (64-bit
+/* Each lane's counters are written by that lane only; readers sum them word by word (64-bit
  * aligned loads are atomic on the targets we build for, so no value is torn). */
-static void copy_counters(struct nce_counters *out, const struct nce_counters *in)
+static void sum_counters(struct nce_counters *out, const struct nce_lane_counters *lanes)
 {
-    const volatile uint64_t *src = (const volatile uint64_t *)in;
     uint64_t *dst = (uint64_t *)out;
-    for (size_t i = 0; i < sizeof *in / sizeof(uint64_t); i++)
-        dst[i] = src[i];
+    memset(out, 0, sizeof *out);
+    for (unsigned lane = 0; lane < NCE_MAX_LANES; lane++) {
+        const volatile uint64_t *src = (const volatile uint64_t *)&lanes[lane].c;
+        for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++)
+            dst[i] += src[i];
+    }
 }
 
 int nce_job_stats(uint16_t id, struct nce_counters *out)
@@ -240,13 +264,13 @@ int nce_job_stats(uint16_t id, struct nce_counters *out)
     const struct nce_job *job = ctl_job(id);
     if (job == NULL)
         return -1;
-    copy_counters(out, &job->c);
+    sum_counters(out, job->c);
     return 0;
 }
 
 void nce_global_stats(struct nce_counters *out)
 {
-    copy_counters(out, &nce_global);
+    sum_counters(out, nce_global);
 }
 
 /* Largest exponent code in the payload (sign bits masked). */

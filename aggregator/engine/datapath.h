@@ -16,6 +16,8 @@
 #define NCE_MAX_WORKERS 64      /* the bitmap is one 64-bit word, as in every backend */
 /* The largest K: NC8 results at the largest MTU (ncina.proto.wire.MAX_K). */
 #define NCE_MAX_K 9172
+/* The most data-plane lanes (threads, each with its own share of the slots) an engine serves. */
+#define NCE_MAX_LANES 8
 
 /* Where a datagram came from; addresses and the port in network order. */
 struct nce_from {
@@ -34,6 +36,9 @@ struct nce_member {
     uint8_t has_link;
     uint8_t link[6];            /* learned from its first valid datagram (DPDK: the MAC) */
     uint32_t agg_ip;            /* the aggregator address this member sends to */
+    /* ip, port and bit 48 (known) as one word: lanes that learn a rank at the same moment
+     * agree on one address (compare-and-swap, members.c); 0 while unknown. */
+    uint64_t addr;
 };
 
 struct nce_job;
@@ -76,20 +81,38 @@ struct nce_action {
 #define NCE_UP_SUM 1
 #define NCE_UP_HELLO 2
 
-/* The data plane's epoch: odd while it handles a batch (nce_dp_enter .. nce_dp_leave), so
- * that nce_job_remove knows when no batch holds a removed job's pointer any more. An I/O layer
- * brackets every batch it hands to nce_input with the two. */
-extern uint64_t nce_dp_epoch;
+/* Lanes: an I/O layer may run up to NCE_MAX_LANES data-plane threads (lanes) on one engine, each
+ * owning a share of the slots (nce_lane_of) so that no slot is touched by two lanes and the hot
+ * path takes no lock. nce_lane is the calling thread's lane: which per-lane counters and epoch
+ * it writes. A lane's thread sets it once at its start; it is 0 in every other thread, so a
+ * one-lane I/O layer (the socket backend) and the offline entry points need nothing. */
+extern __thread unsigned nce_lane;
+
+/* The lane (0..lanes-1) that owns a datagram when `lanes` lanes run: a chunk of (job, slot)
+ * belongs to lane slot % lanes; a job datagram (the handshake, which may restart every slot of
+ * its job) to lane 0; one whose header cannot be read (too short, another version) touches
+ * no slot and stays where it arrived, lane `here`. */
+unsigned nce_lane_of(const uint8_t *dgram, uint32_t len, unsigned lanes, unsigned here);
+/* Whether a datagram is a job datagram (the handshake's; lane 0 parks the others for it). */
+int nce_is_job_datagram(const uint8_t *dgram, uint32_t len);
+
+/* Each lane's epoch: odd while it handles a batch (nce_dp_enter .. nce_dp_leave), so that
+ * nce_job_remove knows when no batch of any lane holds a removed job's pointer any more. An I/O
+ * layer brackets every batch it hands to nce_input with the two. One cache line per lane. */
+struct nce_epoch {
+    uint64_t v;
+} __attribute__((aligned(64)));
+extern struct nce_epoch nce_dp_epoch[NCE_MAX_LANES];
 
 static inline void nce_dp_enter(void)
 {
-    __atomic_add_fetch(&nce_dp_epoch, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&nce_dp_epoch[nce_lane].v, 1, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
 static inline void nce_dp_leave(void)
 {
-    __atomic_add_fetch(&nce_dp_epoch, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&nce_dp_epoch[nce_lane].v, 1, __ATOMIC_RELEASE);
 }
 
 /* The reason nce_error() reports; I/O layers write their setup errors here too. */

@@ -22,7 +22,7 @@ enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_ac
     const uint32_t want = NCE_JOB_LEN + (p.flags & NCE_FLAG_TAG ? NCE_TAG_LEN : 0);
     int reason = len != want ? NCE_BAD_LENGTH : count != 1 ? NCE_BAD_COUNT : -1;
     struct nce_job *job = nce_job_at(id);
-    struct nce_counters *c = job != NULL ? &job->c : &nce_global;
+    struct nce_counters *c = nce_counters_of(job);
     c->packets_in++;
     c->bytes_in += len;
     if (reason < 0 && job != NULL && (p.flags & NCE_FLAG_RESULT))

@@ -7,6 +7,13 @@
 
 #include "state.h"
 
+/* A member's address as the word nce_member.addr holds: the IPv4 address, the port and bit 48
+ * (known), so that 0 is "unknown". */
+static inline uint64_t addr_word(uint32_t ip_be, uint16_t port_be)
+{
+    return 1ULL << 48 | (uint64_t)port_be << 32 | ip_be;
+}
+
 int nce_members_alloc(struct nce_job *job)
 {
     job->members = calloc(job->n, sizeof *job->members);
@@ -28,6 +35,7 @@ int nce_members_set(struct nce_job *job, uint16_t rank, uint32_t ip_be, uint16_t
     m->port = nce_port_be(port);
     m->known = 1;
     m->configured = 1;
+    m->addr = addr_word(ip_be, m->port);
     return 0;
 }
 
@@ -42,24 +50,46 @@ void nce_members_forget_learned(struct nce_job *job)
  * only from its own address. */
 int nce_member_accepts(const struct nce_job *job, uint16_t rank, const struct nce_from *from)
 {
-    const struct nce_member *m = &job->members[rank];
-    return !m->known || (m->ip == from->src_ip && m->port == from->src_port);
+    const uint64_t addr = __atomic_load_n(&job->members[rank].addr, __ATOMIC_ACQUIRE);
+    return addr == 0 || addr == addr_word(from->src_ip, from->src_port);
 }
 
-/* A valid datagram's rank gets (or keeps) its address; its link address is where results go. */
-void nce_member_learn(struct nce_job *job, uint16_t rank, const struct nce_from *from)
+/* A valid datagram's rank gets (or keeps) its address; its link address is where results go.
+ *
+ * Several lanes (engine.h, nce_set_lanes) may learn the same rank at once: its chunks of other
+ * slots go to other lanes. The address is claimed as one word by compare-and-swap, so the
+ * first sender wins and a lane whose sender lost gets 0 (the datagram is a stranger's). A lane
+ * whose sender matches then makes sure it sees the member's fields (it builds the results of
+ * its slots from them) and writes those it does not see yet: every lane writes the same values
+ * (one address; the link address and destination that one sender's frames carry), so two
+ * lanes writing at once leave no mixed state (atomic stores, no torn word). Once learned, the
+ * fields are only read: the member's cache line stays shared between lanes. */
+int nce_member_learn(struct nce_job *job, uint16_t rank, const struct nce_from *from)
 {
     struct nce_member *m = &job->members[rank];
-    if (!m->known) {
-        m->ip = from->src_ip;
-        m->port = from->src_port;
-        m->known = 1;
+    const uint64_t mine = addr_word(from->src_ip, from->src_port);
+    if (__atomic_load_n(&m->addr, __ATOMIC_ACQUIRE) != mine) {
+        uint64_t seen = 0;
+        if (!__atomic_compare_exchange_n(&m->addr, &seen, mine, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE) &&
+            seen != mine)
+            return 0;           /* known under another address: another lane's sender won */
     }
-    if (!m->has_link && from->link != NULL) {
-        memcpy(m->link, from->link, sizeof m->link);
-        m->has_link = 1;
+    if (!__atomic_load_n(&m->known, __ATOMIC_RELAXED) ||
+        __atomic_load_n(&m->ip, __ATOMIC_RELAXED) != from->src_ip ||
+        __atomic_load_n(&m->port, __ATOMIC_RELAXED) != from->src_port) {
+        __atomic_store_n(&m->ip, from->src_ip, __ATOMIC_RELAXED);
+        __atomic_store_n(&m->port, from->src_port, __ATOMIC_RELAXED);
+        __atomic_store_n(&m->known, 1, __ATOMIC_RELAXED);
     }
-    m->agg_ip = from->dst_ip;
+    if (from->link != NULL && !__atomic_load_n(&m->has_link, __ATOMIC_ACQUIRE)) {
+        for (unsigned i = 0; i < sizeof m->link; i++)
+            __atomic_store_n(&m->link[i], from->link[i], __ATOMIC_RELAXED);
+        __atomic_store_n(&m->has_link, 1, __ATOMIC_RELEASE);
+    }
+    if (__atomic_load_n(&m->agg_ip, __ATOMIC_RELAXED) != from->dst_ip)
+        __atomic_store_n(&m->agg_ip, from->dst_ip, __ATOMIC_RELAXED);
+    return 1;
 }
 
 const struct nce_member *nce_member_of(const struct nce_action *act, uint16_t rank)

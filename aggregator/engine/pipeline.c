@@ -7,9 +7,10 @@
 #include "state.h"
 
 struct nce_job *nce_jobs[65536];
-struct nce_counters nce_global;
+struct nce_lane_counters nce_global[NCE_MAX_LANES];
 uint8_t nce_generation;
-uint64_t nce_dp_epoch;
+struct nce_epoch nce_dp_epoch[NCE_MAX_LANES];
+__thread unsigned nce_lane;
 char nce_errbuf[256];
 
 const char *nce_error(void)
@@ -23,10 +24,21 @@ static void count_malformed(const struct nce_pkt *p, int reason)
     struct nce_job *job = NULL;
     if (reason != NCE_TRUNCATED && reason != NCE_BAD_VERSION)
         job = nce_job_at(p->job);
-    struct nce_counters *c = job != NULL ? &job->c : &nce_global;
+    struct nce_counters *c = nce_counters_of(job);
     c->packets_in++;
     c->bytes_in += p->dgram_len;
     c->drops[reason]++;
+}
+
+unsigned nce_lane_of(const uint8_t *dgram, uint32_t len, unsigned lanes, unsigned here)
+{
+    if (lanes <= 1)
+        return 0;
+    if (len < NCE_HDR_LEN || dgram[0] != NCE_VERSION)
+        return here;
+    if (dgram[2] == NCE_FMT_JOB)
+        return 0;
+    return ((unsigned)dgram[8] << 8 | dgram[9]) % lanes;
 }
 
 enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_from *from,
@@ -54,7 +66,7 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
         count_malformed(&p, NCE_UNKNOWN_JOB);
         return NCE_V_NONE;
     }
-    struct nce_counters *c = &job->c;
+    struct nce_counters *c = nce_counters_of(job);
     c->packets_in++;
     c->bytes_in += len;
     if (!nce_authentic(job, &p)) {             /* 7 */
@@ -71,7 +83,10 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
         c->drops[reason]++;
         return reason == NCE_STALE_GENERATION ? nce_notice(job, &p, 0, act) : NCE_V_NONE;
     }
-    nce_member_learn(job, p.rank, from);       /* 16: a valid packet */
+    if (!nce_member_learn(job, p.rank, from)) { /* 16: a valid packet */
+        c->drops[NCE_NON_MEMBER]++;             /* another lane learned another sender */
+        return NCE_V_NONE;
+    }
     c->retx_seen += (p.flags & NCE_FLAG_RETX) != 0;
 
     struct nce_slot *s = &job->slots[2 * p.slot + ver];

@@ -19,8 +19,9 @@ uint32_t nce_notice_len(const struct nce_job *job)
 
 void nce_count_results(struct nce_job *job, const struct nce_slot *s, uint32_t copies)
 {
-    job->c.packets_out += copies;
-    job->c.bytes_out += (uint64_t)copies * nce_result_len(job, s);
+    struct nce_counters *c = nce_counters_of(job);
+    c->packets_out += copies;
+    c->bytes_out += (uint64_t)copies * nce_result_len(job, s);
 }
 
 enum nce_verdict nce_notice(struct nce_job *job, const struct nce_pkt *p, uint64_t bitmap,
@@ -30,9 +31,10 @@ enum nce_verdict nce_notice(struct nce_job *job, const struct nce_pkt *p, uint64
     act->slot_index = p->slot;
     act->offset = p->offset;
     act->bitmap = bitmap;
-    job->c.notices_sent++;
-    job->c.packets_out++;
-    job->c.bytes_out += nce_notice_len(job);
+    struct nce_counters *c = nce_counters_of(job);
+    c->notices_sent++;
+    c->packets_out++;
+    c->bytes_out += nce_notice_len(job);
     return NCE_V_NOTICE;
 }
 

@@ -123,7 +123,7 @@ int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt
         nc8_accumulate(s->acc, p->payload, p->count);
     s->bitmap |= bit;
     job->slots[2 * p->slot + (version ^ 1)].bitmap &= ~bit;    /* the shadow copy's bit */
-    job->c.contributions++;
+    nce_counters_of(job)->contributions++;
     /* The slot rules admit a contribution to an incomplete round only: at most the Nth. */
     if (++s->contributors != job->n)
         return 0;

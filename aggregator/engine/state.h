@@ -84,6 +84,11 @@ struct nce_slot {
     uint8_t *result;            /* stored result payload, count * element size bytes */
 };
 
+/* One lane's counters, on cache lines of their own (lanes never share a written line). */
+struct nce_lane_counters {
+    struct nce_counters c;
+} __attribute__((aligned(64)));
+
 struct nce_job {
     uint16_t id, n, k, nslots;
     int8_t e_min;
@@ -103,14 +108,21 @@ struct nce_job {
     uint64_t seed;              /* of the nc8 results' rounding bits (nc8_result_key) */
     uint8_t tagged;             /* the job has an authentication key */
     struct ncd_b2b mac;         /* BLAKE2b state with the key block absorbed (copied per tag) */
-    struct nce_counters c;
+    struct nce_lane_counters c[NCE_MAX_LANES];    /* each lane's (summed by nce_job_stats) */
     struct nce_member *members; /* n */
     struct nce_slot *slots;     /* 2 * nslots: slot s version v at [2 * s + v] */
 };
 
 /* Module state (pipeline.c). */
 extern struct nce_job *nce_jobs[65536];
-extern struct nce_counters nce_global;
+extern struct nce_lane_counters nce_global[NCE_MAX_LANES];
+extern unsigned nce_lanes;     /* lanes the I/O layer runs (nce_set_lanes) */
+
+/* The calling lane's counters of a job, or the global ones (job NULL). */
+static inline struct nce_counters *nce_counters_of(struct nce_job *job)
+{
+    return job != NULL ? &job->c[nce_lane].c : &nce_global[nce_lane].c;
+}
 extern uint8_t nce_generation;
 
 /* parse.c: the job-independent checks; -1 when well formed, else the drop reason. */
@@ -122,7 +134,8 @@ void nce_members_free(struct nce_job *job);
 int nce_members_set(struct nce_job *job, uint16_t rank, uint32_t ip_be, uint16_t port);
 void nce_members_forget_learned(struct nce_job *job);     /* configured ones stay */
 int nce_member_accepts(const struct nce_job *job, uint16_t rank, const struct nce_from *from);
-void nce_member_learn(struct nce_job *job, uint16_t rank, const struct nce_from *from);
+/* 1: the rank has (or now has) this sender's address; 0: another lane just learned another. */
+int nce_member_learn(struct nce_job *job, uint16_t rank, const struct nce_from *from);
 void nce_tag_key(struct nce_job *job, const uint8_t *key, uint32_t keylen);
 void nce_tag(const struct nce_job *job, const uint8_t *msg, uint32_t len, uint8_t *tag);
 int nce_authentic(const struct nce_job *job, const struct nce_pkt *p);
@@ -158,8 +171,8 @@ void nce_count_results(struct nce_job *job, const struct nce_slot *s, uint32_t c
 enum nce_verdict nce_notice(struct nce_job *job, const struct nce_pkt *p, uint64_t bitmap,
                             struct nce_action *act);
 
-/* handshake.c: the job handshake (answered by nce_build_reply). */
-int nce_is_job_datagram(const uint8_t *dgram, uint32_t len);
+/* handshake.c: the job handshake (answered by nce_build_reply); nce_is_job_datagram is
+ * datapath.h's. */
 enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_action *act);
 uint32_t nce_descriptor_len(const struct nce_action *a);
 uint32_t nce_build_descriptor(uint8_t *buf, uint32_t cap, const struct nce_action *a);

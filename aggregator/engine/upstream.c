@@ -189,7 +189,7 @@ enum nce_verdict nce_upstream_input(const uint8_t *dgram, uint32_t len, struct n
     memcpy(s->result, p.payload, p.payload_len);
     s->waiting = 0;
     up.c.results++;
-    job->c.results_sent += job->n;
+    nce_counters_of(job)->results_sent += job->n;
     nce_count_results(job, s, job->n);          /* to every worker: the emulated multicast */
     act->job = job;
     act->slot = s;
