@@ -130,7 +130,7 @@ def test_a_pci_port_is_the_only_device_eal_probes() -> None:
 @pytest.mark.parametrize(
     ("pmd", "vdev"),
     [
-        ("af_packet", "--vdev=net_af_packet0,iface=veth0,framecnt=4096"),
+        ("af_packet", "--vdev=net_af_packet0,iface=veth0,qpairs=1,framecnt=4096"),
         ("af_xdp", "--vdev=net_af_xdp0,iface=veth0,start_queue=0,queue_count=1,framecnt=4096"),
     ],
 )

@@ -11,7 +11,6 @@
 
 #include "ncd_priv.h"
 
-struct ncd_io ncd_iostats;
 struct rte_ether_addr ncd_mac;
 uint32_t ncd_ip;
 uint16_t ncd_port_be;
@@ -30,19 +29,6 @@ void ncd_set_address(const uint8_t *ip, uint16_t udp_port)
 {
     memcpy(&ncd_ip, ip, 4);
     ncd_port_be = rte_cpu_to_be_16(udp_port);
-}
-
-void ncd_io_stats(struct ncd_io *io)
-{
-    const volatile uint64_t *src = (const volatile uint64_t *)&ncd_iostats;
-    uint64_t *dst = (uint64_t *)io;
-    for (size_t i = 0; i < sizeof *io / sizeof(uint64_t); i++)
-        dst[i] = src[i];
-}
-
-void ncd_io_reset(void)
-{
-    memset(&ncd_iostats, 0, sizeof ncd_iostats);
 }
 
 static inline int is_for_us(const struct rte_ether_addr *dst)

@@ -20,9 +20,12 @@ import numpy as np
 from ncina.aggregator.control import JobsDirectory, jobs_directory
 from ncina.aggregator.dpdk.eal import (
     HUGEPAGE_MODES,
+    MAX_LCORES,
     PMDS,
     Memory,
+    check_lcores,
     check_pci_port,
+    check_queues,
     choose_memory,
     eal_arguments,
     pci_address,
@@ -36,7 +39,8 @@ from ncina.proto.header import Format
 NAME = "dpdk"
 IO_COUNTERS = (
     "rx_frames", "ignored", "arp_replies", "tx_frames", "tx_dropped", "no_mbuf", "oversize",
-    "loops", "bad_checksum", "fragments", "reassembled",
+    "loops", "bad_checksum", "fragments", "reassembled", "handoffs", "handoff_full", "handed_in",
+    "parks",
 )  # fmt: skip
 DEFAULT_IDLE_SLEEP_US = 20
 MODES = {"aggregate": 0, "forward": 1}
@@ -68,6 +72,20 @@ class DataPlane(Engine):
     def set_mac(self, mac: str) -> None:
         """Set the MAC the engine answers to (offline use; ``init`` takes the port's)."""
         self.lib.ncd_set_mac(bytes.fromhex(mac.replace(":", "")))
+
+    def set_lanes(self, lanes: int) -> None:
+        """Run ``lanes`` data-plane lanes (``--lcores``; before ``init``): one RX/TX queue pair
+        and one lcore each, lane i owning the slots s with s % lanes == i."""
+        self.check(self.lib.ncd_set_lanes(lanes), f"{lanes} lanes")
+
+    def io_counters(self, lane: int | None = None) -> dict[str, int]:
+        """The port's counters (``IO_COUNTERS``), summed over the lanes, or lane ``lane``'s."""
+        c = self.ffi.new("struct ncd_io *")
+        if lane is None:
+            self.lib.ncd_io_stats(c)
+        elif self.lib.ncd_lane_io_stats(lane, c) != 0:
+            raise ValueError(f"no lane {lane}: the data plane runs {self.lib.ncd_lanes()}")
+        return {name: getattr(c, name) for name in IO_COUNTERS}
 
     def set_address(self, listen: Address) -> None:
         """The aggregator's IPv4 address (0.0.0.0: any) and UDP port."""
@@ -106,6 +124,7 @@ class DpdkBackend(EngineBackend):
     interface ``iface`` through a vdev of ``pmd``, or the NIC at PCI address ``pci``; in
     hugepages or not as ``memory`` says (``eal.choose_memory``).
 
+    ``lcores`` lanes (``--lcores``) serve the port, each on its own lcore and RX/TX queue pair.
     ``mode="forward"`` runs the no-op forwarder instead (benchmarks).
     """
 
@@ -122,6 +141,7 @@ class DpdkBackend(EngineBackend):
         eal_extra: Sequence[str] = (),
         vdev_options: str = "",
         pmd: str = "af_packet",
+        lcores: int = 1,
         stats_path: Path | None = None,
         stats_interval: float = 1.0,
         idle_sleep_us: int = DEFAULT_IDLE_SLEEP_US,
@@ -132,6 +152,9 @@ class DpdkBackend(EngineBackend):
     ) -> None:
         from ncina.aggregator.dpdk.binding import load
 
+        check_lcores(lcores)
+        if iface is not None:
+            check_queues(iface, pmd, lcores)
         plane = DataPlane(load())
         super().__init__(plane, configs, stats_path=stats_path, stats_interval=stats_interval,
                          generation=generation, log=log, control=control)  # fmt: skip
@@ -141,11 +164,13 @@ class DpdkBackend(EngineBackend):
         self.address = listen
         self.idle_sleep_us = idle_sleep_us
         self.mode = MODES[mode]
+        self.lcores = lcores
         plane.set_address(listen)
+        plane.set_lanes(lcores)
         # Jobs first: one the data plane cannot serve is refused before EAL takes the port.
         self.install_jobs()
         plane.init(eal_arguments(iface=iface, pci=pci, memory=memory, extra=eal_extra,
-                                 vdev_options=vdev_options, pmd=pmd))  # fmt: skip
+                                 vdev_options=vdev_options, pmd=pmd, lcores=lcores))  # fmt: skip
 
     def loop(self) -> int:
         return int(self.plane.lib.ncd_run(self.mode, self.idle_sleep_us))
@@ -158,13 +183,16 @@ class DpdkBackend(EngineBackend):
 
     def details(self) -> str:
         mode = "no-op forwarder" if self.mode else f"aggregator, generation {self.generation}"
-        return f"{mode}, {self.port} mac {self.plane.mac}, memory: {self.memory.reason}"
+        lanes = f"{self.lcores} lcores" if self.lcores > 1 else "1 lcore"
+        return (f"{mode}, {self.port} mac {self.plane.mac}, {lanes}, "
+                f"memory: {self.memory.reason}")  # fmt: skip
 
-    def io_stats(self) -> tuple[int, dict[str, int]]:
-        c = self.plane.ffi.new("struct ncd_io *")
-        self.plane.lib.ncd_io_stats(c)
-        io = {name: getattr(c, name) for name in IO_COUNTERS}
-        return io["tx_dropped"] + io["no_mbuf"] + io["oversize"], io
+    def io_stats(self) -> tuple[int, dict[str, Any]]:
+        """The port's counters summed over the lanes, and each lane's under ``lanes``."""
+        io: dict[str, Any] = self.plane.io_counters()
+        failures = io["tx_dropped"] + io["no_mbuf"] + io["oversize"]
+        io["lanes"] = [self.plane.io_counters(lane) for lane in range(self.lcores)]
+        return failures, io
 
 
 def _pci(text: str) -> str:
@@ -215,6 +243,16 @@ def add_arguments(parser: Any) -> None:
         "framecnt=4096,qdisc_bypass=1)",
     )
     group.add_argument(
+        "--lcores",
+        type=int,
+        default=1,
+        metavar="N",
+        help=f"dpdk: run N lanes (1..{MAX_LCORES}, at most the CPUs this process may use), each "
+        "on its own lcore and RX/TX queue pair (af_packet: qpairs=N, spread by flow hash; "
+        "af_xdp: the interface's first N queues; --pci: RSS); lane i owns the slots s with "
+        "s %% N == i, frames of others' slots are handed over (default: %(default)s)",
+    )
+    group.add_argument(
         "--dpdk-mode",
         choices=tuple(MODES),
         default="aggregate",
@@ -249,6 +287,7 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         eal_extra=args.eal_arg,
         vdev_options=args.vdev_options,
         pmd=args.dpdk_pmd,
+        lcores=args.lcores,
         stats_path=args.stats,
         stats_interval=args.stats_interval,
         idle_sleep_us=args.idle_sleep_us,

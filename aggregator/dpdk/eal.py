@@ -15,9 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The poll-mode drivers that attach the data plane to a Linux interface (Debian's DPDK ships
-# both), and the options each gets by default: af_packet is a packet socket; af_xdp an AF_XDP
-# socket on the interface's queue 0 (the kernel hands it the frames from its XDP hook).
-PMDS = {"af_packet": "", "af_xdp": "start_queue=0,queue_count=1"}
+# both), and the options each gets by default for `lanes` queue pairs (``--lcores``): af_packet
+# is a packet socket per queue (qpairs, one fanout group: the kernel spreads the frames by flow
+# hash); af_xdp an AF_XDP socket on each of the interface's queues 0..lanes-1 (the kernel hands
+# them the frames from its XDP hook; the interface's own RSS spreads them).
+PMDS = {"af_packet": "qpairs={lanes}", "af_xdp": "start_queue=0,queue_count={lanes}"}
+# The most lanes (lcores, each with its RX/TX queue pair) a data plane runs (NCE_MAX_LANES).
+MAX_LCORES = 8
 # Memory EAL reserves for the mbuf pool, the TX buffer and the reassembly table (MB).
 MEMORY_MB = 128
 HUGEPAGE_MODES = ("auto", "on", "off")
@@ -28,6 +32,7 @@ BIFURCATED_PCI_DRIVERS = ("mlx5_core", "mlx4_core")
 _PCI = re.compile(r"(?:([0-9a-f]{4}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])")
 SYS_PCI = Path("/sys/bus/pci/devices")
 SYS_HUGEPAGES = Path("/sys/kernel/mm/hugepages")
+SYS_NET = Path("/sys/class/net")
 
 
 def pci_address(text: str) -> str:
@@ -56,6 +61,41 @@ def check_pci_port(address: str, sys_pci: Path = SYS_PCI) -> str:
         f"--pci {address} {bound}: DPDK needs it bound to vfio-pci first "
         f"(modprobe vfio-pci; dpdk-devbind.py --bind=vfio-pci {address}; docs/dpdk.md)"
     )
+
+
+def allowed_cpus() -> list[int]:
+    """The CPUs this process may run on, in order."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def check_lcores(lcores: int, cpus: Sequence[int] | None = None) -> None:
+    """Raise ``ValueError`` unless ``lcores`` lanes can run: 1 to ``MAX_LCORES``, and no more
+    than the CPUs this process may use (``cpus``, by default its affinity): a polling lane
+    that shares a CPU with another only takes turns with it."""
+    cpus = allowed_cpus() if cpus is None else cpus
+    if not 1 <= lcores <= MAX_LCORES:
+        raise ValueError(f"--lcores {lcores}: the dpdk data plane runs 1 to {MAX_LCORES} lcores")
+    if lcores > len(cpus):
+        raise ValueError(f"--lcores {lcores}: this process may use {len(cpus)} CPU"
+                         f"{'s' if len(cpus) != 1 else ''} ({','.join(map(str, cpus))}), "
+                         f"so at most --lcores {len(cpus)}")  # fmt: skip
+
+
+def check_queues(iface: str, pmd: str, lcores: int, sys_net: Path = SYS_NET) -> None:
+    """Raise ``ValueError`` when ``pmd`` cannot give ``lcores`` queue pairs on ``iface``:
+    af_xdp binds one AF_XDP socket to each of the interface's first ``lcores`` RX queues
+    (af_packet makes its queues itself)."""
+    queues = sys_net / iface / "queues"
+    if pmd != "af_xdp" or lcores == 1 or not queues.exists():
+        return
+    have = len(list(queues.glob("rx-*")))
+    if have < lcores:
+        raise ValueError(
+            f"--lcores {lcores} with --dpdk-pmd af_xdp needs {lcores} RX queues on {iface}, "
+            f"it has {have} (a NIC: ethtool -L {iface} combined {lcores}; a veth gets them "
+            f"when it is made: ip link add ... numrxqueues {lcores} numtxqueues {lcores}); "
+            "or use --dpdk-pmd af_packet"
+        )
 
 
 @dataclass(frozen=True)
@@ -108,19 +148,22 @@ def eal_arguments(
     extra: Sequence[str] = (),
     vdev_options: str = "",
     pmd: str = "af_packet",
+    lcores: int = 1,
 ) -> list[str]:
     """The EAL command line for one port: the NIC at PCI address ``pci`` (only that one is
     probed), or else a vdev of ``pmd`` (``PMDS``) on ``iface`` with ``vdev_options`` added to
-    the PMD's defaults and no PCI probing.
+    the PMD's defaults (for ``lcores`` queue pairs) and no PCI probing.
 
     Without hugepages, ``--no-shconf`` and a per-process ``--file-prefix`` let several data
     planes run at once (``--in-memory`` would, but it is incompatible with ``--no-huge``); with
-    hugepages, ``--in-memory`` does that and leaves no hugepage files behind. The main lcore may
-    run on any CPU this process may use (EAL would otherwise pin it to one).
+    hugepages, ``--in-memory`` does that and leaves no hugepage files behind. The ``lcores``
+    lcores 0..lcores-1 (lane i on lcore i; 0 is the main one) may each run on any CPU this
+    process may use (EAL would otherwise pin each to one).
     """
     if (iface is None) == (pci is None):
         raise ValueError("the dpdk backend serves one port: give --iface IF or --pci ADDRESS")
-    cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    cpus = ",".join(str(c) for c in allowed_cpus())
+    lanes = "0" if lcores == 1 else f"(0-{lcores - 1})"
     if memory.hugepages:
         mem = ["--in-memory"]
     else:
@@ -128,14 +171,14 @@ def eal_arguments(
     if pci is not None:
         port = [f"--allow={pci}"]
     else:
-        options = ",".join(o for o in (PMDS[pmd], vdev_options) if o)
+        options = ",".join(o for o in (PMDS[pmd].format(lanes=lcores), vdev_options) if o)
         port = ["--no-pci", f"--vdev=net_{pmd}0,iface={iface}" + (f",{options}" if options else "")]
     return [
         "ncina-dpdk",
         *mem,
         "-m",
         str(MEMORY_MB),
-        f"--lcores=0@({cpus})",
+        f"--lcores={lanes}@({cpus})",
         "--log-level=lib.eal:error",
         "--no-telemetry",
         *port,

@@ -1,46 +1,84 @@
 /* EAL and port setup, and the burst loop (after DPDK's l2fwd): receive a burst, classify each
  * frame, hand its datagram to the slot engine, build the replies into mbufs (the input's own
  * for a reply to the sender, fresh ones from the pool for a result to every member), buffer
- * them for TX, flush. */
+ * them for TX, flush.
+ *
+ * With --lcores N the port has N RX/TX queue pairs and N lanes run that loop, lane i on lcore i
+ * with queue pair i. A chunk of (job, slot) belongs to lane slot % N (nce_lane_of): a lane that
+ * receives another lane's frame hands the mbuf to that lane's ring (multi-producer, single-
+ * consumer; a full ring drops and counts, never waits), so each slot's state is touched by one
+ * lane only and needs no lock. Job datagrams (the handshake) belong to lane 0, which parks the
+ * other lanes between their bursts while it handles one (a hello may restart every slot of its
+ * job). IPv4 fragments are all handed to lane 0, which reassembles them in its table. */
 #include <stdio.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
+#include <rte_launch.h>
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 #include <rte_mbuf.h>
 #include <rte_cycles.h>
 #include <rte_ip.h>
 #include <rte_ip_frag.h>
+#include <rte_ring.h>
 #include <rte_udp.h>
 
 #include "ncd_priv.h"
 
 #define BURST 32
 #define NB_MBUF 8191
+#define NB_MBUF_LANE 2048          /* more per lane beyond the first: its RX ring and its inbox */
 #define MBUF_CACHE 256
 #define NB_RXD 1024
 #define NB_TXD 1024
+#define INBOX 1024                 /* frames other lanes may hand a lane before it drops */
 #define IDLE_POLLS 256
-/* IPv4 reassembly: at most FRAG_BUCKETS * FRAG_WAYS packets in progress (each of at most
- * RTE_LIBRTE_IP_FRAG_MAX_FRAG fragments, so a few hundred mbufs at most are held), each for up
- * to FRAG_TTL_S seconds, Linux's ipfrag_time. */
+#define SPINS_PER_YIELD 256        /* a waiting lane gives its CPU away this often (2-core VMs) */
+/* IPv4 reassembly (lane 0): at most FRAG_BUCKETS * FRAG_WAYS packets in progress (each of at
+ * most RTE_LIBRTE_IP_FRAG_MAX_FRAG fragments, so a few hundred mbufs at most are held), each
+ * for up to FRAG_TTL_S seconds, Linux's ipfrag_time. */
 #define FRAG_BUCKETS 16
 #define FRAG_WAYS 4
 #define FRAG_TTL_S 30
+#define PARK_GONE UINT64_MAX       /* a lane's park acknowledgement once it left its loop */
 
+/* What a lane hands to another with a frame: its classification, in the mbuf's private area
+ * (the datagram and the sender's MAC point into the mbuf's own data, which travels with it). */
+struct handoff {
+    struct ncd_pkt p;
+    enum ncd_class c;
+};
+
+/* One lane: its queue pair, TX buffer, inbox and counters; written by its own thread only
+ * (the inbox by every lane, through the ring's atomics; `acked` read by lane 0). */
+struct lane {
+    struct ncd_io io;
+    uint16_t id;
+    unsigned lcore;
+    struct rte_eth_dev_tx_buffer *txb;
+    struct rte_ring *inbox;        /* frames of this lane's slots that other lanes received */
+    struct rte_mbuf *out[NCE_MAX_LANES][BURST];     /* this burst's frames for each lane */
+    uint16_t nout[NCE_MAX_LANES];
+    uint64_t acked;                /* the park request it parked for (lane 0 waits on it) */
+} __rte_cache_aligned;
+
+static struct lane lanes[NCE_MAX_LANES];
+static unsigned nlanes = 1;
 static uint16_t port_id;
 static struct rte_mempool *pool;
-static struct rte_eth_dev_tx_buffer *txb;
 static struct rte_ip_frag_tbl *frags;
 static struct rte_ip_frag_death_row death_row;
-/* A reassembled frame, copied out of its mbuf chain for classification and the engine. */
+/* A reassembled frame (lane 0), copied out of its mbuf chain for classification and the engine. */
 static uint8_t whole[RTE_ETHER_HDR_LEN + RTE_IPV4_MAX_PKT_LEN];
-static int eal_up, port_up;
+static int eal_up, port_up, run_mode;
+static unsigned run_idle_us;
 static volatile int stopping;
+static uint64_t park_seq;          /* odd while lane 0 asks the other lanes to park */
 
 #define FAIL(...)                                                   \
     do {                                                            \
@@ -48,12 +86,130 @@ static volatile int stopping;
         return -1;                                                  \
     } while (0)
 
+int ncd_set_lanes(unsigned n)
+{
+    if (eal_up)
+        FAIL("the lanes are set before EAL starts");
+    if (nce_set_lanes(n) != 0)
+        return -1;
+    nlanes = n;
+    return 0;
+}
+
+unsigned ncd_lanes(void)
+{
+    return nlanes;
+}
+
+/* Each lane's counters, copied word by word (no value is torn), summed over the lanes or one. */
+static void add_io(struct ncd_io *out, const struct ncd_io *in)
+{
+    const volatile uint64_t *src = (const volatile uint64_t *)in;
+    uint64_t *dst = (uint64_t *)out;
+    for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++)
+        dst[i] += src[i];
+}
+
+void ncd_io_stats(struct ncd_io *io)
+{
+    memset(io, 0, sizeof *io);
+    for (unsigned i = 0; i < NCE_MAX_LANES; i++)
+        add_io(io, &lanes[i].io);
+}
+
+int ncd_lane_io_stats(unsigned lane, struct ncd_io *io)
+{
+    if (lane >= nlanes)
+        return -1;
+    memset(io, 0, sizeof *io);
+    add_io(io, &lanes[lane].io);
+    return 0;
+}
+
+void ncd_io_reset(void)
+{
+    for (unsigned i = 0; i < NCE_MAX_LANES; i++)
+        memset(&lanes[i].io, 0, sizeof lanes[i].io);
+}
+
 static void count_tx_drops(struct rte_mbuf **pkts, uint16_t unsent, void *userdata)
 {
-    (void)userdata;
-    ncd_iostats.tx_dropped += unsent;
-    ncd_iostats.tx_frames -= unsent;
+    struct ncd_io *io = userdata;
+    io->tx_dropped += unsent;
+    io->tx_frames -= unsent;
     rte_pktmbuf_free_bulk(pkts, unsent);
+}
+
+/* The port's configuration for nlanes queue pairs: RSS over IPv4/UDP where the device hashes
+ * (a NIC); af_packet and af_xdp spread flows over their queues themselves (the kernel's
+ * fanout, the interface's own RSS). */
+static int configure_port(int socket)
+{
+    struct rte_eth_dev_info info;
+    int rc = rte_eth_dev_info_get(port_id, &info);
+    if (rc != 0)
+        FAIL("rte_eth_dev_info_get: %s", rte_strerror(-rc));
+    if (info.max_rx_queues < nlanes || info.max_tx_queues < nlanes)
+        FAIL("--lcores %u needs %u RX/TX queue pairs, the port (%s) has %u RX and %u TX queues "
+             "(af_xdp: the interface's channels, ethtool -l)",
+             nlanes, nlanes, info.driver_name, info.max_rx_queues, info.max_tx_queues);
+    struct rte_eth_conf conf;
+    memset(&conf, 0, sizeof conf);
+    const uint64_t hash = (RTE_ETH_RSS_IP | RTE_ETH_RSS_UDP) & info.flow_type_rss_offloads;
+    if (nlanes > 1 && hash != 0) {
+        conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
+        conf.rx_adv_conf.rss_conf.rss_hf = hash;
+    }
+    rc = rte_eth_dev_configure(port_id, (uint16_t)nlanes, (uint16_t)nlanes, &conf);
+    if (rc < 0)
+        FAIL("rte_eth_dev_configure: %s", rte_strerror(-rc));
+    uint16_t nrxd = NB_RXD, ntxd = NB_TXD;
+    rc = rte_eth_dev_adjust_nb_rx_tx_desc(port_id, &nrxd, &ntxd);
+    if (rc < 0)
+        FAIL("rte_eth_dev_adjust_nb_rx_tx_desc: %s", rte_strerror(-rc));
+    for (uint16_t q = 0; q < nlanes; q++) {
+        rc = rte_eth_rx_queue_setup(port_id, q, nrxd, socket, NULL, pool);
+        if (rc < 0)
+            FAIL("rte_eth_rx_queue_setup (queue %u): %s", q, rte_strerror(-rc));
+        rc = rte_eth_tx_queue_setup(port_id, q, ntxd, socket, NULL);
+        if (rc < 0)
+            FAIL("rte_eth_tx_queue_setup (queue %u): %s", q, rte_strerror(-rc));
+    }
+    return 0;
+}
+
+/* Lane i's lcore (lane 0 runs on the thread that calls ncd_run), TX buffer and inbox. */
+static int setup_lanes(int socket)
+{
+    unsigned lcore = rte_get_main_lcore();
+    for (unsigned i = 0; i < nlanes; i++) {
+        struct lane *l = &lanes[i];
+        l->id = (uint16_t)i;
+        l->acked = 0;
+        if (i > 0) {
+            lcore = rte_get_next_lcore(lcore, 1, 0);
+            if (lcore >= RTE_MAX_LCORE)
+                FAIL("--lcores %u: EAL has only %u lcores (its --lcores argument)", nlanes,
+                     rte_lcore_count());
+            l->lcore = lcore;
+            char name[RTE_RING_NAMESIZE];
+            snprintf(name, sizeof name, "ncd_inbox%u", i);
+            l->inbox = rte_ring_create(name, INBOX, socket, RING_F_SC_DEQ);
+            if (l->inbox == NULL)
+                FAIL("cannot create lane %u's ring: %s", i, rte_strerror(rte_errno));
+        }
+        l->txb = rte_zmalloc_socket("ncd_txb", RTE_ETH_TX_BUFFER_SIZE(BURST), 0, socket);
+        if (l->txb == NULL)
+            FAIL("cannot allocate lane %u's TX buffer", i);
+        rte_eth_tx_buffer_init(l->txb, BURST);
+        rte_eth_tx_buffer_set_err_callback(l->txb, count_tx_drops, &l->io);
+    }
+    if (nlanes > 1) {              /* lane 0's inbox: job datagrams, fragments */
+        lanes[0].inbox = rte_ring_create("ncd_inbox0", INBOX, socket, RING_F_SC_DEQ);
+        if (lanes[0].inbox == NULL)
+            FAIL("cannot create lane 0's ring: %s", rte_strerror(rte_errno));
+    }
+    return 0;
 }
 
 int ncd_init(int argc, char **argv)
@@ -67,40 +223,22 @@ int ncd_init(int argc, char **argv)
         FAIL("no ethdev port (is the --vdev interface up? is the --pci NIC bound to vfio-pci?)");
     RTE_ETH_FOREACH_DEV(port_id) break;
 
-    pool = rte_pktmbuf_pool_create("ncd_mbufs", NB_MBUF, MBUF_CACHE, 0,
+    pool = rte_pktmbuf_pool_create("ncd_mbufs", NB_MBUF + (nlanes - 1) * NB_MBUF_LANE,
+                                   MBUF_CACHE,
+                                   RTE_ALIGN(sizeof(struct handoff), RTE_MBUF_PRIV_ALIGN),
                                    NCD_FRAME_ROOM + RTE_PKTMBUF_HEADROOM, rte_socket_id());
     if (pool == NULL)
         FAIL("cannot create the mbuf pool: %s", rte_strerror(rte_errno));
-
-    struct rte_eth_conf conf;
-    memset(&conf, 0, sizeof conf);
-    int rc = rte_eth_dev_configure(port_id, 1, 1, &conf);
-    if (rc < 0)
-        FAIL("rte_eth_dev_configure: %s", rte_strerror(-rc));
-    uint16_t nrxd = NB_RXD, ntxd = NB_TXD;
-    rc = rte_eth_dev_adjust_nb_rx_tx_desc(port_id, &nrxd, &ntxd);
-    if (rc < 0)
-        FAIL("rte_eth_dev_adjust_nb_rx_tx_desc: %s", rte_strerror(-rc));
     const int socket = rte_eth_dev_socket_id(port_id);
-    rc = rte_eth_rx_queue_setup(port_id, 0, nrxd, socket, NULL, pool);
-    if (rc < 0)
-        FAIL("rte_eth_rx_queue_setup: %s", rte_strerror(-rc));
-    rc = rte_eth_tx_queue_setup(port_id, 0, ntxd, socket, NULL);
-    if (rc < 0)
-        FAIL("rte_eth_tx_queue_setup: %s", rte_strerror(-rc));
+    if (configure_port(socket) != 0 || setup_lanes(socket) != 0)
+        return -1;
 
     frags = rte_ip_frag_table_create(FRAG_BUCKETS, FRAG_WAYS, FRAG_BUCKETS * FRAG_WAYS,
                                      rte_get_tsc_hz() * FRAG_TTL_S, socket);
     if (frags == NULL)
         FAIL("cannot create the IPv4 reassembly table");
 
-    txb = rte_zmalloc_socket("ncd_txb", RTE_ETH_TX_BUFFER_SIZE(BURST), 0, socket);
-    if (txb == NULL)
-        FAIL("cannot allocate the TX buffer");
-    rte_eth_tx_buffer_init(txb, BURST);
-    rte_eth_tx_buffer_set_err_callback(txb, count_tx_drops, NULL);
-
-    rc = rte_eth_dev_start(port_id);
+    int rc = rte_eth_dev_start(port_id);
     if (rc < 0)
         FAIL("rte_eth_dev_start: %s", rte_strerror(-rc));
     port_up = 1;
@@ -109,12 +247,12 @@ int ncd_init(int argc, char **argv)
     return 0;
 }
 
-static inline void send_frame(struct rte_mbuf *m, uint32_t len)
+static inline void send_frame(struct lane *l, struct rte_mbuf *m, uint32_t len)
 {
     m->data_len = (uint16_t)len;
     m->pkt_len = len;
-    ncd_iostats.tx_frames++;
-    rte_eth_tx_buffer(port_id, 0, txb, m);
+    l->io.tx_frames++;
+    rte_eth_tx_buffer(port_id, l->id, l->txb, m);
 }
 
 /* The bytes an mbuf's buffer holds from its data offset on. */
@@ -125,30 +263,30 @@ static inline uint32_t room(const struct rte_mbuf *m)
 
 /* A completed slot: one result per member, each in a fresh mbuf of NCD_FRAME_ROOM bytes, which
  * every job's result frames fit (nce_set_reply_room); a larger frame is counted, never written. */
-static void send_all(const struct nce_action *a)
+static void send_all(struct lane *l, const struct nce_action *a)
 {
     struct rte_mbuf *out[NCE_MAX_WORKERS];
     const unsigned n = a->members;
     if (rte_pktmbuf_alloc_bulk(pool, out, n) != 0) {
-        ncd_iostats.no_mbuf += n;
+        l->io.no_mbuf += n;
         return;
     }
     for (uint16_t r = 0; r < n; r++) {
         const uint32_t len =
             ncd_frame_to_member(rte_pktmbuf_mtod(out[r], uint8_t *), room(out[r]), a, r);
         if (len == 0) {                         /* larger than an mbuf: not sent, counted */
-            ncd_iostats.oversize++;
+            l->io.oversize++;
             rte_pktmbuf_free(out[r]);
             continue;
         }
-        send_frame(out[r], len);
+        send_frame(l, out[r], len);
     }
 }
 
 /* A fragment (classified, p) into the reassembly table: the whole packet's mbuf chain once its
  * last fragment is in, else NULL (the table keeps the fragment, or drops it on its death row:
  * a table full of packets in progress, a packet of more than RTE_LIBRTE_IP_FRAG_MAX_FRAG
- * fragments, overlaps). */
+ * fragments, overlaps). Lane 0 only. */
 static struct rte_mbuf *reassemble(struct rte_mbuf *m, const struct ncd_pkt *p)
 {
     const uint32_t end = RTE_ETHER_HDR_LEN + p->ip_len;
@@ -162,13 +300,17 @@ static struct rte_mbuf *reassemble(struct rte_mbuf *m, const struct ncd_pkt *p)
     return done;
 }
 
-/* The reassembled packet m as one frame in `whole` (its IPv4 header checksum made valid again:
- * the fragments' were checked), classified into p; its tail segments are freed, so that m can
- * carry a reply. */
+/* The reassembled packet m as one frame (its IPv4 header checksum made valid again: the
+ * fragments' were checked), classified into p; its tail segments are freed, so that m can
+ * carry a reply. A frame that fits m's buffer is moved into it (it may then go to another
+ * lane like any frame); a larger one stays in `whole`, where lane 0 handles it: no datagram
+ * that large passes admission (every job's chunks fit NCD_FRAME_ROOM), so it touches counters
+ * only, never a slot. */
 static enum ncd_class classify_whole(struct rte_mbuf *m, struct ncd_pkt *p)
 {
     const uint32_t len = rte_pktmbuf_pkt_len(m);
     enum ncd_class c = NCD_C_IGNORE;
+    const int fits = len <= room(m);
     if (len <= sizeof whole && len >= RTE_ETHER_HDR_LEN + sizeof(struct rte_ipv4_hdr)) {
         const uint8_t *data = rte_pktmbuf_read(m, 0, len, whole);
         if (data != whole)
@@ -176,67 +318,161 @@ static enum ncd_class classify_whole(struct rte_mbuf *m, struct ncd_pkt *p)
         struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(whole + RTE_ETHER_HDR_LEN);
         ip->hdr_checksum = 0;
         ip->hdr_checksum = rte_ipv4_cksum(ip);
-        c = ncd_classify(whole, len, p);
+        if (fits)
+            memcpy(rte_pktmbuf_mtod(m, uint8_t *), whole, len);
+        c = ncd_classify(fits ? rte_pktmbuf_mtod(m, uint8_t *) : whole, len, p);
     }
     if (m->next != NULL) {
         rte_pktmbuf_free(m->next);
         m->next = NULL;
         m->nb_segs = 1;
-        m->pkt_len = m->data_len;
     }
+    m->data_len = (uint16_t)(fits ? len : m->data_len);
+    m->pkt_len = m->data_len;
     return c == NCD_C_FRAGMENT ? NCD_C_IGNORE : c;
 }
 
-static void handle(struct rte_mbuf *m)
+/* Ask the other lanes to park between their bursts and wait until each has (or has left its
+ * loop): lane 0 then has every slot to itself. Nothing lane 0 waits for waits on lane 0. */
+static void park_others(void)
 {
-    struct ncd_pkt p;
+    const uint64_t seq = __atomic_add_fetch(&park_seq, 1, __ATOMIC_SEQ_CST);
+    for (unsigned i = 1; i < nlanes; i++) {
+        unsigned spins = 0;
+        for (;;) {
+            const uint64_t acked = __atomic_load_n(&lanes[i].acked, __ATOMIC_ACQUIRE);
+            if (acked == seq || acked == PARK_GONE)
+                break;
+            rte_pause();
+            if (++spins % SPINS_PER_YIELD == 0)
+                sched_yield();
+        }
+    }
+    lanes[0].io.parks++;
+}
+
+static void release_others(void)
+{
+    __atomic_add_fetch(&park_seq, 1, __ATOMIC_RELEASE);
+}
+
+/* The top of lanes 1..N-1's loop: park while lane 0 asks (until it releases, or the loop
+ * stops); whether it parked. */
+static int park_if_asked(struct lane *l)
+{
+    const uint64_t seq = __atomic_load_n(&park_seq, __ATOMIC_ACQUIRE);
+    if (!(seq & 1))
+        return 0;
+    __atomic_store_n(&l->acked, seq, __ATOMIC_RELEASE);
+    unsigned spins = 0;
+    while (__atomic_load_n(&park_seq, __ATOMIC_ACQUIRE) == seq && !stopping) {
+        rte_pause();
+        if (++spins % SPINS_PER_YIELD == 0)
+            sched_yield();
+    }
+    return 1;
+}
+
+/* A datagram this lane owns through the engine; replies on this lane's queue. */
+static void aggregate(struct lane *l, struct rte_mbuf *m, const struct ncd_pkt *p)
+{
     struct nce_action a;
-    uint8_t *frame = rte_pktmbuf_mtod(m, uint8_t *);
-    enum ncd_class c = ncd_classify(frame, rte_pktmbuf_data_len(m), &p);
-    if (c == NCD_C_FRAGMENT) {
-        ncd_iostats.fragments++;
-        m = reassemble(m, &p);
-        if (m == NULL)
+    const int park = nlanes > 1 && nce_is_job_datagram(p->dgram, p->dgram_len);
+    if (park)                      /* lane 0's: a hello may restart every slot of its job */
+        park_others();
+    const enum nce_verdict v = nce_input(p->dgram, p->dgram_len, &p->from, &a);
+    if (park)
+        release_others();
+    switch (v) {
+    case NCE_V_SEND_ONE:
+    case NCE_V_NOTICE:
+    case NCE_V_DESCRIPTOR: {
+        /* The input mbuf becomes the reply: every mbuf holds NCD_FRAME_ROOM bytes, which
+         * every job's result frames fit (nce_set_reply_room); a larger one is counted. */
+        const uint32_t len =
+            ncd_frame_to_sender(rte_pktmbuf_mtod(m, uint8_t *), room(m), &a, &p->from);
+        if (len != 0) {
+            send_frame(l, m, len);
             return;
-        ncd_iostats.reassembled++;
-        c = classify_whole(m, &p);
+        }
+        l->io.oversize++;
+        break;
+    }
+    case NCE_V_SEND_ALL:
+        send_all(l, &a);
+        break;
+    case NCE_V_NONE:
+        break;
+    }
+    rte_pktmbuf_free(m);
+}
+
+/* This burst's frames for other lanes into their inboxes; what a full inbox refuses is
+ * dropped and counted (enqueues never wait: no lane waits on another). */
+static void hand_over(struct lane *l)
+{
+    for (unsigned o = 0; o < nlanes; o++) {
+        const unsigned n = l->nout[o];
+        if (n == 0)
+            continue;
+        const unsigned put = rte_ring_mp_enqueue_burst(lanes[o].inbox, (void **)l->out[o], n,
+                                                       NULL);
+        l->io.handoffs += put;
+        if (put < n) {
+            l->io.handoff_full += n - put;
+            rte_pktmbuf_free_bulk(&l->out[o][put], n - put);
+        }
+        l->nout[o] = 0;
+    }
+}
+
+/* A classified frame to the lane that owns it: this one (handled now), or another (into this
+ * burst's batch for that lane's inbox, its classification in the mbuf's private area). */
+static void route(struct lane *l, struct rte_mbuf *m, enum ncd_class c, const struct ncd_pkt *p)
+{
+    unsigned owner = l->id;
+    if (nlanes > 1 && c == NCD_C_FRAGMENT)
+        owner = 0;
+    else if (nlanes > 1 && c == NCD_C_DATAGRAM)
+        owner = nce_lane_of(p->dgram, p->dgram_len, nlanes, l->id);
+    if (owner != l->id) {
+        if (l->nout[owner] == BURST)            /* (reassembled frames besides a full burst) */
+            hand_over(l);
+        struct handoff *h = rte_mbuf_to_priv(m);
+        h->p = *p;
+        h->c = c;
+        l->out[owner][l->nout[owner]++] = m;
+        return;
     }
     switch (c) {
     case NCD_C_ARP:
-        ncd_build_arp_reply(frame);
-        ncd_iostats.arp_replies++;
-        send_frame(m, m->data_len);
+        ncd_build_arp_reply(rte_pktmbuf_mtod(m, uint8_t *));
+        l->io.arp_replies++;
+        send_frame(l, m, m->data_len);
         return;
     case NCD_C_IGNORE:
-    case NCD_C_FRAGMENT:
-        ncd_iostats.ignored++;
+        l->io.ignored++;
         break;
     case NCD_C_BAD_CHECKSUM:
-        ncd_iostats.bad_checksum++;
+        l->io.bad_checksum++;
         break;
+    case NCD_C_FRAGMENT: {     /* lane 0 (a one-lane burst holds at most BURST frames) */
+        struct ncd_pkt whole_p;
+        l->io.fragments++;
+        m = reassemble(m, p);
+        if (m == NULL)
+            return;
+        l->io.reassembled++;
+        const enum ncd_class wc = classify_whole(m, &whole_p);
+        if (wc == NCD_C_DATAGRAM && whole_p.dgram >= whole && whole_p.dgram < whole + sizeof whole)
+            aggregate(l, m, &whole_p);          /* larger than any chunk: counted here */
+        else
+            route(l, m, wc, &whole_p);
+        return;
+    }
     case NCD_C_DATAGRAM:
-        switch (nce_input(p.dgram, p.dgram_len, &p.from, &a)) {
-        case NCE_V_SEND_ONE:
-        case NCE_V_NOTICE:
-        case NCE_V_DESCRIPTOR: {
-            /* The input mbuf becomes the reply: every mbuf holds NCD_FRAME_ROOM bytes, which
-             * every job's result frames fit (nce_set_reply_room); a larger one is counted. */
-            const uint32_t len =
-                ncd_frame_to_sender(rte_pktmbuf_mtod(m, uint8_t *), room(m), &a, &p.from);
-            if (len != 0) {
-                send_frame(m, len);
-                return;
-            }
-            ncd_iostats.oversize++;
-            break;
-        }
-        case NCE_V_SEND_ALL:
-            send_all(&a);
-            break;
-        case NCE_V_NONE:
-            break;
-        }
-        break;
+        aggregate(l, m, p);
+        return;
     }
     rte_pktmbuf_free(m);
 }
@@ -244,7 +480,7 @@ static void handle(struct rte_mbuf *m)
 /* The no-op forwarder: every frame goes back where it came from. IPv4/UDP frames become the
  * echo of their datagram (addresses and ports swapped; the checksums stay valid), so a UDP
  * sender gets its own datagram back, one reply per packet like the aggregator. */
-static inline void forward(struct rte_mbuf *m)
+static inline void forward(struct lane *l, struct rte_mbuf *m)
 {
     struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, struct rte_ether_hdr *);
     struct rte_ether_addr tmp = eth->dst_addr;
@@ -267,10 +503,64 @@ static inline void forward(struct rte_mbuf *m)
         if (ncd_classify((const uint8_t *)eth, m->data_len, &unused) == NCD_C_ARP) {
             eth->src_addr = eth->dst_addr; /* undo the swap: the reply builder sets both */
             ncd_build_arp_reply((uint8_t *)eth);
-            ncd_iostats.arp_replies++;
+            l->io.arp_replies++;
         }
     }
-    send_frame(m, m->data_len);
+    send_frame(l, m, m->data_len);
+}
+
+/* One lane's burst loop: its RX queue and its inbox until ncd_stop(). */
+static void lane_loop(struct lane *l)
+{
+    const struct timespec nap = {0, (long)run_idle_us * 1000};
+    struct rte_mbuf *rx[BURST], *in[BURST];
+    unsigned idle = 0;
+    nce_lane = l->id;
+
+    while (!stopping) {
+        if (l->id != 0 && park_if_asked(l))
+            continue;
+        const uint16_t n = rte_eth_rx_burst(port_id, l->id, rx, BURST);
+        const unsigned m =
+            l->inbox != NULL ? rte_ring_sc_dequeue_burst(l->inbox, (void **)in, BURST, NULL) : 0;
+        l->io.loops++;
+        if (n + m == 0) {
+            if (run_idle_us && ++idle >= IDLE_POLLS)
+                nanosleep(&nap, NULL);
+            continue;
+        }
+        idle = 0;
+        l->io.rx_frames += n;
+        l->io.handed_in += m;
+        if (run_mode == 1) {
+            for (uint16_t i = 0; i < n; i++)
+                forward(l, rx[i]);
+        } else {
+            nce_dp_enter();
+            for (unsigned i = 0; i < m; i++) {
+                const struct handoff *h = rte_mbuf_to_priv(in[i]);
+                route(l, in[i], h->c, &h->p);
+            }
+            for (uint16_t i = 0; i < n; i++) {
+                struct ncd_pkt p;
+                if (i + 1 < n)
+                    rte_prefetch0(rte_pktmbuf_mtod(rx[i + 1], void *));
+                const uint8_t *frame = rte_pktmbuf_mtod(rx[i], uint8_t *);
+                route(l, rx[i], ncd_classify(frame, rte_pktmbuf_data_len(rx[i]), &p), &p);
+            }
+            nce_dp_leave();
+            hand_over(l);
+        }
+        rte_eth_tx_buffer_flush(port_id, l->id, l->txb);
+    }
+    rte_eth_tx_buffer_flush(port_id, l->id, l->txb);
+    __atomic_store_n(&l->acked, PARK_GONE, __ATOMIC_RELEASE);
+}
+
+static int lane_main(void *arg)
+{
+    lane_loop(arg);
+    return 0;
 }
 
 int ncd_run(int mode, unsigned idle_sleep_us)
@@ -278,38 +568,31 @@ int ncd_run(int mode, unsigned idle_sleep_us)
     if (!port_up)
         FAIL("the port is not started (ncd_init)");
     const int registered = rte_lcore_id() == LCORE_ID_ANY && rte_thread_register() == 0;
-    const struct timespec nap = {0, (long)idle_sleep_us * 1000};
-    struct rte_mbuf *rx[BURST];
-    unsigned idle = 0;
-
-    while (!stopping) {
-        const uint16_t n = rte_eth_rx_burst(port_id, 0, rx, BURST);
-        ncd_iostats.loops++;
-        if (n == 0) {
-            if (idle_sleep_us && ++idle >= IDLE_POLLS)
-                nanosleep(&nap, NULL);
-            continue;
+    run_mode = mode;
+    run_idle_us = idle_sleep_us;
+    unsigned launched = 1;
+    int rc = 0;
+    for (; launched < nlanes; launched++) {
+        rc = rte_eal_remote_launch(lane_main, &lanes[launched], lanes[launched].lcore);
+        if (rc != 0) {
+            snprintf(nce_errbuf, sizeof nce_errbuf, "cannot launch lane %u on lcore %u: %s",
+                     launched, lanes[launched].lcore, rte_strerror(-rc));
+            stopping = 1;
+            break;
         }
-        idle = 0;
-        ncd_iostats.rx_frames += n;
-        if (mode == 1) {
-            for (uint16_t i = 0; i < n; i++)
-                forward(rx[i]);
-        } else {
-            nce_dp_enter();
-            for (uint16_t i = 0; i < n; i++) {
-                if (i + 1 < n)
-                    rte_prefetch0(rte_pktmbuf_mtod(rx[i + 1], void *));
-                handle(rx[i]);
-            }
-            nce_dp_leave();
-        }
-        rte_eth_tx_buffer_flush(port_id, 0, txb);
     }
-    rte_eth_tx_buffer_flush(port_id, 0, txb);
+    if (rc == 0)
+        lane_loop(&lanes[0]);
+    for (unsigned i = 1; i < launched; i++)
+        rte_eal_wait_lcore(lanes[i].lcore);
+    for (unsigned i = 0; i < nlanes; i++) {    /* what was handed over and never taken */
+        struct rte_mbuf *left;
+        while (lanes[i].inbox != NULL && rte_ring_sc_dequeue(lanes[i].inbox, (void **)&left) == 0)
+            rte_pktmbuf_free(left);
+    }
     if (registered)
         rte_thread_unregister();
-    return 0;
+    return rc == 0 ? 0 : -1;
 }
 
 void ncd_stop(void)

@@ -3,7 +3,8 @@
  *
  * Plain declarations only: aggregator/dpdk/binding.py hands the lines of engine.h and of this
  * file that are not preprocessor directives to cffi as its cdef. One data plane per process
- * (EAL can be started once per process); all state is module-global in the C files.
+ * (EAL can be started once per process); all state is module-global in the C files (per lane
+ * where several lanes write it).
  */
 #ifndef NCD_H
 #define NCD_H
@@ -25,12 +26,21 @@ struct ncd_io {
     uint64_t bad_checksum;  /* IPv4 header or UDP checksum wrong: dropped, as by a host's stack */
     uint64_t fragments;     /* IPv4 fragments to us, taken into reassembly */
     uint64_t reassembled;   /* IPv4 packets reassembled from them */
+    uint64_t handoffs;      /* frames handed to the lane that owns them (--lcores N) */
+    uint64_t handoff_full;  /* frames dropped because that lane's inbox was full */
+    uint64_t handed_in;     /* frames other lanes handed to this one */
+    uint64_t parks;         /* job datagrams lane 0 handled with the other lanes parked */
 };
 
 /* ---- control plane (setup; not on the hot path); jobs and counters are engine.h's ---- */
 
+/* The data-plane lanes (1..8, default 1; before ncd_init): the port gets as many RX/TX queue
+ * pairs, lane i runs on the i-th lcore of EAL's --lcores (lane 0 on ncd_run's thread) and owns
+ * the slots s with s % lanes == i. Returns 0, or -1 with nce_error(). */
+int ncd_set_lanes(unsigned lanes);
+unsigned ncd_lanes(void);
 /* Start EAL with argv (argv[0] is a program name) and bring up the first ethdev port with one
- * RX and one TX queue. Returns 0, or -1 with the reason in nce_error(). */
+ * RX/TX queue pair per lane. Returns 0, or -1 with the reason in nce_error(). */
 int ncd_init(int argc, char **argv);
 /* The port's MAC address (6 bytes). Offline (no EAL) it is the one given to ncd_set_mac. */
 void ncd_get_mac(uint8_t *mac);
@@ -38,8 +48,10 @@ void ncd_set_mac(const uint8_t *mac);
 /* The aggregator's IPv4 address (4 bytes, network order) and UDP port. Address 0.0.0.0 accepts
  * any destination address (results then come from the address the worker sent to). */
 void ncd_set_address(const uint8_t *ip, uint16_t udp_port);
-/* The port-level counters of the I/O loop. */
+/* The port-level counters of the I/O loop, summed over the lanes, or one lane's (-1: no such
+ * lane). */
 void ncd_io_stats(struct ncd_io *io);
+int ncd_lane_io_stats(unsigned lane, struct ncd_io *io);
 /* Zero the port-level counters (tests; with nce_reset). */
 void ncd_io_reset(void);
 /* The bytes of the largest frame the data plane can send (an mbuf's data room); jobs whose
@@ -51,7 +63,8 @@ uint32_t ncd_dgram_room(void);
 
 /* ---- data plane ---- */
 
-/* Run the burst loop on the calling thread until ncd_stop(). mode 0 aggregates; mode 1 is the
+/* Run the burst loop until ncd_stop(): lane 0 on the calling thread, lanes 1.. on their lcores
+ * (joined before it returns). mode 0 aggregates; mode 1 is the
  * no-op forwarder (every frame goes back out with its MAC addresses swapped: the I/O limit).
  * idle_sleep_us > 0: after 256 empty polls, sleep that long between polls (frees the core of a
  * small emulation host; costs at most that much latency when traffic resumes). */

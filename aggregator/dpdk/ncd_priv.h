@@ -19,8 +19,7 @@
  * the key set, and again before every write). */
 #define NCD_FRAME_ROOM 2048u
 
-/* Module state (classify.c). */
-extern struct ncd_io ncd_iostats;
+/* Module state (classify.c; the per-lane counters are loop.c's). */
 extern struct rte_ether_addr ncd_mac;
 extern uint32_t ncd_ip;        /* network order; 0 = any */
 extern uint16_t ncd_port_be;   /* network order */

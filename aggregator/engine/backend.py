@@ -109,7 +109,7 @@ class EngineBackend:
         """What the readiness line says about the I/O layer (after the pid)."""
         raise NotImplementedError
 
-    def io_stats(self) -> tuple[int, dict[str, int]]:
+    def io_stats(self) -> tuple[int, dict[str, Any]]:
         """The I/O layer's failures (the global ``send_errors``) and its counters."""
         raise NotImplementedError
 
