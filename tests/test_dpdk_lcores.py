@@ -1,0 +1,207 @@
+"""The DPDK data plane on several lanes (``--lcores N``, docs/dpdk.md "Several lcores"): each
+lane polls its own RX queue (af_packet qpairs: the kernel spreads the workers' flows by hash),
+owns the slots s with s % N == its index and hands the frames of the others' slots over through
+their rings; lane 0 owns the job datagrams and parks the others while it handles one.
+
+- exact sums of four workers over 128 slot rounds on two lanes; the job's counters add up to
+  what was sent, and both lanes aggregated (hand-overs in both directions add up);
+- hellos that restart a job while another job's traffic flows on both lanes, then that job
+  removed (its memory freed once no lane can hold it), the running job exact throughout;
+- refusals before EAL starts: more lcores than allowed, af_xdp without the queues, and a leaf
+  on more than one lane (the engine's own refusal, offline).
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from ncina.aggregator.dpdk import binding, netns
+from ncina.aggregator.dpdk.eal import MAX_LCORES, check_lcores, check_queues
+from ncina.proto import descriptor as desc
+from ncina_testlib import (
+    Worker,
+    dissect,
+    exact_sums,
+    start_aggregator,
+    uplink,
+    window_e_min,
+    worker_host,
+)
+from test_jobs import allreduce_job, wait_for_log, write_job
+
+from ncina.cli import main
+
+_MISSING = netns.missing() or binding.missing()
+needs_dpdk = pytest.mark.skipif(_MISSING is not None, reason=f"dpdk backend: {_MISSING}")
+
+JOB = 1
+WORKERS = 4
+K = 16
+POOL = 16
+ROUNDS = 8
+
+
+def lane_work(io: dict[str, int]) -> int:
+    """Frames a lane handled itself: those it received and kept, and those handed to it."""
+    return io["rx_frames"] - io["handoffs"] - io["handoff_full"] + io["handed_in"]
+
+
+@needs_dpdk
+def test_two_lanes_sum_every_slot_exactly_and_share_the_work(tmp_path: Path) -> None:
+    agg = start_aggregator("dpdk", tmp_path, job=JOB, workers=WORKERS, k=K, result="int",
+                           extra=["--pool-size", str(POOL), "--lcores", "2"])  # fmt: skip
+    workers = [Worker(agg.address, timeout=10.0) for _ in range(WORKERS)]
+    rnd = random.Random(17)
+    emin = window_e_min(WORKERS)
+    try:
+        assert ", 2 lcores, " in agg.log()
+        for r in range(ROUNDS):
+            codes = {(rank, s): [rnd.choice([0, 1, 2, 3, 0x81, 0x83]) for _ in range(K)]
+                     for rank in range(WORKERS) for s in range(POOL)}  # fmt: skip
+            for rank, worker in enumerate(workers):
+                for s in range(POOL):
+                    worker.send(uplink(job=JOB, rank=rank, slot=s, offset=(r * POOL + s) * K,
+                                       codes=codes[rank, s], emin=emin, pool=r % 2))  # fmt: skip
+            for worker in workers:
+                got = {}
+                for _ in range(POOL):
+                    fields, payload = dissect(worker.receive())
+                    assert fields["offset"] == (r * POOL + fields["slot"]) * K
+                    got[fields["slot"]] = [int.from_bytes(payload[i : i + 8], "big", signed=True)
+                                           for i in range(0, len(payload), 8)]  # fmt: skip
+                want = {s: exact_sums([codes[rank, s] for rank in range(WORKERS)])
+                        for s in range(POOL)}  # fmt: skip
+                assert got == want
+        stats = agg.stats()
+    finally:
+        for worker in workers:
+            worker.close()
+        assert agg.stop() == 0
+    sent = ROUNDS * POOL * WORKERS
+    job = stats["jobs"][str(JOB)]
+    assert job["packets_in"] == job["contributions"] == sent
+    assert job["slots_completed"] == ROUNDS * POOL
+    assert job["results_sent"] == job["packets_out"] == sent
+    assert sum(job["drops"].values()) == 0 and stats["global"]["packets_in"] == 0
+    io = stats["dpdk"]
+    lanes = io["lanes"]
+    assert len(lanes) == 2
+    assert io["handoff_full"] == 0
+    # Every frame handed over was taken (the rings are empty: every result came back), and each
+    # lane aggregated its own half of the slots, whichever queue the kernel gave the flows.
+    assert io["handoffs"] == io["handed_in"] > 0
+    assert all(lane_work(lane) >= sent // 2 for lane in lanes), lanes
+    for name in ("rx_frames", "handoffs", "handed_in", "tx_frames"):
+        assert io[name] == sum(lane[name] for lane in lanes)
+
+
+@needs_dpdk
+@pytest.mark.timeout(180)
+def test_hellos_restart_and_a_job_is_removed_while_another_runs_on_two_lanes(
+    tmp_path: Path,
+) -> None:
+    """A static job reduces 300k elements in the background (its clients' hellos first) while a
+    second job, added through the jobs directory, is run by three sets of workers in turn: each
+    set's hellos find it idle and restart its slots, lane 0 parking the other lane for every
+    job datagram. The second job is then removed while the first still runs. Every sum exact."""
+    jobs_dir = tmp_path / "jobs"
+    jobs_dir.mkdir()
+    agg = start_aggregator("dpdk", tmp_path, job=21, workers=2, k=64, result="int",
+                           extra=["--jobs-dir", str(jobs_dir), "--pool-size", "32",
+                                  "--lcores", "2"])  # fmt: skip
+    host = worker_host("dpdk")
+    try:
+        background = ThreadPoolExecutor(1)
+        static = background.submit(allreduce_job, agg.address, 21, 2, 64, "int", 300_000, 1,
+                                   pool_size=32, host=host)  # fmt: skip
+        file = write_job(jobs_dir, {"job": 22, "workers": 2, "k": 32, "result_format": "int",
+                                    "pool_size": 8})  # fmt: skip
+        wait_for_log(agg, "added job 22:")
+        for seed in range(3):  # each set restarts job 22: offsets from 0 again
+            allreduce_job(agg.address, 22, 2, 32, "int", 2_000, 10 + seed, pool_size=8,
+                          host=host)  # fmt: skip
+        file.unlink()
+        wait_for_log(agg, "removed job 22\n")
+        static.result()  # exact, or the assertion inside fails here
+        background.shutdown()
+        stats = agg.stats()
+    finally:
+        assert agg.stop() == 0
+    assert list(stats["jobs"]) == ["21"]
+    assert stats["jobs"]["21"]["slots_completed"] == -(-300_000 // 64)
+    assert stats["dpdk"]["parks"] >= 2 + 3 * 2  # a hello per client at least
+    assert stats["dpdk"]["handoff_full"] == 0
+    assert all(lane_work(lane) > 0 for lane in stats["dpdk"]["lanes"])
+
+
+@pytest.mark.parametrize(
+    ("lcores", "cpus", "said"),
+    [
+        (0, [0, 1], "runs 1 to 8 lcores"),
+        (MAX_LCORES + 1, list(range(16)), "runs 1 to 8 lcores"),
+        (3, [0, 1], "may use 2 CPUs (0,1), so at most --lcores 2"),
+    ],
+)
+def test_lcores_beyond_the_lanes_or_the_cpus_are_refused(
+    lcores: int, cpus: list[int], said: str
+) -> None:
+    with pytest.raises(ValueError, match=said.replace("(", r"\(").replace(")", r"\)")):
+        check_lcores(lcores, cpus)
+    check_lcores(2, [0, 1])
+
+
+def test_the_command_refuses_too_many_lcores_before_eal_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["aggregator", "--backend", "dpdk", "--job", "1", "--workers", "2", "--k", "64",
+            "--result", "int", "--listen", "10.0.0.1:47000", "--iface", "ncd-nonexistent",
+            "--lcores", str(MAX_LCORES + 1)]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"--lcores {MAX_LCORES + 1}: the dpdk data plane runs 1 to 8 lcores" in err
+    assert "Traceback" not in err
+
+
+def test_af_xdp_needs_as_many_queues_as_lcores(tmp_path: Path) -> None:
+    queues = tmp_path / "veth0" / "queues"
+    queues.mkdir(parents=True)
+    (queues / "rx-0").mkdir()
+    (queues / "tx-0").mkdir()
+    with pytest.raises(ValueError, match="needs 2 RX queues on veth0, it has 1"):
+        check_queues("veth0", "af_xdp", 2, sys_net=tmp_path)
+    check_queues("veth0", "af_packet", 2, sys_net=tmp_path)  # it makes its own queues
+    (queues / "rx-1").mkdir()
+    check_queues("veth0", "af_xdp", 2, sys_net=tmp_path)
+
+
+@pytest.mark.skipif(binding.missing() is not None, reason=f"dpdk: {binding.missing()}")
+def test_a_leaf_is_refused_on_more_than_one_lane() -> None:
+    """The engine's refusal (offline, no EAL): a leaf's upstream state is one lane's, so a
+    leaf job on two lanes is refused, and so are two lanes while a leaf is installed."""
+    from ncina.aggregator.dpdk.driver import DataPlane
+    from ncina.aggregator.jobs import JobConfig
+
+    dp = DataPlane(binding.load())
+    dp.reset()
+    lib = dp.lib
+    hello = desc.pack_job_datagram(
+        desc.Descriptor(mode=0, workers=4, pool_size=8, k=32, e_max=10, e_min=-50,
+                        keyed=False, compressor=0), job=5, rank=0)  # fmt: skip
+    spine = bytes([10, 0, 0, 9])
+    try:
+        dp.add_job(JobConfig.create(job=5, workers=2, k=32, pool_size=8, result_format="int",
+                                    total_workers=4))  # fmt: skip
+        dp.set_lanes(2)
+        assert lib.nce_job_set_upstream(5, spine, 47000, 0, 1, hello, len(hello)) == -1
+        reason = dp.ffi.string(lib.nce_error()).decode()
+        assert reason == "job 5: a leaf serves on one lane, not 2 (--lcores 1)"
+        dp.set_lanes(1)
+        assert lib.nce_job_set_upstream(5, spine, 47000, 0, 1, hello, len(hello)) == 0
+        with pytest.raises(RuntimeError, match="job 5 is a leaf, which serves on one lane only"):
+            dp.set_lanes(2)
+    finally:
+        dp.set_lanes(1)
+        dp.reset()
