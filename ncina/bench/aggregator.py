@@ -10,6 +10,11 @@ limit of this machine): DPDK's on the af_packet path, for socket the socket back
 (``--socket-mode forward``). Needs root and DPDK (``apt-get install dpdk libdpdk-dev``; the load
 generator is in its extension); bmv2 needs p4c and BMv2 too (docs/bmv2.md). BMv2 reads its port
 through libpcap, whose ring holds a few dozen frames: give it a small --pool-size.
+
+``--lcores 1,2`` measures the DPDK aggregator and its forwarder at each lane count (docs/dpdk.md,
+"Several lcores") in the same run and reports ``lcores_scaling``: packets/s at the last count
+over packets/s at the first. ``--repeat R`` runs every measurement R times, interleaved, and
+reports the run of median packets/s (all runs' packets/s are kept as ``packets_per_s_runs``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -60,13 +66,30 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "(default: %(default)s)")  # fmt: skip
     p.add_argument("--idle-sleep-us", type=int, default=20,
                    help="the DPDK loop's idle sleep (0: poll flat out) (default: %(default)s)")
+    p.add_argument("--lcores", type=_lcores, default=(1,), metavar="N[,N...]",
+                   help="dpdk: lane counts to measure the aggregator and forwarder at, e.g. 1,2 "
+                   "(default: 1)")  # fmt: skip
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each measurement; the median's figures are reported "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument("--workdir", type=Path, default=Path("runs/bench/aggregator"))
     return p
 
 
-def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
+def _lcores(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of lane counts") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: lane counts are 1 or more")
+    return counts
+
+
+def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> dict[str, Any]:
     """One measurement: an aggregator of ``kind`` (python, socket, dpdk, bmv2, forward: DPDK's
-    no-op forwarder, socket_forward: the socket backend's) on a new site."""
+    no-op forwarder, socket_forward: the socket backend's) on a new site; the DPDK ones on
+    ``lcores`` lanes."""
     from ncina.aggregator.dpdk.binding import load
     from ncina.proto.nc8 import Window
 
@@ -90,7 +113,7 @@ def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
         cmd += ["--iface", site.iface, "--switch-log", str(work / "switch.log")]
     else:
         cmd += ["--iface", site.iface, "--idle-sleep-us", str(args.idle_sleep_us),
-                "--dpdk-pmd", args.dpdk_pmd]  # fmt: skip
+                "--dpdk-pmd", args.dpdk_pmd, "--lcores", str(lcores)]  # fmt: skip
         if args.dpdk_pmd == "af_packet":
             cmd += ["--vdev-options", "framecnt=4096,qdisc_bypass=1"]
         if kind == "forward":
@@ -137,6 +160,7 @@ def measure(args: argparse.Namespace, star: Any, kind: str) -> dict[str, Any]:
     if kind.endswith("forward"):
         contributions = st.sent  # every packet is handled (echoed) once
     return {
+        "lcores": lcores,
         "packets_per_s": round(st.sent / secs),
         "replies_per_s": round(st.received / secs),
         "elements_per_s": round(contributions * args.k / secs),
@@ -159,22 +183,51 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         reason = toolchain.missing()
         if reason:
             raise RuntimeError(f"the bmv2 benchmark cannot run: {reason}")
+    if args.repeat < 1:
+        raise ValueError("--repeat must be 1 or more")
+    dpdk_kinds = ("dpdk", "forward")
+    if args.lcores != (1,) and args.backend != "dpdk":
+        raise ValueError("--lcores is the dpdk backend's")
     star = netns.Star.create()
     figures: dict[str, Any] = {
         "workers": args.workers, "k": args.k, "pool_size": args.pool_size, "result": args.result,
         "seconds": args.seconds, "backend": args.backend,
-        "timeout": args.timeout, "dpdk_pmd": args.dpdk_pmd,
+        "timeout": args.timeout, "dpdk_pmd": args.dpdk_pmd, "repeat": args.repeat,
+        "lcores": list(args.lcores),
     }  # fmt: skip
+    forward = "socket_forward" if args.backend == "socket" else "forward"
+    kinds = ["python", forward] + ([args.backend] if args.backend != "python" else [])
+    # Every (kind, lane count) measured once per repeat, interleaved: slow drifts of a shared
+    # machine's load spread over all of them.
+    plan = [(kind, n) for kind in kinds
+            for n in (args.lcores if kind in dpdk_kinds else args.lcores[:1])]  # fmt: skip
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {key: [] for key in plan}
     try:
-        forward = "socket_forward" if args.backend == "socket" else "forward"
-        kinds = ["python", forward] + ([args.backend] if args.backend != "python" else [])
-        for kind in progress(kinds, desc="bench aggregator", unit="backend"):
-            figures[kind] = measure(args, star, kind)
+        steps = [key for _ in range(args.repeat) for key in plan]
+        for kind, n in progress(steps, desc="bench aggregator", unit="run"):
+            runs[kind, n].append(measure(args, star, kind, n))
     finally:
         star.close()
+    for (kind, n), results in runs.items():
+        name = kind if n == args.lcores[0] else f"{kind}_lcores{n}"
+        figures[name] = _median_run(results)
     measured = figures[args.backend]
     # Three significant digits: a BMv2 switch runs at a few thousandths of the others.
     figures["noop_forwarder"] = forward
     for name, other in (("vs_python", "python"), ("vs_noop_forwarder", forward)):
         figures[name] = float(f"{measured['packets_per_s'] / figures[other]['packets_per_s']:.3g}")
+    if len(args.lcores) > 1:
+        first, last = args.lcores[0], args.lcores[-1]
+        for kind, key in (("dpdk", "lcores_scaling"), ("forward", "forwarder_lcores_scaling")):
+            top = figures[f"{kind}_lcores{last}"]["packets_per_s"]
+            figures[key] = float(f"{top / figures[kind]['packets_per_s']:.3g}")
+        figures["lcores_scaling_of"] = f"{last} vs {first}"
     return figures
+
+
+def _median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median packets/s (the lower middle of an even count), with every run's
+    packets/s."""
+    rates = [r["packets_per_s"] for r in results]
+    middle = statistics.median_low(rates)
+    return {**results[rates.index(middle)], "packets_per_s_runs": rates}
