@@ -7,19 +7,21 @@ their rings; lane 0 owns the job datagrams and parks the others while it handles
   what was sent, and both lanes aggregated (hand-overs in both directions add up);
 - hellos that restart a job while another job's traffic flows on both lanes, then that job
   removed (its memory freed once no lane can hold it), the running job exact throughout;
-- refusals before EAL starts: more lcores than allowed, af_xdp without the queues, and a leaf
-  on more than one lane (the engine's own refusal, offline).
+- refusals before EAL starts: more lcores than allowed, af_xdp on an interface with fewer
+  combined channels (a veth has none, whatever its RX queues: DPDK 22.11's af_xdp then takes one
+  queue only), and a leaf on more than one lane (the engine's own refusal, offline).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from ncina.aggregator.dpdk import binding, netns
-from ncina.aggregator.dpdk.eal import MAX_LCORES, check_lcores, check_queues
+from ncina.aggregator.dpdk.eal import MAX_LCORES, check_lcores, check_queues, combined_channels
 from ncina.proto import descriptor as desc
 from ncina_testlib import (
     Worker,
@@ -33,6 +35,7 @@ from ncina_testlib import (
 from test_jobs import allreduce_job, wait_for_log, write_job
 
 from ncina.cli import main
+from ncina.harness import aggregators
 
 _MISSING = netns.missing() or binding.missing()
 needs_dpdk = pytest.mark.skipif(_MISSING is not None, reason=f"dpdk backend: {_MISSING}")
@@ -47,6 +50,11 @@ ROUNDS = 8
 def lane_work(io: dict[str, int]) -> int:
     """Frames a lane handled itself: those it received and kept, and those handed to it."""
     return io["rx_frames"] - io["handoffs"] - io["handoff_full"] + io["handed_in"]
+
+
+def two_queue_site(backend: str, arguments: Sequence[str]) -> list[str]:
+    """``aggregator_command`` on a site whose veth end has two RX and two TX queues."""
+    return netns.shared_star().add_site(queues=2).aggregator_command(arguments, backend)
 
 
 @needs_dpdk
@@ -165,16 +173,58 @@ def test_the_command_refuses_too_many_lcores_before_eal_starts(
     assert "Traceback" not in err
 
 
-def test_af_xdp_needs_as_many_queues_as_lcores(tmp_path: Path) -> None:
-    queues = tmp_path / "veth0" / "queues"
-    queues.mkdir(parents=True)
-    (queues / "rx-0").mkdir()
-    (queues / "tx-0").mkdir()
-    with pytest.raises(ValueError, match="needs 2 RX queues on veth0, it has 1"):
-        check_queues("veth0", "af_xdp", 2, sys_net=tmp_path)
-    check_queues("veth0", "af_packet", 2, sys_net=tmp_path)  # it makes its own queues
-    (queues / "rx-1").mkdir()
-    check_queues("veth0", "af_xdp", 2, sys_net=tmp_path)
+VETH_CHANNELS = """Channel parameters for veth0:
+Pre-set maximums:
+RX:\t\t2
+TX:\t\t2
+Other:\t\tn/a
+Combined:\tn/a
+Current hardware settings:
+RX:\t\t2
+TX:\t\t2
+Other:\t\tn/a
+Combined:\tn/a
+"""
+NIC_CHANNELS = """Channel parameters for eth0:
+Pre-set maximums:
+RX:\t\tn/a
+TX:\t\tn/a
+Other:\t\t1
+Combined:\t8
+Current hardware settings:
+RX:\t\tn/a
+TX:\t\tn/a
+Other:\t\t1
+Combined:\t2
+"""
+
+
+def test_af_xdp_needs_as_many_combined_channels_as_lcores() -> None:
+    """DPDK's af_xdp binds one queue per lane to the interface's combined channels; a veth has
+    none (its two RX queues are not enough), a NIC set to two has two."""
+    assert combined_channels(VETH_CHANNELS) == 1 and combined_channels(NIC_CHANNELS) == 2
+    with pytest.raises(ValueError, match="needs 2 combined channels on veth0, it has 1"):
+        check_queues("veth0", "af_xdp", 2, channels=lambda _: VETH_CHANNELS)
+    check_queues("veth0", "af_packet", 2, channels=lambda _: VETH_CHANNELS)  # its own queues
+    check_queues("veth0", "af_xdp", 1, channels=lambda _: VETH_CHANNELS)
+    check_queues("eth0", "af_xdp", 2, channels=lambda _: NIC_CHANNELS)
+    with pytest.raises(ValueError, match="needs 3 combined channels on eth0, it has 2"):
+        check_queues("eth0", "af_xdp", 3, channels=lambda _: NIC_CHANNELS)
+
+
+@needs_dpdk
+def test_af_xdp_on_two_lanes_is_refused_on_a_veth_before_eal_starts(tmp_path: Path) -> None:
+    agg = aggregators.launch_aggregator(
+        "dpdk", tmp_path, command=two_queue_site, job=JOB, workers=2, k=K, result="int",
+        extra=["--lcores", "2", "--dpdk-pmd", "af_xdp"],
+    )
+    try:
+        assert agg.process.wait(60) == 1
+    finally:
+        agg.stop()
+    log = agg.log()
+    assert "af_xdp needs 2 combined channels on" in log and "it has 1" in log, log
+    assert "EAL" not in log and "Traceback" not in log
 
 
 @pytest.mark.skipif(binding.missing() is not None, reason=f"dpdk: {binding.missing()}")

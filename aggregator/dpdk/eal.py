@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+import subprocess
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,6 @@ BIFURCATED_PCI_DRIVERS = ("mlx5_core", "mlx4_core")
 _PCI = re.compile(r"(?:([0-9a-f]{4}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])")
 SYS_PCI = Path("/sys/bus/pci/devices")
 SYS_HUGEPAGES = Path("/sys/kernel/mm/hugepages")
-SYS_NET = Path("/sys/class/net")
 
 
 def pci_address(text: str) -> str:
@@ -81,20 +81,45 @@ def check_lcores(lcores: int, cpus: Sequence[int] | None = None) -> None:
                          f"so at most --lcores {len(cpus)}")  # fmt: skip
 
 
-def check_queues(iface: str, pmd: str, lcores: int, sys_net: Path = SYS_NET) -> None:
+def combined_channels(ethtool_l: str) -> int:
+    """The current combined channels (RX/TX queue pairs) in the output of ``ethtool -l IF``: what
+    DPDK's af_xdp driver binds its queues to. An interface without combined channels (``n/a``,
+    as a veth's: separate RX and TX channels) counts as one, as the driver counts it."""
+    current = ethtool_l.partition("Current hardware settings:")[2]
+    for line in current.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "Combined":
+            return int(value) if value.strip().isdigit() else 1
+    return 1
+
+
+def _ethtool_channels(iface: str) -> str | None:
+    try:
+        proc = subprocess.run(["ethtool", "-l", iface], capture_output=True, text=True,
+                              check=False)  # fmt: skip
+    except FileNotFoundError:
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def check_queues(
+    iface: str, pmd: str, lcores: int, channels: Callable[[str], str | None] = _ethtool_channels
+) -> None:
     """Raise ``ValueError`` when ``pmd`` cannot give ``lcores`` queue pairs on ``iface``:
-    af_xdp binds one AF_XDP socket to each of the interface's first ``lcores`` RX queues
-    (af_packet makes its queues itself)."""
-    queues = sys_net / iface / "queues"
-    if pmd != "af_xdp" or lcores == 1 or not queues.exists():
+    af_xdp binds an AF_XDP socket to each of the interface's first ``lcores`` combined
+    channels (``channels``: ``ethtool -l`` output, None where it cannot tell: DPDK's own error
+    then); af_packet makes its queues itself."""
+    if pmd != "af_xdp" or lcores == 1:
         return
-    have = len(list(queues.glob("rx-*")))
+    text = channels(iface)
+    if text is None:
+        return
+    have = combined_channels(text)
     if have < lcores:
         raise ValueError(
-            f"--lcores {lcores} with --dpdk-pmd af_xdp needs {lcores} RX queues on {iface}, "
-            f"it has {have} (a NIC: ethtool -L {iface} combined {lcores}; a veth gets them "
-            f"when it is made: ip link add ... numrxqueues {lcores} numtxqueues {lcores}); "
-            "or use --dpdk-pmd af_packet"
+            f"--lcores {lcores} with --dpdk-pmd af_xdp needs {lcores} combined channels on "
+            f"{iface}, it has {have} (a NIC: ethtool -L {iface} combined {lcores}; a veth has "
+            "none, its RX and TX channels are separate); or use --dpdk-pmd af_packet"
         )
 
 
