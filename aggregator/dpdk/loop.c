@@ -310,7 +310,7 @@ static enum ncd_class classify_whole(struct rte_mbuf *m, struct ncd_pkt *p)
 {
     const uint32_t len = rte_pktmbuf_pkt_len(m);
     enum ncd_class c = NCD_C_IGNORE;
-    const int fits = len <= room(m);
+    int moved = 0;
     if (len <= sizeof whole && len >= RTE_ETHER_HDR_LEN + sizeof(struct rte_ipv4_hdr)) {
         const uint8_t *data = rte_pktmbuf_read(m, 0, len, whole);
         if (data != whole)
@@ -318,16 +318,18 @@ static enum ncd_class classify_whole(struct rte_mbuf *m, struct ncd_pkt *p)
         struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(whole + RTE_ETHER_HDR_LEN);
         ip->hdr_checksum = 0;
         ip->hdr_checksum = rte_ipv4_cksum(ip);
-        if (fits)
+        moved = len <= room(m);
+        if (moved)
             memcpy(rte_pktmbuf_mtod(m, uint8_t *), whole, len);
-        c = ncd_classify(fits ? rte_pktmbuf_mtod(m, uint8_t *) : whole, len, p);
+        c = ncd_classify(moved ? rte_pktmbuf_mtod(m, uint8_t *) : whole, len, p);
     }
     if (m->next != NULL) {
         rte_pktmbuf_free(m->next);
         m->next = NULL;
         m->nb_segs = 1;
     }
-    m->data_len = (uint16_t)(fits ? len : m->data_len);
+    if (moved)
+        m->data_len = (uint16_t)len;
     m->pkt_len = m->data_len;
     return c == NCD_C_FRAGMENT ? NCD_C_IGNORE : c;
 }

@@ -111,23 +111,23 @@ class Star:
         """The address the calling process's sockets use to reach the sites."""
         return str(self.subnet.network_address + 254)
 
-    def add_site(self, kernel: bool = False, queues: int = 1) -> Site:
+    def add_site(self, kernel: bool = False, queues: int | None = None) -> Site:
         """A new namespace with a veth into the bridge; the aggregator's address is the next
         free one of the subnet (answered by DPDK's ARP responder, not by a kernel).
 
         ``kernel``: the address is the namespace kernel's instead, on the veth, for an
         aggregator that serves a kernel UDP socket (the python and socket backends) behind the
         same path (tests/test_conformance.py sends every backend the same frames).
-        ``queues``: RX and TX queues of the aggregator's veth end (af_xdp binds one socket to
-        each queue of ``--lcores N``).
+        ``queues``: RX and TX queues of both veth ends (None: the kernel's default, one per
+        possible CPU; XDP on a veth wants no more TX queues on the peer than RX queues here).
         """
         i = len(self.sites) + 1
         ns, iface, peer = f"ncd{self._tag}n{i}", f"ncd{self._tag}a{i}", f"ncd{self._tag}h{i}"
         site = Site(ns, iface, peer, str(self.subnet.network_address + i))
         self.sites.append(site)
         _ip("netns", "add", ns)
-        _ip("link", "add", iface, "numrxqueues", str(queues), "numtxqueues", str(queues),
-            "type", "veth", "peer", "name", peer)  # fmt: skip
+        sizes = [] if queues is None else ["numrxqueues", str(queues), "numtxqueues", str(queues)]
+        _ip("link", "add", iface, *sizes, "type", "veth", "peer", "name", peer, *sizes)
         _ip("link", "set", iface, "netns", ns)
         _ip("link", "set", peer, "master", self.bridge, "up")
         _ip("-n", ns, "link", "set", iface, "up")
