@@ -232,8 +232,8 @@ def add_arguments(parser: Any) -> None:
         choices=tuple(PMDS),
         default="af_packet",
         help="dpdk: how the data plane attaches to --iface: af_packet (a packet socket) or "
-        "af_xdp (an AF_XDP socket on queue 0, frames taken at the XDP hook) "
-        "(default: %(default)s)",
+        "af_xdp (an AF_XDP socket on queue 0, or 0..N-1 with --lcores N, frames taken at the "
+        "XDP hook) (default: %(default)s)",
     )
     group.add_argument(
         "--vdev-options",
@@ -249,8 +249,9 @@ def add_arguments(parser: Any) -> None:
         metavar="N",
         help=f"dpdk: run N lanes (1..{MAX_LCORES}, at most the CPUs this process may use), each "
         "on its own lcore and RX/TX queue pair (af_packet: qpairs=N, spread by flow hash; "
-        "af_xdp: the interface's first N queues; --pci: RSS); lane i owns the slots s with "
-        "s %% N == i, frames of others' slots are handed over (default: %(default)s)",
+        "af_xdp: the interface's first N combined channels; --pci: RSS); lane i owns the "
+        "slots s with s %% N == i, frames of others' slots are handed over "
+        "(default: %(default)s)",
     )
     group.add_argument(
         "--dpdk-mode",
