@@ -54,20 +54,22 @@ struct handoff {
     enum ncd_class c;
 };
 
-/* One lane: its queue pair, TX buffer, inbox and counters; written by its own thread only
- * (the inbox by every lane, through the ring's atomics; `acked` read by lane 0). */
+/* One lane: its queue pair's TX buffer, counters and this burst's hand-overs; written by its
+ * own thread only (`acked` is read by lane 0). */
 struct lane {
     struct ncd_io io;
     uint16_t id;
     unsigned lcore;
     struct rte_eth_dev_tx_buffer *txb;
-    struct rte_ring *inbox;        /* frames of this lane's slots that other lanes received */
     struct rte_mbuf *out[NCE_MAX_LANES][BURST];     /* this burst's frames for each lane */
     uint16_t nout[NCE_MAX_LANES];
     uint64_t acked;                /* the park request it parked for (lane 0 waits on it) */
 } __rte_cache_aligned;
 
 static struct lane lanes[NCE_MAX_LANES];
+/* Each lane's inbox (multi-producer, single-consumer): the frames of its slots that other
+ * lanes received. The pointers are only read after setup, on lines no lane writes. */
+static struct rte_ring *inboxes[NCE_MAX_LANES];
 static unsigned nlanes = 1;
 static uint16_t port_id;
 static struct rte_mempool *pool;
@@ -194,8 +196,8 @@ static int setup_lanes(int socket)
             l->lcore = lcore;
             char name[RTE_RING_NAMESIZE];
             snprintf(name, sizeof name, "ncd_inbox%u", i);
-            l->inbox = rte_ring_create(name, INBOX, socket, RING_F_SC_DEQ);
-            if (l->inbox == NULL)
+            inboxes[i] = rte_ring_create(name, INBOX, socket, RING_F_SC_DEQ);
+            if (inboxes[i] == NULL)
                 FAIL("cannot create lane %u's ring: %s", i, rte_strerror(rte_errno));
         }
         l->txb = rte_zmalloc_socket("ncd_txb", RTE_ETH_TX_BUFFER_SIZE(BURST), 0, socket);
@@ -205,8 +207,8 @@ static int setup_lanes(int socket)
         rte_eth_tx_buffer_set_err_callback(l->txb, count_tx_drops, &l->io);
     }
     if (nlanes > 1) {              /* lane 0's inbox: job datagrams, fragments */
-        lanes[0].inbox = rte_ring_create("ncd_inbox0", INBOX, socket, RING_F_SC_DEQ);
-        if (lanes[0].inbox == NULL)
+        inboxes[0] = rte_ring_create("ncd_inbox0", INBOX, socket, RING_F_SC_DEQ);
+        if (inboxes[0] == NULL)
             FAIL("cannot create lane 0's ring: %s", rte_strerror(rte_errno));
     }
     return 0;
@@ -303,14 +305,15 @@ static struct rte_mbuf *reassemble(struct rte_mbuf *m, const struct ncd_pkt *p)
 /* The reassembled packet m as one frame (its IPv4 header checksum made valid again: the
  * fragments' were checked), classified into p; its tail segments are freed, so that m can
  * carry a reply. A frame that fits m's buffer is moved into it (it may then go to another
- * lane like any frame); a larger one stays in `whole`, where lane 0 handles it: no datagram
- * that large passes admission (every job's chunks fit NCD_FRAME_ROOM), so it touches counters
- * only, never a slot. */
-static enum ncd_class classify_whole(struct rte_mbuf *m, struct ncd_pkt *p)
+ * lane like any frame); a larger one stays in `whole` (*in_whole set), where lane 0 handles
+ * it: no datagram that large passes admission (every job's chunks fit NCD_FRAME_ROOM), so it
+ * touches counters only, never a slot. */
+static enum ncd_class classify_whole(struct rte_mbuf *m, struct ncd_pkt *p, int *in_whole)
 {
     const uint32_t len = rte_pktmbuf_pkt_len(m);
     enum ncd_class c = NCD_C_IGNORE;
     int moved = 0;
+    *in_whole = 0;
     if (len <= sizeof whole && len >= RTE_ETHER_HDR_LEN + sizeof(struct rte_ipv4_hdr)) {
         const uint8_t *data = rte_pktmbuf_read(m, 0, len, whole);
         if (data != whole)
@@ -322,6 +325,7 @@ static enum ncd_class classify_whole(struct rte_mbuf *m, struct ncd_pkt *p)
         if (moved)
             memcpy(rte_pktmbuf_mtod(m, uint8_t *), whole, len);
         c = ncd_classify(moved ? rte_pktmbuf_mtod(m, uint8_t *) : whole, len, p);
+        *in_whole = !moved;
     }
     if (m->next != NULL) {
         rte_pktmbuf_free(m->next);
@@ -417,7 +421,7 @@ static void hand_over(struct lane *l)
         const unsigned n = l->nout[o];
         if (n == 0)
             continue;
-        const unsigned put = rte_ring_mp_enqueue_burst(lanes[o].inbox, (void **)l->out[o], n,
+        const unsigned put = rte_ring_mp_enqueue_burst(inboxes[o], (void **)l->out[o], n,
                                                        NULL);
         l->io.handoffs += put;
         if (put < n) {
@@ -458,15 +462,16 @@ static void route(struct lane *l, struct rte_mbuf *m, enum ncd_class c, const st
     case NCD_C_BAD_CHECKSUM:
         l->io.bad_checksum++;
         break;
-    case NCD_C_FRAGMENT: {     /* lane 0 (a one-lane burst holds at most BURST frames) */
+    case NCD_C_FRAGMENT: {     /* lane 0's: every fragment is handed to it */
         struct ncd_pkt whole_p;
+        int in_whole;
         l->io.fragments++;
         m = reassemble(m, p);
         if (m == NULL)
             return;
         l->io.reassembled++;
-        const enum ncd_class wc = classify_whole(m, &whole_p);
-        if (wc == NCD_C_DATAGRAM && whole_p.dgram >= whole && whole_p.dgram < whole + sizeof whole)
+        const enum ncd_class wc = classify_whole(m, &whole_p, &in_whole);
+        if (wc == NCD_C_DATAGRAM && in_whole)
             aggregate(l, m, &whole_p);          /* larger than any chunk: counted here */
         else
             route(l, m, wc, &whole_p);
@@ -516,6 +521,7 @@ static void lane_loop(struct lane *l)
 {
     const struct timespec nap = {0, (long)run_idle_us * 1000};
     struct rte_mbuf *rx[BURST], *in[BURST];
+    struct rte_ring *const inbox = inboxes[l->id];
     unsigned idle = 0;
     nce_lane = l->id;
 
@@ -524,7 +530,7 @@ static void lane_loop(struct lane *l)
             continue;
         const uint16_t n = rte_eth_rx_burst(port_id, l->id, rx, BURST);
         const unsigned m =
-            l->inbox != NULL ? rte_ring_sc_dequeue_burst(l->inbox, (void **)in, BURST, NULL) : 0;
+            inbox != NULL ? rte_ring_sc_dequeue_burst(inbox, (void **)in, BURST, NULL) : 0;
         l->io.loops++;
         if (n + m == 0) {
             if (run_idle_us && ++idle >= IDLE_POLLS)
@@ -589,7 +595,7 @@ int ncd_run(int mode, unsigned idle_sleep_us)
         rte_eal_wait_lcore(lanes[i].lcore);
     for (unsigned i = 0; i < nlanes; i++) {    /* what was handed over and never taken */
         struct rte_mbuf *left;
-        while (lanes[i].inbox != NULL && rte_ring_sc_dequeue(lanes[i].inbox, (void **)&left) == 0)
+        while (inboxes[i] != NULL && rte_ring_sc_dequeue(inboxes[i], (void **)&left) == 0)
             rte_pktmbuf_free(left);
     }
     if (registered)
