@@ -139,8 +139,8 @@ def test_hierarchical_leafspine_refuses_uneven_leaves(
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"backend": "dpdk"}, "runs the python or socket backend in INA mode"),
-        ({"mode": "server", "compressor": "topk"}, "runs the python or socket backend in INA"),
+        ({"backend": "bmv2"}, "runs the python, socket or dpdk backend in INA mode"),
+        ({"mode": "server", "compressor": "topk"}, "runs the python, socket or dpdk backend"),
         ({"leaves": 3}, "must split evenly"),
         ({"k": 183}, "the largest k is 182"),
         ({"pcaps": True}, "not in leafspine yet"),
@@ -153,8 +153,9 @@ def test_hierarchical_leafspine_config_is_checked(
         TopoConfig(out=tmp_path, topo="leafspine", workers=4, **{"k": 182, **options})
     cfg = TopoConfig(out=tmp_path, topo="leafspine", workers=4, k=182)
     assert (cfg.backend, cfg.aggregators) == ("python", 3)
-    assert TopoConfig(out=tmp_path, topo="leafspine", workers=4, k=182,
-                      backend="socket").backend == "socket"  # fmt: skip
+    for backend in ("socket", "dpdk"):
+        assert TopoConfig(out=tmp_path, topo="leafspine", workers=4, k=182,
+                          backend=backend).backend == backend  # fmt: skip
     assert topo_cli.topo_k(None, "ina", "nc8", tagged=False, topo="leafspine") == 182
 
 
