@@ -99,6 +99,7 @@ class CudaCopier:
         with torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
             staged.record(stream)
+        src.record_stream(stream)  # the allocator keeps the bucket's memory until the copy ran
 
     def wait(self, staged: torch.cuda.Event) -> None:
         staged.synchronize()
@@ -109,9 +110,11 @@ class CudaCopier:
     def to_device(
         self, src: torch.Tensor, dst: torch.Tensor, future: torch.futures.Future[torch.Tensor]
     ) -> None:
-        with torch.cuda.stream(self.stream(dst.device)):
+        stream = self.stream(dst.device)
+        with torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
             future.set_result(dst)  # records an event on the copy stream for the consumers
+        dst.record_stream(stream)
 
 
 class HostCopier:

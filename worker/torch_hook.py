@@ -2,8 +2,8 @@
 
 ``model.register_comm_hook(InaHookState(fabric), ina_hook)`` makes every gradient bucket of a
 ``DistributedDataParallel`` model go through the aggregator(s) instead of gloo: the bucket's
-flattened buffer is NC8-encoded, summed in the switch, decoded, averaged and copied back into the
-buffer. The hook returns at once with a pending ``torch.futures.Future``; the state's one
+flattened buffer is NC8-encoded, summed in the switch, decoded, averaged and written back into
+the buffer. The hook returns at once with a pending ``torch.futures.Future``; the state's one
 communication thread all-reduces the buckets in the order the hook was called (the same on every
 rank, so the fabric's slot sequence stays in step) and completes each future, while autograd goes
 on computing the gradients of the later buckets: communication overlaps the backward pass. DDP
@@ -23,10 +23,10 @@ With a compressor on the fabric's clients (INA or server mode) the bucket goes t
 same way; the bucket's index names the tensor, so each bucket keeps its own compressor state.
 
 DDP calls the hook for buckets in index order on every rank, and rebuilds its buckets once after the
-first iteration (in gradient-ready order, the same on every rank); the hook keeps no per-bucket
-state, so the rebuilt buckets need nothing special: every rank sends the same sequence of tensors
-and the fabric's slot sequence stays in step (a compressor's state is per bucket index and size,
-so a rebuilt bucket of another size starts afresh).
+first iteration (in gradient-ready order, the same on every rank); the rebuilt buckets need
+nothing special: every rank sends the same sequence of tensors and the fabric's slot sequence
+stays in step (a compressor's state is per bucket index and size, so a rebuilt bucket of another
+size starts afresh; so does a GPU bucket's staging buffer).
 
 :func:`verifying_hook` wraps the hook for tests and ``ncina train --verify``: it also all-reduces
 the raw bucket with gloo and records how far the fabric's mean is from the exact one, against the
