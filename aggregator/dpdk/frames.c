@@ -120,26 +120,8 @@ static uint32_t to_spine(uint8_t *frame, uint32_t dgram_len)
     return NCD_L2L4_LEN + dgram_len;
 }
 
-/* The engine's datagram to the spine (act->up: partial sums or the hello; its up_ip and
- * up_port are the spine of ncd_set_spine, both set from the same --upstream). */
-uint32_t ncd_frame_uplink(uint8_t *frame, uint32_t cap, const struct nce_action *a)
-{
-    if (cap < NCD_L2L4_LEN)
-        return 0;
-    const uint32_t dgram_len = nce_build_uplink(frame + NCD_L2L4_LEN, cap - NCD_L2L4_LEN, a);
-    return dgram_len == 0 ? 0 : to_spine(frame, dgram_len);
-}
-
-uint32_t ncd_frame_datagram_to_spine(uint8_t *frame, uint32_t cap, const uint8_t *dgram,
-                                     uint32_t len)
-{
-    if (cap < NCD_L2L4_LEN || len > cap - NCD_L2L4_LEN)
-        return 0;
-    memcpy(frame + NCD_L2L4_LEN, dgram, len);
-    return to_spine(frame, len);
-}
-
-uint32_t ncd_build_arp_request(uint8_t *frame, uint32_t cap)
+/* The ARP request (broadcast) for the spine's address. */
+static uint32_t arp_request(uint8_t *frame, uint32_t cap)
 {
     const uint32_t len = RTE_ETHER_HDR_LEN + sizeof(struct rte_arp_hdr);
     if (cap < len)
@@ -159,4 +141,21 @@ uint32_t ncd_build_arp_request(uint8_t *frame, uint32_t cap)
     memset(&arp->arp_data.arp_tha, 0, sizeof arp->arp_data.arp_tha);
     arp->arp_data.arp_tip = ncd_spine.ip;
     return len;
+}
+
+uint32_t ncd_frame_spine(uint8_t *frame, uint32_t cap, enum ncd_route route,
+                         const struct nce_action *a, const uint8_t *dgram, uint32_t len)
+{
+    if (route == NCD_R_ARP)
+        return arp_request(frame, cap);
+    if (route != NCD_R_SEND || cap < NCD_L2L4_LEN)
+        return 0;
+    if (a != NULL) {    /* its up_ip and up_port are ncd_spine's: both from --upstream */
+        len = nce_build_uplink(frame + NCD_L2L4_LEN, cap - NCD_L2L4_LEN, a);
+    } else if (len <= cap - NCD_L2L4_LEN) {
+        memcpy(frame + NCD_L2L4_LEN, dgram, len);
+    } else {
+        len = 0;
+    }
+    return len == 0 ? 0 : to_spine(frame, len);
 }

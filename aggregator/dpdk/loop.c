@@ -145,30 +145,36 @@ static void send_all(const struct nce_action *a)
     }
 }
 
-/* A leaf's datagram to its spine (act->up), besides the verdict's replies, in a fresh mbuf.
- * Before the spine's MAC is known it is dropped and counted, and an ARP request goes out
- * instead at a bounded rate (ncd_uplink_route): a worker's retransmission makes the engine send
- * it again (upstream.c). */
-static void send_uplink(const struct nce_action *a)
+/* A leaf's datagram to its spine (act->up, besides the verdict's replies; or dgram when a is
+ * NULL) in a fresh mbuf, or the ARP request for the spine's MAC that route asks for instead;
+ * NULL, counted, when there is no mbuf or it does not fit. Before the spine's MAC is known a
+ * datagram is dropped and counted and an ARP request goes out at a bounded rate
+ * (ncd_uplink_route): a worker's retransmission makes the engine send it again (upstream.c). */
+static struct rte_mbuf *spine_frame(enum ncd_route route, const struct nce_action *a,
+                                    const uint8_t *dgram, uint32_t dgram_len, uint32_t *len)
 {
-    const enum ncd_route route = ncd_uplink_route();
-    if (route == NCD_R_WAIT)
-        return;
     struct rte_mbuf *m = rte_pktmbuf_alloc(pool);
     if (m == NULL) {
         ncd_iostats.no_mbuf++;
-        return;
+        return NULL;
     }
-    uint8_t *frame = rte_pktmbuf_mtod(m, uint8_t *);
-    const uint32_t len = route == NCD_R_ARP ? ncd_build_arp_request(frame, room(m))
-                                            : ncd_frame_uplink(frame, room(m), a);
-    if (len == 0) {                             /* larger than an mbuf: not sent, counted */
+    *len = ncd_frame_spine(rte_pktmbuf_mtod(m, uint8_t *), room(m), route, a, dgram, dgram_len);
+    if (*len == 0) {                            /* larger than an mbuf: not sent, counted */
         ncd_iostats.oversize++;
         rte_pktmbuf_free(m);
-        return;
+        return NULL;
     }
     ncd_iostats.uplink_frames += route == NCD_R_SEND;
-    send_frame(m, len);
+    return m;
+}
+
+static void send_uplink(const struct nce_action *a)
+{
+    const enum ncd_route route = ncd_uplink_route();
+    uint32_t len;
+    struct rte_mbuf *m = route == NCD_R_WAIT ? NULL : spine_frame(route, a, NULL, 0, &len);
+    if (m != NULL)
+        send_frame(m, len);
 }
 
 /* A fragment (classified, p) into the reassembly table: the whole packet's mbuf chain once its
@@ -371,21 +377,12 @@ int ncd_spine_send(const uint8_t *dgram, uint32_t len)
     const enum ncd_route route = ncd_uplink_route();
     if (route == NCD_R_WAIT)
         return 0;
-    struct rte_mbuf *m = rte_pktmbuf_alloc(pool);
+    uint32_t n;
+    struct rte_mbuf *m = spine_frame(route, NULL, dgram, len, &n);
     if (m == NULL)
-        FAIL("the mbuf pool is empty");
-    uint8_t *frame = rte_pktmbuf_mtod(m, uint8_t *);
-    const uint32_t n = route == NCD_R_ARP ? ncd_build_arp_request(frame, room(m))
-                                          : ncd_frame_datagram_to_spine(frame, room(m), dgram, len);
-    if (n == 0) {
-        rte_pktmbuf_free(m);
-        FAIL("a %u-byte datagram does not fit an mbuf", len);
-    }
+        FAIL("no mbuf for a %u-byte datagram to the spine (pool empty, or larger than one)", len);
     send_now(m, n);
-    if (route == NCD_R_ARP)
-        return 0;
-    ncd_iostats.uplink_frames++;
-    return 1;
+    return route == NCD_R_SEND;
 }
 
 /* A frame received before ncd_run: ARP answered (and learned, in ncd_classify), an IPv4/UDP
@@ -480,8 +477,7 @@ static int uplink_offline(const struct nce_action *a, uint8_t *out, uint32_t str
     const enum ncd_route route = ncd_uplink_route();
     if (route == NCD_R_WAIT)
         return 0;
-    const uint32_t len = route == NCD_R_ARP ? ncd_build_arp_request(out, stride)
-                                            : ncd_frame_uplink(out, stride, a);
+    const uint32_t len = ncd_frame_spine(out, stride, route, a, NULL, 0);
     if (len == 0)
         return -1;
     ncd_iostats.uplink_frames += route == NCD_R_SEND;

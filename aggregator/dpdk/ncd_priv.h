@@ -38,7 +38,7 @@ extern struct ncd_spine ncd_spine;
 
 /* What to do with a datagram to the spine (ncd_uplink_route). */
 enum ncd_route {
-    NCD_R_SEND = 0,     /* the spine's MAC is known: build the frame (ncd_frame_uplink) */
+    NCD_R_SEND = 0,     /* the spine's MAC is known: build the frame (ncd_frame_spine) */
     NCD_R_ARP,          /* unknown: dropped, counted; send an ARP request instead */
     NCD_R_WAIT,         /* unknown: dropped, counted; a request went out lately */
 };
@@ -70,11 +70,10 @@ uint32_t ncd_frame_to_member(uint8_t *frame, uint32_t cap, const struct nce_acti
 uint32_t ncd_frame_to_sender(uint8_t *frame, uint32_t cap, const struct nce_action *a,
                              const struct nce_from *from);
 void ncd_build_arp_reply(uint8_t *frame);
-/* A leaf's datagram to its spine, to the learned MAC: the engine's (act->up), or dgram. */
-uint32_t ncd_frame_uplink(uint8_t *frame, uint32_t cap, const struct nce_action *a);
-uint32_t ncd_frame_datagram_to_spine(uint8_t *frame, uint32_t cap, const uint8_t *dgram,
-                                     uint32_t len);
-/* The ARP request (broadcast) for the spine's address. */
-uint32_t ncd_build_arp_request(uint8_t *frame, uint32_t cap);
+/* What goes out for a leaf's datagram to its spine by ncd_uplink_route's route: NCD_R_SEND,
+ * its frame to the learned MAC (the engine's datagram act->up, or dgram of len bytes when a is
+ * NULL); NCD_R_ARP, the ARP request (broadcast) for the spine's address instead. */
+uint32_t ncd_frame_spine(uint8_t *frame, uint32_t cap, enum ncd_route route,
+                         const struct nce_action *a, const uint8_t *dgram, uint32_t len);
 
 #endif
