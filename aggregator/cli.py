@@ -56,8 +56,8 @@ behind one kernel UDP socket with batched recvmmsg/sendmmsg: the same datagrams 
 several times faster, no root; docs/socket.md), dpdk (the same C engine on a DPDK port: needs
 root and --iface or --pci; docs/dpdk.md), bmv2 (the P4 program on BMv2; docs/bmv2.md). Server mode
 and the fault options are python's; in two-level aggregation (docs/protocol.md, "Hierarchical
-aggregation") a spine (--uplink int) runs on python, socket or dpdk, a leaf (--upstream) on
-python or socket; --jobs-dir works on every backend but bmv2.
+aggregation") a spine (--uplink int) and a leaf (--upstream) run on python, socket or dpdk (a
+dpdk leaf resolves its spine's MAC by ARP); --jobs-dir works on every backend but bmv2.
 
 On start it prints one line on stderr, "ncina aggregator: listening on HOST:PORT ...", once the
 socket is bound. SIGUSR1 writes the stats now; SIGTERM and SIGINT write them and exit with 0.

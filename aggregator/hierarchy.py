@@ -27,7 +27,7 @@ import dataclasses
 import select
 import socket
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from ncina.aggregator import reply
@@ -165,6 +165,36 @@ class Upstream:
         stats.packets_out += 1
         stats.bytes_out += len(datagram)
         return ((datagram, self.address),)
+
+
+class SpineLink(Protocol):
+    """Where a leaf's job handshake talks to its spine (``LeafAggregator.join``): a socket
+    (``SocketLink``), or a data plane's port (the dpdk backend)."""
+
+    def send(self, datagram: bytes) -> None:
+        """Send ``datagram`` to the spine (it may be lost: the handshake asks again)."""
+
+    def receive(self, timeout: float) -> tuple[bytes, Address] | None:
+        """The next datagram to the leaf and its source, waiting at most ``timeout`` seconds;
+        None when none came."""
+
+
+class SocketLink:
+    """``SpineLink`` over a UDP socket (the leaf's own: the spine learns its address from it)."""
+
+    def __init__(self, sock: socket.socket, spine: Address) -> None:
+        self.sock = sock
+        self.spine = spine
+
+    def send(self, datagram: bytes) -> None:
+        self.sock.sendto(datagram, self.spine)
+
+    def receive(self, timeout: float) -> tuple[bytes, Address] | None:
+        readable, _, _ = select.select([self.sock], [], [], timeout)
+        if not readable:
+            return None
+        datagram, source = self.sock.recvfrom(0xFFFF)
+        return datagram, source
 
 
 class SpineSlots(JobSlots):
@@ -383,13 +413,16 @@ class LeafAggregator(Aggregator):
         self.upstream.stats.drops[reason] += 1
         return NOTHING
 
-    def join(self, sock: socket.socket) -> None:
-        """The spine's job handshake, on the leaf's own socket (the spine learns the leaf's
-        address from its partial sums, sent from there): a hello every ``HANDSHAKE_INTERVAL``
-        seconds until the spine answers, at most ``handshake_timeout`` seconds. Learns the
-        spine's generation. Raises ``JobMismatchError`` naming every parameter the spine's job
-        has otherwise (or the job id, or the key), ``TimeoutError`` without an answer.
-        Datagrams from other sources meanwhile are not served (workers ask again)."""
+    def join(self, link: socket.socket | SpineLink) -> None:
+        """The spine's job handshake, on the leaf's own socket or port (``link``: the spine
+        learns the leaf's address from its partial sums, sent from there): a hello every
+        ``HANDSHAKE_INTERVAL`` seconds until the spine answers, at most ``handshake_timeout``
+        seconds. Learns the spine's generation. Raises ``JobMismatchError`` naming every
+        parameter the spine's job has otherwise (or the job id, or the key), ``TimeoutError``
+        without an answer. Datagrams from other sources meanwhile are not served (workers ask
+        again)."""
+        if isinstance(link, socket.socket):
+            link = SocketLink(link, self.upstream.address)
         leaf = self.leaf
         assert leaf is not None
         up = self.upstream
@@ -404,11 +437,11 @@ class LeafAggregator(Aggregator):
         next_hello = now
         while now < end:
             if now >= next_hello:
-                sock.sendto(self.hello(), up.address)
+                link.send(self.hello())
                 next_hello = now + HANDSHAKE_INTERVAL
-            readable, _, _ = select.select([sock], [], [], max(0.0, min(next_hello, end) - now))
-            if readable:
-                datagram, source = sock.recvfrom(0xFFFF)
+            received = link.receive(max(0.0, min(next_hello, end) - now))
+            if received is not None:
+                datagram, source = received
                 answer = None
                 if source == up.address:  # anything else from the spine is of no use yet
                     up.stats.packets_in += 1
@@ -474,7 +507,7 @@ class LeafAggregator(Aggregator):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The hierarchical aggregation options of ``ncina aggregator``."""
     group = parser.add_argument_group(
-        "hierarchical aggregation (a spine: python, socket, dpdk; a leaf: python, socket; "
+        "hierarchical aggregation (a spine or a leaf: python, socket, dpdk; "
         "docs/protocol.md, 'Hierarchical aggregation')"
     )
     group.add_argument(
@@ -523,12 +556,6 @@ def check_arguments(args: argparse.Namespace) -> bool:
             "hierarchical aggregation (--upstream, --uplink int, --total-workers) is not "
             "available on bmv2: the P4 program does not carry int partial sums"
         )
-    if leaf and args.backend not in ("python", "socket"):
-        raise ValueError(
-            f"a leaf (--upstream) runs on the python or socket backend: the {args.backend} data "
-            "plane serves as a spine (--uplink int) but sends no partial sums upstream (it "
-            "would need ARP for the spine's MAC); run the leaves with --backend socket or python"
-        )
     if args.mode == "server":
         raise ValueError("hierarchical aggregation is INA mode's: server mode sums floats")
     if leaf and spine:
@@ -561,6 +588,18 @@ def check_int_frame_room(config: JobConfig, room: int, limit: str) -> None:
         dataclasses.replace(config, result_format=Format.INT).check_frame_room(room, limit)
     except ValueError as exc:
         raise ValueError(f"partial sums sent up as int: {exc}") from None
+
+
+def make_leaf(
+    config: JobConfig, args: argparse.Namespace, generation: int
+) -> LeafAggregator | None:
+    """A C backend's leaf (``--upstream``: the handshake and counters its engine job runs
+    with), or None for any other job."""
+    if args.upstream is None:
+        return None
+    made = make_aggregator(config, args, generation)
+    assert isinstance(made, LeafAggregator)
+    return made
 
 
 def make_aggregator(

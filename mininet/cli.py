@@ -42,8 +42,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--topo", choices=("star", "multi", "leafspine"), default=d.topo,
                    help="star: one aggregator; multi: tensors sharded across --aggregators; "
                    "leafspine: --leaves leaf switches, each with its workers and a leaf "
-                   "aggregator, under a spine switch and the spine aggregator (python backend: "
-                   "docs/topo.md)")
+                   "aggregator, under a spine switch and the spine aggregator (python backend "
+                   "by default, or socket or dpdk: docs/topo.md)")
     p.add_argument("--leaves", type=int, default=d.leaves,
                    help="leafspine: leaf switches, the workers split evenly over them "
                    "(default: %(default)s)")

@@ -35,8 +35,8 @@ class TopoConfig:
     """Everything a topology run depends on (recorded in results.json as ``config``).
 
     topo: ``star``, ``multi`` or ``leafspine`` (``leaves`` leaf aggregators of ``workers /
-    leaves`` workers and a spine: python or socket backend, INA mode, a K whose int partial sums fit
-    ``mtu``); bw: Mbit/s per worker link (None: unshaped); agg_bw: the same
+    leaves`` workers and a spine: python, socket or dpdk backend, INA mode, a K whose int
+    partial sums fit ``mtu``); bw: Mbit/s per worker link (None: unshaped); agg_bw: the same
     per aggregator link (None: unshaped, the aggregators stand in for the switch); loss: percent
     per worker link direction; mtu: of every link (the default K is the largest that fits it);
     batch_size: per worker; bucket_cap_mb: DDP's gradient bucket
@@ -100,14 +100,14 @@ class TopoConfig:
             )
 
     def check_leafspine(self) -> None:
-        """Raise ``ValueError`` unless the leaf-spine run can work: python or socket backend,
-        INA mode (docs/protocol.md, "Hierarchical aggregation"), workers split evenly, int
-        frames of K."""
-        if self.backend not in ("python", "socket") or self.mode != "ina":
-            raise ValueError(f"--topo leafspine runs the python or socket backend in INA mode, "
-                             f"not BACKEND={self.backend} --mode {self.mode}: a dpdk leaf would "
-                             "need ARP for its spine's MAC, the P4 data plane carries no int "
-                             "partial sums")  # fmt: skip
+        """Raise ``ValueError`` unless the leaf-spine run can work: python, socket or dpdk
+        backend, INA mode (docs/protocol.md, "Hierarchical aggregation"), workers split evenly,
+        int frames of K."""
+        if self.backend not in ("python", "socket", "dpdk") or self.mode != "ina":
+            raise ValueError(f"--topo leafspine runs the python, socket or dpdk backend in INA "
+                             f"mode, not BACKEND={self.backend} --mode {self.mode}: the P4 data "
+                             "plane carries no int partial sums, server mode sums "
+                             "floats")  # fmt: skip
         if self.pcaps:
             raise ValueError("--pcaps captures the star's aggregator links: not in leafspine yet")
         if not 1 <= self.leaves <= self.workers or self.workers % self.leaves:

@@ -71,10 +71,10 @@ def check_backend(
     of this MTU, or not in this topology)."""
     if backend not in BACKENDS:
         raise RuntimeError(f"BACKEND={backend} is not a backend (available: {', '.join(BACKENDS)})")
-    if topo == "leafspine" and backend not in ("python", "socket"):
-        raise RuntimeError(f"--topo leafspine runs the python or socket backend (BACKEND={backend}"
-                           ": a dpdk leaf would need ARP for its spine's MAC, the P4 data plane "
-                           "carries no int partial sums)")  # fmt: skip
+    if topo == "leafspine" and backend not in ("python", "socket", "dpdk"):
+        raise RuntimeError(f"--topo leafspine runs the python, socket or dpdk backend "
+                           f"(BACKEND={backend}: the P4 data plane carries no int partial "
+                           "sums)")  # fmt: skip
     check_mtu_range(mtu)
     if mtu != DEFAULT_MTU and backend in ("dpdk", "bmv2"):
         # af_packet's default frames and the P4 switch's ports are set up for 1500-byte frames
@@ -171,8 +171,7 @@ def start_aggregators(
         if cfg.key_file is not None:
             argv += ["--key-file", str(cfg.key_file.resolve())]
         if cfg.backend == "dpdk":
-            # The data plane serves the host's interface; the host's kernel must stay silent.
-            argv += dpdk_netns.prepare_host(net.get(name))
+            argv += _dpdk_host(net, cfg, name)
         elif cfg.backend == "bmv2":
             argv += switch_arguments(net, topo, cfg, run_dir)
         started.append(procs.start(net.get(name), argv, log))
@@ -182,6 +181,12 @@ def start_aggregators(
     for j, proc in enumerate(started):
         aggproc.wait_ready(proc, run_dir / f"aggregator{j}.log", timeout=timeout)
     return started, addresses
+
+
+def _dpdk_host(net: Mininet, cfg: TopoConfig, name: str) -> list[str]:
+    """With BACKEND=dpdk, the extra arguments of aggregator node ``name``: the data plane serves
+    the host's interface, and the host's kernel must stay silent (``prepare_host``)."""
+    return dpdk_netns.prepare_host(net.get(name)) if cfg.backend == "dpdk" else []
 
 
 def aggregator_argv(cfg: TopoConfig, j: int, address: str, run_dir: Path) -> list[str]:
@@ -210,6 +215,7 @@ def start_tree(
     spine_address = f"{aggregator_ip(leaves)}:{PORT}"
     argv = aggregator_argv(cfg, leaves, spine_address, run_dir)
     argv += ["--workers", str(leaves), "--total-workers", total, "--uplink", "int"]
+    argv += _dpdk_host(net, cfg, topo.aggregator_names[leaves])
     spine = procs.start(net.get(topo.aggregator_names[leaves]), argv,
                         run_dir / f"aggregator{leaves}.log")  # fmt: skip
     aggproc.wait_ready(spine, run_dir / f"aggregator{leaves}.log", timeout=30.0)
@@ -219,6 +225,7 @@ def start_tree(
         argv = aggregator_argv(cfg, i, address, run_dir)
         argv += ["--workers", str(topo.workers_per_leaf), "--total-workers", total,
                  "--upstream", spine_address, "--upstream-rank", str(i)]  # fmt: skip
+        argv += _dpdk_host(net, cfg, topo.aggregator_names[i])  # resolves the spine by ARP
         started.append(procs.start(net.get(topo.aggregator_names[i]), argv,
                                    run_dir / f"aggregator{i}.log"))  # fmt: skip
         addresses.append(address)

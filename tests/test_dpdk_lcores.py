@@ -9,7 +9,8 @@ their rings; lane 0 owns the job datagrams and parks the others while it handles
   removed (its memory freed once no lane can hold it), the running job exact throughout;
 - refusals before EAL starts: more lcores than allowed, af_xdp on an interface with fewer
   combined channels (a veth has none, whatever its RX queues: DPDK 22.11's af_xdp then takes one
-  queue only), and a leaf on more than one lane (the engine's own refusal, offline).
+  queue only), and a leaf on more than one lane (the command's refusal, and the engine's own,
+  offline).
 """
 
 from __future__ import annotations
@@ -225,6 +226,20 @@ def test_af_xdp_on_two_lanes_is_refused_on_a_veth_before_eal_starts(tmp_path: Pa
     log = agg.log()
     assert "af_xdp needs 2 combined channels on" in log and "it has 1" in log, log
     assert "EAL" not in log and "Traceback" not in log
+
+
+@pytest.mark.skipif(binding.missing() is not None, reason=f"dpdk: {binding.missing()}")
+def test_the_command_refuses_a_leaf_on_two_lcores(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["aggregator", "--backend", "dpdk", "--iface", "lo", "--job", "1",
+                   "--workers", "2", "--result", "int", "--listen", "10.0.0.1:47000",
+                   "--upstream", "10.0.0.2:47000", "--upstream-rank", "0", "--total-workers", "4",
+                   "--lcores", "2"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 1
+    assert err == (
+        "ncina aggregator: error: a dpdk leaf (--upstream) serves on one lcore, not --lcores 2: "
+        "its link to the spine (ARP, uplinks, the engine's upstream state) is one lane's"
+    )
 
 
 @pytest.mark.skipif(binding.missing() is not None, reason=f"dpdk: {binding.missing()}")

@@ -57,3 +57,31 @@ def test_star_trains_through_the_dpdk_aggregator(
     assert ina["steps"] == 2
     assert seen["unreachables"] == 0
     assert "dpt:47000" in seen["iptables"]
+
+
+def test_hierarchical_leafspine_trains_through_dpdk_leaves_and_spine(tmp_path: Path) -> None:
+    """Two dpdk leaves of two workers under a dpdk spine (docs/dpdk.md, "A leaf"): each leaf
+    resolves the spine's MAC by ARP on its host's interface, every bucket's chunks complete at
+    both leaves and once at the spine, and each leaf's partial sums went up in frames."""
+    from ncina.topo import runner
+    from ncina.topo.config import TopoConfig
+    from ncina.topo.report import RESULTS
+
+    cfg = TopoConfig(out=tmp_path / "run", topo="leafspine", leaves=2, workers=4, k=182,
+                     backend="dpdk", epochs=1, max_steps=2, bw=100, baseline=False,
+                     prefix=f"d{os.getpid() % 100000}")  # fmt: skip
+    runner.run_topology(cfg)
+    ina = json.loads((cfg.out / RESULTS).read_text())["runs"]["ina"]
+    chunks = math.ceil(17226 / cfg.k)  # the MLP's one bucket
+    leaves = [json.loads((cfg.out / "ina" / f"aggregator{i}.json").read_text()) for i in (0, 1)]
+    spine = json.loads((cfg.out / "ina" / "aggregator2.json").read_text())
+    assert ina["steps"] == 2
+    for leaf in leaves:
+        assert leaf["backend"] == "dpdk"
+        assert leaf["jobs"]["1"]["slots_completed"] == 2 * chunks
+        assert leaf["upstream"]["results"] == 2 * chunks
+        io = leaf["dpdk"]
+        assert io["spine_mac_learned"] >= 1
+        assert io["uplink_frames"] >= leaf["upstream"]["sent"] == 2 * chunks
+    assert spine["backend"] == "dpdk"
+    assert spine["jobs"]["1"]["slots_completed"] == 2 * chunks

@@ -6,11 +6,11 @@ with ``total_workers=N``: int results must be the exact sum over all ``N`` worke
 results the bytes a one-level aggregator of the same seed sends for the same inputs, with and
 without emulated loss on every aggregator (docs/protocol.md, "Hierarchical aggregation").
 
-The leaves run on python and on the C engine's socket backend (``LEAVES``); the spine on python
-and on the C engine (``SPINES``): socket on loopback, dpdk in its namespace (the leaves and
-workers then listen on the host's address on the tests' bridge). The fault options are python's:
-under loss, a C spine's python leaves drop, duplicate and reorder, and socket leaves have a lossy
-python spine.
+The leaves and the spine run on python and on the C engine (``LEAVES``, ``SPINES``): socket on
+loopback, dpdk in its namespace (the others and the workers then listen on the host's address on
+the tests' bridge; a dpdk leaf resolves its spine's MAC by ARP). The fault options are python's:
+under loss, a C spine's python leaves drop, duplicate and reorder, and socket and dpdk leaves
+have a lossy python spine.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ pytestmark = pytest.mark.timeout(120)
 
 LOSS = ["--drop-up", "0.05", "--drop-down", "0.05", "--duplicate", "0.05", "--reorder", "0.05"]
 SPINES = ["python", "socket", "dpdk"]  # the backends that serve as a spine
-LEAVES = ["python", "socket"]  # the backends that serve as a leaf
+LEAVES = ["python", "socket", "dpdk"]  # the backends that serve as a leaf
 
 
 class Tree:
@@ -86,12 +86,14 @@ def start_tree(
     leaf_extra: Sequence[str] = (), spine_backend: str = "python", leaf_backend: str = "python",
 ) -> Tree:  # fmt: skip
     """A spine on ``spine_backend`` and ``leaves`` leaves on ``leaf_backend`` of ``width``
-    workers each, listening where the spine can reach them (``worker_host``)."""
+    workers each, each listening where the other can reach it (``worker_host``: a dpdk spine or
+    leaf in its namespace on the tests' bridge, the other on the bridge's host address)."""
     total = leaves * width
     spine = start_aggregator(
         spine_backend, workdir / "spine", job=JOB, workers=leaves, k=K, result=result,
         extra=["--uplink", "int", "--total-workers", str(total), "--seed", str(SEED),
                "--pool-size", str(POOL), *spine_extra],
+        listen=f"{worker_host(leaf_backend)}:0",
     )  # fmt: skip
     host, port = spine.address
     listen = f"{worker_host(spine_backend)}:0"
@@ -213,6 +215,12 @@ def check_accounting(tree: Tree) -> None:
                 + sum(up["drops"].values())
             ), doc
             assert up["packets_out"] == up["sent"] + up["resent"] + up["hellos"], doc
+            if "dpdk" in doc:  # each datagram went up in a frame, or waited for the spine's MAC
+                io = doc["dpdk"]
+                assert up["packets_out"] == io["uplink_frames"] + io["uplink_no_mac"], doc
+                # The first hello found no MAC: an ARP request instead; its reply was learned.
+                assert io["uplink_no_mac"] >= 1 and io["arp_requests"] >= 1, doc
+                assert io["spine_mac_learned"] >= 1 and io["uplink_frames"] >= 1, doc
 
 
 @pytest.mark.parametrize(
@@ -224,6 +232,8 @@ def check_accounting(tree: Tree) -> None:
         (2, 2, True, "c", "socket", "python"), (2, 2, True, "c", "dpdk", "python"),
         (2, 2, False, "c", "python", "socket"), (2, 2, True, "c", "python", "socket"),
         (2, 4, False, "c", "socket", "socket"), (3, 2, True, "c", "socket", "socket"),
+        (2, 2, False, "c", "python", "dpdk"), (2, 2, True, "c", "socket", "dpdk"),
+        (2, 2, True, "c", "dpdk", "dpdk"),
     ],
 )  # fmt: skip
 def test_hierarchical_int_results_are_the_exact_sum(
@@ -282,7 +292,7 @@ def test_hierarchical_a_new_set_of_workers_restarts_the_tree(
 
 @pytest.mark.parametrize(
     ("spine", "leaf"), [*((spine, "python") for spine in SPINES), ("python", "socket"),
-                        ("socket", "socket")],
+                        ("socket", "socket"), ("socket", "dpdk")],
 )  # fmt: skip
 def test_hierarchical_nc8_results_equal_one_level(
     tmp_path: Path, trees: list[Tree], spine: str, leaf: str
@@ -302,7 +312,8 @@ def test_hierarchical_nc8_results_equal_one_level(
 
 
 @pytest.mark.parametrize(
-    ("spine", "leaf"), [("python", "python"), ("socket", "python"), ("python", "socket")]
+    ("spine", "leaf"),
+    [("python", "python"), ("socket", "python"), ("python", "socket"), ("python", "dpdk")],
 )
 @pytest.mark.parametrize("result", ["int", "nc8"])
 def test_hierarchical_results_survive_loss(
@@ -334,7 +345,7 @@ def test_hierarchical_results_survive_loss(
     lossy = [*(tree.leaves if leaf == "python" else []), *([tree.spine] if faulty else [])]
     faults = [running.stats()["faults"] for running in lossy]
     assert all(f["dropped_up"] and f["dropped_down"] for f in faults), faults
-    if leaf == "socket":  # partial sums re-sent for the workers' retransmissions, late results
+    if leaf in ("socket", "dpdk"):  # partial sums re-sent for retransmissions, late results
         ups = [running.stats()["upstream"] for running in tree.leaves]
         assert all(up["resent"] for up in ups) and any(up["late"] for up in ups), ups
     if not faulty:  # the leaves' losses reached the C spine: retransmissions, duplicates
@@ -365,7 +376,7 @@ def test_hierarchical_handshake_mismatch_fails_fast(
     spine = start_aggregator(
         backend, tmp_path / "spine", job=JOB, workers=workers, k=K, result="int",
         extra=["--pool-size", "8", *spine_options[2:]] if "--pool-size" not in spine_options
-        else spine_options[2:],
+        else spine_options[2:], listen=f"{worker_host(leaf_backend)}:0",
     )  # fmt: skip
     try:
         host, port = spine.address
@@ -402,16 +413,19 @@ def test_hierarchical_worker_with_another_total_is_refused(
 LEAF_OPTIONS = ["--upstream", "127.0.0.1:47000", "--upstream-rank", "0", "--total-workers", "4"]
 
 
-def test_hierarchical_leaf_refused_on_dpdk(capsys: pytest.CaptureFixture[str]) -> None:
-    status = cli.main(["aggregator", "--backend", "dpdk", "--job", "1", "--workers", "2",
-                       "--result", "int", *LEAF_OPTIONS])  # fmt: skip
+def test_hierarchical_dpdk_leaf_needs_its_own_address(capsys: pytest.CaptureFixture[str]) -> None:
+    """A dpdk leaf sends from its --listen address (no kernel picks one): 0.0.0.0 is refused
+    before EAL starts."""
+    binding = pytest.importorskip("ncina.aggregator.dpdk.binding")
+    if binding.missing() is not None:
+        pytest.skip(f"dpdk backend: {binding.missing()}")
+    status = cli.main(["aggregator", "--backend", "dpdk", "--iface", "lo", "--job", "1",
+                       "--workers", "2", "--result", "int", *LEAF_OPTIONS])  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert status == 1
     assert err == (
-        "ncina aggregator: error: a leaf (--upstream) runs on the python or socket backend: "
-        "the dpdk data plane serves as a spine (--uplink int) but sends no partial sums "
-        "upstream (it would need ARP for the spine's MAC); run the leaves with --backend "
-        "socket or python"
+        "ncina aggregator: error: a dpdk leaf (--upstream) needs --listen with its own IPv4 "
+        "address: its partial sums and ARP requests come from it, the spine's results go to it"
     )
 
 
@@ -628,6 +642,139 @@ def test_hierarchical_leaf_fuzz_never_raises_and_counts_everything(items: list[A
         + sum(job["drops"].values()) + up["resent"]
     )
     assert up["packets_out"] == up["sent"] + up["resent"] + up["hellos"]
+
+
+# ---- a dpdk leaf's frames, offline (the C engine and the DPDK frame layer, no EAL) ----
+
+LEAF_IP, LEAF_PORT, LEAF_MAC = "10.0.0.100", 47000, "02:00:00:00:0a:01"
+SPINE_MAC = "02:00:00:00:0c:01"
+
+
+def worker_mac(rank: int) -> str:
+    return f"02:00:00:00:0b:{rank + 1:02x}"
+
+
+@pytest.fixture
+def dpdk_leaf() -> Iterator[Any]:
+    """The DPDK extension's data plane as the leaf of ``leaf_logic`` (rank 1 of ``SPINE``, the
+    spine's generation learned) at ``LEAF_IP``, with ARP requests at most once an hour (so a
+    second one within the test is never due)."""
+    binding = pytest.importorskip("ncina.aggregator.dpdk.binding")
+    reason = binding.missing()
+    if reason is not None:
+        pytest.skip(f"dpdk backend: {reason}")
+    from ncina.aggregator.dpdk.driver import DataPlane
+
+    plane = DataPlane(binding.load())
+    plane.reset()
+    plane.set_mac(LEAF_MAC)
+    plane.set_address((LEAF_IP, LEAF_PORT))
+    plane.set_generation(LEAF_GENERATION)
+    plane.set_spine(SPINE)
+    plane.lib.ncd_set_arp_interval(0xFFFFFFFF)
+    yield plane
+    plane.set_spine(None)
+    plane.lib.ncd_set_arp_interval(100_000)
+    plane.reset()
+    plane.set_generation(0)
+
+
+def offline_frames(plane: Any, raw: bytes) -> list[bytes]:
+    """Feed one frame to the offline data plane; the frames it sends."""
+    ffi, lib = plane.ffi, plane.lib
+    stride, slots = 2048, 8
+    out = ffi.new(f"uint8_t[{stride * slots}]")
+    lens = ffi.new(f"uint32_t[{slots}]")
+    n = lib.ncd_process_frame(raw, len(raw), out, stride, slots, lens)
+    assert n >= 0
+    return [bytes(ffi.buffer(out)[i * stride : i * stride + lens[i]]) for i in range(n)]
+
+
+def udp_frame(datagram: bytes, src: tuple[str, int], src_mac: str, dst_mac: str = LEAF_MAC,
+              dst: tuple[str, int] = (LEAF_IP, LEAF_PORT)) -> bytes:  # fmt: skip
+    """An Ethernet/IPv4/UDP frame as the data plane builds them (DF, TTL 64, id 0)."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+
+    return bytes(Ether(src=src_mac, dst=dst_mac) / IP(src=src[0], dst=dst[0], flags="DF", id=0)
+                 / UDP(sport=src[1], dport=dst[1]) / Raw(datagram))  # fmt: skip
+
+
+def io_counters(plane: Any) -> dict[str, int]:
+    c = plane.ffi.new("struct ncd_io *")
+    plane.lib.ncd_io_stats(c)
+    names = ("uplink_frames", "uplink_no_mac", "arp_requests", "spine_mac_learned")
+    return {name: getattr(c, name) for name in names}
+
+
+@pytest.mark.parametrize("learn_by", ["arp_reply", "arp_request", "spine_frame"])
+def test_hierarchical_dpdk_leaf_sends_up_once_it_knows_the_spines_mac(
+    dpdk_leaf: Any, learn_by: str
+) -> None:
+    """A dpdk leaf's partial sums go up in frames to the spine's MAC, the datagrams the python
+    leaf sends: before the MAC is known each is dropped and counted and an ARP request for the
+    spine's address goes out instead (one per ARP interval); the MAC is learned from the
+    spine's ARP reply, its ARP request, or any frame from its address; then the next
+    retransmission's partial sums go up, and the spine's result comes down to both workers."""
+    from scapy.layers.l2 import ARP, Ether
+
+    plane = dpdk_leaf
+    reference = leaf_logic()
+    plane.add_job(reference.leaf.config)
+    plane.set_upstream(JOB, reference)
+    emin = window_e_min(4)
+    slot, offset = 2, 2 + 2 * POOL
+    codes = [[0x01, 0x82, 0x10, 0x00, 0x3D, 0xBD, 0x05, 0x3D], [0x01, 0x02, 0x90, 0x00,
+             0x3D, 0x3D, 0x85, 0x01]]  # fmt: skip
+
+    def from_worker(rank: int, retx: bool = False) -> tuple[list[Any], list[bytes]]:
+        datagram = uplink(job=JOB, rank=rank, slot=slot, offset=offset, codes=codes[rank],
+                          emin=emin, retx=retx)  # fmt: skip
+        want = list(reference.handle(datagram, worker_address(rank)))
+        return want, offline_frames(plane, udp_frame(datagram, worker_address(rank),
+                                                     worker_mac(rank)))  # fmt: skip
+
+    assert from_worker(0) == ([], [])
+    want, got = from_worker(1)  # the slot completes: its sum is due at the spine
+    assert [to for _, to in want] == [SPINE]
+    arp_request = Ether(src=LEAF_MAC, dst="ff:ff:ff:ff:ff:ff") / ARP(
+        op=1, hwsrc=LEAF_MAC, psrc=LEAF_IP, hwdst="00:00:00:00:00:00", pdst=SPINE[0]
+    )
+    assert got == [bytes(arp_request)]
+    want, got = from_worker(0, retx=True)  # resent by the python leaf; no ARP request due
+    assert [to for _, to in want] == [SPINE] and got == []
+    assert io_counters(plane) == {"uplink_frames": 0, "uplink_no_mac": 2, "arp_requests": 1,
+                                  "spine_mac_learned": 0}  # fmt: skip
+
+    if learn_by == "arp_reply":
+        learned = offline_frames(plane, bytes(Ether(src=SPINE_MAC, dst=LEAF_MAC) / ARP(
+            op=2, hwsrc=SPINE_MAC, psrc=SPINE[0], hwdst=LEAF_MAC, pdst=LEAF_IP)))  # fmt: skip
+        assert learned == []
+    elif learn_by == "arp_request":  # the spine asks for the leaf's MAC: answered, and learned
+        learned = offline_frames(plane, bytes(Ether(src=SPINE_MAC, dst="ff:ff:ff:ff:ff:ff") / ARP(
+            op=1, hwsrc=SPINE_MAC, psrc=SPINE[0], pdst=LEAF_IP)))  # fmt: skip
+        assert [Ether(f)[ARP].op for f in learned] == [2]
+        assert Ether(learned[0]).dst == SPINE_MAC
+    else:  # a (truncated) datagram from the spine: dropped as the python leaf drops it
+        assert list(reference.handle(b"\x01", SPINE)) == []
+        assert offline_frames(plane, udp_frame(b"\x01", SPINE, SPINE_MAC)) == []
+    assert plane.spine_mac == SPINE_MAC
+
+    want, got = from_worker(1, retx=True)
+    assert [to for _, to in want] == [SPINE]
+    assert got == [udp_frame(want[0][0], (LEAF_IP, LEAF_PORT), LEAF_MAC, SPINE_MAC, SPINE)]
+    assert io_counters(plane) == {"uplink_frames": 1, "uplink_no_mac": 2, "arp_requests": 1,
+                                  "spine_mac_learned": 1}  # fmt: skip
+
+    result = struct.pack("!BBBbHHHHI", 1, 0x01 | SPINE_GENERATION << 3, 0, emin, JOB, 1, slot,
+                         8, offset) + bytes(range(0x30, 0x38))  # fmt: skip
+    want = list(reference.handle(result, SPINE))
+    got = offline_frames(plane, udp_frame(result, SPINE, SPINE_MAC))
+    assert got == [udp_frame(d, (LEAF_IP, LEAF_PORT), LEAF_MAC, worker_mac(r), to)
+                   for r, (d, to) in enumerate(want)]  # fmt: skip
+    assert plane.upstream_stats().to_json() == reference.upstream.stats.to_json()
+    assert plane.job_stats(JOB).to_json() == reference.jobs[JOB].stats.to_json()
 
 
 def test_a_worker_under_a_leaf_defaults_to_the_trees_k() -> None:

@@ -139,8 +139,8 @@ def test_hierarchical_leafspine_refuses_uneven_leaves(
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"backend": "dpdk"}, "runs the python or socket backend in INA mode"),
-        ({"mode": "server", "compressor": "topk"}, "runs the python or socket backend in INA"),
+        ({"backend": "bmv2"}, "runs the python, socket or dpdk backend in INA mode"),
+        ({"mode": "server", "compressor": "topk"}, "runs the python, socket or dpdk backend"),
         ({"leaves": 3}, "must split evenly"),
         ({"k": 183}, "the largest k is 182"),
         ({"pcaps": True}, "not in leafspine yet"),
@@ -153,8 +153,9 @@ def test_hierarchical_leafspine_config_is_checked(
         TopoConfig(out=tmp_path, topo="leafspine", workers=4, **{"k": 182, **options})
     cfg = TopoConfig(out=tmp_path, topo="leafspine", workers=4, k=182)
     assert (cfg.backend, cfg.aggregators) == ("python", 3)
-    assert TopoConfig(out=tmp_path, topo="leafspine", workers=4, k=182,
-                      backend="socket").backend == "socket"  # fmt: skip
+    for backend in ("socket", "dpdk"):
+        assert TopoConfig(out=tmp_path, topo="leafspine", workers=4, k=182,
+                          backend=backend).backend == backend  # fmt: skip
     assert topo_cli.topo_k(None, "ina", "nc8", tagged=False, topo="leafspine") == 182
 
 
@@ -192,7 +193,7 @@ def test_shard_bounds_cut_chunks_evenly(n: int, k: int, shards: int) -> None:
 
 class FakeClient:
     """Stands in for an AllreduceClient: records what it was given (and the tensor's name),
-    returns it times 10."""
+    writes it times 10 into ``out``."""
 
     def __init__(self, k: int) -> None:
         self.k = k
@@ -200,11 +201,14 @@ class FakeClient:
         self.tensors: list[Hashable] = []
         self.closed = False
 
-    def allreduce(self, x: np.ndarray, op: str, tensor: Hashable = None) -> np.ndarray:
-        assert op == "mean"
+    def allreduce(
+        self, x: np.ndarray, op: str, tensor: Hashable = None, *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        assert op == "mean" and out is not None  # the fabric hands each client its slice
         self.calls.append(x.copy())
         self.tensors.append(tensor)
-        return x * 10
+        np.multiply(x, 10, out=out)
+        return out
 
     @property
     def stats(self) -> dict[str, int]:
@@ -230,6 +234,20 @@ def test_sharded_allreduce_gives_each_aggregator_its_own_chunks() -> None:
     assert fabric.stats == {"packets_sent": 4, "saturated": 0}
     fabric.close()
     assert all(c.closed for c in clients)
+
+
+def test_sharded_allreduce_writes_each_range_into_the_given_buffer() -> None:
+    clients = [FakeClient(4) for _ in range(2)]
+    fabric = ShardedAllreduce(clients)  # type: ignore[arg-type]
+    x = np.arange(10, dtype=np.float32)
+    out = np.zeros(10, dtype=np.float32)
+    assert fabric.allreduce(x, out=out) is out
+    np.testing.assert_array_equal(out, np.arange(10) * 10)
+    assert fabric.allreduce(x, out=x) is x  # in place: the hook's staging buffer
+    np.testing.assert_array_equal(x, np.arange(10) * 10)
+    with pytest.raises(ValueError, match=r"out has shape \(9,\), the tensor \(10,\)"):
+        fabric.allreduce(x, out=out[:9])
+    fabric.close()
 
 
 def test_sharded_allreduce_needs_one_k() -> None:

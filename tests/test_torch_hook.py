@@ -11,7 +11,9 @@ gloo and records the difference), and write the records as JSON.
   iteration: the branches run in an order that differs from their registration order);
 - ``nc8`` results on Gaussian gradients: every element within the deterministic NC bound, the
   squared error within the variance bound;
-- the same exact check with the tensor sharded across two aggregators (the ``multi`` topology);
+- the same exact check with the tensor sharded across two aggregators (the ``multi`` topology),
+  and with the buckets staged as CUDA buckets are (``HostCopier``: the same steps on CPU tensors;
+  tests/test_cuda_hook.py runs the real CUDA path where a GPU exists);
 - the hook is asynchronous: it returns a pending future, buckets are reduced one at a time in
   call order, a failure completes the future with the error (DDP's ``backward()`` raises it,
   with a real aggregator that never answers), and ``comm_total_s`` adds up the time spent.
@@ -33,6 +35,7 @@ import torch
 import torch.distributed as dist
 from ncina.worker.client import AllreduceClient
 from ncina.worker.sharding import ShardedAllreduce
+from ncina.worker.staging import BucketStaging, HostCopier
 from ncina.worker.torch_hook import (
     InaHookState,
     VerifyingState,
@@ -65,10 +68,11 @@ class Branches(nn.Module):
 
 
 def run_ranks(
-    tmp_path: Path, result: str, gradients: str, aggregators: int = 1
+    tmp_path: Path, result: str, gradients: str, aggregators: int = 1, **options: str
 ) -> tuple[list[Any], list[dict[str, Any]]]:
     """Start the aggregators and both ranks; return each rank's records per iteration and the
-    aggregators' stats."""
+    aggregators' stats. ``options``: ``device`` (``"cuda"``: the model and its buckets on the
+    GPU), ``staging`` (``"host"``: CPU buckets staged as CUDA ones are, ``HostCopier``)."""
     running = [
         start_aggregator(
             "python", tmp_path / f"aggregator{j}", job=1, workers=WORLD, k=K, result=result,
@@ -83,6 +87,7 @@ def run_ranks(
                 "rank": rank, "result": result, "gradients": gradients,
                 "aggregators": [list(a.address) for a in running],
                 "rendezvous": str(tmp_path / "rendezvous"), "out": str(tmp_path / f"{rank}.json"),
+                **options,
             }
             env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
             procs.append(subprocess.Popen([sys.executable, __file__, json.dumps(spec)], env=env))
@@ -136,20 +141,32 @@ def test_sharded_across_two_aggregators_is_exact(tmp_path: Path) -> None:
     ]
 
 
+def test_staged_buckets_equal_gloo_across_bucket_rebuild(tmp_path: Path) -> None:
+    """The GPU path's staging (copy to a staging buffer, mean written into it, copy back,
+    future completed by the copier) with CPU buckets (``HostCopier``): exact, as unstaged."""
+    ranks, _ = run_ranks(tmp_path, "int", "powers", staging="host")
+    for iterations in ranks:
+        assert len(iterations) == ITERATIONS
+        for records in iterations:
+            assert records and [r["max_abs_error"] for r in records] == [0.0] * len(records)
+    assert ranks[0] == ranks[1]
+
+
 class HeldFabric:
-    """A fabric whose all-reduces wait for ``release`` and record their order (x + 1 each)."""
+    """A fabric whose all-reduces wait for ``release`` and record their order (x + 1 each,
+    written into ``out`` as the real fabric does)."""
 
     def __init__(self, fail_on: int | None = None) -> None:
         self.release = threading.Event()
         self.calls: list[int] = []
         self.fail_on = fail_on
 
-    def allreduce(self, x: np.ndarray, tensor: int) -> np.ndarray:
+    def allreduce(self, x: np.ndarray, tensor: int, out: np.ndarray) -> np.ndarray:
         assert self.release.wait(30)
         self.calls.append(tensor)
         if tensor == self.fail_on:
             raise TimeoutError(f"allreduce: no result for bucket {tensor}")
-        return x + 1
+        return np.add(x, 1, out=out)
 
 
 class Bucket:
@@ -237,7 +254,13 @@ def rank_main(spec: dict[str, Any]) -> None:
         "gloo", init_method=f"file://{spec['rendezvous']}", rank=rank, world_size=WORLD
     )
     torch.manual_seed(0)
-    model = DistributedDataParallel(Branches(), bucket_cap_mb=BUCKET_CAP_MB)
+    device = torch.device(spec.get("device", "cpu"))
+    if device.type == "cuda":  # both ranks may share one GPU: gloo does not mind
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        model = DistributedDataParallel(Branches().to(device), device_ids=[device],
+                                        bucket_cap_mb=BUCKET_CAP_MB)  # fmt: skip
+    else:
+        model = DistributedDataParallel(Branches(), bucket_cap_mb=BUCKET_CAP_MB)
     fabric = ShardedAllreduce(
         [
             AllreduceClient(
@@ -247,7 +270,8 @@ def rank_main(spec: dict[str, Any]) -> None:
             for a in spec["aggregators"]
         ]
     )
-    state = VerifyingState(InaHookState(fabric))
+    staging = BucketStaging(HostCopier()) if spec.get("staging") == "host" else BucketStaging()
+    state = VerifyingState(InaHookState(fabric, staging=staging))
     model.register_comm_hook(state, verifying_hook)
     generator = torch.Generator().manual_seed(100 + rank)
 
@@ -260,12 +284,15 @@ def rank_main(spec: dict[str, Any]) -> None:
     iterations = []
     for _ in range(ITERATIONS):
         # Batch of one: d(loss)/dW = c x^T and d(loss)/db = c, products of powers of two.
-        inputs = [sample(1, i) for i, _ in BRANCHES]
-        weights = [sample(1, o) for _, o in BRANCHES]
+        inputs = [sample(1, i).to(device) for i, _ in BRANCHES]
+        weights = [sample(1, o).to(device) for _, o in BRANCHES]
         model.zero_grad()
         model(inputs, weights).backward()
         iterations.append(list(state.records))
         state.records.clear()
+    # Every bucket index kept one staging buffer (when staged), of its rebuilt bucket's size.
+    staged = {i: s.host.numel() for i, s in state.ina.staging.slots.items()}
+    assert not staged or staged == {r["bucket"]: r["elements"] for r in iterations[-1]}, staged
     state.ina.close()  # the communication thread ends before the fabric and the process group
     fabric.close()
     del model  # DDP before the process group, while Python is alive (training.release_ddp)
@@ -276,18 +303,3 @@ def rank_main(spec: dict[str, Any]) -> None:
 if __name__ == "__main__":
     rank_main(json.loads(sys.argv[1]))
 
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-def test_a_gpu_bucket_is_staged_through_pinned_host_memory() -> None:
-    """A CUDA bucket goes to the fabric through a pinned host buffer (kept per size) and its
-    mean comes back into the device buffer."""
-    fabric = HeldFabric()
-    fabric.release.set()
-    state = InaHookState(fabric)  # type: ignore[arg-type]
-    bucket = Bucket(4, [1.0, 2.0, 3.0])
-    bucket._buffer = bucket._buffer.cuda()
-    result = ina_hook(state, bucket).wait()  # type: ignore[arg-type]
-    assert result.is_cuda and result.tolist() == [2.0, 3.0, 4.0]
-    (staged,) = state._staging.values()
-    assert staged.is_pinned() and staged.device.type == "cpu"
-    state.close()

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import torch
 from ncina.topo import report
 from ncina_testlib import assert_sent_once_plus_retransmissions, start_aggregator
 
@@ -191,6 +192,21 @@ def test_training_outside_torchrun_names_the_missing_flag() -> None:
     assert out.stderr == ("ncina train: error: --rank is missing and $RANK is not set: give "
                           "--rank, or start the ranks with torchrun\n")  # fmt: skip
 
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is here: --device cuda trains")
+def test_device_cuda_without_a_gpu_is_refused_in_one_line() -> None:
+    out = subprocess.run(
+        [str(NCINA), "train", "--rank", "0", "--workers", "1", "--master",
+         f"127.0.0.1:{free_tcp_port()}", "--device", "cuda"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert out.returncode == 1
+    assert out.stderr == (f"ncina train: error: --device cuda: PyTorch {torch.__version__} sees "
+                          "no CUDA GPU here\n")  # fmt: skip
+    bad = subprocess.run([str(NCINA), "train", "--device", "gpu"], capture_output=True,
+                         text=True, timeout=60, check=False)  # fmt: skip
+    assert bad.returncode == 2 and "'gpu' is not cpu, cuda or cuda:N" in bad.stderr
 
 
 def test_server_mode_training_learns(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import signal
 import socket
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -273,6 +274,36 @@ def test_mean_and_sum_of_powers_of_two_are_exact(result: str) -> None:
     assert stats["packets_received"] == 2 * chunks + stats["results_ignored"]
     assert stats["results_ignored"] <= stats["retransmissions"]
     assert stats["allreduce_calls"] == 2 and stats["elements"] == 2 * x.size
+
+
+def test_the_result_lands_in_the_given_buffer_in_place_too(data_path: str) -> None:
+    """``out=``: the mean goes into the caller's array (the DDP hook's staging buffer), which
+    may be the input itself; on the C path nothing of the tensor's size is allocated (the
+    traced peak, which includes the fake's few hundred bytes per chunk, stays far below the
+    4 MiB a new result array would add)."""
+    n = 1 << 20
+    x = powers_of_two(n, seed=3)
+    out = np.full(n, np.nan, dtype=np.float32)
+    with fake(workers=4) as agg, client_for(agg.address, workers=4, k=1024) as client:
+        assert client.allreduce(x, out=out) is out
+        np.testing.assert_array_equal(out, x)
+        inplace = x.copy()
+        tracemalloc.start()
+        try:
+            assert client.allreduce(inplace, op="sum", out=inplace) is inplace
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        np.testing.assert_array_equal(inplace, 4 * x)
+        for bad, reason in [
+            (np.zeros(n, dtype=np.float64), "float32 of shape"),
+            (np.zeros(n - 1, dtype=np.float32), "float32 of shape"),
+            (np.zeros(2 * n, dtype=np.float32)[::2], "C-contiguous"),
+        ]:
+            with pytest.raises(ValueError, match=reason):
+                client.allreduce(x, out=bad)
+    if data_path == "c":  # the Python reference decodes into a new array, then copies
+        assert peak < n * 4 // 4, f"{peak} bytes traced during an in-place all-reduce"
 
 
 def test_keyed_job_tags_every_packet_and_ignores_forged_results() -> None:

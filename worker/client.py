@@ -457,7 +457,12 @@ class AllreduceClient:
         self.close()
 
     def allreduce(
-        self, x: np.ndarray, op: str = "mean", tensor: Hashable = None
+        self,
+        x: np.ndarray,
+        op: str = "mean",
+        tensor: Hashable = None,
+        *,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
         """Sum (``op="sum"``) or average (``"mean"``) ``x`` over the job's workers.
 
@@ -465,6 +470,13 @@ class AllreduceClient:
         shape. NaN or infinity raises ``ValueError`` before anything is sent. Raises
         ``TimeoutError`` when no valid result arrives for ``deadline`` seconds, and
         ``AggregatorRestartedError`` when the aggregator restarted during the call.
+
+        ``out``, a writable C-contiguous float32 array of ``x``'s shape, receives the result
+        (and is returned) instead of a new array; it may be ``x`` itself (every chunk is read
+        before its result is written, and no chunk's result lands outside its own elements).
+        On the C data path with no compressor nothing of the tensor's size is allocated then:
+        the results are decoded straight into it (the DDP hook's pinned staging buffers). If
+        the call fails, ``out`` may hold some chunks' results.
 
         ``tensor`` names the tensor for the compressor's state: calls with the same name and
         size continue one tensor (its error-feedback memory, its offsets in server mode), and
@@ -478,6 +490,7 @@ class AllreduceClient:
         x = np.asarray(x)
         if not np.issubdtype(x.dtype, np.floating):
             raise ValueError(f"allreduce needs a floating-point array, got {x.dtype}")
+        dest = None if out is None else _destination(out, x.shape)
         flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
         n = flat.size
         if n >= 1 << 32:
@@ -486,14 +499,21 @@ class AllreduceClient:
             total = self._server_allreduce(flat, tensor)
             if op == "sum":
                 total *= np.float32(self.workers)
+        else:
+            if self.compressor is not None:  # an INA method: values are NC8-exact powers of two
+                state = self._state(self._range(tensor, n))
+                flat = self.compressor.decompress(self.compressor.compress(flat, state))
+            if self._c is not None:
+                total = self._c_allreduce(flat, dest)
+            else:
+                total = self._python_allreduce(flat)
+            if op == "mean":
+                total /= np.float32(self.total_workers)
+        if out is None:
             return total.reshape(x.shape)
-        if self.compressor is not None:  # an INA method: its values are NC8-exact powers of two
-            state = self._state(self._range(tensor, n))
-            flat = self.compressor.decompress(self.compressor.compress(flat, state))
-        total = self._c_allreduce(flat) if self._c is not None else self._python_allreduce(flat)
-        if op == "mean":
-            total /= np.float32(self.total_workers)
-        return total.reshape(x.shape)
+        if total is not dest:
+            np.copyto(dest, total)
+        return out
 
     def _python_allreduce(self, flat: np.ndarray) -> np.ndarray:
         """The sum of ``flat`` (float32, 1-D) over the workers through the Python loop (the
@@ -530,8 +550,10 @@ class AllreduceClient:
             self.job, self.rank, saturated, n, self.window.e_max,
         )
 
-    def _c_allreduce(self, flat: np.ndarray) -> np.ndarray:
-        """The sum of ``flat`` (float32, 1-D) over the workers through the C data path.
+    def _c_allreduce(self, flat: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The sum of ``flat`` (float32, 1-D) over the workers through the C data path, into
+        ``out`` (1-D float32 of ``flat``'s size, may be ``flat``: see :meth:`allreduce`) or a
+        new array; returns it.
 
         The checks, the random key and the counters come in the order of the Python path (the
         key is drawn as ``nc8.encode`` draws it), so both consume the client's random stream
@@ -546,7 +568,8 @@ class AllreduceClient:
             raise ValueError(f"cannot encode {float(flat[bad])} at flat index {bad}")
         self._stats["allreduce_calls"] += 1
         self._stats["elements"] += n
-        out = np.empty(n, dtype=np.float32)
+        if out is None:
+            out = np.empty(n, dtype=np.float32)
         if n == 0:
             return out
         self._handshake()
@@ -671,6 +694,18 @@ class AllreduceClient:
             return
         self._broken = f"{type(error).__name__}: {error}"
         raise error
+
+
+def _destination(out: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``out`` flattened (a view) after checking that an all-reduce of ``shape`` can write its
+    result there: ``ValueError`` saying what is wrong otherwise."""
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"out must be a numpy array, got {type(out).__name__}")
+    if out.dtype != np.float32 or out.shape != shape:
+        raise ValueError(f"out must be float32 of shape {shape}, got {out.dtype} of {out.shape}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError("out must be a writable C-contiguous array")
+    return out.reshape(-1)
 
 
 def _choose_data_path(requested: str | None) -> str:

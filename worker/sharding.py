@@ -48,20 +48,30 @@ class ShardedAllreduce:
         self.k = self.clients[0].k
         self._pool = ThreadPoolExecutor(len(self.clients), thread_name_prefix="ncina-shard")
 
-    def allreduce(self, x: np.ndarray, tensor: Hashable = None) -> np.ndarray:
-        """The mean over the job's workers of the 1-D float32 array ``x`` (a new array);
-        ``tensor`` names it for the clients' compressor state (``AllreduceClient.allreduce``)."""
+    def allreduce(
+        self, x: np.ndarray, tensor: Hashable = None, *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The mean over the job's workers of the 1-D float32 array ``x``; ``tensor`` names it
+        for the clients' compressor state (``AllreduceClient.allreduce``).
+
+        The mean goes into ``out`` when given (float32 of ``x``'s shape; may be ``x`` itself),
+        each aggregator's range straight into its slice of it, else into a new array; the
+        array is returned.
+        """
         if len(self.clients) == 1:
-            return self.clients[0].allreduce(x, "mean", tensor)
-        out = np.empty(x.shape, dtype=np.float32)
+            return self.clients[0].allreduce(x, "mean", tensor, out=out)
+        if out is None:
+            out = np.empty(x.shape, dtype=np.float32)
+        elif out.shape != x.shape:
+            raise ValueError(f"out has shape {out.shape}, the tensor {x.shape}")
         bounds = shard_bounds(x.size, self.k, len(self.clients))
         futures = [
-            (self._pool.submit(client.allreduce, x[start:stop], "mean", tensor), start, stop)
+            self._pool.submit(client.allreduce, x[start:stop], "mean", tensor, out=out[start:stop])
             for client, (start, stop) in zip(self.clients, bounds, strict=True)
             if stop > start
         ]
-        for future, start, stop in futures:
-            out[start:stop] = future.result()
+        for future in futures:
+            future.result()
         return out
 
     @property

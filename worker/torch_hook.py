@@ -2,24 +2,31 @@
 
 ``model.register_comm_hook(InaHookState(fabric), ina_hook)`` makes every gradient bucket of a
 ``DistributedDataParallel`` model go through the aggregator(s) instead of gloo: the bucket's
-flattened buffer is NC8-encoded, summed in the switch, decoded, averaged and copied back into the
-buffer. The hook returns at once with a pending ``torch.futures.Future``; the state's one
+flattened buffer is NC8-encoded, summed in the switch, decoded, averaged and written back into
+the buffer. The hook returns at once with a pending ``torch.futures.Future``; the state's one
 communication thread all-reduces the buckets in the order the hook was called (the same on every
 rank, so the fabric's slot sequence stays in step) and completes each future, while autograd goes
 on computing the gradients of the later buckets: communication overlaps the backward pass. DDP
 waits for every future at the end of ``backward()`` and copies the results into ``.grad``. A
 failed all-reduce (aggregator gone, deadline, restart) completes its future with the exception,
 so ``backward()`` raises it instead of hanging; the client then refuses later calls, which fail
-the same way. GPU buckets are staged through a pinned host buffer and copied back to the device.
+the same way.
+
+A bucket in host memory is all-reduced in place (the fabric writes the mean into it). A CUDA bucket
+goes through :mod:`ncina.worker.staging`: the hook queues its copy into a pinned buffer of its
+own on a copy stream, so the copy of one bucket overlaps the transfer of the previous one; the
+communication thread waits for that copy, has the fabric write the mean into the same buffer, and
+queues the copy back; the future (made with the bucket's device) makes DDP's stream wait for it.
+One copy each way per bucket, and after the first iteration no memory allocated per bucket.
 
 With a compressor on the fabric's clients (INA or server mode) the bucket goes through it the
 same way; the bucket's index names the tensor, so each bucket keeps its own compressor state.
 
 DDP calls the hook for buckets in index order on every rank, and rebuilds its buckets once after the
-first iteration (in gradient-ready order, the same on every rank); the hook keeps no per-bucket
-state, so the rebuilt buckets need nothing special: every rank sends the same sequence of tensors
-and the fabric's slot sequence stays in step (a compressor's state is per bucket index and size,
-so a rebuilt bucket of another size starts afresh).
+first iteration (in gradient-ready order, the same on every rank); the rebuilt buckets need
+nothing special: every rank sends the same sequence of tensors and the fabric's slot sequence
+stays in step (a compressor's state is per bucket index and size, so a rebuilt bucket of another
+size starts afresh; so does a GPU bucket's staging buffer).
 
 :func:`verifying_hook` wraps the hook for tests and ``ncina train --verify``: it also all-reduces
 the raw bucket with gloo and records how far the fabric's mean is from the exact one, against the
@@ -39,6 +46,7 @@ import torch
 import torch.distributed as dist
 from ncina.proto.nc_bounds import bounds_from_sums
 from ncina.worker.sharding import ShardedAllreduce
+from ncina.worker.staging import BucketStaging, Slot
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 # Relative slack for float32 rounding of the decoded mean (decode, divide by N).
@@ -55,7 +63,9 @@ class InaHookState:
     RuntimeError whose text is "Unable to cast <error> to Tensor"; ``raise state.error from
     exc`` gives the caller the original one.
 
-    Call :meth:`close` when training ends (it waits for the bucket in flight, if any).
+    ``staging`` holds the pinned buffers of CUDA buckets (:mod:`ncina.worker.staging`; a
+    ``BucketStaging(HostCopier())`` stages CPU buckets the same way, for tests). Call
+    :meth:`close` when training ends (it waits for the bucket in flight, if any).
     """
 
     fabric: ShardedAllreduce
@@ -63,58 +73,80 @@ class InaHookState:
     buckets: int = 0
     last_call: float = 0.0
     error: BaseException | None = None
+    staging: BucketStaging = field(default_factory=BucketStaging, repr=False)
     _thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ncina-hook"),
         repr=False,
     )
-    _staging: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def close(self) -> None:
         """Stop the communication thread."""
         self._thread.shutdown(wait=True)
 
-    def host_buffer(self, buffer: torch.Tensor) -> torch.Tensor:
-        """``buffer`` itself when it is in host memory, else a pinned host buffer of its size
-        (kept per size: DDP's buckets keep their sizes) holding a copy of it."""
-        if buffer.device.type == "cpu":
-            return buffer.detach()
-        staged = self._staging.get(buffer.numel())
-        if staged is None:
-            staged = torch.empty(buffer.numel(), dtype=buffer.dtype, pin_memory=True)
-            self._staging[buffer.numel()] = staged
-        staged.copy_(buffer.detach())
-        return staged
+    def reduce(
+        self,
+        buffer: torch.Tensor,
+        index: int,
+        future: torch.futures.Future[torch.Tensor],
+        slot: Slot | None,
+    ) -> None:
+        """On the communication thread: the bucket's mean into ``buffer`` (through its staging
+        ``slot``, if any), then complete ``future`` with it, or with the exception that stopped
+        the all-reduce."""
+        try:
+            self._allreduce(buffer, index, slot)
+            if slot is None:
+                future.set_result(buffer)
+            else:
+                self.staging.finish(slot, future)  # the copy back queued, then the result set
+        except Exception as exc:  # the future carries it to DDP, which raises it in backward()
+            self._fail(future, exc, slot)
 
-    def reduce(self, buffer: torch.Tensor, index: int, future: torch.futures.Future) -> None:
-        """On the communication thread: the bucket's mean into ``buffer``, then complete
-        ``future`` with it, or with the exception that stopped the all-reduce."""
+    def _allreduce(self, buffer: torch.Tensor, index: int, slot: Slot | None) -> None:
+        """The mean written over the bucket's host memory: the bucket itself, or its staging
+        buffer once the copy into it is done; timed and counted."""
         start = time.perf_counter()
         try:
-            host = self.host_buffer(buffer)
-            mean = self.fabric.allreduce(host.numpy(), tensor=index)
-            buffer.copy_(torch.from_numpy(mean))
-        except Exception as exc:  # the future carries it to DDP, which raises it in backward()
-            if self.error is None:
-                self.error = exc
-            future.set_exception(exc)
-            return
+            host = buffer.detach() if slot is None else self.staging.host(slot)
+            array = host.numpy()
+            self.fabric.allreduce(array, tensor=index, out=array)
         finally:
             with self._lock:
                 self.comm_total_s += time.perf_counter() - start
                 self.buckets += 1
-        future.set_result(buffer)
+
+    def _fail(
+        self, future: torch.futures.Future[torch.Tensor], exc: Exception, slot: Slot | None
+    ) -> None:
+        """Complete ``future`` with ``exc`` (kept as :attr:`error` if it is the first) and free
+        the bucket's staging slot."""
+        if slot is not None:
+            self.staging.release(slot)
+        if self.error is None:
+            self.error = exc
+        future.set_exception(exc)
 
 
 def ina_hook(state: InaHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Replace the bucket's gradients with their mean over the workers, through the fabric;
-    returns at once (see the module doc): the future completes on the communication thread."""
+    returns at once (see the module doc): the future completes on the communication thread. A
+    CUDA bucket's copy to host memory is queued here, behind the work that filled it."""
     buffer = bucket.buffer()
     if buffer.dtype != torch.float32:
         raise TypeError(f"the INA hook handles float32 gradients, bucket has {buffer.dtype}")
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     state.last_call = time.time()
-    state._thread.submit(state.reduce, buffer, bucket.index(), future)
+    if not state.staging.handles(buffer):
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        state._thread.submit(state.reduce, buffer, bucket.index(), future, None)
+        return future
+    future = state.staging.future(buffer)
+    try:
+        slot = state.staging.stage(buffer, bucket.index())
+    except Exception as exc:  # fail like an all-reduce: backward() raises it
+        state._fail(future, exc, None)
+        return future
+    state._thread.submit(state.reduce, buffer, bucket.index(), future, slot)
     return future
 
 
@@ -162,11 +194,11 @@ def verifying_hook(
     x /= workers
     future = ina_hook(state.ina, bucket)
     got = future.wait()
-    total, abs_sum, sq_sum = moments.numpy()
+    total, abs_sum, sq_sum = moments.cpu().numpy()  # on a GPU bucket's device until here
     bounds = bounds_from_sums(
         abs_sum, sq_sum, total, workers, client.window.e_min, client.result_format
     )
-    mean = got.double().numpy()
+    mean = got.double().cpu().numpy()
     error = np.abs(mean - total / workers)
     state.records.append(
         {

@@ -15,6 +15,10 @@ gradient all-reduce then goes either
   the compressed mean); or
 - (no ``--aggregator``) through gloo's own fp32 ring all-reduce: the baseline.
 
+``--device cuda`` trains on a GPU (``$LOCAL_RANK``'s under torchrun): the model, its batches and
+DDP's gradient buckets live there, and the hook stages each bucket through pinned host memory
+(docs/worker.md, "GPU gradient buckets"); without a CUDA GPU the command refuses in one line.
+
 Each rank trains on its shard of the training set (``DistributedSampler``, same shuffle on all
 ranks), evaluates the full test set after every epoch, prints progress lines and appends JSON events
 to ``--metrics``: ``start``; ``step`` (loss, counters); ``epoch`` (test loss and accuracy);
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -80,6 +85,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", type=device_name, default="cpu",
+                   help="cpu, cuda (GPU $LOCAL_RANK under torchrun, else the rank, modulo the "
+                   "GPU count) or cuda:N; on a GPU the INA hook stages each gradient bucket "
+                   "through pinned host memory (docs/worker.md); refused when PyTorch sees no "
+                   "CUDA GPU (default: %(default)s)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size")
     p.add_argument("--k", type=int, default=None,
                    help="elements per packet, the job's K (default: the most that fit --mtu)")
@@ -110,6 +120,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "by the rank (one file per rank under torchrun)")
     p.add_argument("--log-every", type=int, default=1, help="print every Nth step")
     return p
+
+
+def device_name(text: str) -> str:
+    """``--device``'s value, checked without importing PyTorch: cpu, cuda or cuda:N."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not cpu, cuda or cuda:N")
+    return text
 
 
 def run(args: argparse.Namespace) -> int:

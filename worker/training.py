@@ -11,7 +11,7 @@ import gc
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -102,13 +102,31 @@ def loss_of(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean")
                                        reduction=reduction)  # fmt: skip
 
 
-def evaluate(model: nn.Module, test: Dataset) -> tuple[float, float]:
+def resolve_device(name: str, rank: int, environ: Mapping[str, str]) -> torch.device:
+    """The device this rank trains on (``--device``): ``cpu``; ``cuda:N`` as given; ``cuda``:
+    GPU ``$LOCAL_RANK`` (torchrun's rank on this node), else the rank, modulo the GPU count.
+    ``ValueError`` when PyTorch sees no such CUDA GPU (before anything else starts)."""
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: PyTorch {torch.__version__} sees no CUDA GPU here")
+    count = torch.cuda.device_count()
+    if name == "cuda":
+        return torch.device("cuda", int(environ.get("LOCAL_RANK", rank)) % count)
+    index = int(name.removeprefix("cuda:"))
+    if index >= count:
+        raise ValueError(f"--device {name}: PyTorch sees {count} CUDA GPU(s)")
+    return torch.device("cuda", index)
+
+
+def evaluate(model: nn.Module, test: Dataset, device: torch.device) -> tuple[float, float]:
     """Mean cross-entropy and accuracy (percent, per predicted class: per image, or per next
     character of an LM) on the whole test set, in batches."""
     model.eval()
     loss = correct = count = 0.0
     with torch.no_grad():
         for x, y in DataLoader(test, batch_size=EVAL_BATCH):
+            x, y = x.to(device), y.to(device)
             output = model(x)
             loss += loss_of(output, y, "sum").item()
             correct += (output.argmax(-1) == y).sum().item()
@@ -117,7 +135,9 @@ def evaluate(model: nn.Module, test: Dataset) -> tuple[float, float]:
     return loss / count, 100.0 * correct / count
 
 
-def compute_step_time(model: DistributedDataParallel, loader: DataLoader) -> float:
+def compute_step_time(
+    model: DistributedDataParallel, loader: DataLoader, device: torch.device
+) -> float:
     """Median seconds of a forward and backward pass without gradient exchange (``no_sync``):
     the compute a step costs (``step_s`` beyond it is what the exchange adds to a step, its
     share of the CPUs included). The gradients are discarded, and the parameters stay as they
@@ -128,7 +148,9 @@ def compute_step_time(model: DistributedDataParallel, loader: DataLoader) -> flo
         for _ in range(PROBE_STEPS):
             x, y = next(batches)
             start = time.perf_counter()
-            loss_of(model(x), y).backward()
+            loss_of(model(x.to(device)), y.to(device)).backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # the kernels ran, not only were queued
             times.append(time.perf_counter() - start)
     model.zero_grad(set_to_none=True)
     return sorted(times)[len(times) // 2]
@@ -161,6 +183,9 @@ def run_rank(args: argparse.Namespace) -> None:
     Errors (unknown model, aggregator gone, NaN gradients) raise.
     """
     models.check(args.model)
+    device = resolve_device(args.device, args.rank, os.environ)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if args.iface:
         os.environ["GLOO_SOCKET_IFNAME"] = args.iface
     torch.manual_seed(args.seed)
@@ -175,7 +200,7 @@ def run_rank(args: argparse.Namespace) -> None:
     events = Events(Path(str(args.metrics).format(rank=args.rank)) if args.metrics else None)
     fabric = make_fabric(args) if args.aggregator else None
     try:
-        train(args, events, fabric)
+        train(args, events, fabric, device)
     finally:
         if fabric:
             fabric.close()
@@ -195,14 +220,23 @@ def release_ddp() -> None:
     dist.destroy_process_group()
 
 
-def train(args: argparse.Namespace, events: Events, fabric: ShardedAllreduce | None) -> None:
-    """The training loop of one rank (see the module doc for the events it emits)."""
+def train(
+    args: argparse.Namespace,
+    events: Events,
+    fabric: ShardedAllreduce | None,
+    device: torch.device,
+) -> None:
+    """The training loop of one rank on ``device`` (see the module doc for the events it
+    emits); on a GPU the INA hook stages the buckets through pinned host memory."""
     spec = models.resolve(args.model)
     data_name = args.data or spec.data
     if not data_name:
         raise ValueError(f"--model {args.model} has no default data set: give --data")
     train_set, test_set = data.resolve(data_name)(args.seed)
-    model = DistributedDataParallel(spec.factory(), bucket_cap_mb=args.bucket_cap_mb)
+    model = DistributedDataParallel(
+        spec.factory().to(device), device_ids=[device] if device.type == "cuda" else None,
+        bucket_cap_mb=args.bucket_cap_mb,
+    )
     verify: VerifyingState | None = None
     hook: InaHookState | GlooHookState
     if fabric:
@@ -216,7 +250,7 @@ def train(args: argparse.Namespace, events: Events, fabric: ShardedAllreduce | N
         hook = GlooHookState()
         model.register_comm_hook(hook, gloo_hook)
     try:
-        steps(args, events, fabric, model, hook, verify, train_set, test_set, data_name)
+        steps(args, events, fabric, model, hook, verify, train_set, test_set, data_name, device)
     finally:
         if isinstance(hook, InaHookState):
             hook.close()
@@ -232,8 +266,9 @@ def steps(
     train_set: Dataset,
     test_set: Dataset,
     data_name: str,
+    device: torch.device,
 ) -> None:
-    """Train ``model`` for the epochs or steps asked, emitting the events."""
+    """Train ``model`` (on ``device``) for the epochs or steps asked, emitting the events."""
     sampler = DistributedSampler(
         train_set, num_replicas=args.workers, rank=args.rank, seed=args.seed, drop_last=True
     )
@@ -242,15 +277,15 @@ def steps(
     mode = "ina" if fabric else "gloo"
     tag = f"[{mode} rank {args.rank}]"
     params = sum(p.numel() for p in model.parameters())
-    test_loss, test_acc = evaluate(model.module, test_set)
-    compute_s = compute_step_time(model, loader)
+    test_loss, test_acc = evaluate(model.module, test_set, device)
+    compute_s = compute_step_time(model, loader, device)
     dist.barrier()  # every rank starts its counters and clock together
     counters, clock = Counters(args.iface), Clock()
     events.emit(
         "start", f"{tag} {args.model} on {data_name}, {params} parameters, "
         f"{len(loader)} steps/epoch, compute {compute_s * 1e3:.1f} ms/step",
         rank=args.rank, world_size=args.workers, mode=mode, model=args.model,
-        data=data_name, parameters=params, steps_per_epoch=len(loader),
+        data=data_name, device=str(device), parameters=params, steps_per_epoch=len(loader),
         aggregators=len(args.aggregator), compressor=args.compressor,
         fabric_mode=args.mode if fabric else None, test_loss=test_loss, test_acc=test_acc,
         compute_step_s=compute_s,
@@ -262,6 +297,7 @@ def steps(
         sampler.set_epoch(epoch)
         for x, y in loader:
             started = time.perf_counter()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad()
             loss = loss_of(model(x), y)
             try:
@@ -293,7 +329,7 @@ def steps(
                 break
         elapsed, wire = clock(), counters.delta()
         with clock.pause():
-            test_loss, test_acc = evaluate(model.module, test_set)
+            test_loss, test_acc = evaluate(model.module, test_set, device)
         events.emit(
             "epoch",
             f"{tag} epoch {epoch} done: test loss {test_loss:.4f} accuracy {test_acc:.2f}% "

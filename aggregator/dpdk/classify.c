@@ -1,8 +1,11 @@
 /* Classify: Ethernet / IPv4 / UDP to our address and port (the datagram for the engine), a
  * fragment of an IPv4 packet to us (for reassembly), a frame with a wrong IPv4 or UDP checksum
  * (dropped and counted), an ARP request for our address, or anything else (ignored); and this
- * layer's module state. */
+ * layer's module state. A leaf learns its spine's MAC here: from an ARP reply or request the
+ * spine sends, and from the source of its datagrams; until then its uplinks wait
+ * (ncd_uplink_route) and ARP requests for it go out at a bounded rate. */
 #include <string.h>
+#include <time.h>
 
 #include <rte_arp.h>
 #include <rte_ip.h>
@@ -14,6 +17,7 @@
 struct rte_ether_addr ncd_mac;
 uint32_t ncd_ip;
 uint16_t ncd_port_be;
+struct ncd_spine ncd_spine = {.interval_ns = 100 * 1000 * 1000};
 
 void ncd_get_mac(uint8_t *mac)
 {
@@ -31,12 +35,62 @@ void ncd_set_address(const uint8_t *ip, uint16_t udp_port)
     ncd_port_be = rte_cpu_to_be_16(udp_port);
 }
 
+void ncd_set_spine(const uint8_t *ip, uint16_t udp_port)
+{
+    const uint64_t interval = ncd_spine.interval_ns;
+    memset(&ncd_spine, 0, sizeof ncd_spine);
+    ncd_spine.interval_ns = interval;
+    memcpy(&ncd_spine.ip, ip, 4);
+    ncd_spine.port = rte_cpu_to_be_16(udp_port);
+}
+
+int ncd_spine_mac(uint8_t *mac)
+{
+    if (!ncd_spine.known)
+        return 0;
+    memcpy(mac, ncd_spine.mac.addr_bytes, RTE_ETHER_ADDR_LEN);
+    return 1;
+}
+
+void ncd_set_arp_interval(uint32_t us)
+{
+    ncd_spine.interval_ns = (uint64_t)us * 1000;
+}
+
+/* ip (network order) is at mac: learned when ip is the spine's (only a change is written). */
+static inline void learn(uint32_t ip, const struct rte_ether_addr *mac)
+{
+    if (ip != ncd_spine.ip || ip == 0 ||
+        (ncd_spine.known && rte_is_same_ether_addr(mac, &ncd_spine.mac)) ||
+        !rte_is_unicast_ether_addr(mac))
+        return;
+    rte_ether_addr_copy(mac, &ncd_spine.mac);
+    ncd_spine.known = 1;
+    ncd_leaf_io->spine_mac_learned++;
+}
+
+enum ncd_route ncd_uplink_route(void)
+{
+    if (ncd_spine.known)
+        return NCD_R_SEND;
+    ncd_leaf_io->uplink_no_mac++;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const uint64_t ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+    if (ns < ncd_spine.next_request_ns)
+        return NCD_R_WAIT;
+    ncd_spine.next_request_ns = ns + ncd_spine.interval_ns;
+    ncd_leaf_io->arp_requests++;
+    return NCD_R_ARP;
+}
+
 static inline int is_for_us(const struct rte_ether_addr *dst)
 {
     return rte_is_same_ether_addr(dst, &ncd_mac) || rte_is_zero_ether_addr(&ncd_mac);
 }
 
-/* An ARP request asking for the aggregator's address. */
+/* An ARP request asking for the aggregator's address (to answer); a request or reply to us
+ * from the spine's address teaches us its MAC (ignored after that). */
 static enum ncd_class classify_arp(const uint8_t *frame, uint32_t len)
 {
     if (len < RTE_ETHER_HDR_LEN + sizeof(struct rte_arp_hdr) || ncd_ip == 0)
@@ -44,10 +98,12 @@ static enum ncd_class classify_arp(const uint8_t *frame, uint32_t len)
     const struct rte_arp_hdr *arp = (const struct rte_arp_hdr *)(frame + RTE_ETHER_HDR_LEN);
     if (arp->arp_hardware != rte_cpu_to_be_16(RTE_ARP_HRD_ETHER) ||
         arp->arp_protocol != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) ||
-        arp->arp_opcode != rte_cpu_to_be_16(RTE_ARP_OP_REQUEST) ||
         arp->arp_data.arp_tip != ncd_ip)
         return NCD_C_IGNORE;
-    return NCD_C_ARP;
+    const uint16_t op = arp->arp_opcode;
+    if (op == rte_cpu_to_be_16(RTE_ARP_OP_REQUEST) || op == rte_cpu_to_be_16(RTE_ARP_OP_REPLY))
+        learn(arp->arp_data.arp_sip, &arp->arp_data.arp_sha);
+    return op == rte_cpu_to_be_16(RTE_ARP_OP_REQUEST) ? NCD_C_ARP : NCD_C_IGNORE;
 }
 
 /* The Internet checksum (RFC 1071) of an IPv4/UDP datagram of udp_len bytes with its
@@ -106,6 +162,8 @@ enum ncd_class ncd_classify(const uint8_t *frame, uint32_t len, struct ncd_pkt *
     if (udp->dgram_cksum != 0 && udp_sum(ip, udp, udp_len) != 0xFFFF)
         return NCD_C_BAD_CHECKSUM;
 
+    if (ip->src_addr == ncd_spine.ip)          /* the spine's frame: its MAC (or the hop's) */
+        learn(ip->src_addr, &eth->src_addr);
     p->from.src_ip = ip->src_addr;
     p->from.dst_ip = ip->dst_addr;
     p->from.src_port = udp->src_port;

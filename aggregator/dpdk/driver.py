@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any, TextIO
 
 import numpy as np
+from ncina.aggregator import hierarchy
 from ncina.aggregator.control import JobsDirectory, jobs_directory
 from ncina.aggregator.dpdk.eal import (
     HUGEPAGE_MODES,
@@ -32,15 +33,15 @@ from ncina.aggregator.dpdk.eal import (
 )
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
-from ncina.aggregator.hierarchy import check_int_frame_room
+from ncina.aggregator.hierarchy import LeafAggregator, check_int_frame_room
 from ncina.aggregator.jobs import Address, JobConfig
 from ncina.proto.header import Format
 
 NAME = "dpdk"
 IO_COUNTERS = (
     "rx_frames", "ignored", "arp_replies", "tx_frames", "tx_dropped", "no_mbuf", "oversize",
-    "loops", "bad_checksum", "fragments", "reassembled", "handoffs", "handoff_full", "handed_in",
-    "parks",
+    "loops", "bad_checksum", "fragments", "reassembled", "uplink_frames", "uplink_no_mac",
+    "arp_requests", "spine_mac_learned", "handoffs", "handoff_full", "handed_in", "parks",
 )  # fmt: skip
 DEFAULT_IDLE_SLEEP_US = 20
 MODES = {"aggregate": 0, "forward": 1}
@@ -94,6 +95,20 @@ class DataPlane(Engine):
             raise ValueError(f"the dpdk backend needs a fixed UDP port, not {port}")
         self.lib.ncd_set_address(ipaddress.IPv4Address(host).packed, port)
 
+    def set_spine(self, spine: Address | None) -> None:
+        """A leaf's spine (``--upstream``): where its datagrams go, to the MAC the data plane
+        resolves by ARP on its port; None: no spine (forgets a learned MAC)."""
+        host, port = spine if spine is not None else ("0.0.0.0", 0)
+        self.lib.ncd_set_spine(ipaddress.IPv4Address(host).packed, port)
+
+    @property
+    def spine_mac(self) -> str | None:
+        """The spine's MAC as learned (``aa:bb:...``), or None while it is not known."""
+        buf = self.ffi.new("uint8_t[6]")
+        if not self.lib.ncd_spine_mac(buf):
+            return None
+        return ":".join(f"{b:02x}" for b in bytes(buf))
+
     def reset(self) -> None:
         """Remove every job and zero every counter, the port's too (tests)."""
         self.lib.nce_reset()
@@ -119,6 +134,31 @@ class DataPlane(Engine):
         return super().add_job(config)
 
 
+class PortLink:
+    """``hierarchy.SpineLink`` over the data plane's port before its loop runs: a leaf's job
+    handshake (``ncd_spine_send``: a hello before the spine's MAC is known sends an ARP request
+    instead; ``ncd_spine_receive`` answers ARP and learns the spine's MAC meanwhile)."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+        self._buf = plane.ffi.new(f"uint8_t[{plane.frame_room}]")
+        self._ip = plane.ffi.new("uint32_t *")
+        self._port = plane.ffi.new("uint16_t *")
+
+    def send(self, datagram: bytes) -> None:
+        if self.plane.lib.ncd_spine_send(datagram, len(datagram)) < 0:
+            reason = self.plane.ffi.string(self.plane.lib.nce_error()).decode(errors="replace")
+            raise RuntimeError(f"sending to the spine: {reason}")
+
+    def receive(self, timeout: float) -> tuple[bytes, Address] | None:
+        size = self.plane.lib.ncd_spine_receive(self._buf, len(self._buf), self._ip, self._port,
+                                                int(timeout * 1e6))  # fmt: skip
+        if size <= 0:  # none, or larger than a frame: no answer of a spine
+            return None
+        source = str(ipaddress.IPv4Address(bytes(self.plane.ffi.buffer(self._ip))))
+        return bytes(self.plane.ffi.buffer(self._buf, size)), (source, int(self._port[0]))
+
+
 class DpdkBackend(EngineBackend):
     """Serve jobs with the C data plane on one port (the ``EngineBackend`` contract): the
     interface ``iface`` through a vdev of ``pmd``, or the NIC at PCI address ``pci``; in
@@ -126,6 +166,12 @@ class DpdkBackend(EngineBackend):
 
     ``lcores`` lanes (``--lcores``) serve the port, each on its own lcore and RX/TX queue pair.
     ``mode="forward"`` runs the no-op forwarder instead (benchmarks).
+
+    With ``leaf`` (``hierarchy.LeafAggregator`` of the one job of ``configs``) the job is a leaf
+    of a spine on the port's link (docs/protocol.md "Hierarchical aggregation", docs/dpdk.md):
+    ``listen`` must name the leaf's own address; before serving, the data plane resolves the
+    spine's MAC by ARP and does the spine's job handshake over the port (``PortLink``); then
+    the engine sends complete slots' sums up in frames to that MAC and takes the spine's results.
     """
 
     name = NAME
@@ -149,10 +195,16 @@ class DpdkBackend(EngineBackend):
         generation: int = 0,
         log: TextIO = sys.stderr,
         control: JobsDirectory | None = None,
+        leaf: LeafAggregator | None = None,
     ) -> None:
         from ncina.aggregator.dpdk.binding import load
 
         check_lcores(lcores)
+        if leaf is not None and lcores > 1:
+            raise ValueError(
+                f"a dpdk leaf (--upstream) serves on one lcore, not --lcores {lcores}: its link "
+                "to the spine (ARP, uplinks, the engine's upstream state) is one lane's"
+            )
         if iface is not None:
             check_queues(iface, pmd, lcores)
         plane = DataPlane(load())
@@ -165,12 +217,27 @@ class DpdkBackend(EngineBackend):
         self.idle_sleep_us = idle_sleep_us
         self.mode = MODES[mode]
         self.lcores = lcores
+        if leaf is not None:
+            assert leaf.leaf is not None
+            if listen[0] == "0.0.0.0":
+                raise ValueError(
+                    "a dpdk leaf (--upstream) needs --listen with its own IPv4 address: its "
+                    "partial sums and ARP requests come from it, the spine's results go to it"
+                )
+            check_int_frame_room(leaf.leaf.config, plane.frame_room, plane.room_limit)
+        self.leaf = leaf
         plane.set_address(listen)
+        plane.set_spine(None if leaf is None else leaf.upstream.address)
         plane.set_lanes(lcores)
         # Jobs first: one the data plane cannot serve is refused before EAL takes the port.
         self.install_jobs()
         plane.init(eal_arguments(iface=iface, pci=pci, memory=memory, extra=eal_extra,
                                  vdev_options=vdev_options, pmd=pmd, lcores=lcores))  # fmt: skip
+
+    def prepare(self) -> None:
+        """A leaf: the spine's job handshake over the port (``EngineBackend.join_spine``)."""
+        if self.leaf is not None:
+            self.join_spine(PortLink(self.plane))
 
     def loop(self) -> int:
         return int(self.plane.lib.ncd_run(self.mode, self.idle_sleep_us))
@@ -184,8 +251,11 @@ class DpdkBackend(EngineBackend):
     def details(self) -> str:
         mode = "no-op forwarder" if self.mode else f"aggregator, generation {self.generation}"
         lanes = f"{self.lcores} lcores" if self.lcores > 1 else "1 lcore"
-        return (f"{mode}, {self.port} mac {self.plane.mac}, {lanes}, "
-                f"memory: {self.memory.reason}")  # fmt: skip
+        details = f"{mode}, {self.port} mac {self.plane.mac}, {lanes}, memory: {self.memory.reason}"
+        if self.leaf is not None:
+            host, port = self.leaf.upstream.address
+            details += f", leaf of spine {host}:{port} (its MAC {self.plane.spine_mac})"
+        return details
 
     def io_stats(self) -> tuple[int, dict[str, Any]]:
         """The port's counters summed over the lanes, and each lane's under ``lanes``."""
@@ -295,5 +365,6 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         mode=args.dpdk_mode,
         generation=generation,
         control=jobs_directory(args),
+        leaf=hierarchy.make_leaf(config, args, generation),
     )
     return backend.run()

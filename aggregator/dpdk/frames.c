@@ -1,6 +1,7 @@
 /* Frames: the engine's reply datagrams behind Ethernet, IPv4 and UDP headers with their
  * checksums (a result to each member: the emulated multicast; a reply to the sender in place of
- * its frame), and the ARP reply for our address. Every size is checked before a write. */
+ * its frame), a leaf's datagrams to its spine, the ARP reply for our address and the ARP
+ * request for the spine's. Every size is checked before a write. */
 #include <string.h>
 
 #include <rte_arp.h>
@@ -98,4 +99,63 @@ void ncd_build_arp_reply(uint8_t *frame)
     arp->arp_data.arp_tip = arp->arp_data.arp_sip;
     rte_ether_addr_copy(&ncd_mac, &arp->arp_data.arp_sha);
     arp->arp_data.arp_sip = ncd_ip;
+}
+
+/* The headers of a datagram of dgram_len bytes (already at frame + NCD_L2L4_LEN) to the spine,
+ * from our address and port. */
+static uint32_t to_spine(uint8_t *frame, uint32_t dgram_len)
+{
+    struct rte_ether_hdr *eth = (struct rte_ether_hdr *)frame;
+    rte_ether_addr_copy(&ncd_spine.mac, &eth->dst_addr);
+    rte_ether_addr_copy(&ncd_mac, &eth->src_addr);
+    eth->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4);
+    struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
+    ipv4_defaults(ip);
+    ip->src_addr = ncd_ip;
+    ip->dst_addr = ncd_spine.ip;
+    struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
+    udp->src_port = ncd_port_be;
+    udp->dst_port = ncd_spine.port;
+    finish(ip, udp, dgram_len);
+    return NCD_L2L4_LEN + dgram_len;
+}
+
+/* The ARP request (broadcast) for the spine's address. */
+static uint32_t arp_request(uint8_t *frame, uint32_t cap)
+{
+    const uint32_t len = RTE_ETHER_HDR_LEN + sizeof(struct rte_arp_hdr);
+    if (cap < len)
+        return 0;
+    struct rte_ether_hdr *eth = (struct rte_ether_hdr *)frame;
+    memset(&eth->dst_addr, 0xFF, sizeof eth->dst_addr);
+    rte_ether_addr_copy(&ncd_mac, &eth->src_addr);
+    eth->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP);
+    struct rte_arp_hdr *arp = (struct rte_arp_hdr *)(eth + 1);
+    arp->arp_hardware = rte_cpu_to_be_16(RTE_ARP_HRD_ETHER);
+    arp->arp_protocol = rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4);
+    arp->arp_hlen = RTE_ETHER_ADDR_LEN;
+    arp->arp_plen = 4;
+    arp->arp_opcode = rte_cpu_to_be_16(RTE_ARP_OP_REQUEST);
+    rte_ether_addr_copy(&ncd_mac, &arp->arp_data.arp_sha);
+    arp->arp_data.arp_sip = ncd_ip;
+    memset(&arp->arp_data.arp_tha, 0, sizeof arp->arp_data.arp_tha);
+    arp->arp_data.arp_tip = ncd_spine.ip;
+    return len;
+}
+
+uint32_t ncd_frame_spine(uint8_t *frame, uint32_t cap, enum ncd_route route,
+                         const struct nce_action *a, const uint8_t *dgram, uint32_t len)
+{
+    if (route == NCD_R_ARP)
+        return arp_request(frame, cap);
+    if (route != NCD_R_SEND || cap < NCD_L2L4_LEN)
+        return 0;
+    if (a != NULL) {    /* its up_ip and up_port are ncd_spine's: both from --upstream */
+        len = nce_build_uplink(frame + NCD_L2L4_LEN, cap - NCD_L2L4_LEN, a);
+    } else if (len <= cap - NCD_L2L4_LEN) {
+        memcpy(frame + NCD_L2L4_LEN, dgram, len);
+    } else {
+        len = 0;
+    }
+    return len == 0 ? 0 : to_spine(frame, len);
 }

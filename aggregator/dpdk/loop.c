@@ -70,6 +70,7 @@ static struct lane lanes[NCE_MAX_LANES];
 /* Each lane's inbox (multi-producer, single-consumer): the frames of its slots that other
  * lanes received. The pointers are only read after setup, on lines no lane writes. */
 static struct rte_ring *inboxes[NCE_MAX_LANES];
+struct ncd_io *const ncd_leaf_io = &lanes[0].io;
 static unsigned nlanes = 1;
 static uint16_t port_id;
 static struct rte_mempool *pool;
@@ -285,6 +286,40 @@ static void send_all(struct lane *l, const struct nce_action *a)
     }
 }
 
+/* A leaf's datagram to its spine (act->up, besides the verdict's replies; or dgram when a is
+ * NULL) in a fresh mbuf, or the ARP request for the spine's MAC that route asks for instead;
+ * NULL, counted, when there is no mbuf or it does not fit. Before the spine's MAC is known a
+ * datagram is dropped and counted and an ARP request goes out at a bounded rate
+ * (ncd_uplink_route): a worker's retransmission makes the engine send it again (upstream.c). */
+static struct rte_mbuf *spine_frame(struct ncd_io *io, enum ncd_route route,
+                                    const struct nce_action *a, const uint8_t *dgram,
+                                    uint32_t dgram_len, uint32_t *len)
+{
+    struct rte_mbuf *m = rte_pktmbuf_alloc(pool);
+    if (m == NULL) {
+        io->no_mbuf++;
+        return NULL;
+    }
+    *len = ncd_frame_spine(rte_pktmbuf_mtod(m, uint8_t *), room(m), route, a, dgram, dgram_len);
+    if (*len == 0) {                            /* larger than an mbuf: not sent, counted */
+        io->oversize++;
+        rte_pktmbuf_free(m);
+        return NULL;
+    }
+    io->uplink_frames += route == NCD_R_SEND;
+    return m;
+}
+
+static void send_uplink(struct lane *l, const struct nce_action *a)
+{
+    const enum ncd_route route = ncd_uplink_route();
+    uint32_t len;
+    struct rte_mbuf *m =
+        route == NCD_R_WAIT ? NULL : spine_frame(&l->io, route, a, NULL, 0, &len);
+    if (m != NULL)
+        send_frame(l, m, len);
+}
+
 /* A fragment (classified, p) into the reassembly table: the whole packet's mbuf chain once its
  * last fragment is in, else NULL (the table keeps the fragment, or drops it on its death row:
  * a table full of packets in progress, a packet of more than RTE_LIBRTE_IP_FRAG_MAX_FRAG
@@ -389,6 +424,8 @@ static void aggregate(struct lane *l, struct rte_mbuf *m, const struct ncd_pkt *
     const enum nce_verdict v = nce_input(p->dgram, p->dgram_len, &p->from, &a);
     if (park)
         release_others();
+    if (a.up != NCE_UP_NONE)       /* a leaf's partial sums or hello (a leaf has one lane) */
+        send_uplink(l, &a);
     switch (v) {
     case NCE_V_SEND_ONE:
     case NCE_V_NOTICE:
@@ -603,6 +640,106 @@ int ncd_run(int mode, unsigned idle_sleep_us)
     return rc == 0 ? 0 : -1;
 }
 
+/* ---- a leaf's job handshake, before ncd_run (on the thread of ncd_init) ---- */
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* One frame out on queue 0 now (no TX buffer: nothing else sends yet). */
+static void send_now(struct rte_mbuf *m, uint32_t len)
+{
+    m->data_len = (uint16_t)len;
+    m->pkt_len = len;
+    if (rte_eth_tx_burst(port_id, 0, &m, 1) == 1) {
+        ncd_leaf_io->tx_frames++;
+    } else {
+        ncd_leaf_io->tx_dropped++;
+        rte_pktmbuf_free(m);
+    }
+}
+
+int ncd_spine_send(const uint8_t *dgram, uint32_t len)
+{
+    if (!port_up || ncd_spine.ip == 0)
+        FAIL("no port, or no spine (ncd_set_spine)");
+    const enum ncd_route route = ncd_uplink_route();
+    if (route == NCD_R_WAIT)
+        return 0;
+    uint32_t n;
+    struct rte_mbuf *m = spine_frame(ncd_leaf_io, route, NULL, dgram, len, &n);
+    if (m == NULL)
+        FAIL("no mbuf for a %u-byte datagram to the spine (pool empty, or larger than one)", len);
+    send_now(m, n);
+    return route == NCD_R_SEND;
+}
+
+/* A frame received before ncd_run: ARP answered (and learned, in ncd_classify), an IPv4/UDP
+ * datagram to us copied out; anything else dropped. Returns the datagram's length (-1: larger
+ * than cap), or 0. */
+static int take_before_run(struct rte_mbuf *m, uint8_t *buf, uint32_t cap, uint32_t *src_ip,
+                           uint16_t *src_port)
+{
+    struct ncd_pkt p;
+    int got = 0;
+    ncd_leaf_io->rx_frames++;
+    switch (ncd_classify(rte_pktmbuf_mtod(m, uint8_t *), rte_pktmbuf_data_len(m), &p)) {
+    case NCD_C_ARP:
+        ncd_build_arp_reply(rte_pktmbuf_mtod(m, uint8_t *));
+        ncd_leaf_io->arp_replies++;
+        send_now(m, m->data_len);
+        return 0;
+    case NCD_C_DATAGRAM:
+        got = -1;
+        if (p.dgram_len <= cap) {
+            memcpy(buf, p.dgram, p.dgram_len);
+            *src_ip = p.from.src_ip;
+            *src_port = rte_be_to_cpu_16(p.from.src_port);
+            got = (int)p.dgram_len;
+        }
+        break;
+    case NCD_C_BAD_CHECKSUM:
+        ncd_leaf_io->bad_checksum++;
+        break;
+    case NCD_C_IGNORE:
+    case NCD_C_FRAGMENT:    /* a handshake's answer is one small datagram */
+        ncd_leaf_io->ignored++;
+        break;
+    }
+    rte_pktmbuf_free(m);
+    return got;
+}
+
+int ncd_spine_receive(uint8_t *buf, uint32_t cap, uint32_t *src_ip, uint16_t *src_port,
+                      unsigned wait_us)
+{
+    if (!port_up)
+        FAIL("the port is not started (ncd_init)");
+    struct rte_eth_dev_info info;
+    if (rte_eth_dev_info_get(port_id, &info) != 0 || info.nb_rx_queues == 0)
+        info.nb_rx_queues = 1;
+    const struct timespec nap = {0, 50 * 1000};
+    const uint64_t end = now_ns() + (uint64_t)wait_us * 1000;
+    do {
+        int polled = 0;
+        for (uint16_t q = 0; q < info.nb_rx_queues; q++) {
+            struct rte_mbuf *m;
+            if (rte_eth_rx_burst(port_id, q, &m, 1) == 0)   /* one: the rest stays queued */
+                continue;
+            polled = 1;
+            const int got = take_before_run(m, buf, cap, src_ip, src_port);
+            if (got != 0)
+                return got;
+        }
+        if (!polled)
+            nanosleep(&nap, NULL);
+    } while (now_ns() < end);
+    return 0;
+}
+
 void ncd_stop(void)
 {
     stopping = 1;
@@ -623,6 +760,20 @@ void ncd_close(void)
         rte_eal_cleanup();
         eal_up = 0;
     }
+}
+
+/* Offline: a leaf's frame to its spine (or the ARP request sent instead, or nothing) into
+ * out; 1, 0 or -1 (does not fit). */
+static int uplink_offline(const struct nce_action *a, uint8_t *out, uint32_t stride)
+{
+    const enum ncd_route route = ncd_uplink_route();
+    if (route == NCD_R_WAIT)
+        return 0;
+    const uint32_t len = ncd_frame_spine(out, stride, route, a, NULL, 0);
+    if (len == 0)
+        return -1;
+    ncd_leaf_io->uplink_frames += route == NCD_R_SEND;
+    return (int)len;
 }
 
 /* Offline: the same classification, engine and frame builders on caller-provided buffers. */
@@ -646,6 +797,7 @@ int ncd_process_frame(const uint8_t *frame, uint32_t len, uint8_t *out, uint32_t
     case NCD_C_DATAGRAM:
         break;
     }
+    uint32_t n = 0;
     switch (nce_input(p.dgram, p.dgram_len, &p.from, &a)) {
     case NCE_V_SEND_ONE:
     case NCE_V_NOTICE:
@@ -654,7 +806,10 @@ int ncd_process_frame(const uint8_t *frame, uint32_t len, uint8_t *out, uint32_t
             return -1;
         memcpy(out, frame, len);
         out_lens[0] = ncd_frame_to_sender(out, stride, &a, &p.from);
-        return out_lens[0] != 0 ? 1 : -1;
+        if (out_lens[0] == 0)
+            return -1;
+        n = 1;
+        break;
     case NCE_V_SEND_ALL:
         if (max_out < a.members)
             return -1;
@@ -663,9 +818,19 @@ int ncd_process_frame(const uint8_t *frame, uint32_t len, uint8_t *out, uint32_t
             if (out_lens[r] == 0)
                 return -1;
         }
-        return a.members;
+        n = a.members;
+        break;
     case NCE_V_NONE:
         break;
     }
-    return 0;
+    if (a.up != NCE_UP_NONE) {                  /* a leaf's datagram to its spine, last */
+        if (n >= max_out)
+            return -1;
+        const int up = uplink_offline(&a, out + (size_t)n * stride, stride);
+        if (up < 0)
+            return -1;
+        if (up > 0)
+            out_lens[n++] = (uint32_t)up;
+    }
+    return (int)n;
 }

@@ -26,7 +26,16 @@ struct ncd_io {
     uint64_t bad_checksum;  /* IPv4 header or UDP checksum wrong: dropped, as by a host's stack */
     uint64_t fragments;     /* IPv4 fragments to us, taken into reassembly */
     uint64_t reassembled;   /* IPv4 packets reassembled from them */
-    uint64_t handoffs;      /* frames handed to the lane that owns them (--lcores N) */
+    /* A leaf's link to its spine (ncd_set_spine; docs/dpdk.md "A leaf"): */
+    uint64_t uplink_frames; /* datagrams to the spine sent (partial sums, hellos) */
+    uint64_t uplink_no_mac; /* datagrams to the spine dropped: its MAC was not known yet (the
+                               workers' retransmissions make the leaf send them again) */
+    uint64_t arp_requests;  /* ARP requests sent for the spine's address (at most one per
+                               ARP interval while its MAC is unknown) */
+    uint64_t spine_mac_learned; /* times the spine's MAC was learned or changed (from an ARP
+                               reply or request, or from the source of its frames) */
+    /* Several lanes (ncd_set_lanes; docs/dpdk.md "Several lcores"): */
+    uint64_t handoffs;      /* frames handed to the lane that owns them */
     uint64_t handoff_full;  /* frames dropped because that lane's inbox was full */
     uint64_t handed_in;     /* frames other lanes handed to this one */
     uint64_t parks;         /* job datagrams lane 0 handled with the other lanes parked */
@@ -48,6 +57,16 @@ void ncd_set_mac(const uint8_t *mac);
 /* The aggregator's IPv4 address (4 bytes, network order) and UDP port. Address 0.0.0.0 accepts
  * any destination address (results then come from the address the worker sent to). */
 void ncd_set_address(const uint8_t *ip, uint16_t udp_port);
+/* Make the data plane a leaf's: datagrams to the spine (ncd_spine_send, and the engine's
+ * uplinks while ncd_run serves) go to ip (4 bytes, network order; on the port's link) and udp_port,
+ * from the aggregator's address (ncd_set_address, not 0.0.0.0), to the MAC the data plane
+ * learns by ARP (and from the spine's own frames). 0.0.0.0: no spine. Forgets a learned MAC. */
+void ncd_set_spine(const uint8_t *ip, uint16_t udp_port);
+/* The spine's MAC (6 bytes) into mac: 1, or 0 while it is not known. */
+int ncd_spine_mac(uint8_t *mac);
+/* Microseconds between two ARP requests for the spine while its MAC is unknown (default
+ * 100000; 0: one for every datagram to the spine). */
+void ncd_set_arp_interval(uint32_t us);
 /* The port-level counters of the I/O loop, summed over the lanes, or one lane's (-1: no such
  * lane). */
 void ncd_io_stats(struct ncd_io *io);
@@ -69,13 +88,24 @@ uint32_t ncd_dgram_room(void);
  * idle_sleep_us > 0: after 256 empty polls, sleep that long between polls (frees the core of a
  * small emulation host; costs at most that much latency when traffic resumes). */
 int ncd_run(int mode, unsigned idle_sleep_us);
+/* Before ncd_run, on the thread that ran ncd_init (a leaf's job handshake): send one datagram
+ * to the spine: 1, or 0 when its MAC is not known yet (then an ARP request goes, if due; the
+ * datagram is counted in uplink_no_mac), or -1 (not a leaf, or no mbuf, or too large). */
+int ncd_spine_send(const uint8_t *dgram, uint32_t len);
+/* Before ncd_run: poll the port for up to wait_us microseconds (answering ARP for our address
+ * and learning the spine's) until an IPv4/UDP datagram to our address and port arrives; copies
+ * it into buf (cap bytes) and its source into src_ip (network order) and src_port (host order).
+ * Returns its length, 0 when none came, or -1 when it is larger than cap (dropped). */
+int ncd_spine_receive(uint8_t *buf, uint32_t cap, uint32_t *src_ip, uint16_t *src_port,
+                      unsigned wait_us);
 void ncd_stop(void);
 /* Stop and close the port and release EAL. */
 void ncd_close(void);
 
 /* Offline engine, for tests (no EAL needed): feed one Ethernet frame; the frames it sends are
- * written to out (max_out slots of stride bytes), their lengths to out_lens. Returns how many
- * frames were produced. */
+ * written to out (max_out slots of stride bytes), their lengths to out_lens: the replies, then
+ * a leaf's frame to its spine (or the ARP request for the spine's MAC sent instead). Returns
+ * how many frames were produced, or -1 when they do not fit. */
 int ncd_process_frame(const uint8_t *frame, uint32_t len, uint8_t *out, uint32_t stride,
                       uint32_t max_out, uint32_t *out_lens);
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from typing import Any, TextIO
 
 from ncina.aggregator.control import JobsDirectory, apply_changes
 from ncina.aggregator.engine import Engine
+from ncina.aggregator.hierarchy import UPSTREAM_COUNTERS, LeafAggregator, SpineLink
 from ncina.aggregator.jobs import Address, JobConfig
 from ncina.aggregator.process import ready_line
 from ncina.aggregator.stats import LimitStats, publish, snapshot
@@ -41,6 +43,7 @@ class EngineBackend:
     """
 
     name = ""
+    leaf: LeafAggregator | None = None  # a leaf's (set by a subclass before ``run``)
 
     def __init__(
         self,
@@ -101,9 +104,31 @@ class EngineBackend:
         """What must happen before the loop serves (after the first stats are written): a
         leaf's job handshake with its spine. Nothing by default."""
 
+    def join_spine(self, link: socket.socket | SpineLink) -> None:
+        """A leaf's ``prepare``: the spine's job handshake (``LeafAggregator.join``) over
+        ``link``, then the engine learns the spine, the rank and its generation. On failure the
+        I/O layer is closed and the error raised."""
+        leaf = self.leaf
+        assert leaf is not None and leaf.leaf is not None
+        try:
+            leaf.join(link)
+            self.plane.set_upstream(leaf.leaf.config.job, leaf)
+        except BaseException:
+            self.close()
+            raise
+
     def upstream_document(self) -> dict[str, Any] | None:
-        """A leaf's ``upstream`` section of the stats document, or None (not a leaf)."""
-        return None
+        """A leaf's ``upstream`` section of the stats document (the handshake's counts, from
+        ``join``, plus the engine's), or None (not a leaf)."""
+        if self.leaf is None:
+            return None
+        document = self.leaf.upstream_document()
+        engine = self.plane.upstream_stats()
+        for name in UPSTREAM_COUNTERS:
+            document[name] += getattr(engine, name)
+        for reason, count in engine.drops.items():
+            document["drops"][reason] += count
+        return document
 
     def details(self) -> str:
         """What the readiness line says about the I/O layer (after the pid)."""

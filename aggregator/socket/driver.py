@@ -18,7 +18,7 @@ from ncina.aggregator import hierarchy
 from ncina.aggregator.control import JobsDirectory, jobs_directory
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
-from ncina.aggregator.hierarchy import UPSTREAM_COUNTERS, LeafAggregator
+from ncina.aggregator.hierarchy import LeafAggregator
 from ncina.aggregator.jobs import Address, JobConfig
 
 NAME = "socket"
@@ -92,34 +92,14 @@ class SocketBackend(EngineBackend):
             raise
 
     def prepare(self) -> None:
-        """A leaf: the spine's job handshake (``LeafAggregator.join``, on a duplicate of the
-        data plane's socket), then the engine learns the spine, the rank and its generation."""
+        """A leaf: the spine's job handshake on a duplicate of the data plane's socket
+        (``EngineBackend.join_spine``)."""
         import os
         import socket
 
-        leaf = self.leaf
-        if leaf is None:
-            return
-        assert leaf.leaf is not None
-        try:
+        if self.leaf is not None:
             with socket.socket(fileno=os.dup(self.plane.lib.ncs_fileno())) as sock:
-                leaf.join(sock)
-            self.plane.set_upstream(leaf.leaf.config.job, leaf)
-        except BaseException:
-            self.close()
-            raise
-
-    def upstream_document(self) -> dict[str, Any] | None:
-        """The ``upstream`` section: the handshake's counts (``join``) plus the engine's."""
-        if self.leaf is None:
-            return None
-        document = self.leaf.upstream_document()
-        engine = self.plane.upstream_stats()
-        for name in UPSTREAM_COUNTERS:
-            document[name] += getattr(engine, name)
-        for reason, count in engine.drops.items():
-            document["drops"][reason] += count
-        return document
+                self.join_spine(sock)
 
     def loop(self) -> int:
         return int(self.plane.lib.ncs_run(self.mode))
@@ -159,11 +139,6 @@ def add_arguments(parser: Any) -> None:
 
 def serve(config: JobConfig, args: Any, generation: int) -> int:
     """Run the socket backend for ``config`` with the parsed command line ``args``."""
-    leaf = None
-    if args.upstream is not None:  # a leaf of a spine (hierarchy.check_arguments let it by)
-        made = hierarchy.make_aggregator(config, args, generation)
-        assert isinstance(made, LeafAggregator)
-        leaf = made
     backend = SocketBackend(
         [config],
         args.listen,
@@ -172,6 +147,6 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         mode=args.socket_mode,
         generation=generation,
         control=jobs_directory(args),
-        leaf=leaf,
+        leaf=hierarchy.make_leaf(config, args, generation),
     )
     return backend.run()

@@ -75,8 +75,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--topo", choices=("star", "leafspine"), default="star",
                    help="star: every worker and the aggregator on one switch; leafspine: "
                    "--leaves leaf switches, each with its workers and a leaf aggregator, under a "
-                   "spine switch with the spine aggregator (python or socket backend; the "
-                   "default --k is then the largest for int lanes) "
+                   "spine switch with the spine aggregator (the default --k is then the "
+                   "largest for int lanes) "
                    "(default: %(default)s)")  # fmt: skip
     p.add_argument("--leaves", type=positive_int, default=2,
                    help="leafspine: leaf switches, each with --workers / LEAVES workers "
@@ -92,11 +92,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise RuntimeError("bench fabric needs root (Mininet)")
     if not args.bw > 0:
         raise ValueError(f"--bw must be positive, not {args.bw:g}")
-    if args.topo == "leafspine":
-        if args.backend not in ("python", "socket"):
-            raise ValueError("--topo leafspine runs the python or socket backend: a dpdk leaf "
-                             "would need ARP for its spine's MAC, the P4 program carries no "
-                             "partial sums (docs/protocol.md, 'Hierarchical aggregation')")
+    if args.topo == "leafspine":  # every backend of --backend serves as a leaf and a spine
         if args.workers % args.leaves:
             raise ValueError(f"--workers {args.workers} cannot be split evenly over --leaves "
                              f"{args.leaves}")  # fmt: skip
