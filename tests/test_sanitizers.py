@@ -26,6 +26,10 @@ C_TESTS = (
     "test_worker_parity.py", "test_conformance.py", "test_handshake.py", "test_jobs.py",
     "test_hierarchical.py", "test_dpdk_lcores.py",
 )  # fmt: skip
+# Cases left to the plain run: trees of Python aggregators only (no C data plane to check), and
+# all but one of each backend pair's handshake mismatches (the same C path each time). They cost
+# about 40 s under ASan, where the suite has 15 minutes on two cores.
+DESELECT = "not (python-python or spine_options1 or spine_options2 or spine_options3)"
 INNER_TIMEOUT = 900
 
 
@@ -36,7 +40,7 @@ def test_c_code_is_clean_under_asan_and_ubsan(tmp_path: Path) -> None:
     env.pop("NCINA_NO_C", None)  # the point is to run the C code
     command = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-        f"--basetemp={tmp_path / 'inner'}", *(str(TESTS / name) for name in C_TESTS),
+        f"--basetemp={tmp_path / 'inner'}", "-k", DESELECT, *(str(TESTS / name) for name in C_TESTS),
     ]  # fmt: skip
     proc = subprocess.run(command, cwd=TESTS.parent, env=env, capture_output=True, text=True,
                           timeout=INNER_TIMEOUT, check=False)  # fmt: skip
