@@ -39,8 +39,8 @@ def test_c_code_is_clean_under_asan_and_ubsan(tmp_path: Path) -> None:
     env = {**os.environ, **sanitizer_environment()}
     env.pop("NCINA_NO_C", None)  # the point is to run the C code
     command = [
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-        f"--basetemp={tmp_path / 'inner'}", "-k", DESELECT, *(str(TESTS / name) for name in C_TESTS),
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-k", DESELECT,
+        f"--basetemp={tmp_path / 'inner'}", *(str(TESTS / name) for name in C_TESTS),
     ]  # fmt: skip
     proc = subprocess.run(command, cwd=TESTS.parent, env=env, capture_output=True, text=True,
                           timeout=INNER_TIMEOUT, check=False)  # fmt: skip
