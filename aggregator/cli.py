@@ -305,14 +305,38 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "more, comma-separated, the switch's ports 1, 2, ... (required)",
     )
     hierarchy.add_arguments(parser)
-    socket_driver.add_arguments(parser)
-    dpdk_driver.add_arguments(parser)
-    bmv2_driver.add_arguments(parser)
+    groups = {
+        "socket": socket_driver.add_arguments(parser),
+        "dpdk": dpdk_driver.add_arguments(parser),
+        "bmv2": bmv2_driver.add_arguments(parser),
+    }
+    # Each backend's options (flag, dest, default), for check_backend_options.
+    parser.set_defaults(backend_options={
+        name: [(a.option_strings[0], a.dest, a.default) for a in group._group_actions]
+        for name, group in groups.items()
+    })  # fmt: skip
     return parser
+
+
+def check_backend_options(args: argparse.Namespace) -> None:
+    """Refuse an option of another backend than the one chosen (``--lcores`` with socket,
+    ``--socket-mode`` with dpdk, ...): that backend would ignore it, and the user would not get
+    what they asked for."""
+    if args.iface is not None and args.backend not in ("dpdk", "bmv2"):
+        raise ValueError(f"--iface is an option of the dpdk and bmv2 backends, not {args.backend}")
+    for backend, options in args.backend_options.items():
+        if backend == args.backend:
+            continue
+        for flag, dest, default in options:
+            if getattr(args, dest) != default:
+                raise ValueError(
+                    f"{flag} is an option of the {backend} backend, not {args.backend}"
+                )
 
 
 def run(args: argparse.Namespace) -> int:
     """Validate the job, start the chosen backend and serve until SIGTERM/SIGINT."""
+    check_backend_options(args)
     if (args.mode == "server") != (args.compressor is not None):
         raise ValueError("--compressor goes with --mode server, and --mode server needs one")
     if args.mode == "ina" and args.result is None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ncina.cli import DeprecatedAlias, build_parser
+from ncina.cli import DeprecatedAlias, build_parser, main
 
 # concept -> (canonical option, (a value, the type it parses to wherever the option appears;
 # None: not checked), old spellings)
@@ -131,3 +131,27 @@ def test_no_command_spells_a_concept_differently(command: tuple[str, ...]) -> No
 def test_each_concept_is_an_option_of_some_command() -> None:
     options = {option for parser in COMMANDS.values() for option in _visible(parser)}
     assert {canonical for canonical, _, _ in CONCEPTS.values()} <= options
+
+
+@pytest.mark.parametrize(
+    ("backend", "option", "owner"),
+    [
+        ("socket", ["--lcores", "2"], "--lcores is an option of the dpdk backend"),
+        ("socket", ["--pci", "0000:3b:00.0"], "--pci is an option of the dpdk backend"),
+        ("python", ["--idle-sleep-us", "0"], "--idle-sleep-us is an option of the dpdk backend"),
+        ("dpdk", ["--socket-mode", "forward"], "--socket-mode is an option of the socket backend"),
+        ("socket", ["--grpc-port", "9559"], "--grpc-port is an option of the bmv2 backend"),
+        ("bmv2", ["--hugepages", "on"], "--hugepages is an option of the dpdk backend"),
+        ("socket", ["--iface", "lo"], "--iface is an option of the dpdk and bmv2 backends"),
+    ],
+)  # fmt: skip
+def test_another_backends_option_is_refused_in_one_line(
+    backend: str, option: list[str], owner: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An option the chosen backend would ignore (``--lcores 2`` on socket runs one lane) is
+    refused before anything starts, naming the backend it belongs to."""
+    status = main(["aggregator", "--backend", backend, "--job", "1", "--workers", "2",
+                   "--result", "nc8", "--listen", "127.0.0.1:0", *option])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err == f"ncina aggregator: error: {owner}, not {backend}\n"

@@ -32,8 +32,9 @@ NAME = "bmv2"
 FIRST_PORT = 1  # the switch port of the first --iface; every rank's, unless --rank-port says
 
 
-def add_arguments(parser: Any) -> None:
-    """The ``ncina aggregator`` options of the bmv2 backend (``--iface`` is shared with dpdk)."""
+def add_arguments(parser: Any) -> Any:
+    """The ``ncina aggregator`` options of the bmv2 backend, as their argument group
+    (``--iface`` is shared with dpdk)."""
     group = parser.add_argument_group("bmv2 backend (p4/ on simple_switch_grpc, docs/bmv2.md)")
     # fmt: off
     group.add_argument("--p4-k", type=int, metavar="K",
@@ -58,6 +59,7 @@ def add_arguments(parser: Any) -> None:
                        metavar="MAC=PORT", help="bmv2: the switch port of a host's MAC address; "
                        "frames to other addresses are flooded")
     # fmt: on
+    return group
 
 
 def _pair(key: type, name: str) -> Any:

@@ -272,8 +272,8 @@ def _pci(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_arguments(parser: Any) -> None:
-    """The ``ncina aggregator`` options of the dpdk backend."""
+def add_arguments(parser: Any) -> Any:
+    """The ``ncina aggregator`` options of the dpdk backend, as their argument group."""
     group = parser.add_argument_group("dpdk backend")
     group.add_argument(
         "--eal-arg",
@@ -338,6 +338,7 @@ def add_arguments(parser: Any) -> None:
         help="dpdk: when idle, sleep this long between polls; 0 polls flat out "
         "(default: %(default)s)",
     )
+    return group
 
 
 def serve(config: JobConfig, args: Any, generation: int) -> int:

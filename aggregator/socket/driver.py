@@ -125,8 +125,8 @@ class SocketBackend(EngineBackend):
         return io["send_errors"] + io["oversized"], io
 
 
-def add_arguments(parser: Any) -> None:
-    """The ``ncina aggregator`` options of the socket backend."""
+def add_arguments(parser: Any) -> Any:
+    """The ``ncina aggregator`` options of the socket backend, as their argument group."""
     group = parser.add_argument_group("socket backend")
     group.add_argument(
         "--socket-mode",
@@ -135,6 +135,7 @@ def add_arguments(parser: Any) -> None:
         help="socket: aggregate, or forward (the no-op forwarder that echoes every datagram: "
         "the limit of the socket I/O path, for benchmarks) (default: %(default)s)",
     )
+    return group
 
 
 def serve(config: JobConfig, args: Any, generation: int) -> int:
