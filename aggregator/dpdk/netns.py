@@ -70,9 +70,10 @@ class Site:
         return ["ip", "netns", "exec", self.ns, *argv]
 
     def aggregator_command(self, arguments: Sequence[str], backend: str = "dpdk") -> list[str]:
-        """``ncina aggregator --backend BACKEND`` (dpdk or bmv2: a data plane on ``iface``) on
-        this site. A ``--listen HOST:PORT`` in ``arguments`` keeps its port (0: the
-        protocol's), the host becomes the site's."""
+        """``ncina aggregator --backend BACKEND`` on this site: dpdk or bmv2, a data plane on
+        ``iface``; python or socket, a kernel socket on the site's address. A ``--listen
+        HOST:PORT`` in ``arguments`` keeps its port (0: the protocol's), the host becomes the
+        site's."""
         port = self.port
         for i, arg in enumerate(arguments):
             value = arg.partition("=")[2] if arg.startswith("--listen=") else (
@@ -81,7 +82,8 @@ class Site:
                 port = int(value.rpartition(":")[2])
         return self.command(
             [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend, *arguments,
-             "--iface", self.iface, "--listen", f"{self.ip}:{port}"]
+             *(["--iface", self.iface] if backend in ("dpdk", "bmv2") else []),
+             "--listen", f"{self.ip}:{port}"]
         )  # fmt: skip
 
 
