@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ import numpy as np
 
 from ncina.aggregator import process as aggproc
 from ncina.cli import deprecated_alias
+from ncina.harness.figures import median_repeat
 from ncina.progress import progress
 from ncina.proto.header import PORT
 
@@ -229,5 +229,4 @@ def _median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The run of median packets/s (the lower middle of an even count), with every run's
     packets/s."""
     rates = [r["packets_per_s"] for r in results]
-    middle = statistics.median_low(rates)
-    return {**results[rates.index(middle)], "packets_per_s_runs": rates}
+    return {**median_repeat(results, "packets_per_s"), "packets_per_s_runs": rates}
