@@ -62,6 +62,11 @@ header ipv4_h {
     ip4_t dst;
 }
 
+// IPv4 options (a header length above 5 words): accepted and skipped, as a host does.
+header ipv4_options_h {
+    varbit<320> data;
+}
+
 header udp_h {
     bit<16> src_port;
     bit<16> dst_port;
@@ -121,6 +126,7 @@ struct headers_t {
     ethernet_h eth;
     arp_h arp;
     ipv4_h ipv4;
+    ipv4_options_h ipv4_options;
     udp_h udp;
     ncina_h nc;
     notice_h notice;
@@ -146,6 +152,7 @@ struct meta_t {
     bit<16> local_port;
     bit<4> local_generation;  // the switch's generation (answers for no job carry it too)
     bit<8> send;              // OUT_*: what leaves the pipeline
+    bit<1> datagram;          // an IPv4/UDP datagram to the aggregator that a host would take
     // The job, from the jobs table.
     bit<8> job_index;
     bit<8> workers;

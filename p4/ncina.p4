@@ -9,6 +9,7 @@
 #include "parser.p4"
 #include "checksum.p4"
 #include "lanes.p4"
+#include "transport.p4"
 #include "arp.p4"
 #include "forward.p4"
 #include "members.p4"
@@ -20,6 +21,7 @@
 control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
     Arp() arp;
     Forward() forward;
+    Transport() transport;
     Admission() admission;
     Slots() slots;
     Reply() reply;
@@ -53,7 +55,10 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
             if (hdr.arp.op == ARP_REQUEST) {
                 arp.apply(hdr, meta, sm);
             }
-        } else if (meta.local == 1 && hdr.udp.isValid() && hdr.udp.dst_port == meta.local_port) {
+        } else if (meta.local == 1 && hdr.ipv4.isValid()) {
+            transport.apply(hdr, meta, sm);
+        }
+        if (meta.datagram == 1) {
             admission.apply(hdr, meta, sm);
             if (meta.verdict == VERDICT_HANDSHAKE) {
                 meta.descriptor = 1;

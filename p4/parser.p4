@@ -1,4 +1,5 @@
-// Parser and deparser: Ethernet, then ARP or IPv4/UDP; a UDP datagram for the aggregator carries
+// Parser and deparser: Ethernet, then ARP or IPv4 (options skipped) and, unless a fragment, UDP;
+// whether a host would take the datagram is ingress's decision (transport.p4). A UDP datagram for the aggregator carries
 // the ncina header and, for NC8 payloads, one lane per element (`count` of them, at most NCINA_K; a larger
 // count stops with StackOutOfBounds and is dropped as bad_count by the ingress checks).
 #ifndef NCINA_PARSER_P4
@@ -22,8 +23,22 @@ parser NcinaParser(packet_in packet, out headers_t hdr, inout meta_t meta,
 
     state parse_ipv4 {
         packet.extract(hdr.ipv4);
-        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
-            (5, 0, IP_PROTO_UDP): parse_udp;
+        transition select(hdr.ipv4.version, hdr.ipv4.ihl) {
+            (4, 5): parse_ipv4_payload;
+            (4, 6 .. 15): parse_ipv4_options;
+            default: accept;
+        }
+    }
+
+    state parse_ipv4_options {
+        packet.extract(hdr.ipv4_options, ((bit<32>)hdr.ipv4.ihl - 5) << 5);
+        transition parse_ipv4_payload;
+    }
+
+    // A fragment (more fragments to come, or not the first) carries no UDP header to read.
+    state parse_ipv4_payload {
+        transition select(hdr.ipv4.flags[0:0], hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
+            (0, 0, IP_PROTO_UDP): parse_udp;
             default: accept;
         }
     }
@@ -68,6 +83,7 @@ control NcinaDeparser(packet_out packet, in headers_t hdr) {
         packet.emit(hdr.eth);
         packet.emit(hdr.arp);
         packet.emit(hdr.ipv4);
+        packet.emit(hdr.ipv4_options);
         packet.emit(hdr.udp);
         packet.emit(hdr.nc);
         packet.emit(hdr.notice);

@@ -46,6 +46,8 @@ control Reply(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
         hdr.nc.emin = meta.emin;
         hdr.udp.len = UDP_HEADER_BYTES + NCINA_HEADER_BYTES + payload;
         hdr.udp.checksum = 0;  // optional over IPv4; every copy has other ports and addresses
+        hdr.ipv4_options.setInvalid();
+        hdr.ipv4.ihl = 5;
         hdr.ipv4.total_len = hdr.udp.len + 20;
         hdr.ipv4.ttl = 64;
         hdr.ipv4.src = meta.local_ip;

@@ -12,6 +12,8 @@ register<mac_t>(NCINA_JOBS * NCINA_MAX_WORKERS) member_mac;
 // Per job: NCINA_JOB_EVENTS counters from index job_index * NCINA_JOB_EVENTS. Byte counts are
 // the frames that caused the event, as BMv2 counts them (the ingress frame's length).
 counter(NCINA_JOBS * NCINA_JOB_EVENTS, CounterType.packets_and_bytes) job_events;
+// IPv4 packets to the aggregator that no host would deliver as a UDP datagram (transport.p4).
+counter(NCINA_TRANSPORT_EVENTS, CounterType.packets_and_bytes) transport_events;
 // Datagrams to the aggregator that no installed job can claim.
 counter(NCINA_GLOBAL_EVENTS, CounterType.packets_and_bytes) global_events;
 

@@ -97,7 +97,8 @@ def test_hand_written_program_declares_its_tables_and_wires_only_in_the_top_file
     assert tables["forward.p4"] == ["l2"]
     assert tables["ncina.p4"] == ["local_address"]
     assert re.findall(r'#include "(\w+\.p4)"', text["ncina.p4"]) == [
-        "config.p4", "headers.p4", "state.p4", "parser.p4", "checksum.p4", "lanes.p4", "arp.p4",
+        "config.p4", "headers.p4", "state.p4", "parser.p4", "checksum.p4", "lanes.p4",
+        "transport.p4", "arp.p4",
         "forward.p4", "members.p4", "admission.p4", "slots.p4", "reply.p4", "rewrite.p4",
     ]  # fmt: skip
     # The P4Info names the control plane uses exist in the program.

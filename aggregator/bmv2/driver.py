@@ -201,13 +201,16 @@ class _Server:
         self._stats_requested = True
 
     def stats_document(self) -> dict[str, Any]:
-        return snapshot(
+        document = snapshot(
             backend=NAME,
             started=self.started,
             global_stats=entries.global_stats(self.controller.read_counter(entries.GLOBAL_COUNTER)),
             jobs={self.job.config.job: entries.job_stats(
                 self.job, self.controller.read_counter(entries.JOB_COUNTER))},
         )  # fmt: skip
+        document[NAME] = entries.transport_stats(
+            self.controller.read_counter(entries.TRANSPORT_COUNTER))
+        return document
 
     def write_stats(self) -> None:
         publish(self.stats_document(), self.args.stats, sys.stderr)

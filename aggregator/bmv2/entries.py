@@ -17,6 +17,7 @@ from ncina.aggregator.bmv2.layout import (
     JOB_EVENTS,
     MAX_JOBS,
     SLOTS,
+    TRANSPORT_EVENTS,
 )
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GlobalStats, JobStats
@@ -40,6 +41,7 @@ L2_TABLE = "NcinaIngress.forward.l2"
 L2_ACTION = "NcinaIngress.forward.to_port"
 JOB_COUNTER = "job_events"
 GLOBAL_COUNTER = "global_events"
+TRANSPORT_COUNTER = "transport_events"
 
 
 @dataclass(frozen=True)
@@ -191,3 +193,9 @@ def global_stats(counts: Counts) -> GlobalStats:
         stats.packets_in += packets
         stats.bytes_in += frame_bytes - ETH_IPV4_UDP_HEADERS * packets
     return stats
+
+
+def transport_stats(counts: Counts) -> dict[str, int]:
+    """The stats document's ``bmv2`` section: packets to the aggregator that no host would
+    deliver as a datagram, by reason (``TRANSPORT_EVENTS``)."""
+    return {reason: counts.get(i, (0, 0))[0] for i, reason in enumerate(TRANSPORT_EVENTS)}

@@ -35,6 +35,11 @@ GLOBAL_EVENTS: tuple[str, ...] = tuple(r for r in GLOBAL_DROP_REASONS if r != "i
 """Counter ``i`` of ``global_events`` counts drop reason ``GLOBAL_EVENTS[i]`` (a switch has no
 internal errors to count)."""
 
+TRANSPORT_EVENTS: tuple[str, ...] = ("bad_checksum", "fragments", "ignored")
+"""Counter ``i`` of ``transport_events`` counts IPv4 packets to the aggregator that no host
+would deliver as a datagram (p4/transport.p4), by ``TRANSPORT_EVENTS[i]``: the names of the DPDK
+port's counters for the same drops."""
+
 
 def defines(k: int) -> dict[str, int]:
     """The ``#define``s of ``config.p4`` for ``k`` lanes."""
@@ -46,7 +51,9 @@ def defines(k: int) -> dict[str, int]:
         "NCINA_FLOOD_GROUP": FLOOD_GROUP,
         "NCINA_JOB_EVENTS": len(JOB_EVENTS),
         "NCINA_GLOBAL_EVENTS": len(GLOBAL_EVENTS),
+        "NCINA_TRANSPORT_EVENTS": len(TRANSPORT_EVENTS),
     }
     values.update({f"EV_{name.upper()}": i for i, name in enumerate(JOB_EVENTS)})
     values.update({f"EV_G_{name.upper()}": i for i, name in enumerate(GLOBAL_EVENTS)})
+    values.update({f"EV_T_{name.upper()}": i for i, name in enumerate(TRANSPORT_EVENTS)})
     return values

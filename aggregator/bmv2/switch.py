@@ -65,6 +65,8 @@ class Switch:
         if reason:
             raise toolchain.ToolchainError(reason)
         cfg = self.config
+        for iface in cfg.ports.values():
+            whole_frames_only(iface)
         cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
         if cfg.pcap_dir is not None:
             cfg.pcap_dir.mkdir(parents=True, exist_ok=True)
@@ -97,6 +99,31 @@ class Switch:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+OFFLOADS = ("gro", "gso", "tso", "lro")
+"""The offloads that make libpcap size BMv2's receive ring for 64 KiB frames."""
+
+
+def whole_frames_only(iface: str) -> None:
+    """Turn off the segmentation and receive offloads of a switch port before BMv2 opens it.
+
+    BMv2 reads a port through libpcap in immediate mode (a TPACKET_V2 ring of 2 MiB). libpcap
+    sizes each ring frame for the largest packet the interface can hand it: the MTU without
+    offloads, 64 KiB when any of GSO, TSO, GRO or LRO is on (a veth has GSO on by default). So a
+    port with offloads holds 32 frames, and a burst longer than that is lost before the switch
+    sees it; without them the same ring holds about a thousand frames of MTU 1500. A feature
+    the device cannot change (``[fixed]``) is left as it is; ethtool's refusal of it is not an
+    error, and a missing ethtool is one sentence.
+    """
+    for feature in OFFLOADS:
+        try:
+            subprocess.run(["ethtool", "-K", iface, feature, "off"], capture_output=True,
+                           check=False)  # fmt: skip
+        except FileNotFoundError:
+            raise toolchain.ToolchainError(
+                "ethtool is not installed (the switch's ports need their offloads off): "
+                "apt-get install ethtool") from None
 
 
 def _die_with_parent() -> None:
