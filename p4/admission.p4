@@ -100,6 +100,7 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
             return;
         }
         job_events.count(meta.events + EV_PACKETS_IN);
+        job_epoch.read(meta.epoch, (bit<32>)meta.job_index);
         if (fault != 0) {
             job_events.count(meta.events + fault);
             return;
@@ -112,6 +113,14 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
             meta.status = STATUS_OK;
             if (hdr.nc.tag == 1) {
                 meta.status = STATUS_NOT_AUTHENTIC;
+            } else {
+                // docs/protocol.md, "A new set of workers": a hello that finds the job idle
+                // starts it afresh (a new epoch: every round and learned member forgotten).
+                bit<32> open;
+                job_open.read(open, (bit<32>)meta.job_index);
+                if (open == 0) {
+                    job_epoch.write((bit<32>)meta.job_index, meta.epoch + 1);
+                }
             }
             job_events.count(meta.events + EV_HANDSHAKES);
             meta.verdict = VERDICT_HANDSHAKE;
@@ -158,6 +167,7 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
         }
         // A valid packet of a member: learn its address (first packet), count RETX, accept.
         member_known.write(meta.member, 1);
+        member_epoch.write(meta.member, meta.epoch);
         member_ip.write(meta.member, hdr.ipv4.src);
         member_port.write(meta.member, hdr.udp.src_port);
         member_mac.write(meta.member, hdr.eth.src);

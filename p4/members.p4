@@ -1,6 +1,6 @@
 // Membership (docs/protocol.md, "Members"): a rank's address is configured (table `members`)
-// or learned from its first valid packet (registers in state.p4); a packet claiming the rank
-// from any other address is not the member's.
+// or learned from its first valid packet of the job's epoch (registers in state.p4); a packet
+// claiming the rank from any other address is not the member's.
 #ifndef NCINA_MEMBERS_P4
 #define NCINA_MEMBERS_P4
 
@@ -27,8 +27,10 @@ control Members(in headers_t hdr, in meta_t meta, out bool is_member) {
         is_member = true;
         if (!members.apply().hit) {
             bit<1> known;
+            bit<32> epoch;
             member_known.read(known, meta.member);
-            if (known == 1) {
+            member_epoch.read(epoch, meta.member);
+            if (known == 1 && epoch == meta.epoch) {
                 member_ip.read(want_ip, meta.member);
                 member_port.read(want_port, meta.member);
             } else {

@@ -10,6 +10,7 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
     register<bit<8>>(NCINA_SLOTS) seen;
     register<bit<32>>(NCINA_SLOTS) offsets;
     register<bit<16>>(NCINA_SLOTS) counts;
+    register<bit<32>>(NCINA_SLOTS) epochs;  // the job epoch of the version's round (state.p4)
     LaneSums() sums;
 
     // A reply to the packet's sender: a notice holding `bitmap` (LaneSums drops the lanes).
@@ -45,6 +46,20 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
             counts.read(count, meta.slot_index);
             bitmaps.read(other, meta.other_index);
             seen.read(other_contributions, meta.other_index);
+            // A version last used in an earlier epoch of the job holds no round.
+            bit<32> epoch;
+            epochs.read(epoch, meta.slot_index);
+            if (epoch != meta.epoch) {
+                bitmap = 0;
+                contributions = 0;
+                offset = 0;
+                count = 0;
+            }
+            epochs.read(epoch, meta.other_index);
+            if (epoch != meta.epoch) {
+                other = 0;
+                other_contributions = 0;
+            }
             bit<64> rank_bit = (bit<64>)1 << (bit<8>)hdr.nc.rank;
             // docs/protocol.md, "Late and duplicate packets": the held chunk, and whether the
             // packet's offset is the held one or before it (serial arithmetic mod 2^32).
@@ -85,11 +100,15 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
                 job_events.count(meta.events + EV_LATE);  // L4: the last round, or older
             } else {
                 meta.first = 0;
+                bit<32> open;
+                job_open.read(open, (bit<32>)meta.job_index);
                 if (bitmap == 0) {
                     meta.first = 1;
                     contributions = 0;
                     offsets.write(meta.slot_index, hdr.nc.offset);
                     counts.write(meta.slot_index, hdr.nc.count);
+                    epochs.write(meta.slot_index, meta.epoch);
+                    open = open + 1;
                 }
                 bitmaps.write(meta.slot_index, bitmap | rank_bit);
                 bitmaps.write(meta.other_index, other & ~rank_bit);
@@ -98,11 +117,13 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
                 job_events.count(meta.events + EV_CONTRIBUTIONS);
                 meta.lane_op = LANE_ADD;
                 if (contributions == meta.workers) {
+                    open = open - 1;
                     job_events.count(meta.events + EV_SLOTS_COMPLETED);
                     meta.lane_op = LANE_COMPLETE;
                     meta.send = OUT_MULTICAST;
                     sm.mcast_grp = (bit<16>)meta.job_index + 1;
                 }
+                job_open.write((bit<32>)meta.job_index, open);
             }
         }
         if (meta.lane_op != LANE_NONE) {

@@ -8,6 +8,13 @@ register<bit<1>>(NCINA_JOBS * NCINA_MAX_WORKERS) member_known;
 register<ip4_t>(NCINA_JOBS * NCINA_MAX_WORKERS) member_ip;
 register<bit<16>>(NCINA_JOBS * NCINA_MAX_WORKERS) member_port;
 register<mac_t>(NCINA_JOBS * NCINA_MAX_WORKERS) member_mac;
+// A learned address holds in the job epoch it was learned in (member_epoch): a restart of the
+// job (a hello that finds it idle, admission.p4) moves job_epoch on, which forgets every learned
+// member and every slot version's round at once, lazily (slots.p4), with no loop over the pool.
+register<bit<32>>(NCINA_JOBS * NCINA_MAX_WORKERS) member_epoch;
+register<bit<32>>(NCINA_JOBS) job_epoch;
+// Slot versions of the job whose round is partly filled: the job is idle when there are none.
+register<bit<32>>(NCINA_JOBS) job_open;
 
 // Per job: NCINA_JOB_EVENTS counters from index job_index * NCINA_JOB_EVENTS. Byte counts are
 // the frames that caused the event, as BMv2 counts them (the ingress frame's length).

@@ -128,9 +128,6 @@ def test_matching_workers_reduce_and_learn_the_generation(aggregator: RunningAgg
         np.testing.assert_array_equal(result, x)
 
 
-# Not bmv2: the P4 program has no loop over the pool and does not restart a job (docs/bmv2.md,
-# "Protocol coverage"); a new set of workers there needs a new job id.
-@pytest.mark.parametrize("aggregator", ["python", "socket", "dpdk"], indirect=True)
 def test_a_new_set_of_workers_on_an_idle_job_starts_afresh(aggregator: RunningAggregator) -> None:
     """Workers that start again count their offsets from 0, which the slot rules take for late
     packets of the last set's rounds; the hellos of the new set find the job idle and restart
