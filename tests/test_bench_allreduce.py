@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -192,10 +193,11 @@ def test_the_roundings_are_exact_at_powers_of_two_and_beyond_float64() -> None:
 # --- figures -----------------------------------------------------------------------------------
 
 
-def repeat(wall: float, gloo: float, exact: bool = True, rss: int = 100) -> dict[str, object]:
+def repeat(wall: float, gloo: float, exact: bool = True, rss: int = 100,
+           cpu: float = 1.0, gloo_cpu: float = 1.0) -> dict[str, object]:  # fmt: skip
     return {"wall_s": wall, "gloo_wall_s": gloo, "exact": exact,
             "exact_mismatches": 0 if exact else 7, "peak_rss": [rss, rss + 1],
-            "gloo_peak_rss": [2 * rss, 2 * rss]}  # fmt: skip
+            "gloo_peak_rss": [2 * rss, 2 * rss], "cpu_s": cpu, "gloo_cpu_s": gloo_cpu}  # fmt: skip
 
 
 def test_figures_are_lower_medians_and_their_ratio_with_every_run_kept() -> None:
@@ -210,6 +212,7 @@ def test_figures_are_lower_medians_and_their_ratio_with_every_run_kept() -> None
     assert figures["peak_rss_over_input"] == 0.0752  # the largest of any run: 301 / 4000
     assert [r["vs_gloo"] for r in figures["runs"]] == [6.0, 2.5, 3.33]
     assert [r["wall_s"] for r in figures["runs"]] == [3.0, 1.0, 2.0]
+    assert figures["vs_gloo_spread"] == {"min": 2.5, "median": 3.33, "max": 6.0}
     # An even count takes the lower of the middle two: a measured value, never an average.
     assert medians(runs[:2], workers=2, elements=1000)["wall_s"] == 1.0
     # One inexact run makes the whole benchmark inexact.
@@ -217,6 +220,30 @@ def test_figures_are_lower_medians_and_their_ratio_with_every_run_kept() -> None
     figures = medians(runs, workers=2, elements=1000)
     assert figures["exact"] is False and figures["runs"][0]["exact_mismatches"] == 7
     assert ratio(1.0, 0.0) == float("inf")
+
+
+def test_cpu_figures_are_medians_their_ratio_its_spread_and_per_element() -> None:
+    runs = [repeat(1.0, 1.0, cpu=4.0, gloo_cpu=2.0), repeat(1.0, 1.0, cpu=1.0, gloo_cpu=2.0),
+            repeat(1.0, 1.0, cpu=3.0, gloo_cpu=1.0)]  # fmt: skip
+    figures = medians(runs, workers=2, elements=1000)
+    assert (figures["cpu_s"], figures["gloo_cpu_s"]) == (3.0, 2.0)
+    assert figures["cpu_vs_gloo"] == 1.5
+    assert figures["cpu_vs_gloo_spread"] == {"min": 0.5, "median": 2.0, "max": 3.0}
+    assert figures["cpu_ns_per_element"] == 1.5e6  # 3 s over 2 ranks of 1000 elements
+    assert figures["gloo_cpu_ns_per_element"] == 1e6
+    assert [r["cpu_vs_gloo"] for r in figures["runs"]] == [2.0, 0.5, 3.0]
+
+
+def test_cpu_time_of_a_process_and_of_softirq_is_read_from_proc() -> None:
+    from ncina.harness import cpu
+
+    def work() -> int:  # a fixed amount of work, some hundred milliseconds of CPU
+        return sum(i * i for i in range(3_000_000))
+
+    result, usage = cpu.measure(work, [os.getpid()])
+    assert result == sum(i * i for i in range(3_000_000))
+    assert usage.processes_s > 0 and usage.softirq_s >= 0
+    assert cpu.process_cpu_s(2**22 + 1) == 0.0  # above pid_max: no such process
 
 
 # --- worker processes --------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -37,6 +36,7 @@ import numpy as np
 from ncina.aggregator import jobs
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
+from ncina.harness import cpu
 from ncina.harness.figures import median_repeat, medians
 from ncina.harness.reference import BLOCK, Reference, build_reference, exact_mismatches
 from ncina.harness.workers import START_TIMEOUT, local_launch, run_workers, wall_time
@@ -225,12 +225,6 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process ``pid`` so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def free_tcp_port() -> int:
     """A loopback TCP port that was free a moment ago (gloo's rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -249,9 +243,9 @@ def one_repeat(
     aggregator, address, stats_path = start_aggregator(args, directory, site)
     try:
         spec = worker_spec(args, "ina", aggregator=address, result_path=str(result_path))
-        cpu = cpu_seconds(aggregator.pid)
-        ina = run_workers(spec, directory / "ina", local_launch, args.deadline + 60).reports
-        aggregator_cpu = cpu_seconds(aggregator.pid) - cpu
+        run, ina_cpu = cpu.measure(
+            lambda: run_workers(spec, directory / "ina", local_launch, args.deadline + 60),
+            [aggregator.pid])
     finally:
         aggproc.stop(aggregator)
     job = json.loads(stats_path.read_text())["jobs"][str(JOB)]
@@ -259,18 +253,23 @@ def one_repeat(
     result_path.unlink()
     spec = worker_spec(args, "gloo", master=["127.0.0.1", free_tcp_port()],
                        ifaces=["lo"] * args.workers)  # fmt: skip
-    gloo = run_workers(spec, directory / "gloo", local_launch, args.deadline + 60).reports
-    return repeat_figures(args, ref, ina, gloo, result) | {
-        "aggregator_cpu": aggregator_cpu, "job": job,
-    }  # fmt: skip
+    gloo, gloo_cpu = cpu.measure(
+        lambda: run_workers(spec, directory / "gloo", local_launch, args.deadline + 60))
+    figures = repeat_figures(args, ref, run.reports, gloo.reports, result, ina_cpu, gloo_cpu)
+    return figures | {"job": job}
 
 
 def repeat_figures(
     args: argparse.Namespace, ref: Reference, ina: list[dict[str, Any]],
-    gloo: list[dict[str, Any]], result: np.ndarray,
+    gloo: list[dict[str, Any]], result: np.ndarray, ina_cpu: cpu.Usage, gloo_cpu: cpu.Usage,
 ) -> dict[str, Any]:  # fmt: skip
-    """The figures of one run from its worker reports and rank 0's INA result."""
+    """The figures of one run from its worker reports, rank 0's INA result and the CPU time
+    of each side (``ina_cpu``: the aggregators' processes and softirq over the INA call;
+    ``gloo_cpu``: softirq over gloo's): a side's ``cpu_s`` adds its ranks' own CPU time
+    during the call."""
     mismatches = exact_mismatches(result, ref.sums, ref.window, args.workers, args.result)
+    worker_cpu = sum(r["cpu"] for r in ina)
+    gloo_worker_cpu = sum(r["cpu"] for r in gloo)
     return {
         "wall_s": wall_time(ina),
         "gloo_wall_s": wall_time(gloo),
@@ -279,7 +278,12 @@ def repeat_figures(
         "identical": len({r["digest"] for r in ina}) == 1,
         "peak_rss": [r["peak_rss"] for r in ina],
         "gloo_peak_rss": [r["peak_rss"] for r in gloo],
-        "worker_cpu": sum(r["cpu"] for r in ina),
+        "worker_cpu": worker_cpu,
+        "aggregator_cpu": ina_cpu.processes_s,
+        "softirq_s": ina_cpu.softirq_s,
+        "gloo_softirq_s": gloo_cpu.softirq_s,
+        "cpu_s": worker_cpu + ina_cpu.processes_s + ina_cpu.softirq_s,
+        "gloo_cpu_s": gloo_worker_cpu + gloo_cpu.softirq_s,
         "workers": [r["stats"] for r in ina],
         "accuracy": accuracy(ref, result, args.result),
     }
@@ -325,6 +329,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "aggregator_cpu_s": round(chosen["aggregator_cpu"], 3),
         "aggregator_packets_per_cpu_s": round(packets / max(chosen["aggregator_cpu"], 1e-9)),
         "worker_cpu_s": round(chosen["worker_cpu"], 3),
+        "softirq_s": round(chosen["softirq_s"], 3),
+        "gloo_softirq_s": round(chosen["gloo_softirq_s"], 3),
         "aggregator_duplicates": job["duplicates"],
         "aggregator_results_resent": job["results_resent"],
         "retransmissions": sum(w["retransmissions"] for w in chosen["workers"]),

@@ -44,6 +44,7 @@ import numpy as np
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
 from ncina.bench import allreduce as bench
+from ncina.harness import cpu
 from ncina.harness.figures import medians
 from ncina.harness.links import fractions, rx_bytes, time_limit, uplink_ports
 from ncina.harness.reference import Reference
@@ -127,7 +128,9 @@ def one_repeat(
     result_path = directory / "result.npy"
     try:
         spec = bench.worker_spec(args, "ina", result_path=str(result_path), **where)
-        ina = run_workers(spec, directory / "ina", launch, limit, probe)
+        ina, ina_cpu = cpu.measure(
+            lambda: run_workers(spec, directory / "ina", launch, limit, probe),
+            [a.pid for a in aggregators])
     finally:
         procs.stop(aggregators)
     # The job as a whole: the one aggregator's, or in a tree the spine's (its stats come last).
@@ -136,8 +139,10 @@ def one_repeat(
     result_path.unlink()
     spec = bench.worker_spec(args, "gloo", master=[worker_ip(0), GLOO_PORT + index],
                              ifaces=[h.defaultIntf().name for h in hosts])  # fmt: skip
-    gloo = run_workers(spec, directory / "gloo", launch, limit, probe)
-    figures = bench.repeat_figures(args, ref, ina.reports, gloo.reports, result)
+    gloo, gloo_cpu = cpu.measure(
+        lambda: run_workers(spec, directory / "gloo", launch, limit, probe))
+    figures = bench.repeat_figures(args, ref, ina.reports, gloo.reports, result, ina_cpu,
+                                   gloo_cpu)  # fmt: skip
     ina_links = fractions(ina.before[:w], ina.after[:w], figures["wall_s"], args.bw)
     gloo_links = fractions(gloo.before[:w], gloo.after[:w], figures["gloo_wall_s"], args.bw)
     figures["extra"] = {

@@ -1,16 +1,19 @@
 """The figures of repeated timed all-reduce runs (``ncina bench allreduce``, ``bench fabric``).
 
 A run is a dict of its own values: ``wall_s`` and ``gloo_wall_s`` (the INA and gloo
-all-reduce's wall times), ``exact`` and ``exact_mismatches`` (against
+all-reduce's wall times), ``cpu_s`` and ``gloo_cpu_s`` (the CPU-seconds each side spent:
+``ncina.harness.cpu``), ``exact`` and ``exact_mismatches`` (against
 ``ncina.harness.reference``), ``peak_rss`` and ``gloo_peak_rss`` (per rank, bytes) and
 optionally ``extra`` figures of the benchmark. The reported figure of a time is the lower median
-over the runs, a measured value, never an average of two; a ratio is that of the medians.
+over the runs, a measured value, never an average of two; a ratio is that of the medians, and
+``<ratio>_spread`` gives the minimum, median and maximum of the runs' own ratios, so that a
+figure from this noisy machine is never quoted without its spread.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -26,11 +29,20 @@ def medians(repeats: Sequence[dict[str, Any]], *, workers: int, elements: int) -
     median = statistics.median_low
     wall = median(r["wall_s"] for r in repeats)
     gloo = median(r["gloo_wall_s"] for r in repeats)
+    cpu = median(r["cpu_s"] for r in repeats)
+    gloo_cpu = median(r["gloo_cpu_s"] for r in repeats)
     ranks = range(workers)
     return {
         "wall_s": round(wall, 6),
         "gloo_wall_s": round(gloo, 6),
         "vs_gloo": ratio(wall, gloo),
+        "vs_gloo_spread": spread(ratio(r["wall_s"], r["gloo_wall_s"]) for r in repeats),
+        "cpu_s": round(cpu, 3),
+        "gloo_cpu_s": round(gloo_cpu, 3),
+        "cpu_vs_gloo": ratio(cpu, gloo_cpu),
+        "cpu_vs_gloo_spread": spread(ratio(r["cpu_s"], r["gloo_cpu_s"]) for r in repeats),
+        "cpu_ns_per_element": per_element_ns(cpu, workers, elements),
+        "gloo_cpu_ns_per_element": per_element_ns(gloo_cpu, workers, elements),
         "elements_per_s": round(elements / wall),
         "exact": all(r["exact"] for r in repeats),
         "peak_rss": [median(r["peak_rss"][i] for r in repeats) for i in ranks],
@@ -41,12 +53,26 @@ def medians(repeats: Sequence[dict[str, Any]], *, workers: int, elements: int) -
     }
 
 
+def spread(values: Iterable[float]) -> dict[str, float]:
+    """The minimum, lower median and maximum of the runs' values of one ratio."""
+    ordered = sorted(values)
+    return {"min": ordered[0], "median": statistics.median_low(ordered), "max": ordered[-1]}
+
+
+def per_element_ns(cpu_s: float, workers: int, elements: int) -> float:
+    """CPU nanoseconds per element each rank all-reduced (``workers`` ranks of ``elements``)."""
+    return round(cpu_s * 1e9 / (workers * elements), 2)
+
+
 def run_values(r: dict[str, Any], elements: int) -> dict[str, Any]:
     """One run's own values of the median figures (and its ``extra`` ones)."""
     return {
         "wall_s": round(r["wall_s"], 6),
         "gloo_wall_s": round(r["gloo_wall_s"], 6),
         "vs_gloo": ratio(r["wall_s"], r["gloo_wall_s"]),
+        "cpu_s": round(r["cpu_s"], 3),
+        "gloo_cpu_s": round(r["gloo_cpu_s"], 3),
+        "cpu_vs_gloo": ratio(r["cpu_s"], r["gloo_cpu_s"]),
         "elements_per_s": round(elements / r["wall_s"]),
         "exact": r["exact"],
         "exact_mismatches": r["exact_mismatches"],
