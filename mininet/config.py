@@ -20,14 +20,10 @@ FIXED_K = 256
 elements must fit a frame. Elsewhere ``ncina topo`` takes the largest K for MTU 1500."""
 
 
-# Backends whose uplink the topology's loss rules cannot reach (StarTopo drops a worker's uplink
-# with an iptables INPUT rule on the aggregator host), and why.
-LOSSLESS_UPLINK = {
-    "dpdk": "the uplink drop is an iptables rule in the aggregator host's kernel, and the DPDK "
-    "port (af_packet) takes every frame before the kernel's netfilter sees it",
-    "bmv2": "the uplink drop is an iptables rule on an aggregator host, and with the P4 switch "
-    "aggregating there is no aggregator host",
-}
+# Backends whose frames the aggregator host's netfilter never sees (the DPDK port takes them
+# first; with the P4 switch there is no aggregator host): a worker's uplink loss is dropped as
+# it leaves the worker instead (StarTopo's uplink_at_worker).
+UPLINK_LOSS_AT_WORKER = ("dpdk", "bmv2")
 
 
 @dataclass
@@ -92,12 +88,6 @@ class TopoConfig:
             )
         if self.topo == "leafspine":
             self.check_leafspine()
-        if self.loss > 0 and self.backend in LOSSLESS_UPLINK:
-            raise ValueError(
-                f"LOSS={self.loss:g} cannot be applied with BACKEND={self.backend}: "
-                f"{LOSSLESS_UPLINK[self.backend]}, so only the downlink would lose packets. "
-                "Run lossy links with BACKEND=socket or python, or LOSS=0 with this backend"
-            )
 
     def check_leafspine(self) -> None:
         """Raise ``ValueError`` unless the leaf-spine run can work: python, socket or dpdk

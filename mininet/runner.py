@@ -37,7 +37,7 @@ from ncina.aggregator.jobs import check_mtu_range
 from ncina.proto.header import PORT
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.topo import report
-from ncina.topo.config import TopoConfig
+from ncina.topo.config import UPLINK_LOSS_AT_WORKER, TopoConfig
 from ncina.topo.topos import (
     LeafSpineTopo,
     P4Switch,
@@ -133,7 +133,8 @@ def build_net(cfg: TopoConfig) -> tuple[Mininet, StarTopo]:
     """The network of ``cfg``, not yet built: ``net.start()`` builds it (inside the caller's
     ``try``, so that ``net.stop()`` also removes a half-built network)."""
     in_switch = cfg.backend == "bmv2"  # the switch aggregates: no aggregator nodes
-    shape = {"bw": cfg.bw, "agg_bw": cfg.agg_bw, "loss": cfg.loss, "prefix": cfg.prefix}
+    shape = {"bw": cfg.bw, "agg_bw": cfg.agg_bw, "loss": cfg.loss, "prefix": cfg.prefix,
+             "uplink_at_worker": cfg.backend in UPLINK_LOSS_AT_WORKER}  # fmt: skip
     if cfg.topo == "leafspine":
         topo: StarTopo = LeafSpineTopo(workers=cfg.workers, leaves=cfg.leaves, **shape)
     else:

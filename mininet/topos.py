@@ -58,20 +58,28 @@ class InaHost(Host):
     """A host with IPv6 off and the topology's iptables loss rules installed.
 
     ``drops`` is a sequence of ``(source, percent)``: drop that share of the packets arriving on the
-    host's interface, from ``source`` only (an address) or from anyone (``None``).
+    host's interface, from ``source`` only (an address) or from anyone (``None``). ``out_drops``
+    is a sequence of ``(destination, percent)``: drop that share of the packets the host sends to
+    ``destination`` (the sender's socket gets EPERM, which the workers count as ``send_refused``
+    and recover from like any loss) — a worker's uplink loss where the receiving end's kernel
+    never sees the frames (a DPDK port, the P4 switch).
     """
 
-    def config(self, drops: Sequence[tuple[str | None, float]] = (), **params: Any) -> dict:
+    def config(self, drops: Sequence[tuple[str | None, float]] = (),
+               out_drops: Sequence[tuple[str, float]] = (), **params: Any) -> dict:  # fmt: skip
         result = super().config(**params)
         for key in ("all", "default", "lo"):
             self.cmd(f"sysctl -qw net.ipv6.conf.{key}.disable_ipv6=1")
         intf = self.defaultIntf()
-        for source, percent in drops:
+        rules = [(f"INPUT -i {intf} " + (f"-s {source} " if source else ""), percent)
+                 for source, percent in drops]  # fmt: skip
+        rules += [(f"OUTPUT -o {intf} -d {destination} ", percent)
+                  for destination, percent in out_drops]  # fmt: skip
+        for match, percent in rules:
             if percent <= 0:
                 continue
-            match = f"-s {source} " if source else ""
             rule = (
-                f"iptables -A INPUT -i {intf} {match}-m statistic --mode random "
+                f"iptables -A {match}-m statistic --mode random "
                 f"--probability {percent / 100:.6f} -j DROP"
             )
             out = self.cmd(rule + " 2>&1 && echo ok").strip()
@@ -151,7 +159,9 @@ class StarTopo(Topo):
     bw: bandwidth of each worker link in Mbit/s (None: unshaped); agg_bw: the same for each
     aggregator link; use_tbf: shape with TBF instead of HTB. loss: percent of packets lost on
     each worker link in each direction; loss_up/loss_down override it for the worker -> switch
-    and switch -> worker directions.
+    and switch -> worker directions. uplink_at_worker: a worker's uplink loss to the aggregators
+    is dropped as it leaves the worker (an OUTPUT rule), not as it arrives (for aggregators whose
+    frames the kernel's netfilter never sees: DPDK, the P4 switch).
     """
 
     def build(
@@ -165,6 +175,7 @@ class StarTopo(Topo):
         agg_bw: float | None = None,
         use_tbf: bool = False,
         prefix: str = "",
+        uplink_at_worker: bool = False,
     ) -> None:
         for count, role, least in ((workers, "workers", 1), (aggregators, "aggregators", 0)):
             if not least <= count <= MAX_NODES_PER_ROLE:
@@ -177,12 +188,16 @@ class StarTopo(Topo):
         self.switch_name = f"{prefix}s1"
         switch = self.addSwitch(self.switch_name)
         link_opts: dict[str, Any] = {"cls": InaLink, "txo": False, "rxo": False, "gro": False}
+        # (With the P4 switch aggregating there is no aggregator node; its address is the first.)
+        out_drops = [(aggregator_ip(j), up) for j in range(max(aggregators, 1))
+                     if uplink_at_worker]  # fmt: skip
         for name, ip in zip(self.worker_names, worker_ips, strict=True):
             drops = [(None, down)] + [(other, up) for other in worker_ips if other != ip]
-            self.addHost(name, cls=InaHost, ip=f"{ip}/{PREFIX_LEN}", drops=drops)
+            self.addHost(name, cls=InaHost, ip=f"{ip}/{PREFIX_LEN}", drops=drops,
+                         out_drops=out_drops)  # fmt: skip
             self.addLink(name, switch, **link_opts, **shaping(bw, use_tbf))
         for j, name in enumerate(self.aggregator_names):
-            drops = [(other, up) for other in worker_ips]
+            drops = [(other, up) for other in worker_ips if not uplink_at_worker]
             self.addHost(name, cls=InaHost, ip=f"{aggregator_ip(j)}/{PREFIX_LEN}", drops=drops)
             self.addLink(name, switch, **link_opts, **shaping(agg_bw, use_tbf))
 
@@ -222,7 +237,7 @@ class LeafSpineTopo(StarTopo):
     and leaf uplinks are shaped with ``bw``; aggregator links with ``agg_bw`` only (as in
     :class:`StarTopo`, the nodes stand in for the switches' data planes). Loss is a worker
     link's, as in the star: a worker's downlink on its interface, its uplink in every other
-    worker and in its leaf aggregator.
+    worker and in its leaf aggregator (or, ``uplink_at_worker``, as it leaves the worker).
     """
 
     def build(  # type: ignore[override]
@@ -237,6 +252,7 @@ class LeafSpineTopo(StarTopo):
         use_tbf: bool = False,
         prefix: str = "",
         aggregators: int | None = None,
+        uplink_at_worker: bool = False,
     ) -> None:
         if not 1 <= leaves <= MAX_NODES_PER_ROLE - 1 or workers % leaves or workers < leaves:
             raise ValueError(f"{workers} workers cannot be split evenly over {leaves} leaves")
@@ -260,10 +276,11 @@ class LeafSpineTopo(StarTopo):
             for g in mine:
                 ip = worker_ips[g]
                 drops = [(None, down)] + [(other, up) for other in worker_ips if other != ip]
+                out_drops = [(aggregator_ip(i), up)] if uplink_at_worker else []
                 self.addHost(self.worker_names[g], cls=InaHost, ip=f"{ip}/{PREFIX_LEN}",
-                             drops=drops)  # fmt: skip
+                             drops=drops, out_drops=out_drops)  # fmt: skip
                 self.addLink(self.worker_names[g], leaf, **link_opts, **shaping(bw, use_tbf))
-            drops = [(worker_ips[g], up) for g in mine]
+            drops = [(worker_ips[g], up) for g in mine if not uplink_at_worker]
             self.addHost(self.aggregator_names[i], cls=InaHost,
                          ip=f"{aggregator_ip(i)}/{PREFIX_LEN}", drops=drops)  # fmt: skip
             self.addLink(self.aggregator_names[i], leaf, **link_opts,

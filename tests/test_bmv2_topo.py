@@ -41,23 +41,27 @@ def test_star_trains_through_the_p4_switch(tmp_path: Path) -> None:
 
 
 
-def test_the_switchs_pcaps_decode_with_the_dissector(tmp_path: Path) -> None:
-    """``--pcaps`` with BACKEND=bmv2: the switch writes one pcap per port and direction, and the
-    Wireshark dissector decodes their ncina frames as scapy reads them. (Lossy links cannot be
-    emulated around BMv2 here: its ports read frames before netfilter and tc, and this kernel
-    has neither netem nor tc's gact action; loss recovery on BMv2 is the corpus's seeded
-    loss/duplicate/reorder schedules and the scenario suite's retransmissions.)"""
+def test_lossy_links_through_the_p4_switch_recover_and_its_pcaps_decode(tmp_path: Path) -> None:
+    """``--pcaps`` with BACKEND=bmv2 and 3 % loss on every link: the workers' retransmissions
+    complete every slot once per chunk and step (uplink loss is dropped as it leaves a worker,
+    the switch's ports reading frames before any netfilter rule; the sockets' refusals are
+    counted), and the switch's own pcaps, one per port and direction, decode with the
+    Wireshark dissector as scapy reads them."""
     from ncina.topo import runner
     from ncina.topo.config import BMV2_POOL_SIZE, TopoConfig
     from ncina_wireshark import TSHARK, check_capture
     from scapy.layers.inet import UDP
     from scapy.utils import rdpcap, wrpcap
 
-    cfg = TopoConfig(out=tmp_path / "run", workers=2, epochs=1, max_steps=1, backend="bmv2",
-                     k=32, pool_size=BMV2_POOL_SIZE, baseline=False, pcaps=True,
+    cfg = TopoConfig(out=tmp_path / "run", workers=2, epochs=1, max_steps=2, backend="bmv2",
+                     k=32, pool_size=BMV2_POOL_SIZE, baseline=False, pcaps=True, loss=3.0,
                      prefix=f"l{os.getpid() % 100000}")  # fmt: skip
     results = runner.run_topology(cfg)
-    assert results["runs"]["ina"]["steps"] == 1
+    ina = results["runs"]["ina"]
+    assert ina["steps"] == 2
+    assert ina["fabric"]["send_refused"] > 0 and ina["fabric"]["retransmissions"] > 0
+    job = json.loads((cfg.out / "ina" / "aggregator0.json").read_text())["jobs"]["1"]
+    assert job["slots_completed"] == 2 * math.ceil(17226 / cfg.k)
     pcaps = sorted((cfg.out / "ina" / "pcaps").glob("*.pcap"))
     assert len(pcaps) == 2 * cfg.workers  # a port per rank, in and out
     if TSHARK is None:

@@ -354,13 +354,27 @@ def test_exposed_communication_is_the_exchange_after_the_slowest_ranks_compute()
     assert report.exposed_comm([[{"event": "start"}]]) is None
 
 
-@pytest.mark.parametrize("backend", ["dpdk", "bmv2"])
-def test_loss_with_an_uplink_the_rules_cannot_reach_is_refused(
-    backend: str, tmp_path: Path
-) -> None:
-    """StarTopo drops uplink packets on the aggregator host's kernel, which a DPDK port bypasses
-    and a P4 switch does not have: LOSS= would silently be downlink loss only."""
-    with pytest.raises(ValueError, match=f"LOSS=2 cannot be applied with BACKEND={backend}: "):
-        TopoConfig(out=tmp_path, backend=backend, loss=2.0)
-    assert TopoConfig(out=tmp_path, backend=backend).loss == 0.0
-    assert TopoConfig(out=tmp_path, backend="socket", loss=2.0).loss == 2.0
+def test_uplink_loss_leaves_the_worker_where_no_aggregator_kernel_sees_the_frames() -> None:
+    """A DPDK port takes frames before netfilter and a P4 switch has no aggregator host: there a
+    worker's uplink loss is an OUTPUT rule on the worker for each aggregator address, and the
+    aggregator nodes drop nothing; elsewhere the aggregator node drops them as they arrive."""
+    from ncina.topo.config import UPLINK_LOSS_AT_WORKER
+    from ncina.topo.topos import LeafSpineTopo, aggregator_ip, worker_ip
+
+    assert set(UPLINK_LOSS_AT_WORKER) == {"dpdk", "bmv2"}
+    at_worker = StarTopo(workers=2, aggregators=2, loss=2.0, uplink_at_worker=True)
+    for name in at_worker.worker_names:
+        assert at_worker.nodeInfo(name)["out_drops"] == [(aggregator_ip(0), 2.0),
+                                                          (aggregator_ip(1), 2.0)]
+    for name in at_worker.aggregator_names:
+        assert at_worker.nodeInfo(name)["drops"] == []
+    switch_only = StarTopo(workers=2, aggregators=0, loss=2.0, uplink_at_worker=True)
+    assert switch_only.nodeInfo(switch_only.worker_names[0])["out_drops"] == [
+        (aggregator_ip(0), 2.0)]  # the P4 switch answers for the first aggregator address
+    at_aggregator = StarTopo(workers=2, aggregators=1, loss=2.0)
+    assert at_aggregator.nodeInfo(at_aggregator.worker_names[0])["out_drops"] == []
+    assert at_aggregator.nodeInfo(at_aggregator.aggregator_names[0])["drops"] == [
+        (worker_ip(0), 2.0), (worker_ip(1), 2.0)]
+    tree = LeafSpineTopo(workers=4, leaves=2, loss=2.0, uplink_at_worker=True)
+    assert tree.nodeInfo(tree.worker_names[3])["out_drops"] == [(aggregator_ip(1), 2.0)]
+    assert tree.nodeInfo(tree.aggregator_names[1])["drops"] == []

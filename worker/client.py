@@ -122,6 +122,7 @@ STAT_KEYS = (
     "notices",
     "bad_tag",
     "saturated",
+    "send_refused",
     "allreduce_calls",
     "elements",
     "handshakes",
@@ -391,7 +392,7 @@ class AllreduceClient:
         the next hello goes ``HANDSHAKE_INTERVAL`` later)."""
         self._stats["handshakes"] += 1
         hello = desc.pack_job_datagram(self.descriptor, job=self.job, rank=self.rank, key=self.key)
-        with contextlib.suppress(BlockingIOError):
+        with contextlib.suppress(BlockingIOError, PermissionError):  # lost: hellos repeat
             self._sock.sendto(hello, self.aggregator)
 
     def _judge_answer(self, size: int) -> tuple[int, desc.Descriptor, int] | None:

@@ -33,6 +33,7 @@ PROTO_HEADERS = ("nc8.h", "blake2b.h")
 STAT_KEYS = (  # the counters of struct ncw_stats, named as the client's stats
     "packets_sent", "packets_received", "bytes_sent", "bytes_received", "retransmissions",
     "bytes_retransmitted", "timeouts", "results_ignored", "notices", "bad_tag", "saturated",
+    "send_refused",
 )
 TIMER_FIELDS = ("initial", "cap", "floor", "rto", "srtt", "rttvar", "samples", "outliers",
                 "streak")  # fmt: skip

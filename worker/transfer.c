@@ -171,7 +171,9 @@ static uint32_t group(struct ncw_io *io, uint32_t first, uint32_t m)
 }
 
 /* Send the queued burst (sendmmsg; runs of equal-length datagrams as one UDP_SEGMENT send each).
- * A full send buffer loses the datagrams as the network would (the slots' timers re-send them);
+ * A full send buffer, or a local firewall rule that refuses a datagram (EPERM: counted as
+ * send_refused; Mininet's lossy links drop so where the aggregator's kernel never sees the
+ * frames), loses the datagrams as the network would (the slots' timers re-send them);
  * a kernel or device that refuses GSO turns it off for good and the rest goes out one by one;
  * any other error is returned as -errno. */
 static int flush(struct ncw *w)
@@ -194,6 +196,9 @@ static int flush(struct ncw *w)
             at += (uint32_t)sent;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
             done += io->tx_segments[at++]; /* lost; try the rest */
+        } else if (errno == EPERM) {
+            w->stats.send_refused += io->tx_segments[at];
+            done += io->tx_segments[at++];
         } else if (errno == EINTR) {
             continue;
         } else if (io->tx_segments[at] > 1 && (errno == EIO || errno == EINVAL

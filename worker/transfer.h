@@ -58,6 +58,7 @@ struct ncw_stats {
     uint64_t notices;
     uint64_t bad_tag;
     uint64_t saturated;
+    uint64_t send_refused; /* datagrams a local firewall rule refused (EPERM): lost */
 };
 
 /* Per slot: the outstanding chunk and what its result must look like, its timer, and the last

@@ -185,8 +185,9 @@ class Transfer:
         self.notices: dict[int, tuple[int, int]] = {}
 
     def send(self, i: int, slot: int, now: float) -> None:
-        """Send chunk ``i`` into ``slot``. A full send buffer loses the packet like the network
-        would; the slot's timer re-sends it."""
+        """Send chunk ``i`` into ``slot``. A full send buffer, or a local firewall rule that
+        refuses the datagram (EPERM, counted as ``send_refused``), loses the packet like the
+        network would; the slot's timer re-sends it."""
         start = i * self.row
         size = self.sizes[i]
         self.sent_at[slot] = now
@@ -197,6 +198,9 @@ class Transfer:
         try:
             self.sock.sendto(self.frames[start : start + size], self.aggregator)
         except BlockingIOError:
+            return
+        except PermissionError:
+            self.stats["send_refused"] += 1
             return
         stats = self.stats
         stats["packets_sent"] += 1
