@@ -28,12 +28,41 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     args = parse()
-    assert (args.workers, args.bw, args.elements, args.mtu, args.repeat) == (4, 100.0, 10**7,
-                                                                           1500, 3)  # fmt: skip
+    assert (args.workers, args.bw, args.elements, args.mtu, args.repeat) == (4, [100.0], 10**7,
+                                                                           [1500], 3)  # fmt: skip
     assert args.backend == "socket"  # the C aggregator, when it is an aggregator backend
     monkeypatch.setattr(aggregator_cli, "BACKENDS", ("python", "dpdk", "bmv2"))
     assert parse().backend == "python"
-    assert parse("--backend", "dpdk", "--mtu", "9000").mtu == 9000
+    assert parse("--backend", "dpdk", "--mtu", "9000").mtu == [9000]
+    many = parse("--bw", "100,200,500.5", "--mtu", "1500,9000")
+    assert (many.bw, many.mtu) == ([100.0, 200.0, 500.5], [1500, 9000])
+
+
+def test_a_list_of_bandwidths_and_mtus_runs_each_pair_and_names_the_faithful_ones(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from ncina.bench import fabric
+
+    seen = []
+
+    def one(args: argparse.Namespace) -> dict[str, object]:
+        seen.append((args.bw, args.mtu, args.k, args.workdir))
+        fraction = {100.0: 0.97, 200.0: 0.91, 500.0: 0.6}[args.bw] + (0.05 if args.mtu > 1500
+                                                                       else 0.0)  # fmt: skip
+        return {"bw_mbit": args.bw, "mtu": args.mtu, "link_fraction": fraction}
+
+    monkeypatch.setattr(fabric, "run_one", one)
+    args = parse("--bw", "100,200,500", "--mtu", "1500,9000", "--workdir", str(tmp_path))
+    figures = fabric.run(args)
+    assert [(bw, mtu) for bw, mtu, _, _ in seen] == [
+        (100.0, 1500), (200.0, 1500), (500.0, 1500), (100.0, 9000), (200.0, 9000),
+        (500.0, 9000)]  # fmt: skip
+    assert all(k is None for _, _, k, _ in seen)  # each pair takes its own MTU's K
+    assert seen[1][3] == tmp_path / "bw200-mtu1500"
+    assert len(figures["rows"]) == 6
+    assert figures["faithful_bw_mbit"] == {"1500": 200.0, "9000": 200.0}
+    assert fabric.run(parse("--bw", "500"))["link_fraction"] == 0.6  # one pair: its figures
+    assert fabric.run(parse("--bw", "500,500"))["faithful_bw_mbit"] == {"1500": None}
 
 
 def test_link_fraction_counts_frames_against_the_link_rate() -> None:
@@ -68,7 +97,9 @@ def test_bad_bandwidth_and_dpdk_jumbo_frames_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 0)  # the checks come before any network
-    assert "--bw must be positive" in refusal(tmp_path, capsys, "--bw", "0")
+    with pytest.raises(SystemExit):
+        parse("--bw", "100,0")
+    assert "every value of '100,0' must be positive" in capsys.readouterr().err
     from ncina.aggregator.dpdk import binding
 
     if binding.missing():

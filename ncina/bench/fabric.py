@@ -16,6 +16,12 @@ switch port's receive counter of that worker's link, read just before the start 
 last worker ended, divided by the wall time; the figure is the mean over the workers (each run's
 per-worker values are kept). ``gloo_link_fraction`` is the same for gloo's TCP traffic.
 
+``--bw`` and ``--mtu`` take comma-separated lists (``--bw 100,200,500,1000 --mtu 1500,9000``):
+then every pair runs on a fabric of its own, in one invocation, and the figures are ``rows``
+(one single-pair result each) and ``faithful_bw_mbit``, per MTU the highest bandwidth whose
+``link_fraction`` reached ``FAITHFUL_LINK_FRACTION``: the fastest link this machine emulates
+with its software out of the way.
+
 ``--topo leafspine`` builds ``ncina topo``'s leaf-spine fabric instead (docs/protocol.md,
 "Hierarchical aggregation"): ``--leaves`` leaf switches, each with ``--workers / --leaves``
 workers and a leaf aggregator, joined by leaf uplinks shaped like the worker links to a spine
@@ -53,6 +59,9 @@ from ncina.progress import progress
 from ncina.proto.header import PORT
 from ncina.proto.wire import DEFAULT_MTU
 
+FAITHFUL_LINK_FRACTION = 0.9
+"""A run whose INA all-reduce used at least this share of its links measured the fabric, not
+this machine's CPU."""
 GLOO_PORT = 29500  # gloo's rendezvous on worker 0; + repeat, so no run meets a TIME_WAIT
 
 
@@ -69,10 +78,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="INA vs gloo all-reduce over a bandwidth-limited Mininet fabric (root)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        conflict_handler="resolve",  # --mtu takes a list here
     )
     bench.add_common_arguments(p, backend=default_backend(), workers=4)
-    p.add_argument("--bw", type=float, default=100.0,
-                   help="Mbit/s of each worker's link (default: %(default)s)")  # fmt: skip
+    p.add_argument("--bw", type=number_list(float), default=[100.0], metavar="MBIT[,MBIT...]",
+                   help="Mbit/s of each worker's link; a list runs each (default: 100)")
+    p.add_argument("--mtu", type=number_list(int), default=[DEFAULT_MTU],
+                   metavar="MTU[,MTU...]",
+                   help="MTU whose largest K is the default --k; a list runs each "
+                   f"(default: {DEFAULT_MTU})")  # fmt: skip
     p.add_argument("--topo", choices=("star", "leafspine"), default="star",
                    help="star: every worker and the aggregator on one switch; leafspine: "
                    "--leaves leaf switches, each with its workers and a leaf aggregator, under a "
@@ -87,12 +101,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def number_list(kind: type[float] | type[int]) -> Any:
+    """An argparse type: one number or a comma-separated list of them, each positive."""
+
+    def parse(text: str) -> list[Any]:
+        try:
+            values = [kind(part) for part in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of "
+                                             f"{kind.__name__}s") from None  # fmt: skip
+        if not all(v > 0 for v in values):
+            raise argparse.ArgumentTypeError(f"every value of {text!r} must be positive")
+        return values
+
+    return parse
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """Reject what cannot run before any network is built."""
     if os.geteuid() != 0:
         raise RuntimeError("bench fabric needs root (Mininet)")
-    if not args.bw > 0:
-        raise ValueError(f"--bw must be positive, not {args.bw:g}")
     if args.topo == "leafspine":  # every backend of --backend serves as a leaf and a spine
         if args.workers % args.leaves:
             raise ValueError(f"--workers {args.workers} cannot be split evenly over --leaves "
@@ -226,6 +254,27 @@ def leaf_uplinks(net: Any, topo: Any) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """One fabric per ``--bw`` and ``--mtu`` pair: its figures alone, or the rows of every pair
+    and the highest faithful bandwidth per MTU."""
+    pairs = [(bw, mtu) for mtu in args.mtu for bw in args.bw]
+    rows = []
+    for bw, mtu in pairs:
+        row = argparse.Namespace(**{**vars(args), "bw": bw, "mtu": mtu})
+        if args.workdir is not None and len(pairs) > 1:
+            row.workdir = args.workdir / f"bw{bw:g}-mtu{mtu}"
+        rows.append(run_one(row))
+    if len(rows) == 1:
+        return rows[0]
+    faithful = {
+        str(mtu): max((r["bw_mbit"] for r in rows if r["mtu"] == mtu
+                       and r["link_fraction"] >= FAITHFUL_LINK_FRACTION), default=None)
+        for mtu in args.mtu
+    }  # fmt: skip
+    return {"rows": rows, "faithful_bw_mbit": faithful,
+            "faithful_link_fraction": FAITHFUL_LINK_FRACTION, "cores": os.cpu_count()}
+
+
+def run_one(args: argparse.Namespace) -> dict[str, Any]:
     """Build the fabric, run ``--repeat`` INA and gloo all-reduces on it, remove it."""
     check_arguments(args)
     from ncina.topo.config import TopoConfig
