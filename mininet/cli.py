@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,26 @@ def topo_pool_size(backend: str | None, k: int) -> int:
     return max(8, min(TopoConfig.pool_size, pool))
 
 
+FAITHFUL_MBIT_PER_CORE = 200.0
+"""Worker-link Mbit/s (summed over the workers) that one core emulates faithfully: measured on
+2 cores, 4 workers reach a link_fraction of 0.97 at 100 Mbit/s with MTU 9000 and 0.85 with
+MTU 1500, and no more than 0.79 from 200 Mbit/s up (docs/performance.md, "Headroom")."""
+
+
+def headroom_warning(workers: int, bw: float | None, cores: int | None) -> str | None:
+    """One sentence when the run asks for more link bandwidth than this machine's ``cores``
+    emulate faithfully (``FAITHFUL_MBIT_PER_CORE``), else None; unshaped links have no rate."""
+    if bw is None or not cores:
+        return None
+    limit = FAITHFUL_MBIT_PER_CORE * cores
+    if workers * bw <= limit:
+        return None
+    return (f"ncina topo: warning: {workers} workers at {bw:g} Mbit/s ask for "
+            f"{workers * bw:g} Mbit/s of links, more than the {limit:g} Mbit/s that {cores} "
+            "cores emulate faithfully (docs/performance.md, \"Headroom\"): times will measure "
+            "this machine's CPU more than the links")
+
+
 def run(args: argparse.Namespace) -> int:
     """Check root and options, then run the topology (see :mod:`ncina.topo.runner`)."""
     check_options(args)
@@ -150,6 +171,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("leafspine has one aggregator per leaf and the spine's: give --leaves")
     from ncina.topo.runner import run_topology
 
+    warning = headroom_warning(args.workers, args.bw, os.cpu_count())
+    if warning:
+        print(warning, file=sys.stderr)
     k = args.k or topo_k(args.backend, args.mode, args.result, args.key_file is not None, args.mtu,
                          args.topo)  # fmt: skip
     run_topology(

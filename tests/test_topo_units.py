@@ -378,3 +378,14 @@ def test_uplink_loss_leaves_the_worker_where_no_aggregator_kernel_sees_the_frame
     tree = LeafSpineTopo(workers=4, leaves=2, loss=2.0, uplink_at_worker=True)
     assert tree.nodeInfo(tree.worker_names[3])["out_drops"] == [(aggregator_ip(1), 2.0)]
     assert tree.nodeInfo(tree.aggregator_names[1])["drops"] == []
+
+
+def test_a_run_beyond_the_machines_headroom_is_warned_about() -> None:
+    warn = topo_cli.headroom_warning
+    assert warn(4, 100.0, 2) is None  # the default run on this project's 2-core machine
+    assert warn(4, None, 2) is None and warn(4, 1000.0, None) is None  # unshaped; cores unknown
+    assert warn(4, 200.0, 2) == (
+        "ncina topo: warning: 4 workers at 200 Mbit/s ask for 800 Mbit/s of links, more than "
+        'the 400 Mbit/s that 2 cores emulate faithfully (docs/performance.md, "Headroom"): '
+        "times will measure this machine's CPU more than the links")
+    assert warn(4, 200.0, 4) is None
