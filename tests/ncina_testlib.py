@@ -32,9 +32,6 @@ AGGREGATOR_BACKENDS = ("python", "socket", "dpdk", "bmv2")
 TAGGED_BACKENDS = ("python", "socket", "dpdk")
 """Backends that implement the authentication tag (the P4 program does not)."""
 
-PACING = 0.002
-"""Seconds between the datagrams of a long burst: BMv2 reads its port through libpcap, whose
-ring holds a few dozen frames, so a longer burst loses packets before the switch sees them."""
 
 def aggregator_command(backend: str, arguments: Sequence[str]) -> list[str]:
     """The command line of ``ncina aggregator --backend BACKEND ARGUMENTS`` for any backend of

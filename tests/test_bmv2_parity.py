@@ -11,14 +11,12 @@ counters must agree to the byte.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from ncina_testlib import (
-    PACING,
     Worker,
     code_values,
     counters,
@@ -110,7 +108,6 @@ def replay(backend: str, workdir: Path, result: str) -> tuple[list[list[bytes]],
         sends, _ = session(window_e_min(WORKERS))
         for rank, datagram in sends:
             workers[rank].send(datagram)
-            time.sleep(PACING)
         received: list[list[bytes]] = [[] for _ in range(WORKERS)]
         for rank, worker in enumerate(workers):
             worker.socket.settimeout(1.5)  # every reply is back long before: the stream is short

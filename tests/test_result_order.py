@@ -14,7 +14,6 @@ bytes.
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,6 @@ from ncina.proto import nc8
 from ncina.proto.header import FLAG_POOL
 from ncina_testlib import (
     AGGREGATOR_BACKENDS,
-    PACING,
     Worker,
     dissect,
     exact_sums,
@@ -84,7 +82,6 @@ def run(backend: str, workdir: Path, rounds: list[list[Contribution]]) -> dict[t
             for rank, slot, version, offset, codes in packets:
                 workers[rank].send(uplink(job=JOB, rank=rank, slot=slot, offset=offset,
                                           codes=codes, emin=emin, pool=version))  # fmt: skip
-                time.sleep(PACING)
             for rank, worker in enumerate(workers):
                 for _ in range(POOL):
                     fields, payload = dissect(worker.receive())
