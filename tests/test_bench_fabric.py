@@ -38,31 +38,14 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (many.bw, many.mtu) == ([100.0, 200.0, 500.5], [1500, 9000])
 
 
-def test_a_list_of_bandwidths_and_mtus_runs_each_pair_and_names_the_faithful_ones(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    from ncina.bench import fabric
+def test_the_faithful_bandwidth_is_the_highest_that_filled_its_links_per_mtu() -> None:
+    from ncina.harness.figures import faithful_bandwidths
 
-    seen = []
-
-    def one(args: argparse.Namespace) -> dict[str, object]:
-        seen.append((args.bw, args.mtu, args.k, args.workdir))
-        fraction = {100.0: 0.97, 200.0: 0.91, 500.0: 0.6}[args.bw] + (0.05 if args.mtu > 1500
-                                                                       else 0.0)  # fmt: skip
-        return {"bw_mbit": args.bw, "mtu": args.mtu, "link_fraction": fraction}
-
-    monkeypatch.setattr(fabric, "run_one", one)
-    args = parse("--bw", "100,200,500", "--mtu", "1500,9000", "--workdir", str(tmp_path))
-    figures = fabric.run(args)
-    assert [(bw, mtu) for bw, mtu, _, _ in seen] == [
-        (100.0, 1500), (200.0, 1500), (500.0, 1500), (100.0, 9000), (200.0, 9000),
-        (500.0, 9000)]  # fmt: skip
-    assert all(k is None for _, _, k, _ in seen)  # each pair takes its own MTU's K
-    assert seen[1][3] == tmp_path / "bw200-mtu1500"
-    assert len(figures["rows"]) == 6
-    assert figures["faithful_bw_mbit"] == {"1500": 200.0, "9000": 200.0}
-    assert fabric.run(parse("--bw", "500"))["link_fraction"] == 0.6  # one pair: its figures
-    assert fabric.run(parse("--bw", "500,500"))["faithful_bw_mbit"] == {"1500": None}
+    rows = [{"bw_mbit": bw, "mtu": mtu, "link_fraction": f} for bw, mtu, f in (
+        (100.0, 1500, 0.97), (200.0, 1500, 0.91), (500.0, 1500, 0.6),
+        (100.0, 9000, 0.98), (200.0, 9000, 0.8), (500.0, 9000, 0.9))]  # fmt: skip
+    assert faithful_bandwidths(rows, [1500, 9000], 0.9) == {"1500": 200.0, "9000": 500.0}
+    assert faithful_bandwidths(rows, [1500], 0.99) == {"1500": None}
 
 
 def test_link_fraction_counts_frames_against_the_link_rate() -> None:
@@ -132,12 +115,15 @@ def links(prefix: str) -> list[str]:
 def test_a_tiny_run_over_mininet(tmp_path: Path) -> None:
     output = tmp_path / "fabric.jsonl"
     status = main(["bench", "fabric", "--workers", "2", "--elements", "20000", "--repeat", "1",
-                   "--backend", "python", "--bw", "100", "--workdir", str(tmp_path),
+                   "--backend", "python", "--bw", "100,200", "--workdir", str(tmp_path),
                    "--output", str(output)])  # fmt: skip
     assert status == 0
     assert links(f"b{os.getpid() % 100000}") == []
-    figures = json.loads(output.read_text())
-    assert figures["benchmark"] == "fabric"
+    both = json.loads(output.read_text())
+    assert both["benchmark"] == "fabric" and set(both["faithful_bw_mbit"]) == {"1500"}
+    figures, other = both["rows"]  # a fabric per bandwidth, in one invocation
+    assert (other["bw_mbit"], other["exact"]) == (200.0, True)
+    tmp_path = tmp_path / "bw100-mtu1500"
     assert figures["exact"] is True
     for key in ("link_fraction", "gloo_link_fraction", "wall_s", "gloo_wall_s", "vs_gloo"):
         assert figures[key] > 0, key

@@ -51,7 +51,7 @@ from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
 from ncina.bench import allreduce as bench
 from ncina.harness import cpu
-from ncina.harness.figures import medians
+from ncina.harness.figures import faithful_bandwidths, medians
 from ncina.harness.links import fractions, rx_bytes, time_limit, uplink_ports
 from ncina.harness.reference import Reference
 from ncina.harness.workers import START_TIMEOUT, run_workers
@@ -265,11 +265,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(run_one(row))
     if len(rows) == 1:
         return rows[0]
-    faithful = {
-        str(mtu): max((r["bw_mbit"] for r in rows if r["mtu"] == mtu
-                       and r["link_fraction"] >= FAITHFUL_LINK_FRACTION), default=None)
-        for mtu in args.mtu
-    }  # fmt: skip
+    faithful = faithful_bandwidths(rows, args.mtu, FAITHFUL_LINK_FRACTION)
     return {"rows": rows, "faithful_bw_mbit": faithful,
             "faithful_link_fraction": FAITHFUL_LINK_FRACTION, "cores": os.cpu_count()}
 

@@ -53,6 +53,19 @@ def medians(repeats: Sequence[dict[str, Any]], *, workers: int, elements: int) -
     }
 
 
+def faithful_bandwidths(
+    rows: Sequence[dict[str, Any]], mtus: Sequence[int], threshold: float
+) -> dict[str, float | None]:
+    """Per MTU (a string key, as JSON has it), the highest ``bw_mbit`` among ``rows`` whose
+    ``link_fraction`` reached ``threshold`` (None: no row did): the fastest link a machine
+    emulates with its own software out of the way."""
+    return {
+        str(mtu): max((r["bw_mbit"] for r in rows
+                       if r["mtu"] == mtu and r["link_fraction"] >= threshold), default=None)
+        for mtu in mtus
+    }  # fmt: skip
+
+
 def spread(values: Iterable[float]) -> dict[str, float]:
     """The minimum, lower median and maximum of the runs' values of one ratio."""
     ordered = sorted(values)
