@@ -121,7 +121,7 @@ def _await_handshake(child: subprocess.Popen[bytes], aggregator: RunningAggregat
         time.sleep(0.005)
 
 
-def _kill_when(proc: subprocess.Popen[bytes], aggregator: RunningAggregator,
+def kill_when(proc: subprocess.Popen[bytes], aggregator: RunningAggregator,
                completed: int) -> int:  # fmt: skip
     """SIGKILL ``proc`` (by PID) once the aggregator has completed ``completed`` slots; return
     the number it had then."""
@@ -190,7 +190,7 @@ def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: in
                 began = time.monotonic()
                 futures = _survivors(inputs, address, range(workers - 1), k=k, result=result,
                                      deadline=deadline, pool=pool)  # fmt: skip
-                killed_at = _kill_when(child, aggregator, at)
+                killed_at = kill_when(child, aggregator, at)
             finally:
                 child.kill()
                 child.wait()
@@ -215,7 +215,7 @@ def allreduce_across_restart(inputs: list[np.ndarray], workdir: Path, *, k: int,
             futures = _survivors(inputs, address, range(workers), k=k, result=result,
                                  deadline=deadline, pool=pool,
                                  restart_retries=restart_retries)  # fmt: skip
-            killed_at = _kill_when(aggregator.process, aggregator, at)
+            killed_at = kill_when(aggregator.process, aggregator, at)
             aggregator = start_aggregator("python", workdir / "second", listen=f"{address[0]}:"
                                           f"{address[1]}", extra=["--generation", "2"], **job)
             return _fault_run(futures, began, killed_at, [], time.monotonic())
