@@ -20,8 +20,10 @@
   said it still waits for;
 - restarts: the client learns the aggregator's generation from its first result and stamps it on
   every packet; a result or notice of another generation means the aggregator restarted and lost
-  its slots, and the call fails at once with ``AggregatorRestartedError`` (docs/protocol.md,
-  "Generations and notices");
+  its slots: the client handshakes anew and agrees with the other ranks on the call, which is
+  redone or served by a rank that completed it, up to ``restart_retries`` times a call, after
+  which the call fails with ``AggregatorRestartedError`` (docs/protocol.md, "Generations and
+  notices"; docs/reliability.md, "A restarted aggregator");
 - authentication (optional, ``key``): every datagram carries the ``TAG`` flag and a keyed tag
   (``ncina.proto.tag``); a datagram from the aggregator whose tag does not verify is ignored
   before anything in it is believed (docs/protocol.md, "Authentication tag");
@@ -190,6 +192,10 @@ class AllreduceClient:
     tried again by the next call. ``handshake_timeout=None`` skips it (an aggregator that does
     not speak it). The limits on ``job``, ``workers``, ``k`` and ``pool_size`` are the
     aggregator's (``ncina.proto.descriptor.check_job``).
+
+    ``restart_retries`` is how many restarts of the aggregator one INA call recovers from
+    (:meth:`_ina_allreduce`; every rank of the job must recover, so give them all the same);
+    0, server mode and hierarchical jobs fail the call at the first one.
     """
 
     def __init__(
@@ -483,7 +489,8 @@ class AllreduceClient:
         ``x`` is a floating-point array (cast to float32); the result is float32 of the same
         shape. NaN or infinity raises ``ValueError`` before anything is sent. Raises
         ``TimeoutError`` when no valid result arrives for ``deadline`` seconds, and
-        ``AggregatorRestartedError`` when the aggregator restarted during the call.
+        ``AggregatorRestartedError`` when the aggregator restarted during the call more often
+        than the client recovers from (``restart_retries``).
 
         ``out``, a writable C-contiguous float32 array of ``x``'s shape, receives the result
         (and is returned) instead of a new array; it may be ``x`` itself (every chunk is read
