@@ -286,3 +286,9 @@ def test_a_restart_between_calls_is_detected_on_the_next_call(tmp_path: Path) ->
         for client in clients:
             client.close()
         first.stop()
+
+
+def test_restart_retries_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="restart_retries must be 0 or more"):
+        AllreduceClient(("127.0.0.1", 9), job=JOB, rank=0, workers=1, restart_retries=-1,
+                        handshake_timeout=None)  # fmt: skip
