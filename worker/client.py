@@ -554,9 +554,9 @@ class AllreduceClient:
         call. One restart more raises ``AggregatorRestartedError`` and the client is unusable.
         """
         n = flat.size
+        prepared = self._prepare(flat)  # NaN or infinity raises before the call is counted
         self._stats["allreduce_calls"] += 1
         self._stats["elements"] += n
-        prepared = self._prepare(flat)
         if n == 0:
             return np.zeros(0, dtype=np.float32) if out is None else out
         if self._c is not None and self.recovers and out is not None and np.may_share_memory(
