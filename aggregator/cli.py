@@ -298,6 +298,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         faults.add_argument(flag, type=float, default=0.0, metavar="P", help=f"{what} with "
                             "probability P (default: 0)")  # fmt: skip
     faults.add_argument("--fault-seed", type=int, default=0, help="seed of the fault decisions")
+    faults.add_argument("--drop-every", type=int, default=0, metavar="N",
+                        help="also drop the Nth, 2Nth, ... datagram from each source and to "
+                        "each destination address: a fixed pattern (default: 0, off)")
     parser.add_argument(
         "--iface",
         metavar="IF",
@@ -373,6 +376,7 @@ def run(args: argparse.Namespace) -> int:
         duplicate=args.duplicate,
         reorder=args.reorder,
         seed=args.fault_seed,
+        drop_every=args.drop_every,
     )
     generation = args.generation or 1 + secrets.randbelow(MAX_GENERATION)
     if args.backend in ("socket", "dpdk", "bmv2"):

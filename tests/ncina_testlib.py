@@ -262,3 +262,75 @@ def assert_sent_once_plus_retransmissions(fabric: dict[str, Any], chunks: int) -
         f"{fabric['packets_sent']} packets sent for {chunks} chunks and "
         f"{fabric['retransmissions']} retransmissions"
     )
+
+
+class HoldingRelay:
+    """A UDP relay between ``ranks`` workers and an aggregator, one socket pair per rank (so the
+    aggregator sees one address per rank), that stops forwarding either way once rank 0 has
+    received ``hold_after`` datagrams from the aggregator: the workers then stand still at that
+    point, whatever the machine's speed, until :meth:`release` (a test restarts the aggregator
+    meanwhile). ``held`` is set while it holds; ``address(rank)`` is where rank ``rank`` sends."""
+
+    def __init__(self, aggregator: Address, ranks: int) -> None:
+        import selectors
+        import threading
+
+        self.aggregator = aggregator
+        self.selector = selectors.DefaultSelector()
+        self.front: list[socket.socket] = []
+        self.back: list[socket.socket] = []
+        for rank in range(ranks):
+            for side, sockets in (("front", self.front), ("back", self.back)):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sock.bind(("127.0.0.1", 0))
+                sock.setblocking(False)
+                self.selector.register(sock, selectors.EVENT_READ, (side, rank))
+                sockets.append(sock)
+        self.workers: list[Address | None] = [None] * ranks
+        self.received = 0  # datagrams rank 0 got from the aggregator
+        self.hold_after: int | None = None
+        self.held = threading.Event()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._forward, daemon=True)
+        self.thread.start()
+
+    def address(self, rank: int) -> Address:
+        return self.front[rank].getsockname()
+
+    def hold_at(self, count: int) -> None:
+        """Hold once rank 0 has received ``count`` datagrams in all."""
+        self.held.clear()
+        self.hold_after = count
+
+    def release(self) -> None:
+        self.hold_after = None
+        self.held.clear()
+
+    def _forward(self) -> None:
+        while not self.stopping.is_set():
+            for entry, _ in self.selector.select(0.05):
+                side, rank = entry.data
+                while True:
+                    try:
+                        data, source = entry.fileobj.recvfrom(65535)  # type: ignore[union-attr]
+                    except BlockingIOError:
+                        break
+                    if self.held.is_set():
+                        continue  # dropped both ways: the aggregator is "gone"
+                    if side == "front":
+                        self.workers[rank] = source
+                        self.back[rank].sendto(data, self.aggregator)
+                        continue
+                    worker = self.workers[rank]
+                    if worker is not None:
+                        self.front[rank].sendto(data, worker)
+                    if rank == 0:
+                        self.received += 1
+                        if self.hold_after is not None and self.received >= self.hold_after:
+                            self.held.set()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+        for sock in (*self.front, *self.back):
+            sock.close()

@@ -11,6 +11,9 @@ on both worker data paths.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +32,7 @@ from ncina.worker.client import (
 from ncina_testlib import start_aggregator, uplink
 
 from ncina.harness.faults import JOB, allreduce_across_restart, allreduce_with_dead_worker
+from ncina.harness.reference import powers_of_two
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,14 +135,115 @@ def test_a_killed_worker_makes_the_others_fail_naming_its_rank(tmp_path: Path) -
 
 @pytest.mark.usefixtures("data_path")
 def test_an_aggregator_restart_fails_every_worker_at_once_without_a_result(tmp_path: Path) -> None:
+    """With ``restart_retries=0`` a restart ends the call in every worker, at once."""
     run = allreduce_across_restart(inputs(), tmp_path, k=K, result="int", deadline=30.0,
                                    at=CHUNKS // 4)  # fmt: skip
     assert CHUNKS // 4 <= run.killed_at < CHUNKS
     for outcome in run.outcomes:
         assert isinstance(outcome, AggregatorRestartedError), outcome
         assert "restarted (generation 1, now 2" in str(outcome)
+        assert "restart_retries is 0" in str(outcome)
     # Not a TimeoutError: each worker failed on the restart's first notice or result, without
     # waiting out the 30 s deadline (a wall-clock bound would measure the machine's load).
+
+
+@pytest.mark.usefixtures("data_path")
+def test_workers_recover_from_a_restart_mid_allreduce_with_the_exact_sum(tmp_path: Path) -> None:
+    """The default: every worker redoes the call on the new aggregator (nobody had completed
+    it) and returns the exact sum; the second aggregator added every contribution once."""
+    xs = [powers_of_two(ELEMENTS, seed=rank) for rank in range(WORKERS)]
+    run = allreduce_across_restart(xs, tmp_path, k=K, result="int", deadline=30.0,
+                                   at=CHUNKS // 4, restart_retries=3)  # fmt: skip
+    assert CHUNKS // 4 <= run.killed_at < CHUNKS
+    want = np.sum(np.stack(xs).astype(np.float64), axis=0).astype(np.float32)
+    for outcome in run.outcomes:
+        assert isinstance(outcome, np.ndarray), outcome
+        assert outcome.tobytes() == want.tobytes()
+    assert run.recovery_s is not None and run.recovery_s > 0
+
+
+class HeldRelay(threading.Thread):
+    """Forwards one worker's datagrams to the aggregator through a socket of its own, and the
+    replies back unless ``hold`` is set (then they are dropped: the worker loses its results)."""
+
+    def __init__(self, aggregator: tuple[str, int]) -> None:
+        super().__init__(daemon=True)
+        self.aggregator = aggregator
+        self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for sock in (self.front, self.back):
+            sock.bind(("127.0.0.1", 0))
+            sock.settimeout(0.02)
+        self.hold = threading.Event()
+        self.stopping = threading.Event()
+        self.worker: tuple[str, int] | None = None
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                data, self.worker = self.front.recvfrom(65535)
+                self.back.sendto(data, self.aggregator)
+            with contextlib.suppress(TimeoutError):
+                data = self.back.recv(65535)
+                if not self.hold.is_set() and self.worker is not None:
+                    self.front.sendto(data, self.worker)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+        self.front.close()
+        self.back.close()
+
+
+@pytest.mark.usefixtures("data_path")
+@pytest.mark.parametrize("result", ["nc8", "int"])
+def test_a_rank_that_completed_the_call_serves_it_to_a_rank_that_did_not(
+    tmp_path: Path, result: str
+) -> None:
+    """Rank 0 completes call 1, rank 1 loses every result of it (a relay holds them back), then
+    the aggregator restarts. Rank 0 learns it in call 2; the recovery finds rank 0 one call
+    ahead, and rank 0 serves its sum of call 1 to rank 1: both return the same bits for call 1
+    (with nc8 results a redo would not: the new aggregator rounds with other random bits), and
+    both go on with call 2 in step."""
+    job = {"job": JOB, "workers": 2, "k": K, "result": result}
+    first = start_aggregator("python", tmp_path / "first", extra=["--generation", "3"], **job)
+    host, port = first.address
+    relay = HeldRelay(first.address)
+    relay.start()
+    rng = np.random.default_rng(8)
+    calls = [rng.standard_normal(20 * K).astype(np.float32) for _ in range(3)]
+    clients = [
+        AllreduceClient(address, job=JOB, rank=rank, workers=2, k=K, result_format=result,
+                        seed=rank, deadline=30.0, restart_retries=2)
+        for rank, address in enumerate([first.address, relay.front.getsockname()])
+    ]  # fmt: skip
+    second = None
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            warm = [pool.submit(c.allreduce, calls[0]) for c in clients]
+            assert warm[0].result().tobytes() == warm[1].result().tobytes()
+            relay.hold.set()
+            held = [pool.submit(c.allreduce, calls[1]) for c in clients]
+            ahead = held[0].result()  # rank 0 has call 1; rank 1 re-sends into the relay
+            assert not held[1].done()
+            first.process.kill()
+            first.process.wait()
+            second = start_aggregator("python", tmp_path / "second", listen=f"{host}:{port}",
+                                      extra=["--generation", "5"], **job)  # fmt: skip
+            relay.hold.clear()
+            after = pool.submit(clients[0].allreduce, calls[2])
+            assert held[1].result().tobytes() == ahead.tobytes()
+            behind_after = clients[1].allreduce(calls[2])
+            assert after.result().tobytes() == behind_after.tobytes()
+        assert [c.stats["restarts"] for c in clients] == [1, 1]
+        assert [c.generation for c in clients] == [5, 5]
+    finally:
+        for client in clients:
+            client.close()
+        relay.stop()
+        first.stop()
+        if second is not None:
+            second.stop()
 
 
 @pytest.mark.usefixtures("data_path")
@@ -148,7 +253,8 @@ def test_a_restart_between_calls_is_detected_on_the_next_call(tmp_path: Path) ->
     host, port = first.address
     x = np.ones(10 * K, dtype=np.float32)
     clients = [AllreduceClient(first.address, job=JOB, rank=r, workers=2, k=K,
-                               result_format="int", deadline=30.0) for r in range(2)]  # fmt: skip
+                               result_format="int", deadline=30.0, restart_retries=retries)
+               for r, retries in enumerate([0, 1])]  # fmt: skip
     try:
         with ThreadPoolExecutor(2) as pool:
             for out in pool.map(lambda c: c.allreduce(x, op="sum"), clients):
@@ -160,6 +266,8 @@ def test_a_restart_between_calls_is_detected_on_the_next_call(tmp_path: Path) ->
                                   result="int", listen=f"{host}:{port}",
                                   extra=["--generation", "9"])  # fmt: skip
         try:
+            # Rank 0 does not recover (restart_retries=0): its call fails; rank 1 recovers
+            # alone, waiting for rank 0 in the recovery's agreement until its deadline.
             # at once, not after the 30 s deadline (that would be a TimeoutError)
             with pytest.raises(AggregatorRestartedError, match="generation 4, now 9"):
                 clients[0].allreduce(x, op="sum")
@@ -168,9 +276,19 @@ def test_a_restart_between_calls_is_detected_on_the_next_call(tmp_path: Path) ->
             stats = second.stats()["jobs"][str(JOB)]
             assert stats["drops"]["stale_generation"] >= 1
             assert stats["notices_sent"] >= 1 and stats["contributions"] == 0
+            clients[1].deadline = 0.5
+            with pytest.raises(TimeoutError, match="rank 1"):
+                clients[1].allreduce(x, op="sum")
+            assert clients[1].stats["restarts"] == 1
         finally:
             second.stop()
     finally:
         for client in clients:
             client.close()
         first.stop()
+
+
+def test_restart_retries_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="restart_retries must be 0 or more"):
+        AllreduceClient(("127.0.0.1", 9), job=JOB, rank=0, workers=1, restart_retries=-1,
+                        handshake_timeout=None)  # fmt: skip

@@ -99,6 +99,27 @@ def test_same_seed_same_faults() -> None:
     assert run_path(config, DATAGRAMS) == run_path(config, DATAGRAMS)
 
 
+def test_drop_every_drops_the_nth_datagram_of_each_address_each_way() -> None:
+    """A fixed pattern, per address: from two sources, each loses its 5th, 10th, ...; each of
+    the two destinations loses its 5th, 10th, ... of what the handler sends it."""
+    config = FaultConfig(drop_every=5)
+    seen: list[bytes] = []
+    sent: list = []
+    path = FaultyPath(config, lambda d, s: seen.append(d) or [(d, ("a", 1)), (d, ("b", 2))],
+                      lambda d, dst: sent.append((d, dst)))  # fmt: skip
+    for i, d in enumerate(DATAGRAMS[:40]):
+        path.deliver(d, ("w", i % 2))  # two sources, alternating
+    dropped = {DATAGRAMS[i] for i in range(40) if (i // 2 + 1) % 5 == 0}
+    assert seen == [d for d in DATAGRAMS[:40] if d not in dropped]
+    assert path.counts["dropped_up"] == 8
+    for destination in (("a", 1), ("b", 2)):
+        got = [d for d, dst in sent if dst == destination]
+        assert got == [d for i, d in enumerate(seen) if (i + 1) % 5]
+    assert path.counts["dropped_down"] == 2 * (len(seen) // 5)
+    with pytest.raises(ValueError, match="drop-every 1"):
+        FaultConfig(drop_every=1)
+
+
 @pytest.mark.parametrize("field", ["drop_up", "drop_down", "duplicate", "reorder"])
 def test_probabilities_are_checked(field: str) -> None:
     with pytest.raises(ValueError, match="outside"):

@@ -56,6 +56,9 @@ SIZES = (1000, 3 * POOL * K + 5, 130)
 pytestmark = pytest.mark.timeout(120)
 
 LOSS = ["--drop-up", "0.05", "--drop-down", "0.05", "--duplicate", "0.05", "--reorder", "0.05"]
+# Besides the random loss, a fixed pattern: the 7th, 14th, ... datagram from and to each peer
+# (aggregator/faults.py), so that every peer of a lossy aggregator loses some, by construction.
+DROP_EVERY = ["--drop-every", "7"]
 SPINES = ["python", "socket", "dpdk"]  # the backends that serve as a spine
 LEAVES = ["python", "socket", "dpdk"]  # the backends that serve as a leaf
 
@@ -322,12 +325,20 @@ def test_hierarchical_results_survive_loss(
     """Seeded drops both ways, duplicates and reordering on every python leaf and on a python
     spine (the C backends have no fault options: a C spine's python leaves' faults hit the
     traffic both ways, and socket leaves lose partial sums and results at their lossy python
-    spine): every call completes with the same results as without loss."""
+    spine): every call completes with the same results as without loss.
+
+    The recovery paths are asserted where they follow from the fixed drop pattern, not from
+    the random loss: a lossy python spine drops every leaf's 7th uplink datagram, a partial sum
+    (a leaf sends its spine one hello, answered at once, then partial sums), which the spine
+    never sees, so every C leaf must re-send one; python leaves drop the 7th, 14th, ... datagram
+    from their C spine, mostly results (the rest are notices) of a slot the leaf waits for,
+    whose workers' retransmissions make the leaf re-send its partial sum and the C spine answer
+    it from its stored result."""
     faulty = spine == "python"
     tree = start_tree(
         tmp_path, 2, 2, result, spine_backend=spine, leaf_backend=leaf,
-        spine_extra=[*LOSS, "--fault-seed", "9"] if faulty else [],
-        leaf_extra=[*LOSS, "--fault-seed", "SEED"] if leaf == "python" else [],
+        spine_extra=[*LOSS, *DROP_EVERY, "--fault-seed", "9"] if faulty else [],
+        leaf_extra=[*LOSS, *DROP_EVERY, "--fault-seed", "SEED"] if leaf == "python" else [],
     )  # fmt: skip
     trees.append(tree)
     calls = inputs(tree.total, "powers" if result == "int" else "normal")
@@ -345,12 +356,12 @@ def test_hierarchical_results_survive_loss(
     lossy = [*(tree.leaves if leaf == "python" else []), *([tree.spine] if faulty else [])]
     faults = [running.stats()["faults"] for running in lossy]
     assert all(f["dropped_up"] and f["dropped_down"] for f in faults), faults
-    if leaf in ("socket", "dpdk"):  # partial sums re-sent for retransmissions, late results
+    if leaf in ("socket", "dpdk"):  # every leaf re-sent the partial sum its spine dropped
         ups = [running.stats()["upstream"] for running in tree.leaves]
-        assert all(up["resent"] for up in ups) and any(up["late"] for up in ups), ups
-    if not faulty:  # the leaves' losses reached the C spine: retransmissions, duplicates
+        assert all(up["resent"] for up in ups), ups
+    if not faulty:  # the leaves' lost results reached the C spine as retransmissions
         served = tree.spine.stats()["jobs"][str(JOB)]
-        assert served["retx_seen"] and served["duplicates"] + served["results_resent"], served
+        assert served["retx_seen"] and served["results_resent"], served
 
 
 @pytest.mark.parametrize(

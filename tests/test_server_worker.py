@@ -119,7 +119,10 @@ def run_workers(
         ("terngrad", {}, []),  # random on both sides
         ("qsgd:s=8,bucket=64", {}, []),
         ("topk:ratio=1", {"mtu": 600}, []),  # chunks cut below K to fit the MTU
-        ("ef+topk:ratio=0.1", {}, ["--drop-up", "0.15", "--drop-down", "0.15"]),
+        # The fixed pattern makes every worker lose its 7th datagram each way (a chunk and a
+        # result: each sends 13 chunks and gets 13 results), whatever the random loss does.
+        ("ef+topk:ratio=0.1", {}, ["--drop-up", "0.15", "--drop-down", "0.15",
+                                   "--drop-every", "7"]),
         ("ef+topk:ratio=0.1", {"key": KEY}, []),  # tagged both ways
     ],
     ids=["ef+topk", "3lc", "terngrad", "qsgd", "topk-mtu600", "ef+topk-lossy", "ef+topk-keyed"],

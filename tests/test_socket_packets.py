@@ -85,7 +85,8 @@ def test_bound_to_any_address_replies_come_from_the_address_sent_to(tmp_path: Pa
 def test_it_serves_as_an_unprivileged_user() -> None:
     """No root, no capability: the C engine behind a UDP socket runs as nobody (building its
     extension into a cache of nobody's own, in a directory nobody can reach: pytest's are
-    root's alone)."""
+    root's alone). A checkout under a directory nobody cannot search (root's home, mode 700) is
+    shown to nobody through a mount namespace of its own (``nobody_view``)."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("switching to an unprivileged user needs root and setpriv")
     with tempfile.TemporaryDirectory(prefix="ncina-nobody-") as where:
@@ -94,18 +95,57 @@ def test_it_serves_as_an_unprivileged_user() -> None:
         run_as_nobody(home)
 
 
+def nobody_view(home: Path) -> list[str]:
+    """The command prefix that lets nobody run this interpreter and this checkout (they must
+    be readable by others, as ``git clone`` and ``make venv`` leave them): nothing when every
+    directory above them is searchable by others; else ``unshare`` into a private mount
+    namespace where a tmpfs covers the highest directory nobody cannot search and the checkout
+    is bound back at its own path (the editable install and the venv hold absolute paths). The
+    test is skipped, saying why, when that cannot be arranged."""
+    checkout = Path(__file__).resolve().parents[1]
+    prefix = Path(sys.prefix).resolve()
+    if not prefix.is_relative_to(checkout):  # a venv elsewhere: two trees to show, not done
+        blocked = [d for d in (checkout, prefix) if _closed_ancestor(d)]
+        if blocked:
+            pytest.skip(f"nobody cannot reach {blocked[0]} (a directory above it is not "
+                        "searchable by others) and the venv is outside the checkout")
+        return []
+    closed = _closed_ancestor(checkout)
+    if closed is None:
+        return []
+    if shutil.which("unshare") is None:
+        pytest.skip(f"nobody cannot search {closed} (above the checkout) and unshare is missing")
+    stash = home / "checkout"
+    stash.mkdir()
+    script = (
+        "set -e; umask 022; mount --rbind \"$1\" \"$2\"; "
+        "mount -t tmpfs -o mode=0755 ncina-nobody \"$3\"; mkdir -p \"$1\"; "
+        "mount --rbind \"$2\" \"$1\"; shift 3; exec \"$@\""
+    )
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+            str(checkout), str(stash), str(closed)]  # fmt: skip
+
+
+def _closed_ancestor(path: Path) -> Path | None:
+    """The highest directory above ``path`` (``path`` excluded) that others cannot search."""
+    for parent in reversed(path.parents):
+        if not parent.stat().st_mode & 0o001:
+            return parent
+    return None
+
+
 def run_as_nobody(home: Path) -> None:
     """Start a socket aggregator as nobody with ``home`` as its home, aggregate one datagram."""
     log_path = home / "aggregator.log"
     argv = aggregator_command("socket", ["--listen", "127.0.0.1:0", "--job", str(JOB),
                                          "--workers", "1", "--k", "4", "--result", "int"])
-    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env",
-               f"HOME={home}", f"NCINA_CACHE={home / 'cache'}", *argv]  # fmt: skip
+    command = [*nobody_view(home), "setpriv", "--reuid=65534", "--regid=65534",
+               "--clear-groups", "env", f"HOME={home}", f"NCINA_CACHE={home / 'cache'}", *argv]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     try:
         address = aggproc.wait_ready(proc, log_path, 120.0)
-        assert os.stat(f"/proc/{proc.pid}").st_uid == 65534  # setpriv and env exec'd into it
+        assert os.stat(f"/proc/{proc.pid}").st_uid == 65534  # unshare, sh, setpriv, env exec'd
         worker = Worker(address)
         worker.send(uplink(job=JOB, rank=0, slot=0, offset=0, codes=[3], emin=window_e_min(1)))
         _, payload = dissect(worker.receive())

@@ -72,21 +72,26 @@ def test_star_three_workers_two_steps_through_the_python_aggregator(tmp_path: Pa
     assert (cfg.out / PLOT).stat().st_size > 0
 
 
+LOSSY_STEPS = 10
+
+
 def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
     """Lossy links, and a keyed job: every packet tagged, retransmissions re-tagged. With
     ``--pcaps`` tcpdump captures the aggregator's link, and the Wireshark dissector decodes
-    every frame as scapy does, tags verified with the key (when tshark is installed)."""
+    every frame as scapy does, tags verified with the key (when tshark is installed). Ten steps:
+    some 500 datagrams cross the 3 % links, so a run without a single loss (and so without a
+    retransmission) has a probability below 1e-6 (three steps left it at about 1 %)."""
     key = bytes(range(16))
     key_file = tmp_path / "job.key"
     key_file.write_text(key.hex())
-    cfg = TopoConfig(out=tmp_path / "run", workers=2, epochs=1, max_steps=3, loss=3.0,
+    cfg = TopoConfig(out=tmp_path / "run", workers=2, epochs=1, max_steps=LOSSY_STEPS, loss=3.0,
                      baseline=False, prefix=PREFIX, key_file=key_file, pcaps=True)
     results = run_topology(cfg)
     ina = results["runs"]["ina"]
-    assert ina["steps"] == 3
+    assert ina["steps"] == LOSSY_STEPS
     assert ina["fabric"]["retransmissions"] > 0
     job = ina["aggregators"][0]["jobs"]["1"]
-    assert job["slots_completed"] == 3 * math.ceil(PARAMETERS / cfg.k)
+    assert job["slots_completed"] == LOSSY_STEPS * math.ceil(PARAMETERS / cfg.k)
     assert job["drops"]["bad_tag"] == 0 and ina["fabric"]["bad_tag"] == 0
     assert "tagged" in (cfg.out / "ina" / "aggregator0.log").read_text()  # the job has a key
     if TSHARK is None:

@@ -14,11 +14,19 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from ncina.topo import report
-from ncina_testlib import assert_sent_once_plus_retransmissions, start_aggregator
+from ncina_testlib import (
+    HoldingRelay,
+    RunningAggregator,
+    assert_sent_once_plus_retransmissions,
+    start_aggregator,
+)
+
+from ncina.harness import faults
 
 WORLD = 2
 STEPS = 3
@@ -242,3 +250,128 @@ def test_ina_mode_refuses_a_method_a_switch_cannot_add() -> None:
         "ncina train: error: ef+3lc payloads cannot be summed by a switch, so it cannot run in INA "
         "mode: use --mode server (the aggregator decompresses, averages and re-compresses)\n"
     )
+
+
+Ranks = list[subprocess.Popen[str]]
+
+
+def start_ranks(tmp_path: Path, name: str, aggregators: list[str], steps: int,
+                extra: Sequence[str] = ()) -> tuple[Ranks, list[Path]]:  # fmt: skip
+    """Start both ranks of ``ncina train`` (job ``faults.JOB``), rank ``r`` against
+    ``aggregators[r]``."""
+    port = free_tcp_port()
+    metrics = [tmp_path / f"{name}{rank}.jsonl" for rank in range(WORLD)]
+    procs = [
+        subprocess.Popen(
+            [str(NCINA), "train", "--rank", str(rank), "--workers", str(WORLD),
+             "--master", f"127.0.0.1:{port}", "--max-steps", str(steps), "--epochs", "1",
+             "--metrics", str(metrics[rank]), "--k", "256", "--job", str(faults.JOB),
+             "--aggregator", aggregators[rank], *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for rank in range(WORLD)
+    ]  # fmt: skip
+    return procs, metrics
+
+
+def finish(procs: Ranks, metrics: list[Path]) -> list[dict[str, Any]]:
+    """Wait for the ranks (each must exit 0); their ``end`` events."""
+    try:
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out
+    return [report.read_events(m)[-1] for m in metrics]
+
+
+RESTART_STEPS = 20  # of the 22 steps of an epoch of digits
+HOLD_AT = 8 * CHUNKS + CHUNKS // 2  # results: in the middle of the 9th step's bucket
+
+
+def restart_under(relay: HoldingRelay, agg: RunningAggregator, generation: int,
+                  workdir: Path, **job: Any) -> RunningAggregator:  # fmt: skip
+    """Once ``relay`` holds, SIGKILL ``agg`` (by PID) and start ``generation`` on its port (or
+    none: ``generation`` 0); then let the traffic through again."""
+    assert relay.held.wait(120), "the ranks never reached the hold point"
+    agg.process.kill()
+    agg.process.wait()
+    host, port = agg.address
+    if generation:
+        agg = start_aggregator("python", workdir / f"agg{generation}", **job,
+                               listen=f"{host}:{port}", extra=["--generation", str(generation)])
+    relay.release()
+    return agg
+
+
+def test_training_survives_two_aggregator_restarts(tmp_path: Path) -> None:
+    """The aggregator is SIGKILLed (by PID) in the middle of a step and started again on its
+    port with a new generation, twice: the ranks recover in the step (handshake, agreement,
+    the bucket redone or served), end with bit-identical parameters, and learn as well as an
+    undisturbed run with the same seeds. A relay between the ranks and the aggregator stops
+    the traffic at a fixed count of results before each kill, so both restarts happen at that
+    point of the run, wherever the machine's load puts the ranks."""
+    job = {"job": faults.JOB, "workers": WORLD, "k": 256, "result": "nc8"}
+    calm = start_aggregator("python", tmp_path / "calm", extra=["--generation", "1"], **job)
+    try:
+        host, port = calm.address
+        undisturbed = finish(*start_ranks(tmp_path, "calm", [f"{host}:{port}"] * WORLD,
+                                          RESTART_STEPS))  # fmt: skip
+    finally:
+        calm.stop()
+    agg = start_aggregator("python", tmp_path / "agg1", extra=["--generation", "1"], **job)
+    relay = HoldingRelay(agg.address, WORLD)
+    relay.hold_at(HOLD_AT)
+    fronts = [":".join(map(str, relay.address(rank))) for rank in range(WORLD)]
+    procs, metrics = start_ranks(tmp_path, "restarted", fronts, RESTART_STEPS)
+    try:
+        agg = restart_under(relay, agg, 2, tmp_path, **job)
+        relay.hold_at(relay.received + 4 * CHUNKS)  # four steps later
+        agg = restart_under(relay, agg, 3, tmp_path, **job)
+        ends = finish(procs, metrics)
+    finally:
+        relay.stop()
+        agg.stop()
+    assert len({end["parameters_sha256"] for end in ends}) == 1
+    assert undisturbed[0]["parameters_sha256"] == undisturbed[1]["parameters_sha256"]
+    for end in ends:
+        assert end["steps"] == RESTART_STEPS and end["fabric"]["restarts"] == 2
+        assert end["fallback"] == "" and end["fallback_buckets"] == 0
+    # The same band: NC8's rounding differs between the runs (other aggregator seeds, the
+    # recovery's own calls), so the accuracies are close, not equal.
+    assert abs(ends[0]["test_acc"] - undisturbed[0]["test_acc"]) <= ACCURACY_BAND
+
+
+# Percentage points. Undisturbed runs of 20 steps with five aggregator seeds ended between 54.4
+# and 57.3 %, restarted ones at 53.1 and 55.6 % (NC8's rounding differs with the seed): twice
+# the spread seen, far below the ~45 points the model learns in these 20 steps.
+ACCURACY_BAND = 10.0
+
+
+def test_fallback_gloo_goes_on_when_the_aggregator_does_not_come_back(tmp_path: Path) -> None:
+    """``--fallback gloo``: the aggregator dies for good mid-step; both ranks fail that bucket
+    at their deadline, agree through gloo where each one is, and finish the run on gloo,
+    saying so once (one ``fallback`` event each) and counting the buckets."""
+    job = {"job": faults.JOB, "workers": WORLD, "k": 256, "result": "nc8"}
+    agg = start_aggregator("python", tmp_path / "agg", extra=["--generation", "1"], **job)
+    relay = HoldingRelay(agg.address, WORLD)
+    relay.hold_at(HOLD_AT)
+    fronts = [":".join(map(str, relay.address(rank))) for rank in range(WORLD)]
+    procs, metrics = start_ranks(tmp_path, "fallback", fronts, 12,
+                                 ["--deadline", "1", "--fallback", "gloo"])  # fmt: skip
+    try:
+        restart_under(relay, agg, 0, tmp_path, **job)
+        ends = finish(procs, metrics)
+    finally:
+        relay.stop()
+        agg.stop()
+    assert len({end["parameters_sha256"] for end in ends}) == 1
+    for end, path in zip(ends, metrics, strict=True):
+        events = report.read_events(path)
+        announced = [e for e in events if e["event"] == "fallback"]
+        assert len(announced) == 1 and "TimeoutError" in announced[0]["reason"]
+        assert end["steps"] == 12 and "TimeoutError" in end["fallback"]
+        assert end["fallback_buckets"] >= 12 - 9  # the steps after the 9th, one bucket each

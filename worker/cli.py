@@ -89,6 +89,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="give up after this many seconds without progress (default: %(default)s)",
     )
     p.add_argument(
+        "--restart-retries", type=int, default=3, metavar="N",
+        help="aggregator restarts the call recovers from, with every other rank "
+        "(docs/reliability.md); one more fails it (default: %(default)s)",
+    )
+    p.add_argument(
         "--key-file", type=key_file_argument, default=None, metavar="FILE",
         help="the job's shared secret (hex), if the aggregator's job has one: every datagram is "
         "then tagged and results are verified",
@@ -147,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         key=args.key_file,
         data_path=args.data_path,
         handshake_timeout=args.handshake_timeout or None,
+        restart_retries=args.restart_retries,
     ) as client:
         result = client.allreduce(x, op=args.op)
         stats = client.stats

@@ -20,8 +20,10 @@
   said it still waits for;
 - restarts: the client learns the aggregator's generation from its first result and stamps it on
   every packet; a result or notice of another generation means the aggregator restarted and lost
-  its slots, and the call fails at once with ``AggregatorRestartedError`` (docs/protocol.md,
-  "Generations and notices");
+  its slots: the client handshakes anew and agrees with the other ranks on the call, which is
+  redone or served by a rank that completed it, up to ``restart_retries`` times a call, after
+  which the call fails with ``AggregatorRestartedError`` (docs/protocol.md, "Generations and
+  notices"; docs/reliability.md, "A restarted aggregator");
 - authentication (optional, ``key``): every datagram carries the ``TAG`` flag and a keyed tag
   (``ncina.proto.tag``); a datagram from the aggregator whose tag does not verify is ignored
   before anything in it is believed (docs/protocol.md, "Authentication tag");
@@ -126,9 +128,11 @@ STAT_KEYS = (
     "allreduce_calls",
     "elements",
     "handshakes",
+    "restarts",
 )
 HANDSHAKE_TIMEOUT = 1.0  # seconds a worker waits for the aggregator's job descriptor
 HANDSHAKE_INTERVAL = 0.1  # seconds between two hellos while no answer came
+NIBBLES = 8  # lanes of 4 bits that carry one float32 when a recovery serves a sum
 
 
 class AggregatorRestartedError(RuntimeError):
@@ -189,6 +193,10 @@ class AllreduceClient:
     tried again by the next call. ``handshake_timeout=None`` skips it (an aggregator that does
     not speak it). The limits on ``job``, ``workers``, ``k`` and ``pool_size`` are the
     aggregator's (``ncina.proto.descriptor.check_job``).
+
+    ``restart_retries`` is how many restarts of the aggregator one INA call recovers from
+    (:meth:`_ina_allreduce`; every rank of the job must recover, so give them all the same);
+    0, server mode and hierarchical jobs fail the call at the first one.
     """
 
     def __init__(
@@ -215,6 +223,7 @@ class AllreduceClient:
         data_path: str | None = None,
         handshake_timeout: float | None = HANDSHAKE_TIMEOUT,
         total_workers: int | None = None,
+        restart_retries: int = 3,
     ) -> None:
         if result_format not in RESULT_FORMATS:
             raise ValueError(f"result_format must be one of {sorted(RESULT_FORMATS)}")
@@ -229,6 +238,9 @@ class AllreduceClient:
             raise ValueError(f"handshake_timeout must be positive or None, got {handshake_timeout}")
         if deadline <= 0:
             raise ValueError(f"deadline must be positive, got {deadline}")
+        if restart_retries < 0:
+            raise ValueError(f"restart_retries must be 0 or more, got {restart_retries}")
+        self.restart_retries = restart_retries
         self.key = None if key is None else tag.check_key(key)
         self.job = job
         self.rank = rank
@@ -279,6 +291,12 @@ class AllreduceClient:
         self._slot_uses = np.zeros(pool_size, dtype=np.int64)
         self._stats = dict.fromkeys(STAT_KEYS, 0)
         self._broken = ""  # why the client is unusable, if it is
+        # Restart recovery (docs/reliability.md, "A restarted aggregator"): the INA calls this
+        # client completed, the sum of the last one (what a rank behind it may need served)
+        # and a buffer the C path decodes into when the caller's ``out`` is its input.
+        self._completed = 0
+        self._last = np.zeros(0, dtype=np.float32)
+        self._scratch = np.zeros(0, dtype=np.float32)
         # Resolve once: sendto() with a host name would resolve it on every packet.
         family, _, _, _, address = socket.getaddrinfo(
             aggregator[0], aggregator[1], socket.AF_INET, socket.SOCK_DGRAM
@@ -336,18 +354,20 @@ class AllreduceClient:
             compressor=desc.compressor_hash(self.compressor) if server else 0,
         )
 
-    def _handshake(self) -> None:
+    def _handshake(self, timeout: float | None = None) -> None:
         """Compare this worker's job with the aggregator's, once, before the first chunk (see
-        the class doc). Learns the aggregator's generation from its answer."""
+        the class doc), waiting ``timeout`` seconds at most (default ``handshake_timeout``).
+        Learns the aggregator's generation from its answer."""
         if self._handshaken:
             return
         assert self.handshake_timeout is not None
+        timeout = timeout or self.handshake_timeout
         mine = self.descriptor
         host, port = self.aggregator
         where = f"job {self.job} at {host}:{port}"
         no_such_job = False
         now = time.monotonic()
-        end = now + self.handshake_timeout
+        end = now + timeout
         next_hello = now if self._hello_at is None else self._hello_at + HANDSHAKE_INTERVAL
         self._hello_at = None
         while now < end:
@@ -383,7 +403,7 @@ class AllreduceClient:
             raise desc.JobMismatchError([("job id", str(self.job), "has no such job")], where)
         raise TimeoutError(
             f"no answer to the job handshake from aggregator {host}:{port} within "
-            f"{self.handshake_timeout:g} s (job {self.job}, rank {self.rank}): is it running, "
+            f"{timeout:g} s (job {self.job}, rank {self.rank}): is it running, "
             "and does it speak the job handshake? (handshake_timeout=None skips it)"
         )
 
@@ -470,7 +490,8 @@ class AllreduceClient:
         ``x`` is a floating-point array (cast to float32); the result is float32 of the same
         shape. NaN or infinity raises ``ValueError`` before anything is sent. Raises
         ``TimeoutError`` when no valid result arrives for ``deadline`` seconds, and
-        ``AggregatorRestartedError`` when the aggregator restarted during the call.
+        ``AggregatorRestartedError`` when the aggregator restarted during the call more often
+        than the client recovers from (``restart_retries``).
 
         ``out``, a writable C-contiguous float32 array of ``x``'s shape, receives the result
         (and is returned) instead of a new array; it may be ``x`` itself (every chunk is read
@@ -504,10 +525,7 @@ class AllreduceClient:
             if self.compressor is not None:  # an INA method: values are NC8-exact powers of two
                 state = self._state(self._range(tensor, n))
                 flat = self.compressor.decompress(self.compressor.compress(flat, state))
-            if self._c is not None:
-                total = self._c_allreduce(flat, dest)
-            else:
-                total = self._python_allreduce(flat)
+            total = self._ina_allreduce(flat, dest)
             if op == "mean":
                 total /= np.float32(self.total_workers)
         if out is None:
@@ -516,25 +534,98 @@ class AllreduceClient:
             np.copyto(dest, total)
         return out
 
-    def _python_allreduce(self, flat: np.ndarray) -> np.ndarray:
-        """The sum of ``flat`` (float32, 1-D) over the workers through the Python loop (the
-        reference of the C path): the tensor encoded and packed at once, ``Transfer``, one
-        decode at the end."""
+    @property
+    def recovers(self) -> bool:
+        """Whether a restart of the aggregator during a call is recovered from (INA mode, one
+        level, ``restart_retries`` > 0): see :meth:`_ina_allreduce`."""
+        return self.restart_retries > 0 and self.total_workers == self.workers
+
+    def _ina_allreduce(self, flat: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """The sum of ``flat`` (float32, 1-D) over the workers in INA mode, on the data path in
+        use, into ``out`` or a new array (returned).
+
+        A restart of the aggregator (a result or notice of another generation) is recovered
+        from up to ``restart_retries`` times in this call (docs/reliability.md, "A restarted
+        aggregator"): the client forgets the old aggregator (handshake anew, slot uses from 0),
+        every rank of the job says with one small all-reduce how many calls it completed, and
+        then either every rank redoes this call with the same codes, or, when some ranks had
+        completed it (or, for a rank already in its next call, the previous one) before the
+        restart, the lowest of them serves its sum to the others bit for bit, and the ranks
+        that served redo their current call. So every rank returns the same bits for every
+        call. One restart more raises ``AggregatorRestartedError`` and the client is unusable.
+        """
         n = flat.size
-        encoded = nc8.encode(flat, self.window, self._rng)
+        prepared = self._prepare(flat)  # NaN or infinity raises before the call is counted
         self._stats["allreduce_calls"] += 1
         self._stats["elements"] += n
-        if encoded.saturated:
-            self._stats["saturated"] += encoded.saturated
-            self._warn_saturated(encoded.saturated, n)
         if n == 0:
-            return np.zeros(0, dtype=np.float32)
+            return np.zeros(0, dtype=np.float32) if out is None else out
+        if self._c is not None and self.recovers and out is not None and np.may_share_memory(
+            out, flat
+        ):  # keep the input whole for a redo: decode elsewhere, copied into out at the end
+            if self._scratch.size < n:
+                self._scratch = np.empty(n, dtype=np.float32)
+            out = self._scratch[:n]
+        restarts = 0
+        recover = False
+        while True:
+            try:
+                if recover:
+                    served = self._recovered(n)
+                    if served is not None:
+                        total = served if out is None else out
+                        if served is not out:
+                            np.copyto(total, served)
+                        break
+                total = self._transfer(flat, prepared, out)
+                break
+            except _Restart as restart:
+                restarts += 1
+                if restarts > self.restart_retries or not self.recovers:
+                    self._fail(_restarted(self, restart.generation, restarts - 1))
+                recover = True
+        if self.recovers:
+            self._completed += 1
+            if self._last.size != n:
+                self._last = np.empty(n, dtype=np.float32)
+            np.copyto(self._last, total)
+        return total
+
+    def _prepare(self, flat: np.ndarray) -> object:
+        """What a transfer of ``flat`` needs that must not change when it is redone: the NC8
+        codes (Python path) or the key of the C path's fused encode, drawn from the client's
+        random stream as ``nc8.encode`` draws it. Raises ``ValueError`` for NaN or infinity."""
+        n = flat.size
+        if self._c is None:
+            encoded = nc8.encode(flat, self.window, self._rng)
+            if encoded.saturated:
+                self._stats["saturated"] += encoded.saturated
+                self._warn_saturated(encoded.saturated, n)
+            return encoded.codes
+        key = nc8._draw_key(self._rng)  # nc8.encode's key for the same call
+        bad = self._c.first_nonfinite(flat)
+        if bad < n:
+            raise ValueError(f"cannot encode {float(flat[bad])} at flat index {bad}")
+        return key
+
+    def _transfer(self, flat: np.ndarray, prepared: object, out: np.ndarray | None) -> np.ndarray:
+        """One transfer of the call prepared by :meth:`_prepare`: its sum, into ``out`` (C path)
+        or a new array. Raises ``_Restart`` when the aggregator restarted; any other failure
+        makes the client unusable."""
+        if self._c is not None:
+            return self._c_allreduce(flat, prepared, out)
+        return self._python_allreduce(prepared)
+
+    def _python_allreduce(self, codes: np.ndarray) -> np.ndarray:
+        """The sum of the tensor of NC8 ``codes`` over the workers through the Python loop (the
+        reference of the C path): packed at once, ``Transfer``, one decode at the end."""
+        n = codes.size
         element_size = ELEMENT_SIZE[self._format]
         received = bytearray(n * element_size)
         chunks = -(-n // self.k)
         slots, pools, offsets = schedule(self._slot_uses, chunks)
         frames, lengths = pack_chunks(
-            encoded.codes, k=self.k, job=self.job, rank=self.rank, emin=self.window.e_min,
+            codes, k=self.k, job=self.job, rank=self.rank, emin=self.window.e_min,
             slots=slots, pools=pools, offsets=offsets,
         )
         self._exchange(frames, lengths, pools, received)
@@ -542,6 +633,69 @@ class AllreduceClient:
             return nc8.decode(np.frombuffer(received, dtype=np.uint8), self.window)
         sums = np.frombuffer(received, dtype=INT_DTYPE).astype(np.int64)
         return nc8.ints_to_float(sums, self.window)
+
+    def _sum_internal(self, values: np.ndarray) -> np.ndarray:
+        """The sum of ``values`` (float32 powers of two, exact in NC8) over the workers, for the
+        recovery's own calls: not counted as a call, no compressor, the input kept."""
+        prepared = self._prepare(values)
+        return self._transfer(values, prepared, None)
+
+    def _recovered(self, n: int) -> np.ndarray | None:
+        """:meth:`_recover`; a failure other than another restart makes the client unusable
+        (the other ranks are in the recovery's calls)."""
+        try:
+            return self._recover(n)
+        except _Restart:
+            raise
+        except BaseException as exc:
+            self._broken = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def _recover(self, n: int) -> np.ndarray | None:
+        """After a restart: handshake with the new aggregator, agree with every rank on where
+        each one is, and serve or receive the sum of a call that some ranks completed and
+        others did not. Returns that sum when this rank was behind (its current call, of ``n``
+        elements, is then complete), None when this rank must (re)do its current call. Raises
+        ``_Restart`` if the aggregator restarts again meanwhile."""
+        self._stats["restarts"] += 1
+        log.warning("job %d rank %d: aggregator %s:%d restarted; recovering", self.job,
+                    self.rank, *self.aggregator)  # fmt: skip
+        self._slot_uses[:] = 0  # the new aggregator's slots are new: every rank starts at 0
+        self.generation = 0
+        if self.handshake_timeout is not None:
+            self._handshaken = False
+            self._handshake(max(self.handshake_timeout, self.deadline))
+        one = np.float32(2.0**self.window.e_min)
+        # Each rank's number of completed calls, mod 4, in a lane of its own: a lane has one
+        # contributor, so its sum is one power of two, exact in either result format.
+        lanes = np.zeros(self.workers, dtype=np.float32)
+        lanes[self.rank] = one * np.float32(2 ** (self._completed % 4))
+        seen = _exponents(self._sum_internal(lanes) / one)
+        residues = set(seen.tolist())
+        if len(residues) == 1:
+            return None  # nobody has more than this rank: everyone (re)does the current call
+        low, high = sorted(residues)[0], sorted(residues)[-1]
+        if len(residues) > 2 or ((low + 1) % 4 != high and (high + 1) % 4 != low):
+            raise RuntimeError(f"restart recovery: ranks disagree beyond one call: {seen}")
+        ahead = high if (low + 1) % 4 == high else low
+        server = int(np.flatnonzero(seen == ahead)[0])
+        mine = seen[self.rank] == ahead
+        size = self._last.size if mine else n
+        nibbles = np.zeros((size, NIBBLES), dtype=np.float32)
+        if self.rank == server:  # 4 bits a lane, 2**(e_min + bits): never 0, exact
+            bits = self._last.view(np.uint32)[:, None] >> (4 * np.arange(NIBBLES, dtype=np.uint32))
+            nibbles[:] = one * np.exp2((bits & 0xF).astype(np.float32))
+        got = self._sum_internal(nibbles.reshape(-1)).reshape(size, NIBBLES)
+        codes = _exponents(got / one).astype(np.uint32)
+        served = (codes << (4 * np.arange(NIBBLES, dtype=np.uint32))).sum(axis=1, dtype=np.uint32)
+        if mine:
+            return None  # this rank had it: it goes on with its current call
+        return served.view(np.float32)
+
+    def _fail(self, error: BaseException) -> None:
+        """Make the client unusable for ``error`` and raise it."""
+        self._broken = f"{type(error).__name__}: {error}"
+        raise error
 
     def _warn_saturated(self, saturated: int, n: int) -> None:
         """Log that ``saturated`` of the call's ``n`` elements were clipped (biased: rare by
@@ -551,28 +705,19 @@ class AllreduceClient:
             self.job, self.rank, saturated, n, self.window.e_max,
         )
 
-    def _c_allreduce(self, flat: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """The sum of ``flat`` (float32, 1-D) over the workers through the C data path, into
-        ``out`` (1-D float32 of ``flat``'s size, may be ``flat``: see :meth:`allreduce`) or a
-        new array; returns it.
-
-        The checks, the random key and the counters come in the order of the Python path (the
-        key is drawn as ``nc8.encode`` draws it), so both consume the client's random stream
-        alike; the timer and the generation are the client's, copied in and back out.
-        """
+    def _c_allreduce(
+        self, flat: np.ndarray, key: int, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The sum of ``flat`` (float32, 1-D, checked finite) over the workers through the C
+        data path with NC8 stream key ``key``, into ``out`` (1-D float32 of ``flat``'s size,
+        may be ``flat``: see :meth:`allreduce`) or a new array; returns it. The timer and the
+        generation are the client's, copied in and back out. Raises ``_Restart`` when the
+        aggregator restarted."""
         c = self._c
         assert c is not None
         n = flat.size
-        key = nc8._draw_key(self._rng)  # nc8.encode's key for the same call
-        bad = c.first_nonfinite(flat)
-        if bad < n:
-            raise ValueError(f"cannot encode {float(flat[bad])} at flat index {bad}")
-        self._stats["allreduce_calls"] += 1
-        self._stats["elements"] += n
         if out is None:
             out = np.empty(n, dtype=np.float32)
-        if n == 0:
-            return out
         self._handshake()
         try:
             outcome = c.run(flat, out, key, self.timer, self.generation, self.deadline)
@@ -586,18 +731,15 @@ class AllreduceClient:
         if outcome.saturated:
             self._warn_saturated(outcome.saturated, n)
         if outcome.status == cpath.TIMEOUT:
-            error: BaseException = _timed_out(self, outcome.outstanding, outcome.waiting)
+            self._fail(_timed_out(self, outcome.outstanding, outcome.waiting))
         elif outcome.status == cpath.RESTARTED:
-            error = _restarted(self, outcome.seen_generation)
+            raise _Restart(outcome.seen_generation)
         elif outcome.status < 0:
-            error = OSError(-outcome.status, os.strerror(-outcome.status))
-        else:
-            if outcome.bad_code is not None:
-                index, code = outcome.bad_code
-                raise ValueError(f"code 0x{code:02x} at flat index {index} is above the NC8 range")
-            return out
-        self._broken = f"{type(error).__name__}: {error}"
-        raise error
+            self._fail(OSError(-outcome.status, os.strerror(-outcome.status)))
+        if outcome.bad_code is not None:
+            index, code = outcome.bad_code
+            raise ValueError(f"code 0x{code:02x} at flat index {index} is above the NC8 range")
+        return out
 
     def _server_allreduce(self, flat: np.ndarray, tensor: Hashable) -> np.ndarray:
         """Server mode: the mean of ``flat`` (float32, 1-D) over the workers, one BLOB a chunk.
@@ -624,7 +766,10 @@ class AllreduceClient:
             emin=self.window.e_min, slots=slots, pools=pools,
         )
         results: list[bytes] = [b""] * starts.size
-        self._exchange(frames, lengths, pools, results)
+        try:
+            self._exchange(frames, lengths, pools, results)
+        except _Restart as restart:  # server mode has no recovery (its compressors are lossy)
+            self._fail(_restarted(self, restart.generation, 0))
         out = np.empty(n, dtype=np.float32)
         for start, count, payload in zip(starts.tolist(), counts.tolist(), results, strict=True):
             values = self.compressor.decompress(payload)
@@ -685,16 +830,30 @@ class AllreduceClient:
             finally:
                 self.generation = transfer.generation
         except Stalled as stall:
-            error: BaseException = _timed_out(self, stall.outstanding, stall.waiting)
+            self._fail(_timed_out(self, stall.outstanding, stall.waiting))
         except Restarted as restart:
-            error = _restarted(self, restart.generation)
+            raise _Restart(restart.generation) from None
         except BaseException as exc:  # the job's slots moved on without this worker's chunks
             self._broken = f"{type(exc).__name__}: {exc}"
             raise
-        else:
-            return
-        self._broken = f"{type(error).__name__}: {error}"
-        raise error
+
+
+class _Restart(Exception):
+    """A transfer met another generation (the aggregator restarted): recovered from, or
+    turned into ``AggregatorRestartedError``."""
+
+    def __init__(self, generation: int) -> None:
+        super().__init__(f"generation {generation}")
+        self.generation = generation
+
+
+def _exponents(values: np.ndarray) -> np.ndarray:
+    """The exponents of ``values``, each of which must be 2**e with 0 <= e < 16: a recovery
+    lane, which has exactly one contributor (``RuntimeError`` otherwise)."""
+    mantissa, exponent = np.frexp(values)
+    if not (np.all(mantissa == 0.5) and np.all((exponent >= 1) & (exponent <= 16))):
+        raise RuntimeError("restart recovery: a lane's sum is not one rank's power of two")
+    return exponent.astype(np.int64) - 1
 
 
 def _destination(out: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -718,14 +877,22 @@ def _choose_data_path(requested: str | None) -> str:
     return path
 
 
-def _restarted(client: AllreduceClient, generation: int) -> AggregatorRestartedError:
-    """The error of a call that saw ``generation``, not the client's: the aggregator restarted."""
+def _restarted(
+    client: AllreduceClient, generation: int, recovered: int
+) -> AggregatorRestartedError:
+    """The error of a call that saw ``generation``, not the client's, after ``recovered``
+    recoveries in the call: the aggregator restarted once more than the client recovers from."""
     host, port = client.aggregator
+    if not client.recovers:
+        why = ("server mode and hierarchical jobs do not recover" if client.restart_retries
+               else "restart_retries is 0")  # fmt: skip
+    else:
+        why = f"after {recovered} recoveries in this call (restart_retries)"
     return AggregatorRestartedError(
         f"allreduce: aggregator {host}:{port} restarted (generation "
         f"{client.generation}, now {generation}; job {client.job}, rank {client.rank}): "
-        f"the slots of this call are lost, nothing is returned; every rank must start "
-        f"a new client"
+        f"the slots of this call are lost, nothing is returned ({why}); every rank must "
+        f"start a new client"
     )
 
 

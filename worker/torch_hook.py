@@ -8,9 +8,13 @@ communication thread all-reduces the buckets in the order the hook was called (t
 rank, so the fabric's slot sequence stays in step) and completes each future, while autograd goes
 on computing the gradients of the later buckets: communication overlaps the backward pass. DDP
 waits for every future at the end of ``backward()`` and copies the results into ``.grad``. A
-failed all-reduce (aggregator gone, deadline, restart) completes its future with the exception,
-so ``backward()`` raises it instead of hanging; the client then refuses later calls, which fail
-the same way.
+failed all-reduce (aggregator gone, deadline, more restarts than the clients recover from:
+``AllreduceClient``'s ``restart_retries``) completes its future with the exception, so
+``backward()`` raises it instead of hanging; the client then refuses later calls, which fail
+the same way. With ``InaHookState(fallback="gloo")`` the failed bucket and every later one go
+through gloo instead (``_fall_back``: the ranks first agree on where each one is, and a rank
+that completed one bucket more than another hands its result over, so that no rank keeps a
+result the others do not have); ``fallen_back`` says why, ``fallback_buckets`` counts them.
 
 A bucket in host memory is all-reduced in place (the fabric writes the mean into it). A CUDA bucket
 goes through :mod:`ncina.worker.staging`: the hook queues its copy into a pinned buffer of its
@@ -74,6 +78,11 @@ class InaHookState:
     last_call: float = 0.0
     error: BaseException | None = None
     staging: BucketStaging = field(default_factory=BucketStaging, repr=False)
+    fallback: str | None = None  # "gloo": go on through gloo when the fabric fails
+    fallen_back: str = ""  # the fabric's failure that made the hook fall back ("" while not)
+    fallback_buckets: int = 0  # buckets all-reduced through gloo after falling back
+    _done: int = field(default=0, repr=False)  # buckets the fabric completed
+    _last: torch.Tensor | None = field(default=None, repr=False)  # the last one's mean
     _thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ncina-hook"),
         repr=False,
@@ -109,12 +118,59 @@ class InaHookState:
         start = time.perf_counter()
         try:
             host = buffer.detach() if slot is None else self.staging.host(slot)
+            if self.fallen_back:
+                self._gloo(host)
+                return
+            backup = host.clone() if self.fallback else None  # a failed call may have written
             array = host.numpy()
-            self.fabric.allreduce(array, tensor=index, out=array)
+            try:
+                self.fabric.allreduce(array, tensor=index, out=array)
+            except Exception as exc:
+                if backup is None:
+                    raise
+                host.copy_(backup)
+                self._fall_back(host, exc)
+                return
+            self._done += 1
+            if self.fallback:
+                self._last = host.clone()
         finally:
             with self._lock:
                 self.comm_total_s += time.perf_counter() - start
                 self.buckets += 1
+
+    def _fall_back(self, host: torch.Tensor, exc: Exception) -> None:
+        """The fabric failed on this bucket (``host``, its input restored): from now on every
+        bucket goes through gloo. The ranks may fail one bucket apart (a rank that completed a
+        bucket before the aggregator went is in the next one when it fails), so they first
+        agree, through gloo, on how many buckets each one completed: equal counts all-reduce
+        this bucket; otherwise the lowest rank that is one bucket ahead broadcasts the mean it
+        has of the bucket the others are failing on, and then all-reduces its current one."""
+        self.fallen_back = f"{type(exc).__name__}: {exc}"
+        counts = torch.tensor([self._done, -self._done], dtype=torch.int64)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        high, low = int(counts[0]), -int(counts[1])
+        if high == low:
+            self._gloo(host)
+            return
+        if high - low > 1 or (self._done == high and self._last is None):
+            raise RuntimeError(f"gloo fallback: ranks completed {low} to {high} buckets") from exc
+        ahead = self._done == high
+        world = dist.get_world_size()
+        source = torch.tensor([dist.get_rank() if ahead else world], dtype=torch.int64)
+        dist.all_reduce(source, op=dist.ReduceOp.MIN)
+        if ahead:
+            assert self._last is not None
+            dist.broadcast(self._last, src=int(source))
+            self._gloo(host)
+        else:
+            dist.broadcast(host, src=int(source))
+
+    def _gloo(self, host: torch.Tensor) -> None:
+        """The mean of ``host`` over the ranks through gloo (the same bits on every rank)."""
+        dist.all_reduce(host)
+        host.div_(dist.get_world_size())
+        self.fallback_buckets += 1
 
     def _fail(
         self, future: torch.futures.Future[torch.Tensor], exc: Exception, slot: Slot | None

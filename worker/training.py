@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import time
@@ -171,6 +172,7 @@ def make_fabric(args: argparse.Namespace) -> ShardedAllreduce:
                 deadline=args.deadline, compressor=args.compressor, mode=args.mode,
                 key=args.key_file, mtu=args.mtu, data_path=args.data_path,
                 handshake_timeout=args.handshake_timeout or None,
+                restart_retries=args.restart_retries,
             )
             for agg in args.aggregator
         ]
@@ -240,7 +242,7 @@ def train(
     verify: VerifyingState | None = None
     hook: InaHookState | GlooHookState
     if fabric:
-        hook = InaHookState(fabric)
+        hook = InaHookState(fabric, fallback=args.fallback)
         if args.verify:
             verify = VerifyingState(hook)
             model.register_comm_hook(verify, verifying_hook)
@@ -291,6 +293,7 @@ def steps(
         compute_step_s=compute_s,
     )
     step = 0
+    announced = False  # the fallback to gloo, once
     step_total = 0.0  # seconds inside steps (forward, backward with the exchange, update)
     comm_wait = 0.0  # seconds backward() went on after this rank's last bucket was ready
     for epoch in range(1, args.epochs + 1):
@@ -306,6 +309,11 @@ def steps(
                 if isinstance(hook, InaHookState) and hook.error is not None:
                     raise hook.error from exc
                 raise
+            if isinstance(hook, InaHookState) and hook.fallen_back and not announced:
+                announced = True
+                events.emit("fallback", f"{tag} the INA all-reduce failed ({hook.fallen_back}); "
+                            "training goes on through gloo", step=step + 1,
+                            reason=hook.fallen_back)  # fmt: skip
             grads_ready, comm_done = hook.last_call, time.time()
             comm_wait += comm_done - grads_ready
             optimizer.step()
@@ -348,8 +356,19 @@ def steps(
         f"{timing['exposed_comm_s']:.2f} s of {timing['step_s'] * step:.2f} s",
         steps=step, epochs=epoch, time=elapsed, test_acc=test_acc, test_loss=test_loss,
         samples_per_s=samples_per_s, **timing, **counters.delta(),
-        fabric=fabric.stats if fabric else {},
+        fabric=fabric.stats if fabric else {}, parameters_sha256=parameters_digest(model),
+        fallback=hook.fallen_back if isinstance(hook, InaHookState) else "",
+        fallback_buckets=hook.fallback_buckets if isinstance(hook, InaHookState) else 0,
     )
+
+
+def parameters_digest(model: nn.Module) -> str:
+    """SHA-256 of the model's parameters, bytes in order: equal on every rank exactly when
+    the ranks hold bit-identical parameters."""
+    digest = hashlib.sha256()
+    for parameter in model.parameters():
+        digest.update(parameter.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def step_timing(

@@ -12,8 +12,11 @@ With ``--result int`` (exact sums, the default) "identical" is the guarantee und
 only the lossless run itself is expected to match (docs/reliability.md).
 
 In the fault scenarios nothing may return a wrong or partial result: a killed worker makes the
-others raise ``TimeoutError`` naming its rank after their deadline, a restarted aggregator makes
-every worker still in the call raise ``AggregatorRestartedError`` at once.
+others raise ``TimeoutError`` naming its rank after their deadline; a restarted aggregator makes
+every worker recover (``AllreduceClient``'s ``restart_retries``, default 3: handshake anew, agree,
+redo the call) and return the lossless result, ``recovery_s`` being the time from the new
+aggregator's readiness until the last worker returned (median of ``--restart-repeats`` runs,
+with their range), or, with ``restart_retries=0``, raise ``AggregatorRestartedError`` at once.
 
 Then several jobs at once on one aggregator (2 and 4, each its own workers, K, pool and its
 own file in ``--jobs-dir``): each job's result must be bit-identical to the same job alone.
@@ -159,6 +162,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=42, help="input seed")
     p.add_argument("--deadline", type=float, default=2.0,
                    help="the workers' deadline in the killed-worker scenario (s)")  # fmt: skip
+    p.add_argument("--restart-repeats", type=int, default=3, metavar="N",
+                   help="runs of the recovered-restart scenario, for recovery_s's median "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument("--fuzz-packets", type=int, default=100_000, metavar="N",
                    help="hostile datagrams thrown during a job (default: %(default)s)")  # fmt: skip
     return p
@@ -198,6 +204,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             fault = scenario(inputs, workdir, k=args.k, result=args.result,
                              deadline=args.deadline, at=chunks // 4)  # fmt: skip
             rows.append(_fault_row(name, args.elements, fault, baseline.seconds, chunks))
+        recoveries = []
+        for repeat in range(args.restart_repeats):
+            workdir = Path(tmp) / f"recovered-{repeat}"
+            workdir.mkdir()
+            recoveries.append(allreduce_across_restart(
+                inputs, workdir, k=args.k, result=args.result, deadline=30.0, at=chunks // 4,
+                restart_retries=3))  # fmt: skip
+        if recoveries:
+            rows.append(_recovery_row(args.elements, recoveries, baseline, chunks))
         alone = {}
         for spec in JOBS:
             workdir = Path(tmp) / f"alone-{spec[0]}"
@@ -228,6 +243,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             workdir.mkdir()
             rows.append(fuzz_row(workdir, args.fuzz_packets, args.elements // 10))
     return {"workers": args.workers, "k": args.k, "result": args.result, "rows": rows}
+
+
+def _recovery_row(elements: int, runs: list[FaultRun], baseline: Run,
+                  chunks: int) -> dict[str, Any]:  # fmt: skip
+    """The row of the restarts the workers recovered from: exact against the lossless run,
+    ``recovery_s`` the median over ``runs`` (and its range)."""
+    times = sorted(run.recovery_s or 0.0 for run in runs)
+    middle = sorted(runs, key=lambda run: run.recovery_s or 0.0)[(len(runs) - 1) // 2]
+    return {
+        "scenario": "aggregator restarted, recovered",
+        "elements": elements,
+        "exact": all(isinstance(o, np.ndarray) and np.array_equal(o, baseline.outputs[0])
+                     for run in runs for o in run.outcomes),
+        "seconds": round(middle.seconds, 3),
+        "time_vs_lossless": round(middle.seconds / baseline.seconds, 2),
+        "retransmissions": middle.retransmissions,
+        "killed_at_slot": f"{middle.killed_at}/{chunks}",
+        "recovery_s": round(times[(len(times) - 1) // 2], 3),
+        "recovery_s_range": [round(times[0], 3), round(times[-1], 3)],
+        "repeats": len(runs),
+    }
 
 
 def _fault_row(name: str, elements: int, run: FaultRun, lossless: float,

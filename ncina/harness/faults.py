@@ -103,6 +103,9 @@ class FaultRun:
     seconds: float  # from the first worker's start until the last surviving worker returned
     retransmissions: int  # summed over the surviving workers
     killed_at: int  # slots the aggregator had completed when the process was killed
+    # From the restarted aggregator's readiness until the last worker returned (None: no
+    # restart): the workers' recovery (handshake, agreement, the call redone or served).
+    recovery_s: float | None = None
 
 
 def _job_counter(aggregator: RunningAggregator, name: str) -> int:
@@ -118,7 +121,7 @@ def _await_handshake(child: subprocess.Popen[bytes], aggregator: RunningAggregat
         time.sleep(0.005)
 
 
-def _kill_when(proc: subprocess.Popen[bytes], aggregator: RunningAggregator,
+def kill_when(proc: subprocess.Popen[bytes], aggregator: RunningAggregator,
                completed: int) -> int:  # fmt: skip
     """SIGKILL ``proc`` (by PID) once the aggregator has completed ``completed`` slots; return
     the number it had then."""
@@ -133,12 +136,14 @@ def _kill_when(proc: subprocess.Popen[bytes], aggregator: RunningAggregator,
 
 
 def _survivors(inputs: list[np.ndarray], address: tuple[str, int], ranks: range, *, k: int,
-               result: str, deadline: float, pool: ThreadPoolExecutor) -> list[Any]:  # fmt: skip
+               result: str, deadline: float, pool: ThreadPoolExecutor,
+               restart_retries: int = 0) -> list[Any]:  # fmt: skip
     """Start worker threads for ``ranks``; each future gives (result or exception, stats, end)."""
     def worker(rank: int) -> tuple[np.ndarray | BaseException, dict[str, Any], float]:
         with AllreduceClient(
             address, job=JOB, rank=rank, workers=len(inputs), k=k, result_format=result,
             seed=100 + rank, timeout=0.02, max_timeout=0.2, deadline=deadline,
+            restart_retries=restart_retries,
         ) as client:  # fmt: skip
             try:
                 out: np.ndarray | BaseException = client.allreduce(inputs[rank], op="sum")
@@ -149,10 +154,11 @@ def _survivors(inputs: list[np.ndarray], address: tuple[str, int], ranks: range,
     return [pool.submit(worker, rank) for rank in ranks]
 
 
-def _fault_run(futures: list[Any], began: float, killed_at: int,
-               killed: list[None]) -> FaultRun:  # fmt: skip
+def _fault_run(futures: list[Any], began: float, killed_at: int, killed: list[None],
+               restarted: float | None = None) -> FaultRun:  # fmt: skip
     done = [f.result() for f in futures]
     return FaultRun(
+        recovery_s=None if restarted is None else max(d[2] for d in done) - restarted,
         outcomes=[d[0] for d in done] + killed,  # type: ignore[operator]
         seconds=max(d[2] for d in done) - began,
         retransmissions=sum(d[1]["retransmissions"] for d in done),
@@ -184,7 +190,7 @@ def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: in
                 began = time.monotonic()
                 futures = _survivors(inputs, address, range(workers - 1), k=k, result=result,
                                      deadline=deadline, pool=pool)  # fmt: skip
-                killed_at = _kill_when(child, aggregator, at)
+                killed_at = kill_when(child, aggregator, at)
             finally:
                 child.kill()
                 child.wait()
@@ -194,9 +200,11 @@ def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: in
 
 
 def allreduce_across_restart(inputs: list[np.ndarray], workdir: Path, *, k: int, result: str,
-                             deadline: float, at: int) -> FaultRun:  # fmt: skip
+                             deadline: float, at: int, restart_retries: int = 0,
+                             ) -> FaultRun:  # fmt: skip
     """Every rank is a thread; the aggregator (generation 1) is SIGKILLed once it has completed
-    ``at`` slots and started again on the same port as generation 2."""
+    ``at`` slots and started again on the same port as generation 2. The workers recover from
+    ``restart_retries`` restarts (``AllreduceClient``; 0: the call fails)."""
     workers = len(inputs)
     job = {"job": JOB, "workers": workers, "k": k, "result": result}
     aggregator = start_aggregator("python", workdir / "first", extra=["--generation", "1"], **job)
@@ -205,11 +213,12 @@ def allreduce_across_restart(inputs: list[np.ndarray], workdir: Path, *, k: int,
         with ThreadPoolExecutor(workers) as pool:
             began = time.monotonic()
             futures = _survivors(inputs, address, range(workers), k=k, result=result,
-                                 deadline=deadline, pool=pool)  # fmt: skip
-            killed_at = _kill_when(aggregator.process, aggregator, at)
+                                 deadline=deadline, pool=pool,
+                                 restart_retries=restart_retries)  # fmt: skip
+            killed_at = kill_when(aggregator.process, aggregator, at)
             aggregator = start_aggregator("python", workdir / "second", listen=f"{address[0]}:"
                                           f"{address[1]}", extra=["--generation", "2"], **job)
-            return _fault_run(futures, began, killed_at, [])
+            return _fault_run(futures, began, killed_at, [], time.monotonic())
     finally:
         aggregator.stop()
 
