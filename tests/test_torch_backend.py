@@ -127,7 +127,7 @@ def test_unmodified_ddp_script_under_torchrun(tmp_path: Path) -> None:
                            extra=["--pool-size", str(POOL)])  # fmt: skip
     try:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                    str(WORLD), "--master-port", "0", str(SCRIPT), "ncina", str(tmp_path)]
+                    str(WORLD), "--standalone", str(SCRIPT), "ncina", str(tmp_path)]
         subprocess.run(torchrun, env=job_env(agg.address, OMP_NUM_THREADS="1", NCINA_RESULT="nc8"),
                        check=True,
                        timeout=300)  # fmt: skip
