@@ -43,7 +43,7 @@ SCRIPT = Path(__file__).with_name("ddp_script.py")
 
 def job_env(address: tuple[str, int], **extra: str) -> dict[str, str]:
     """The environment of a rank of the test job at ``address``."""
-    return {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "NCINA_AGGREGATOR": "%s:%d" % address,
+    return {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "NCINA_AGGREGATOR": "{}:{}".format(*address),
             "NCINA_JOB": "1", "NCINA_K": str(K), "NCINA_POOL_SIZE": str(POOL),
             "NCINA_DEADLINE": "20", **extra}  # fmt: skip
 
@@ -104,7 +104,7 @@ def test_nc8_results_within_nc_bounds(tmp_path: Path) -> None:
     ranks, _ = run_ranks(tmp_path, "python", "nc8")
     for seen in ranks:
         assert seen["error"] is None
-        assert 0 < seen["nc8_max_error"] and seen["nc8_worst_ratio"] <= 1.0
+        assert seen["nc8_max_error"] > 0 and seen["nc8_worst_ratio"] <= 1.0
 
 
 def test_no_aggregator_fails_init(tmp_path: Path) -> None:

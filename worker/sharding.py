@@ -34,7 +34,8 @@ def shard_bounds(n: int, k: int, shards: int) -> list[tuple[int, int]]:
 
 
 class ShardedAllreduce:
-    """Mean (or sum) all-reduce of float32 vectors across ``len(clients)`` aggregators (see module doc).
+    """Mean (or sum) all-reduce of float32 vectors across ``len(clients)`` aggregators (module
+    doc).
 
     The clients must share ``k``; the object owns them and closes them in :meth:`close`.
     """
