@@ -192,13 +192,14 @@ def run_rank(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # several ranks share the machine's cores
     # torchrun's workers join its agent's store (env://); otherwise rank 0 listens at --master.
     init = "env://" if args.master is None else "tcp://{}:{}".format(*args.master)
+    backend = getattr(args, "backend", "gloo")
     dist.init_process_group(
-        "gloo", init_method=init, rank=args.rank, world_size=args.workers,
-        timeout=timedelta(seconds=120),
+        backend, init_method=init, rank=args.rank, world_size=args.workers,
+        timeout=timedelta(seconds=120), pg_options=backend_options(args),
     )
     # Under torchrun every rank gets the same flags: "{rank}" in the path keeps their files apart.
     events = Events(Path(str(args.metrics).format(rank=args.rank)) if args.metrics else None)
-    fabric = make_fabric(args) if args.aggregator else None
+    fabric = make_fabric(args) if args.aggregator and backend == "gloo" else None
     try:
         train(args, events, fabric, device)
     finally:
@@ -206,6 +207,31 @@ def run_rank(args: argparse.Namespace) -> None:
             fabric.close()
         events.close()
         release_ddp()
+
+
+def backend_options(args: argparse.Namespace) -> Any:
+    """``--backend ncina``: the job's options for the process group (the aggregators, job and
+    client parameters of the flags); gloo: None."""
+    if getattr(args, "backend", "gloo") != "ncina":
+        return None
+    from ncina.worker.torch_backend import NcinaOptions
+
+    return NcinaOptions(
+        aggregators=list(args.aggregator), job=args.job, result_format=args.result,
+        key=args.key_file, k=args.k, pool_size=args.pool_size, window_max=args.window_max,
+        mtu=args.mtu, deadline=args.deadline, seed=args.seed,
+    )
+
+
+def backend_stats() -> dict[str, Any]:
+    """With ``--backend ncina``: the process group's client counters and path counts."""
+    from ncina.worker import torch_backend
+
+    group = dist.distributed_c10d._get_default_group()
+    if not isinstance(group, torch_backend.NcinaProcessGroup) or group.state is None:
+        return {}
+    return {**group.state.fabric.stats, "paths": torch_backend.paths(group),
+            "comm_total_s": group.state.comm_total_s}
 
 
 def release_ddp() -> None:
@@ -238,8 +264,10 @@ def train(
         bucket_cap_mb=args.bucket_cap_mb,
     )
     verify: VerifyingState | None = None
-    hook: InaHookState | GlooHookState
-    if fabric:
+    hook: InaHookState | GlooHookState | None = None
+    if getattr(args, "backend", "gloo") == "ncina":
+        pass  # no comm hook: DDP's own all-reduce goes to the ncina process group
+    elif fabric:
         hook = InaHookState(fabric)
         if args.verify:
             verify = VerifyingState(hook)
@@ -261,7 +289,7 @@ def steps(
     events: Events,
     fabric: ShardedAllreduce | None,
     model: DistributedDataParallel,
-    hook: InaHookState | GlooHookState,
+    hook: InaHookState | GlooHookState | None,
     verify: VerifyingState | None,
     train_set: Dataset,
     test_set: Dataset,
@@ -274,7 +302,7 @@ def steps(
     )
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    mode = "ina" if fabric else "gloo"
+    mode = "ina" if fabric else "ncina" if hook is None else "gloo"
     tag = f"[{mode} rank {args.rank}]"
     params = sum(p.numel() for p in model.parameters())
     test_loss, test_acc = evaluate(model.module, test_set, device)
@@ -306,7 +334,8 @@ def steps(
                 if isinstance(hook, InaHookState) and hook.error is not None:
                     raise hook.error from exc
                 raise
-            grads_ready, comm_done = hook.last_call, time.time()
+            comm_done = time.time()
+            grads_ready = comm_done if hook is None else hook.last_call  # None: not measured
             comm_wait += comm_done - grads_ready
             optimizer.step()
             step_total += time.perf_counter() - started
@@ -348,7 +377,7 @@ def steps(
         f"{timing['exposed_comm_s']:.2f} s of {timing['step_s'] * step:.2f} s",
         steps=step, epochs=epoch, time=elapsed, test_acc=test_acc, test_loss=test_loss,
         samples_per_s=samples_per_s, **timing, **counters.delta(),
-        fabric=fabric.stats if fabric else {},
+        fabric=fabric.stats if fabric else backend_stats(),
     )
 
 
@@ -357,7 +386,7 @@ def step_timing(
     step_total: float,
     compute_s: float,
     comm_wait: float,
-    hook: InaHookState | GlooHookState,
+    hook: InaHookState | GlooHookState | None,
 ) -> dict[str, float | None]:
     """What a training run's steps cost on this rank: ``step_s`` (mean), ``compute_step_s``
     (the probe's), ``exposed_comm_s`` (``comm_wait``: over all steps, how long the backward
