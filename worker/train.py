@@ -13,6 +13,9 @@ gradient all-reduce then goes either
   whose payloads a switch can add (NC8 codes), ``--mode server`` for any method (the aggregator,
   started with ``--mode server --compressor SPEC``, averages the decompressed payloads and sends
   the compressed mean); or
+- with ``--backend ncina --aggregator ...``: DDP with no hook on the ``ncina`` process-group
+  backend (:mod:`ncina.worker.torch_backend`, docs/pytorch.md), whose float all-reduces go
+  through the aggregator(s) and everything else through gloo; or
 - (no ``--aggregator``) through gloo's own fp32 ring all-reduce: the baseline.
 
 ``--device cuda`` trains on a GPU (``$LOCAL_RANK``'s under torchrun): the model, its batches and
