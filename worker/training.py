@@ -223,15 +223,16 @@ def backend_options(args: argparse.Namespace) -> Any:
     )
 
 
-def backend_stats() -> dict[str, Any]:
-    """With ``--backend ncina``: the process group's client counters and path counts."""
+def backend_stats() -> tuple[dict[str, float], dict[str, int]]:
+    """With ``--backend ncina``: the process group's client counters (and ``comm_total_s``,
+    the seconds inside its INA all-reduces) and its path counts; empty ones otherwise."""
     from ncina.worker import torch_backend
 
     group = dist.distributed_c10d._get_default_group()
     if not isinstance(group, torch_backend.NcinaProcessGroup) or group.state is None:
-        return {}
-    return {**group.state.fabric.stats, "paths": torch_backend.paths(group),
-            "comm_total_s": group.state.comm_total_s}
+        return {}, {}
+    stats = {**group.state.fabric.stats, "comm_total_s": group.state.comm_total_s}
+    return stats, torch_backend.paths(group)
 
 
 def release_ddp() -> None:
@@ -335,8 +336,9 @@ def steps(
                     raise hook.error from exc
                 raise
             comm_done = time.time()
-            grads_ready = comm_done if hook is None else hook.last_call  # None: not measured
-            comm_wait += comm_done - grads_ready
+            # Without a hook (--backend ncina) nothing says when the gradients were ready.
+            times = {} if hook is None else {"grads_ready": hook.last_call, "comm_done": comm_done}
+            comm_wait += comm_done - times.get("grads_ready", comm_done)
             optimizer.step()
             step_total += time.perf_counter() - started
             step += 1
@@ -349,7 +351,7 @@ def steps(
                 line = (f"{tag} epoch {epoch} step {step} loss {value:.4f} "
                         f"tx {wire.get('tx_bytes', 0)} B{extra} t {now:.2f} s")
             events.emit("step", line, step=step, epoch=epoch, loss=value, time=now, **wire,
-                        grads_ready=grads_ready, comm_done=comm_done, fabric=progress)
+                        fabric=progress, **times)
             if verify:
                 for record in verify.records:
                     events.emit("verify", step=step, **record)
@@ -370,14 +372,15 @@ def steps(
     dist.barrier()
     elapsed = clock()
     timing = step_timing(step, step_total, compute_s, comm_wait, hook)
+    backend_fabric, backend_paths = backend_stats()
     samples_per_s = step * args.batch_size * args.workers / elapsed if elapsed else 0.0
     events.emit(
         "end", f"{tag} finished: {step} steps, accuracy {test_acc:.2f}%, "
         f"{samples_per_s:.1f} samples/s, exposed communication "
-        f"{timing['exposed_comm_s']:.2f} s of {timing['step_s'] * step:.2f} s",
+        f"{timing['exposed_comm_s'] or 0:.2f} s of {timing['step_s'] * step:.2f} s",
         steps=step, epochs=epoch, time=elapsed, test_acc=test_acc, test_loss=test_loss,
         samples_per_s=samples_per_s, **timing, **counters.delta(),
-        fabric=fabric.stats if fabric else backend_stats(),
+        fabric=fabric.stats if fabric else backend_fabric, paths=backend_paths,
     )
 
 
@@ -393,12 +396,13 @@ def step_timing(
     pass went on after this rank's last bucket was handed over, i.e. the communication its
     compute did not hide, waiting for slower ranks included), ``comm_total_s`` (time inside
     the INA hook's all-reduces; None for gloo, whose all-reduces run inside gloo) and
-    ``exposed_comm_fraction`` (exposed over total communication; None for gloo)."""
+    ``exposed_comm_fraction`` (exposed over total communication; None for gloo). Without a
+    hook (``--backend ncina``) the exposed communication is not measured (None)."""
     comm = hook.comm_total_s if isinstance(hook, InaHookState) else None
     return {
         "step_s": step_total / steps if steps else 0.0,
         "compute_step_s": compute_s,
-        "exposed_comm_s": comm_wait,
+        "exposed_comm_s": None if hook is None else comm_wait,
         "comm_total_s": comm,
         "exposed_comm_fraction": min(1.0, comm_wait / comm) if comm else None,
     }
