@@ -177,6 +177,14 @@ class NcinaProcessGroup(dist.ProcessGroup):
     def size(self) -> int:
         return self._size
 
+    def shutdown(self) -> None:
+        """``destroy_process_group``: wait for the all-reduce in flight, stop the communication
+        thread, close the clients' sockets and gloo's group."""
+        if self.state is not None:
+            self.state.close()
+            self.state.fabric.close()
+        self.gloo.shutdown()
+
     def _count(self, key: str) -> None:
         with self._lock:
             self.paths[key] += 1
