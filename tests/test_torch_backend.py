@@ -142,6 +142,27 @@ def test_unmodified_ddp_script_under_torchrun(tmp_path: Path) -> None:
         "slots_completed"]
 
 
+def test_options_from_the_environment(tmp_path: Path) -> None:
+    from ncina.worker.torch_backend import NcinaOptions
+
+    key = tmp_path / "job.key"
+    key.write_text("00" * 16 + "\n")
+    options = NcinaOptions.from_env({
+        "NCINA_AGGREGATOR": "10.0.0.1:47000,10.0.0.2:47001", "NCINA_JOB": "7",
+        "NCINA_RESULT": "int", "NCINA_KEY_FILE": str(key), "NCINA_K": "128",
+        "NCINA_POOL_SIZE": "8", "NCINA_WINDOW_MAX": "12", "NCINA_MTU": "9000",
+        "NCINA_DEADLINE": "5", "NCINA_SEED": "3"})  # fmt: skip
+    assert options == NcinaOptions(
+        aggregators=[("10.0.0.1", 47000), ("10.0.0.2", 47001)], job=7, result_format="int",
+        key=bytes(16), k=128, pool_size=8, window_max=12, mtu=9000, deadline=5.0, seed=3)
+    with pytest.raises(ValueError, match=r"\$NCINA_JOB='one'"):
+        NcinaOptions.from_env({"NCINA_JOB": "one"})
+    with pytest.raises(ValueError, match="NCINA_AGGREGATOR"):
+        NcinaOptions.from_env({}).check()
+    with pytest.raises(ValueError, match="result format"):
+        NcinaOptions(aggregators=[("h", 1)], result_format="fp32").check()
+
+
 # ---- the rank process ----
 
 
