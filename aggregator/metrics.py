@@ -78,7 +78,10 @@ def serve(port: int, host: str = "0.0.0.0") -> StatsCollector:
     collector = StatsCollector()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    start_http_server(port, addr=host, registry=registry)
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise OSError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from exc
     _collector = collector
     return collector
 
