@@ -7,7 +7,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from ncina.aggregator import hierarchy
+from ncina.aggregator import hierarchy, metrics
 from ncina.aggregator.bmv2 import driver as bmv2_driver
 from ncina.aggregator.control import DEFAULT_MAX_JOBS, jobs_directory
 from ncina.aggregator.dpdk import driver as dpdk_driver
@@ -260,6 +260,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="period of the stats file writes (default: %(default)s)",
     )
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        choices=range(1, 1 << 16),
+        default=None,
+        metavar="PORT",
+        help="serve the stats document's counters in Prometheus' text format on HTTP PORT "
+        "(/metrics; every backend): one family per counter, ncina_<counter>_total, labels job "
+        "and reason; refreshed every --stats-interval (docs/deploy.md)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        metavar="ADDR",
+        help="address the metrics endpoint listens on (default: %(default)s)",
+    )
+    parser.add_argument(
         "--jobs-dir",
         type=Path,
         default=None,
@@ -347,6 +363,8 @@ def run(args: argparse.Namespace) -> int:
     if args.mode == "server" and args.result is not None:
         raise ValueError("server mode's results are compressor payloads: drop --result")
     hierarchical = hierarchy.check_arguments(args)
+    if args.metrics_port is not None:
+        metrics.serve(args.metrics_port, args.metrics_host)
     compressor = (
         create(args.compressor, workers=args.workers, e_max=args.window_max)
         if args.compressor is not None

@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
+from ncina.aggregator import metrics
 from ncina.aggregator.control import JobsDirectory, apply_changes
 from ncina.aggregator.faults import FaultConfig, FaultyPath
 from ncina.aggregator.hierarchy import LeafAggregator
@@ -126,6 +127,7 @@ class PythonBackend:
         control = self.control
         clock = time.monotonic
         next_write = clock() + self.stats_interval
+        periodic = self.stats_path is not None or metrics.serving()
         next_poll = 0.0
         while not self._stop:
             try:
@@ -145,13 +147,12 @@ class PythonBackend:
                                 global_stats.send_errors += 1
                 except Exception:
                     self._internal_error(source)
-            if self._stats_requested or (
-                self.stats_path is not None and clock() >= next_write
-            ):
+            requested = self._stats_requested
+            if requested or (periodic and clock() >= next_write):
                 self._stats_requested = False
                 next_write = clock() + self.stats_interval
                 try:
-                    self.write_stats()
+                    self.write_stats(periodic=not requested)
                 except OSError as exc:  # keep serving; the next write may succeed
                     print(f"ncina aggregator: cannot write stats: {exc}", file=self.log, flush=True)
             if control is not None and clock() >= next_poll:
@@ -194,9 +195,10 @@ class PythonBackend:
             document["upstream"] = self.aggregator.upstream_document()
         return document
 
-    def write_stats(self) -> None:
-        """Write the stats document to ``stats_path``, or print it as one line on ``log``."""
-        publish(self.stats_document(), self.stats_path, self.log)
+    def write_stats(self, periodic: bool = False) -> None:
+        """Write the stats document to ``stats_path``, or print it as one line on ``log``
+        (not when ``periodic``); the metrics endpoint serves it (``stats.publish``)."""
+        publish(self.stats_document(), self.stats_path, self.log, periodic=periodic)
 
     def _internal_error(self, source: Address) -> None:
         self.aggregator.stats.drops["internal_error"] += 1

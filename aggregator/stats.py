@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from ncina.aggregator import metrics
+
 SCHEMA = 1
 
 # Drops counted under a job: everything wrong with a packet whose header names a configured job.
@@ -176,12 +178,20 @@ def snapshot(
 
 
 def publish(
-    document: Mapping[str, Any], path: str | os.PathLike[str] | None, log: TextIO
+    document: Mapping[str, Any],
+    path: str | os.PathLike[str] | None,
+    log: TextIO,
+    *,
+    periodic: bool = False,
 ) -> None:
     """Write ``document`` to ``path`` atomically, or without a path print it as one JSON line on
-    ``log`` (what ``ncina aggregator`` does with and without ``--stats``)."""
+    ``log`` (what ``ncina aggregator`` does with and without ``--stats``), unless ``periodic``
+    (the every-interval write, which only the file gets); and make it what the metrics endpoint
+    serves (``--metrics-port``, :mod:`ncina.aggregator.metrics`)."""
+    metrics.update(document)
     if path is None:
-        print(json.dumps(document), file=log, flush=True)
+        if not periodic:
+            print(json.dumps(document), file=log, flush=True)
     else:
         write_atomically(path, document)
 

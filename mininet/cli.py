@@ -102,6 +102,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=d.repeat,
                    help="train this many times per mode on the same network; results.json and "
                    "the table give the median and the spread (default: %(default)s)")
+    p.add_argument("--torch-backend", action="store_true",
+                   help="also train through the ncina process-group backend (DDP with no hook, "
+                   "ncina train --backend ncina; docs/pytorch.md) after the hook's run")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip the gloo fp32 run")
     workdir = p.add_argument("--workdir", type=Path,
@@ -205,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
             key_file=args.key_file,
             verify=args.verify,
             baseline=args.baseline,
+            torch_backend=args.torch_backend,
             repeat=args.repeat,
         )
     )

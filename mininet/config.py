@@ -43,7 +43,9 @@ class TopoConfig:
     key_file: the job's shared secret (hex) for the authentication tag, given to the aggregators
     and the workers (None: untagged);
     verify: check every INA result against gloo (extra traffic); baseline: also train with gloo
-    fp32; repeat: training runs per mode on the same network (medians and spread reported);
+    fp32; torch_backend: also train through the ncina process-group backend (DDP with no hook,
+    ``ncina train --backend ncina``) beside the hook; repeat: training runs per mode on the
+    same network (medians and spread reported);
     timeout: seconds one training run may take; prefix: of node and interface names (unique per
     process).
     """
@@ -75,6 +77,7 @@ class TopoConfig:
     verify: bool = False
     pcaps: bool = False
     baseline: bool = True
+    torch_backend: bool = False
     repeat: int = 1
     timeout: float = 3600.0
     prefix: str = field(default_factory=lambda: f"n{os.getpid() % 100000}")
@@ -88,6 +91,9 @@ class TopoConfig:
             )
         if self.topo == "leafspine":
             self.check_leafspine()
+        if self.torch_backend and (self.compressor or self.topo == "leafspine" or self.verify):
+            raise ValueError("the ncina backend's run (torch_backend) takes no compressor, "
+                             "leaf-spine topology nor verify: those are the comm hook's")
 
     def check_leafspine(self) -> None:
         """Raise ``ValueError`` unless the leaf-spine run can work: python, socket or dpdk

@@ -10,7 +10,9 @@ A run's summary is built from the JSON events ``ncina train`` wrote per worker (
     statistics   {"ina": {field: {"median", "min", "max"}}, ...} over the repeats, for the fields
                  of STATISTICS
     comparison   bytes_ratio, time_ratio (ina / gloo), accuracy_delta (ina - gloo, points),
-                 speedup (ina / gloo samples_per_s)
+                 speedup (ina / gloo samples_per_s); with the ncina backend's run
+                 (``ncina``: DDP with no hook, ``ncina train --backend ncina``),
+                 backend_over_hook (its samples_per_s / ina's) and backend_accuracy_delta
 
 and each summary::
 
@@ -39,7 +41,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-LABELS = {"ina": "INA+NC8", "gloo": "gloo fp32"}
+LABELS = {"ina": "INA+NC8", "ncina": "ncina backend", "gloo": "gloo fp32"}
 RESULTS = "results.json"
 PLOT = "plot.png"
 
@@ -166,6 +168,12 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
     }
     if ina.get("samples_per_s") and gloo.get("samples_per_s"):
         comparison["speedup"] = ina["samples_per_s"] / gloo["samples_per_s"]
+    backend = runs.get("ncina")
+    if backend is not None:  # the ncina process-group backend beside the hook
+        comparison["backend_accuracy_delta"] = (backend["final_accuracy"]
+                                                - ina["final_accuracy"])  # fmt: skip
+        if backend.get("samples_per_s") and ina.get("samples_per_s"):
+            comparison["backend_over_hook"] = backend["samples_per_s"] / ina["samples_per_s"]
     return comparison
 
 

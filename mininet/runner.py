@@ -54,7 +54,8 @@ from mininet.nodelib import LinuxBridge
 
 NCINA = Path(sys.executable).with_name("ncina")  # the console script of this environment
 JOB = 1  # the job id of every run
-GLOO_PORTS = {"ina": 29500, "gloo": 29501}  # rendezvous port of each mode (no TIME_WAIT clash)
+# The rendezvous port of each mode (no TIME_WAIT clash).
+GLOO_PORTS = {"ina": 29500, "gloo": 29501, "ncina": 29502}
 STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
 CAPTURE_DRAIN = 0.5  # seconds tcpdump gets to write the last packets before its SIGTERM
 PID_FILE = Path("runs", "topo.pid")  # the running topology's PID, for `make stop`
@@ -288,12 +289,13 @@ def train(
     procs: Processes,
     run_dir: Path,
     aggregators: Sequence[str],
+    mode: str,
 ) -> list[Path]:
-    """Run ``ncina train`` on every worker (INA when ``aggregators`` is not empty, else gloo).
+    """Run ``ncina train`` on every worker: ``mode`` ``ina`` (the hook, through
+    ``aggregators``), ``ncina`` (the process-group backend, through them) or ``gloo``.
 
     Shows rank 0's progress while waiting; returns the metrics files in rank order.
     """
-    mode = "ina" if aggregators else "gloo"
     master = f"{worker_ip(0)}:{GLOO_PORTS[mode]}"
     workers, metrics = [], []
     for rank, name in enumerate(topo.worker_names):
@@ -317,6 +319,7 @@ def train(
         argv += ["--verify"] if cfg.verify else []
         argv += ["--compressor", cfg.compressor] if cfg.compressor else []
         argv += ["--mode", cfg.mode]
+        argv += ["--backend", "ncina"] if mode == "ncina" else []
         if aggregators and cfg.key_file is not None:
             argv += ["--key-file", str(cfg.key_file.resolve())]
         workers.append(procs.start(host, argv, run_dir / f"worker{rank}.log"))
@@ -374,8 +377,10 @@ class Progress:
                            f"loss {event['test_loss']:.4f}, {event['time']:.1f} s, "
                            f"{event.get('tx_bytes', 0) / 1e6:.2f} MB sent")  # fmt: skip
         elif kind == "end":
+            exposed = event["exposed_comm_s"]  # None: not measured (the ncina backend, no hook)
             self.bar.write(f"done: {event['steps']} steps, {event['samples_per_s']:.1f} "
-                           f"samples/s, exposed communication {event['exposed_comm_s']:.2f} s")
+                           "samples/s" + ("" if exposed is None else
+                                          f", exposed communication {exposed:.2f} s"))
 
     def close(self) -> None:
         self.poll()
@@ -405,9 +410,10 @@ def wait_workers(
 def run_mode(
     net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, mode: str, repeat: int = 0
 ) -> dict[str, Any]:
-    """One training run (``ina`` or ``gloo``) on the running network; its summary. Repeats after
-    the first go to ``<mode>-<repeat>/`` and train with seed ``cfg.seed + repeat`` (the initial
-    weights, the shuffles, the rounding), so that their spread is the seed's."""
+    """One training run (``ina``, ``ncina`` or ``gloo``) on the running network; its summary.
+    Repeats after the first go to ``<mode>-<repeat>/`` and train with seed ``cfg.seed +
+    repeat`` (the initial weights, the shuffles, the rounding), so that their spread is the
+    seed's."""
     cfg = replace(cfg, seed=cfg.seed + repeat)
     run_dir = cfg.out / (f"{mode}-{repeat}" if repeat else mode)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -421,12 +427,12 @@ def run_mode(
     if mode == "ina" and cfg.pcaps and cfg.backend != "bmv2":
         captures = start_captures(net, topo, procs, run_dir)
     # The P4 switch is the network: it runs for the baseline too, whose workers it only switches.
-    if mode == "ina" or cfg.backend == "bmv2":
+    if mode in ("ina", "ncina") or cfg.backend == "bmv2":
         aggregators, addresses = start_aggregators(net, topo, cfg, procs, run_dir)
-    if mode != "ina":
+    if mode == "gloo":
         addresses = []
     try:
-        metrics = train(net, topo, cfg, procs, run_dir, addresses)
+        metrics = train(net, topo, cfg, procs, run_dir, addresses, mode)
     finally:
         procs.stop(aggregators)  # SIGTERM: the aggregators write their stats and exit
         if captures:  # tcpdump drops what it has not read at SIGTERM: let it drain first
@@ -454,7 +460,8 @@ def run_topology(cfg: TopoConfig) -> dict[str, Any]:
         net.start()
         if cfg.mtu != DEFAULT_MTU:
             set_mtu(net, cfg.mtu)
-        modes = ("ina", "gloo") if cfg.baseline else ("ina",)
+        modes = ("ina", *(("ncina",) if cfg.torch_backend else ()),
+                 *(("gloo",) if cfg.baseline else ()))  # fmt: skip
         repeats: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         for i in range(cfg.repeat):
             if cfg.repeat > 1:

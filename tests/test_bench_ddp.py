@@ -19,17 +19,24 @@ FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
 """The figures ``bench ddp`` reports, medians over the runs and each run's own."""
 
 
-def topology_results(ina: float, gloo: float, comm: float | None = 4.0) -> dict[str, Any]:
-    """What ``ncina topo``'s runner returns for a training run (results.json), in part."""
-    return {
+def topology_results(
+    ina: float, gloo: float, comm: float | None = 4.0, backend: float | None = None
+) -> dict[str, Any]:
+    """What ``ncina topo``'s runner returns for a training run (results.json), in part;
+    ``backend``: the samples/s of the ncina backend's run (``--torch-backend``), if any."""
+    results: dict[str, Any] = {
         "runs": {
             "ina": {"samples_per_s": ina, "comm_total_s": comm, "exposed_comm_s": 1.0,
-                    "exposed_comm_fraction": 0.25},
+                    "exposed_comm_fraction": 0.25, "final_accuracy": 90.0},
             "gloo": {"samples_per_s": gloo, "comm_total_s": None, "exposed_comm_s": 3.0,
-                     "exposed_comm_fraction": None},
+                     "exposed_comm_fraction": None, "final_accuracy": 91.0},
         },
         "comparison": {"speedup": ina / gloo},
     }  # fmt: skip
+    if backend is not None:
+        results["runs"]["ncina"] = {"samples_per_s": backend, "final_accuracy": 89.0}
+        results["comparison"]["backend_over_hook"] = backend / ina
+    return results
 
 
 def bench_ddp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -58,6 +65,14 @@ def test_fields_and_medians(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     }  # fmt: skip
     assert (line["ina_samples_per_s"], line["gloo_samples_per_s"], line["speedup"]) == (30, 10, 2.5)
     assert (line["repeat"], line["k"], line["pool_size"]) == (3, 256, 16)
+    assert line["backend_samples_per_s"] is None and line["backend_over_hook"] is None
+
+
+def test_the_backend_beside_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    line = bench_ddp(tmp_path, monkeypatch, [topology_results(30.0, 10.0, backend=15.0),
+                                             topology_results(20.0, 10.0, backend=20.0)])
+    assert (line["backend_samples_per_s"], line["backend_over_hook"]) == (17.5, 0.75)
+    assert (line["ina_accuracy"], line["backend_accuracy"]) == (90.0, 89.0)
 
 
 def test_a_field_missing_in_one_run_has_no_median(
@@ -77,7 +92,7 @@ def test_a_small_real_run(tmp_path: Path) -> None:
         [str(Path(sys.executable).with_name("ncina")), "bench", "ddp", "--model", "mlp",
          "--workers", "2",
          "--steps", "3", "--bw", "100", "--workdir", str(tmp_path / "runs"), "--output",
-         str(output)],
+         str(output), "--torch-backend"],
         capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -86,5 +101,7 @@ def test_a_small_real_run(tmp_path: Path) -> None:
         assert line[field] is not None and line[field] >= 0, field
     assert line["speedup"] == pytest.approx(line["ina_samples_per_s"] / line["gloo_samples_per_s"])
     assert 0 <= line["exposed_comm_fraction"] <= 1
+    assert line["backend_over_hook"] == pytest.approx(
+        line["backend_samples_per_s"] / line["ina_samples_per_s"])
     (run,) = line["runs"]
     assert (Path(run["out"]) / "results.json").is_file()

@@ -161,7 +161,9 @@ class HeldFabric:
         self.calls: list[int] = []
         self.fail_on = fail_on
 
-    def allreduce(self, x: np.ndarray, tensor: int, out: np.ndarray) -> np.ndarray:
+    def allreduce(
+        self, x: np.ndarray, tensor: int, out: np.ndarray, op: str = "mean"
+    ) -> np.ndarray:
         assert self.release.wait(30)
         self.calls.append(tensor)
         if tensor == self.fail_on:

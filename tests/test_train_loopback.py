@@ -116,6 +116,29 @@ def test_ina_and_gloo_runs_and_their_summary(
     assert (tmp_path / report.PLOT).stat().st_size > 0
 
 
+def test_the_ncina_backend_trains_without_a_hook(tmp_path: Path) -> None:
+    """``--backend ncina``: DDP with no comm hook on the ncina process group; the gradients go
+    through the aggregator (the handshake's one-element all-reduce, then one bucket a step),
+    DDP's broadcast and the barriers through gloo, and the summary compares it with the hook."""
+    agg = start_aggregator("python", tmp_path / "aggregator", job=1, workers=WORLD, k=256,
+                           result="nc8", extra=["--seed", "0"])
+    try:
+        host, port = agg.address
+        backend = train(tmp_path, "ncina", [f"{host}:{port}"], extra=["--backend", "ncina"])
+    finally:
+        assert agg.stop() == 0
+    run = report.summarize("ncina", backend, [agg.stats_path])
+    assert run["steps"] == STEPS and run["exposed_comm_s"] is None
+    assert run["aggregators"][0]["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS + 1
+    for metrics in backend:
+        end = report.read_events(metrics)[-1]
+        assert end["paths"]["allreduce/ina"] == STEPS
+        assert end["paths"]["broadcast/gloo"] >= 1  # DDP's initial parameters
+        assert set(end["paths"]) <= {"allreduce/ina", "broadcast/gloo", "allgather/gloo",
+                                     "barrier/gloo"}  # fmt: skip
+        assert end["fabric"]["allreduce_calls"] == STEPS + 1
+
+
 def test_hierarchical_training_through_a_leaf_and_its_spine(tmp_path: Path) -> None:
     """``ncina train --leaf-workers 2``: both ranks under one leaf aggregator whose partial sums
     a spine adds (docs/protocol.md, "Hierarchical aggregation"); int frames, so K = 128."""

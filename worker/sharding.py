@@ -34,7 +34,8 @@ def shard_bounds(n: int, k: int, shards: int) -> list[tuple[int, int]]:
 
 
 class ShardedAllreduce:
-    """Mean all-reduce of float32 vectors across ``len(clients)`` aggregators (see module doc).
+    """Mean (or sum) all-reduce of float32 vectors across ``len(clients)`` aggregators (module
+    doc).
 
     The clients must share ``k``; the object owns them and closes them in :meth:`close`.
     """
@@ -49,24 +50,30 @@ class ShardedAllreduce:
         self._pool = ThreadPoolExecutor(len(self.clients), thread_name_prefix="ncina-shard")
 
     def allreduce(
-        self, x: np.ndarray, tensor: Hashable = None, *, out: np.ndarray | None = None
+        self,
+        x: np.ndarray,
+        tensor: Hashable = None,
+        *,
+        out: np.ndarray | None = None,
+        op: str = "mean",
     ) -> np.ndarray:
-        """The mean over the job's workers of the 1-D float32 array ``x``; ``tensor`` names it
-        for the clients' compressor state (``AllreduceClient.allreduce``).
+        """The mean (``op="sum"``: the sum) over the job's workers of the 1-D float32 array
+        ``x``; ``tensor`` names it for the clients' compressor state
+        (``AllreduceClient.allreduce``).
 
         The mean goes into ``out`` when given (float32 of ``x``'s shape; may be ``x`` itself),
         each aggregator's range straight into its slice of it, else into a new array; the
         array is returned.
         """
         if len(self.clients) == 1:
-            return self.clients[0].allreduce(x, "mean", tensor, out=out)
+            return self.clients[0].allreduce(x, op, tensor, out=out)
         if out is None:
             out = np.empty(x.shape, dtype=np.float32)
         elif out.shape != x.shape:
             raise ValueError(f"out has shape {out.shape}, the tensor {x.shape}")
         bounds = shard_bounds(x.size, self.k, len(self.clients))
         futures = [
-            self._pool.submit(client.allreduce, x[start:stop], "mean", tensor, out=out[start:stop])
+            self._pool.submit(client.allreduce, x[start:stop], op, tensor, out=out[start:stop])
             for client, (start, stop) in zip(self.clients, bounds, strict=True)
             if stop > start
         ]

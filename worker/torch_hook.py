@@ -93,18 +93,41 @@ class InaHookState:
         """Stop the communication thread."""
         self._thread.shutdown(wait=True)
 
+    def submit(
+        self, buffer: torch.Tensor, index: int, op: str = "mean"
+    ) -> torch.futures.Future[torch.Tensor]:
+        """Queue the all-reduce (``op``: ``mean`` or ``sum``) of the float32 tensor ``buffer``
+        (contiguous; in host memory, or staged when :attr:`staging` handles it, under
+        ``index``) on the communication thread; returns its pending future, completed with
+        ``buffer`` once the result is in it, or with the exception that stopped the all-reduce.
+        The DDP hook and the ``ncina`` process-group backend (:mod:`ncina.worker.torch_backend`)
+        both hand their tensors over here."""
+        if not self.staging.handles(buffer):
+            future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            self._thread.submit(self.reduce, buffer, index, future, None, op)
+            return future
+        future = self.staging.future(buffer)
+        try:
+            slot = self.staging.stage(buffer, index)
+        except Exception as exc:  # fail like an all-reduce: the future's consumer raises it
+            self._fail(future, exc, None)
+            return future
+        self._thread.submit(self.reduce, buffer, index, future, slot, op)
+        return future
+
     def reduce(
         self,
         buffer: torch.Tensor,
         index: int,
         future: torch.futures.Future[torch.Tensor],
         slot: Slot | None,
+        op: str = "mean",
     ) -> None:
-        """On the communication thread: the bucket's mean into ``buffer`` (through its staging
-        ``slot``, if any), then complete ``future`` with it, or with the exception that stopped
-        the all-reduce."""
+        """On the communication thread: the bucket's mean (or sum) into ``buffer`` (through its
+        staging ``slot``, if any), then complete ``future`` with it, or with the exception that
+        stopped the all-reduce."""
         try:
-            self._allreduce(buffer, index, slot)
+            self._allreduce(buffer, index, slot, op)
             if slot is None:
                 future.set_result(buffer)
             else:
@@ -112,9 +135,11 @@ class InaHookState:
         except Exception as exc:  # the future carries it to DDP, which raises it in backward()
             self._fail(future, exc, slot)
 
-    def _allreduce(self, buffer: torch.Tensor, index: int, slot: Slot | None) -> None:
-        """The mean written over the bucket's host memory: the bucket itself, or its staging
-        buffer once the copy into it is done; timed and counted."""
+    def _allreduce(
+        self, buffer: torch.Tensor, index: int, slot: Slot | None, op: str = "mean"
+    ) -> None:
+        """The mean (or sum) written over the bucket's host memory: the bucket itself, or its
+        staging buffer once the copy into it is done; timed and counted."""
         start = time.perf_counter()
         try:
             host = buffer.detach() if slot is None else self.staging.host(slot)
@@ -124,7 +149,7 @@ class InaHookState:
             backup = host.clone() if self.fallback else None  # a failed call may have written
             array = host.numpy()
             try:
-                self.fabric.allreduce(array, tensor=index, out=array)
+                self.fabric.allreduce(array, tensor=index, out=array, op=op)
             except Exception as exc:
                 if backup is None:
                     raise
@@ -192,18 +217,7 @@ def ina_hook(state: InaHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     if buffer.dtype != torch.float32:
         raise TypeError(f"the INA hook handles float32 gradients, bucket has {buffer.dtype}")
     state.last_call = time.time()
-    if not state.staging.handles(buffer):
-        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        state._thread.submit(state.reduce, buffer, bucket.index(), future, None)
-        return future
-    future = state.staging.future(buffer)
-    try:
-        slot = state.staging.stage(buffer, bucket.index())
-    except Exception as exc:  # fail like an all-reduce: backward() raises it
-        state._fail(future, exc, None)
-        return future
-    state._thread.submit(state.reduce, buffer, bucket.index(), future, slot)
-    return future
+    return state.submit(buffer, bucket.index())
 
 
 @dataclass

@@ -13,6 +13,9 @@ gradient all-reduce then goes either
   whose payloads a switch can add (NC8 codes), ``--mode server`` for any method (the aggregator,
   started with ``--mode server --compressor SPEC``, averages the decompressed payloads and sends
   the compressed mean); or
+- with ``--backend ncina --aggregator ...``: DDP with no hook on the ``ncina`` process-group
+  backend (:mod:`ncina.worker.torch_backend`, docs/pytorch.md), whose float all-reduces go
+  through the aggregator(s) and everything else through gloo; or
 - (no ``--aggregator``) through gloo's own fp32 ring all-reduce: the baseline.
 
 ``--device cuda`` trains on a GPU (``$LOCAL_RANK``'s under torchrun): the model, its batches and
@@ -66,6 +69,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--aggregator", type=host_port, action="append", default=[], metavar="HOST:PORT",
         help="aggregator; repeat to shard tensors across several (none: gloo baseline)")
     deprecated_alias(p, "--ina", aggregator)
+    p.add_argument("--backend", choices=("gloo", "ncina"), default="gloo",
+                   help="the process group's backend: gloo (the gradients go through the INA "
+                   "comm hook with --aggregator, else gloo's all-reduce) or ncina (DDP with no "
+                   "hook on the ncina backend: its float all-reduces through the --aggregator, "
+                   "the rest through gloo; docs/pytorch.md) (default: %(default)s)")
     p.add_argument("--job", type=int, default=1, help="INA job id, as on the aggregator(s)")
     p.add_argument("--leaf-workers", type=int, metavar="W",
                    help="hierarchical aggregation (docs/protocol.md): the --aggregator is a "
@@ -173,6 +181,11 @@ def resolve_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> None
 def check_options(args: argparse.Namespace) -> None:
     """Refuse a compressor/mode combination that cannot work, before anything starts."""
     leaf = getattr(args, "leaf_workers", None)  # ncina topo checks its options here too
+    if getattr(args, "backend", "gloo") == "ncina" and (
+        not args.aggregator or args.compressor or leaf or args.verify
+    ):
+        raise ValueError("--backend ncina needs --aggregator, and takes no --compressor, "
+                         "--mode server, --leaf-workers nor --verify (the comm hook's)")
     if leaf is not None and not (
         leaf >= 1 and args.workers % leaf == 0 and len(args.aggregator) == 1
         and args.mode == "ina"

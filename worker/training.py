@@ -194,13 +194,14 @@ def run_rank(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # several ranks share the machine's cores
     # torchrun's workers join its agent's store (env://); otherwise rank 0 listens at --master.
     init = "env://" if args.master is None else "tcp://{}:{}".format(*args.master)
+    backend = getattr(args, "backend", "gloo")
     dist.init_process_group(
-        "gloo", init_method=init, rank=args.rank, world_size=args.workers,
-        timeout=timedelta(seconds=120),
+        backend, init_method=init, rank=args.rank, world_size=args.workers,
+        timeout=timedelta(seconds=120), pg_options=backend_options(args),
     )
     # Under torchrun every rank gets the same flags: "{rank}" in the path keeps their files apart.
     events = Events(Path(str(args.metrics).format(rank=args.rank)) if args.metrics else None)
-    fabric = make_fabric(args) if args.aggregator else None
+    fabric = make_fabric(args) if args.aggregator and backend == "gloo" else None
     try:
         train(args, events, fabric, device)
     finally:
@@ -208,6 +209,32 @@ def run_rank(args: argparse.Namespace) -> None:
             fabric.close()
         events.close()
         release_ddp()
+
+
+def backend_options(args: argparse.Namespace) -> Any:
+    """``--backend ncina``: the job's options for the process group (the aggregators, job and
+    client parameters of the flags); gloo: None."""
+    if getattr(args, "backend", "gloo") != "ncina":
+        return None
+    from ncina.worker.torch_backend import NcinaOptions
+
+    return NcinaOptions(
+        aggregators=list(args.aggregator), job=args.job, result_format=args.result,
+        key=args.key_file, k=args.k, pool_size=args.pool_size, window_max=args.window_max,
+        mtu=args.mtu, deadline=args.deadline, seed=args.seed,
+    )
+
+
+def backend_stats() -> tuple[dict[str, float], dict[str, int]]:
+    """With ``--backend ncina``: the process group's client counters (and ``comm_total_s``,
+    the seconds inside its INA all-reduces) and its path counts; empty ones otherwise."""
+    from ncina.worker import torch_backend
+
+    group = dist.distributed_c10d._get_default_group()
+    if not isinstance(group, torch_backend.NcinaProcessGroup) or group.state is None:
+        return {}, {}
+    stats = {**group.state.fabric.stats, "comm_total_s": group.state.comm_total_s}
+    return stats, torch_backend.paths(group)
 
 
 def release_ddp() -> None:
@@ -240,8 +267,10 @@ def train(
         bucket_cap_mb=args.bucket_cap_mb,
     )
     verify: VerifyingState | None = None
-    hook: InaHookState | GlooHookState
-    if fabric:
+    hook: InaHookState | GlooHookState | None = None
+    if getattr(args, "backend", "gloo") == "ncina":
+        pass  # no comm hook: DDP's own all-reduce goes to the ncina process group
+    elif fabric:
         hook = InaHookState(fabric, fallback=args.fallback)
         if args.verify:
             verify = VerifyingState(hook)
@@ -263,7 +292,7 @@ def steps(
     events: Events,
     fabric: ShardedAllreduce | None,
     model: DistributedDataParallel,
-    hook: InaHookState | GlooHookState,
+    hook: InaHookState | GlooHookState | None,
     verify: VerifyingState | None,
     train_set: Dataset,
     test_set: Dataset,
@@ -276,7 +305,7 @@ def steps(
     )
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    mode = "ina" if fabric else "gloo"
+    mode = "ina" if fabric else "ncina" if hook is None else "gloo"
     tag = f"[{mode} rank {args.rank}]"
     params = sum(p.numel() for p in model.parameters())
     test_loss, test_acc = evaluate(model.module, test_set, device)
@@ -314,8 +343,10 @@ def steps(
                 events.emit("fallback", f"{tag} the INA all-reduce failed ({hook.fallen_back}); "
                             "training goes on through gloo", step=step + 1,
                             reason=hook.fallen_back)  # fmt: skip
-            grads_ready, comm_done = hook.last_call, time.time()
-            comm_wait += comm_done - grads_ready
+            comm_done = time.time()
+            # Without a hook (--backend ncina) nothing says when the gradients were ready.
+            times = {} if hook is None else {"grads_ready": hook.last_call, "comm_done": comm_done}
+            comm_wait += comm_done - times.get("grads_ready", comm_done)
             optimizer.step()
             step_total += time.perf_counter() - started
             step += 1
@@ -328,7 +359,7 @@ def steps(
                 line = (f"{tag} epoch {epoch} step {step} loss {value:.4f} "
                         f"tx {wire.get('tx_bytes', 0)} B{extra} t {now:.2f} s")
             events.emit("step", line, step=step, epoch=epoch, loss=value, time=now, **wire,
-                        grads_ready=grads_ready, comm_done=comm_done, fabric=progress)
+                        fabric=progress, **times)
             if verify:
                 for record in verify.records:
                     events.emit("verify", step=step, **record)
@@ -349,14 +380,16 @@ def steps(
     dist.barrier()
     elapsed = clock()
     timing = step_timing(step, step_total, compute_s, comm_wait, hook)
+    backend_fabric, backend_paths = backend_stats()
     samples_per_s = step * args.batch_size * args.workers / elapsed if elapsed else 0.0
     events.emit(
         "end", f"{tag} finished: {step} steps, accuracy {test_acc:.2f}%, "
         f"{samples_per_s:.1f} samples/s, exposed communication "
-        f"{timing['exposed_comm_s']:.2f} s of {timing['step_s'] * step:.2f} s",
+        f"{timing['exposed_comm_s'] or 0:.2f} s of {timing['step_s'] * step:.2f} s",
         steps=step, epochs=epoch, time=elapsed, test_acc=test_acc, test_loss=test_loss,
         samples_per_s=samples_per_s, **timing, **counters.delta(),
-        fabric=fabric.stats if fabric else {}, parameters_sha256=parameters_digest(model),
+        fabric=fabric.stats if fabric else backend_fabric, paths=backend_paths,
+        parameters_sha256=parameters_digest(model),
         fallback=hook.fallen_back if isinstance(hook, InaHookState) else "",
         fallback_buckets=hook.fallback_buckets if isinstance(hook, InaHookState) else 0,
     )
@@ -376,19 +409,20 @@ def step_timing(
     step_total: float,
     compute_s: float,
     comm_wait: float,
-    hook: InaHookState | GlooHookState,
+    hook: InaHookState | GlooHookState | None,
 ) -> dict[str, float | None]:
     """What a training run's steps cost on this rank: ``step_s`` (mean), ``compute_step_s``
     (the probe's), ``exposed_comm_s`` (``comm_wait``: over all steps, how long the backward
     pass went on after this rank's last bucket was handed over, i.e. the communication its
     compute did not hide, waiting for slower ranks included), ``comm_total_s`` (time inside
     the INA hook's all-reduces; None for gloo, whose all-reduces run inside gloo) and
-    ``exposed_comm_fraction`` (exposed over total communication; None for gloo)."""
+    ``exposed_comm_fraction`` (exposed over total communication; None for gloo). Without a
+    hook (``--backend ncina``) the exposed communication is not measured (None)."""
     comm = hook.comm_total_s if isinstance(hook, InaHookState) else None
     return {
         "step_s": step_total / steps if steps else 0.0,
         "compute_step_s": compute_s,
-        "exposed_comm_s": comm_wait,
+        "exposed_comm_s": None if hook is None else comm_wait,
         "comm_total_s": comm,
         "exposed_comm_fraction": min(1.0, comm_wait / comm) if comm else None,
     }

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ncina.aggregator import metrics
 from ncina.aggregator.bmv2 import entries, gen, toolchain
 from ncina.aggregator.bmv2.control import Controller
 from ncina.aggregator.bmv2.switch import Switch, SwitchConfig
@@ -179,6 +180,7 @@ class _Server:
         )
         print(ready_line(self.listen, NAME, details), file=sys.stderr, flush=True)
         next_write = time.monotonic() + self.args.stats_interval
+        periodic = self.args.stats is not None or metrics.serving()
         while not self._stop:
             time.sleep(0.02)
             if self.switch.process is not None and self.switch.process.poll() is not None:
@@ -187,10 +189,11 @@ class _Server:
                       file=sys.stderr, flush=True)  # fmt: skip
                 return 1
             now = time.monotonic()
-            if self._stats_requested or (self.args.stats and now >= next_write):
+            requested = self._stats_requested
+            if requested or (periodic and now >= next_write):
                 self._stats_requested = False
                 next_write = now + self.args.stats_interval
-                self.write_stats()
+                self.write_stats(periodic=not requested)
         self.write_stats()
         return 0
 
@@ -212,5 +215,5 @@ class _Server:
             self.controller.read_counter(entries.TRANSPORT_COUNTER))
         return document
 
-    def write_stats(self) -> None:
-        publish(self.stats_document(), self.args.stats, sys.stderr)
+    def write_stats(self, periodic: bool = False) -> None:
+        publish(self.stats_document(), self.args.stats, sys.stderr, periodic=periodic)

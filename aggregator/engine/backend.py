@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ncina.aggregator import metrics
 from ncina.aggregator.control import JobsDirectory, apply_changes
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.hierarchy import UPSTREAM_COUNTERS, LeafAggregator, SpineLink
@@ -175,6 +176,7 @@ class EngineBackend:
 
     def _poll(self) -> None:
         next_write = time.monotonic() + self.stats_interval
+        periodic = self.stats_path is not None or metrics.serving()
         next_control = 0.0
         while not self._stop.wait(POLL_SECONDS):
             if self.control is not None and time.monotonic() >= next_control:
@@ -182,11 +184,12 @@ class EngineBackend:
                 apply_changes(self.control, self.configs.keys(), self.add_job, self.remove_job,
                               self.log, self.limits)  # fmt: skip
             now = time.monotonic()
-            if self._stats_requested or (self.stats_path is not None and now >= next_write):
+            requested = self._stats_requested
+            if requested or (periodic and now >= next_write):
                 self._stats_requested = False
                 next_write = now + self.stats_interval
                 try:
-                    self.write_stats()
+                    self.write_stats(periodic=not requested)
                 except OSError as exc:
                     print(f"ncina aggregator: cannot write stats: {exc}", file=self.log, flush=True)
 
@@ -212,9 +215,10 @@ class EngineBackend:
         document[self.name] = io
         return document
 
-    def write_stats(self) -> None:
-        """Write the stats document to ``stats_path``, or print it as one line on ``log``."""
-        publish(self.stats_document(), self.stats_path, self.log)
+    def write_stats(self, periodic: bool = False) -> None:
+        """Write the stats document to ``stats_path``, or print it as one line on ``log``
+        (not when ``periodic``); the metrics endpoint serves it (``stats.publish``)."""
+        publish(self.stats_document(), self.stats_path, self.log, periodic=periodic)
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self._stop.set()

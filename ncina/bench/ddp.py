@@ -8,8 +8,11 @@ all-reduce. Reported, as medians over ``--repeat`` (each repeat's values too):
 ``comm_total_s`` (time inside the hook's all-reduces, per rank on average),
 ``exposed_comm_s`` (over the steps, how long the exchange went on after the slowest rank's
 compute: the communication the backward pass did not hide) and ``exposed_comm_fraction``
-(exposed / total). ``--mtu`` sets every link's MTU (the default K and pool follow it) and
-``--bucket-cap-mb`` DDP's bucket size. The runs' directories (logs,
+(exposed / total). With ``--torch-backend`` a third run on the same fabric trains through the
+``ncina`` process-group backend (DDP with no hook, docs/pytorch.md), between the two:
+``backend_samples_per_s``, ``backend_accuracy`` and ``backend_over_hook`` (= backend / ina
+samples/s; ``ina_accuracy`` beside it). ``--mtu`` sets every link's MTU (the default K and
+pool follow it) and ``--bucket-cap-mb`` DDP's bucket size. The runs' directories (logs,
 results.json, plot.png) stay under ``--workdir``.
 """
 
@@ -26,7 +29,8 @@ from ncina.cli import deprecated_alias
 from ncina.progress import progress
 
 FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
-          "exposed_comm_s", "exposed_comm_fraction")  # fmt: skip
+          "exposed_comm_s", "exposed_comm_fraction", "ina_accuracy", "backend_samples_per_s",
+          "backend_accuracy", "backend_over_hook")  # fmt: skip
 EPOCHS = 1000  # enough for any --steps: the run stops at max_steps
 
 
@@ -56,6 +60,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "%(default)s)")  # fmt: skip
     p.add_argument("--k", type=int,
                    help="elements per packet (default: as ncina topo, the largest for MTU 1500)")
+    p.add_argument("--torch-backend", action="store_true",
+                   help="also train through the ncina process-group backend (DDP with no "
+                   "hook) on the same fabric, beside the hook (docs/pytorch.md)")
     p.add_argument("--repeat", type=int, default=1, help="runs; medians are reported "
                    "(default: %(default)s)")  # fmt: skip
     workdir = p.add_argument("--workdir", type=Path, default=Path("runs/bench/ddp"),
@@ -67,6 +74,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def figures(results: dict[str, Any]) -> dict[str, float | None]:
     """The benchmark's fields from one topology run's ``results.json`` content."""
     ina, gloo = results["runs"]["ina"], results["runs"]["gloo"]
+    backend = results["runs"].get("ncina")
     return {
         "ina_samples_per_s": ina["samples_per_s"],
         "gloo_samples_per_s": gloo["samples_per_s"],
@@ -74,6 +82,10 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
         "comm_total_s": ina["comm_total_s"],
         "exposed_comm_s": ina["exposed_comm_s"],
         "exposed_comm_fraction": ina["exposed_comm_fraction"],
+        "ina_accuracy": ina.get("final_accuracy"),
+        "backend_samples_per_s": backend["samples_per_s"] if backend else None,
+        "backend_accuracy": backend["final_accuracy"] if backend else None,
+        "backend_over_hook": results["comparison"].get("backend_over_hook"),
     }
 
 
@@ -106,12 +118,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          model=args.model, epochs=EPOCHS, max_steps=args.steps,
                          batch_size=args.batch_size,
                          bucket_cap_mb=args.bucket_cap_mb, mtu=args.mtu, k=k,
-                         pool_size=pool_size)  # fmt: skip
+                         pool_size=pool_size, torch_backend=args.torch_backend)  # fmt: skip
         runs.append({**figures(run_topology(cfg)), "out": str(out)})
     return {
         "model": args.model, "workers": args.workers, "bw_mbit": args.bw, "steps": args.steps,
         "batch_size": args.batch_size,
         "bucket_cap_mb": args.bucket_cap_mb, "mtu": args.mtu,
         "pool_size": pool_size, "backend": args.backend, "k": k,
-        "repeat": args.repeat, **medians(runs), "runs": runs,
+        "torch_backend": args.torch_backend, "repeat": args.repeat, **medians(runs),
+        "runs": runs,
     }  # fmt: skip
