@@ -50,8 +50,12 @@ def config_p4(k: int) -> str:
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
     lines += [f"#define {name} {value}" for name, value in values.items()]
     lines += [f"#define RANK_BIT_ENTRIES {ranks}", ""]
+    lines += ["// Admission's verdicts: the first failed check (Admission.verdicts).",
+              f"#define VERDICT_ENTRIES {' '.join(verdict_entries())}", ""]
     lines += ["// The parser's lane states: lane i, then accept after `count` lanes.",
-              "#define NCINA_LANE_STATES \\", *_lane_states(k), ""]
+              "#define NCINA_LANE_STATES \\", *_lane_states(k), "",
+              "// Egress: a result's int lanes.",
+              "#define NCINA_WIDE_STATES \\", *_lane_states(k, "wide", "parse_wide"), ""]
     lines += ["// Each lane's code as an integer (its decode table's answer).",
               "struct lane_values_t {", *(f"    bit<32> v{i};" for i in range(k)), "}", "",
               "// Each lane's code plus the job's code_offset: bit 7 set, above the window.",
@@ -60,14 +64,58 @@ def config_p4(k: int) -> str:
     return "\n".join(lines)
 
 
-def _lane_states(k: int) -> list[str]:
+# The key of Admission.verdicts, in order (p4/tofino/admission.p4), and its rows: the fields
+# a row requires (others: don't care) and its action, first match first, as docs/protocol.md's
+# "Order of checks".
+VERDICT_KEY = (
+    "truncated", "bad_version", "f_hs_len", "f_hs_count", "f_format", "f_count0", "f_len",
+    "job_hit", "handshake", "result", "tag", "f_not_nc8", "f_rank", "f_address", "f_emin",
+    "f_slot", "f_count", "f_generation", "generation", "codes_bad",
+)
+_EARLY = (("f_hs_len", "BAD_LENGTH"), ("f_hs_count", "BAD_COUNT"), ("f_format", "BAD_FORMAT"),
+          ("f_count0", "BAD_COUNT"), ("f_len", "BAD_LENGTH"))
+VERDICT_ROWS: tuple[tuple[dict[str, int], str], ...] = (
+    ({"truncated": 1}, "global(EV_G_TRUNCATED, VERDICT_DROP)"),
+    ({"bad_version": 1}, "global(EV_G_BAD_VERSION, VERDICT_DROP)"),
+    *(({"job_hit": 0, flag: 1}, f"global(EV_G_{event}, VERDICT_DROP)") for flag, event in _EARLY),
+    ({"job_hit": 0, "handshake": 1}, "global(EV_G_UNKNOWN_JOB, VERDICT_HANDSHAKE)"),
+    ({"job_hit": 0}, "global(EV_G_UNKNOWN_JOB, VERDICT_DROP)"),
+    *(({flag: 1}, f"verdict(VERDICT_DROP, EV_{event}, 0)") for flag, event in _EARLY),
+    ({"handshake": 1, "result": 1}, "verdict(VERDICT_DROP, EV_BAD_FLAGS, 0)"),
+    ({"handshake": 1, "tag": 1},
+     "verdict(VERDICT_HANDSHAKE, EV_HANDSHAKES, STATUS_NOT_AUTHENTIC)"),
+    ({"handshake": 1}, "verdict(VERDICT_HANDSHAKE, EV_HANDSHAKES, STATUS_OK)"),
+    ({"tag": 1}, "verdict(VERDICT_DROP, EV_BAD_TAG, 0)"),
+    ({"result": 1}, "verdict(VERDICT_DROP, EV_BAD_FLAGS, 0)"),
+    ({"f_not_nc8": 1}, "verdict(VERDICT_DROP, EV_BAD_FORMAT, 0)"),
+    ({"f_rank": 1}, "verdict(VERDICT_DROP, EV_NON_MEMBER, 0)"),
+    ({"f_address": 1}, "verdict(VERDICT_DROP, EV_NON_MEMBER, 0)"),
+    ({"f_emin": 1}, "verdict(VERDICT_DROP, EV_WINDOW_MISMATCH, 0)"),
+    ({"f_slot": 1}, "verdict(VERDICT_DROP, EV_BAD_SLOT, 0)"),
+    ({"f_count": 1}, "verdict(VERDICT_DROP, EV_BAD_COUNT, 0)"),
+    ({"f_generation": 1, "generation": 0}, "verdict(VERDICT_DROP, EV_BAD_FLAGS, 0)"),
+    ({"f_generation": 1}, "verdict(VERDICT_STALE, EV_STALE_GENERATION, 0)"),
+    ({"codes_bad": 1}, "verdict(VERDICT_DROP, EV_BAD_CODE, 0)"),
+)
+
+
+def verdict_entries() -> list[str]:
+    """The const entries of Admission.verdicts (a row not matched: the packet is accepted)."""
+    out = []
+    for fields, action in VERDICT_ROWS:
+        values = [str(fields[name]) if name in fields else "_" for name in VERDICT_KEY]
+        out.append(f"({', '.join(values)}): {action};")
+    return out
+
+
+def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane") -> list[str]:
     # A parser counter loop trips the compiler (a bug in its parser state merging): unrolled.
     out = []
     for i in range(k):
-        out.append(f"    state parse_lane_{i} {{ pkt.extract(hdr.lanes[{i}]); \\")
+        out.append(f"    state {state}_{i} {{ pkt.extract(hdr.{stack}[{i}]); \\")
         if i + 1 < k:
             out.append(f"        transition select(hdr.nc.count) {{ {i + 1}: accept; "
-                       f"default: parse_lane_{i + 1}; }} }} \\")
+                       f"default: {state}_{i + 1}; }} }} \\")
         else:
             out.append("        transition accept; }")
     return out
@@ -144,10 +192,18 @@ def _apply_sums(i: int) -> Iterator[str]:
     yield "}"
 
 
-def _widen(i: int) -> Iterator[str]:
-    yield f"if (hdr.lanes[{i}].isValid()) {{"
-    yield f"    hdr.lanes[{i}].setInvalid();"
-    yield f"    hdr.wide[{i}].setValid();"
+def _widen(c: int) -> Iterator[str]:
+    # One action per count: each lane's validity bit in its own `if` would be a table of its
+    # own, all writing one container, one stage after another.
+    yield f"action widen_{c}() {{"
+    for i in range(c):
+        yield f"    hdr.lanes[{i}].setInvalid();"
+        yield f"    hdr.wide[{i}].setValid();"
+    yield "}"
+
+
+def _sign(i: int) -> Iterator[str]:
+    yield f"if (hdr.wide[{i}].isValid()) {{"
     yield f"    hdr.wide[{i}].high = (bit<32>)((int<32>)hdr.wide[{i}].low >> 31);"
     yield "}"
 
@@ -193,11 +249,33 @@ def lanes_p4(k: int) -> str:
         "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
         *_each(k, _sums, 4),
         "",
+        "    // A result's first `count` lanes become int lanes.",
+        *_each(k, lambda i: _widen(i + 1), 4),
+        "",
+        "    table widen {",
+        "        key = { hdr.nc.count: exact; }",
+        f"        actions = {{ {' '.join(f'widen_{c};' for c in range(1, k + 1))} NoAction; }}",
+        "        default_action = NoAction();",
+        f"        size = {k};",
+        "        const entries = {",
+        *(f"            {c}: widen_{c}();" for c in range(1, k + 1)),
+        "        }",
+        "    }",
+        "",
         "    apply {",
         *_each(k, _apply_sums, 8),
         "        if (meta.send != OUT_NONE) {",
-        *_each(k, _widen, 12),
+        "            meta.wide = 1;",
+        "            widen.apply();",
         "        }",
+        "    }",
+        "}",
+        "",
+        "// Egress: a result's lanes carry their 32-bit sums in `low`; `high` is the sign (the",
+        "// ingress stages are spent on the lanes' registers).",
+        "control Widen(inout egress_headers_t hdr) {",
+        "    apply {",
+        *_each(k, _sign, 8),
         "    }",
         "}",
         "",

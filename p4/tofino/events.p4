@@ -41,7 +41,7 @@ control Events(in headers_t hdr, inout meta_t meta) {
             if (meta.event2 != 0) {
                 job_more.count(meta.event2_index);
             }
-            if (meta.verdict == VERDICT_ACCEPT && hdr.nc.flags[1:1] == 1) {
+            if (meta.verdict == VERDICT_ACCEPT && meta.retx == 1) {
                 job_retx.count(meta.retx_index);
             }
         }

@@ -119,6 +119,7 @@ header bridge_h {
     bit<8> send;
     bit<8> job_index;
     bit<16> sent;             // the job's results_sent counter
+    bit<8> wide;              // 1: a result whose int lanes egress sign-extends
     @padding bit<7> _pad;
     PortId_t ingress_port;
 }
@@ -142,12 +143,14 @@ struct egress_headers_t {
     ipv4_h ipv4;
     udp_h udp;
     ncina_h nc;
+    notice_h notice;
+    wide_lane_h[NCINA_K] wide;
 }
 
 // A member learned from its first valid packet, for the control plane (it installs the
 // egress address of the rank's copies: Tofino's egress cannot read ingress registers).
 struct member_digest_t {
-    bit<8> job_index;
+    bit<16> job;
     bit<16> rank;
     mac_t mac;
     ip4_t ip;
@@ -183,6 +186,7 @@ const bit<8> LANE_READ = 3;       // a lost result: read the sums again
 struct meta_t {
     ip4_t target;
     bit<1> local;
+    bit<1> local_arp;
     bit<16> port_diff_local;  // the UDP destination port ^ the aggregator's
     mac_t local_mac;
     ip4_t local_ip;
@@ -193,23 +197,37 @@ struct meta_t {
     // The job (table jobs).
     bit<1> job_hit;
     bit<8> job_index;
+    MulticastGroupId_t group; // the job's multicast group (job_index + 1)
     bit<16> workers;
     bit<16> k;
     bit<16> pool;
-    bit<16> slot_base;
-    bit<16> pair_base;
     bit<8> emin;
-    bit<8> e_max;
     bit<8> code_offset;       // 127 - the window's largest code: a code above it sets bit 7
     bit<8> result_format;
     bit<4> generation;
     bit<8> flags;             // a reply's flags: RESULT and the job's generation
     bit<32> full;             // the job's complete bitmap, (1 << workers) - 1
     bit<16> events;           // first counter index of the job's events
-    bit<16> member;           // member register index of the packet's rank
     bit<32> rank_bit;         // 1 << rank (table rank_bits)
-    // Admission.
+    // Admission: each check's flag (1: failed) and the differences it compares.
+    bit<1> truncated;
+    bit<1> bad_version;
+    bit<1> handshake;
+    bit<1> f_hs_len;
+    bit<1> f_hs_count;
+    bit<1> f_format;
+    bit<1> f_count0;
+    bit<1> f_len;
+    bit<1> f_not_nc8;
+    bit<1> f_rank;
+    bit<1> f_address;
+    bit<1> f_emin;
+    bit<1> f_slot;
+    bit<1> f_count;
+    bit<1> f_generation;
     bit<1> codes_bad;
+    bit<1> retx;              // the packet's RETX flag (the reply rewrites the flags)
+    bit<1> unknown_rank;      // no address for the rank yet: this packet's is learned
     bit<16> room;             // UDP payload bytes after the ncina header
     bit<16> int_bytes;        // count * 8
     bit<16> nc8_excess;       // room - count
@@ -219,10 +237,6 @@ struct meta_t {
     bit<16> count_room;       // k - count (bit 15: too many elements)
     bit<8> emin_diff;
     bit<4> generation_diff;
-    bit<32> ip_diff;
-    bit<16> port_diff;
-    ip4_t member_ip;
-    bit<16> member_port;
     bit<8> verdict;
     bit<8> status;
     bit<1> descriptor;
@@ -243,6 +257,7 @@ struct meta_t {
     bit<32> room_here;        // held - full (bit 31 set: the version is not complete)
     bit<32> room_there;       // others - full
     bit<8> lane_op;
+    bit<8> wide;              // the packet leaves as a result with int lanes
     // Counter indexes (Events).
     bit<16> in_index;
     bit<16> event_index;

@@ -27,54 +27,59 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     Reply() reply;
     Events() events;
 
-    // The aggregator's own address (one entry): answered by ARP, aggregated on its UDP port.
-    action aggregator(mac_t mac, bit<16> port, bit<4> generation, bit<8> flags) {
+    // The aggregator's own address (one entry): aggregated on its UDP port.
+    action aggregator(mac_t mac, bit<16> port, bit<8> flags) {
         meta.local = 1;
         meta.local_mac = mac;
-        meta.local_ip = meta.target;
+        meta.local_ip = hdr.ipv4.dst;
         meta.local_port = port;
-        meta.port_diff_local = hdr.udp.dst_port ^ port;
-        meta.local_generation = generation;
         meta.local_flags = flags;
+        meta.port_diff_local = hdr.udp.dst_port ^ port;
     }
 
     table local_address {
-        key = { meta.target: exact; }
+        key = { hdr.ipv4.dst: exact; }
         actions = { aggregator; NoAction; }
         default_action = NoAction();
         size = 4;
     }
 
+    action sizes() {
+        meta.room = hdr.udp.len - (UDP_HEADER_BYTES + NCINA_HEADER_BYTES);
+        meta.int_bytes = hdr.nc.count << 3;
+    }
+
+    table prepare {
+        actions = { sizes; }
+        const default_action = sizes();
+        size = 1;
+    }
+
+    // Every lookup that depends on nothing but the headers runs first, side by side (a Tofino
+    // pipeline is 12 stages deep); admission only computes metadata.
     apply {
-        meta.send = OUT_NONE;
-        meta.local = 0;
-        meta.event = 0;
-        meta.event2 = 0;
-        meta.descriptor = 0;
-        meta.notice = 0;
-        meta.lane_op = LANE_NONE;
-        if (hdr.arp.isValid()) {
-            meta.target = hdr.arp.tpa;
-        } else {
-            meta.target = hdr.ipv4.dst;
-        }
         local_address.apply();
-        if (meta.local == 1 && hdr.arp.isValid()) {
-            if (hdr.arp.op == ARP_REQUEST) {
-                arp.apply(hdr, meta, ig_md, tm);
+        prepare.apply();
+        admission.apply(hdr, meta, prsr);
+        if (hdr.arp.isValid()) {
+            arp.apply(hdr, meta, ig_md, tm);
+            if (meta.send == OUT_NONE) {
+                forward.apply(hdr, meta, tm);
             }
         } else if (meta.local == 1 && hdr.udp.isValid() && meta.port_diff_local == 0) {
-            admission.apply(hdr, meta, prsr, dprsr);
             if (meta.verdict == VERDICT_HANDSHAKE) {
                 meta.descriptor = 1;
                 meta.send = OUT_REPLY;
             } else if (meta.verdict != VERDICT_DROP) {
                 slots.apply(hdr, meta);
+                if (meta.unknown_rank == 1 && meta.verdict == VERDICT_ACCEPT) {
+                    dprsr.digest_type = DIGEST_MEMBER;  // the control plane learns the rank
+                }
             }
+            events.apply(hdr, meta);
             if (meta.send != OUT_NONE) {
                 reply.apply(hdr, meta, ig_md, tm);
             }
-            events.apply(hdr, meta);
         } else if (meta.local == 0 && hdr.eth.isValid()) {
             forward.apply(hdr, meta, tm);
         }
@@ -85,6 +90,7 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         hdr.bridge.send = meta.send;
         hdr.bridge.job_index = meta.job_index;
         hdr.bridge.sent = meta.sent_index;
+        hdr.bridge.wide = meta.wide;
         hdr.bridge.ingress_port = ig_md.ingress_port;
     }
 }
@@ -96,8 +102,11 @@ control NcinaEgress(inout egress_headers_t hdr, inout egress_meta_t meta,
                     inout egress_intrinsic_metadata_for_output_port_t oport) {
     Rewrite() rewrite;
 
+    Widen() widen;
+
     apply {
         rewrite.apply(hdr, eg_md, dprsr);
+        widen.apply(hdr);
     }
 }
 

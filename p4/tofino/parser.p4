@@ -11,6 +11,40 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
     state start {
         pkt.extract(ig_md);
         pkt.advance(PORT_METADATA_SIZE);
+        // Metadata the pipeline reads before it may have written it.
+        meta.send = OUT_NONE;
+        meta.local = 0;
+        meta.local_arp = 0;
+        meta.job_hit = 0;
+        meta.global_event = NO_GLOBAL_EVENT;
+        meta.verdict = VERDICT_DROP;
+        meta.event = 0;
+        meta.event2 = 0;
+        meta.notice = 0;
+        meta.descriptor = 0;
+        meta.lane_op = LANE_NONE;
+        meta.wide = 0;
+        meta.emin = 0;
+        meta.job_index = 0;
+        meta.events = 0;
+        meta.sent_index = 0;
+        meta.truncated = 0;
+        meta.bad_version = 0;
+        meta.handshake = 0;
+        meta.f_hs_len = 0;
+        meta.f_hs_count = 0;
+        meta.f_format = 0;
+        meta.f_count0 = 0;
+        meta.f_len = 0;
+        meta.f_not_nc8 = 0;
+        meta.f_rank = 0;
+        meta.f_address = 0;
+        meta.f_emin = 0;
+        meta.f_slot = 0;
+        meta.f_count = 0;
+        meta.f_generation = 0;
+        meta.codes_bad = 0;
+        meta.unknown_rank = 0;
         pkt.extract(hdr.eth);
         transition select(hdr.eth.ether_type) {
             ETHERTYPE_IPV4: parse_ipv4;
@@ -64,7 +98,7 @@ control NcinaIngressDeparser(packet_out pkt, inout headers_t hdr, in meta_t meta
 
     apply {
         if (dprsr.digest_type == DIGEST_MEMBER) {
-            learned.pack({meta.job_index, hdr.nc.rank, hdr.eth.src, hdr.ipv4.src,
+            learned.pack({hdr.nc.job, hdr.nc.rank, hdr.eth.src, hdr.ipv4.src,
                           hdr.udp.src_port});
         }
         pkt.emit(hdr.bridge);
@@ -85,8 +119,9 @@ parser NcinaEgressParser(packet_in pkt, out egress_headers_t hdr, out egress_met
     state start {
         pkt.extract(eg_md);
         pkt.extract(hdr.bridge);
-        transition select(hdr.bridge.send) {
-            OUT_MULTICAST: parse_result;
+        transition select(hdr.bridge.send, hdr.bridge.wide) {
+            (OUT_MULTICAST, _): parse_result;
+            (_, 1): parse_result;
             default: parse_frame;
         }
     }
@@ -97,8 +132,13 @@ parser NcinaEgressParser(packet_in pkt, out egress_headers_t hdr, out egress_met
         pkt.extract(hdr.ipv4);
         pkt.extract(hdr.udp);
         pkt.extract(hdr.nc);
-        transition accept;
+        transition select(hdr.bridge.wide, hdr.nc.count) {
+            (1, 1 .. NCINA_K): parse_wide_0;
+            default: accept;
+        }
     }
+
+    NCINA_WIDE_STATES
 
     // Anything else: its IPv4 header, if any, for the checksum.
     state parse_frame {
@@ -131,6 +171,8 @@ control NcinaEgressDeparser(packet_out pkt, inout egress_headers_t hdr, in egres
         pkt.emit(hdr.ipv4);
         pkt.emit(hdr.udp);
         pkt.emit(hdr.nc);
+        pkt.emit(hdr.notice);
+        pkt.emit(hdr.wide);
     }
 }
 

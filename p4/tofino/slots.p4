@@ -105,9 +105,6 @@ control Slots(inout headers_t hdr, inout meta_t meta) {
             notice(0);  // a packet from before a restart: none of it is held
             return;
         }
-        if (hdr.nc.flags[2:2] == 1) {
-            meta.slot_index = meta.slot_index + meta.pool;
-        }
         meta.relation = claim.execute(meta.slot_index);
         if (meta.relation == OFFSET_OLDER) {
             late();  // L2-L4: a chunk before the held one

@@ -6,16 +6,31 @@
 
 control Arp(inout headers_t hdr, inout meta_t meta, in ingress_intrinsic_metadata_t ig_md,
             inout ingress_intrinsic_metadata_for_tm_t tm) {
-    apply {
+    action answer(mac_t mac) {
         hdr.arp.op = ARP_REPLY;
         hdr.arp.tha = hdr.arp.sha;
         hdr.arp.tpa = hdr.arp.spa;
-        hdr.arp.sha = meta.local_mac;
-        hdr.arp.spa = meta.local_ip;
+        hdr.arp.sha = mac;
+        hdr.arp.spa = hdr.arp.tpa;
         hdr.eth.dst = hdr.eth.src;
-        hdr.eth.src = meta.local_mac;
+        hdr.eth.src = mac;
         tm.ucast_egress_port = ig_md.ingress_port;
         meta.send = OUT_FORWARD;
+    }
+
+    // A request for the aggregator's address (an entry per address, op ARP_REQUEST).
+    table requests {
+        key = {
+            hdr.arp.tpa: exact;
+            hdr.arp.op: exact;
+        }
+        actions = { answer; NoAction; }
+        default_action = NoAction();
+        size = 4;
+    }
+
+    apply {
+        requests.apply();
     }
 }
 
