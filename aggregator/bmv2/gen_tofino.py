@@ -35,6 +35,11 @@ sums inside 32 bits (``ncina.aggregator.bmv2.entries``)."""
 OFFSET_UNUSED = 0xC0000000
 """A slot version's offset before its first chunk: every offset in [0, 2^30) is newer."""
 
+EGRESS_LANES = 8
+"""Lanes whose sign word egress writes: the egress parser reaches 160 bytes deep at most (the
+bridge, the frame's headers and 8 int lanes); the others' is written in ingress, one stage
+after their register."""
+
 HELD_UNUSED = 0x40000000
 """A slot version's contributors before its first round (counts as complete)."""
 
@@ -50,15 +55,25 @@ def config_p4(k: int) -> str:
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
     lines += [f"#define {name} {value}" for name, value in values.items()]
     lines += [f"#define RANK_BIT_ENTRIES {ranks}", ""]
-    lines += ["// Admission's verdicts: the first failed check (Admission.verdicts).",
-              f"#define VERDICT_ENTRIES {' '.join(verdict_entries())}", ""]
-    lines += ["// The parser's lane states: lane i, then accept after `count` lanes.",
-              "#define NCINA_LANE_STATES \\", *_lane_states(k), "",
-              "// Egress: a result's int lanes.",
-              "#define NCINA_WIDE_STATES \\", *_lane_states(k, "wide", "parse_wide"), ""]
+    lines += [
+        "// Admission's verdicts: the first failed check (Admission.verdicts).",
+        f"#define VERDICT_ENTRIES {' '.join(verdict_entries())}",
+        "",
+    ]
+    lines += [
+        "// The parser's lane states: lane i, then accept after `count` lanes.",
+        "#define NCINA_LANE_STATES \\",
+        *_lane_states(k),
+        "",
+        "// Egress: a result's int lanes.",
+        "#define NCINA_WIDE_STATES \\",
+        *_lane_states(min(k, EGRESS_LANES), "wide", "parse_wide"),
+        "",
+    ]
     lines += ["// Each lane's code as an integer (its decode table's answer).",
               "struct lane_values_t {", *(f"    bit<32> v{i};" for i in range(k)), "}", "",
-              "// Each lane's code plus the job's code_offset: bit 7 set, above the window.",
+              "// Each lane's code (no sign) + the job's code_offset: bit 7 set, above the window",
+              "// (a code above MAX_CODE counts as 127: above any window).",
               "struct lane_checks_t {", *(f"    bit<8> c{i};" for i in range(k)), "}", "",
               "#endif", ""]  # fmt: skip
     return "\n".join(lines)
@@ -68,12 +83,34 @@ def config_p4(k: int) -> str:
 # a row requires (others: don't care) and its action, first match first, as docs/protocol.md's
 # "Order of checks".
 VERDICT_KEY = (
-    "truncated", "bad_version", "f_hs_len", "f_hs_count", "f_format", "f_count0", "f_len",
-    "job_hit", "handshake", "result", "tag", "f_not_nc8", "f_rank", "f_address", "f_emin",
-    "f_slot", "f_count", "f_generation", "generation", "codes_bad",
+    "truncated",
+    "bad_version",
+    "f_hs_len",
+    "f_hs_count",
+    "f_format",
+    "f_count0",
+    "f_len",
+    "job_hit",
+    "handshake",
+    "result",
+    "tag",
+    "f_not_nc8",
+    "f_rank",
+    "f_address",
+    "f_emin",
+    "f_slot",
+    "f_count",
+    "f_generation",
+    "generation",
+    "codes_bad",
 )
-_EARLY = (("f_hs_len", "BAD_LENGTH"), ("f_hs_count", "BAD_COUNT"), ("f_format", "BAD_FORMAT"),
-          ("f_count0", "BAD_COUNT"), ("f_len", "BAD_LENGTH"))
+_EARLY = (
+    ("f_hs_len", "BAD_LENGTH"),
+    ("f_hs_count", "BAD_COUNT"),
+    ("f_format", "BAD_FORMAT"),
+    ("f_count0", "BAD_COUNT"),
+    ("f_len", "BAD_LENGTH"),
+)
 VERDICT_ROWS: tuple[tuple[dict[str, int], str], ...] = (
     ({"truncated": 1}, "global(EV_G_TRUNCATED, VERDICT_DROP)"),
     ({"bad_version": 1}, "global(EV_G_BAD_VERSION, VERDICT_DROP)"),
@@ -82,8 +119,7 @@ VERDICT_ROWS: tuple[tuple[dict[str, int], str], ...] = (
     ({"job_hit": 0}, "global(EV_G_UNKNOWN_JOB, VERDICT_DROP)"),
     *(({flag: 1}, f"verdict(VERDICT_DROP, EV_{event}, 0)") for flag, event in _EARLY),
     ({"handshake": 1, "result": 1}, "verdict(VERDICT_DROP, EV_BAD_FLAGS, 0)"),
-    ({"handshake": 1, "tag": 1},
-     "verdict(VERDICT_HANDSHAKE, EV_HANDSHAKES, STATUS_NOT_AUTHENTIC)"),
+    ({"handshake": 1, "tag": 1}, "verdict(VERDICT_HANDSHAKE, EV_HANDSHAKES, STATUS_NOT_AUTHENTIC)"),
     ({"handshake": 1}, "verdict(VERDICT_HANDSHAKE, EV_HANDSHAKES, STATUS_OK)"),
     ({"tag": 1}, "verdict(VERDICT_DROP, EV_BAD_TAG, 0)"),
     ({"result": 1}, "verdict(VERDICT_DROP, EV_BAD_FLAGS, 0)"),
@@ -114,8 +150,10 @@ def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane") -> lis
     for i in range(k):
         out.append(f"    state {state}_{i} {{ pkt.extract(hdr.{stack}[{i}]); \\")
         if i + 1 < k:
-            out.append(f"        transition select(hdr.nc.count) {{ {i + 1}: accept; "
-                       f"default: {state}_{i + 1}; }} }} \\")
+            out.append(
+                f"        transition select(hdr.nc.count) {{ {i + 1}: accept; "
+                f"default: {state}_{i + 1}; }} }} \\"
+            )
         else:
             out.append("        transition accept; }")
     return out
@@ -138,23 +176,22 @@ def decode_entries() -> list[tuple[int, int, int]]:
 
 
 def _decode(i: int) -> Iterator[str]:
-    yield f"action set_v{i}(bit<32> v) {{"
+    # The code's magnitude comes as action data too: an ALU operand from the header would
+    # have to sit at the same byte of its container as code_offset, for every lane at once.
+    yield f"action set_v{i}(bit<32> v, bit<8> code) {{"
     yield f"    meta.values.v{i} = v;"
+    yield f"    meta.checks.c{i} = code + meta.code_offset;"
     yield "}"
     yield f"table decode_{i} {{"
     yield f"    key = {{ hdr.lanes[{i}].code: exact; }}"
     yield f"    actions = {{ set_v{i}; }}"
-    yield f"    default_action = set_v{i}(0);"
+    yield f"    default_action = set_v{i}(0, 0x7F);"
     yield f"    size = {2 * (MAX_CODE + 1)};"
     yield "    const entries = {"
     for sign, code, value in decode_entries():
-        yield f"        8w0x{sign << 7 | code:02X}: set_v{i}(32w0x{value:08X});"
+        yield f"        8w0x{sign << 7 | code:02X}: set_v{i}(32w0x{value:08X}, {code});"
     yield "    }"
     yield "}"
-
-
-def _check(i: int) -> Iterator[str]:
-    yield f"meta.checks.c{i} = (bit<8>)hdr.lanes[{i}].code[6:0] + meta.code_offset;"
 
 
 def _check_key(i: int) -> Iterator[str]:
@@ -182,10 +219,15 @@ def _sums(i: int) -> Iterator[str]:
         yield "};"
 
 
+def _ingress_sign(i: int) -> Iterator[str]:
+    if i >= EGRESS_LANES:
+        yield f"hdr.wide[{i}].high = (bit<32>)((int<32>)hdr.wide[{i}].low >> 31);"
+
+
 def _apply_sums(i: int) -> Iterator[str]:
-    yield f"if (meta.lane_op == LANE_FIRST) {{"
+    yield "if (meta.lane_op == LANE_FIRST) {"
     yield f"    hdr.wide[{i}].low = first_{i}.execute(meta.slot_index);"
-    yield f"}} else if (meta.lane_op == LANE_ADD) {{"
+    yield "} else if (meta.lane_op == LANE_ADD) {"
     yield f"    hdr.wide[{i}].low = add_{i}.execute(meta.slot_index);"
     yield "} else {"
     yield f"    hdr.wide[{i}].low = read_{i}.execute(meta.slot_index);"
@@ -238,7 +280,6 @@ def lanes_p4(k: int) -> str:
         "",
         "    apply {",
         "        meta.codes_bad = 0;",
-        *_each(k, _check, 8),
         *(f"        decode_{i}.apply();" for i in range(k)),
         "        codes.apply();",
         "    }",
@@ -264,6 +305,7 @@ def lanes_p4(k: int) -> str:
         "",
         "    apply {",
         *_each(k, _apply_sums, 8),
+        *_each(k, _ingress_sign, 8),
         "        if (meta.send != OUT_NONE) {",
         "            meta.wide = 1;",
         "            widen.apply();",
@@ -271,11 +313,11 @@ def lanes_p4(k: int) -> str:
         "    }",
         "}",
         "",
-        "// Egress: a result's lanes carry their 32-bit sums in `low`; `high` is the sign (the",
-        "// ingress stages are spent on the lanes' registers).",
+        "// Egress: a result's first lanes carry their 32-bit sums in `low`; `high` is the sign",
+        "// (the ingress stages are spent on the lanes' registers).",
         "control Widen(inout egress_headers_t hdr) {",
         "    apply {",
-        *_each(k, _sign, 8),
+        *_each(min(k, EGRESS_LANES), _sign, 8),
         "    }",
         "}",
         "",
