@@ -35,6 +35,10 @@ sums inside 32 bits (``ncina.aggregator.bmv2.entries``)."""
 OFFSET_UNUSED = 0xC0000000
 """A slot version's offset before its first chunk: every offset in [0, 2^30) is newer."""
 
+GROUP = 8
+"""Lanes per copy of the job's code_offset: an ALU's operands share a PHV container group (16
+8-bit containers on Tofino), so each copy serves 8 lanes' window checks."""
+
 EGRESS_LANES = 8
 """Lanes whose sign word egress writes: the egress parser reaches 160 bytes deep at most (the
 bridge, the frame's headers and 8 int lanes); the others' is written in ingress, one stage
@@ -74,7 +78,11 @@ def config_p4(k: int) -> str:
               "struct lane_values_t {", *(f"    bit<32> v{i};" for i in range(k)), "}", "",
               "// Each lane's code (no sign) + the job's code_offset: bit 7 set, above the window",
               "// (a code above MAX_CODE counts as 127: above any window).",
-              "struct lane_checks_t {", *(f"    bit<8> c{i};" for i in range(k)), "}", "",
+              "struct lane_checks_t {", *(f"    bit<8> c{i};" for i in range(k)),
+              *(f"    bit<8> o{g};" for g in range(_groups(k))), "}", "",
+              "// The jobs table's copies of code_offset, one per GROUP lanes.",
+              "#define NCINA_CODE_OFFSETS(x) "
+              + " ".join(f"meta.checks.o{g} = x;" for g in range(_groups(k))), "",
               "#endif", ""]  # fmt: skip
     return "\n".join(lines)
 
@@ -144,6 +152,10 @@ def verdict_entries() -> list[str]:
     return out
 
 
+def _groups(k: int) -> int:
+    return (k + GROUP - 1) // GROUP
+
+
 def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane") -> list[str]:
     # A parser counter loop trips the compiler (a bug in its parser state merging): unrolled.
     out = []
@@ -180,7 +192,7 @@ def _decode(i: int) -> Iterator[str]:
     # have to sit at the same byte of its container as code_offset, for every lane at once.
     yield f"action set_v{i}(bit<32> v, bit<8> code) {{"
     yield f"    meta.values.v{i} = v;"
-    yield f"    meta.checks.c{i} = code + meta.code_offset;"
+    yield f"    meta.checks.c{i} = code + meta.checks.o{i // GROUP};"
     yield "}"
     yield f"table decode_{i} {{"
     yield f"    key = {{ hdr.lanes[{i}].code: exact; }}"

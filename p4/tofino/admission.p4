@@ -23,6 +23,7 @@ control Admission(inout headers_t hdr, inout meta_t meta,
         meta.pool = pool;
         meta.emin = emin;
         meta.code_offset = code_offset;
+        NCINA_CODE_OFFSETS(code_offset)
         meta.result_format = result_format;
         meta.generation = generation;
         meta.flags = flags;
