@@ -25,9 +25,9 @@ WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
 # make p4: lanes per packet the P4 program is generated and compiled for (BACKEND=bmv2 uses the
 # topology's K, 256 unless TOPO_ARGS says otherwise).
 K ?= 64
-# make p4-tofino: lanes per pass and device of the Tofino program (docs/tofino.md; 8 is the
+# make p4-tofino: lanes per pass and device of the Tofino program (docs/tofino.md; 12 is the
 # largest K that fits Tofino's 12 stages).
-TOFINO_K ?= 8
+TOFINO_K ?= 12
 TOFINO_TARGET ?= tofino
 
 .PHONY: help setup apt venv test lint topo need-root p4 p4-tofino dissector stop clean

@@ -35,7 +35,7 @@ BUILD_DIR = ROOT / "build" / "p4-tofino" if CHECKOUT else cache_root() / "p4-tof
 STAGES = {"tofino": 12, "tofino2": 20}
 """Match-action stages per pipeline of each device."""
 ARCH = {"tofino": "tna", "tofino2": "t2na"}
-DEFAULT_K = 8
+DEFAULT_K = 12
 """Lanes per pass of the documented fit (docs/tofino.md)."""
 
 INSTALL_HINT = (
