@@ -208,7 +208,7 @@ def _decode(i: int) -> Iterator[str]:
 
 def _check_key(i: int) -> Iterator[str]:
     yield f"hdr.lanes[{i}].isValid(): ternary;"
-    yield f"meta.checks.c{i}[7:7]: ternary;"
+    yield f'meta.checks.c{i}[7:7]: ternary @name("above_{i}");'
 
 
 def _check_entry(k: int, i: int) -> str:

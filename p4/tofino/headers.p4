@@ -11,7 +11,6 @@ typedef bit<32> ip4_t;
 const bit<16> ETHERTYPE_IPV4 = 0x0800;
 const bit<16> ETHERTYPE_ARP = 0x0806;
 const bit<8> IP_PROTO_UDP = 17;
-const bit<16> ARP_REQUEST = 1;
 const bit<16> ARP_REPLY = 2;
 
 const bit<8> NCINA_VERSION = 1;
