@@ -1,0 +1,198 @@
+"""Compile the Tofino program ``p4/tofino/`` with the open-source Tofino compiler and read how
+much of the pipeline it takes.
+
+``p4c-barefoot`` (p4c's Tofino back end) is looked up on ``PATH`` or named by
+``NCINA_P4C_TOFINO``; nothing here ships it. A build goes to ``build/p4-tofino/<target>-k<K>/``
+of the checkout (or the cache folder of an installed copy): the generated ``config.p4`` and
+``lanes.p4``, the compiler's output (``out/``) and ``resources.json``, the summary this module
+writes (stages, SRAM and TCAM blocks, stateful ALUs, PHV bits). It is redone only when a source,
+K, the target or the compiler changed.
+
+The compiler fits tables to stages but does not refuse a program that needs more stages than
+the device has (its assembler, which is not part of the open-source release, would): ``fits``
+compares the stages used with the device's (12 on Tofino, 20 on Tofino 2). ``make p4-tofino``
+runs ``main``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ncina.aggregator.bmv2 import gen_tofino
+from ncina.aggregator.bmv2.toolchain import CHECKOUT, ROOT, ToolchainError, _run_with_progress
+
+from ncina.cbuild import cache_root
+
+SOURCE_DIR = ROOT / "p4" / "tofino"
+MAIN = "ncina.p4"
+BUILD_DIR = ROOT / "build" / "p4-tofino" if CHECKOUT else cache_root() / "p4-tofino"
+STAGES = {"tofino": 12, "tofino2": 20}
+"""Match-action stages per pipeline of each device."""
+ARCH = {"tofino": "tna", "tofino2": "t2na"}
+DEFAULT_K = 12
+"""Lanes per pass of the documented fit (docs/tofino.md)."""
+
+INSTALL_HINT = (
+    "build p4c with its Tofino back end (cmake -DENABLE_TOFINO=ON; the binary is p4c-barefoot) "
+    "or Intel's SDE, and put it on PATH or point NCINA_P4C_TOFINO at it"
+)
+
+
+def compiler() -> str:
+    """The Tofino compiler (``NCINA_P4C_TOFINO``, default ``p4c-barefoot``)."""
+    return os.environ.get("NCINA_P4C_TOFINO", "p4c-barefoot")
+
+
+def missing() -> str | None:
+    """One sentence naming the missing compiler, or None."""
+    if shutil.which(compiler()) is None:
+        return f"{compiler()} is not installed (the Tofino compiler): {INSTALL_HINT}"
+    return None
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What the compiled program takes of one pipeline (the compiler's resources.json and
+    phv.json): stages used of the device's, and the totals of the tables' memories and ALUs."""
+
+    target: str
+    k: int
+    stages: int
+    device_stages: int
+    sram_blocks: int
+    tcam_blocks: int
+    stateful_alus: int
+    phv_bits: int
+    phv_capacity: int
+
+    @property
+    def fits(self) -> bool:
+        return self.stages <= self.device_stages
+
+    def line(self) -> str:
+        """One table row of docs/tofino.md."""
+        fits = "yes" if self.fits else "no"
+        return (
+            f"| {self.target} | {self.k} | {self.stages} of {self.device_stages} | "
+            f"{self.sram_blocks} | {self.tcam_blocks} | {self.stateful_alus} | "
+            f"{self.phv_bits} of {self.phv_capacity} | {fits} |"
+        )
+
+
+def read_resources(out: Path, target: str, k: int) -> Resources:
+    """Sum the compiler's per-stage report in ``out/pipe/logs`` (compiled with ``-g``)."""
+    logs = out / "pipe" / "logs"
+    try:
+        report = json.loads((logs / "resources.json").read_text())["resources"]
+        phv = json.loads((logs / "phv.json").read_text())
+    except (OSError, ValueError, KeyError) as exc:
+        raise ToolchainError(f"no resource report in {logs}: {exc}") from exc
+    stages = report["mau"]["mau_stages"]
+    capacity = sum(group["units"] * group["width"]
+                   for group in report["phv_containers"].get("normal", []))  # fmt: skip
+    used = sum(c["bit_width"] for c in phv["containers"] if c["container_type"] == "normal")
+    return Resources(
+        target=target,
+        k=k,
+        stages=1 + max((s["stage_number"] for s in stages), default=-1),
+        device_stages=STAGES[target],
+        sram_blocks=sum(len(s["rams"]["srams"]) for s in stages),
+        tcam_blocks=sum(len(s["tcams"]["tcams"]) for s in stages),
+        stateful_alus=sum(len(s["meter_alus"]["meters"]) for s in stages),
+        phv_bits=used,
+        phv_capacity=capacity,
+    )
+
+
+def sources() -> list[Path]:
+    return sorted(SOURCE_DIR.glob("*.p4"))
+
+
+def compile_command(k: int, target: str, directory: Path) -> list[str]:
+    """The ``p4c-barefoot`` command line that compiles ``p4/tofino/ncina.p4`` into
+    ``directory/out`` with detailed logs (``-g``, which writes the resource report)."""
+    return [compiler(), "--target", target, "--arch", ARCH[target], "-g",
+            "-I", str(directory), "-o", str(directory / "out"), str(SOURCE_DIR / MAIN)]  # fmt: skip
+
+
+def _digest(k: int, target: str) -> str:
+    h = hashlib.sha256(f"k={k}\ntarget={target}\n{compiler()}\n".encode())
+    for path in sources():
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    h.update(gen_tofino.config_p4(k).encode() + gen_tofino.lanes_p4(k).encode())
+    return h.hexdigest()
+
+
+def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = None, *,
+          force: bool = False) -> Resources:  # fmt: skip
+    """Generate and compile the program for ``k`` lanes (unless an up-to-date build exists);
+    return its resources. A compile error is a ``ToolchainError`` with the compiler's words."""
+    if target not in STAGES:
+        raise ValueError(f"target must be one of {', '.join(STAGES)}, not {target}")
+    gen_tofino.check_k(k)
+    directory = directory or BUILD_DIR / f"{target}-k{k}"
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = directory / "inputs.sha256"
+        summary = directory / "resources.json"
+        digest = _digest(k, target)
+        if (not force and summary.exists() and stamp.exists()
+                and stamp.read_text().strip() == digest):  # fmt: skip
+            return Resources(**json.loads(summary.read_text()))
+        reason = missing()
+        if reason:
+            raise ToolchainError(f"cannot compile p4/tofino/{MAIN}: {reason}")
+        gen_tofino.write(k, directory)
+        command = compile_command(k, target, directory)
+        proc = _run_with_progress(command, f"p4c-barefoot {target} K={k}")
+        if proc.returncode != 0:
+            errors = [line for line in (proc.stderr + proc.stdout).splitlines()
+                      if "error" in line.lower()]  # fmt: skip
+            raise ToolchainError(
+                f"{' '.join(command)} failed with status {proc.returncode}:\n"
+                + "\n".join(errors[:20] or [(proc.stderr or proc.stdout).strip()])
+            )
+        resources = read_resources(directory / "out", target, k)
+        summary.write_text(json.dumps(asdict(resources), indent=1) + "\n")
+        stamp.write_text(digest + "\n")
+        return resources
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ncina.aggregator.bmv2.tofino --k K``: what ``make p4-tofino`` runs."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="python -m ncina.aggregator.bmv2.tofino",
+        description=f"Generate p4/tofino/{MAIN} for K lanes, compile it with p4c-barefoot into "
+        f"{BUILD_DIR}/<target>-k<K>/ and print the pipeline resources it takes.",
+    )
+    parser.add_argument("--k", type=int, default=DEFAULT_K, help="lanes per pass "
+                        "(default: %(default)s, the largest that fits Tofino)")  # fmt: skip
+    parser.add_argument("--target", choices=sorted(STAGES), default="tofino")
+    parser.add_argument("--force", action="store_true", help="compile even if up to date")
+    args = parser.parse_args(argv)
+    try:
+        res = build(args.k, args.target, force=args.force)
+    except (ToolchainError, ValueError) as exc:
+        print(f"make p4-tofino: {exc}", file=sys.stderr)
+        return 1
+    print("| target | K | stages | SRAM blocks | TCAM blocks | stateful ALUs | PHV bits | fits |")
+    print(res.line())
+    if not res.fits:
+        print(f"make p4-tofino: K={args.k} takes {res.stages} stages; {args.target} has "
+              f"{res.device_stages}", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+// Admission of a datagram sent to the aggregator: the checks of docs/protocol.md, "Order of
+// checks", each failure counted under its reason (as p4/admission.p4). A Tofino pipeline is 12
+// stages deep, so the checks are not a chain of `if`s: each is its own flag, computed side by
+// side, and one ternary table (`verdicts`) picks the first that failed, in the protocol's order.
+// Members are table entries (configured, or installed by the control plane from the digest of
+// a rank's first valid packet: docs/tofino.md, "Members").
+#ifndef NCINA_TOFINO_ADMISSION_P4
+#define NCINA_TOFINO_ADMISSION_P4
+
+control Admission(inout headers_t hdr, inout meta_t meta,
+                  in ingress_intrinsic_metadata_from_parser_t prsr) {
+    CheckCodes() check_codes;
+
+    action set_job(bit<8> index, MulticastGroupId_t group, bit<16> workers, bit<16> k, bit<16> pool, bit<16> slot_base,
+                   bit<16> pair_base, bit<8> emin, bit<8> code_offset, bit<8> result_format,
+                   bit<4> generation, bit<8> flags, bit<32> full, bit<16> events) {
+        meta.job_hit = 1;
+        meta.job_index = index;
+        meta.group = group;
+        meta.retx = hdr.nc.flags[1:1];
+        meta.workers = workers;
+        meta.k = k;
+        meta.pool = pool;
+        meta.emin = emin;
+        meta.code_offset = code_offset;
+        NCINA_CODE_OFFSETS(code_offset)
+        meta.result_format = result_format;
+        meta.generation = generation;
+        meta.flags = flags;
+        meta.full = full;
+        meta.events = events;
+        meta.slot_index = slot_base + hdr.nc.slot;
+        meta.pair_index = pair_base + hdr.nc.slot;
+    }
+
+    // An entry per job and pool version: slot_base is the version's first slot.
+    table jobs {
+        key = {
+            hdr.nc.job: exact;
+            hdr.nc.flags[2:2]: exact @name("pool");
+        }
+        actions = { set_job; NoAction; }
+        default_action = NoAction();
+        size = 2 * NCINA_JOBS;
+    }
+
+    // 1 << rank (Tofino shifts by constants only); a miss: no rank of any job.
+    action set_rank_bit(bit<32> bit_) {
+        meta.rank_bit = bit_;
+    }
+
+    table rank_bits {
+        key = { hdr.nc.rank: exact; }
+        actions = { set_rank_bit; NoAction; }
+        default_action = NoAction();
+        size = NCINA_MAX_WORKERS;
+        const entries = { RANK_BIT_ENTRIES }
+    }
+
+    // A rank's address: `ranks` knows that it has one, `members` that it is this packet's.
+    table ranks {
+        key = {
+            hdr.nc.job: exact;
+            hdr.nc.rank: exact;
+        }
+        actions = { NoAction; }
+        size = NCINA_JOBS * NCINA_MAX_WORKERS;
+    }
+
+    table members {
+        key = {
+            hdr.nc.job: exact;
+            hdr.nc.rank: exact;
+            hdr.ipv4.src: exact;
+            hdr.udp.src_port: exact;
+        }
+        actions = { NoAction; }
+        size = NCINA_JOBS * NCINA_MAX_WORKERS;
+    }
+
+    // Every comparison of two fields is a difference (Tofino compares a field with a constant
+    // only), computed in a table's action so that the compiler keeps it a field.
+    action measure() {
+        meta.rank_room = hdr.nc.rank - meta.workers;
+        meta.slot_room = hdr.nc.slot - meta.pool;
+        meta.count_room = meta.k - hdr.nc.count;
+        meta.emin_diff = hdr.nc.emin ^ meta.emin;
+        meta.generation_diff = hdr.nc.flags[6:3] ^ meta.generation;
+        meta.full_less_rank = meta.full - meta.rank_bit;
+        meta.nc8_excess = meta.room - hdr.nc.count;
+        meta.int_excess = meta.room - meta.int_bytes;
+    }
+
+    table measures {
+        actions = { measure; }
+        const default_action = measure();
+        size = 1;
+    }
+
+    action verdict(bit<8> v, bit<16> event, bit<8> status) {
+        meta.verdict = v;
+        meta.event = event;
+        meta.status = status;
+    }
+
+    action global(bit<16> event, bit<8> v) {
+        meta.global_event = event;
+        meta.verdict = v;
+        meta.status = STATUS_NO_SUCH_JOB;
+    }
+
+    // The first failed check, in docs/protocol.md's order (first matching entry).
+    table verdicts {
+        key = {
+            meta.truncated: ternary;
+            meta.bad_version: ternary;
+            meta.f_hs_len: ternary;
+            meta.f_hs_count: ternary;
+            meta.f_format: ternary;
+            meta.f_count0: ternary;
+            meta.f_len: ternary;
+            meta.job_hit: ternary;
+            meta.handshake: ternary;
+            hdr.nc.flags[0:0]: ternary @name("result_flag");
+            hdr.nc.flags[7:7]: ternary @name("tag_flag");
+            meta.f_not_nc8: ternary;
+            meta.f_rank: ternary;
+            meta.f_address: ternary;
+            meta.f_emin: ternary;
+            meta.f_slot: ternary;
+            meta.f_count: ternary;
+            meta.f_generation: ternary;
+            meta.generation: ternary;
+            meta.codes_bad: ternary;
+        }
+        actions = { verdict; global; }
+        default_action = verdict(VERDICT_ACCEPT, 0, 0);
+        size = 64;
+        const entries = { VERDICT_ENTRIES }
+    }
+
+    apply {
+        jobs.apply();
+        bool rank_known = rank_bits.apply().hit;
+        bool has_address = ranks.apply().hit;
+        bool is_member = members.apply().hit;
+        check_codes.apply(hdr, meta);
+        measures.apply();
+        bool tagged = hdr.nc.flags[7:7] == 1;
+        bool short = prsr.parser_err != 0;
+        if (meta.room[15:15] == 1) {  // a UDP length below 24
+            meta.truncated = 1;
+        }
+        if (hdr.nc.version != NCINA_VERSION) {
+            meta.bad_version = 1;
+        }
+        if (hdr.nc.format == FORMAT_JOB) {
+            meta.handshake = 1;
+            if (short || (tagged && meta.room != DESCRIPTOR_BYTES + TAG_BYTES)
+                    || (!tagged && meta.room != DESCRIPTOR_BYTES)) {
+                meta.f_hs_len = 1;
+            }
+            if (hdr.nc.count != 1) {
+                meta.f_hs_count = 1;
+            }
+        } else {
+            if (hdr.nc.format > FORMAT_BLOB) {
+                meta.f_format = 1;
+            }
+            if (hdr.nc.count == 0) {
+                meta.f_count0 = 1;
+            }
+            if (short || (tagged && meta.room[15:3] == 0)) {  // room < 8 with a tag
+                meta.f_len = 1;
+            }
+        }
+        // The payload is room - 8 with a tag: each length with and without one.
+        if (hdr.nc.format == FORMAT_NC8) {
+            if ((tagged && meta.nc8_excess != TAG_BYTES) || (!tagged && meta.nc8_excess != 0)) {
+                meta.f_len = 1;
+            }
+        } else if (hdr.nc.format == FORMAT_INT) {
+            if ((tagged && meta.int_excess != TAG_BYTES) || (!tagged && meta.int_excess != 0)) {
+                meta.f_len = 1;
+            }
+        } else if (hdr.nc.format == FORMAT_BLOB) {
+            if ((tagged && meta.room == TAG_BYTES) || (!tagged && meta.room == 0)) {
+                meta.f_len = 1;
+            }
+        }
+        if (hdr.nc.format != FORMAT_NC8) {
+            meta.f_not_nc8 = 1;
+        }
+        if (!rank_known || meta.rank_room[15:15] == 0) {  // rank >= workers
+            meta.f_rank = 1;
+        }
+        if (has_address && !is_member) {
+            meta.f_address = 1;
+        }
+        if (!has_address) {
+            meta.unknown_rank = 1;
+        }
+        if (meta.emin_diff != 0) {
+            meta.f_emin = 1;
+        }
+        if (hdr.nc.slot[15:10] != 0 || meta.slot_room[15:15] == 0) {
+            meta.f_slot = 1;
+        }
+        if (meta.count_room[15:15] == 1) {
+            meta.f_count = 1;
+        }
+        if (hdr.nc.flags[6:3] != 0 && meta.generation_diff != 0) {
+            meta.f_generation = 1;
+        }
+        verdicts.apply();
+    }
+}
+
+#endif

@@ -1,0 +1,116 @@
+// ncina's aggregation switch for Tofino (TNA), the twin of p4/ncina.p4 (docs/tofino.md). This
+// file only wires the pieces together; config.p4 and lanes.p4 are generated for the lane count
+// K (`make p4-tofino K=16`).
+#include <core.p4>
+#include <tna.p4>
+
+#include "config.p4"
+#include "headers.p4"
+#include "parser.p4"
+#include "lanes.p4"
+#include "switching.p4"
+#include "admission.p4"
+#include "slots.p4"
+#include "reply.p4"
+#include "events.p4"
+#include "rewrite.p4"
+
+control NcinaIngress(inout headers_t hdr, inout meta_t meta,
+                     in ingress_intrinsic_metadata_t ig_md,
+                     in ingress_intrinsic_metadata_from_parser_t prsr,
+                     inout ingress_intrinsic_metadata_for_deparser_t dprsr,
+                     inout ingress_intrinsic_metadata_for_tm_t tm) {
+    Arp() arp;
+    Forward() forward;
+    Admission() admission;
+    Slots() slots;
+    Reply() reply;
+    Events() events;
+
+    // The aggregator's own address (one entry): aggregated on its UDP port.
+    action aggregator(mac_t mac, bit<16> port, bit<8> flags) {
+        meta.local = 1;
+        meta.local_mac = mac;
+        meta.local_ip = hdr.ipv4.dst;
+        meta.local_port = port;
+        meta.local_flags = flags;
+        meta.port_diff_local = hdr.udp.dst_port ^ port;
+    }
+
+    table local_address {
+        key = { hdr.ipv4.dst: exact; }
+        actions = { aggregator; NoAction; }
+        default_action = NoAction();
+        size = 4;
+    }
+
+    action sizes() {
+        meta.room = hdr.udp.len - (UDP_HEADER_BYTES + NCINA_HEADER_BYTES);
+        meta.int_bytes = hdr.nc.count << 3;
+    }
+
+    table prepare {
+        actions = { sizes; }
+        const default_action = sizes();
+        size = 1;
+    }
+
+    // Every lookup that depends on nothing but the headers runs first, side by side (a Tofino
+    // pipeline is 12 stages deep); admission only computes metadata.
+    apply {
+        local_address.apply();
+        prepare.apply();
+        admission.apply(hdr, meta, prsr);
+        if (hdr.arp.isValid()) {
+            arp.apply(hdr, meta, ig_md, tm);
+            if (meta.send == OUT_NONE) {
+                forward.apply(hdr, meta, tm);
+            }
+        } else if (meta.local == 1 && hdr.udp.isValid() && meta.port_diff_local == 0) {
+            if (meta.verdict == VERDICT_HANDSHAKE) {
+                meta.descriptor = 1;
+                meta.send = OUT_REPLY;
+            } else if (meta.verdict != VERDICT_DROP) {
+                slots.apply(hdr, meta);
+                if (meta.unknown_rank == 1 && meta.verdict == VERDICT_ACCEPT) {
+                    dprsr.digest_type = DIGEST_MEMBER;  // the control plane learns the rank
+                }
+            }
+            events.apply(hdr, meta);
+            if (meta.send != OUT_NONE) {
+                reply.apply(hdr, meta, ig_md, tm);
+            }
+        } else if (meta.local == 0 && hdr.eth.isValid()) {
+            forward.apply(hdr, meta, tm);
+        }
+        if (meta.send == OUT_NONE) {
+            dprsr.drop_ctl = 1;
+        }
+        hdr.bridge.setValid();
+        hdr.bridge.send = meta.send;
+        hdr.bridge.job_index = meta.job_index;
+        hdr.bridge.sent = meta.sent_index;
+        hdr.bridge.wide = meta.wide;
+        hdr.bridge.ingress_port = ig_md.ingress_port;
+    }
+}
+
+control NcinaEgress(inout egress_headers_t hdr, inout egress_meta_t meta,
+                    in egress_intrinsic_metadata_t eg_md,
+                    in egress_intrinsic_metadata_from_parser_t prsr,
+                    inout egress_intrinsic_metadata_for_deparser_t dprsr,
+                    inout egress_intrinsic_metadata_for_output_port_t oport) {
+    Rewrite() rewrite;
+
+    Widen() widen;
+
+    apply {
+        rewrite.apply(hdr, eg_md, dprsr);
+        widen.apply(hdr);
+    }
+}
+
+Pipeline(NcinaIngressParser(), NcinaIngress(), NcinaIngressDeparser(),
+         NcinaEgressParser(), NcinaEgress(), NcinaEgressDeparser()) pipe;
+
+Switch(pipe) main;

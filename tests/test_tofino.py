@@ -1,0 +1,119 @@
+"""The Tofino program (p4/tofino/, docs/tofino.md): its generated parts everywhere, its compile
+and fit with p4c-barefoot where that is installed (skipped with the reason otherwise).
+
+The compile is done once per session, at the smallest useful K (4: every lane step appears
+more than once), in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ncina.aggregator.bmv2 import gen_tofino, layout, tofino
+from ncina.aggregator.bmv2.toolchain import ToolchainError
+from ncina.proto import nc8
+
+SMALL_K = 4
+
+
+def test_decode_entries_are_the_codes_integers() -> None:
+    """Each decode table maps a byte to what the reference adds: +-2^(code - 1) (two's
+    complement in 32 bits), for every code a 32-bit lane decodes."""
+    entries = gen_tofino.decode_entries()
+    codes = np.array([sign << 7 | code for sign, code, _ in entries], dtype=np.uint8)
+    want = nc8.codec("numpy").codes_to_int(codes)
+    got = [value - (1 << 32) if value >> 31 else value for _, _, value in entries]
+    assert got == want.tolist()
+    assert len(entries) == 2 * (gen_tofino.MAX_CODE + 1)
+
+
+def _first_match(flags: dict[str, int]) -> str:
+    """What Admission.verdicts answers for ``flags`` (every other key field 0)."""
+    for fields, action in gen_tofino.VERDICT_ROWS:
+        if all(flags.get(name, 0) == value for name, value in fields.items()):
+            return action
+    return "accept"
+
+
+@pytest.mark.parametrize(
+    ("flags", "event"),
+    [
+        ({"truncated": 1, "f_len": 1}, "EV_G_TRUNCATED"),
+        ({"f_format": 1, "f_len": 1}, "EV_G_BAD_FORMAT"),  # no job: global, format first
+        ({"job_hit": 1, "f_count0": 1, "f_len": 1}, "EV_BAD_COUNT"),
+        ({"job_hit": 1, "handshake": 1, "tag": 1}, "STATUS_NOT_AUTHENTIC"),
+        ({"job_hit": 1, "tag": 1, "result": 1, "f_rank": 1}, "EV_BAD_TAG"),
+        ({"job_hit": 1, "f_rank": 1, "f_emin": 1}, "EV_NON_MEMBER"),
+        ({"job_hit": 1, "f_emin": 1, "f_slot": 1}, "EV_WINDOW_MISMATCH"),
+        ({"job_hit": 1, "f_generation": 1, "generation": 3}, "EV_STALE_GENERATION"),
+        ({"job_hit": 1, "f_generation": 1, "generation": 0}, "EV_BAD_FLAGS"),
+        ({"job_hit": 1, "codes_bad": 1}, "EV_BAD_CODE"),
+        ({"job_hit": 1, "generation": 3}, "accept"),
+    ],
+)
+def test_verdict_rows_pick_the_first_failed_check(flags: dict[str, int], event: str) -> None:
+    assert event in _first_match(flags)
+
+
+def test_generated_program_has_k_lanes_and_the_layouts_counters(tmp_path: Path) -> None:
+    k = 6
+    config, lanes = gen_tofino.write(k, tmp_path)
+    text = config.read_text()
+    defines = dict(re.findall(r"#define (\w+) (\S+)\n", text))
+    assert int(defines["NCINA_K"]) == k
+    assert int(defines["NCINA_MAX_WORKERS"]) == gen_tofino.MAX_WORKERS
+    for i, name in enumerate(layout.JOB_EVENTS):
+        assert int(defines[f"EV_{name.upper()}"]) == i
+    body = lanes.read_text()
+    assert sorted({int(i) for i in re.findall(r"table decode_(\d+)", body)}) == list(range(k))
+    assert sorted({int(i) for i in re.findall(r"sums_(\d+);", body)}) == list(range(k))
+    # One action per count makes a result's first `count` lanes int lanes.
+    for c in range(1, k + 1):
+        widen = re.search(rf"action widen_{c}\(\) {{\n(.*?)\n    }}", body, re.S)
+        assert widen and widen.group(1).count("setValid()") == c
+    assert f"hdr.lanes[{k - 1}]" in text and f"hdr.lanes[{k}]" not in text  # parser states
+
+
+@pytest.fixture(scope="session")
+def small_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[tofino.Resources, Path]:
+    """The K = 4 build for Tofino and its folder (compiled once per session)."""
+    reason = tofino.missing()
+    if reason:
+        pytest.skip(reason)
+    directory = tmp_path_factory.mktemp(f"tofino-k{SMALL_K}")
+    try:
+        return tofino.build(SMALL_K, "tofino", directory), directory
+    except ToolchainError as exc:
+        pytest.fail(str(exc))
+
+
+def test_program_compiles_and_fits_tofino(small_build: tuple[tofino.Resources, Path]) -> None:
+    res, _ = small_build
+    assert res.fits, res.line()
+    assert 1 <= res.stages <= tofino.STAGES["tofino"]
+    # One stateful ALU per register: offsets, held, mirror and one per lane (members and
+    # counters take none).
+    assert res.stateful_alus == SMALL_K + 3
+    assert 0 < res.phv_bits <= res.phv_capacity
+    assert res.sram_blocks > 0 and res.tcam_blocks > 0
+
+
+def test_build_is_reused_and_reports_the_same(
+    small_build: tuple[tofino.Resources, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    res, directory = small_build
+    # Up to date: the compiler is not run again (a missing one would be an error).
+    monkeypatch.setattr(tofino, "missing", lambda: "must not compile")
+    assert tofino.build(SMALL_K, "tofino", directory) == res
+
+
+def test_missing_compiler_is_one_sentence(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NCINA_P4C_TOFINO", "/nonexistent/p4c-barefoot")
+    assert tofino.main(["--k", "4", "--force"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "p4c-barefoot is not installed" in err
