@@ -125,6 +125,13 @@ def test_compile_rule_names_the_program_the_generated_files_and_both_outputs(
         tmp_path / "k64" / "ncina.p4info.txt"
     )
     assert toolchain.BUILD_DIR / "k64" == toolchain.ROOT / "build" / "p4" / "k64"
+    # The benchmark's no-op forwarder: its own program and outputs, nothing generated.
+    echo = toolchain.Build(0, tmp_path / "echo", toolchain.ECHO)
+    command = toolchain.compile_command(echo)
+    assert command[-1] == str(toolchain.P4_DIR / "echo" / "echo.p4")
+    assert (toolchain.P4_DIR / "echo" / "echo.p4").is_file()
+    assert command[command.index("-o") + 1] == str(tmp_path / "echo" / "echo.json")
+    assert echo.p4info == tmp_path / "echo" / "echo.p4info.txt"
 
 
 def test_missing_compiler_is_one_sentence_naming_what_to_install(

@@ -8,8 +8,10 @@ P4 program on simple_switch_grpc), the Python backend, and a no-op forwarder on 
 backend's I/O path (it echoes every datagram: one reply per packet, like the aggregator; the I/O
 limit of this machine): DPDK's on the af_packet path, for socket the socket backend's own
 (``--socket-mode forward``). Needs root and DPDK (``apt-get install dpdk libdpdk-dev``; the load
-generator is in its extension); bmv2 needs p4c and BMv2 too (docs/bmv2.md). BMv2 reads its port
-through libpcap, whose ring holds a few dozen frames: give it a small --pool-size.
+generator is in its extension); bmv2 needs p4c and BMv2 too (docs/bmv2.md). For bmv2 the run
+also measures the same simple_switch_grpc running p4/echo/echo.p4, a P4 program that only echoes
+each datagram (``--bmv2-mode forward``), and reports ``vs_forwarder``: how close the aggregator
+program comes to what BMv2 itself forwards.
 
 ``--lcores 1,2`` measures the DPDK aggregator and its forwarder at each lane count (docs/dpdk.md,
 "Several lcores") in the same run and reports ``lcores_scaling``: packets/s at the last count
