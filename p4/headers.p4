@@ -180,7 +180,6 @@ struct meta_t {
     bit<1> lane_negative;
     bit<64> lane_magnitude;
     bit<64> lane_rest;
-    bit<8> lane_step;
     bit<8> lane_high;
     bit<64> lane_draw;
     bit<1> lane_up;

@@ -107,13 +107,13 @@ def _encode(i: int) -> Iterator[str]:
     lane = f"hdr.lanes[{i}]"
     yield f"// lane {i}: |sum| in [2^high, 2^(high+1)), then NC8 rounding"
     yield f"sum_{i}.read({M}_sum, meta.slot_index);"
+    yield f"{M}_draw = meta.result_key + {_step(i)};"  # (one action with the read)
     yield "magnitude();"
     for width in (32, 16, 8, 4, 2, 1):
         yield f"if (({M}_rest >> {width}) != 0) {{"
         yield f"    {M}_high = {M}_high + {width};"
         yield f"    {M}_rest = {M}_rest >> {width};"
         yield "}"
-    yield f"{M}_draw = meta.result_key + {_step(i)};"
     yield "round_to_code();"
     yield f"{lane}.sign = {M}_negative;"
     yield f"{lane}.code = (bit<7>){M}_code;"
