@@ -145,6 +145,7 @@ const bit<8> OUT_FLOOD = 4;
 
 struct meta_t {
     bit<16> lanes_left;       // parser: lanes still to extract
+    bit<128> codes_seen;      // parser: bit c set for each lane whose code is c
     ip4_t target;             // the address asked for (ARP) or sent to (IPv4)
     bit<1> local;             // target is the aggregator's address
     mac_t local_mac;
@@ -171,7 +172,6 @@ struct meta_t {
     // The slot.
     bit<32> slot_index;       // register index of (slot, version)
     bit<32> other_index;      // register index of (slot, 1 - version)
-    bit<32> lane_base;        // slot_index * NCINA_K
     bit<1> first;             // first contribution to (slot, version)
     bit<1> bad_code;          // a lane's code is above the window
     bit<16> count;            // the chunk's element count
@@ -188,7 +188,6 @@ struct meta_t {
     bit<1> lane_negative;
     bit<64> lane_magnitude;
     bit<64> lane_rest;
-    bit<8> lane_step;
     bit<8> lane_high;
     bit<64> lane_draw;
     bit<1> lane_up;

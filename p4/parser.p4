@@ -68,8 +68,11 @@ parser NcinaParser(packet_in packet, out headers_t hdr, inout meta_t meta,
         transition accept;
     }
 
+    // Each lane's code sets its bit of meta.codes_seen: admission (CheckCodes) compares the
+    // highest against the job's window in one operation instead of one per lane.
     state parse_lane {
         packet.extract(hdr.lanes.next);
+        meta.codes_seen = meta.codes_seen | (bit<128>)1 << (bit<8>)hdr.lanes.last.code;
         meta.lanes_left = meta.lanes_left - 1;
         transition select(meta.lanes_left) {
             0: accept;

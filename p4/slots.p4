@@ -32,7 +32,6 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
             bit<32> pool = (bit<32>)meta.pool;
             meta.slot_index = meta.slot_base + version * pool + slot;
             meta.other_index = meta.slot_base + (1 - version) * pool + slot;
-            meta.lane_base = meta.slot_index * NCINA_K;
 
             bit<64> bitmap;
             bit<8> contributions;

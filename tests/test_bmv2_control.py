@@ -7,6 +7,7 @@ must stop the backend with one sentence naming what to install.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -125,3 +126,40 @@ def test_debug_prints_the_traceback_of_an_error() -> None:
     assert (plain.returncode, plain.stderr) == (1, message)
     assert debug.returncode == 1 and debug.stderr.endswith(message)
     assert "Traceback (most recent call last)" in debug.stderr and "ValueError" in debug.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="needs root (a veth pair)")  # fmt: skip
+def test_switch_ports_lose_their_segmentation_offloads() -> None:
+    """libpcap cuts BMv2's capture ring into 64 KiB frames (32 of them) while an offload may
+    aggregate packets: the switch's ports get tso, gso and gro off, as libpcap asks for them
+    (the legacy ethtool get commands; docs/bmv2.md, "Input loss")."""
+    import array
+    import fcntl
+    import socket
+    import struct
+
+    from ncina.aggregator.bmv2.switch import SIOCETHTOOL, segmentation_offloads_off
+
+    name = f"ncoff{os.getpid() % 100000}"
+
+    def offloads() -> list[int]:  # ETHTOOL_GTSO, ETHTOOL_GGSO, ETHTOOL_GGRO
+        found = []
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for cmd in (0x1E, 0x23, 0x2B):
+                value = array.array("B", struct.pack("II", cmd, 0))
+                fcntl.ioctl(s.fileno(), SIOCETHTOOL,
+                            struct.pack("16sP", name.encode(), value.buffer_info()[0]))  # fmt: skip
+                found.append(struct.unpack("II", value.tobytes())[1])
+        return found
+
+    subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name", f"{name}p"],
+                   check=True)  # fmt: skip
+    try:
+        subprocess.run(["ethtool", "-K", name, "tso", "on", "gso", "on", "gro", "on"], check=True)
+        assert offloads() == [1, 1, 1]
+        segmentation_offloads_off(name)
+        assert offloads() == [0, 0, 0]
+        segmentation_offloads_off("ncnosuchif0")  # no such interface: nothing to do
+    finally:
+        subprocess.run(["ip", "link", "del", name], check=False)

@@ -12,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from ncina.aggregator.bmv2 import entries, gen, layout, toolchain
 from ncina.aggregator.jobs import JobConfig
@@ -38,24 +39,28 @@ def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> 
     assert int(defines["NCINA_K"]) == k
     text = lanes.read_text()
     assert text.count("control CheckCodes(") == 1 and text.count("control LaneSums(") == 1
-    assert "register<bit<64>>(NCINA_SLOTS * NCINA_K) sums;" in text
-    assert "register<bit<8>>(NCINA_SLOTS * NCINA_K) results;" in text
     every = list(range(k))
-    checks = re.findall(r"if \(hdr\.nc\.count > (\d+) && hdr\.lanes\[(\d+)\]\.code > ", text)
-    assert checks == [(str(i), str(i)) for i in every]
-    for action, per_lane in (("add", 3), ("load_nc8", 2), ("clear", 1)):
+    # One sum and one result register per lane, indexed by the slot version.
+    assert [int(i) for i in re.findall(r"register<bit<64>>\(NCINA_SLOTS\) sum_(\d+);", text)
+            ] == every  # fmt: skip
+    assert [int(i) for i in re.findall(r"register<bit<8>>\(NCINA_SLOTS\) result_(\d+);", text)
+            ] == every  # fmt: skip
+    # The codes' check is one comparison of the parser's code mask, whatever K.
+    assert "hdr.lanes" not in text[text.index("control CheckCodes"):text.index("control LaneSums")]
+    for action, per_lane in (("store", 3), ("add", 3), ("load_nc8", 2), ("clear", 1)):
         body = _action(text, action)
         assert _lanes(body) == every, action
         assert len(re.findall(r"hdr\.lanes\[\d+\]", body)) == per_lane * k, action
-    # Register cells: lane i of a slot is lane_base + i, for i < K only.
-    assert sorted({int(i) for i in re.findall(r"meta\.lane_base \+ (\d+)", text)}) == every
+    for action in ("store", "add", "load_nc8"):  # lane i's cells are its own registers
+        cells = re.findall(r"(sum|result)_(\d+)\.(?:read|write)\(", _action(text, action))
+        assert sorted({int(i) for _, i in cells}) == every, action
     # Re-compression, lane by lane in the control: an if-chain of six halving steps finds the
     # highest set bit of each sum, then one action rounds it with one random draw.
     apply = text[text.index("    apply {", text.index("control LaneSums")):]
     assert apply.count("magnitude();") == k and apply.count("round_to_code();") == k
     assert [int(w) for w in re.findall(r"if \(\(meta\.lane_rest >> (\d+)\) != 0\)", apply)] == [
         32, 16, 8, 4, 2, 1] * k
-    assert sorted(int(i) for i in re.findall(r"results\.write\(meta\.lane_base \+ (\d+)", apply)
+    assert sorted(int(i) for i in re.findall(r"result_(\d+)\.write\(meta\.slot_index", apply)
                   ) == every  # fmt: skip
     assert "random(" not in text  # the rounding bits are the chunk's hash (docs/protocol.md)
     assert [apply.count(f"{name}();") for name in ("key_seed", "key_chunk", "key_use")] == [1] * 3
@@ -121,6 +126,13 @@ def test_compile_rule_names_the_program_the_generated_files_and_both_outputs(
         tmp_path / "k64" / "ncina.p4info.txt"
     )
     assert toolchain.BUILD_DIR / "k64" == toolchain.ROOT / "build" / "p4" / "k64"
+    # The benchmark's no-op forwarder: its own program and outputs, nothing generated.
+    echo = toolchain.Build(0, tmp_path / "echo", toolchain.ECHO)
+    command = toolchain.compile_command(echo)
+    assert command[-1] == str(toolchain.P4_DIR / "echo" / "echo.p4")
+    assert (toolchain.P4_DIR / "echo" / "echo.p4").is_file()
+    assert command[command.index("-o") + 1] == str(tmp_path / "echo" / "echo.json")
+    assert echo.p4info == tmp_path / "echo" / "echo.p4info.txt"
 
 
 def test_missing_compiler_is_one_sentence_naming_what_to_install(
@@ -313,3 +325,53 @@ def test_the_p4_descriptor_is_the_protocols_and_its_fields_come_from_the_entries
     stats = entries.job_stats(job, {base: (2, 2 * (ETH_IPV4_UDP_HEADERS + 32)),
                                     handshakes: (2, 0)})  # fmt: skip
     assert (stats.handshakes, stats.packets_out, stats.bytes_out) == (2, 2, 64)
+
+
+def _lane_writes(body: str, lanes: list[_Fields], sums: list[int]) -> None:
+    """Execute an action of ``sum_i.read(meta.lane_sum, ...); sum_i.write(..., SIGN ? A : B);``
+    statements on the cells ``sums`` (one per lane) as BMv2 would, each value a ``bit<64>``."""
+    fields = _Fields()
+    fields.hdr.lanes = lanes
+    for statement in " ".join(re.sub(r"\(bit<\d+>\)|\b\d+w", "", body).split()).split(";"):
+        if read := re.fullmatch(r"sum_(\d+)\.read\(meta\.lane_sum, meta\.slot_index\)",
+                                statement.strip()):  # fmt: skip
+            fields.meta.lane_sum = sums[int(read.group(1))]
+        elif write := re.fullmatch(r"sum_(\d+)\.write\(meta\.slot_index, (.*) \? (.*) : (.*)\)",
+                                   statement.strip()):  # fmt: skip
+            lane, cond, yes, no = write.groups()
+            sums[int(lane)] = eval(yes if eval(cond, {}, fields) else no, {}, fields) % 2**64
+        else:
+            assert not statement.strip(), statement
+
+
+def test_generated_lane_sums_are_the_exact_sums_of_the_codes() -> None:
+    """``store`` then ``add``, executed as written, leave each lane's exact signed sum of the
+    workers' NC8 integers (``ncina.proto.nc8``'s ``+-2^(code - 1)``) in 64-bit two's complement,
+    for every uplink code (0..63) and sign; and CheckCodes' one comparison of the parser's code
+    mask refuses exactly the packets with a code above the window."""
+    k, workers = 64, 4
+    text = gen.lanes_p4(k)
+    rng = np.random.default_rng(7)
+    codes = rng.integers(0, 64, (workers, k))
+    codes[0] = np.arange(64)  # every code once
+    signs = rng.integers(0, 2, (workers, k))
+    sums = [0] * k
+    for w in range(workers):
+        lanes = [_Fields() for _ in range(k)]
+        for i, lane in enumerate(lanes):
+            lane.code, lane.sign = int(codes[w, i]), int(signs[w, i])
+        _lane_writes(_action(text, "store" if w == 0 else "add"), lanes, sums)
+    values = np.where(codes > 0, 2 ** np.maximum(codes - 1, 0).astype(object), 0)
+    exact = (np.where(signs == 1, -values, values)).sum(axis=0)
+    assert sums == [int(s) % 2**64 for s in exact]
+
+    check = re.search(r"meta\.bad_code = (.*) \? 1w1\s+: 1w0;", text).group(1)
+    check = re.sub(r"\(bit<\d+>\)", "", check)
+    for max_code in (1, 20, 62, 63):
+        for top in (max_code - 1, max_code, max_code + 1):
+            fields = _Fields()
+            fields.meta.max_code = max_code
+            fields.meta.codes_seen = 0
+            for code in (0, top, 1):  # as the parser sets it, lane by lane
+                fields.meta.codes_seen |= 1 << code
+            assert eval(check, {}, fields) == (top > max_code), (max_code, top)

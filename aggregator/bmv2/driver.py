@@ -26,7 +26,7 @@ from ncina.aggregator.bmv2.control import Controller
 from ncina.aggregator.bmv2.switch import Switch, SwitchConfig
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.process import ready_line
-from ncina.aggregator.stats import publish, snapshot
+from ncina.aggregator.stats import GlobalStats, JobStats, publish, snapshot
 from ncina.proto.header import PORT
 
 NAME = "bmv2"
@@ -51,6 +51,10 @@ def add_arguments(parser: Any) -> Any:
                        help="bmv2: the switch's output (default: logs/bmv2-<iface>.log)")
     group.add_argument("--pcap-dir", type=Path, metavar="DIR",
                        help="bmv2: write the switch's pcaps into DIR (default: none)")
+    group.add_argument("--bmv2-mode", choices=("aggregate", "forward"), default="aggregate",
+                       help="bmv2: aggregate, or forward (p4/echo/echo.p4, the no-op forwarder "
+                       "that echoes every datagram: what the switch itself forwards, for "
+                       "benchmarks) (default: %(default)s)")
     group.add_argument("--switch-debug", action="store_true",
                        help="bmv2: log each packet's path through the pipeline (slow)")
     group.add_argument("--rank-port", type=_pair(int, "RANK"), action="append", default=[],
@@ -120,7 +124,8 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
     if reason:
         raise ValueError(f"the bmv2 backend cannot run: {reason}")
     [job] = entries.place([config], generation, k)
-    build = toolchain.build(k)
+    forward = args.bmv2_mode == "forward"
+    build = toolchain.build_echo() if forward else toolchain.build(k)
     switch = Switch(
         SwitchConfig(
             ports=ports,
@@ -135,6 +140,8 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
     controller = Controller(switch.config.grpc_address, args.device_id)
     try:
         controller.connect(build)
+        if forward:  # the echo program has no tables
+            return _Server(controller, switch, job, args, (host, port), mac, k, True).run()
         controller.insert(entries.local_entry(host, port, mac, generation))
         for entry in entries.job_entries(job):
             controller.insert(entry)
@@ -153,7 +160,8 @@ class _Server:
     """The running backend: readiness line, stats on SIGUSR1 and every interval, stop on TERM."""
 
     def __init__(self, controller: Controller, switch: Switch, job: entries.InstalledJob,
-                 args: Any, listen: tuple[str, int], mac: str, k: int) -> None:  # fmt: skip
+                 args: Any, listen: tuple[str, int], mac: str, k: int,
+                 forward: bool = False) -> None:  # fmt: skip
         self.controller = controller
         self.switch = switch
         self.job = job
@@ -161,6 +169,7 @@ class _Server:
         self.listen = listen
         self.mac = mac
         self.k = k
+        self.forward = forward  # the no-op forwarder: no counters, the document stays zero
         self.started = time.time()
         self._stop = False
         self._stats_requested = False
@@ -171,10 +180,12 @@ class _Server:
         signal.signal(signal.SIGUSR1, self._on_stats)
         self.write_stats()
         cfg = self.switch.config
+        program = (f"no-op forwarder p4/{toolchain.ECHO}" if self.forward else
+                   f"P4 program K={self.k}, generation {self.job.generation}")  # fmt: skip
         details = (
             f"switch pid {self.switch.process.pid if self.switch.process else '?'} "
             f"(device {cfg.device_id}, grpc {cfg.grpc_address}, thrift {cfg.thrift_port}, "
-            f"log {cfg.log_path}), P4 program K={self.k}, generation {self.job.generation}, "
+            f"log {cfg.log_path}), {program}, "
             f"pid {os.getpid()}, iface {self.args.iface} mac {self.mac}, "
             f"{self.job.config.describe()}"
         )
@@ -204,6 +215,9 @@ class _Server:
         self._stats_requested = True
 
     def stats_document(self) -> dict[str, Any]:
+        if self.forward:
+            return snapshot(backend=NAME, started=self.started, global_stats=GlobalStats(),
+                            jobs={self.job.config.job: JobStats()})  # fmt: skip
         document = snapshot(
             backend=NAME,
             started=self.started,

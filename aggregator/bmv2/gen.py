@@ -49,13 +49,6 @@ def _each(k: int, body: Callable[[int], Iterator[str]], indent: int) -> list[str
     return [f"{pad}{line}" if line else "" for i in range(k) for line in body(i)]
 
 
-def _check(i: int) -> Iterator[str]:
-    # One `if` per lane: folded into one expression, the lanes' checks would nest (quadratic).
-    yield f"if (hdr.nc.count > {i} && hdr.lanes[{i}].code > meta.max_code) {{"
-    yield "    meta.bad_code = 1;"
-    yield "}"
-
-
 # Per-lane temporaries live in metadata, and the re-compression of a lane is a chain of `if`s in
 # the control, not one action: p4c copy-propagates the assignments of one action into each
 # other, so six halving steps in one action would nest each step's expression into the next
@@ -63,15 +56,31 @@ def _check(i: int) -> Iterator[str]:
 M = "meta.lane"
 
 
+def _value(i: int) -> str:
+    """Lane ``i``'s code as an integer: ``2^(code - 1)``, or 0 for code 0 (``(1 << code) >> 1``,
+    exact for every uplink code, at most 63: a larger one is refused as ``bad_code``)."""
+    return f"((bit<64>)1 << (bit<8>)hdr.lanes[{i}].code >> 1)"
+
+
+# One statement per lane and cell: the decoded value appears once in it, so p4c has no
+# temporary to copy into later statements (a `value` assigned first and then used in the sum
+# was copied into each use, decode included: seven primitives and five decodes per lane).
+# Lanes at or above `count` hold whatever the header stack had: their cells are never read
+# into a reply (a result has `count` lanes; a first contribution overwrites every cell).
+def _store(i: int) -> Iterator[str]:
+    yield (f"sum_{i}.write(meta.slot_index, "
+           f"hdr.lanes[{i}].sign == 1 ? 64w0 - {_value(i)} : {_value(i)});")  # fmt: skip
+
+
 def _add(i: int) -> Iterator[str]:
-    lane = f"hdr.lanes[{i}]"
-    yield f"// lane {i}: the code's integer, +-2^(code - 1) or 0, into the sum"
-    yield (f"{M}_value = (hdr.nc.count > {i} && {lane}.code != 0) ? "
-           f"(bit<64>)1 << (bit<8>)({lane}.code - 1) : 64w0;")  # fmt: skip
-    yield f"{M}_value = {lane}.sign == 1 ? -{M}_value : {M}_value;"
-    yield f"sums.read({M}_sum, meta.lane_base + {i});"
-    yield (f"sums.write(meta.lane_base + {i}, "
-           f"meta.first == 1 ? {M}_value : {M}_sum + {M}_value);")  # fmt: skip
+    yield f"sum_{i}.read({M}_sum, meta.slot_index);"
+    yield (f"sum_{i}.write(meta.slot_index, hdr.lanes[{i}].sign == 1 ? "
+           f"{M}_sum - {_value(i)} : {M}_sum + {_value(i)});")  # fmt: skip
+
+
+def _registers(i: int) -> Iterator[str]:
+    yield f"register<bit<64>>(NCINA_SLOTS) sum_{i};"
+    yield f"register<bit<8>>(NCINA_SLOTS) result_{i};"
 
 
 _MASK64 = (1 << 64) - 1
@@ -97,22 +106,22 @@ def _step(i: int) -> str:
 def _encode(i: int) -> Iterator[str]:
     lane = f"hdr.lanes[{i}]"
     yield f"// lane {i}: |sum| in [2^high, 2^(high+1)), then NC8 rounding"
-    yield f"sums.read({M}_sum, meta.lane_base + {i});"
+    yield f"sum_{i}.read({M}_sum, meta.slot_index);"
+    yield f"{M}_draw = meta.result_key + {_step(i)};"  # (one action with the read)
     yield "magnitude();"
     for width in (32, 16, 8, 4, 2, 1):
         yield f"if (({M}_rest >> {width}) != 0) {{"
         yield f"    {M}_high = {M}_high + {width};"
         yield f"    {M}_rest = {M}_rest >> {width};"
         yield "}"
-    yield f"{M}_draw = meta.result_key + {_step(i)};"
     yield "round_to_code();"
     yield f"{lane}.sign = {M}_negative;"
     yield f"{lane}.code = (bit<7>){M}_code;"
-    yield f"results.write(meta.lane_base + {i}, {M}_negative ++ (bit<7>){M}_code);"
+    yield f"result_{i}.write(meta.slot_index, {M}_negative ++ (bit<7>){M}_code);"
 
 
 def _load(i: int) -> Iterator[str]:
-    yield f"results.read(stored, meta.lane_base + {i});"
+    yield f"result_{i}.read(stored, meta.slot_index);"
     yield f"hdr.lanes[{i}].sign = stored[7:7];"
     yield f"hdr.lanes[{i}].code = stored[6:0];"
 
@@ -125,7 +134,7 @@ def _widen(i: int) -> Iterator[str]:
     yield f"if (hdr.nc.count > {i}) {{"
     yield f"    hdr.lanes[{i}].setInvalid();"
     yield f"    hdr.wide[{i}].setValid();"
-    yield f"    sums.read(hdr.wide[{i}].value, meta.lane_base + {i});"
+    yield f"    sum_{i}.read(hdr.wide[{i}].value, meta.slot_index);"
     yield "}"
 
 
@@ -136,23 +145,29 @@ def lanes_p4(k: int) -> str:
         "#ifndef NCINA_LANES_P4",
         "#define NCINA_LANES_P4",
         "",
-        "// Admission: is any of the packet's codes above the job's window (bad_code)?",
+        "// Admission: is any of the packet's codes above the job's window (bad_code)? The parser",
+        "// set bit c of meta.codes_seen for each lane's code c.",
         "control CheckCodes(in headers_t hdr, inout meta_t meta) {",
         "    apply {",
-        "        meta.bad_code = 0;",
-        *_each(k, _check, 8),
+        "        meta.bad_code = (meta.codes_seen >> ((bit<8>)meta.max_code + 1)) != 0 ? 1w1",
+        "            : 1w0;",
         "    }",
         "}",
         "",
-        "// The slot's lanes: a signed 64-bit sum per lane and slot version (the switch ALU's",
-        "// registers), the stored NC8 result, and what meta.lane_op asks of them (LANE_*).",
+        "// The slot's lanes: per lane, a signed 64-bit sum per slot version (the switch ALU's",
+        "// registers) and the stored NC8 result (one register array per lane, indexed by",
+        "// meta.slot_index: no index to compute per lane), and what meta.lane_op asks of them.",
         "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
-        "    register<bit<64>>(NCINA_SLOTS * NCINA_K) sums;",
-        "    register<bit<8>>(NCINA_SLOTS * NCINA_K) results;",
+        *_each(k, _registers, 4),
         "    // Completions of each slot version: the `use` of its next nc8 result's key.",
         "    register<bit<32>>(NCINA_SLOTS) uses;",
         "",
-        "    // A contribution: the first one of the slot version overwrites, the others add.",
+        "    // The first contribution to the slot version: its values are the sums.",
+        "    action store() {",
+        *_each(k, _store, 8),
+        "    }",
+        "",
+        "    // Another contribution: its values added to the sums.",
         "    action add() {",
         *_each(k, _add, 8),
         "    }",
@@ -209,7 +224,11 @@ def lanes_p4(k: int) -> str:
         "",
         "    apply {",
         "        if (meta.lane_op == LANE_ADD || meta.lane_op == LANE_COMPLETE) {",
-        "            add();",
+        "            if (meta.first == 1) {",
+        "                store();",
+        "            } else {",
+        "                add();",
+        "            }",
         "        }",
         "        if (meta.lane_op == LANE_NOTICE) {",
         "            clear();",

@@ -36,6 +36,7 @@ P4_DIR = ROOT / "p4"
 CHECKOUT = (ROOT / "pyproject.toml").is_file()
 BUILD_DIR = ROOT / "build" / "p4" if CHECKOUT else cache_root() / "p4"
 MAIN = "ncina.p4"
+ECHO = "echo/echo.p4"  # the no-op forwarder that the benchmark measures the program against
 
 INSTALL_HINT = (
     "install p4lang's p4c (p4c-bm2-ss) and behavioral-model built with PI "
@@ -73,18 +74,20 @@ def missing(*, compiler: bool = True, target: bool = True, runtime: bool = True)
 
 @dataclass(frozen=True)
 class Build:
-    """A compiled program: the BMv2 JSON and the P4Info (text format) for K lanes."""
+    """A compiled program: the BMv2 JSON and the P4Info (text format) of ``program`` (a path
+    under ``p4/``), the aggregator's for K lanes unless told."""
 
     k: int
     directory: Path
+    program: str = MAIN
 
     @property
     def json(self) -> Path:
-        return self.directory / "ncina.json"
+        return self.directory / f"{Path(self.program).stem}.json"
 
     @property
     def p4info(self) -> Path:
-        return self.directory / "ncina.p4info.txt"
+        return self.directory / f"{Path(self.program).stem}.p4info.txt"
 
 
 def sources() -> list[Path]:
@@ -93,21 +96,25 @@ def sources() -> list[Path]:
 
 
 def compile_command(build: Build) -> list[str]:
-    """The ``p4c-bm2-ss`` command line that compiles ``p4/ncina.p4`` into ``build``."""
+    """The ``p4c-bm2-ss`` command line that compiles ``build``'s program into its directory."""
     return [
         p4c(), "--std", "p4-16", "--arch", "v1model",
         "-I", str(build.directory),
         "-o", str(build.json),
         "--p4runtime-files", str(build.p4info),
-        str(P4_DIR / MAIN),
+        str(P4_DIR / build.program),
     ]  # fmt: skip
 
 
-def _digest(k: int) -> str:
-    h = hashlib.sha256(f"k={k}\n{p4c()}\n".encode())
+def _digest(build: Build) -> str:
+    h = hashlib.sha256(f"k={build.k}\n{p4c()}\n".encode())
+    if build.program != MAIN:
+        h.update((P4_DIR / build.program).read_bytes())
+        return h.hexdigest()
     for path in sources():
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    h.update(gen.config_p4(k).encode() + gen.lanes_p4(k).encode())  # what gen would write now
+    # what gen would write now
+    h.update(gen.config_p4(build.k).encode() + gen.lanes_p4(build.k).encode())
     return h.hexdigest()
 
 
@@ -121,19 +128,29 @@ def build(k: int, directory: Path | None = None, *, force: bool = False) -> Buil
         return _build_locked(result, force)
 
 
+def build_echo(directory: Path | None = None, *, force: bool = False) -> Build:
+    """Compile the no-op forwarder ``p4/echo/echo.p4`` (unless an up-to-date build exists)."""
+    result = Build(0, directory or BUILD_DIR / "echo", ECHO)
+    result.directory.mkdir(parents=True, exist_ok=True)
+    with (result.directory / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(result, force)
+
+
 def _build_locked(result: Build, force: bool) -> Build:
-    k = result.k
     stamp = result.directory / "inputs.sha256"
-    digest = _digest(k)
+    digest = _digest(result)
     if (not force and result.json.exists() and result.p4info.exists() and stamp.exists()
             and stamp.read_text().strip() == digest):  # fmt: skip
         return result
     reason = missing(target=False, runtime=False)
     if reason:
-        raise ToolchainError(f"cannot compile p4/{MAIN}: {reason}")
-    gen.write(k, result.directory)
+        raise ToolchainError(f"cannot compile p4/{result.program}: {reason}")
+    if result.program == MAIN:
+        gen.write(result.k, result.directory)
     command = compile_command(result)
-    proc = _run_with_progress(command, f"p4c-bm2-ss {MAIN} K={k}")
+    what = f" K={result.k}" if result.program == MAIN else ""
+    proc = _run_with_progress(command, f"p4c-bm2-ss {result.program}{what}")
     if proc.returncode != 0:
         raise ToolchainError(
             f"{' '.join(command)} failed with status {proc.returncode}:\n"

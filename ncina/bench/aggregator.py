@@ -8,8 +8,10 @@ P4 program on simple_switch_grpc), the Python backend, and a no-op forwarder on 
 backend's I/O path (it echoes every datagram: one reply per packet, like the aggregator; the I/O
 limit of this machine): DPDK's on the af_packet path, for socket the socket backend's own
 (``--socket-mode forward``). Needs root and DPDK (``apt-get install dpdk libdpdk-dev``; the load
-generator is in its extension); bmv2 needs p4c and BMv2 too (docs/bmv2.md). BMv2 reads its port
-through libpcap, whose ring holds a few dozen frames: give it a small --pool-size.
+generator is in its extension); bmv2 needs p4c and BMv2 too (docs/bmv2.md). For bmv2 the run
+also measures the same simple_switch_grpc running p4/echo/echo.p4, a P4 program that only echoes
+each datagram (``--bmv2-mode forward``), and reports ``vs_forwarder``: how close the aggregator
+program comes to what BMv2 itself forwards.
 
 ``--lcores 1,2`` measures the DPDK aggregator and its forwarder at each lane count (docs/dpdk.md,
 "Several lcores") in the same run and reports ``lcores_scaling``: packets/s at the last count
@@ -97,7 +99,8 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
     work = args.workdir / kind
     work.mkdir(parents=True, exist_ok=True)
     stats_path, log_path = work / "stats.json", work / "aggregator.log"
-    backend = {"forward": "dpdk", "socket_forward": "socket"}.get(kind, kind)
+    backends = {"forward": "dpdk", "socket_forward": "socket", "bmv2_forward": "bmv2"}
+    backend = backends.get(kind, kind)
     cmd = [
         sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend,
         "--job", str(JOB), "--workers", str(args.workers), "--k", str(args.k),
@@ -109,8 +112,10 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
                        check=True)  # fmt: skip
         if kind == "socket_forward":
             cmd += ["--socket-mode", "forward"]
-    elif kind == "bmv2":  # the switch answers ARP and serves the site's address itself
+    elif backend == "bmv2":  # the switch answers ARP and serves the site's address itself
         cmd += ["--iface", site.iface, "--switch-log", str(work / "switch.log")]
+        if kind == "bmv2_forward":
+            cmd += ["--bmv2-mode", "forward"]
     else:
         cmd += ["--iface", site.iface, "--idle-sleep-us", str(args.idle_sleep_us),
                 "--dpdk-pmd", args.dpdk_pmd, "--lcores", str(lcores)]  # fmt: skip
@@ -122,7 +127,7 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
         proc = subprocess.Popen(site.command(cmd), stdout=log, stderr=subprocess.STDOUT)
     try:
         # (bmv2 may first compile p4/ for K: minutes for K = 256)
-        aggproc.wait_ready(proc, log_path, timeout=900.0 if kind == "bmv2" else 120.0)
+        aggproc.wait_ready(proc, log_path, timeout=900.0 if backend == "bmv2" else 120.0)
         module = load()
         ffi, lib = module.ffi, module.lib
         socks = []
@@ -197,6 +202,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
     forward = "socket_forward" if args.backend == "socket" else "forward"
     kinds = ["python", forward] + ([args.backend] if args.backend != "python" else [])
+    if args.backend == "bmv2":  # the same switch running a program that only echoes
+        kinds.append("bmv2_forward")
     # Every (kind, lane count) measured once per repeat, interleaved: slow drifts of a shared
     # machine's load spread over all of them.
     plan = [(kind, n) for kind in kinds
@@ -214,7 +221,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     measured = figures[args.backend]
     # Three significant digits: a BMv2 switch runs at a few thousandths of the others.
     figures["noop_forwarder"] = forward
-    for name, other in (("vs_python", "python"), ("vs_noop_forwarder", forward)):
+    ratios = [("vs_python", "python"), ("vs_noop_forwarder", forward)]
+    if args.backend == "bmv2":  # how close it comes to what BMv2 itself forwards
+        ratios.append(("vs_forwarder", "bmv2_forward"))
+    for name, other in ratios:
         figures[name] = float(f"{measured['packets_per_s'] / figures[other]['packets_per_s']:.3g}")
     if len(args.lcores) > 1:
         first, last = args.lcores[0], args.lcores[-1]
