@@ -221,9 +221,20 @@ def test_blake2b_matches_hashlib(plane: object) -> None:
         shapes = ((16, 8), (rnd.randint(17, 64), 8), (0, 64), (64, rnd.randint(1, 64)))
         for key_length, digest in shapes:
             key = rnd.randbytes(key_length)
-            lib.nce_blake2b(out, digest, key, key_length, message, length)
+            assert lib.nce_blake2b(out, digest, key, key_length, message, length) == 0
             want = hashlib.blake2b(message, digest_size=digest, key=key).digest()
             assert bytes(ffi.buffer(out, digest)) == want, (length, key_length, digest)
+
+
+def test_blake2b_refuses_lengths_past_its_buffers(plane: object) -> None:
+    # Issue 27, minor: a key past 64 bytes would be copied past the state's block, a digest of
+    # 0 or past 64 bytes written past the caller's or the state's words: both refused.
+    ffi, lib = plane.ffi, plane.lib  # type: ignore[attr-defined]
+    out = ffi.new("uint8_t[80]")
+    key = bytes(80)
+    for key_length, digest in ((65, 8), (16, 0), (16, 65), (80, 80)):
+        assert lib.nce_blake2b(out, digest, key, key_length, b"m", 1) == -1
+        assert bytes(ffi.buffer(out)) == bytes(80), (key_length, digest)
 
 
 def test_parity_two_jobs_and_members(plane: object) -> None:

@@ -211,9 +211,31 @@ def test_spine_uplink_parameters_are_checked(
     with pytest.raises(RuntimeError, match="job 10 is not installed"):
         engine.check(engine.lib.nce_job_set_uplink(10, 1, 6), "uplink")
     # A window too wide for the total: the n partial sums could overflow 64 bits.
-    assert engine.lib.nce_job_add(11, 3, K, 4, -52, 62, 1, 0) == 0
-    with pytest.raises(RuntimeError, match="6 workers of values up to 2\\^62 overflow"):
+    assert engine.lib.nce_job_add(11, 3, K, 4, -52, 61, 1, 0) == 0
+    with pytest.raises(RuntimeError, match="6 workers of values up to 2\\^61 overflow"):
         engine.check(engine.lib.nce_job_set_uplink(11, 1, 6), "uplink")
+
+
+def test_a_window_whose_sums_overflow_64_bits_is_refused_by_job_add(engine: Engine) -> None:
+    # Issue 27, minor: nce_job_add applies nce_job_set_uplink's check, so a one-level job too
+    # cannot have workers whose codes sum past an int64 accumulator.
+    with pytest.raises(RuntimeError, match="2 workers of values up to 2\\^62 overflow"):
+        engine.check(engine.lib.nce_job_add(12, 2, K, 4, -52, 62, 0, 0), "job")
+    with pytest.raises(RuntimeError, match="64 workers of values up to 2\\^57 overflow"):
+        engine.check(engine.lib.nce_job_add(12, 64, K, 4, -47, 57, 0, 0), "job")
+    assert engine.lib.nce_job_add(13, 1, K, 4, -52, 62, 0, 0) == 0  # one worker: 2^62 fits
+    assert engine.lib.nce_job_add(14, 64, K, 4, -46, 56, 0, 0) == 0  # Window.for_job(64)
+
+
+def test_a_hello_of_rank_65535_is_answered_offline(engine: Engine) -> None:
+    # Issue 27, minor: the offline entry point's reply range is rank .. rank + 1 without a
+    # 16-bit wrap at rank 65535 (which made a valid answer "does not fit").
+    config = JobConfig.create(job=3, workers=2, k=64, result_format="nc8", seed=1)
+    engine.add_job(config)
+    reference = Aggregator()
+    reference.add_job(config)
+    hello = pack_job_datagram(job_descriptor(config), job=3, rank=0xFFFF)
+    assert len(replay_one(engine, reference, hello, ("10.9.1.1", 5000))) == 1
 
 
 def test_reply_buffers_are_checked_before_any_write(engine: Engine) -> None:

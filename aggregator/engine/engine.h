@@ -60,7 +60,8 @@ uint32_t nce_max_k(void);
  * job that cannot serve keyed must not serve unkeyed). Default: no limit beyond NCE_MAX_K. */
 void nce_set_reply_room(uint32_t bytes, const char *limit);
 /* Install a job. result_format 0 = nc8, 1 = int; seed: of the nc8 results' rounding bits
- * (nc8_result_key). Returns 0, or -1 with nce_error(). */
+ * (nc8_result_key). workers * 2^span must fit an int64 accumulator (as nce_job_set_uplink
+ * checks for a spine). Returns 0, or -1 with nce_error(). */
 int nce_job_add(uint16_t job, uint16_t workers, uint16_t k, uint16_t slots, int e_min, int span,
                 int result_format, uint64_t seed);
 /* What a job's members send (docs/protocol.md "Hierarchical aggregation"): uplink_format 0,
@@ -111,8 +112,9 @@ void nce_set_generation(uint8_t generation);
 /* The job's authentication key (16..64 bytes; docs/protocol.md "Authentication tag"). Returns 0,
  * or -1 with nce_error(). */
 int nce_job_set_key(uint16_t job, const uint8_t *key, uint32_t keylen);
-/* Keyed BLAKE2b of msg with an outlen-byte digest (the tag's function; for tests). */
-void nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,
+/* Keyed BLAKE2b of msg with an outlen-byte digest (the tag's function; for tests): 0, or -1
+ * (nothing written) unless 1 <= outlen <= 64 and keylen <= 64. */
+int nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,
                  const uint8_t *msg, uint32_t len);
 /* Configure a member's address (IPv4 network order, UDP port host order). Unconfigured members
  * are learned from their first valid datagram; a configured one only accepts its address. */

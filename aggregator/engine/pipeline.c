@@ -134,19 +134,19 @@ int nce_process_datagram(const uint8_t *dgram, uint32_t len, const uint8_t *src_
     memcpy(&from.dst_ip, dst_ip, 4);
     struct nce_action a;
     const enum nce_verdict v = nce_input(dgram, len, &from, &a);
-    uint16_t first = 0, end = 0;                /* the replies' ranks: none for NCE_V_NONE */
+    uint32_t first = 0, end = 0;                /* the replies' ranks: none for NCE_V_NONE */
     if (v == NCE_V_SEND_ALL) {
         end = a.members;
     } else if (v != NCE_V_NONE) {
         first = a.rank;
-        end = (uint16_t)(a.rank + 1);
+        end = first + 1;                        /* 32 bits: rank 65535 has one reply too */
     }
-    const uint32_t replies = (uint32_t)(end - first), total = replies + (a.up != NCE_UP_NONE);
+    const uint32_t replies = end - first, total = replies + (a.up != NCE_UP_NONE);
     if (total > max_out)
         return -1;
-    for (uint16_t r = first; r < end; r++) {
-        const uint32_t i = (uint32_t)(r - first);
-        out_lens[i] = nce_build_reply(out + (size_t)i * stride, stride, &a, r);
+    for (uint32_t r = first; r < end; r++) {
+        const uint32_t i = r - first;
+        out_lens[i] = nce_build_reply(out + (size_t)i * stride, stride, &a, (uint16_t)r);
         if (out_lens[i] == 0)
             return -1;
         if (v != NCE_V_SEND_ALL) {              /* back to the sender */
@@ -154,7 +154,7 @@ int nce_process_datagram(const uint8_t *dgram, uint32_t len, const uint8_t *src_
             out_ports[i] = nce_port_host(from.src_port);
             continue;
         }
-        const struct nce_member *m = nce_member_of(&a, r);
+        const struct nce_member *m = nce_member_of(&a, (uint16_t)r);
         out_ips[i] = m->ip;
         out_ports[i] = nce_port_host(m->port);
     }
