@@ -146,8 +146,8 @@ def _reduction(slot: int, codes: Sequence[Sequence[int]], **fields: Any) -> list
 
 
 def _basics(slots: _Slots) -> Iterator[Case]:
-    yield Case("open", "every rank contributes 1s to slot 0: the members are learned, and the "
-               "later cases' barrier is a retransmission to this slot",
+    yield Case("open", "every rank contributes 1s to slot 0: the members are learned (every "
+               "case's barrier is a hello of each rank: barrier())",
                tuple(_reduction(slots.take(), [[1] * K] * WORKERS)))  # fmt: skip
     edge = [TOP, TOP | 0x80, 1, 0x81, 0, 0x80] + [TOP] * (K - 6)
     yield Case("window_edges", "the largest and smallest codes of both signs and both zeros: "
@@ -355,6 +355,12 @@ def _recovery(slots: _Slots) -> Iterator[Case]:
     stale = Step(1, datagram(slot=slot, codes=[1] * K, rank=1, flags=STALE << GENERATION_SHIFT))
     yield Case("stale_generation", "a packet of an earlier generation mid-reduction",
                (d[0], stale, d[1], d[2]))
+    short = Step(1, datagram(slot=slot, codes=[1] * 7, rank=1, flags=STALE << GENERATION_SHIFT))
+    yield Case("stale_generation_short", "a stale packet shorter than a notice: no answer (no "
+               "amplified reflection)", (short,))
+    e = _reduction(slots.take(), [_codes(rnd) for _ in range(3)])
+    yield Case("resend_limit", "rank 0 asks 17 times for a result it holds: 16 answers, then "
+               "resend_limit", (*e, *[Step(0, retransmission(e[0].datagram))] * 17))
     for seed in range(3):
         yield Case(f"schedule_{seed}", "seeded loss, duplicates and reordering over reused "
                    "slots (pool versions flip)", tuple(_schedule(slots.take(2), seed)))
@@ -395,11 +401,23 @@ def generate() -> list[Case]:
     return cases
 
 
+def barrier(rank: int) -> bytes:
+    """The hello a replay sends from ``rank`` after each case: its answer comes after
+    everything the case made (a hello never restarts the corpus job: ``--restart-idle``)."""
+    from ncina.proto.descriptor import Descriptor, pack_job_datagram
+
+    mine = Descriptor(mode=int(Format.NC8), workers=WORKERS, pool_size=POOL, k=K, e_max=E_MAX,
+                      e_min=E_MIN, keyed=False, compressor=0)  # fmt: skip
+    return pack_job_datagram(mine, job=JOB, rank=rank)
+
+
 def job_arguments(result: str | None = None) -> list[str]:
     """The ``ncina aggregator`` options of the corpus job with ``result`` (one of ``RESULTS``;
-    None: without ``--result``); add ``--listen`` and ``--stats``."""
+    None: without ``--result``); add ``--listen`` and ``--stats``. Its hellos restart nothing
+    during a replay (``--restart-idle`` an hour), whatever the machine's pace."""
     return ["--job", str(JOB), "--workers", str(WORKERS), "--k", str(K),
             "--pool-size", str(POOL), "--generation", str(GENERATION), "--seed", str(SEED),
+            "--restart-idle", "3600",
             *(["--result", result] if result else [])]  # fmt: skip
 
 

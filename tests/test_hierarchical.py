@@ -274,7 +274,9 @@ def test_hierarchical_a_new_set_of_workers_restarts_the_tree(
     """A second set of clients (offsets from 0 again) on the same leaves and spine: their hellos
     start the idle leaves afresh, and the leaves' hellos the idle spine, so every call completes
     exactly again (docs/protocol.md, "A new set of workers")."""
-    tree = start_tree(tmp_path, 2, 2, "int", spine_backend=spine, leaf_backend=leaf)
+    quiet = ["--restart-idle", "0"]  # restart whenever idle (the default waits 10 s)
+    tree = start_tree(tmp_path, 2, 2, "int", spine_backend=spine, leaf_backend=leaf,
+                      spine_extra=quiet, leaf_extra=quiet)  # fmt: skip
     trees.append(tree)
     calls = inputs(tree.total, "powers")
     sites = [tree.worker_site(g) for g in range(tree.total)]

@@ -3,6 +3,7 @@
  * which replies go out), as ncina.aggregator.pipeline does; plus the engine's module state and
  * the offline entry point for tests. */
 #include <string.h>
+#include <time.h>
 
 #include "state.h"
 
@@ -12,6 +13,13 @@ uint8_t nce_generation;
 struct nce_epoch nce_dp_epoch[NCE_MAX_LANES];
 __thread unsigned nce_lane;
 char nce_errbuf[256];
+
+uint64_t nce_now_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
 
 const char *nce_error(void)
 {
@@ -81,7 +89,11 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
     reason = nce_admit(job, &p, from);         /* 8-15 */
     if (reason >= 0) {
         c->drops[reason]++;
-        return reason == NCE_STALE_GENERATION ? nce_notice(job, &p, 0, act) : NCE_V_NONE;
+        /* A stale packet is answered (the notice holds nothing), unless the notice would be
+         * longer than it: the source may be forged, and a reflection must not amplify. */
+        if (reason == NCE_STALE_GENERATION && len >= nce_notice_len(job))
+            return nce_notice(job, &p, 0, act);
+        return NCE_V_NONE;
     }
     if (!nce_member_learn(job, p.rank, from)) { /* 16: a valid packet */
         c->drops[NCE_NON_MEMBER]++;             /* another lane learned another sender */
@@ -99,6 +111,11 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
         c->drops[NCE_CHUNK_MISMATCH]++;
         return NCE_V_NONE;
     case NCE_R_RESEND:                          /* rule 2: the worker lost the result */
+        if (!nce_may_resend(s, p.rank)) {       /* its budget for the round is spent */
+            c->drops[NCE_RESEND_LIMIT]++;
+            return NCE_V_NONE;
+        }
+        nce_mark_active(job);                   /* a worker waits: the job is in use */
         if (s->waiting) {                       /* a leaf's, still without it: ask again */
             nce_upstream_forward(job, s, 1, act);
             return NCE_V_NONE;
@@ -115,6 +132,7 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
     if (!nce_contribute(job, s, &p, ver))       /* rule 1: a new contribution */
         return NCE_V_NONE;
     c->slots_completed++;
+    nce_mark_active(job);
     if (job->leaf) {                            /* its exact sum goes to the spine */
         nce_upstream_forward(job, s, 0, act);
         return NCE_V_NONE;
