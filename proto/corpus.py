@@ -129,8 +129,8 @@ class _Slots:
     def take(self, n: int = 1) -> int:
         first = self.next
         self.next += n
-        if self.next > POOL:
-            raise RuntimeError(f"the corpus needs more than {POOL} slots")
+        if self.next > barrier_slot(WORKERS - 1):  # the barriers' and last_slot's are kept
+            raise RuntimeError(f"the corpus needs more than {barrier_slot(WORKERS - 1)} slots")
         return first
 
 
@@ -146,9 +146,11 @@ def _reduction(slot: int, codes: Sequence[Sequence[int]], **fields: Any) -> list
 
 
 def _basics(slots: _Slots) -> Iterator[Case]:
-    yield Case("open", "every rank contributes 1s to slot 0: the members are learned (every "
-               "case's barrier is a hello of each rank: barrier())",
-               tuple(_reduction(slots.take(), [[1] * K] * WORKERS)))  # fmt: skip
+    alone = [Step(r, datagram(slot=barrier_slot(r), codes=[1] * K, rank=r))
+             for r in range(WORKERS)]
+    yield Case("open", "every rank contributes 1s to slot 0: the members are learned; and each "
+               "rank alone to its barrier slot (every case's barrier: barrier())",
+               (*_reduction(slots.take(), [[1] * K] * WORKERS), *alone))  # fmt: skip
     edge = [TOP, TOP | 0x80, 1, 0x81, 0, 0x80] + [TOP] * (K - 6)
     yield Case("window_edges", "the largest and smallest codes of both signs and both zeros: "
                "exact int sums up to 3 * 2**60", tuple(_reduction(slots.take(), [edge] * 3)))
@@ -401,14 +403,17 @@ def generate() -> list[Case]:
     return cases
 
 
-def barrier(rank: int) -> bytes:
-    """The hello a replay sends from ``rank`` after each case: its answer comes after
-    everything the case made (a hello never restarts the corpus job: ``--restart-idle``)."""
-    from ncina.proto.descriptor import Descriptor, pack_job_datagram
+def barrier_slot(rank: int) -> int:
+    """The slot ``rank`` alone contributes to in the opening case (a round that never
+    completes), out of the slots ``_Slots`` hands out and below ``last_slot``'s."""
+    return POOL - 2 - rank
 
-    mine = Descriptor(mode=int(Format.NC8), workers=WORKERS, pool_size=POOL, k=K, e_max=E_MAX,
-                      e_min=E_MIN, keyed=False, compressor=0)  # fmt: skip
-    return pack_job_datagram(mine, job=JOB, rank=rank)
+
+def barrier(rank: int) -> bytes:
+    """What a replay sends from ``rank`` after each case: its contribution to its barrier slot
+    again, a duplicate of an incomplete round, answered by a notice that comes after
+    everything the case made (rule 3 has no budget, unlike rule 2's resends)."""
+    return retransmission(datagram(slot=barrier_slot(rank), codes=[1] * K, rank=rank))
 
 
 def job_arguments(result: str | None = None) -> list[str]:

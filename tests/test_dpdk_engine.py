@@ -15,9 +15,11 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from ncina.aggregator.handshake import job_descriptor
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
 from ncina.proto import tag
+from ncina.proto.descriptor import pack_job_datagram
 from ncina.proto.header import FLAG_TAG
 from ncina.proto.layers import NcinaHeader
 from ncina_testlib import uplink
@@ -291,6 +293,24 @@ def test_not_ncina_is_ignored(plane: object) -> None:
     assert process(plane, b"\x00" * 10) == []
     stats = plane.job_stats(7)  # type: ignore[attr-defined]
     assert stats.packets_in == 0
+
+
+@pytest.mark.parametrize("src_mac", ["ff:ff:ff:ff:ff:ff", "01:00:5e:00:00:01", "00:00:00:00:00:00"])
+def test_a_frame_from_a_group_or_zero_mac_gets_no_reply(plane: object, src_mac: str) -> None:
+    # Issue 27, finding 7: replies go to the frame's Ethernet source; a broadcast or multicast
+    # source made a result go to the whole segment. Such frames are ignored (no host sends
+    # from one), before the engine sees them: no member learns that MAC.
+    config = job(result_format="int")
+    plane.add_job(config)  # type: ignore[attr-defined]
+    emin = config.window.e_min
+    hello = pack_job_datagram(job_descriptor(config), job=7, rank=0)
+    d = uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01", emin=emin)
+    for datagram in (hello, d):
+        raw = bytes(Ether(src=src_mac, dst=AGG_MAC) / IP(src="10.77.1.1", dst=AGG_IP)
+                    / UDP(sport=5000, dport=PORT) / Raw(datagram))  # fmt: skip
+        assert process(plane, raw) == []
+    assert plane.job_stats(7).packets_in == 0  # type: ignore[attr-defined]
+    assert len(process(plane, frame(hello, ("10.77.1.1", 5000)))) == 1  # from a host: answered
 
 
 def test_arp_reply(plane: object) -> None:
