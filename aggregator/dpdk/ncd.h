@@ -103,6 +103,12 @@ void ncd_stop(void);
 /* Stop and close the port and release EAL. */
 void ncd_close(void);
 
+/* Whether lane 0 may hand the engine a reassembled datagram that stays in its own buffer
+ * (larger than an mbuf, so it cannot go to another lane): only when lane 0 owns it among
+ * `lanes` (nce_lane_of), so that no slot is touched by two lanes; otherwise it is dropped and
+ * counted as ignored. */
+int ncd_whole_on_lane0(const uint8_t *dgram, uint32_t len, unsigned lanes);
+
 /* Offline engine, for tests (no EAL needed): feed one Ethernet frame; the frames it sends are
  * written to out (max_out slots of stride bytes), their lengths to out_lens: the replies, then
  * a leaf's frame to its spine (or the ARP request for the spine's MAC sent instead). Returns

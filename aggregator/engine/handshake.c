@@ -35,13 +35,31 @@ int nce_is_job_datagram(const uint8_t *dgram, uint32_t len)
     return len >= NCE_HDR_LEN && dgram[0] == NCE_VERSION && dgram[2] == NCE_FMT_JOB;
 }
 
+__thread int nce_no_restart;
+
+/* A job datagram's length and count checks: -1 when they pass, else the drop reason. */
+static int malformed(const uint8_t *dgram, uint32_t len)
+{
+    const uint16_t count = (uint16_t)(dgram[10] << 8 | dgram[11]);
+    const uint32_t want = NCE_JOB_LEN + (dgram[1] & NCE_FLAG_TAG ? NCE_TAG_LEN : 0);
+    return len != want ? NCE_BAD_LENGTH : count != 1 ? NCE_BAD_COUNT : -1;
+}
+
+int nce_hello_may_restart(const uint8_t *dgram, uint32_t len)
+{
+    if (!nce_is_job_datagram(dgram, len) || malformed(dgram, len) >= 0 ||
+        (dgram[1] & NCE_FLAG_RESULT))
+        return 0;
+    const struct nce_job *job = nce_job_at((uint16_t)(dgram[4] << 8 | dgram[5]));
+    const struct nce_pkt p = {.dgram = dgram, .dgram_len = len, .flags = dgram[1]};
+    return job != NULL && nce_authentic(job, &p) && quiet_long_enough(job);
+}
+
 enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_action *act)
 {
     struct nce_pkt p = {.dgram = dgram, .dgram_len = len, .flags = dgram[1]};
     const uint16_t id = (uint16_t)(dgram[4] << 8 | dgram[5]);
-    const uint16_t count = (uint16_t)(dgram[10] << 8 | dgram[11]);
-    const uint32_t want = NCE_JOB_LEN + (p.flags & NCE_FLAG_TAG ? NCE_TAG_LEN : 0);
-    int reason = len != want ? NCE_BAD_LENGTH : count != 1 ? NCE_BAD_COUNT : -1;
+    int reason = malformed(dgram, len);
     struct nce_job *job = nce_job_at(id);
     struct nce_counters *c = nce_counters_of(job);
     c->packets_in++;
@@ -70,7 +88,7 @@ enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_ac
      * starts it afresh: a new set of workers comes from new ports and counts its offsets from
      * 0 again, which the member check and the slot rules would take for strangers and late
      * packets. */
-    act->restarted = act->status == STATUS_OK && quiet_long_enough(job) &&
+    act->restarted = act->status == STATUS_OK && !nce_no_restart && quiet_long_enough(job) &&
                      nce_pool_restart_if_idle(job);
     if (act->restarted)
         nce_members_forget_learned(job);
