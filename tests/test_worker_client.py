@@ -113,6 +113,12 @@ class FakeAggregator(threading.Thread):
             except TimeoutError:
                 continue
             if descriptor.is_job_datagram(data):
+                if self.forger is not None:  # a refusal from elsewhere first: ignored
+                    hdr = Header._make(HEADER.unpack_from(data))
+                    self.forger.sendto(descriptor.pack_job_datagram(
+                        descriptor.NOWHERE, job=hdr.job, rank=hdr.rank,
+                        status=descriptor.NOT_AUTHENTIC, answer=True), peer)  # fmt: skip
+                    self.forged += 1
                 self.sock.sendto(self.handshake(data), peer)
                 continue
             hdr, _ = parse(data)
@@ -509,14 +515,15 @@ def test_stale_foreign_and_duplicate_results_are_ignored() -> None:
 
 def test_results_and_notices_from_another_address_are_ignored() -> None:
     # Issue 27, finding 1: an unkeyed job's worker takes datagrams from its aggregator's
-    # address only, so an off-path host cannot forge the all-reduce or end the client.
+    # address only, so an off-path host cannot forge the all-reduce or end the client (nor
+    # fail its handshake with a forged refusal).
     x = powers_of_two(64 * 20, seed=6)
     with fake(forger=True) as agg, client_for(agg.address) as client:
         for _ in range(2):  # the second call is not refused: no forgery ended the client
             np.testing.assert_array_equal(client.allreduce(x), x)
         stats = client.stats
         forged = agg.forged
-    assert forged == 2 * len(agg.uplink) >= 2 * 2 * 20
+    assert forged == 2 * len(agg.uplink) + agg.hellos >= 2 * 2 * 20 + 1
     assert stats["results_ignored"] >= forged  # each came before the result it copies
 
 
