@@ -3,7 +3,6 @@
  * which replies go out), as ncina.aggregator.pipeline does; plus the engine's module state and
  * the offline entry point for tests. */
 #include <string.h>
-#include <time.h>
 
 #include "state.h"
 
@@ -13,13 +12,6 @@ uint8_t nce_generation;
 struct nce_epoch nce_dp_epoch[NCE_MAX_LANES];
 __thread unsigned nce_lane;
 char nce_errbuf[256];
-
-uint64_t nce_now_ns(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
-}
 
 const char *nce_error(void)
 {

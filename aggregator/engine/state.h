@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "blake2b.h"
 #include "datapath.h"
@@ -126,8 +127,13 @@ extern struct nce_job *nce_jobs[65536];
 extern struct nce_lane_counters nce_global[NCE_MAX_LANES];
 extern unsigned nce_lanes;     /* lanes the I/O layer runs (nce_set_lanes) */
 
-/* CLOCK_MONOTONIC in ns (pipeline.c). */
-uint64_t nce_now_ns(void);
+/* CLOCK_MONOTONIC in ns. */
+static inline uint64_t nce_now_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
 /* The job was active now, on the calling lane (a completion, or a result sent again). */
 static inline void nce_mark_active(struct nce_job *job)
 {
