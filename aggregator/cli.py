@@ -12,6 +12,7 @@ from ncina.aggregator.bmv2 import driver as bmv2_driver
 from ncina.aggregator.control import DEFAULT_MAX_JOBS, jobs_directory
 from ncina.aggregator.dpdk import driver as dpdk_driver
 from ncina.aggregator.faults import FaultConfig
+from ncina.aggregator.handshake import RESTART_IDLE
 from ncina.aggregator.jobs import (
     DEFAULT_POOL_SIZE,
     DEFAULT_WINDOW_MAX,
@@ -91,6 +92,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < 1e9:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds (below 1e9), not {text}")
     return value
 
 
@@ -237,6 +248,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="G",
         help=f"this start's generation, 1..{MAX_GENERATION}, stamped on every result so that "
         "workers notice a restart (default: random; pin it to test restarts)",
+    )
+    parser.add_argument(
+        "--restart-idle",
+        type=_non_negative_seconds,
+        default=RESTART_IDLE,
+        metavar="SECONDS",
+        help="how long a job must have been quiet (no slot completed, no result sent again) "
+        "before a worker's hello starts it afresh for a new set of workers: longer than the "
+        "workers' deadline, so that a rank of a job in use keeps its results and its address "
+        "(docs/protocol.md, 'A new set of workers'; default: %(default)s, the workers' default "
+        "deadline; 0: whenever no round is partly filled)",
     )
     parser.add_argument(
         "--mtu",
@@ -421,6 +443,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         aggregator = Aggregator(generation, max_residual_elements=args.max_residual_elements)
         aggregator.add_job(config, compressor)
+    aggregator.restart_idle = args.restart_idle
     backend = PythonBackend(
         aggregator,
         args.listen,

@@ -5,9 +5,11 @@ chunk; the aggregator answers with the descriptor of the job of that id as it ho
 "no such job", or, when the hello's authentication is not what the job asks for, with "not
 authentic" (the descriptor all the same: a job's parameters are no secret, and the worker then
 names the key as the mismatch). No member is learned; an authentic hello that finds the job
-idle (no round partly filled) starts its slots afresh (``JobSlots.restart_if_idle``) and forgets
-the members' learned addresses, so that a new set of workers, from new ports and counting
-offsets from 0 again, is not taken for strangers and late packets.
+idle (no round partly filled) and quiet for ``RESTART_IDLE`` seconds (no completion and no
+result sent again: longer than a worker waits for a lost result) starts its slots afresh
+(``JobSlots.restart_if_idle``) and forgets the members' learned addresses, so that a new set of
+workers, from new ports and counting offsets from 0 again, is not taken for strangers and late
+packets, while a rank of a job in use keeps its stored results and its address.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from ncina.proto.descriptor import (
     pack_job_datagram,
 )
 from ncina.proto.header import BAD_COUNT, BAD_FLAGS, BAD_LENGTH, FLAG_RESULT, HEADER
+
+RESTART_IDLE = 10.0
+"""Seconds a job must have been quiet before a hello restarts it: the workers' default deadline
+(``AllreduceClient(deadline=...)``), the longest a rank keeps asking for a lost result."""
 
 
 def job_descriptor(config: JobConfig, compressor: object | None = None) -> Descriptor:
@@ -56,10 +62,13 @@ def answer(
     generation: int,
     datagram: bytes | bytearray | memoryview,
     source: Address,
+    quiet: tuple[float, float],
 ) -> Sequence[tuple[bytes, Address]]:
     """The answer to a ``job`` datagram (``is_job_datagram``) from ``source``; ``jobs`` maps a
-    job id to its ``JobSlots``. Counts it: under the job as a handshake (or a drop when it is
-    malformed), globally as ``unknown_job`` when no job has its id (answered all the same)."""
+    job id to its ``JobSlots``; ``quiet`` is ``(now, restart_idle)``: the job restarts only if
+    its last activity (``JobSlots.active_at``) is ``restart_idle`` seconds or more before now.
+    Counts it: under the job as a handshake (or a drop when it is malformed), globally as
+    ``unknown_job`` when no job has its id (answered all the same)."""
     size = len(datagram)
     _, flags, _, _, job_id, rank, _, count, _ = HEADER.unpack_from(datagram)
     slots = jobs.get(job_id)
@@ -85,7 +94,8 @@ def answer(
         return ()
     key = slots.key
     is_authentic = authentic(key, flags, datagram)
-    if is_authentic and slots.restart_if_idle():
+    now, restart_idle = quiet
+    if is_authentic and now - slots.active_at >= restart_idle and slots.restart_if_idle():
         slots.members.forget_learned()
     descriptor = job_descriptor(slots.config, getattr(slots, "compressor", None))
     reply = pack_job_datagram(

@@ -14,6 +14,9 @@ every concept to its file in each backend.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from ncina.aggregator import admission, handshake, members, parse, reply
 from ncina.aggregator.jobs import Address, JobConfig
 from ncina.aggregator.reply import NOTHING, Datagrams
@@ -22,6 +25,7 @@ from ncina.aggregator.slots import (
     DEFAULT_MAX_RESIDUAL_ELEMENTS,
     DUPLICATE,
     RESEND,
+    RESEND_LIMIT,
     JobSlots,
     ServerSlots,
 )
@@ -37,12 +41,19 @@ class Aggregator:
     ``generation`` (1..15) goes on every result and notice; uplink packets that carry another
     non-zero generation are stale (docs/protocol.md, "Generations and notices"). 0, the
     default, keeps protocol version 1 without generations: no notices, and generation bits on
-    uplink are dropped as ``bad_flags`` (what a backend that does not implement them does)."""
+    uplink are dropped as ``bad_flags`` (what a backend that does not implement them does).
+
+    ``restart_idle``: the seconds a job must have been quiet (no completion, no result sent
+    again) before an authentic hello may start it afresh (docs/protocol.md, "A new set of
+    workers"); ``clock``: the monotonic clock that measures it."""
 
     def __init__(
-        self, generation: int = 0, max_residual_elements: int = DEFAULT_MAX_RESIDUAL_ELEMENTS
-    ) -> None:
+        self, generation: int = 0, max_residual_elements: int = DEFAULT_MAX_RESIDUAL_ELEMENTS,
+        restart_idle: float = handshake.RESTART_IDLE, clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
         self.generation = generation
+        self.restart_idle = restart_idle
+        self.clock = clock
         self.jobs: dict[int, JobSlots] = {}
         self.stats = GlobalStats()
         self.limits = LimitStats()
@@ -79,7 +90,9 @@ class Aggregator:
         version 1) and names an installed job, otherwise under ``stats`` (the global section).
         """
         if is_job_datagram(datagram):
-            return handshake.answer(self.jobs, self.stats, self.generation, datagram, source)
+            quiet = (self.clock(), self.restart_idle)
+            return handshake.answer(self.jobs, self.stats, self.generation, datagram, source,
+                                    quiet)  # fmt: skip
         size = len(datagram)
         parsed = parse.uplink(datagram)  # 1-5
         if isinstance(parsed, str):
@@ -101,7 +114,9 @@ class Aggregator:
         values = admission.admit(job, header, payload, source)  # 8-15
         if isinstance(values, str):
             stats.drops[values] += 1
-            if values == admission.STALE_GENERATION:  # answered: the notice holds nothing
+            # Answered (the notice holds nothing), unless the notice would be longer than the
+            # packet: the source may be forged, and a reflection must not amplify.
+            if values == admission.STALE_GENERATION and size >= reply.notice_size(job):
                 return reply.notice(job, rank, flags & FLAG_POOL, slot, offset, 0, source)
             return NOTHING
         job.members.learn(rank, source)  # 16: a valid packet
@@ -113,11 +128,16 @@ class Aggregator:
             if not job.contribute(version, slot, rank, offset, count, values):
                 return NOTHING
             stats.slots_completed += 1
+            job.active_at = self.clock()
             if job.upstream is not None:  # a leaf: the exact sum goes to its spine (hierarchy.py)
                 return job.upstream.forward(job, version, slot)
             stats.results_sent += job.workers
             return reply.results(job, version, slot, range(job.workers))
         if rule is RESEND:  # rule 2: the worker lost the result
+            if not job.may_resend(version, slot, rank):  # its budget for the round is spent
+                stats.drops[RESEND_LIMIT] += 1
+                return NOTHING
+            job.active_at = self.clock()
             if job.upstream is not None and not job.results[version][slot]:
                 return job.upstream.forward(job, version, slot, retx=True)  # still waiting
             stats.results_resent += 1

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ncina.aggregator.jobs import Address
 from ncina.proto import tag
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, GENERATION_SHIFT, HEADER, NOTICE, VERSION
+from ncina.proto.wire import TAG_SIZE
 
 if TYPE_CHECKING:
     from ncina.aggregator.slots import JobSlots
@@ -54,6 +55,11 @@ def results(job: JobSlots, version: int, slot: int, ranks: Sequence[int]) -> Dat
     stats.packets_out += len(out)
     stats.bytes_out += sum(len(datagram) for datagram, _ in out)
     return out  # type: ignore[return-value]  # every rank of a complete slot has an address
+
+
+def notice_size(job: JobSlots) -> int:
+    """A notice's length in bytes: the header, the bitmap and a keyed job's tag."""
+    return HEADER.size + NOTICE.size + (TAG_SIZE if job.key is not None else 0)
 
 
 def notice(

@@ -16,6 +16,7 @@ lists indexed by ``[version][slot]`` and one ``(2, S, K)`` array per job, alloca
 from __future__ import annotations
 
 import importlib
+import math
 import struct
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,13 @@ RESEND = "resend"  # rule 2: the stored result, to the sender
 DUPLICATE = "duplicate"  # rule 3: ignored (answered by a notice)
 LATE = "late"
 CHUNK_MISMATCH = "chunk_mismatch"
+RESEND_LIMIT = "resend_limit"  # rule 2 past its budget: dropped
+
+RESENDS_PER_ROUND = 16
+"""How often one member may be sent one round's stored result again (rule 2), per slot version
+(docs/protocol.md, "Slots, pool versions and loss recovery"): a worker asks again once per
+timeout, so 16 losses in a row of one result are needed to exhaust it, while a spoofed member's
+requests make at most 16 copies of each result it held (no unbounded amplification)."""
 
 _NC8 = int(Format.NC8)  # a plain int: enum attribute lookups are slow on the per-packet path
 
@@ -112,6 +120,11 @@ class JobSlots:
         self.offsets = [[0] * s, [0] * s]
         self.counts = [[0] * s, [0] * s]
         self.results = [[b""] * s, [b""] * s]
+        # Per version, per slot and rank (slot * n + rank): results sent again this round.
+        self.resends = [bytearray(s * n), bytearray(s * n)]
+        # When (the aggregator's clock) a slot last completed or a result was sent again: a
+        # hello restarts the job only after it was quiet for a while (``handshake.py``).
+        self.active_at = -math.inf
         self.accumulators = np.zeros((2, s, k), dtype=self._accumulator_dtype)
         self._rows = [list(self.accumulators[0]), list(self.accumulators[1])]
 
@@ -157,6 +170,8 @@ class JobSlots:
             acc[:] = values
             self.offsets[version][slot] = offset
             self.counts[version][slot] = count
+            n = self.workers
+            self.resends[version][slot * n : slot * n + n] = bytes(n)
             seen = 0
         else:
             acc += values
@@ -185,6 +200,17 @@ class JobSlots:
         self.offsets = [[0] * s, [0] * s]
         self.counts = [[0] * s, [0] * s]
         self.results = [[b""] * s, [b""] * s]
+        self.resends = [bytearray(s * workers), bytearray(s * workers)]
+        return True
+
+    def may_resend(self, version: int, slot: int, rank: int) -> bool:
+        """Whether rule 2 may send ``rank`` the stored result of ``(slot, version)`` again
+        (``RESENDS_PER_ROUND``); counts the resend when it may."""
+        at = slot * self.workers + rank
+        sent = self.resends[version][at]
+        if sent >= RESENDS_PER_ROUND:
+            return False
+        self.resends[version][at] = sent + 1
         return True
 
     def decode(self, payload: memoryview | bytes, count: int) -> np.ndarray | None:

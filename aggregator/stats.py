@@ -34,6 +34,7 @@ JOB_DROP_REASONS = (
     "chunk_mismatch",
     "stale_generation",
     "late",
+    "resend_limit",
 )
 # Drops counted aggregator-wide: packets that cannot be attributed to a configured job, and
 # failures of the aggregator itself (``internal_error``: a bug, logged with its traceback).

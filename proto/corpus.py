@@ -129,8 +129,8 @@ class _Slots:
     def take(self, n: int = 1) -> int:
         first = self.next
         self.next += n
-        if self.next > POOL:
-            raise RuntimeError(f"the corpus needs more than {POOL} slots")
+        if self.next > barrier_slot(WORKERS - 1):  # the barriers' and last_slot's are kept
+            raise RuntimeError(f"the corpus needs more than {barrier_slot(WORKERS - 1)} slots")
         return first
 
 
@@ -146,9 +146,11 @@ def _reduction(slot: int, codes: Sequence[Sequence[int]], **fields: Any) -> list
 
 
 def _basics(slots: _Slots) -> Iterator[Case]:
-    yield Case("open", "every rank contributes 1s to slot 0: the members are learned, and the "
-               "later cases' barrier is a retransmission to this slot",
-               tuple(_reduction(slots.take(), [[1] * K] * WORKERS)))  # fmt: skip
+    alone = [Step(r, datagram(slot=barrier_slot(r), codes=[1] * K, rank=r))
+             for r in range(WORKERS)]
+    yield Case("open", "every rank contributes 1s to slot 0: the members are learned; and each "
+               "rank alone to its barrier slot (every case's barrier: barrier())",
+               (*_reduction(slots.take(), [[1] * K] * WORKERS), *alone))  # fmt: skip
     edge = [TOP, TOP | 0x80, 1, 0x81, 0, 0x80] + [TOP] * (K - 6)
     yield Case("window_edges", "the largest and smallest codes of both signs and both zeros: "
                "exact int sums up to 3 * 2**60", tuple(_reduction(slots.take(), [edge] * 3)))
@@ -355,6 +357,12 @@ def _recovery(slots: _Slots) -> Iterator[Case]:
     stale = Step(1, datagram(slot=slot, codes=[1] * K, rank=1, flags=STALE << GENERATION_SHIFT))
     yield Case("stale_generation", "a packet of an earlier generation mid-reduction",
                (d[0], stale, d[1], d[2]))
+    short = Step(1, datagram(slot=slot, codes=[1] * 7, rank=1, flags=STALE << GENERATION_SHIFT))
+    yield Case("stale_generation_short", "a stale packet shorter than a notice: no answer (no "
+               "amplified reflection)", (short,))
+    e = _reduction(slots.take(), [_codes(rnd) for _ in range(3)])
+    yield Case("resend_limit", "rank 0 asks 17 times for a result it holds: 16 answers, then "
+               "resend_limit", (*e, *[Step(0, retransmission(e[0].datagram))] * 17))
     for seed in range(3):
         yield Case(f"schedule_{seed}", "seeded loss, duplicates and reordering over reused "
                    "slots (pool versions flip)", tuple(_schedule(slots.take(2), seed)))
@@ -395,11 +403,26 @@ def generate() -> list[Case]:
     return cases
 
 
+def barrier_slot(rank: int) -> int:
+    """The slot ``rank`` alone contributes to in the opening case (a round that never
+    completes), out of the slots ``_Slots`` hands out and below ``last_slot``'s."""
+    return POOL - 2 - rank
+
+
+def barrier(rank: int) -> bytes:
+    """What a replay sends from ``rank`` after each case: its contribution to its barrier slot
+    again, a duplicate of an incomplete round, answered by a notice that comes after
+    everything the case made (rule 3 has no budget, unlike rule 2's resends)."""
+    return retransmission(datagram(slot=barrier_slot(rank), codes=[1] * K, rank=rank))
+
+
 def job_arguments(result: str | None = None) -> list[str]:
     """The ``ncina aggregator`` options of the corpus job with ``result`` (one of ``RESULTS``;
-    None: without ``--result``); add ``--listen`` and ``--stats``."""
+    None: without ``--result``); add ``--listen`` and ``--stats``. Its hellos restart nothing
+    during a replay (``--restart-idle`` an hour), whatever the machine's pace."""
     return ["--job", str(JOB), "--workers", str(WORKERS), "--k", str(K),
             "--pool-size", str(POOL), "--generation", str(GENERATION), "--seed", str(SEED),
+            "--restart-idle", "3600",
             *(["--result", result] if result else [])]  # fmt: skip
 
 

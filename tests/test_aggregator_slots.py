@@ -366,9 +366,9 @@ def test_drop_reasons_are_the_documented_counters() -> None:
     keys |= {"schema", "backend", "started", "time", "global", "jobs", "drops", "limits"}
     assert keys <= documented, keys - documented
     # stale_generation is answered with a notice: tests/test_failures.py; bad_payload is
-    # server mode's: tests/test_server_mode.py
+    # server mode's: tests/test_server_mode.py; resend_limit: tests/test_engine.py
     assert set(JOB_DROP_REASONS) | set(GLOBAL_DROP_REASONS) == {r for r, _, _ in DROPS} | {
-        "internal_error", "stale_generation", "bad_payload"
+        "internal_error", "stale_generation", "bad_payload", "resend_limit"
     }
 
 

@@ -15,9 +15,11 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from ncina.aggregator.handshake import job_descriptor
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
 from ncina.proto import tag
+from ncina.proto.descriptor import pack_job_datagram
 from ncina.proto.header import FLAG_TAG
 from ncina.proto.layers import NcinaHeader
 from ncina_testlib import uplink
@@ -221,9 +223,20 @@ def test_blake2b_matches_hashlib(plane: object) -> None:
         shapes = ((16, 8), (rnd.randint(17, 64), 8), (0, 64), (64, rnd.randint(1, 64)))
         for key_length, digest in shapes:
             key = rnd.randbytes(key_length)
-            lib.nce_blake2b(out, digest, key, key_length, message, length)
+            assert lib.nce_blake2b(out, digest, key, key_length, message, length) == 0
             want = hashlib.blake2b(message, digest_size=digest, key=key).digest()
             assert bytes(ffi.buffer(out, digest)) == want, (length, key_length, digest)
+
+
+def test_blake2b_refuses_lengths_past_its_buffers(plane: object) -> None:
+    # Issue 27, minor: a key past 64 bytes would be copied past the state's block, a digest of
+    # 0 or past 64 bytes written past the caller's or the state's words: both refused.
+    ffi, lib = plane.ffi, plane.lib  # type: ignore[attr-defined]
+    out = ffi.new("uint8_t[80]")
+    key = bytes(80)
+    for key_length, digest in ((65, 8), (16, 0), (16, 65), (80, 80)):
+        assert lib.nce_blake2b(out, digest, key, key_length, b"m", 1) == -1
+        assert bytes(ffi.buffer(out)) == bytes(80), (key_length, digest)
 
 
 def test_parity_two_jobs_and_members(plane: object) -> None:
@@ -280,6 +293,24 @@ def test_not_ncina_is_ignored(plane: object) -> None:
     assert process(plane, b"\x00" * 10) == []
     stats = plane.job_stats(7)  # type: ignore[attr-defined]
     assert stats.packets_in == 0
+
+
+@pytest.mark.parametrize("src_mac", ["ff:ff:ff:ff:ff:ff", "01:00:5e:00:00:01", "00:00:00:00:00:00"])
+def test_a_frame_from_a_group_or_zero_mac_gets_no_reply(plane: object, src_mac: str) -> None:
+    # Issue 27, finding 7: replies go to the frame's Ethernet source; a broadcast or multicast
+    # source made a result go to the whole segment. Such frames are ignored (no host sends
+    # from one), before the engine sees them: no member learns that MAC.
+    config = job(result_format="int")
+    plane.add_job(config)  # type: ignore[attr-defined]
+    emin = config.window.e_min
+    hello = pack_job_datagram(job_descriptor(config), job=7, rank=0)
+    d = uplink(job=7, rank=0, slot=0, offset=0, codes=b"\x01", emin=emin)
+    for datagram in (hello, d):
+        raw = bytes(Ether(src=src_mac, dst=AGG_MAC) / IP(src="10.77.1.1", dst=AGG_IP)
+                    / UDP(sport=5000, dport=PORT) / Raw(datagram))  # fmt: skip
+        assert process(plane, raw) == []
+    assert plane.job_stats(7).packets_in == 0  # type: ignore[attr-defined]
+    assert len(process(plane, frame(hello, ("10.77.1.1", 5000)))) == 1  # from a host: answered
 
 
 def test_arp_reply(plane: object) -> None:

@@ -120,7 +120,7 @@ def test_hellos_restart_and_a_job_is_removed_while_another_runs_on_two_lanes(
     jobs_dir.mkdir()
     agg = start_aggregator("dpdk", tmp_path, job=21, workers=2, k=64, result="int",
                            extra=["--jobs-dir", str(jobs_dir), "--pool-size", "32",
-                                  "--lcores", "2"])  # fmt: skip
+                                  "--lcores", "2", "--restart-idle", "0"])  # fmt: skip
     host = worker_host("dpdk")
     try:
         background = ThreadPoolExecutor(1)
@@ -144,6 +144,43 @@ def test_hellos_restart_and_a_job_is_removed_while_another_runs_on_two_lanes(
     assert stats["dpdk"]["parks"] >= 2 + 3 * 2  # a hello per client at least
     assert stats["dpdk"]["handoff_full"] == 0
     assert all(lane_work(lane) > 0 for lane in stats["dpdk"]["lanes"])
+
+
+@needs_dpdk
+def test_only_a_hello_that_may_restart_its_job_parks_the_other_lanes(tmp_path: Path) -> None:
+    """Issue 27, finding 3: every job datagram parked every lane before its length, count, job
+    and tag were checked, so unauthenticated 16-byte datagrams stopped the world one each. Now
+    lane 0 parks the others only for an authentic hello to a job quiet for --restart-idle; the
+    rest (malformed, unknown job, not authentic, a job in use) are answered or dropped with
+    the other lanes running."""
+    agg = start_aggregator("dpdk", tmp_path, job=JOB, workers=WORKERS, k=K, result="int",
+                           extra=["--pool-size", str(POOL), "--lcores", "2"])  # fmt: skip
+    worker = Worker(agg.address, timeout=5.0)
+    mine = desc.Descriptor(mode=1, workers=WORKERS, pool_size=POOL, k=K, e_max=10,
+                           e_min=window_e_min(WORKERS), keyed=False, compressor=0)  # fmt: skip
+    hello = desc.pack_job_datagram(mine, job=JOB, rank=0)
+    try:
+        worker.send(hello)  # a fresh job: quiet, so this one parks
+        worker.receive()
+        emin = window_e_min(WORKERS)
+        for rank in range(WORKERS):  # a slot completes: the job is in use for 10 s
+            worker.send(uplink(job=JOB, rank=rank, slot=1, offset=1, codes=[1] * K, emin=emin))
+        for _ in range(WORKERS):
+            worker.receive()
+        for _ in range(50):
+            worker.send(hello[:16])  # a bare 16-byte job datagram: bad_length
+            worker.send(desc.pack_job_datagram(mine, job=JOB + 1, rank=0))  # no such job
+            worker.send(desc.pack_job_datagram(mine, job=JOB, rank=0, key=bytes(16)))  # tagged
+            worker.send(hello)  # authentic, but the job is in use
+        for _ in range(150):
+            worker.receive()  # every answered one: the last comes after every datagram
+        stats = agg.stats()
+    finally:
+        worker.close()
+        assert agg.stop() == 0
+    job = stats["jobs"][str(JOB)]
+    assert job["handshakes"] == 1 + 100 and job["drops"]["bad_length"] == 50
+    assert stats["dpdk"]["parks"] == 1
 
 
 @pytest.mark.parametrize(
@@ -270,3 +307,22 @@ def test_a_leaf_is_refused_on_more_than_one_lane() -> None:
     finally:
         dp.set_lanes(1)
         dp.reset()
+
+
+@needs_dpdk
+def test_a_reassembled_datagram_too_large_to_hand_over_stays_with_its_lane() -> None:
+    """Issue 27, finding 2 (offline: reassembly needs EAL and a port with several lanes, which a
+    veth cannot give af_xdp): a reassembled packet larger than an mbuf stays in lane 0's buffer;
+    a valid chunk sent as fragments with IPv4 options can be that large. Lane 0 hands it to the
+    engine only when it owns the chunk's slot (or it is a job datagram), so no slot is touched
+    by two lanes; the loop drops and counts the others (``ignored``)."""
+    lib = binding.load().lib
+    emin = window_e_min(WORKERS)
+    for slot, lanes, lane0 in ((1, 2, False), (3, 2, False), (2, 2, True), (1, 1, True),
+                               (4, 3, False), (6, 3, True)):  # fmt: skip
+        chunk = uplink(job=JOB, rank=0, slot=slot, offset=slot, codes=[1] * K, emin=emin)
+        assert bool(lib.ncd_whole_on_lane0(chunk, len(chunk), lanes)) is lane0, (slot, lanes)
+    hello = desc.pack_job_datagram(
+        desc.Descriptor(mode=1, workers=WORKERS, pool_size=POOL, k=K, e_max=10, e_min=emin,
+                        keyed=False, compressor=0), job=JOB, rank=0)  # fmt: skip
+    assert lib.ncd_whole_on_lane0(hello, len(hello), 2) == 1

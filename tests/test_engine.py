@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ncina.aggregator.engine import Engine
-from ncina.aggregator.handshake import job_descriptor
+from ncina.aggregator.handshake import RESTART_IDLE, job_descriptor
 from ncina.aggregator.hierarchy import LeafAggregator, SpineSlots, Upstream
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
@@ -39,6 +39,7 @@ def engine() -> Iterator[Engine]:
     yield e
     e.lib.nce_reset()
     e.set_generation(0)
+    e.set_restart_idle(RESTART_IDLE)
 
 
 def process(e: Engine, datagram: bytes, src: tuple[str, int]) -> list[tuple[bytes, Any]]:
@@ -211,9 +212,111 @@ def test_spine_uplink_parameters_are_checked(
     with pytest.raises(RuntimeError, match="job 10 is not installed"):
         engine.check(engine.lib.nce_job_set_uplink(10, 1, 6), "uplink")
     # A window too wide for the total: the n partial sums could overflow 64 bits.
-    assert engine.lib.nce_job_add(11, 3, K, 4, -52, 62, 1, 0) == 0
-    with pytest.raises(RuntimeError, match="6 workers of values up to 2\\^62 overflow"):
+    assert engine.lib.nce_job_add(11, 3, K, 4, -52, 61, 1, 0) == 0
+    with pytest.raises(RuntimeError, match="6 workers of values up to 2\\^61 overflow"):
         engine.check(engine.lib.nce_job_set_uplink(11, 1, 6), "uplink")
+
+
+def test_a_window_whose_sums_overflow_64_bits_is_refused_by_job_add(engine: Engine) -> None:
+    # Issue 27, minor: nce_job_add applies nce_job_set_uplink's check, so a one-level job too
+    # cannot have workers whose codes sum past an int64 accumulator.
+    with pytest.raises(RuntimeError, match="2 workers of values up to 2\\^62 overflow"):
+        engine.check(engine.lib.nce_job_add(12, 2, K, 4, -52, 62, 0, 0), "job")
+    with pytest.raises(RuntimeError, match="64 workers of values up to 2\\^57 overflow"):
+        engine.check(engine.lib.nce_job_add(12, 64, K, 4, -47, 57, 0, 0), "job")
+    assert engine.lib.nce_job_add(13, 1, K, 4, -52, 62, 0, 0) == 0  # one worker: 2^62 fits
+    assert engine.lib.nce_job_add(14, 64, K, 4, -46, 56, 0, 0) == 0  # Window.for_job(64)
+
+
+def test_a_hello_of_rank_65535_is_answered_offline(engine: Engine) -> None:
+    # Issue 27, minor: the offline entry point's reply range is rank .. rank + 1 without a
+    # 16-bit wrap at rank 65535 (which made a valid answer "does not fit").
+    config = JobConfig.create(job=3, workers=2, k=64, result_format="nc8", seed=1)
+    engine.add_job(config)
+    reference = Aggregator()
+    reference.add_job(config)
+    hello = pack_job_datagram(job_descriptor(config), job=3, rank=0xFFFF)
+    assert len(replay_one(engine, reference, hello, ("10.9.1.1", 5000))) == 1
+
+
+def test_a_hello_between_two_steps_restarts_nothing(engine: Engine) -> None:
+    # Issue 27, finding 4: a job whose slot completed a moment ago is in use (its workers are
+    # between two steps, or one lost its result): a hello, a stranger's too, restarts nothing,
+    # so the lost result is still resent and no learned rank can be taken over. Once the job
+    # has been quiet for restart_idle (0 here), a hello restarts it: a new set of workers.
+    config = JobConfig.create(job=3, workers=2, k=8, result_format="int", seed=1)
+    engine.add_job(config)
+    reference = Aggregator()
+    reference.add_job(config)
+    emin, sources, stranger = window_e_min(2), [("10.9.1.1", 5000), ("10.9.1.2", 5000)], (
+        "10.9.1.66", 6000)
+    def chunk(rank: int, **fields: Any) -> bytes:
+        return uplink(job=3, rank=rank, slot=0, offset=0, codes=[1] * 8, emin=emin, **fields)
+    hello = pack_job_datagram(job_descriptor(config), job=3, rank=1)
+    for rank in range(2):
+        replay_one(engine, reference, chunk(rank), sources[rank])
+    assert len(replay_one(engine, reference, hello, stranger)) == 1  # answered
+    (resent,) = replay_one(engine, reference, chunk(0, retx=True), sources[0])
+    assert resent[1] == sources[0] and len(resent[0]) == 16 + 8 * 8  # the lost result, again
+    assert replay_one(engine, reference, chunk(1), stranger) == []  # rank 1 is still its own
+    drops = engine.job_stats(3).drops
+    assert drops["non_member"] == 1 == reference.jobs[3].stats.drops["non_member"]
+    engine.set_restart_idle(0)
+    reference.restart_idle = 0
+    replay_one(engine, reference, hello, stranger)  # quiet long enough: a new set of workers
+    assert replay_one(engine, reference, chunk(1), stranger) == []  # learned, waits for rank 0
+    assert engine.job_stats(3).contributions == 3 == reference.jobs[3].stats.contributions
+
+
+def test_results_are_resent_at_most_16_times_a_round_per_member(engine: Engine) -> None:
+    # Issue 27, finding 5: spoofed copies of a member's completed chunk made the member receive
+    # a stored result (8 bytes an element for int) per copy, without limit. Rule 2 now sends a
+    # member one round's result again at most 16 times per slot version (resend_limit drops).
+    config = JobConfig.create(job=3, workers=2, k=8, result_format="int", seed=1)
+    engine.add_job(config)
+    reference = Aggregator()
+    reference.add_job(config)
+    emin, sources = window_e_min(2), [("10.9.1.1", 5000), ("10.9.1.2", 5000)]
+
+    def chunk(rank: int, slot: int = 0, offset: int = 0, pool: int = 0) -> bytes:
+        return uplink(job=3, rank=rank, slot=slot, offset=offset, codes=[1] * 8, emin=emin,
+                      pool=pool, retx=True)  # fmt: skip
+
+    for slot in (0, 1):
+        for rank in range(2):
+            replay_one(engine, reference, chunk(rank, slot, slot), sources[rank])
+    answered = [len(replay_one(engine, reference, chunk(0), sources[0])) for _ in range(20)]
+    assert answered == [1] * 16 + [0] * 4
+    # Another member, and another slot, have budgets of their own.
+    assert all(replay_one(engine, reference, chunk(1), sources[1]) for _ in range(16))
+    assert replay_one(engine, reference, chunk(0, 1, 1), sources[0])
+    # The next round of the slot (its version 1, then version 0 again) starts a new budget.
+    for pool, offset in ((1, 2), (0, 4)):
+        for rank in range(2):
+            replay_one(engine, reference, chunk(rank, 0, offset, pool), sources[rank])
+        assert all(replay_one(engine, reference, chunk(0, 0, offset, pool), sources[0])
+                   for _ in range(16))  # fmt: skip
+        assert replay_one(engine, reference, chunk(0, 0, offset, pool), sources[0]) == []
+    stats = engine.job_stats(3)
+    assert stats.drops["resend_limit"] == 4 + 2 == reference.jobs[3].stats.drops["resend_limit"]
+    assert stats.results_resent == 16 + 16 + 1 + 2 * 16
+
+
+def test_a_stale_packet_shorter_than_its_notice_is_not_answered(engine: Engine) -> None:
+    # Issue 27, finding 5: a stale packet's source may be forged (an unlearned rank is accepted
+    # from anywhere): its notice goes out only when no longer than the packet (no amplified
+    # reflection). A worker's chunk of 8 elements or more still learns of the restart.
+    config = JobConfig.create(job=3, workers=2, k=8, result_format="int", seed=1)
+    engine.add_job(config)
+    engine.set_generation(GENERATION)
+    reference = Aggregator(GENERATION)
+    reference.add_job(config)
+    stale = (GENERATION % 15 + 1) << 3
+    for count, answers in ((1, 0), (7, 0), (8, 1)):
+        datagram = uplink(job=3, rank=1, slot=0, offset=0, codes=[1] * count,
+                          emin=window_e_min(2), flags=stale)  # fmt: skip
+        assert len(replay_one(engine, reference, datagram, ("10.9.1.66", 6000))) == answers
+    assert engine.job_stats(3).drops["stale_generation"] == 3
 
 
 def test_reply_buffers_are_checked_before_any_write(engine: Engine) -> None:
@@ -443,6 +546,8 @@ def test_hierarchical_c_leaf_datagram_for_datagram_like_the_reference(
     equal."""
     key = KEY if keyed else None
     reference = leaf_pair(engine, result, key)
+    reference.restart_idle = 0  # a hello restarts whenever no round is partly filled
+    engine.set_restart_idle(0)
     rnd = random.Random(11)
     emin = window_e_min(4)
     sources = [(f"10.9.1.{rank + 1}", 5000 + rank) for rank in range(2)]

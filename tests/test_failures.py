@@ -52,13 +52,14 @@ def inputs() -> list[np.ndarray]:
 
 def aggregator(generation: int) -> tuple[Aggregator, int]:
     agg = Aggregator(generation)
-    config = JobConfig.create(job=JOB, workers=3, k=4, result_format="int", pool_size=4)
+    config = JobConfig.create(job=JOB, workers=3, k=8, result_format="int", pool_size=4)
     agg.add_job(config)
     return agg, config.window.e_min
 
 
 def packet(emin: int, rank: int, *, generation: int = 0, retx: bool = False) -> bytes:
-    return uplink(job=JOB, rank=rank, slot=1, offset=4, codes=[1] * 4, emin=emin,
+    # 8 elements: a stale packet as long as its notice is answered (docs/protocol.md)
+    return uplink(job=JOB, rank=rank, slot=1, offset=4, codes=[1] * 8, emin=emin,
                   flags=flags_for(0, retx=retx, generation=generation))  # fmt: skip
 
 

@@ -9,6 +9,7 @@ byte against ``ncina.proto.descriptor``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
 GENERATION = 5
 HOUR = 3600.0
+RESTART_IDLE = 0.3  # seconds a job must be quiet before a new set of workers restarts it
 # The aggregator's job: 2 workers, k 64, pool 16, window e_max 10, nc8 results.
 JOB_OPTIONS = dict(job=JOB, workers=2, k=64, pool_size=16, window_max=10, result_format="nc8")
 
@@ -50,7 +52,7 @@ def _start(backend: str, workdir: Path, extra: tuple[str, ...] = ()) -> RunningA
     return start_aggregator(
         backend, workdir, job=JOB, workers=2, k=64, result="nc8",
         extra=["--pool-size", "16", "--window-max", "10", "--generation", str(GENERATION),
-               *extra],
+               "--restart-idle", str(RESTART_IDLE), *extra],
     )  # fmt: skip
 
 
@@ -130,10 +132,12 @@ def test_matching_workers_reduce_and_learn_the_generation(aggregator: RunningAgg
 
 def test_a_new_set_of_workers_on_an_idle_job_starts_afresh(aggregator: RunningAggregator) -> None:
     """Workers that start again count their offsets from 0, which the slot rules take for late
-    packets of the last set's rounds; the hellos of the new set find the job idle and restart
-    its slots, so every set gets its sums (without the restart the second set timed out)."""
+    packets of the last set's rounds; the hellos of the new set find the job idle and quiet for
+    --restart-idle and restart its slots, so every set gets its sums (without the restart the
+    second set timed out)."""
     x = np.ldexp(1.0, np.arange(-20, 80) % 28 - 20).astype(np.float32)  # 2 chunks of 64
     for _ in range(3):
+        time.sleep(RESTART_IDLE + 0.1)  # the last set (or test) is done: the job is quiet
         clients = [_client(aggregator.address, rank=r, deadline=10.0) for r in range(2)]
         try:
             out = _reduce(clients, x)

@@ -29,6 +29,7 @@ from ncina.proto.header import (
     FLAG_RESULT,
     FLAG_RETX,
     FLAG_TAG,
+    GENERATION_SHIFT,
     HEADER,
     INT_DTYPE,
     Format,
@@ -70,6 +71,7 @@ class FakeAggregator(threading.Thread):
         bad_code_at: int | None = None,
         mutants: int = 0,
         hold: int = 0,
+        forger: bool = False,
     ) -> None:
         super().__init__(daemon=True)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -99,6 +101,10 @@ class FakeAggregator(threading.Thread):
         self.released_at = 0.0
         self.stopping = threading.Event()
         self.hellos = 0
+        # An off-path host that knows the worker's port: before each result it sends, from its
+        # own socket, a forged copy (the right header, zeros) and a notice of another generation.
+        self.forger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM) if forger else None
+        self.forged = 0
 
     def run(self) -> None:
         while not self.stopping.is_set():
@@ -107,6 +113,12 @@ class FakeAggregator(threading.Thread):
             except TimeoutError:
                 continue
             if descriptor.is_job_datagram(data):
+                if self.forger is not None:  # a refusal from elsewhere first: ignored
+                    hdr = Header._make(HEADER.unpack_from(data))
+                    self.forger.sendto(descriptor.pack_job_datagram(
+                        descriptor.NOWHERE, job=hdr.job, rank=hdr.rank,
+                        status=descriptor.NOT_AUTHENTIC, answer=True), peer)  # fmt: skip
+                    self.forged += 1
                 self.sock.sendto(self.handshake(data), peer)
                 continue
             hdr, _ = parse(data)
@@ -159,6 +171,11 @@ class FakeAggregator(threading.Thread):
         for _ in range(self.mutants):
             self.sock.sendto(self.mutant(result), peer)
             self.junk_sent += 1
+        if self.forger is not None:
+            notice = {**fields, "count": 0, "flags": fields["flags"] | 5 << GENERATION_SHIFT}
+            for datagram in (pack(**fields, payload=bytes(len(body))), pack(**notice)):
+                self.forger.sendto(datagram, peer)
+                self.forged += 1
         if self.key is not None:
             fields["flags"] |= FLAG_TAG
             forged = pack(**fields, payload=bytes(len(body)))
@@ -236,6 +253,8 @@ class FakeAggregator(threading.Thread):
         self.stopping.set()
         self.join()
         self.sock.close()
+        if self.forger is not None:
+            self.forger.close()
 
 
 @contextmanager
@@ -497,6 +516,20 @@ def test_stale_foreign_and_duplicate_results_are_ignored() -> None:
     # arrive before the second call's; some of the last answers may still be in flight. All but
     # one result per chunk is ignored.
     assert 2 * 30 * 10 + 30 <= stats["results_ignored"] <= 12 * answered - 2 * 30
+
+
+def test_results_and_notices_from_another_address_are_ignored() -> None:
+    # Issue 27, finding 1: an unkeyed job's worker takes datagrams from its aggregator's
+    # address only, so an off-path host cannot forge the all-reduce or end the client (nor
+    # fail its handshake with a forged refusal).
+    x = powers_of_two(64 * 20, seed=6)
+    with fake(forger=True) as agg, client_for(agg.address) as client:
+        for _ in range(2):  # the second call is not refused: no forgery ended the client
+            np.testing.assert_array_equal(client.allreduce(x), x)
+        stats = client.stats
+        forged = agg.forged
+    assert forged == 2 * len(agg.uplink) + agg.hellos >= 2 * 2 * 20 + 1
+    assert stats["results_ignored"] >= forged  # each came before the result it copies
 
 
 def test_slots_and_pool_versions_continue_across_calls() -> None:

@@ -378,9 +378,12 @@ class AllreduceClient:
             if self._poll.poll(max(1, math.ceil(wait * 1000))):
                 while True:
                     try:
-                        size = self._sock.recv_into(self._buf)
+                        size, sender = self._sock.recvfrom_into(self._buf)
                     except BlockingIOError:
                         break
+                    if sender != self.aggregator:  # only the aggregator's answer is believed
+                        self._stats["results_ignored"] += 1
+                        continue
                     answer = self._judge_answer(size)
                     if answer is None:
                         continue

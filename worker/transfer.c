@@ -48,6 +48,7 @@ struct ncw_io {
     uint8_t *rx;                /* NCW_BURST receive buffers of NCW_RX_SIZE bytes */
     struct mmsghdr rx_msgs[NCW_BURST];
     struct iovec rx_iov[NCW_BURST];
+    struct sockaddr_in rx_from[NCW_BURST];  /* each datagram's sender */
     struct iovec *tx_iov;       /* the send burst, one entry a datagram: S + NCW_BURST */
     uint32_t tx_cap;
     uint32_t tx_count;
@@ -477,6 +478,16 @@ int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t ke
     return flush(w);
 }
 
+/* Whether received datagram j came from the aggregator's address and port: an unkeyed job's
+ * results and notices are believed from there only (docs/reliability.md "Threat model"). */
+static inline int from_peer(const struct ncw_io *io, int j)
+{
+    const struct sockaddr_in *from = &io->rx_from[j];
+    return io->rx_msgs[j].msg_hdr.msg_namelen == sizeof *from && from->sin_family == AF_INET &&
+           from->sin_addr.s_addr == io->peer.sin_addr.s_addr &&
+           from->sin_port == io->peer.sin_port;
+}
+
 int ncw_run(struct ncw *w)
 {
     struct ncw_io *io = w->io;
@@ -495,6 +506,8 @@ int ncw_run(struct ncw *w)
                 }
             }
         }
+        for (int j = 0; j < NCW_BURST; j++) /* recvmmsg writes each sender's length */
+            io->rx_msgs[j].msg_hdr.msg_namelen = sizeof io->rx_from[j];
         const int got = recvmmsg(w->cfg.fd, io->rx_msgs, NCW_BURST, MSG_DONTWAIT | MSG_TRUNC,
                                  NULL);
         if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
@@ -504,6 +517,12 @@ int ncw_run(struct ncw *w)
         for (int j = 0; j < got && w->done < w->chunks; j++) {
             /* MSG_TRUNC: msg_len is the datagram's real length, even past the buffer. */
             const size_t size = io->rx_msgs[j].msg_len;
+            if (!from_peer(io, j)) { /* not the aggregator's: nothing in it is believed */
+                w->stats.packets_received++;
+                w->stats.bytes_received += size;
+                w->stats.results_ignored++;
+                continue;
+            }
             const int rc = take(w, io->rx + (size_t)j * NCW_RX_SIZE, size, now);
             if (rc) {
                 flush(w);
@@ -600,6 +619,7 @@ struct ncw *ncw_open(const struct ncw_config *cfg)
         io->rx_iov[j].iov_len = NCW_RX_SIZE;
         io->rx_msgs[j].msg_hdr.msg_iov = &io->rx_iov[j];
         io->rx_msgs[j].msg_hdr.msg_iovlen = 1;
+        io->rx_msgs[j].msg_hdr.msg_name = &io->rx_from[j];
     }
     if (cfg->key_size)
         ncd_b2b_init(&io->keyed, NCW_TAG, cfg->key, cfg->key_size);

@@ -109,6 +109,8 @@ class Transfer:
     ``poller``), receive buffer ``buf``, RTO estimator ``timer`` and counters ``stats`` (updated
     in place); ``generation`` is the aggregator's as the client knows it (0: not yet), adopted
     from the first result that carries one: the client reads ``generation`` back after ``run``.
+    Only datagrams from ``aggregator``'s address and port are believed: anything else is counted
+    as ignored (an off-path host cannot forge an unkeyed job's results or notices).
 
     Results of a fixed-size format (``received`` a buffer) have a known length and are copied to
     their place in it; BLOB results (``received`` a list, ``want_length`` 0) have any length that
@@ -227,7 +229,7 @@ class Transfer:
     def run(self) -> None:
         """Drive the window until every chunk's result is in."""
         s, chunks, timer = self.pool_size, self.chunks, self.timer
-        recv_into, poll = self.sock.recv_into, self.poller.poll
+        recvfrom_into, poll, aggregator = self.sock.recvfrom_into, self.poller.poll, self.aggregator
         buf = self.buf
         view = memoryview(buf)
         out, blobs, current, want_header, want_length = (
@@ -248,7 +250,7 @@ class Transfer:
         try:
             while done < chunks:
                 try:
-                    size = recv_into(buf)
+                    size, sender = recvfrom_into(buf)
                 except BlockingIOError:
                     size = -1
                 now = clock()
@@ -256,7 +258,9 @@ class Transfer:
                     received += 1
                     received_bytes += size
                     slot = (buf[8] << 8) | buf[9] if size >= HEADER_SIZE else s
-                    if key is not None and not self.authentic(size):
+                    if sender != aggregator:
+                        slot = s  # not the aggregator's: nothing in it is believed
+                    elif key is not None and not self.authentic(size):
                         slot = s  # nothing in it is believed
                     elif slot < s and buf[1] & FLAG_RETX:
                         buf[1] ^= FLAG_RETX  # an echoed RETX flag does not make it foreign

@@ -1,9 +1,11 @@
 /* Classify: Ethernet / IPv4 / UDP to our address and port (the datagram for the engine), a
  * fragment of an IPv4 packet to us (for reassembly), a frame with a wrong IPv4 or UDP checksum
  * (dropped and counted), an ARP request for our address, or anything else (ignored); and this
- * layer's module state. A leaf learns its spine's MAC here: from an ARP reply or request the
- * spine sends, and from the source of its datagrams; until then its uplinks wait
- * (ncd_uplink_route) and ARP requests for it go out at a bounded rate. */
+ * layer's module state. A leaf learns its spine's MAC here, from an ARP reply to it only (a
+ * request, or a datagram claiming the spine's address, can come from any host on the link and
+ * would redirect the partial sums); until then its uplinks wait (ncd_uplink_route) and ARP
+ * requests for it go out at a bounded rate. Frames from a group or zero MAC are ignored:
+ * replies go to the source MAC. */
 #include <string.h>
 #include <time.h>
 
@@ -89,8 +91,8 @@ static inline int is_for_us(const struct rte_ether_addr *dst)
     return rte_is_same_ether_addr(dst, &ncd_mac) || rte_is_zero_ether_addr(&ncd_mac);
 }
 
-/* An ARP request asking for the aggregator's address (to answer); a request or reply to us
- * from the spine's address teaches us its MAC (ignored after that). */
+/* An ARP request asking for the aggregator's address (to answer); a reply to us from the
+ * spine's address teaches us its MAC. */
 static enum ncd_class classify_arp(const uint8_t *frame, uint32_t len)
 {
     if (len < RTE_ETHER_HDR_LEN + sizeof(struct rte_arp_hdr) || ncd_ip == 0)
@@ -100,8 +102,11 @@ static enum ncd_class classify_arp(const uint8_t *frame, uint32_t len)
         arp->arp_protocol != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) ||
         arp->arp_data.arp_tip != ncd_ip)
         return NCD_C_IGNORE;
+    const struct rte_ether_hdr *eth = (const struct rte_ether_hdr *)frame;
+    if (!rte_is_unicast_ether_addr(&eth->src_addr) || rte_is_zero_ether_addr(&eth->src_addr))
+        return NCD_C_IGNORE;   /* the answer goes to the source: never to a group */
     const uint16_t op = arp->arp_opcode;
-    if (op == rte_cpu_to_be_16(RTE_ARP_OP_REQUEST) || op == rte_cpu_to_be_16(RTE_ARP_OP_REPLY))
+    if (op == rte_cpu_to_be_16(RTE_ARP_OP_REPLY))   /* to our request: the spine's MAC */
         learn(arp->arp_data.arp_sip, &arp->arp_data.arp_sha);
     return op == rte_cpu_to_be_16(RTE_ARP_OP_REQUEST) ? NCD_C_ARP : NCD_C_IGNORE;
 }
@@ -133,8 +138,11 @@ enum ncd_class ncd_classify(const uint8_t *frame, uint32_t len, struct ncd_pkt *
     const struct rte_ether_hdr *eth = (const struct rte_ether_hdr *)frame;
     if (eth->ether_type == rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP))
         return classify_arp(frame, len);
+    /* Replies go to the source MAC: a group (broadcast, multicast) or zero source, which no
+     * host sends from, would make them go to the whole segment. */
     if (eth->ether_type != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) || !is_for_us(&eth->dst_addr) ||
-        rte_is_same_ether_addr(&eth->src_addr, &ncd_mac))
+        rte_is_same_ether_addr(&eth->src_addr, &ncd_mac) ||
+        !rte_is_unicast_ether_addr(&eth->src_addr) || rte_is_zero_ether_addr(&eth->src_addr))
         return NCD_C_IGNORE;
 
     if (len < RTE_ETHER_HDR_LEN + sizeof(struct rte_ipv4_hdr))
@@ -162,8 +170,6 @@ enum ncd_class ncd_classify(const uint8_t *frame, uint32_t len, struct ncd_pkt *
     if (udp->dgram_cksum != 0 && udp_sum(ip, udp, udp_len) != 0xFFFF)
         return NCD_C_BAD_CHECKSUM;
 
-    if (ip->src_addr == ncd_spine.ip)          /* the spine's frame: its MAC (or the hop's) */
-        learn(ip->src_addr, &eth->src_addr);
     p->from.src_ip = ip->src_addr;
     p->from.dst_ip = ip->dst_addr;
     p->from.src_port = udp->src_port;

@@ -8,8 +8,8 @@
  * receives another lane's frame hands the mbuf to that lane's ring (multi-producer, single-
  * consumer; a full ring drops and counts, never waits), so each slot's state is touched by one
  * lane only and needs no lock. Job datagrams (the handshake) belong to lane 0, which parks the
- * other lanes between their bursts while it handles one (a hello may restart every slot of its
- * job). IPv4 fragments are all handed to lane 0, which reassembles them in its table. */
+ * other lanes between their bursts while it handles a hello that may restart every slot of its
+ * job (an authentic hello to a job quiet long enough to restart, checked read-only first). IPv4 fragments are all handed to lane 0, which reassembles them in its table. */
 #include <stdio.h>
 #include <string.h>
 #include <sched.h>
@@ -337,12 +337,17 @@ static struct rte_mbuf *reassemble(struct rte_mbuf *m, const struct ncd_pkt *p)
     return done;
 }
 
+int ncd_whole_on_lane0(const uint8_t *dgram, uint32_t len, unsigned lanes)
+{
+    return nce_lane_of(dgram, len, lanes, 0) == 0;
+}
+
 /* The reassembled packet m as one frame (its IPv4 header checksum made valid again: the
  * fragments' were checked), classified into p; its tail segments are freed, so that m can
  * carry a reply. A frame that fits m's buffer is moved into it (it may then go to another
  * lane like any frame); a larger one stays in `whole` (*in_whole set), where lane 0 handles
- * it: no datagram that large passes admission (every job's chunks fit NCD_FRAME_ROOM), so it
- * touches counters only, never a slot. */
+ * it if it owns it (ncd_whole_on_lane0): IPv4 options can make a valid chunk's frame larger
+ * than the room admission assumed, so such a datagram may well touch a slot. */
 static enum ncd_class classify_whole(struct rte_mbuf *m, struct ncd_pkt *p, int *in_whole)
 {
     const uint32_t len = rte_pktmbuf_pkt_len(m);
@@ -418,10 +423,16 @@ static int park_if_asked(struct lane *l)
 static void aggregate(struct lane *l, struct rte_mbuf *m, const struct ncd_pkt *p)
 {
     struct nce_action a;
-    const int park = nlanes > 1 && nce_is_job_datagram(p->dgram, p->dgram_len);
-    if (park)                      /* lane 0's: a hello may restart every slot of its job */
+    /* Lane 0's job datagrams: a hello that may restart every slot of its job (checked read-only
+     * first: well formed, authentic, its job quiet) is handled with the other lanes parked;
+     * any other one with them running, and then it restarts nothing. */
+    const int hello = nlanes > 1 && nce_is_job_datagram(p->dgram, p->dgram_len);
+    const int park = hello && nce_hello_may_restart(p->dgram, p->dgram_len);
+    if (park)
         park_others();
+    nce_no_restart = hello && !park;
     const enum nce_verdict v = nce_input(p->dgram, p->dgram_len, &p->from, &a);
+    nce_no_restart = 0;
     if (park)
         release_others();
     if (a.up != NCE_UP_NONE)       /* a leaf's partial sums or hello (a leaf has one lane) */
@@ -508,11 +519,16 @@ static void route(struct lane *l, struct rte_mbuf *m, enum ncd_class c, const st
             return;
         l->io.reassembled++;
         const enum ncd_class wc = classify_whole(m, &whole_p, &in_whole);
-        if (wc == NCD_C_DATAGRAM && in_whole)
-            aggregate(l, m, &whole_p);          /* larger than any chunk: counted here */
-        else
+        if (wc != NCD_C_DATAGRAM || !in_whole) {
             route(l, m, wc, &whole_p);
-        return;
+            return;
+        }
+        if (ncd_whole_on_lane0(whole_p.dgram, whole_p.dgram_len, nlanes)) {
+            aggregate(l, m, &whole_p);          /* lane 0's (a job's, or its slot's) */
+            return;
+        }
+        l->io.ignored++;                        /* another lane's slot: never touched here */
+        break;
     }
     case NCD_C_DATAGRAM:
         aggregate(l, m, p);

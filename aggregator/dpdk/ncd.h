@@ -33,7 +33,7 @@ struct ncd_io {
     uint64_t arp_requests;  /* ARP requests sent for the spine's address (at most one per
                                ARP interval while its MAC is unknown) */
     uint64_t spine_mac_learned; /* times the spine's MAC was learned or changed (from an ARP
-                               reply or request, or from the source of its frames) */
+                               reply to the leaf's address only) */
     /* Several lanes (ncd_set_lanes; docs/dpdk.md "Several lcores"): */
     uint64_t handoffs;      /* frames handed to the lane that owns them */
     uint64_t handoff_full;  /* frames dropped because that lane's inbox was full */
@@ -60,7 +60,8 @@ void ncd_set_address(const uint8_t *ip, uint16_t udp_port);
 /* Make the data plane a leaf's: datagrams to the spine (ncd_spine_send, and the engine's
  * uplinks while ncd_run serves) go to ip (4 bytes, network order; on the port's link) and udp_port,
  * from the aggregator's address (ncd_set_address, not 0.0.0.0), to the MAC the data plane
- * learns by ARP (and from the spine's own frames). 0.0.0.0: no spine. Forgets a learned MAC. */
+ * learns from an ARP reply (the spine must be on the port's link). 0.0.0.0: no spine. Forgets a
+ * learned MAC. */
 void ncd_set_spine(const uint8_t *ip, uint16_t udp_port);
 /* The spine's MAC (6 bytes) into mac: 1, or 0 while it is not known. */
 int ncd_spine_mac(uint8_t *mac);
@@ -101,6 +102,12 @@ int ncd_spine_receive(uint8_t *buf, uint32_t cap, uint32_t *src_ip, uint16_t *sr
 void ncd_stop(void);
 /* Stop and close the port and release EAL. */
 void ncd_close(void);
+
+/* Whether lane 0 may hand the engine a reassembled datagram that stays in its own buffer
+ * (larger than an mbuf, so it cannot go to another lane): only when lane 0 owns it among
+ * `lanes` (nce_lane_of), so that no slot is touched by two lanes; otherwise it is dropped and
+ * counted as ignored. */
+int ncd_whole_on_lane0(const uint8_t *dgram, uint32_t len, unsigned lanes);
 
 /* Offline engine, for tests (no EAL needed): feed one Ethernet frame; the frames it sends are
  * written to out (max_out slots of stride bytes), their lengths to out_lens: the replies, then

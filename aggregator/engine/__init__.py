@@ -60,6 +60,7 @@ DROP_NAMES = (
     "bad_tag",
     "stale_generation",
     "late",
+    "resend_limit",
 )
 
 
@@ -132,6 +133,11 @@ class Engine:
     def set_generation(self, generation: int) -> None:
         """The generation stamped on every result and notice (0: none, no notices)."""
         self.lib.nce_set_generation(generation)
+
+    def set_restart_idle(self, seconds: float) -> None:
+        """How long a job must have been quiet before an authentic hello restarts it
+        (``ncina.aggregator.handshake.RESTART_IDLE``, ``--restart-idle``)."""
+        self.lib.nce_set_restart_idle(round(seconds * 1e9))
 
     def add_job(self, config: JobConfig) -> None:
         """Install a job (with ``config.result_seed()``: its nc8 results are the reference's

@@ -135,6 +135,9 @@ int nce_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int 
         FAIL("job %u: bad parameters (workers %u of at most %d, k %u of at most %d, "
              "slots %u, span %d, result format %d)",
              id, workers, NCE_MAX_WORKERS, k, NCE_MAX_K, nslots, span, result_format);
+    /* The sum of the workers' codes, at most workers * 2^span, must fit the accumulators. */
+    if ((uint64_t)workers > (uint64_t)INT64_MAX >> span)
+        FAIL("job %u: %u workers of values up to 2^%d overflow 64 bits", id, workers, span);
     if (!fits_reply_room(id, k, result_format, 0))
         return -1;
     /* Aligned for its per-lane counters (a multiple of the alignment, as aligned_alloc asks). */

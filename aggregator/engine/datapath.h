@@ -93,8 +93,15 @@ extern __thread unsigned nce_lane;
  * its job) to lane 0; one whose header cannot be read (too short, another version) touches
  * no slot and stays where it arrived, lane `here`. */
 unsigned nce_lane_of(const uint8_t *dgram, uint32_t len, unsigned lanes, unsigned here);
-/* Whether a datagram is a job datagram (the handshake's; lane 0 parks the others for it). */
+/* Whether a datagram is a job datagram (the handshake's). */
 int nce_is_job_datagram(const uint8_t *dgram, uint32_t len);
+/* Read-only and cheap: whether a job datagram may restart its job (a well-formed, authentic
+ * hello to a job quiet for nce_set_restart_idle's time), so that lane 0 must park the others
+ * before nce_input; every other job datagram is handled with them running. */
+int nce_hello_may_restart(const uint8_t *dgram, uint32_t len);
+/* Set by an I/O layer around nce_input when it did not park the other lanes for a job
+ * datagram: the handshake then restarts no job (the calling thread's; 0 by default). */
+extern __thread int nce_no_restart;
 
 /* Each lane's epoch: odd while it handles a batch (nce_dp_enter .. nce_dp_leave), so that
  * nce_job_remove knows when no batch of any lane holds a removed job's pointer any more. An I/O

@@ -29,7 +29,8 @@ enum nce_drop {
     NCE_BAD_TAG = 12,
     NCE_STALE_GENERATION = 13,
     NCE_LATE = 14,
-    NCE_NDROPS = 15
+    NCE_RESEND_LIMIT = 15,
+    NCE_NDROPS = 16
 };
 
 /* Counters of one job, or of the engine-wide "global" section (datagrams no job claims); names
@@ -47,7 +48,7 @@ struct nce_counters {
     uint64_t retx_seen;
     uint64_t notices_sent;
     uint64_t handshakes;        /* job datagrams answered with the job's descriptor */
-    uint64_t drops[15];
+    uint64_t drops[16];
 };
 
 /* The reason of the last failed call (a sentence). */
@@ -60,7 +61,8 @@ uint32_t nce_max_k(void);
  * job that cannot serve keyed must not serve unkeyed). Default: no limit beyond NCE_MAX_K. */
 void nce_set_reply_room(uint32_t bytes, const char *limit);
 /* Install a job. result_format 0 = nc8, 1 = int; seed: of the nc8 results' rounding bits
- * (nc8_result_key). Returns 0, or -1 with nce_error(). */
+ * (nc8_result_key). workers * 2^span must fit an int64 accumulator (as nce_job_set_uplink
+ * checks for a spine). Returns 0, or -1 with nce_error(). */
 int nce_job_add(uint16_t job, uint16_t workers, uint16_t k, uint16_t slots, int e_min, int span,
                 int result_format, uint64_t seed);
 /* What a job's members send (docs/protocol.md "Hierarchical aggregation"): uplink_format 0,
@@ -90,7 +92,7 @@ struct nce_upstream_counters {
     uint64_t notices;
     uint64_t handshakes;
     uint64_t hellos;
-    uint64_t drops[15];
+    uint64_t drops[16];
 };
 void nce_upstream_stats(struct nce_upstream_counters *out);
 /* How many data-plane lanes the I/O layer runs (1..NCE_MAX_LANES, 1 by default); set before
@@ -108,11 +110,16 @@ int nce_job_remove(uint16_t job);
 /* The engine's generation, 0..15 (docs/protocol.md "Generations and notices"): stamped on
  * every result and notice; 0 is an aggregator without generations (no notices). */
 void nce_set_generation(uint8_t generation);
+/* How long (ns) a job must have been quiet, no slot completed and no result sent again, before
+ * an authentic hello starts it afresh (docs/protocol.md "A new set of workers"; the Python
+ * reference's RESTART_IDLE, 10 s, by default; 0: whenever no round is partly filled). */
+void nce_set_restart_idle(uint64_t ns);
 /* The job's authentication key (16..64 bytes; docs/protocol.md "Authentication tag"). Returns 0,
  * or -1 with nce_error(). */
 int nce_job_set_key(uint16_t job, const uint8_t *key, uint32_t keylen);
-/* Keyed BLAKE2b of msg with an outlen-byte digest (the tag's function; for tests). */
-void nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,
+/* Keyed BLAKE2b of msg with an outlen-byte digest (the tag's function; for tests): 0, or -1
+ * (nothing written) unless 1 <= outlen <= 64 and keylen <= 64. */
+int nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,
                  const uint8_t *msg, uint32_t len);
 /* Configure a member's address (IPv4 network order, UDP port host order). Unconfigured members
  * are learned from their first valid datagram; a configured one only accepts its address. */

@@ -1,26 +1,65 @@
 /* The job handshake (docs/protocol.md "Job handshake"): a worker's `job` datagram (format 3,
  * its job descriptor) is answered with the descriptor of the job of that id as the engine holds
  * it, "no such job", or "not authentic" when the hello's authentication is not what the job
- * asks for. No member is learned; an authentic hello to an idle job starts it afresh (its
- * slots and learned members). The answer is written by nce_build_reply. */
+ * asks for. No member is learned; an authentic hello to an idle job that has been quiet for
+ * nce_set_restart_idle's time starts it afresh (its slots and learned members). The answer is written by nce_build_reply. */
 #include "state.h"
 
 #define STATUS_OK 0
 #define STATUS_NO_SUCH_JOB 1
 #define STATUS_NOT_AUTHENTIC 2
 
+static uint64_t restart_idle_ns = 10ull * 1000000000u;  /* handshake.RESTART_IDLE */
+
+void nce_set_restart_idle(uint64_t ns)
+{
+    restart_idle_ns = ns;
+}
+
+/* Whether the job has been quiet long enough for a hello to restart it: no lane completed a
+ * slot or sent a result again in the last restart_idle_ns (a worker of a job in use, between
+ * two training steps or waiting for a lost result, keeps its results and its address). */
+static int quiet_long_enough(const struct nce_job *job)
+{
+    const uint64_t now = nce_now_ns();
+    for (unsigned lane = 0; lane < NCE_MAX_LANES; lane++) {
+        const uint64_t at = __atomic_load_n(&job->c[lane].active_ns, __ATOMIC_RELAXED);
+        if (at != 0 && now - at < restart_idle_ns)
+            return 0;
+    }
+    return 1;
+}
+
 int nce_is_job_datagram(const uint8_t *dgram, uint32_t len)
 {
     return len >= NCE_HDR_LEN && dgram[0] == NCE_VERSION && dgram[2] == NCE_FMT_JOB;
+}
+
+__thread int nce_no_restart;
+
+/* A job datagram's length and count checks: -1 when they pass, else the drop reason. */
+static int malformed(const uint8_t *dgram, uint32_t len)
+{
+    const uint16_t count = (uint16_t)(dgram[10] << 8 | dgram[11]);
+    const uint32_t want = NCE_JOB_LEN + (dgram[1] & NCE_FLAG_TAG ? NCE_TAG_LEN : 0);
+    return len != want ? NCE_BAD_LENGTH : count != 1 ? NCE_BAD_COUNT : -1;
+}
+
+int nce_hello_may_restart(const uint8_t *dgram, uint32_t len)
+{
+    if (!nce_is_job_datagram(dgram, len) || malformed(dgram, len) >= 0 ||
+        (dgram[1] & NCE_FLAG_RESULT))
+        return 0;
+    const struct nce_job *job = nce_job_at((uint16_t)(dgram[4] << 8 | dgram[5]));
+    const struct nce_pkt p = {.dgram = dgram, .dgram_len = len, .flags = dgram[1]};
+    return job != NULL && nce_authentic(job, &p) && quiet_long_enough(job);
 }
 
 enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_action *act)
 {
     struct nce_pkt p = {.dgram = dgram, .dgram_len = len, .flags = dgram[1]};
     const uint16_t id = (uint16_t)(dgram[4] << 8 | dgram[5]);
-    const uint16_t count = (uint16_t)(dgram[10] << 8 | dgram[11]);
-    const uint32_t want = NCE_JOB_LEN + (p.flags & NCE_FLAG_TAG ? NCE_TAG_LEN : 0);
-    int reason = len != want ? NCE_BAD_LENGTH : count != 1 ? NCE_BAD_COUNT : -1;
+    int reason = malformed(dgram, len);
     struct nce_job *job = nce_job_at(id);
     struct nce_counters *c = nce_counters_of(job);
     c->packets_in++;
@@ -45,10 +84,12 @@ enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_ac
         return NCE_V_DESCRIPTOR;
     }
     act->status = nce_authentic(job, &p) ? STATUS_OK : STATUS_NOT_AUTHENTIC;
-    /* A hello that finds the job idle (no round partly filled) starts it afresh: a new set of
-     * workers comes from new ports and counts its offsets from 0 again, which the member
-     * check and the slot rules would take for strangers and late packets. */
-    act->restarted = act->status == STATUS_OK && nce_pool_restart_if_idle(job);
+    /* A hello that finds the job idle (no round partly filled) and quiet for restart_idle_ns
+     * starts it afresh: a new set of workers comes from new ports and counts its offsets from
+     * 0 again, which the member check and the slot rules would take for strangers and late
+     * packets. */
+    act->restarted = act->status == STATUS_OK && !nce_no_restart && quiet_long_enough(job) &&
+                     nce_pool_restart_if_idle(job);
     if (act->restarted)
         nce_members_forget_learned(job);
     c->handshakes++;

@@ -97,13 +97,16 @@ const struct nce_member *nce_member_of(const struct nce_action *act, uint16_t ra
     return &act->job->members[rank];
 }
 
-void nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,
-                 const uint8_t *msg, uint32_t len)
+int nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keylen,
+                const uint8_t *msg, uint32_t len)
 {
+    if (outlen < 1 || outlen > 64 || keylen > 64)   /* BLAKE2b's digest and key limits */
+        return -1;
     struct ncd_b2b s;
     ncd_b2b_init(&s, outlen, key, keylen);
     ncd_b2b_update(&s, msg, len);
     ncd_b2b_final(&s, out);
+    return 0;
 }
 
 void nce_tag_key(struct nce_job *job, const uint8_t *key, uint32_t keylen)

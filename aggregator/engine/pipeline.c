@@ -81,7 +81,11 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
     reason = nce_admit(job, &p, from);         /* 8-15 */
     if (reason >= 0) {
         c->drops[reason]++;
-        return reason == NCE_STALE_GENERATION ? nce_notice(job, &p, 0, act) : NCE_V_NONE;
+        /* A stale packet is answered (the notice holds nothing), unless the notice would be
+         * longer than it: the source may be forged, and a reflection must not amplify. */
+        if (reason == NCE_STALE_GENERATION && len >= nce_notice_len(job))
+            return nce_notice(job, &p, 0, act);
+        return NCE_V_NONE;
     }
     if (!nce_member_learn(job, p.rank, from)) { /* 16: a valid packet */
         c->drops[NCE_NON_MEMBER]++;             /* another lane learned another sender */
@@ -99,6 +103,11 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
         c->drops[NCE_CHUNK_MISMATCH]++;
         return NCE_V_NONE;
     case NCE_R_RESEND:                          /* rule 2: the worker lost the result */
+        if (!nce_may_resend(s, p.rank)) {       /* its budget for the round is spent */
+            c->drops[NCE_RESEND_LIMIT]++;
+            return NCE_V_NONE;
+        }
+        nce_mark_active(job);                   /* a worker waits: the job is in use */
         if (s->waiting) {                       /* a leaf's, still without it: ask again */
             nce_upstream_forward(job, s, 1, act);
             return NCE_V_NONE;
@@ -115,6 +124,7 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
     if (!nce_contribute(job, s, &p, ver))       /* rule 1: a new contribution */
         return NCE_V_NONE;
     c->slots_completed++;
+    nce_mark_active(job);
     if (job->leaf) {                            /* its exact sum goes to the spine */
         nce_upstream_forward(job, s, 0, act);
         return NCE_V_NONE;
@@ -134,19 +144,19 @@ int nce_process_datagram(const uint8_t *dgram, uint32_t len, const uint8_t *src_
     memcpy(&from.dst_ip, dst_ip, 4);
     struct nce_action a;
     const enum nce_verdict v = nce_input(dgram, len, &from, &a);
-    uint16_t first = 0, end = 0;                /* the replies' ranks: none for NCE_V_NONE */
+    uint32_t first = 0, end = 0;                /* the replies' ranks: none for NCE_V_NONE */
     if (v == NCE_V_SEND_ALL) {
         end = a.members;
     } else if (v != NCE_V_NONE) {
         first = a.rank;
-        end = (uint16_t)(a.rank + 1);
+        end = first + 1;                        /* 32 bits: rank 65535 has one reply too */
     }
-    const uint32_t replies = (uint32_t)(end - first), total = replies + (a.up != NCE_UP_NONE);
+    const uint32_t replies = end - first, total = replies + (a.up != NCE_UP_NONE);
     if (total > max_out)
         return -1;
-    for (uint16_t r = first; r < end; r++) {
-        const uint32_t i = (uint32_t)(r - first);
-        out_lens[i] = nce_build_reply(out + (size_t)i * stride, stride, &a, r);
+    for (uint32_t r = first; r < end; r++) {
+        const uint32_t i = r - first;
+        out_lens[i] = nce_build_reply(out + (size_t)i * stride, stride, &a, (uint16_t)r);
         if (out_lens[i] == 0)
             return -1;
         if (v != NCE_V_SEND_ALL) {              /* back to the sender */
@@ -154,7 +164,7 @@ int nce_process_datagram(const uint8_t *dgram, uint32_t len, const uint8_t *src_
             out_ports[i] = nce_port_host(from.src_port);
             continue;
         }
-        const struct nce_member *m = nce_member_of(&a, r);
+        const struct nce_member *m = nce_member_of(&a, (uint16_t)r);
         out_ips[i] = m->ip;
         out_ports[i] = nce_port_host(m->port);
     }

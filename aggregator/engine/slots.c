@@ -4,6 +4,7 @@
  * sums); the last of N completes the slot, whose result is encoded once (re-compression) and
  * stored. As ncina.aggregator.slots (and hierarchy.SpineSlots). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "nc8.h"
 #include "state.h"
@@ -15,9 +16,11 @@ int nce_pool_alloc(struct nce_job *job)
     /* One arena each for the accumulators and the stored results of every slot version. */
     int64_t *acc = calloc(versions * job->k, sizeof *acc);
     uint8_t *res = calloc(versions * job->k, job->elem_size);
-    if (job->slots == NULL || acc == NULL || res == NULL) {
+    uint8_t *resends = calloc(versions, job->n);
+    if (job->slots == NULL || acc == NULL || res == NULL || resends == NULL) {
         free(acc);
         free(res);
+        free(resends);
         free(job->slots);
         job->slots = NULL;
         return -1;
@@ -25,6 +28,7 @@ int nce_pool_alloc(struct nce_job *job)
     for (size_t i = 0; i < versions; i++) {
         job->slots[i].acc = acc + i * job->k;
         job->slots[i].result = res + i * job->k * job->elem_size;
+        job->slots[i].resends = resends + i * job->n;
     }
     return 0;
 }
@@ -35,6 +39,7 @@ void nce_pool_free(struct nce_job *job)
         return;
     free(job->slots[0].acc);
     free(job->slots[0].result);
+    free(job->slots[0].resends);
     free(job->slots);
     job->slots = NULL;
 }
@@ -113,6 +118,7 @@ int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt
         s->contributors = 0;
         s->complete = 0;
         s->waiting = 0;
+        memset(s->resends, 0, job->n);
     }
     /* count <= k lanes (admission); int lanes were checked against the job's bound. */
     if (job->uplink_format == NCE_FMT_INT)
@@ -135,6 +141,14 @@ int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt
     return 1;
 }
 
+int nce_may_resend(struct nce_slot *s, uint16_t rank)
+{
+    if (s->resends[rank] >= NCE_RESENDS_PER_ROUND)   /* rank < n: admission checked it */
+        return 0;
+    s->resends[rank]++;
+    return 1;
+}
+
 int nce_pool_restart_if_idle(struct nce_job *job)
 {
     const size_t versions = 2 * (size_t)job->nslots;
@@ -150,6 +164,7 @@ int nce_pool_restart_if_idle(struct nce_job *job)
         s->waiting = 0;
         s->offset = 0;
         s->count = 0;
+        memset(s->resends, 0, job->n);
     }
     return 1;
 }

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "blake2b.h"
 #include "datapath.h"
@@ -82,11 +83,19 @@ struct nce_slot {
     uint32_t uses;              /* completions so far: the nc8 result key's `use` */
     int64_t *acc;               /* k accumulators */
     uint8_t *result;            /* stored result payload, count * element size bytes */
+    uint8_t *resends;           /* per rank: results sent again this round (n bytes) */
 };
 
-/* One lane's counters, on cache lines of their own (lanes never share a written line). */
+/* How often one member may be sent one round's stored result again, per slot version (the
+ * Python reference's slots.RESENDS_PER_ROUND); past it rule 2 is a resend_limit drop. */
+#define NCE_RESENDS_PER_ROUND 16
+
+/* One lane's counters, on cache lines of their own (lanes never share a written line), and
+ * when (CLOCK_MONOTONIC ns, 0: never) the lane last completed a slot of the job or sent one of
+ * its results again: a hello restarts a job only after it was quiet (handshake.c). */
 struct nce_lane_counters {
     struct nce_counters c;
+    uint64_t active_ns;
 } __attribute__((aligned(64)));
 
 struct nce_job {
@@ -117,6 +126,19 @@ struct nce_job {
 extern struct nce_job *nce_jobs[65536];
 extern struct nce_lane_counters nce_global[NCE_MAX_LANES];
 extern unsigned nce_lanes;     /* lanes the I/O layer runs (nce_set_lanes) */
+
+/* CLOCK_MONOTONIC in ns. */
+static inline uint64_t nce_now_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+/* The job was active now, on the calling lane (a completion, or a result sent again). */
+static inline void nce_mark_active(struct nce_job *job)
+{
+    __atomic_store_n(&job->c[nce_lane].active_ns, nce_now_ns(), __ATOMIC_RELAXED);
+}
 
 /* The calling lane's counters of a job, or the global ones (job NULL). */
 static inline struct nce_counters *nce_counters_of(struct nce_job *job)
@@ -157,6 +179,9 @@ enum nce_rule nce_slot_rule(const struct nce_job *job, const struct nce_pkt *p, 
  * result is then encoded and stored (s->result, s->complete). */
 int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt *p,
                    unsigned version);
+/* Rule 2's budget: whether rank may be sent the slot version's stored result again (counted
+ * when it may). */
+int nce_may_resend(struct nce_slot *s, uint16_t rank);
 /* Start the slots afresh (their `uses` go on) if no round is partly filled; whether it did.
  * An authentic hello calls it (handshake.c), see there. */
 int nce_pool_restart_if_idle(struct nce_job *job);

@@ -150,4 +150,5 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         control=jobs_directory(args),
         leaf=hierarchy.make_leaf(config, args, generation),
     )
+    backend.plane.set_restart_idle(args.restart_idle)
     return backend.run()
