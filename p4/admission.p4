@@ -10,7 +10,7 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
 
     action set_job(bit<8> index, bit<8> workers, bit<16> k, bit<16> pool, bit<32> slot_base,
                    bit<8> emin, bit<8> e_max, bit<7> max_code, bit<8> result_format,
-                   bit<4> generation, bit<64> seed) {
+                   bit<4> generation, bit<64> seed, bit<48> restart_idle) {
         meta.job_index = index;
         meta.workers = workers;
         meta.k = k;
@@ -22,6 +22,7 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
         meta.result_format = result_format;
         meta.generation = generation;
         meta.seed = seed;
+        meta.restart_idle = restart_idle;
         meta.events = (bit<32>)index * NCINA_JOB_EVENTS;
         meta.member = (bit<32>)index * NCINA_MAX_WORKERS + (bit<32>)hdr.nc.rank;
     }
@@ -115,10 +116,14 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
                 meta.status = STATUS_NOT_AUTHENTIC;
             } else {
                 // docs/protocol.md, "A new set of workers": a hello that finds the job idle
-                // starts it afresh (a new epoch: every round and learned member forgotten).
+                // (no round partly filled) and quiet (nothing completed or resent for its
+                // restart_idle) starts it afresh: a new epoch, every round and learned member
+                // forgotten.
                 bit<32> open;
+                bit<48> busy_at;
                 job_open.read(open, (bit<32>)meta.job_index);
-                if (open == 0) {
+                job_busy_at.read(busy_at, (bit<32>)meta.job_index);
+                if (open == 0 && sm.ingress_global_timestamp - busy_at >= meta.restart_idle) {
                     job_epoch.write((bit<32>)meta.job_index, meta.epoch + 1);
                 }
             }
@@ -150,8 +155,12 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
                 if (meta.generation == 0) {
                     fault = EV_BAD_FLAGS;
                 } else {
+                    // Answered by a notice only if the packet is as long as the notice: an
+                    // unlearned rank's source may be forged, and no reflection is amplified.
                     job_events.count(meta.events + EV_STALE_GENERATION);
-                    meta.verdict = VERDICT_STALE;
+                    if (hdr.udp.len >= UDP_HEADER_BYTES + NCINA_HEADER_BYTES + NOTICE_BYTES) {
+                        meta.verdict = VERDICT_STALE;
+                    }
                     return;
                 }
             } else {

@@ -167,6 +167,7 @@ struct meta_t {
     bit<4> generation;
     bit<64> seed;             // of the nc8 results' rounding bits (docs/protocol.md)
     bit<32> epoch;            // the job's epoch: state of another epoch is forgotten
+    bit<48> restart_idle;     // microseconds the job must be quiet before a hello restarts it
     bit<32> events;           // first counter index of the job's events
     bit<32> member;           // member register index of the packet's rank
     // The slot.

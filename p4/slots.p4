@@ -11,6 +11,10 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
     register<bit<32>>(NCINA_SLOTS) offsets;
     register<bit<16>>(NCINA_SLOTS) counts;
     register<bit<32>>(NCINA_SLOTS) epochs;  // the job epoch of the version's round (state.p4)
+    register<bit<32>>(NCINA_SLOTS) rounds;  // rounds begun in the version (a first contribution)
+    // Per slot version and rank: the round (upper 32 bits) whose result was sent again to the
+    // rank, and how often (lower 8): at most NCINA_RESENDS_PER_ROUND a round (rule 2's budget).
+    register<bit<40>>(NCINA_SLOTS * NCINA_MAX_WORKERS) resends;
     LaneSums() sums;
 
     // A reply to the packet's sender: a notice holding `bitmap` (LaneSums drops the lanes).
@@ -77,10 +81,26 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
                 }
             } else if ((bitmap & rank_bit) != 0) {
                 if (complete) {
-                    // The worker lost the result: the stored one, to it alone.
-                    job_events.count(meta.events + EV_RESULTS_RESENT);
-                    meta.lane_op = LANE_RESEND;
-                    meta.send = OUT_REPLY;
+                    // The worker lost the result: the stored one, to it alone, within the
+                    // round's budget (docs/protocol.md, rule 2).
+                    bit<32> round;
+                    bit<40> resent;
+                    bit<32> cell = meta.slot_index * NCINA_MAX_WORKERS + (bit<32>)hdr.nc.rank;
+                    rounds.read(round, meta.slot_index);
+                    resends.read(resent, cell);
+                    bit<8> times = 0;
+                    if (resent[39:8] == round) {
+                        times = resent[7:0];
+                    }
+                    if (times >= NCINA_RESENDS_PER_ROUND) {
+                        job_events.count(meta.events + EV_RESEND_LIMIT);
+                    } else {
+                        resends.write(cell, round ++ (times + 1));
+                        job_busy_at.write((bit<32>)meta.job_index, sm.ingress_global_timestamp);
+                        job_events.count(meta.events + EV_RESULTS_RESENT);
+                        meta.lane_op = LANE_RESEND;
+                        meta.send = OUT_REPLY;
+                    }
                 } else {
                     job_events.count(meta.events + EV_DUPLICATES);
                     if (meta.generation != 0) {
@@ -107,6 +127,9 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
                     offsets.write(meta.slot_index, hdr.nc.offset);
                     counts.write(meta.slot_index, hdr.nc.count);
                     epochs.write(meta.slot_index, meta.epoch);
+                    bit<32> round;
+                    rounds.read(round, meta.slot_index);
+                    rounds.write(meta.slot_index, round + 1);
                     open = open + 1;
                 }
                 bitmaps.write(meta.slot_index, bitmap | rank_bit);
@@ -117,6 +140,7 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
                 meta.lane_op = LANE_ADD;
                 if (contributions == meta.workers) {
                     open = open - 1;
+                    job_busy_at.write((bit<32>)meta.job_index, sm.ingress_global_timestamp);
                     job_events.count(meta.events + EV_SLOTS_COMPLETED);
                     meta.lane_op = LANE_COMPLETE;
                     meta.send = OUT_MULTICAST;

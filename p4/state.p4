@@ -15,6 +15,9 @@ register<bit<32>>(NCINA_JOBS * NCINA_MAX_WORKERS) member_epoch;
 register<bit<32>>(NCINA_JOBS) job_epoch;
 // Slot versions of the job whose round is partly filled: the job is idle when there are none.
 register<bit<32>>(NCINA_JOBS) job_open;
+// When the job was last in use (a slot completed or a result sent again; BMv2's ingress clock,
+// microseconds): a hello restarts it only once it has been quiet for its restart_idle.
+register<bit<48>>(NCINA_JOBS) job_busy_at;
 
 // Per job: NCINA_JOB_EVENTS counters from index job_index * NCINA_JOB_EVENTS. Byte counts are
 // the frames that caused the event, as BMv2 counts them (the ingress frame's length).

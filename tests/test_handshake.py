@@ -148,6 +148,32 @@ def test_a_new_set_of_workers_on_an_idle_job_starts_afresh(aggregator: RunningAg
             np.testing.assert_array_equal(result, x)
 
 
+@pytest.mark.parametrize("backend", ["python", "socket", "dpdk", "bmv2"])
+def test_a_hello_to_a_job_in_use_restarts_nothing(backend: str, tmp_path: Path) -> None:
+    """A job whose last slot completed less than --restart-idle ago is in use (between two
+    training steps, or a rank still asks for a lost result): another set's hellos are answered
+    but restart nothing, so its ranks stay the first set's (issue 27, finding 4: a stranger's
+    hello restarted an idle job and took a rank over)."""
+    agg = _start(backend, tmp_path / "agg", ("--restart-idle", "3600"))
+    x = np.ldexp(1.0, np.arange(-20, 80) % 28 - 20).astype(np.float32)
+    try:
+        first = [_client(agg.address, rank=r, deadline=10.0) for r in range(2)]
+        try:
+            _reduce(first, x)
+        finally:
+            for c in first:
+                c.close()
+        before = agg.stats()["jobs"][str(JOB)]
+        with _client(agg.address, rank=0, deadline=1.0) as stranger, pytest.raises(TimeoutError):
+            stranger.allreduce(x)
+        after = agg.stats()["jobs"][str(JOB)]
+    finally:
+        agg.stop()
+    assert after["handshakes"] > before["handshakes"]  # its hellos were answered
+    assert after["drops"]["non_member"] > before["drops"]["non_member"]  # rank 0 is not its
+    assert after["contributions"] == before["contributions"]
+
+
 def _hello(**fields: Any) -> bytes:
     mine = desc.Descriptor(mode=0, workers=2, pool_size=16, k=64, e_max=10, e_min=-51,
                            keyed=False, compressor=0)  # fmt: skip

@@ -143,7 +143,7 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         if forward:  # the echo program has no tables
             return _Server(controller, switch, job, args, (host, port), mac, k, True).run()
         controller.insert(entries.local_entry(host, port, mac, generation))
-        for entry in entries.job_entries(job):
+        for entry in entries.job_entries(job, args.restart_idle):
             controller.insert(entry)
         for entry in entries.l2_entries(dict(args.l2_host)):
             controller.insert(entry)

@@ -19,6 +19,7 @@ from ncina.aggregator.bmv2.layout import (
     SLOTS,
     TRANSPORT_EVENTS,
 )
+from ncina.aggregator.handshake import RESTART_IDLE
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GlobalStats, JobStats
 from ncina.proto.descriptor import JOB_DATAGRAM_SIZE
@@ -110,8 +111,9 @@ def local_entry(ip: str, port: int, mac: str, generation: int) -> Entry:
                  {"mac": mac, "port": str(port), "generation": str(generation)})  # fmt: skip
 
 
-def job_entries(job: InstalledJob) -> list[Entry]:
-    """The job's row in the jobs table and its configured members."""
+def job_entries(job: InstalledJob, restart_idle: float = RESTART_IDLE) -> list[Entry]:
+    """The job's row in the jobs table and its configured members; ``restart_idle``: the
+    seconds it must be quiet before a hello restarts it (``--restart-idle``)."""
     c = job.config
     params = {
         "index": job.index,
@@ -125,6 +127,7 @@ def job_entries(job: InstalledJob) -> list[Entry]:
         "result_format": int(c.result_format),
         "generation": job.generation,
         "seed": job.seed,
+        "restart_idle": round(restart_idle * 1e6),  # BMv2's ingress clock counts microseconds
     }
     entries = [Entry(JOBS_TABLE, {"hdr.nc.job": str(c.job)}, JOB_ACTION,
                      {name: str(value) for name, value in params.items()})]  # fmt: skip

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from ncina.aggregator.slots import RESENDS_PER_ROUND
 from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_COUNTERS, JOB_DROP_REASONS
 from ncina.proto.wire import MAX_WORKERS
 
@@ -52,6 +53,7 @@ def defines(k: int) -> dict[str, int]:
         "NCINA_JOB_EVENTS": len(JOB_EVENTS),
         "NCINA_GLOBAL_EVENTS": len(GLOBAL_EVENTS),
         "NCINA_TRANSPORT_EVENTS": len(TRANSPORT_EVENTS),
+        "NCINA_RESENDS_PER_ROUND": RESENDS_PER_ROUND,
     }
     values.update({f"EV_{name.upper()}": i for i, name in enumerate(JOB_EVENTS)})
     values.update({f"EV_G_{name.upper()}": i for i, name in enumerate(GLOBAL_EVENTS)})
