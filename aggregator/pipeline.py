@@ -134,12 +134,14 @@ class Aggregator:
             stats.results_sent += job.workers
             return reply.results(job, version, slot, range(job.workers))
         if rule is RESEND:  # rule 2: the worker lost the result
+            job.active_at = self.clock()
+            if job.upstream is not None and not job.results[version][slot]:
+                # still waiting: ask the spine again (no budget: a leaf whose uplinks were lost
+                # would stall)
+                return job.upstream.forward(job, version, slot, retx=True)
             if not job.may_resend(version, slot, rank):  # its budget for the round is spent
                 stats.drops[RESEND_LIMIT] += 1
                 return NOTHING
-            job.active_at = self.clock()
-            if job.upstream is not None and not job.results[version][slot]:
-                return job.upstream.forward(job, version, slot, retx=True)  # still waiting
             stats.results_resent += 1
             return reply.results(job, version, slot, (rank,))
         if rule is DUPLICATE:  # rule 3: ignored, and a notice at a generation

@@ -103,13 +103,14 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
         c->drops[NCE_CHUNK_MISMATCH]++;
         return NCE_V_NONE;
     case NCE_R_RESEND:                          /* rule 2: the worker lost the result */
-        if (!nce_may_resend(s, p.rank)) {       /* its budget for the round is spent */
-            c->drops[NCE_RESEND_LIMIT]++;
-            return NCE_V_NONE;
-        }
         nce_mark_active(job);                   /* a worker waits: the job is in use */
         if (s->waiting) {                       /* a leaf's, still without it: ask again */
-            nce_upstream_forward(job, s, 1, act);
+            nce_upstream_forward(job, s, 1, act);   /* (to the spine: no budget, or a leaf
+                                                     * whose uplinks were lost would stall) */
+            return NCE_V_NONE;
+        }
+        if (!nce_may_resend(s, p.rank)) {       /* its budget for the round is spent */
+            c->drops[NCE_RESEND_LIMIT]++;
             return NCE_V_NONE;
         }
         c->results_resent++;
