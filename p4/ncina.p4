@@ -51,12 +51,15 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
             meta.target = hdr.ipv4.dst;
         }
         local_address.apply();
+        // Replies go to the frame's source: one from a group (or the zero) address would go to
+        // the whole segment, a reflection nobody asked for. Such a frame is not answered.
+        bool group_source = hdr.eth.src[40:40] == 1 || hdr.eth.src == 0;
         if (meta.local == 1 && hdr.arp.isValid()) {
-            if (hdr.arp.op == ARP_REQUEST) {
+            if (hdr.arp.op == ARP_REQUEST && !group_source) {
                 arp.apply(hdr, meta, sm);
             }
         } else if (meta.local == 1 && hdr.ipv4.isValid()) {
-            transport.apply(hdr, meta, sm);
+            transport.apply(hdr, meta, sm, group_source);
         }
         if (meta.datagram == 1) {
             admission.apply(hdr, meta, sm);
