@@ -256,29 +256,42 @@ def lanes_p4(k: int) -> str:
     return "\n".join(out)
 
 
-def write(k: int, out: Path) -> list[Path]:
-    """Write ``config.p4`` and ``lanes.p4`` for ``k`` lanes into ``out``; return their paths."""
-    check_k(k)
+def write_generated(out: Path, config: str, lanes: str) -> list[Path]:
+    """Write a program's generated ``config.p4`` and ``lanes.p4`` texts into ``out``; return
+    their paths (this program's and the Tofino one's generators both end here)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, text in zip(GENERATED, (config_p4(k), lanes_p4(k)), strict=True):
+    for name, text in zip(GENERATED, (config, lanes), strict=True):
         path = out / name
         path.write_text(text)
         paths.append(path)
     return paths
 
 
-def main(argv: list[str] | None = None) -> int:
+def write(k: int, out: Path) -> list[Path]:
+    """Write ``config.p4`` and ``lanes.p4`` for ``k`` lanes into ``out``; return their paths."""
+    check_k(k)
+    return write_generated(out, config_p4(k), lanes_p4(k))
+
+
+def generator_main(
+    argv: list[str] | None, prog: str, program: str, write_k: Callable[[int, Path], list[Path]]
+) -> int:
+    """``python -m PROG --k K --out DIR``: write ``program``'s generated files for K lanes."""
     parser = argparse.ArgumentParser(
-        prog="python -m ncina.aggregator.bmv2.gen",
-        description="Write config.p4 and lanes.p4 of ncina's P4 program for K lanes.",
+        prog=f"python -m {prog}",
+        description=f"Write config.p4 and lanes.p4 of ncina's {program} for K lanes.",
     )
-    parser.add_argument("--k", type=int, required=True, help=f"lanes per packet (1..{MAX_K})")
+    parser.add_argument("--k", type=int, required=True, help="lanes per packet")
     parser.add_argument("--out", type=Path, required=True, help="directory to write into")
     args = parser.parse_args(argv)
-    for path in write(args.k, args.out):
+    for path in write_k(args.k, args.out):
         print(path)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return generator_main(argv, "ncina.aggregator.bmv2.gen", "P4 program", write)
 
 
 if __name__ == "__main__":

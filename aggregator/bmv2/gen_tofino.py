@@ -12,11 +12,10 @@ and the lane bound come from ``layout`` and ``gen``, so both programs count alik
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ncina.aggregator.bmv2.gen import GENERATED, check_k
+from ncina.aggregator.bmv2.gen import check_k, generator_main, write_generated
 from ncina.aggregator.bmv2.layout import SLOTS, defines
 
 BANNER = (
@@ -342,26 +341,11 @@ def lanes_p4(k: int) -> str:
 def write(k: int, out: Path) -> list[Path]:
     """Write ``config.p4`` and ``lanes.p4`` for ``k`` lanes into ``out``; return their paths."""
     check_k(k)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in zip(GENERATED, (config_p4(k), lanes_p4(k)), strict=True):
-        path = out / name
-        path.write_text(text)
-        paths.append(path)
-    return paths
+    return write_generated(out, config_p4(k), lanes_p4(k))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ncina.aggregator.bmv2.gen_tofino",
-        description="Write config.p4 and lanes.p4 of ncina's Tofino program for K lanes.",
-    )
-    parser.add_argument("--k", type=int, required=True, help="lanes per packet")
-    parser.add_argument("--out", type=Path, required=True, help="directory to write into")
-    args = parser.parse_args(argv)
-    for path in write(args.k, args.out):
-        print(path)
-    return 0
+    return generator_main(argv, "ncina.aggregator.bmv2.gen_tofino", "Tofino program", write)
 
 
 if __name__ == "__main__":
