@@ -58,15 +58,7 @@ def train(
         )
         for rank in range(WORLD)
     ]
-    try:
-        outputs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out
+    outputs = outputs_of(procs, timeout=180)
     assert re.search(rf"\[{mode} rank 0\] epoch \d+ step {steps} loss", outputs[0])
     return metrics
 
@@ -299,8 +291,15 @@ def start_ranks(tmp_path: Path, name: str, aggregators: list[str], steps: int,
 
 def finish(procs: Ranks, metrics: list[Path]) -> list[dict[str, Any]]:
     """Wait for the ranks (each must exit 0); their ``end`` events."""
+    outputs_of(procs, timeout=240)
+    return [report.read_events(m)[-1] for m in metrics]
+
+
+def outputs_of(procs: Ranks, timeout: float) -> list[str]:
+    """Each rank's output; every rank must exit 0 within ``timeout`` seconds (one still running
+    after that is killed)."""
     try:
-        outputs = [p.communicate(timeout=240)[0] for p in procs]
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -308,7 +307,7 @@ def finish(procs: Ranks, metrics: list[Path]) -> list[dict[str, Any]]:
                 p.wait()
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out
-    return [report.read_events(m)[-1] for m in metrics]
+    return outputs
 
 
 RESTART_STEPS = 20  # of the 22 steps of an epoch of digits
