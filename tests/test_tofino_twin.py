@@ -1,0 +1,100 @@
+"""The v1model twin of the Tofino program (``--backend bmv2 --p4-profile tofino``,
+docs/tofino.md) end to end: four ``AllreduceClient`` workers all-reduce through it and get,
+bit for bit, what they get from the Python reference with the same seeds; a job the design
+cannot run (``nc8`` results, too many lanes or workers) is refused at configuration with one
+sentence. The cross-backend packet scenarios run it as backend ``bmv2-tofino``
+(tests/test_aggregator_packets.py and the others parametrised over ``AGGREGATOR_BACKENDS``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ncina.aggregator.bmv2.twin import limits
+from ncina.worker.client import AllreduceClient
+from ncina_testlib import TWIN, start_aggregator, worker_host
+
+JOB = 12
+WORKERS = 4
+K = limits.MAX_K
+ELEMENTS = 6_000
+# The window's e_max: e_min = 38 - 60 = -22, and the twin takes codes up to
+# limits.max_code(4) = 29, i.e. 2^6: inputs and sums up to 2^6 stay inside it.
+WINDOW_MAX = 38
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def allreduce(backend: str, workdir: Path, calls: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """Every call's inputs (one per rank) summed through a new aggregator of ``backend``;
+    the outputs per call and rank. The aggregator must have completed each chunk once and
+    dropped nothing but retransmissions that came late (a result was on its way)."""
+    agg = start_aggregator(backend, workdir, job=JOB, workers=WORKERS, k=K, result="int",
+                           extra=["--window-max", str(WINDOW_MAX)])  # fmt: skip
+    try:
+
+        def worker(rank: int) -> list[np.ndarray]:
+            with AllreduceClient(agg.address, job=JOB, rank=rank, workers=WORKERS, k=K,
+                                 result_format="int", seed=100 + rank, deadline=60.0,
+                                 window_max=WINDOW_MAX) as client:  # fmt: skip
+                return [client.allreduce(inputs[rank], op="sum") for inputs in calls]
+
+        with ThreadPoolExecutor(WORKERS) as pool:
+            done = list(pool.map(worker, range(WORKERS)))
+        stats = agg.stats()["jobs"][str(JOB)]
+        late = stats["drops"].pop("late")
+        assert not any(stats["drops"].values()), stats
+        assert late + stats["results_resent"] <= stats["retx_seen"], stats
+        assert stats["slots_completed"] == len(calls) * -(-ELEMENTS // K)
+    finally:
+        assert agg.stop() == 0, agg.log()
+    return [[outputs[c] for outputs in done] for c in range(len(calls))]
+
+
+def test_an_int_allreduce_through_the_twin_is_the_reference_bit_for_bit(tmp_path: Path) -> None:
+    worker_host(TWIN)  # skips with the reason when BMv2, p4c or root is missing
+    rng = np.random.default_rng(26)
+    sign = rng.choice([-1.0, 1.0], ELEMENTS)
+    power = np.ldexp(sign, rng.integers(-20, 5, ELEMENTS)).astype(np.float32)
+    power[rng.random(ELEMENTS) < 0.05] = 0.0
+    # Powers of two whose sum (4 * 2^e) is exact; then standard normal inputs, whose codes
+    # (drawn from the seeds) sum exactly in 32-bit lanes.
+    same = [power] * WORKERS
+    normal = [rng.standard_normal(ELEMENTS, dtype=np.float32) for _ in range(WORKERS)]
+    twin = allreduce(TWIN, tmp_path / "twin", [same, normal])
+    reference = allreduce("python", tmp_path / "python", [same, normal])
+    for output in twin[0]:
+        np.testing.assert_array_equal(output, 4 * power)
+    for ours, theirs in zip(twin, reference, strict=True):
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.dtype == b.dtype == np.float32
+            assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--result", "nc8", "--k", "8"], limits.LACKS["nc8"]),
+        (["--result", "int", "--k", "16"], limits.LACKS["k"]),
+        (["--result", "int", "--k", "8", "--workers", "31"], limits.LACKS["workers"]),
+    ],
+)
+def test_a_job_the_design_cannot_run_is_refused_in_one_sentence(
+    options: list[str], says: str
+) -> None:
+    """Refused before any switch starts (so this runs without BMv2 or root)."""
+    argv = ["--listen", "10.0.0.1:0", "--job", "1", "--workers", "2", "--iface", "lo", *options]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", "bmv2",
+         "--p4-profile", "tofino", *argv],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "tofino profile cannot run this job" in lines[0] and says in lines[0], lines[0]
