@@ -31,10 +31,17 @@ control Learned(in headers_t hdr, in meta_t meta, inout bool has_address, inout 
     }
 }
 
-// A rank's first valid packet (no address yet): its address is the rank's from now on.
+// A rank's first valid packet: its address is the rank's from now on (an unconfigured rank's
+// whole address; a configured one's MAC address, which egress needs and the control plane
+// does not know).
 control Learn(in headers_t hdr, in meta_t meta) {
     apply {
         bit<32> cell = (bit<32>)meta.job_index * NCINA_MAX_WORKERS + (bit<32>)hdr.nc.rank;
+        bit<1> known;
+        member_known.read(known, cell);
+        if (known == 1) {
+            return;
+        }
         member_known.write(cell, 1);
         member_ip.write(cell, hdr.ipv4.src);
         member_port.write(cell, hdr.udp.src_port);

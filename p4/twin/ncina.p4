@@ -100,8 +100,10 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
                 meta.send = OUT_REPLY;
             } else if (meta.verdict != VERDICT_DROP) {
                 slots.apply(hdr, meta);
-                if (meta.unknown_rank == 1 && meta.verdict == VERDICT_ACCEPT) {
-                    learn.apply(hdr, meta);  // TNA: a digest, for the control plane
+                if (meta.verdict == VERDICT_ACCEPT) {
+                    // TNA: a digest for the control plane when meta.unknown_rank; the twin
+                    // learns every rank's first valid packet (a configured one's MAC address)
+                    learn.apply(hdr, meta);
                 }
             }
             events.apply(hdr, meta);
