@@ -43,8 +43,7 @@ def twin_lacks(backend: str, *features: str) -> None:
     import pytest
     from ncina.aggregator.bmv2.twin.limits import LACKS
 
-    for feature in features:
-        pytest.skip(f"{TWIN}: {LACKS[feature]}")
+    pytest.skip(f"{TWIN}: " + "; ".join(LACKS[feature] for feature in features))
 
 TAGGED_BACKENDS = ("python", "socket", "dpdk")
 """Backends that implement the authentication tag (the P4 program does not)."""

@@ -1,7 +1,7 @@
 """The v1model twin of the Tofino program (``--backend bmv2 --p4-profile tofino``,
 docs/tofino.md) end to end: four ``AllreduceClient`` workers all-reduce through it and get,
-bit for bit, what they get from the Python reference with the same seeds; a job the design
-cannot run (``nc8`` results, too many lanes or workers) is refused at configuration with one
+bit for bit, what they get from the Python reference with the same seeds; job handshakes get
+the reference's answers, byte for byte; a job the design cannot run (``nc8`` results, too many lanes or workers) is refused at configuration with one
 sentence. The cross-backend packet scenarios run it as backend ``bmv2-tofino``
 (tests/test_aggregator_packets.py and the others parametrised over ``AGGREGATOR_BACKENDS``).
 """
@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ncina.aggregator.bmv2.twin import limits
+from ncina.proto import descriptor as desc
+from ncina.proto.header import Format
 from ncina.worker.client import AllreduceClient
-from ncina_testlib import TWIN, start_aggregator, worker_host
+from ncina_testlib import TWIN, Worker, counters, start_aggregator, window_e_min, worker_host
 
 JOB = 12
 WORKERS = 4
@@ -98,3 +100,44 @@ def test_a_job_the_design_cannot_run_is_refused_in_one_sentence(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "tofino profile cannot run this job" in lines[0] and says in lines[0], lines[0]
+
+
+def hellos() -> list[bytes]:
+    """Job handshakes to a 2-worker int job (K, pool 16, e_max 10): the job's, another job's, a
+    tagged one, a short one, one with RESULT set, a long one for no job, a well-formed last."""
+    mine = desc.Descriptor(mode=int(Format.INT), workers=2, pool_size=16, k=K, e_max=10,
+                           e_min=window_e_min(2), keyed=False, compressor=0)  # fmt: skip
+    hello = desc.pack_job_datagram(mine, job=JOB, rank=1)
+    return [
+        hello,
+        desc.pack_job_datagram(mine, job=99, rank=1),
+        desc.pack_job_datagram(mine, job=JOB, rank=1, key=bytes(range(32))),
+        hello[:-1],
+        hello[:1] + b"\x01" + hello[2:],
+        desc.pack_job_datagram(mine, job=99, rank=1) + b"\x00",
+        hello,
+    ]
+
+
+def answers(backend: str, workdir: Path) -> tuple[list[bytes], dict[str, int]]:
+    """What a new aggregator of ``backend`` answers to ``hellos``, and its counters after."""
+    agg = start_aggregator(backend, workdir, job=JOB, workers=2, k=K, result="int",
+                           extra=["--pool-size", "16", "--generation", "5"])  # fmt: skip
+    worker = Worker(agg.address, timeout=5.0)
+    try:
+        for hello in hellos():
+            worker.send(hello)
+        got = [worker.receive() for _ in range(4)]  # job, no job, not authentic, the last
+        return got, dict(counters(agg.stats(), JOB))
+    finally:
+        worker.close()
+        assert agg.stop() == 0, agg.log()
+
+
+def test_the_twin_answers_job_handshakes_as_the_reference_does(tmp_path: Path) -> None:
+    worker_host(TWIN)
+    twin, twin_counts = answers(TWIN, tmp_path / "twin")
+    reference, reference_counts = answers("python", tmp_path / "python")
+    assert twin == reference
+    assert [d[16] for d in twin] == [desc.OK, desc.NO_SUCH_JOB, desc.NOT_AUTHENTIC, desc.OK]
+    assert twin_counts == reference_counts
