@@ -1,10 +1,10 @@
 """The v1model twin of the Tofino program (``--backend bmv2 --p4-profile tofino``,
 docs/tofino.md) end to end: four ``AllreduceClient`` workers all-reduce through it and get,
 bit for bit, what they get from the Python reference with the same seeds; job handshakes get
-the reference's answers, byte for byte; a job the design cannot run (``nc8`` results, too many lanes or workers) is refused at configuration with one
-sentence. The cross-backend packet scenarios run it as backend ``bmv2-tofino``
-(tests/test_aggregator_packets.py and the others parametrised over ``AGGREGATOR_BACKENDS``).
-"""
+the reference's answers, byte for byte; a job the design cannot run (``nc8`` results, too many
+lanes or workers) is refused at configuration with one sentence. The cross-backend packet
+scenarios run it as backend ``bmv2-tofino`` (tests/test_aggregator_packets.py and the others
+parametrised over ``AGGREGATOR_BACKENDS``)."""
 
 from __future__ import annotations
 
