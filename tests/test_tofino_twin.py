@@ -141,3 +141,39 @@ def test_the_twin_answers_job_handshakes_as_the_reference_does(tmp_path: Path) -
     assert twin == reference
     assert [d[16] for d in twin] == [desc.OK, desc.NO_SUCH_JOB, desc.NOT_AUTHENTIC, desc.OK]
     assert twin_counts == reference_counts
+
+
+def test_the_control_plane_installs_the_tna_contract() -> None:
+    """Everywhere (no switch): a placed job's entries, as docs/tofino.md's contract lists them."""
+    from ncina.aggregator.bmv2 import entries, twin
+    from ncina.aggregator.bmv2.layout import JOB_EVENTS
+    from ncina.aggregator.jobs import JobConfig
+
+    first = JobConfig.create(job=3, workers=2, k=K, result_format="int", pool_size=8)
+    config = JobConfig.create(job=9, workers=5, k=K, result_format="int", pool_size=16,
+                              members=[(1, ("10.0.0.7", 4000))])  # fmt: skip
+    job = entries.place([first, config], 6, K)[1]
+    made = twin.entries(job, ("10.0.0.1", 47000, "02:00:00:00:00:01"))
+    by_table: dict[str, list[entries.Entry]] = {}
+    for entry in made:
+        by_table.setdefault(entry.table.rsplit(".", 1)[1], []).append(entry)
+    [local] = by_table["local_address"]
+    assert local.params == {"mac": "02:00:00:00:00:01", "port": "47000", "flags": str(6 << 3 | 1)}
+    assert by_table["requests"][0].match == {"hdr.arp.tpa": "10.0.0.1", "hdr.arp.op": "1"}
+    versions = {e.match["pool"]: e.params for e in by_table["jobs"]}
+    assert set(versions) == {"0", "1"}
+    assert versions["0"]["slot_base"] == "16" and versions["1"]["slot_base"] == "32"  # after job 3
+    for params in versions.values():
+        assert params["pair_base"] == "8" and params["index"] == "1" and params["group"] == "2"
+        assert params["full"] == str(0b11111) and params["flags"] == str(6 << 3 | 1)
+        assert params["events"] == str(len(JOB_EVENTS))
+        # 5 workers: codes up to 31 - ceil(log2 5) = 28
+        assert params["code_offset"] == str(127 - 28) and limits.max_code(5) == 28
+    assert [e.match for e in by_table["ranks"]] == [{"hdr.nc.job": "9", "hdr.nc.rank": "1"}]
+    assert by_table["members"][0].match == {"hdr.nc.job": "9", "hdr.nc.rank": "1",
+                                            "hdr.ipv4.src": "10.0.0.7",
+                                            "hdr.udp.src_port": "4000"}  # fmt: skip
+    [answer] = by_table["answers"]
+    assert answer.params["mode"] == str(int(Format.INT)) and answer.params["k"] == str(K)
+    # Every job's sums fit a signed 32-bit lane: N * 2^(max_code - 1) <= 2^30.
+    assert all(n << limits.max_code(n) - 1 <= 1 << 30 for n in range(1, limits.MAX_WORKERS + 1))
