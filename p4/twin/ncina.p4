@@ -86,7 +86,9 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
         prsr.parser_err = sm.parser_error == error.NoError ? 16w0 : 16w1;
         tm.ucast_egress_port = 0;
         tm.mcast_grp_a = 0;
-        local_address.apply();
+        if (hdr.ipv4.isValid()) {  // (an unparsed header's fields are another packet's)
+            local_address.apply();
+        }
         prepare.apply();
         admission.apply(hdr, meta, prsr);
         if (hdr.arp.isValid()) {
