@@ -23,8 +23,10 @@ TOPO_ARGS ?=
 # make dissector: where Wireshark (and tshark) look for a user's Lua plugins.
 WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
 # make p4: lanes per packet the P4 program is generated and compiled for (BACKEND=bmv2 uses the
-# topology's K, 256 unless TOPO_ARGS says otherwise).
-K ?= 64
+# topology's K, 256 unless TOPO_ARGS says otherwise); PROFILE=tofino compiles the v1model twin
+# of the Tofino program instead (docs/tofino.md), K up to 12.
+PROFILE ?= default
+K ?= $(if $(filter tofino,$(PROFILE)),12,64)
 # make p4-tofino: lanes per pass and device of the Tofino program (docs/tofino.md; 12 is the
 # largest K that fits Tofino's 12 stages).
 TOFINO_K ?= 12
@@ -36,7 +38,8 @@ help:
 	@echo "make topo    bring up the Mininet topology and train a model through the aggregator"
 	@echo "make test    run the whole test suite (sets up apt packages and .venv first)"
 	@echo "make lint    ruff"
-	@echo "make p4      generate and compile p4/ for K lanes into build/p4/k<K>/ (needs p4c-bm2-ss)"
+	@echo "make p4      generate and compile p4/ for K lanes into build/p4/k<K>/ (needs p4c-bm2-ss);"
+	@echo "             PROFILE=tofino: the Tofino program's v1model twin p4/twin/, K<=12"
 	@echo "make p4-tofino  compile p4/tofino/ for TOFINO_K lanes with p4c-barefoot, print its resources"
 	@echo "make dissector  install the Wireshark dissector (tools/wireshark/ncina.lua) for this user"
 	@echo "make stop    stop a running make topo (by the PID it recorded in runs/topo.pid)"
@@ -87,7 +90,7 @@ topo: need-root setup
 
 # The P4 program for BMv2: generated lanes + p4c-bm2-ss --p4runtime-files (docs/bmv2.md).
 p4: venv
-	$(PY) -m ncina.aggregator.bmv2.toolchain --k $(K)
+	$(PY) -m ncina.aggregator.bmv2.toolchain --k $(K) --profile $(PROFILE)
 
 # The Tofino program: generated lanes + p4c-barefoot, and the pipeline resources it takes
 # (docs/tofino.md); TOFINO_TARGET=tofino2 for Tofino 2.

@@ -26,8 +26,24 @@ from ncina.harness.aggregators import LOCAL_BACKENDS, RunningAggregator, local_c
 
 Address = tuple[str, int]
 
-AGGREGATOR_BACKENDS = ("python", "socket", "dpdk", "bmv2")
+TWIN = "bmv2-tofino"
+"""The bmv2 backend running the v1model twin of the Tofino program (``--p4-profile tofino``,
+docs/tofino.md): a backend variant of its own in the cross-backend tests, where the design's
+limits (``twin_lacks``) allow."""
+
+AGGREGATOR_BACKENDS = ("python", "socket", "dpdk", "bmv2", TWIN)
 """Backends ``start_aggregator`` can run; packet-level tests are parametrised over them."""
+
+
+def twin_lacks(backend: str, *features: str) -> None:
+    """Skip the test on the twin when it needs one of ``features`` that the Tofino design lacks
+    (``ncina.aggregator.bmv2.twin.limits.LACKS``: the reason is the design's one sentence)."""
+    if backend != TWIN:
+        return
+    import pytest
+    from ncina.aggregator.bmv2.twin.limits import LACKS
+
+    pytest.skip(f"{TWIN}: " + "; ".join(LACKS[feature] for feature in features))
 
 TAGGED_BACKENDS = ("python", "socket", "dpdk")
 """Backends that implement the authentication tag (the P4 program does not)."""
@@ -39,6 +55,8 @@ def aggregator_command(backend: str, arguments: Sequence[str]) -> list[str]:
     the tests' bridge (the test is skipped, with the reason, where they cannot run)."""
     if backend not in AGGREGATOR_BACKENDS:
         raise ValueError(f"unknown aggregator backend {backend!r}")
+    if backend == TWIN:
+        return aggregator_command("bmv2", [*arguments, "--p4-profile", "tofino"])
     if backend not in LOCAL_BACKENDS:
         return _star(backend).add_site().aggregator_command(arguments, backend)
     return local_command(backend, arguments)

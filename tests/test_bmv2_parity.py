@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ncina.aggregator.bmv2.twin import limits
 from ncina_testlib import (
+    TWIN,
     Worker,
     code_values,
     counters,
@@ -31,18 +33,19 @@ from ncina_testlib import (
 
 JOB = 41
 WORKERS = 3
-K = 16
+K = 12  # within the Tofino design's lanes per pass (its twin runs the session too)
 POOL = 8
 GENERATION = 5
+WINDOW_TOP = 62 - (WORKERS - 1).bit_length() + 1  # the window's highest valid code
 
 Send = tuple[int, bytes]  # (rank of the sending socket, datagram)
 
 
-def session(emin: int) -> tuple[list[Send], dict[tuple[int, int, int], list[int]]]:
+def session(emin: int, top: int = WINDOW_TOP) -> tuple[list[Send], dict[tuple[int, int, int],
+                                                                      list[int]]]:
     """The recorded uplink, and the exact sum of every chunk it completes, by (slot, pool,
-    offset)."""
+    offset); its chunks' codes are at most ``top``."""
     rng = np.random.default_rng(2024)
-    top = 62 - (WORKERS - 1).bit_length() + 1  # the window's highest valid code
     sends: list[Send] = []
     sums: dict[tuple[int, int, int], list[int]] = {}
 
@@ -50,7 +53,8 @@ def session(emin: int) -> tuple[list[Send], dict[tuple[int, int, int], list[int]
               order: tuple[int, ...] = (0, 1, 2)) -> list[bytes]:  # fmt: skip
         offset = slot * K if offset is None else offset
         codes = rng.integers(0, 256, (WORKERS, count)).astype(np.uint8)
-        codes[(codes & 0x7F) > top] &= 0x9F  # keep every code inside the window
+        # keep every code at most top (for the window's top, 61: at most 31)
+        codes[(codes & 0x7F) > top] &= 0x80 | (1 << (top.bit_length() - 1)) - 1
         sums[(slot, pool, offset)] = exact_sums(codes.tolist())
         packets = [uplink(job=JOB, rank=r, slot=slot, offset=offset, codes=codes[r].tolist(),
                           emin=emin, pool=pool) for r in range(WORKERS)]  # fmt: skip
@@ -78,7 +82,7 @@ def session(emin: int) -> tuple[list[Send], dict[tuple[int, int, int], list[int]
     bad = [
         uplink(rank=0, **{**good, "emin": emin + 1}),  # window_mismatch
         uplink(rank=0, **{**good, "slot": POOL}),  # bad_slot
-        uplink(rank=0, **{**good, "codes": [top + 1] + [1] * (K - 1)}),  # bad_code
+        uplink(rank=0, **{**good, "codes": [WINDOW_TOP + 1] + [1] * (K - 1)}),  # bad_code
         uplink(rank=0, **{**good, "codes": [1] * (K + 1)}),  # bad_count (count > K)
         uplink(rank=0, **good, count=K - 1),  # bad_length
         uplink(rank=0, **{**good, "codes": [1] * (8 * K)}, count=K, format=1),  # bad_format
@@ -97,7 +101,8 @@ def session(emin: int) -> tuple[list[Send], dict[tuple[int, int, int], list[int]
     return sends, sums
 
 
-def replay(backend: str, workdir: Path, result: str) -> tuple[list[list[bytes]], dict[str, Any]]:
+def replay(backend: str, workdir: Path, result: str,
+           top: int = WINDOW_TOP) -> tuple[list[list[bytes]], dict[str, Any]]:  # fmt: skip
     """Send the session to a new aggregator of ``backend``; what each rank received, and the
     final stats."""
     agg = start_aggregator(backend, workdir, job=JOB, workers=WORKERS, k=K, result=result,
@@ -105,7 +110,7 @@ def replay(backend: str, workdir: Path, result: str) -> tuple[list[list[bytes]],
                                   "--seed", "3"])  # fmt: skip
     workers = [Worker(agg.address, timeout=5.0) for _ in range(WORKERS)]
     try:
-        sends, _ = session(window_e_min(WORKERS))
+        sends, _ = session(window_e_min(WORKERS), top)
         for rank, datagram in sends:
             workers[rank].send(datagram)
         received: list[list[bytes]] = [[] for _ in range(WORKERS)]
@@ -123,12 +128,15 @@ def replay(backend: str, workdir: Path, result: str) -> tuple[list[list[bytes]],
         assert agg.stop() == 0, agg.log()
 
 
-@pytest.mark.parametrize("result", ["int", "nc8"])
-def test_bmv2_answers_like_the_python_reference(result: str, tmp_path: Path) -> None:
-    worker_host("bmv2")  # skips with the reason when BMv2, p4c or root is missing
-    reference, ref_stats = replay("python", tmp_path / "python", result)
-    switch, sw_stats = replay("bmv2", tmp_path / "bmv2", result)
-    _, sums = session(window_e_min(WORKERS))
+@pytest.mark.parametrize(("backend", "result"), [("bmv2", "int"), ("bmv2", "nc8"), (TWIN, "int")])
+def test_bmv2_answers_like_the_python_reference(backend: str, result: str, tmp_path: Path) -> None:
+    """The Tofino design's twin gets a session whose codes its 32-bit lanes take (at most
+    limits.max_code(3)), the reference the same session."""
+    worker_host(backend)  # skips with the reason when BMv2, p4c or root is missing
+    top = limits.max_code(WORKERS) if backend == TWIN else WINDOW_TOP
+    reference, ref_stats = replay("python", tmp_path / "python", result, top)
+    switch, sw_stats = replay(backend, tmp_path / "bmv2", result, top)
+    _, sums = session(window_e_min(WORKERS), top)
     assert [len(r) for r in switch] == [len(r) for r in reference]
     assert sum(len(r) for r in reference) == 5 * WORKERS + 4  # results, 2 resent, 2 notices
     for rank, (ours, theirs) in enumerate(zip(switch, reference, strict=True)):

@@ -26,6 +26,7 @@ from ncina.proto.header import HEADER
 from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 from ncina_testlib import (
     AGGREGATOR_BACKENDS,
+    TWIN,
     start_aggregator,
     window_e_min,
     worker_host,
@@ -39,6 +40,10 @@ JOB = 33
 WORKERS = 3
 K = 64
 POOL = 16
+# The Tofino design's twin: its lane count, and a window (e_max 40, e_min -20 for 3 workers)
+# whose codes for the inputs (2^-20 .. 2^7: 1 .. 28) its decode tables take (limits.max_code).
+TWIN_K = 12
+TWIN_WINDOW_MAX = 40
 PACKETS = int(os.environ.get("NCINA_FUZZ_PACKETS", "1500"))
 BATCH = 25  # datagrams per hypothesis example
 RSS_GROWTH_KIB = 4096  # "flat": what a few buffers may add, far below one byte per datagram
@@ -75,10 +80,12 @@ def test_hostile_datagrams_during_a_job(backend: str, tmp_path: Path) -> None:
     host = worker_host(backend)
     ports = [free_udp_port(host) for _ in range(WORKERS)]
     members = [f"--member={rank}={host}:{port}" for rank, port in enumerate(ports)]
-    extra = [*members, "--pool-size", str(POOL), "--generation", "5"]
-    agg = start_aggregator(backend, tmp_path, job=JOB, workers=WORKERS, k=K, result="int",
+    k, window_max = (TWIN_K, TWIN_WINDOW_MAX) if backend == TWIN else (K, 10)
+    extra = [*members, "--pool-size", str(POOL), "--generation", "5",
+             "--window-max", str(window_max)]  # fmt: skip
+    agg = start_aggregator(backend, tmp_path, job=JOB, workers=WORKERS, k=k, result="int",
                            extra=extra)  # fmt: skip
-    emin = window_e_min(WORKERS)
+    emin = window_e_min(WORKERS, window_max)
 
     def fuzzer(send: Callable[[bytes], None]) -> None:
         @settings(max_examples=max(1, PACKETS // BATCH), derandomize=True, deadline=None,
@@ -95,8 +102,8 @@ def test_hostile_datagrams_during_a_job(backend: str, tmp_path: Path) -> None:
 
     try:
         report = fuzz_during_allreduce(agg.address, host, ports, agg.stats, agg.process.pid,
-                                       fuzzer, job=JOB, k=K, pool_size=POOL,
-                                       elements=30_000)  # fmt: skip
+                                       fuzzer, job=JOB, k=k, pool_size=POOL,
+                                       elements=30_000, window_max=window_max)  # fmt: skip
         assert agg.process.poll() is None, agg.log()
         print(f"\n{backend}: {report}")
         assert report.exact

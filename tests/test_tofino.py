@@ -117,3 +117,41 @@ def test_missing_compiler_is_one_sentence(
     assert tofino.main(["--k", "4", "--force"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "p4c-barefoot is not installed" in err
+
+
+# --- the v1model twin (p4/twin/, docs/tofino.md "The v1model twin") ---------------------------
+
+P4 = Path(__file__).resolve().parent.parent / "p4"
+
+
+def _between(text: str, start: str, end: str) -> str:
+    return text[text.index(start):text.index(end, text.index(start))]
+
+
+def test_the_twins_slot_rules_are_the_tna_programs_text() -> None:
+    """From the slot actions to the tallies' decisions, p4/twin/slots.p4 is p4/tofino/slots.p4
+    character for character: only the register accesses are written for v1model."""
+    tna, twin = ((P4 / d / "slots.p4").read_text() for d in ("tofino", "twin"))
+    actions = ("    action late() {", "    apply {")
+    assert _between(tna, *actions) == _between(twin, *actions)
+    rules = ("        tallies.apply();", "\n}\n")
+    assert _between(tna, *rules) == _between(twin, *rules)
+
+
+@pytest.mark.parametrize("k", [1, 4, 12])
+def test_the_twin_generates_the_tna_programs_tables(k: int) -> None:
+    """The twin's config.p4 is the TNA program's, and its CheckCodes (decode tables, window
+    check) too but for the validity key, which BMv2 takes as a bit<1>; a lane register per lane;
+    the twin takes K up to the lanes one Tofino pass holds."""
+    def check_codes(text: str) -> str:
+        body = _between(text, "control CheckCodes", "\n}\n")
+        return re.sub(r"\(bit<1>\)(hdr\.lanes\[\d+\]\.isValid\(\)): ternary @name\(\"valid_\d+\"\)",
+                      r"\1: ternary", body).replace("(1w1, 1w1", "(true, 1w1").replace(
+                          ", 1w1, 1w1", ", true, 1w1")  # fmt: skip
+
+    tna, twin = gen_tofino.lanes_p4(k), gen_tofino.twin_lanes_p4(k)
+    assert check_codes(twin) == check_codes(tna)
+    assert len(re.findall(r"register<bit<32>, bit<32>>\(NCINA_SLOTS\) sums_\d+;", twin)) == k
+    gen_tofino.check_twin_k(gen_tofino.MAX_K)
+    with pytest.raises(ValueError, match="at most 12"):
+        gen_tofino.check_twin_k(gen_tofino.MAX_K + 1)

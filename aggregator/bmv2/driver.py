@@ -21,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator import metrics
-from ncina.aggregator.bmv2 import entries, gen, toolchain
+from ncina.aggregator.bmv2 import entries, gen, toolchain, twin
 from ncina.aggregator.bmv2.control import Controller
 from ncina.aggregator.bmv2.switch import Switch, SwitchConfig
+from ncina.aggregator.bmv2.twin import events as twin_events
+from ncina.aggregator.bmv2.twin import limits as twin_limits
+from ncina.aggregator.bmv2.twin import switching as twin_switching
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.process import ready_line
 from ncina.aggregator.stats import GlobalStats, JobStats, publish, snapshot
@@ -40,6 +43,11 @@ def add_arguments(parser: Any) -> Any:
     # fmt: off
     group.add_argument("--p4-k", type=int, metavar="K",
                        help="bmv2: lanes to compile the program for (default: the job's --k)")
+    group.add_argument("--p4-profile", choices=sorted(toolchain.PROFILES), default="default",
+                       help="bmv2: the program: default (p4/) or tofino (p4/twin/, the v1model "
+                       "twin of the Tofino program p4/tofino/: int results, K <= "
+                       f"{twin_limits.MAX_K}, {twin_limits.MAX_WORKERS} workers at most, "
+                       "docs/tofino.md) (default: %(default)s)")
     group.add_argument("--device-id", type=int, default=1, help="bmv2: P4Runtime device id "
                        "(default: %(default)s)")
     group.add_argument("--grpc-port", type=int, default=0, metavar="PORT",
@@ -117,7 +125,13 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         raise ValueError("the bmv2 backend needs --listen with the address it answers for")
     port = port or PORT
     k = args.p4_k or config.k
-    gen.check_k(k)  # before anything starts: the default K of an MTU may be more than BMv2 takes
+    profile = args.p4_profile
+    if profile == "tofino":
+        refusal = twin_limits.refusal(config, k)
+        if refusal:
+            raise ValueError(f"the bmv2 backend's tofino profile cannot run this job: {refusal}")
+    else:
+        gen.check_k(k)  # before anything starts: an MTU's default K may be more than BMv2 takes
     macs = [_mac(iface) for iface in ifaces]  # every interface must exist before anything starts
     mac = macs[0]  # the aggregator's MAC address: that of port 1's interface
     reason = toolchain.missing()
@@ -125,7 +139,7 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         raise ValueError(f"the bmv2 backend cannot run: {reason}")
     [job] = entries.place([config], generation, k)
     forward = args.bmv2_mode == "forward"
-    build = toolchain.build_echo() if forward else toolchain.build(k)
+    build = toolchain.build_echo() if forward else toolchain.build(k, profile=profile)
     switch = Switch(
         SwitchConfig(
             ports=ports,
@@ -142,12 +156,20 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         controller.connect(build)
         if forward:  # the echo program has no tables
             return _Server(controller, switch, job, args, (host, port), mac, k, True).run()
+        rank_port = {rank: rank_ports.get(rank, FIRST_PORT) for rank in range(config.workers)}
+        if profile == "tofino":
+            for entry in [*twin.entries(job, (host, port, mac)),
+                          *twin_switching.l2_entries(dict(args.l2_host))]:  # fmt: skip
+                controller.insert(entry)
+            for group in twin.groups(job, rank_port, list(ports)):
+                controller.insert_group(group)
+            return _Server(controller, switch, job, args, (host, port), mac, k,
+                           profile=profile).run()  # fmt: skip
         controller.insert(entries.local_entry(host, port, mac, generation))
         for entry in entries.job_entries(job, args.restart_idle):
             controller.insert(entry)
         for entry in entries.l2_entries(dict(args.l2_host)):
             controller.insert(entry)
-        rank_port = {rank: rank_ports.get(rank, FIRST_PORT) for rank in range(config.workers)}
         controller.insert_group(entries.job_group(job, rank_port))
         controller.insert_group(entries.flood_group(list(ports)))
         return _Server(controller, switch, job, args, (host, port), mac, k).run()
@@ -161,7 +183,7 @@ class _Server:
 
     def __init__(self, controller: Controller, switch: Switch, job: entries.InstalledJob,
                  args: Any, listen: tuple[str, int], mac: str, k: int,
-                 forward: bool = False) -> None:  # fmt: skip
+                 forward: bool = False, profile: str = "default") -> None:  # fmt: skip
         self.controller = controller
         self.switch = switch
         self.job = job
@@ -170,6 +192,7 @@ class _Server:
         self.mac = mac
         self.k = k
         self.forward = forward  # the no-op forwarder: no counters, the document stays zero
+        self.profile = profile
         self.started = time.time()
         self._stop = False
         self._stats_requested = False
@@ -181,7 +204,8 @@ class _Server:
         self.write_stats()
         cfg = self.switch.config
         program = (f"no-op forwarder p4/{toolchain.ECHO}" if self.forward else
-                   f"P4 program K={self.k}, generation {self.job.generation}")  # fmt: skip
+                   f"P4 program p4/{toolchain.PROFILES[self.profile]} K={self.k}, "
+                   f"generation {self.job.generation}")  # fmt: skip
         details = (
             f"switch pid {self.switch.process.pid if self.switch.process else '?'} "
             f"(device {cfg.device_id}, grpc {cfg.grpc_address}, thrift {cfg.thrift_port}, "
@@ -218,6 +242,15 @@ class _Server:
         if self.forward:
             return snapshot(backend=NAME, started=self.started, global_stats=GlobalStats(),
                             jobs={self.job.config.job: JobStats()})  # fmt: skip
+        if self.profile == "tofino":  # the twin: one counter per event kind, no transport section
+            return snapshot(
+                backend=NAME,
+                started=self.started,
+                global_stats=entries.global_stats(
+                    self.controller.read_counter(twin_events.GLOBAL_COUNTER)),
+                jobs={self.job.config.job: entries.job_stats(
+                    self.job, twin_events.job_counts(self.controller.read_counter))},
+            )  # fmt: skip
         document = snapshot(
             backend=NAME,
             started=self.started,

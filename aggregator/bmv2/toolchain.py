@@ -24,7 +24,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ncina.aggregator.bmv2 import gen
+from ncina.aggregator.bmv2 import gen, gen_tofino
 from ncina.aggregator.bmv2.layout import DEFAULT_K
 
 from ncina.cbuild import cache_root
@@ -37,6 +37,9 @@ CHECKOUT = (ROOT / "pyproject.toml").is_file()
 BUILD_DIR = ROOT / "build" / "p4" if CHECKOUT else cache_root() / "p4"
 MAIN = "ncina.p4"
 ECHO = "echo/echo.p4"  # the no-op forwarder that the benchmark measures the program against
+TWIN = "twin/ncina.p4"  # the v1model twin of the Tofino program p4/tofino/ (docs/tofino.md)
+PROFILES = {"default": MAIN, "tofino": TWIN}
+"""``--p4-profile``: the program the bmv2 backend runs, ``p4/`` or the Tofino program's twin."""
 
 INSTALL_HINT = (
     "install p4lang's p4c (p4c-bm2-ss) and behavioral-model built with PI "
@@ -90,8 +93,11 @@ class Build:
         return self.directory / f"{Path(self.program).stem}.p4info.txt"
 
 
-def sources() -> list[Path]:
-    """The hand-written P4 files (everything in ``p4/``)."""
+def sources(program: str = MAIN) -> list[Path]:
+    """The hand-written P4 files of ``program``: everything in ``p4/``, or for the twin
+    everything in ``p4/twin/`` and ``p4/tofino/`` (which it includes)."""
+    if program == TWIN:
+        return sorted([*(P4_DIR / "twin").glob("*.p4"), *(P4_DIR / "tofino").glob("*.p4")])
     return sorted(P4_DIR.glob("*.p4"))
 
 
@@ -108,19 +114,34 @@ def compile_command(build: Build) -> list[str]:
 
 def _digest(build: Build) -> str:
     h = hashlib.sha256(f"k={build.k}\n{p4c()}\n".encode())
-    if build.program != MAIN:
+    if build.program == ECHO:
         h.update((P4_DIR / build.program).read_bytes())
         return h.hexdigest()
-    for path in sources():
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
-    # what gen would write now
-    h.update(gen.config_p4(build.k).encode() + gen.lanes_p4(build.k).encode())
+    for path in sources(build.program):
+        h.update(str(path.relative_to(P4_DIR)).encode() + b"\0" + path.read_bytes())
+    # what the generator would write now
+    h.update(b"".join(text.encode() for text in _generated(build)))
     return h.hexdigest()
 
 
-def build(k: int, directory: Path | None = None, *, force: bool = False) -> Build:
-    """Generate and compile the program for ``k`` lanes (unless an up-to-date build exists)."""
-    result = Build(k, directory or BUILD_DIR / f"k{k}")
+def _generated(build: Build) -> tuple[str, str]:
+    """The generated ``config.p4`` and ``lanes.p4`` of ``build``'s program."""
+    if build.program == TWIN:
+        return gen_tofino.config_p4(build.k), gen_tofino.twin_lanes_p4(build.k)
+    return gen.config_p4(build.k), gen.lanes_p4(build.k)
+
+
+def build(k: int, directory: Path | None = None, *, force: bool = False,
+          profile: str = "default") -> Build:  # fmt: skip
+    """Generate and compile the program of ``profile`` (``PROFILES``) for ``k`` lanes (unless
+    an up-to-date build exists): ``build/p4/k<K>/``, the twin's ``build/p4/tofino-k<K>/``."""
+    program = PROFILES[profile]
+    if program == TWIN:
+        gen_tofino.check_twin_k(k)
+    else:
+        gen.check_k(k)
+    name = f"k{k}" if program == MAIN else f"{profile}-k{k}"
+    result = Build(k, directory or BUILD_DIR / name, program)
     result.directory.mkdir(parents=True, exist_ok=True)
     # Aggregators started together share the build: one compiles, the others wait for it.
     with (result.directory / ".lock").open("w") as lock:
@@ -146,10 +167,10 @@ def _build_locked(result: Build, force: bool) -> Build:
     reason = missing(target=False, runtime=False)
     if reason:
         raise ToolchainError(f"cannot compile p4/{result.program}: {reason}")
-    if result.program == MAIN:
-        gen.write(result.k, result.directory)
+    if result.program != ECHO:
+        gen.write_generated(result.directory, *_generated(result))
     command = compile_command(result)
-    what = f" K={result.k}" if result.program == MAIN else ""
+    what = f" K={result.k}" if result.program != ECHO else ""
     proc = _run_with_progress(command, f"p4c-bm2-ss {result.program}{what}")
     if proc.returncode != 0:
         raise ToolchainError(
@@ -185,13 +206,17 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="python -m ncina.aggregator.bmv2.toolchain",
-        description=f"Generate and compile p4/{MAIN} for K lanes into {BUILD_DIR}/k<K>/.",
+        description=f"Generate and compile p4/{MAIN} (or the Tofino profile's p4/{TWIN}) for "
+        f"K lanes into {BUILD_DIR}/k<K>/ ({BUILD_DIR}/tofino-k<K>/).",
     )
     parser.add_argument("--k", type=int, default=DEFAULT_K, help="lanes (default: %(default)s)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="default",
+                        help=f"default: p4/{MAIN}; tofino: p4/{TWIN}, the v1model twin of the "
+                        "Tofino program, K up to 12 (default: %(default)s)")  # fmt: skip
     parser.add_argument("--force", action="store_true", help="compile even if up to date")
     args = parser.parse_args(argv)
     try:
-        result = build(args.k, force=args.force)
+        result = build(args.k, force=args.force, profile=args.profile)
     except (ToolchainError, ValueError) as exc:
         print(f"make p4: {exc}", file=sys.stderr)
         return 1

@@ -58,7 +58,9 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     // Every lookup that depends on nothing but the headers runs first, side by side (a Tofino
     // pipeline is 12 stages deep); admission only computes metadata.
     apply {
-        local_address.apply();
+        if (hdr.ipv4.isValid()) {  // (an unparsed header's fields are another packet's)
+            local_address.apply();
+        }
         prepare.apply();
         admission.apply(hdr, meta, prsr);
         if (hdr.arp.isValid()) {

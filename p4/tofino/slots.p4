@@ -37,7 +37,11 @@ control Slots(inout headers_t hdr, inout meta_t meta) {
     Register<versions_t, bit<16>>(NCINA_PAIRS, {HELD_UNUSED, HELD_UNUSED}) mirror;
 
     // The held chunk again: the rank joins an incomplete round (a duplicate changes nothing).
-    // The first chunk of a round: it starts once the other version's round is complete (L1).
+    // The first chunk of a round: it starts once the other version's round is complete (L1),
+    // and that round's contributors are forgotten (HELD_UNUSED: complete, nobody): a rank in
+    // them has not left the new round, whose result it may have lost (without this, once a
+    // slot had used both versions, every retransmission for a complete round was `late` and a
+    // lost result was never sent again: found by the v1model twin, docs/tofino.md).
 #define NCINA_VERSION_ACTIONS(reg, out_, here, there)                                          \
     RegisterAction<versions_t, bit<16>, bit<32>>(reg) reg##_join_##here = {                 \
         void apply(inout versions_t value, out bit<32> rv) {                                \
@@ -52,6 +56,7 @@ control Slots(inout headers_t hdr, inout meta_t meta) {
             rv = value.out_;                                                                \
             if (value.there >= meta.full) {                                                 \
                 value.here = meta.rank_bit;                                                 \
+                value.there = HELD_UNUSED;                                                  \
             }                                                                               \
         }                                                                                   \
     };

@@ -7,11 +7,15 @@
 control Arp(inout headers_t hdr, inout meta_t meta, in ingress_intrinsic_metadata_t ig_md,
             inout ingress_intrinsic_metadata_for_tm_t tm) {
     action answer(mac_t mac) {
+        // The addresses swap: the asked-for address (tpa) becomes the sender's (spa). (Written
+        // as `tpa = spa; spa = tpa` it answered with the asker's own address: found by the
+        // v1model twin, docs/tofino.md.)
+        ip4_t asked = hdr.arp.tpa;
         hdr.arp.op = ARP_REPLY;
         hdr.arp.tha = hdr.arp.sha;
         hdr.arp.tpa = hdr.arp.spa;
         hdr.arp.sha = mac;
-        hdr.arp.spa = hdr.arp.tpa;
+        hdr.arp.spa = asked;
         hdr.eth.dst = hdr.eth.src;
         hdr.eth.src = mac;
         tm.ucast_egress_port = ig_md.ingress_port;

@@ -1,0 +1,179 @@
+"""The v1model twin of the Tofino program (``--backend bmv2 --p4-profile tofino``,
+docs/tofino.md) end to end: four ``AllreduceClient`` workers all-reduce through it and get,
+bit for bit, what they get from the Python reference with the same seeds; job handshakes get
+the reference's answers, byte for byte; a job the design cannot run (``nc8`` results, too many
+lanes or workers) is refused at configuration with one sentence. The cross-backend packet
+scenarios run it as backend ``bmv2-tofino`` (tests/test_aggregator_packets.py and the others
+parametrised over ``AGGREGATOR_BACKENDS``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ncina.aggregator.bmv2.twin import limits
+from ncina.proto import descriptor as desc
+from ncina.proto.header import Format
+from ncina.worker.client import AllreduceClient
+from ncina_testlib import TWIN, Worker, counters, start_aggregator, window_e_min, worker_host
+
+JOB = 12
+WORKERS = 4
+K = limits.MAX_K
+ELEMENTS = 6_000
+# The window's e_max: e_min = 38 - 60 = -22, and the twin takes codes up to
+# limits.max_code(4) = 29, i.e. 2^6: inputs and sums up to 2^6 stay inside it.
+WINDOW_MAX = 38
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def allreduce(backend: str, workdir: Path, calls: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """Every call's inputs (one per rank) summed through a new aggregator of ``backend``;
+    the outputs per call and rank. The aggregator must have completed each chunk once and
+    dropped nothing but retransmissions that came late (a result was on its way)."""
+    agg = start_aggregator(backend, workdir, job=JOB, workers=WORKERS, k=K, result="int",
+                           extra=["--window-max", str(WINDOW_MAX)])  # fmt: skip
+    try:
+
+        def worker(rank: int) -> list[np.ndarray]:
+            with AllreduceClient(agg.address, job=JOB, rank=rank, workers=WORKERS, k=K,
+                                 result_format="int", seed=100 + rank, deadline=60.0,
+                                 window_max=WINDOW_MAX) as client:  # fmt: skip
+                return [client.allreduce(inputs[rank], op="sum") for inputs in calls]
+
+        with ThreadPoolExecutor(WORKERS) as pool:
+            done = list(pool.map(worker, range(WORKERS)))
+        stats = agg.stats()["jobs"][str(JOB)]
+        late = stats["drops"].pop("late")
+        assert not any(stats["drops"].values()), stats
+        assert late + stats["results_resent"] <= stats["retx_seen"], stats
+        assert stats["slots_completed"] == len(calls) * -(-ELEMENTS // K)
+    finally:
+        assert agg.stop() == 0, agg.log()
+    return [[outputs[c] for outputs in done] for c in range(len(calls))]
+
+
+def test_an_int_allreduce_through_the_twin_is_the_reference_bit_for_bit(tmp_path: Path) -> None:
+    worker_host(TWIN)  # skips with the reason when BMv2, p4c or root is missing
+    rng = np.random.default_rng(26)
+    sign = rng.choice([-1.0, 1.0], ELEMENTS)
+    power = np.ldexp(sign, rng.integers(-20, 5, ELEMENTS)).astype(np.float32)
+    power[rng.random(ELEMENTS) < 0.05] = 0.0
+    # Powers of two whose sum (4 * 2^e) is exact; then standard normal inputs, whose codes
+    # (drawn from the seeds) sum exactly in 32-bit lanes.
+    same = [power] * WORKERS
+    normal = [rng.standard_normal(ELEMENTS, dtype=np.float32) for _ in range(WORKERS)]
+    twin = allreduce(TWIN, tmp_path / "twin", [same, normal])
+    reference = allreduce("python", tmp_path / "python", [same, normal])
+    for output in twin[0]:
+        np.testing.assert_array_equal(output, 4 * power)
+    for ours, theirs in zip(twin, reference, strict=True):
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.dtype == b.dtype == np.float32
+            assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--result", "nc8", "--k", "8"], limits.LACKS["nc8"]),
+        (["--result", "int", "--k", "16"], limits.LACKS["k"]),
+        (["--result", "int", "--k", "8", "--workers", "31"], limits.LACKS["workers"]),
+    ],
+)
+def test_a_job_the_design_cannot_run_is_refused_in_one_sentence(
+    options: list[str], says: str
+) -> None:
+    """Refused before any switch starts (so this runs without BMv2 or root)."""
+    argv = ["--listen", "10.0.0.1:0", "--job", "1", "--workers", "2", "--iface", "lo", *options]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", "bmv2",
+         "--p4-profile", "tofino", *argv],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "tofino profile cannot run this job" in lines[0] and says in lines[0], lines[0]
+
+
+def hellos() -> list[bytes]:
+    """Job handshakes to a 2-worker int job (K, pool 16, e_max 10): the job's, another job's, a
+    tagged one, a short one, one with RESULT set, a long one for no job, a well-formed last."""
+    mine = desc.Descriptor(mode=int(Format.INT), workers=2, pool_size=16, k=K, e_max=10,
+                           e_min=window_e_min(2), keyed=False, compressor=0)  # fmt: skip
+    hello = desc.pack_job_datagram(mine, job=JOB, rank=1)
+    return [
+        hello,
+        desc.pack_job_datagram(mine, job=99, rank=1),
+        desc.pack_job_datagram(mine, job=JOB, rank=1, key=bytes(range(32))),
+        hello[:-1],
+        hello[:1] + b"\x01" + hello[2:],
+        desc.pack_job_datagram(mine, job=99, rank=1) + b"\x00",
+        hello,
+    ]
+
+
+def answers(backend: str, workdir: Path) -> tuple[list[bytes], dict[str, int]]:
+    """What a new aggregator of ``backend`` answers to ``hellos``, and its counters after."""
+    agg = start_aggregator(backend, workdir, job=JOB, workers=2, k=K, result="int",
+                           extra=["--pool-size", "16", "--generation", "5"])  # fmt: skip
+    worker = Worker(agg.address, timeout=5.0)
+    try:
+        for hello in hellos():
+            worker.send(hello)
+        got = [worker.receive() for _ in range(4)]  # job, no job, not authentic, the last
+        return got, dict(counters(agg.stats(), JOB))
+    finally:
+        worker.close()
+        assert agg.stop() == 0, agg.log()
+
+
+def test_the_twin_answers_job_handshakes_as_the_reference_does(tmp_path: Path) -> None:
+    worker_host(TWIN)
+    twin, twin_counts = answers(TWIN, tmp_path / "twin")
+    reference, reference_counts = answers("python", tmp_path / "python")
+    assert twin == reference
+    assert [d[16] for d in twin] == [desc.OK, desc.NO_SUCH_JOB, desc.NOT_AUTHENTIC, desc.OK]
+    assert twin_counts == reference_counts
+
+
+def test_the_control_plane_installs_the_tna_contract() -> None:
+    """Everywhere (no switch): a placed job's entries, as docs/tofino.md's contract lists them."""
+    from ncina.aggregator.bmv2 import entries, twin
+    from ncina.aggregator.bmv2.layout import JOB_EVENTS
+    from ncina.aggregator.jobs import JobConfig
+
+    first = JobConfig.create(job=3, workers=2, k=K, result_format="int", pool_size=8)
+    config = JobConfig.create(job=9, workers=5, k=K, result_format="int", pool_size=16,
+                              members=[(1, ("10.0.0.7", 4000))])  # fmt: skip
+    job = entries.place([first, config], 6, K)[1]
+    made = twin.entries(job, ("10.0.0.1", 47000, "02:00:00:00:00:01"))
+    by_table: dict[str, list[entries.Entry]] = {}
+    for entry in made:
+        by_table.setdefault(entry.table.rsplit(".", 1)[1], []).append(entry)
+    [local] = by_table["local_address"]
+    assert local.params == {"mac": "02:00:00:00:00:01", "port": "47000", "flags": str(6 << 3 | 1)}
+    assert by_table["requests"][0].match == {"hdr.arp.tpa": "10.0.0.1", "hdr.arp.op": "1"}
+    versions = {e.match["pool"]: e.params for e in by_table["jobs"]}
+    assert set(versions) == {"0", "1"}
+    assert versions["0"]["slot_base"] == "16" and versions["1"]["slot_base"] == "32"  # after job 3
+    for params in versions.values():
+        assert params["pair_base"] == "8" and params["index"] == "1" and params["group"] == "2"
+        assert params["full"] == str(0b11111) and params["flags"] == str(6 << 3 | 1)
+        assert params["events"] == str(len(JOB_EVENTS))
+        # 5 workers: codes up to 31 - ceil(log2 5) = 28
+        assert params["code_offset"] == str(127 - 28) and limits.max_code(5) == 28
+    assert [e.match for e in by_table["ranks"]] == [{"hdr.nc.job": "9", "hdr.nc.rank": "1"}]
+    assert by_table["members"][0].match == {"hdr.nc.job": "9", "hdr.nc.rank": "1",
+                                            "hdr.ipv4.src": "10.0.0.7",
+                                            "hdr.udp.src_port": "4000"}  # fmt: skip
+    [answer] = by_table["answers"]
+    assert answer.params["mode"] == str(int(Format.INT)) and answer.params["k"] == str(K)
+    # Every job's sums fit a signed 32-bit lane: N * 2^(max_code - 1) <= 2^30.
+    assert all(n << limits.max_code(n) - 1 <= 1 << 30 for n in range(1, limits.MAX_WORKERS + 1))
