@@ -69,7 +69,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="per worker (default: %(default)s)")
     p.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb,
                    help="DDP gradient bucket size in MB (default: %(default)s)")
-    p.add_argument("--lr", type=float, default=d.lr, help="SGD step size (default: %(default)s)")
+    p.add_argument("--lr", type=float,
+                   help="SGD step size (default: the model's recipe, ncina.worker.models: 0.1, "
+                   "0.02 after a 5-step warm-up for the 32x32 image nets)")
     p.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
     p.add_argument("--k", type=int,
                    help=f"elements per packet (default: the largest that fits --mtu, 1456 for "

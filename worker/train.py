@@ -90,8 +90,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, default=32, help="per rank (default: %(default)s)")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--lr", type=float,
+                   help="SGD step size (default: the model's recipe, ncina.worker.models: 0.1, "
+                   "0.02 for the 32x32 image nets)")
+    p.add_argument("--momentum", type=float, help="default: the model's recipe (0.9)")
+    p.add_argument("--weight-decay", type=float,
+                   help="L2 weight decay (default: the model's recipe: 0, 5e-4 for the 32x32 "
+                   "image nets)")
+    p.add_argument("--warmup-steps", type=int,
+                   help="steps of linear warm-up of the step size to --lr (default: the "
+                   "model's recipe: 0, 5 for the 32x32 image nets)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", type=device_name, default="cpu",
                    help="cpu, cuda (GPU $LOCAL_RANK under torchrun, else the rank, modulo the "

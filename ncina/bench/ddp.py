@@ -26,11 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from ncina.cli import deprecated_alias
+from ncina.harness.figures import per_element_ns, ratio, spread
 from ncina.progress import progress
 
 FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
-          "exposed_comm_s", "exposed_comm_fraction", "ina_accuracy", "backend_samples_per_s",
-          "backend_accuracy", "backend_over_hook")  # fmt: skip
+          "exposed_comm_s", "exposed_comm_fraction", "initial_test_loss", "ina_test_loss",
+          "gloo_test_loss", "ina_accuracy", "gloo_accuracy", "cpu_s", "gloo_cpu_s",
+          "cpu_vs_gloo", "cpu_ns_per_element", "gloo_cpu_ns_per_element",
+          "backend_samples_per_s", "backend_accuracy", "backend_over_hook")  # fmt: skip
+SPREADS = ("speedup", "exposed_comm_fraction", "cpu_vs_gloo")
+"""The ratios quoted with the minimum, median and maximum of the runs' own values."""
 EPOCHS = 1000  # enough for any --steps: the run stops at max_steps
 
 
@@ -75,6 +80,10 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
     """The benchmark's fields from one topology run's ``results.json`` content."""
     ina, gloo = results["runs"]["ina"], results["runs"]["gloo"]
     backend = results["runs"].get("ncina")
+    cpu_s, gloo_cpu_s = ina.get("cpu_s"), gloo.get("cpu_s")
+    measured = cpu_s is not None and gloo_cpu_s is not None
+    # Every rank all-reduces each parameter's gradient once a step.
+    elements = results["config"]["workers"] * ina["parameters"] * ina["steps"] if measured else 0
     return {
         "ina_samples_per_s": ina["samples_per_s"],
         "gloo_samples_per_s": gloo["samples_per_s"],
@@ -82,19 +91,35 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
         "comm_total_s": ina["comm_total_s"],
         "exposed_comm_s": ina["exposed_comm_s"],
         "exposed_comm_fraction": ina["exposed_comm_fraction"],
+        "initial_test_loss": ina["curve"]["epochs"][0][3],
+        "ina_test_loss": ina["final_test_loss"],
+        "gloo_test_loss": gloo["final_test_loss"],
         "ina_accuracy": ina.get("final_accuracy"),
+        "gloo_accuracy": gloo.get("final_accuracy"),
+        "cpu_s": cpu_s,
+        "gloo_cpu_s": gloo_cpu_s,
+        "cpu_vs_gloo": ratio(cpu_s, gloo_cpu_s) if measured else None,
+        "cpu_ns_per_element": per_element_ns(cpu_s, 1, elements) if measured else None,
+        "gloo_cpu_ns_per_element": per_element_ns(gloo_cpu_s, 1, elements) if measured else None,
         "backend_samples_per_s": backend["samples_per_s"] if backend else None,
         "backend_accuracy": backend["final_accuracy"] if backend else None,
         "backend_over_hook": results["comparison"].get("backend_over_hook"),
     }
 
 
-def medians(runs: list[dict[str, float | None]]) -> dict[str, float | None]:
-    """Per field, the median over the runs (None when a run lacks it)."""
-    out: dict[str, float | None] = {}
+def medians(runs: list[dict[str, float | None]]) -> dict[str, Any]:
+    """Per field, the median over the runs (None when a run lacks it); per ratio of
+    ``SPREADS``, ``<ratio>_spread``: the minimum, lower median and maximum of the runs' own."""
+    out: dict[str, Any] = {}
     for field in FIELDS:
         values = [run[field] for run in runs]
         out[field] = None if any(v is None for v in values) else statistics.median(values)
+    for field in SPREADS:
+        values = [run[field] for run in runs]
+        out[f"{field}_spread"] = None if any(v is None for v in values) else spread(values)
+    out["loss_fell"] = all(run["ina_test_loss"] < run["initial_test_loss"]  # type: ignore[operator]
+                           and run["gloo_test_loss"] < run["initial_test_loss"]  # type: ignore[operator]
+                           for run in runs)  # fmt: skip
     return out
 
 
