@@ -33,7 +33,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 TEST_SHARE = 0.25
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 4096, 512
-SIGNAL = 0.2  # a template's RMS against the noise's 1
+SIGNAL = 0.1  # a template's RMS against the noise's 1
 TEMPLATE_GRID = 4  # a template's random values per side and channel, before upsampling
 CORPUS_BYTES = 4 << 20  # of the standard library's text: enough for many epochs of a small LM
 CORPUS_TEST_SHARE = 0.1

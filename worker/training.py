@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
-from ncina.worker import data, models
+from ncina.worker import data, models, tuning
 from ncina.worker.client import AllreduceClient
 from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.torch_hook import (
@@ -183,8 +183,9 @@ def compute_step_time(
 
 
 def recipe_of(args: argparse.Namespace) -> models.Recipe:
-    """The model's recipe (``ncina.worker.models``) with the flags given in its place."""
-    recipe = models.resolve(args.model).recipe
+    """The model's recipe (``ncina.worker.models``) for the run's global batch (``--workers``
+    x ``--batch-size``), with the flags given in its place (``--lr`` as given, unscaled)."""
+    recipe = models.resolve(args.model).recipe.scaled(args.workers * args.batch_size)
     given = {name: getattr(args, name, None)
              for name in ("lr", "momentum", "weight_decay", "warmup_steps")}  # fmt: skip
     return replace(recipe, **{k: v for k, v in given.items() if v is not None})
@@ -309,7 +310,7 @@ def train(
     train_set, test_set = data.resolve(data_name)(args.seed)
     model = DistributedDataParallel(
         spec.factory().to(device), device_ids=[device] if device.type == "cuda" else None,
-        bucket_cap_mb=args.bucket_cap_mb,
+        bucket_cap_mb=args.bucket_cap_mb or tuning.bucket_cap_mb(args.link_mbit),
     )
     verify: VerifyingState | None = None
     hook: InaHookState | GlooHookState | None = None

@@ -55,11 +55,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="training steps per run "
                    "(default: %(default)s)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=32, help="per worker (default: %(default)s)")
-    p.add_argument("--pool-size", type=int, help="slots per job (default: as ncina topo)")
+    p.add_argument("--pool-size", type=int, help="slots per job (default: from --bw and K, as "
+                   "ncina topo: 34 at 100 Mbit/s and MTU 1500)")
     p.add_argument("--mtu", type=int, default=1500,
                    help="MTU of every link; the default K fits it (default: %(default)s)")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0,
-                   help="DDP gradient bucket size in MB (default: %(default)s)")
+    p.add_argument("--bucket-cap-mb", type=float,
+                   help="DDP gradient bucket size in MB (default: from --bw, "
+                   "ncina.worker.tuning.bucket_cap_mb: 4 at 100 Mbit/s)")
     p.add_argument("--backend", default="socket",
                    help="the aggregator's backend (ncina aggregator --backend; default: "
                    "%(default)s)")  # fmt: skip
@@ -132,9 +134,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ncina.topo.cli import topo_k, topo_pool_size
     from ncina.topo.config import TopoConfig
     from ncina.topo.runner import run_topology
+    from ncina.worker import tuning
 
     k = args.k or topo_k(args.backend, "ina", "nc8", tagged=False, mtu=args.mtu)
-    pool_size = args.pool_size or topo_pool_size(args.backend, k)
+    pool_size = args.pool_size or topo_pool_size(args.backend, k, args.bw)
+    bucket_cap_mb = args.bucket_cap_mb or tuning.bucket_cap_mb(args.bw)
 
     runs = []
     for i in progress(range(args.repeat), desc="bench ddp", unit="run"):
@@ -142,13 +146,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cfg = TopoConfig(out=out, workers=args.workers, backend=args.backend, bw=args.bw,
                          model=args.model, epochs=EPOCHS, max_steps=args.steps,
                          batch_size=args.batch_size,
-                         bucket_cap_mb=args.bucket_cap_mb, mtu=args.mtu, k=k,
+                         bucket_cap_mb=bucket_cap_mb, mtu=args.mtu, k=k,
                          pool_size=pool_size, torch_backend=args.torch_backend)  # fmt: skip
         runs.append({**figures(run_topology(cfg)), "out": str(out)})
     return {
         "model": args.model, "workers": args.workers, "bw_mbit": args.bw, "steps": args.steps,
         "batch_size": args.batch_size,
-        "bucket_cap_mb": args.bucket_cap_mb, "mtu": args.mtu,
+        "bucket_cap_mb": bucket_cap_mb, "mtu": args.mtu,
         "pool_size": pool_size, "backend": args.backend, "k": k,
         "torch_backend": args.torch_backend, "repeat": args.repeat, **medians(runs),
         "runs": runs,
