@@ -11,8 +11,21 @@ compute: the communication the backward pass did not hide) and ``exposed_comm_fr
 (exposed / total). With ``--torch-backend`` a third run on the same fabric trains through the
 ``ncina`` process-group backend (DDP with no hook, docs/pytorch.md), between the two:
 ``backend_samples_per_s``, ``backend_accuracy`` and ``backend_over_hook`` (= backend / ina
-samples/s; ``ina_accuracy`` beside it). ``--mtu`` sets every link's MTU (the default K and
-pool follow it) and ``--bucket-cap-mb`` DDP's bucket size. The runs' directories (logs,
+samples/s; ``ina_accuracy`` beside it).
+
+Whether the model learnt: ``initial_test_loss`` (both runs start from the same parameters),
+``ina_test_loss``, ``gloo_test_loss``, ``ina_accuracy``, ``gloo_accuracy`` (after the last
+step) and ``loss_fell`` (both runs' test loss below the initial one in every repeat). What it
+cost: ``cpu_s`` and ``gloo_cpu_s``, the CPU-seconds of each run's training (the ranks'
+processes, every thread, compute included; the aggregator's; the machine's softirq time:
+``ncina.harness.cpu``), ``cpu_vs_gloo`` and ``cpu_ns_per_element`` (per gradient element a
+rank all-reduced: workers x parameters x steps). ``speedup``, ``exposed_comm_fraction`` and
+``cpu_vs_gloo`` come with ``<ratio>_spread``: the minimum, lower median and maximum of the
+repeats' own.
+
+``--mtu`` sets every link's MTU (K follows it), and the pool and DDP's bucket size follow
+``--bw`` unless ``--pool-size`` and ``--bucket-cap-mb`` are given (``ncina.worker.tuning``).
+The model trains with its recipe (``ncina.worker.models``). The runs' directories (logs,
 results.json, plot.png) stay under ``--workdir``.
 """
 
