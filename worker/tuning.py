@@ -32,9 +32,9 @@ def bucket_cap_mb(bw_mbit: float | None) -> float:
     call and a drained window (about a round trip, a few ms on a loaded machine). The bucket
     is sized so that its NC8 codes (a byte a gradient: a quarter of its float32 size) take
     ``BUCKET_WIRE_S`` on the link: tens of round trips, so the drains cost a few percent, and
-    short beside a backward pass. 100 Mbit/s gives 4 MB (issue 29: exposed communication 0.23
-    against 0.44 with 25 MB); clamped to 1-25 MB; 25 MB (PyTorch's default) when the rate is not
-    known.
+    short beside a backward pass. 100 Mbit/s gives 4 MB (VGG-11, 4 workers: 0.19 of the
+    exchange exposed against 0.36 with 25 MB, docs/topo.md); clamped to 1-25 MB; 25 MB
+    (PyTorch's default) when the rate is not known.
     """
     if bw_mbit is None:
         return UNKNOWN_LINK_BUCKET_MB
@@ -52,8 +52,8 @@ def pool_size(k: int, bw_mbit: float | None, unknown: int = MAX_POOL) -> int:
     of the link, where their round trips grow until the retransmission timer fires and the link
     carries copies (64 jumbo chunks at 100 Mbit/s: 32 % of the packets retransmitted, docs/topo.md).
     So the pool holds ``POOL_QUEUE_S`` of the link in frames of ``k`` codes: 34 slots of MTU 1500
-    at 100 Mbit/s, 8 (the floor) of MTU 9000; at most 64; ``unknown`` when the rate is not
-    known (an unshaped link).
+    at 100 Mbit/s (VGG-11: 2-3 % of the packets retransmitted, 4-4.5 % with 64), 8 (the floor)
+    of MTU 9000; at most 64; ``unknown`` when the rate is not known (an unshaped link).
     """
     if k < 1:
         raise ValueError(f"k={k}: must be at least 1")
