@@ -17,6 +17,7 @@ from ncina.aggregator.jobs import default_k
 from ncina.proto.tag import read_key_file
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.topo.config import BMV2_POOL_SIZE, FIXED_K, TopoConfig
+from ncina.worker import tuning
 from ncina.worker.client import MODES
 from ncina.worker.train import check_options
 
@@ -67,16 +68,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="stop each training run after this many steps")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help="per worker (default: %(default)s)")
-    p.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb,
-                   help="DDP gradient bucket size in MB (default: %(default)s)")
-    p.add_argument("--lr", type=float, default=d.lr, help="SGD step size (default: %(default)s)")
+    p.add_argument("--bucket-cap-mb", type=float,
+                   help="DDP gradient bucket size in MB (default: from --bw, "
+                   "ncina.worker.tuning.bucket_cap_mb: 4 at 100 Mbit/s, 25 unshaped)")
+    p.add_argument("--lr", type=float,
+                   help="SGD step size, used as given (default: the model's recipe, "
+                   "ncina.worker.models: 0.1; for the 32x32 image nets 0.02 per 128 samples of "
+                   "global batch, after a 5-step warm-up)")
     p.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
     p.add_argument("--k", type=int,
                    help=f"elements per packet (default: the largest that fits --mtu, 1456 for "
                    f"nc8 results at 1500; {FIXED_K} with --backend bmv2 or --mode server)")
     p.add_argument("--pool-size", type=int,
-                   help=f"slots per job (default: {d.pool_size}, fewer for a larger K, so that "
-                   f"about {d.pool_size} MTU-1500 chunks are in flight: 10 at --mtu 9000; "
+                   help="slots per job (default: from --bw and K, "
+                   "ncina.worker.tuning.pool_size: 4 ms of the link, 34 at 100 Mbit/s and MTU "
+                   f"1500, 8 at --mtu 9000; unshaped {d.pool_size}, fewer for a larger K, so "
+                   f"that about {d.pool_size} MTU-1500 chunks are in flight: 10 at --mtu 9000; "
                    f"{BMV2_POOL_SIZE} with --backend bmv2, whose libpcap input ring holds a few "
                    "dozen frames)")
     p.add_argument("--window-max", type=int, default=d.window_max, help="default: %(default)s")
@@ -125,15 +132,16 @@ def topo_k(
     return default_k(mtu, "int" if topo == "leafspine" else result, tagged)
 
 
-def topo_pool_size(backend: str | None, k: int) -> int:
-    """The pool a topology's job gets without --pool-size: ``BMV2_POOL_SIZE`` on BMv2, else
-    ``TopoConfig.pool_size`` chunks of MTU 1500's K in bytes (at least 8, at most that many
-    slots): a larger K needs fewer slots to keep a link busy, and more only queue in front of
-    it, where their round trips grow until the retransmission timer fires."""
+def topo_pool_size(backend: str | None, k: int, bw: float | None = None) -> int:
+    """The pool a topology's job gets without --pool-size: ``BMV2_POOL_SIZE`` on BMv2; on a
+    link of ``bw`` Mbit/s, what ``ncina.worker.tuning.pool_size`` gives (a few ms of the link);
+    on an unshaped link ``TopoConfig.pool_size`` chunks of MTU 1500's K in bytes (at least 8, at
+    most that many slots): a larger K needs fewer slots to keep a link busy, and more only queue
+    in front of it, where their round trips grow until the retransmission timer fires."""
     if backend == "bmv2":
         return BMV2_POOL_SIZE
     pool = TopoConfig.pool_size * default_k(DEFAULT_MTU, "nc8") // k
-    return max(8, min(TopoConfig.pool_size, pool))
+    return tuning.pool_size(k, bw, unknown=max(8, min(TopoConfig.pool_size, pool)))
 
 
 FAITHFUL_MBIT_PER_CORE = 200.0
@@ -195,11 +203,11 @@ def run(args: argparse.Namespace) -> int:
             epochs=args.epochs,
             max_steps=args.max_steps,
             batch_size=args.batch_size,
-            bucket_cap_mb=args.bucket_cap_mb,
+            bucket_cap_mb=args.bucket_cap_mb or tuning.bucket_cap_mb(args.bw),
             lr=args.lr,
             seed=args.seed,
             k=k,
-            pool_size=args.pool_size or topo_pool_size(args.backend, k),
+            pool_size=args.pool_size or topo_pool_size(args.backend, k, args.bw),
             window_max=args.window_max,
             result=args.result,
             compressor=args.compressor,

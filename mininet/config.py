@@ -65,7 +65,7 @@ class TopoConfig:
     max_steps: int | None = None
     batch_size: int = 32
     bucket_cap_mb: float = 25.0
-    lr: float = 0.1
+    lr: float | None = None  # None: the model's recipe (ncina.worker.models)
     seed: int = 0
     k: int = FIXED_K
     pool_size: int = 64

@@ -25,6 +25,13 @@ and each summary::
                     for gloo
     exposed_comm_s, exposed_comm_fraction
                     the exchange no rank's compute hid (exposed_comm), over comm_total_s
+    parameters      the model's
+    cpu_s           CPU-seconds the run's training cost (evaluation excluded): rank_cpu_s (the
+                    ranks' processes, every thread: compute and communication), aggregator_cpu_s
+                    (the aggregators' processes while the ranks ran; 0 for gloo but on BMv2)
+                    and softirq_s (the machine's softirq time over rank 0's training, where the
+                    kernel's packet work is charged; machine-wide: an upper bound on a shared
+                    machine); None when a rank did not report its CPU time
     workers      per rank: rank, tx_bytes, rx_bytes, tx_packets, rx_packets, fabric (client stats)
     fabric       client stats summed over the workers ({} for gloo)
     aggregators  the aggregators' stats files ([] for gloo)
@@ -52,10 +59,12 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 def summarize(
-    mode: str, metrics: list[Path], stats: list[Path], label: str | None = None
-) -> dict[str, Any]:
+    mode: str, metrics: list[Path], stats: list[Path], label: str | None = None,
+    aggregator_cpu_s: float = 0.0,
+) -> dict[str, Any]:  # fmt: skip
     """Summary of one training run from its workers' metrics files (rank order) and stats;
-    ``label`` names it in tables and plots (default: the mode's, :data:`LABELS`)."""
+    ``label`` names it in tables and plots (default: the mode's, :data:`LABELS`);
+    ``aggregator_cpu_s``: the aggregators' CPU time while the ranks ran."""
     events = [read_events(p) for p in metrics]
     ends = [next(e for e in evs if e["event"] == "end") for evs in events]
     # Wire figures at the end of the last epoch (before the final barrier), per rank.
@@ -86,6 +95,8 @@ def summarize(
         "final_test_loss": epochs[-1]["test_loss"],
         "samples_per_s": ends[0].get("samples_per_s"),
         **timing,
+        "parameters": start["parameters"],
+        **cpu_figures(ends, aggregator_cpu_s),
         "workers": [
             {"rank": r, **{k: last[k] for k in ("tx_bytes", "rx_bytes", "tx_packets",
                                                  "rx_packets")}, "fabric": end["fabric"]}
@@ -106,6 +117,18 @@ def summarize(
             + [[e["time"], e["tx_bytes"], e["test_acc"], e["test_loss"]] for e in epochs],
         },
     }
+
+
+def cpu_figures(ends: list[dict[str, Any]], aggregator_cpu_s: float) -> dict[str, float | None]:
+    """``cpu_s`` and its parts (see the module doc) from the ranks' end events."""
+    ranks = _mean([end.get("cpu_s") for end in ends])
+    softirq = ends[0].get("softirq_s")
+    if ranks is None or softirq is None:
+        return {"cpu_s": None, "rank_cpu_s": None, "aggregator_cpu_s": aggregator_cpu_s,
+                "softirq_s": None}  # fmt: skip
+    ranks *= len(ends)
+    return {"cpu_s": ranks + aggregator_cpu_s + softirq, "rank_cpu_s": ranks,
+            "aggregator_cpu_s": aggregator_cpu_s, "softirq_s": softirq}  # fmt: skip
 
 
 def exposed_comm(events: list[list[dict[str, Any]]]) -> float | None:

@@ -51,6 +51,7 @@ from ncina.worker import models
 from mininet.net import Mininet
 from mininet.node import Host
 from mininet.nodelib import LinuxBridge
+from ncina.harness import cpu
 
 NCINA = Path(sys.executable).with_name("ncina")  # the console script of this environment
 JOB = 1  # the job id of every run
@@ -306,7 +307,7 @@ def train(
             "--master", master, "--iface", host.defaultIntf().name, "--model", cfg.model,
             "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
             "--bucket-cap-mb", str(cfg.bucket_cap_mb),
-            "--lr", str(cfg.lr), "--seed", str(cfg.seed), "--k", str(cfg.k),
+            "--seed", str(cfg.seed), "--k", str(cfg.k),
             "--pool-size", str(cfg.pool_size), "--window-max", str(cfg.window_max),
             "--result", cfg.result, "--job", str(JOB), "--metrics", str(metrics[-1]),
         ]
@@ -315,6 +316,7 @@ def train(
             argv += ["--aggregator", aggregators[rank // width], "--leaf-workers", str(width)]
         else:
             argv += [arg for a in aggregators for arg in ("--aggregator", a)]
+        argv += ["--lr", str(cfg.lr)] if cfg.lr is not None else []
         argv += ["--max-steps", str(cfg.max_steps)] if cfg.max_steps else []
         argv += ["--verify"] if cfg.verify else []
         argv += ["--compressor", cfg.compressor] if cfg.compressor else []
@@ -431,8 +433,10 @@ def run_mode(
         aggregators, addresses = start_aggregators(net, topo, cfg, procs, run_dir)
     if mode == "gloo":
         addresses = []
+    aggregator_cpu = -sum(cpu.process_cpu_s(p.pid) for p in aggregators)
     try:
         metrics = train(net, topo, cfg, procs, run_dir, addresses, mode)
+        aggregator_cpu += sum(cpu.process_cpu_s(p.pid) for p in aggregators)
     finally:
         procs.stop(aggregators)  # SIGTERM: the aggregators write their stats and exit
         if captures:  # tcpdump drops what it has not read at SIGTERM: let it drain first
@@ -440,7 +444,7 @@ def run_mode(
             procs.stop(captures)
     spine = 1 if addresses and isinstance(topo, LeafSpineTopo) else 0  # its stats come last
     stats = [run_dir / f"aggregator{j}.json" for j in range(len(addresses) + spine)]
-    return report.summarize(mode, metrics, stats, label)
+    return report.summarize(mode, metrics, stats, label, max(0.0, aggregator_cpu))
 
 
 def run_topology(cfg: TopoConfig) -> dict[str, Any]:

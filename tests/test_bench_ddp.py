@@ -20,16 +20,23 @@ FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
 
 
 def topology_results(
-    ina: float, gloo: float, comm: float | None = 4.0, backend: float | None = None
-) -> dict[str, Any]:
-    """What ``ncina topo``'s runner returns for a training run (results.json), in part;
-    ``backend``: the samples/s of the ncina backend's run (``--torch-backend``), if any."""
+    ina: float, gloo: float, comm: float | None = 4.0, backend: float | None = None,
+    cpu: tuple[float | None, float] = (20.0, 40.0), losses: tuple[float, float] = (0.5, 0.6),
+) -> dict[str, Any]:  # fmt: skip
+    """What ``ncina topo``'s runner returns for a training run (results.json), in part: 2
+    workers, a model of 1000 parameters, 5 steps from a test loss of 2.3; ``backend``: the
+    samples/s of the ncina backend's run (``--torch-backend``), if any; ``cpu``: each side's
+    CPU-seconds; ``losses``: each side's final test loss."""
     results: dict[str, Any] = {
+        "config": {"workers": 2},
         "runs": {
             "ina": {"samples_per_s": ina, "comm_total_s": comm, "exposed_comm_s": 1.0,
-                    "exposed_comm_fraction": 0.25, "final_accuracy": 90.0},
+                    "exposed_comm_fraction": 0.25, "final_accuracy": 90.0,
+                    "final_test_loss": losses[0], "curve": {"epochs": [[0.0, 0, 10.0, 2.3]]},
+                    "parameters": 1000, "steps": 5, "cpu_s": cpu[0]},
             "gloo": {"samples_per_s": gloo, "comm_total_s": None, "exposed_comm_s": 3.0,
-                     "exposed_comm_fraction": None, "final_accuracy": 91.0},
+                     "exposed_comm_fraction": None, "final_accuracy": 91.0,
+                     "final_test_loss": losses[1], "cpu_s": cpu[1]},
         },
         "comparison": {"speedup": ina / gloo},
     }  # fmt: skip
@@ -68,6 +75,41 @@ def test_fields_and_medians(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert line["backend_samples_per_s"] is None and line["backend_over_hook"] is None
 
 
+def test_cpu_fields_and_spreads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    line = bench_ddp(tmp_path, monkeypatch, [topology_results(30.0, 10.0, cpu=(20.0, 40.0)),
+                                             topology_results(20.0, 10.0, cpu=(30.0, 40.0)),
+                                             topology_results(50.0, 20.0, cpu=(10.0, 40.0))])
+    first = line["runs"][0]
+    # 20 CPU-seconds over 2 workers x 1000 gradient elements x 5 steps: 2 ms an element
+    assert (first["cpu_s"], first["gloo_cpu_s"], first["cpu_vs_gloo"]) == (20.0, 40.0, 0.5)
+    assert (first["cpu_ns_per_element"], first["gloo_cpu_ns_per_element"]) == (2e6, 4e6)
+    assert (line["cpu_s"], line["gloo_cpu_s"], line["cpu_vs_gloo"]) == (20.0, 40.0, 0.5)
+    assert line["cpu_vs_gloo_spread"] == {"min": 0.25, "median": 0.5, "max": 0.75}
+    assert line["speedup_spread"] == {"min": 2.0, "median": 2.5, "max": 3.0}
+    assert line["exposed_comm_fraction_spread"] == {"min": 0.25, "median": 0.25, "max": 0.25}
+
+
+def test_loss_and_accuracy_of_both_sides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    line = bench_ddp(tmp_path, monkeypatch, [topology_results(30.0, 10.0),
+                                             topology_results(20.0, 10.0, losses=(0.7, 0.8))])
+    assert (line["initial_test_loss"], line["ina_test_loss"], line["gloo_test_loss"]) == (
+        2.3, 0.6, 0.7)  # fmt: skip
+    assert (line["ina_accuracy"], line["gloo_accuracy"]) == (90.0, 91.0)
+    assert line["loss_fell"] is True
+    (tmp_path / "diverged").mkdir()
+    line = bench_ddp(tmp_path / "diverged", monkeypatch,
+                     [topology_results(30.0, 10.0, losses=(0.5, 2.4))])
+    assert line["loss_fell"] is False  # gloo's run diverged
+
+
+def test_a_run_without_cpu_times_has_no_cpu_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = bench_ddp(tmp_path, monkeypatch, [topology_results(30.0, 10.0, cpu=(None, 40.0))])
+    assert line["cpu_s"] is None and line["cpu_vs_gloo"] is None
+    assert line["cpu_vs_gloo_spread"] is None and line["cpu_ns_per_element"] is None
+
+
 def test_the_backend_beside_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     line = bench_ddp(tmp_path, monkeypatch, [topology_results(30.0, 10.0, backend=15.0),
                                              topology_results(20.0, 10.0, backend=20.0)])
@@ -101,6 +143,8 @@ def test_a_small_real_run(tmp_path: Path) -> None:
         assert line[field] is not None and line[field] >= 0, field
     assert line["speedup"] == pytest.approx(line["ina_samples_per_s"] / line["gloo_samples_per_s"])
     assert 0 <= line["exposed_comm_fraction"] <= 1
+    assert line["cpu_s"] > 0 and line["gloo_cpu_s"] > 0
+    assert line["cpu_vs_gloo"] == pytest.approx(line["cpu_s"] / line["gloo_cpu_s"], rel=1e-2)
     assert line["backend_over_hook"] == pytest.approx(
         line["backend_samples_per_s"] / line["ina_samples_per_s"])
     (run,) = line["runs"]

@@ -90,15 +90,29 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, default=32, help="per rank (default: %(default)s)")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--lr", type=float,
+                   help="SGD step size, used as given (default: the model's recipe, "
+                   "ncina.worker.models: 0.1; for the 32x32 image nets 0.02 per 128 samples of "
+                   "global batch, after a 5-step warm-up)")
+    p.add_argument("--momentum", type=float, help="default: the model's recipe (0.9)")
+    p.add_argument("--weight-decay", type=float,
+                   help="L2 weight decay (default: the model's recipe: 0, 5e-4 for the 32x32 "
+                   "image nets)")
+    p.add_argument("--warmup-steps", type=int,
+                   help="steps of linear warm-up of the step size to --lr (default: the "
+                   "model's recipe: 0, 5 for the 32x32 image nets)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", type=device_name, default="cpu",
                    help="cpu, cuda (GPU $LOCAL_RANK under torchrun, else the rank, modulo the "
                    "GPU count) or cuda:N; on a GPU the INA hook stages each gradient bucket "
                    "through pinned host memory (docs/worker.md); refused when PyTorch sees no "
                    "CUDA GPU (default: %(default)s)")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size")
+    p.add_argument("--bucket-cap-mb", type=float,
+                   help="DDP bucket size in MB (default: from --link-mbit, "
+                   "ncina.worker.tuning.bucket_cap_mb: 4 at 100 Mbit/s; 25 without it)")
+    p.add_argument("--link-mbit", type=float, metavar="MBIT",
+                   help="this worker's link rate in Mbit/s, when known: sizes the default "
+                   "--bucket-cap-mb (ncina topo and bench ddp give their --bw)")
     p.add_argument("--k", type=int, default=None,
                    help="elements per packet, the job's K (default: the most that fit --mtu)")
     p.add_argument("--mtu", type=int, default=DEFAULT_MTU,

@@ -14,13 +14,14 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
-from ncina.worker import data, models
+from ncina.worker import data, models, tuning
 from ncina.worker.client import AllreduceClient
 from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.torch_hook import (
@@ -34,6 +35,8 @@ from ncina.worker.torch_hook import (
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from ncina.harness import cpu
 
 COUNTERS = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
 # Client counters worth a line of progress (the rest go to the end event).
@@ -58,20 +61,42 @@ class Counters:
 
 
 class Clock:
-    """Training time: runs except inside ``paused()``."""
+    """Training time, and the CPU time training costs: both run except inside ``pause()``.
+
+    The CPU time is this process's (every thread: the compute and, with the INA hook, its
+    communication thread and the C data path; with gloo, gloo's threads) and the machine's
+    softirq time, where the kernel's packet work is charged (``ncina.harness.cpu``; machine-wide,
+    so every rank sees about the same figure, an upper bound on a shared machine)."""
 
     def __init__(self) -> None:
         self.start = time.monotonic()
         self.paused_for = 0.0
+        self.cpu_start, self.softirq_start = self._cpu()
+        self.cpu_paused = self.softirq_paused = 0.0
+
+    @staticmethod
+    def _cpu() -> tuple[float, float]:
+        return cpu.process_cpu_s(os.getpid()), cpu.softirq_s()
 
     def __call__(self) -> float:
         return time.monotonic() - self.start - self.paused_for
 
+    def cpu_s(self) -> float:
+        """This process's CPU-seconds since the start, pauses excluded."""
+        return self._cpu()[0] - self.cpu_start - self.cpu_paused
+
+    def softirq_s(self) -> float:
+        """The machine's softirq seconds since the start, pauses excluded."""
+        return self._cpu()[1] - self.softirq_start - self.softirq_paused
+
     @contextmanager
     def pause(self) -> Iterator[None]:
-        t = time.monotonic()
+        t, (used, softirq) = time.monotonic(), self._cpu()
         yield
         self.paused_for += time.monotonic() - t
+        now_used, now_softirq = self._cpu()
+        self.cpu_paused += now_used - used
+        self.softirq_paused += now_softirq - softirq
 
 
 class Events:
@@ -155,6 +180,27 @@ def compute_step_time(
             times.append(time.perf_counter() - start)
     model.zero_grad(set_to_none=True)
     return sorted(times)[len(times) // 2]
+
+
+def recipe_of(args: argparse.Namespace) -> models.Recipe:
+    """The model's recipe (``ncina.worker.models``) for the run's global batch (``--workers``
+    x ``--batch-size``), with the flags given in its place (``--lr`` as given, unscaled)."""
+    recipe = models.resolve(args.model).recipe.scaled(args.workers * args.batch_size)
+    given = {name: getattr(args, name, None)
+             for name in ("lr", "momentum", "weight_decay", "warmup_steps")}  # fmt: skip
+    return replace(recipe, **{k: v for k, v in given.items() if v is not None})
+
+
+def make_optimizer(
+    model: nn.Module, recipe: models.Recipe
+) -> tuple[torch.optim.SGD, torch.optim.lr_scheduler.LambdaLR]:
+    """SGD as ``recipe`` says, and its schedule (stepped after every optimizer step): the step
+    size rises linearly to ``recipe.lr`` over ``recipe.warmup_steps`` steps, then stays."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=recipe.lr, momentum=recipe.momentum,
+                                weight_decay=recipe.weight_decay)  # fmt: skip
+    warmup = max(1, recipe.warmup_steps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
+    return optimizer, schedule
 
 
 def make_fabric(args: argparse.Namespace) -> ShardedAllreduce:
@@ -264,7 +310,7 @@ def train(
     train_set, test_set = data.resolve(data_name)(args.seed)
     model = DistributedDataParallel(
         spec.factory().to(device), device_ids=[device] if device.type == "cuda" else None,
-        bucket_cap_mb=args.bucket_cap_mb,
+        bucket_cap_mb=args.bucket_cap_mb or tuning.bucket_cap_mb(args.link_mbit),
     )
     verify: VerifyingState | None = None
     hook: InaHookState | GlooHookState | None = None
@@ -304,7 +350,8 @@ def steps(
         train_set, num_replicas=args.workers, rank=args.rank, seed=args.seed, drop_last=True
     )
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    recipe = recipe_of(args)
+    optimizer, schedule = make_optimizer(model, recipe)
     mode = "ina" if fabric else "ncina" if hook is None else "gloo"
     tag = f"[{mode} rank {args.rank}]"
     params = sum(p.numel() for p in model.parameters())
@@ -319,7 +366,7 @@ def steps(
         data=data_name, device=str(device), parameters=params, steps_per_epoch=len(loader),
         aggregators=len(args.aggregator), compressor=args.compressor,
         fabric_mode=args.mode if fabric else None, test_loss=test_loss, test_acc=test_acc,
-        compute_step_s=compute_s,
+        compute_step_s=compute_s, recipe=asdict(recipe),
     )
     step = 0
     announced = False  # the fallback to gloo, once
@@ -348,6 +395,7 @@ def steps(
             times = {} if hook is None else {"grads_ready": hook.last_call, "comm_done": comm_done}
             comm_wait += comm_done - times.get("grads_ready", comm_done)
             optimizer.step()
+            schedule.step()
             step_total += time.perf_counter() - started
             step += 1
             now, wire, value = clock(), counters.delta(), loss.item()
@@ -388,6 +436,7 @@ def steps(
         f"{timing['exposed_comm_s'] or 0:.2f} s of {timing['step_s'] * step:.2f} s",
         steps=step, epochs=epoch, time=elapsed, test_acc=test_acc, test_loss=test_loss,
         samples_per_s=samples_per_s, **timing, **counters.delta(),
+        cpu_s=clock.cpu_s(), softirq_s=clock.softirq_s(),
         fabric=fabric.stats if fabric else backend_fabric, paths=backend_paths,
         parameters_sha256=parameters_digest(model),
         fallback=hook.fallen_back if isinstance(hook, InaHookState) else "",

@@ -11,8 +11,21 @@ compute: the communication the backward pass did not hide) and ``exposed_comm_fr
 (exposed / total). With ``--torch-backend`` a third run on the same fabric trains through the
 ``ncina`` process-group backend (DDP with no hook, docs/pytorch.md), between the two:
 ``backend_samples_per_s``, ``backend_accuracy`` and ``backend_over_hook`` (= backend / ina
-samples/s; ``ina_accuracy`` beside it). ``--mtu`` sets every link's MTU (the default K and
-pool follow it) and ``--bucket-cap-mb`` DDP's bucket size. The runs' directories (logs,
+samples/s; ``ina_accuracy`` beside it).
+
+Whether the model learnt: ``initial_test_loss`` (both runs start from the same parameters),
+``ina_test_loss``, ``gloo_test_loss``, ``ina_accuracy``, ``gloo_accuracy`` (after the last
+step) and ``loss_fell`` (both runs' test loss below the initial one in every repeat). What it
+cost: ``cpu_s`` and ``gloo_cpu_s``, the CPU-seconds of each run's training (the ranks'
+processes, every thread, compute included; the aggregator's; the machine's softirq time:
+``ncina.harness.cpu``), ``cpu_vs_gloo`` and ``cpu_ns_per_element`` (per gradient element a
+rank all-reduced: workers x parameters x steps). ``speedup``, ``exposed_comm_fraction`` and
+``cpu_vs_gloo`` come with ``<ratio>_spread``: the minimum, lower median and maximum of the
+repeats' own.
+
+``--mtu`` sets every link's MTU (K follows it), and the pool and DDP's bucket size follow
+``--bw`` unless ``--pool-size`` and ``--bucket-cap-mb`` are given (``ncina.worker.tuning``).
+The model trains with its recipe (``ncina.worker.models``). The runs' directories (logs,
 results.json, plot.png) stay under ``--workdir``.
 """
 
@@ -26,11 +39,16 @@ from pathlib import Path
 from typing import Any
 
 from ncina.cli import deprecated_alias
+from ncina.harness.figures import per_element_ns, ratio, spread
 from ncina.progress import progress
 
 FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
-          "exposed_comm_s", "exposed_comm_fraction", "ina_accuracy", "backend_samples_per_s",
-          "backend_accuracy", "backend_over_hook")  # fmt: skip
+          "exposed_comm_s", "exposed_comm_fraction", "initial_test_loss", "ina_test_loss",
+          "gloo_test_loss", "ina_accuracy", "gloo_accuracy", "cpu_s", "gloo_cpu_s",
+          "cpu_vs_gloo", "cpu_ns_per_element", "gloo_cpu_ns_per_element",
+          "backend_samples_per_s", "backend_accuracy", "backend_over_hook")  # fmt: skip
+SPREADS = ("speedup", "exposed_comm_fraction", "cpu_vs_gloo")
+"""The ratios quoted with the minimum, median and maximum of the runs' own values."""
 EPOCHS = 1000  # enough for any --steps: the run stops at max_steps
 
 
@@ -50,11 +68,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="training steps per run "
                    "(default: %(default)s)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=32, help="per worker (default: %(default)s)")
-    p.add_argument("--pool-size", type=int, help="slots per job (default: as ncina topo)")
+    p.add_argument("--pool-size", type=int, help="slots per job (default: from --bw and K, as "
+                   "ncina topo: 34 at 100 Mbit/s and MTU 1500)")
     p.add_argument("--mtu", type=int, default=1500,
                    help="MTU of every link; the default K fits it (default: %(default)s)")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0,
-                   help="DDP gradient bucket size in MB (default: %(default)s)")
+    p.add_argument("--bucket-cap-mb", type=float,
+                   help="DDP gradient bucket size in MB (default: from --bw, "
+                   "ncina.worker.tuning.bucket_cap_mb: 4 at 100 Mbit/s)")
     p.add_argument("--backend", default="socket",
                    help="the aggregator's backend (ncina aggregator --backend; default: "
                    "%(default)s)")  # fmt: skip
@@ -75,6 +95,10 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
     """The benchmark's fields from one topology run's ``results.json`` content."""
     ina, gloo = results["runs"]["ina"], results["runs"]["gloo"]
     backend = results["runs"].get("ncina")
+    cpu_s, gloo_cpu_s = ina.get("cpu_s"), gloo.get("cpu_s")
+    measured = cpu_s is not None and gloo_cpu_s is not None
+    # Every rank all-reduces each parameter's gradient once a step.
+    elements = results["config"]["workers"] * ina["parameters"] * ina["steps"] if measured else 0
     return {
         "ina_samples_per_s": ina["samples_per_s"],
         "gloo_samples_per_s": gloo["samples_per_s"],
@@ -82,19 +106,35 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
         "comm_total_s": ina["comm_total_s"],
         "exposed_comm_s": ina["exposed_comm_s"],
         "exposed_comm_fraction": ina["exposed_comm_fraction"],
+        "initial_test_loss": ina["curve"]["epochs"][0][3],
+        "ina_test_loss": ina["final_test_loss"],
+        "gloo_test_loss": gloo["final_test_loss"],
         "ina_accuracy": ina.get("final_accuracy"),
+        "gloo_accuracy": gloo.get("final_accuracy"),
+        "cpu_s": cpu_s,
+        "gloo_cpu_s": gloo_cpu_s,
+        "cpu_vs_gloo": ratio(cpu_s, gloo_cpu_s) if measured else None,
+        "cpu_ns_per_element": per_element_ns(cpu_s, 1, elements) if measured else None,
+        "gloo_cpu_ns_per_element": per_element_ns(gloo_cpu_s, 1, elements) if measured else None,
         "backend_samples_per_s": backend["samples_per_s"] if backend else None,
         "backend_accuracy": backend["final_accuracy"] if backend else None,
         "backend_over_hook": results["comparison"].get("backend_over_hook"),
     }
 
 
-def medians(runs: list[dict[str, float | None]]) -> dict[str, float | None]:
-    """Per field, the median over the runs (None when a run lacks it)."""
-    out: dict[str, float | None] = {}
+def medians(runs: list[dict[str, float | None]]) -> dict[str, Any]:
+    """Per field, the median over the runs (None when a run lacks it); per ratio of
+    ``SPREADS``, ``<ratio>_spread``: the minimum, lower median and maximum of the runs' own."""
+    out: dict[str, Any] = {}
     for field in FIELDS:
         values = [run[field] for run in runs]
         out[field] = None if any(v is None for v in values) else statistics.median(values)
+    for field in SPREADS:
+        values = [run[field] for run in runs]
+        out[f"{field}_spread"] = None if any(v is None for v in values) else spread(values)
+    out["loss_fell"] = all(run["ina_test_loss"] < run["initial_test_loss"]  # type: ignore[operator]
+                           and run["gloo_test_loss"] < run["initial_test_loss"]  # type: ignore[operator]
+                           for run in runs)  # fmt: skip
     return out
 
 
@@ -107,9 +147,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ncina.topo.cli import topo_k, topo_pool_size
     from ncina.topo.config import TopoConfig
     from ncina.topo.runner import run_topology
+    from ncina.worker import tuning
 
     k = args.k or topo_k(args.backend, "ina", "nc8", tagged=False, mtu=args.mtu)
-    pool_size = args.pool_size or topo_pool_size(args.backend, k)
+    pool_size = args.pool_size or topo_pool_size(args.backend, k, args.bw)
+    bucket_cap_mb = args.bucket_cap_mb or tuning.bucket_cap_mb(args.bw)
 
     runs = []
     for i in progress(range(args.repeat), desc="bench ddp", unit="run"):
@@ -117,13 +159,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cfg = TopoConfig(out=out, workers=args.workers, backend=args.backend, bw=args.bw,
                          model=args.model, epochs=EPOCHS, max_steps=args.steps,
                          batch_size=args.batch_size,
-                         bucket_cap_mb=args.bucket_cap_mb, mtu=args.mtu, k=k,
+                         bucket_cap_mb=bucket_cap_mb, mtu=args.mtu, k=k,
                          pool_size=pool_size, torch_backend=args.torch_backend)  # fmt: skip
         runs.append({**figures(run_topology(cfg)), "out": str(out)})
     return {
         "model": args.model, "workers": args.workers, "bw_mbit": args.bw, "steps": args.steps,
         "batch_size": args.batch_size,
-        "bucket_cap_mb": args.bucket_cap_mb, "mtu": args.mtu,
+        "bucket_cap_mb": bucket_cap_mb, "mtu": args.mtu,
         "pool_size": pool_size, "backend": args.backend, "k": k,
         "torch_backend": args.torch_backend, "repeat": args.repeat, **medians(runs),
         "runs": runs,
