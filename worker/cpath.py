@@ -185,17 +185,27 @@ class CTransfer:
         timer: Timer,
         generation: int,
         deadline: float,
+        divisor: int = 1,
+        keep: np.ndarray | None = None,
     ) -> Outcome:
         """All-reduce float32 ``x`` (1-D, non-empty, finite: the caller checks) into ``out``
-        with NC8 stream key ``key``; ``timer`` is read before and updated after, ``generation``
-        is the client's. Waits are resumed after a signal once Python has handled it (a
-        ``KeyboardInterrupt`` propagates from here)."""
+        with NC8 stream key ``key``, each result divided by ``divisor`` (a float32 division, as
+        ``sum / np.float32(divisor)``); the undivided results also go into ``keep`` when given
+        (NC8 results: their ``x.size`` uint8 codes, int results: ``x.size`` float32 sums).
+        ``timer`` is read before and updated after, ``generation`` is the client's. Waits are
+        resumed after a signal once Python has handled it (a ``KeyboardInterrupt`` propagates
+        from here)."""
         ffi, lib, state = self.ffi, self.lib, self.state
         state.stats = ffi.new("struct ncw_stats *")[0]
         for name in TIMER_FIELDS:
             setattr(state.timer, name, getattr(timer, name))
         state.generation = generation
         state.cfg.deadline = deadline
+        state.divisor = divisor
+        if keep is not None and keep.nbytes < x.size * (4 if state.cfg.result_format else 1):
+            raise ValueError(f"keep holds {keep.nbytes} bytes, too few for {x.size} results")
+        kept = ffi.NULL if keep is None else ffi.from_buffer(keep, require_writable=True)
+        state.keep = kept  # keep, the caller's, outlives the call
         try:
             status = lib.ncw_begin(
                 state,
@@ -207,6 +217,7 @@ class CTransfer:
             while status in (DONE, AGAIN) and state.done < state.chunks:
                 status = lib.ncw_run(state)  # Python handles pending signals between calls
         finally:
+            state.keep = ffi.NULL
             for name in TIMER_FIELDS:
                 setattr(timer, name, getattr(state.timer, name))
         outstanding, waiting = [], []

@@ -58,7 +58,8 @@ struct ncw_io {
     int gso;                    /* 1 until the kernel refuses a UDP_SEGMENT send */
     struct sockaddr_in peer;
     struct ncd_b2b keyed;       /* BLAKE2b state right after taking the key */
-    float table[256];           /* NC8 code -> float32 of the job's window */
+    float codes[256];           /* NC8 code -> float32 of the job's window */
+    float table[256];           /* the same divided by the call's divisor (float32 division) */
     float int_scale;            /* 2^e_min: units of an INT result */
 };
 
@@ -286,14 +287,16 @@ static int start(struct ncw *w, uint64_t i, uint32_t slot, double now)
 
 /* --- receiving ---------------------------------------------------------------------------- */
 
-/* Write the result payload of chunk i into the output at its offset. */
+/* Write the result payload of chunk i into the output at its offset, divided by the call's
+ * divisor (one float32 division each, as numpy's `sum / np.float32(N)`: the same bits), and the
+ * undivided results into keep. */
 static void deliver(struct ncw *w, uint64_t i, const uint8_t *payload)
 {
     const struct ncw_io *io = w->io;
     const uint64_t offset = i * w->cfg.k;
     const uint64_t left = w->n - offset;
     const uint32_t count = left < w->cfg.k ? (uint32_t)left : w->cfg.k;
-    if (offset >= w->n) /* cannot happen: chunk < chunks; the write below stays inside out */
+    if (offset >= w->n) /* cannot happen: chunk < chunks; the writes below stay inside out, keep */
         return;
     float *out = w->out + offset; /* offset + count <= n */
     if (w->cfg.result_format == 0) {
@@ -304,6 +307,8 @@ static void deliver(struct ncw *w, uint64_t i, const uint8_t *payload)
             top = m > top ? m : top;
             out[j] = io->table[b];
         }
+        if (w->keep) /* n codes */
+            memcpy((uint8_t *)w->keep + offset, payload, count);
         if (top > NCW_MAX_CODE) { /* remember the first such code of the tensor */
             for (uint32_t j = 0; j < count; j++) {
                 if ((payload[j] & 0x7F) > NCW_MAX_CODE) {
@@ -316,8 +321,13 @@ static void deliver(struct ncw *w, uint64_t i, const uint8_t *payload)
             }
         }
     } else {
-        for (uint32_t j = 0; j < count; j++)
-            out[j] = (float)(int64_t)rd64(payload + 8 * (size_t)j) * io->int_scale;
+        float *keep = w->keep ? (float *)w->keep + offset : NULL; /* n float32 sums */
+        for (uint32_t j = 0; j < count; j++) {
+            const float sum = (float)(int64_t)rd64(payload + 8 * (size_t)j) * io->int_scale;
+            out[j] = sum / w->divisor;
+            if (keep)
+                keep[j] = sum;
+        }
     }
 }
 
@@ -449,6 +459,8 @@ static int check_timers(struct ncw *w, double now)
 int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t key)
 {
     const uint32_t S = w->cfg.pool_size;
+    if (!(w->divisor > 0.0f) || w->divisor > 3.4e38f) /* NaN, 0, negative, infinite */
+        return -EINVAL;
     w->x = x;
     w->out = out;
     w->n = n;
@@ -461,6 +473,9 @@ int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t ke
     w->bad_code_index = -1;
     w->bad_code = 0;
     w->seen_generation = 0;
+    struct ncw_io *io = w->io;
+    for (int b = 0; b < 256; b++)
+        io->table[b] = io->codes[b] / w->divisor;
     for (uint32_t slot = 0; slot < S; slot++) {
         w->slots[slot].chunk = -1;
         w->slots[slot].rto = w->timer.rto;
@@ -593,6 +608,7 @@ struct ncw *ncw_open(const struct ncw_config *cfg)
     }
     w->cfg = *cfg;
     w->io = io;
+    w->divisor = 1.0f;
     io->frame_stride = (NCW_HEADER + cfg->k + tag + 63) & ~(size_t)63;
     io->tx_cap = (uint32_t)(S + NCW_BURST);
     w->slots = calloc(S, sizeof *w->slots);
@@ -626,7 +642,7 @@ struct ncw *ncw_open(const struct ncw_config *cfg)
     uint8_t all[256];
     for (int b = 0; b < 256; b++)
         all[b] = (uint8_t)b;
-    nc8_decode(all, io->table, 256, cfg->e_min);
+    nc8_decode(all, io->codes, 256, cfg->e_min);
     const uint32_t scale = (uint32_t)(cfg->e_min + 127) << 23; /* 2^e_min, a float32 normal */
     memcpy(&io->int_scale, &scale, sizeof scale);
     return w;

@@ -86,6 +86,10 @@ struct ncw {
     /* The call in progress. */
     const float *x;
     float *out;
+    float divisor;          /* each result is divided by it: 1 for a sum, N for a mean */
+    void *keep;             /* NULL, or n NC8 result codes (uint8) or n float32 int sums: the
+                               undivided results as they arrive (a restart's recovery serves
+                               them); set before ncw_begin, like divisor */
     uint64_t n;
     uint64_t chunks;
     uint64_t done;
@@ -107,8 +111,8 @@ void ncw_close(struct ncw *w);
 /* The first index of x[0..n) that is NaN or +-Inf, or n. */
 uint64_t ncw_first_nonfinite(const float *x, uint64_t n);
 
-/* Start the all-reduce of x[0..n) (n > 0, finite) into out[0..n), NC8 stream key `key`: send
- * the first window. Then call ncw_run until it returns something else than NCW_AGAIN. */
+/* Start the all-reduce of x[0..n) (n > 0, finite) into out[0..n) (divided by `divisor`, the
+ * undivided results also into `keep` unless NULL), NC8 stream key `key`: send the first window. Then call ncw_run until it returns something else than NCW_AGAIN. */
 int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t key);
 int ncw_run(struct ncw *w);
 
