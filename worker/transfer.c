@@ -33,6 +33,7 @@
 #define NCW_GSO_SEGMENTS 64    /* datagrams per UDP_SEGMENT send (UDP_MAX_SEGMENTS of 4.18) */
 #define NCW_GSO_BYTES 65000    /* and their bytes, under the 64 KiB of one IP packet */
 #define NCW_GSO_CTRL CMSG_SPACE(sizeof(uint16_t))
+#define NCW_GRO_CTRL CMSG_SPACE(sizeof(int))
 #define NCW_YIELD_S 0.1        /* ncw_run returns to Python at least this often (signals) */
 
 #define FLAG_RESULT 0x01
@@ -48,7 +49,9 @@ struct ncw_io {
     uint8_t *rx;                /* NCW_BURST receive buffers of NCW_RX_SIZE bytes */
     struct mmsghdr rx_msgs[NCW_BURST];
     struct iovec rx_iov[NCW_BURST];
-    struct sockaddr_in rx_from[NCW_BURST];  /* each datagram's sender */
+    struct sockaddr_in rx_from[NCW_BURST];  /* each buffer's sender */
+    uint8_t rx_ctrl[NCW_BURST][NCW_GRO_CTRL] __attribute__((aligned(8))); /* UDP_GRO's size */
+    int gro;                    /* UDP_GRO is on for this call */
     struct iovec *tx_iov;       /* the send burst, one entry a datagram: S + NCW_BURST */
     uint32_t tx_cap;
     uint32_t tx_count;
@@ -503,6 +506,39 @@ static inline int from_peer(const struct ncw_io *io, int j)
            from->sin_port == io->peer.sin_port;
 }
 
+/* The size of the datagrams in receive buffer j of len bytes: the UDP_GRO control message's
+ * segment size when the kernel put a run of datagrams into it (the last one maybe shorter), else
+ * len (one datagram). */
+static size_t segment_size(struct ncw_io *io, int j, size_t len)
+{
+    struct msghdr *h = &io->rx_msgs[j].msg_hdr;
+    if (!io->gro || h->msg_control == NULL || len > NCW_RX_SIZE)
+        return len ? len : 1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(h); c != NULL; c = CMSG_NXTHDR(h, c)) {
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO
+            && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int size;
+            memcpy(&size, CMSG_DATA(c), sizeof size);
+            if (size > 0 && (size_t)size < len)
+                return (size_t)size;
+        }
+    }
+    return len ? len : 1;
+}
+
+int ncw_gro(struct ncw *w, int on)
+{
+    struct ncw_io *io = w->io;
+    on = on && w->cfg.gro;
+    if (on == io->gro)
+        return 0;
+    /* A kernel without UDP_GRO (before 5.0) refuses it: every buffer is one datagram then. */
+    if (setsockopt(w->cfg.fd, SOL_UDP, UDP_GRO, &on, sizeof on) != 0)
+        return on ? 0 : -errno;
+    io->gro = on;
+    return 0;
+}
+
 int ncw_run(struct ncw *w)
 {
     struct ncw_io *io = w->io;
@@ -521,8 +557,11 @@ int ncw_run(struct ncw *w)
                 }
             }
         }
-        for (int j = 0; j < NCW_BURST; j++) /* recvmmsg writes each sender's length */
+        for (int j = 0; j < NCW_BURST; j++) { /* recvmmsg writes each length */
             io->rx_msgs[j].msg_hdr.msg_namelen = sizeof io->rx_from[j];
+            io->rx_msgs[j].msg_hdr.msg_control = io->gro ? io->rx_ctrl[j] : NULL;
+            io->rx_msgs[j].msg_hdr.msg_controllen = io->gro ? NCW_GRO_CTRL : 0;
+        }
         const int got = recvmmsg(w->cfg.fd, io->rx_msgs, NCW_BURST, MSG_DONTWAIT | MSG_TRUNC,
                                  NULL);
         if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
@@ -530,19 +569,31 @@ int ncw_run(struct ncw *w)
         const double now = now_s();
         drained = got < NCW_BURST;
         for (int j = 0; j < got && w->done < w->chunks; j++) {
-            /* MSG_TRUNC: msg_len is the datagram's real length, even past the buffer. */
-            const size_t size = io->rx_msgs[j].msg_len;
-            if (!from_peer(io, j)) { /* not the aggregator's: nothing in it is believed */
-                w->stats.packets_received++;
-                w->stats.bytes_received += size;
-                w->stats.results_ignored++;
-                continue;
-            }
-            const int rc = take(w, io->rx + (size_t)j * NCW_RX_SIZE, size, now);
-            if (rc) {
-                flush(w);
-                return rc;
-            }
+            w->rx_buffers++;
+            /* MSG_TRUNC: msg_len is the datagram's (or GRO run's) real length, even past the
+             * buffer: a datagram past it is seen whole by its length and refused by take(). */
+            const size_t len = io->rx_msgs[j].msg_len;
+            const size_t seg = segment_size(io, j, len);
+            uint8_t *buf = io->rx + (size_t)j * NCW_RX_SIZE;
+            const int peer = from_peer(io, j);
+            size_t off = 0;
+            do {
+                const size_t at = off, size = len - at < seg ? len - at : seg;
+                off += seg;
+                if (!peer) { /* not the aggregator's: nothing in it is believed */
+                    w->stats.packets_received++;
+                    w->stats.bytes_received += size;
+                    w->stats.results_ignored++;
+                    continue;
+                }
+                /* A run fits its buffer (seg < len <= NCW_RX_SIZE); a lone datagram (seg ==
+                 * len) may not, and take() refuses it by its size before reading past. */
+                const int rc = take(w, buf + at, size, now);
+                if (rc) {
+                    flush(w);
+                    return rc;
+                }
+            } while (off < len && w->done < w->chunks);
         }
         int rc = got > 0 ? flush(w) : 0;
         if (!rc && now >= w->next_check) {

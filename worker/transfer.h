@@ -43,6 +43,7 @@ struct ncw_config {
     double deadline;    /* seconds without progress before NCW_TIMEOUT */
     int64_t *slot_uses; /* S: uses of each slot so far (the client's, shared) */
     int gso;            /* send runs of equal-length datagrams as one UDP_SEGMENT send */
+    int gro;            /* take runs of datagrams in one buffer (UDP_GRO) during a call */
 };
 
 /* Cumulative counters, named as the Python client's stats. */
@@ -83,6 +84,7 @@ struct ncw {
     int seen_generation;    /* the other generation behind NCW_RESTARTED */
     int64_t bad_code_index; /* first flat index of a result code above 64 (NC8), -1: none */
     int bad_code;           /* that byte */
+    uint64_t rx_buffers;    /* receive buffers that held datagrams (fewer than them with GRO) */
     /* The call in progress. */
     const float *x;
     float *out;
@@ -115,5 +117,9 @@ uint64_t ncw_first_nonfinite(const float *x, uint64_t n);
  * undivided results also into `keep` unless NULL), NC8 stream key `key`: send the first window. Then call ncw_run until it returns something else than NCW_AGAIN. */
 int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t key);
 int ncw_run(struct ncw *w);
+/* Switch UDP GRO on the client's socket on or off (when the configuration asks for it: on for a
+ * call, off after it, so that the Python side, which reads the socket between calls, never sees
+ * a run of datagrams in one buffer); 0, or -errno. */
+int ncw_gro(struct ncw *w, int on);
 
 #endif
