@@ -131,16 +131,27 @@ void nc8_accumulate(int64_t *acc, const uint8_t *codes, size_t n)
         acc[i] = (int64_t)((uint64_t)acc[i] + (uint64_t)v[codes[i]]);
 }
 
+/* Branch-free, and with no shift of a constant by a variable amount (which gcc 12 cannot
+ * vectorise): |S| - 2^h is |S| under the mask of the bits below its top one, smeared down. With
+ * the CPU clones the loop runs in AVX-512 (vplzcntq, vpsrlvq): 2.2 -> 1.0 ns an element. */
+NC8_CPU_CLONES
 void nc8_int_to_codes(const int64_t *sums, uint8_t *codes, size_t n, uint64_t key)
 {
     for (size_t i = 0; i < n; i++) {
         const uint64_t v = (uint64_t)sums[i];
         const uint64_t neg = v >> 63;
-        const uint64_t mag = neg ? 0 - v : v; /* |S|, 2^63 for INT64_MIN */
-        const int h = 63 - __builtin_clzll(mag | 1); /* floor(log2 |S|) */
+        const uint64_t mag = (v ^ (0 - neg)) + neg; /* |S|, 2^63 for INT64_MIN */
+        const uint64_t h = (uint64_t)(63 - __builtin_clzll(mag | 1)); /* floor(log2 |S|) */
+        uint64_t ones = mag | 1; /* every bit from the top one of |S| down */
+        ones |= ones >> 1;
+        ones |= ones >> 2;
+        ones |= ones >> 4;
+        ones |= ones >> 8;
+        ones |= ones >> 16;
+        ones |= ones >> 32;
         const uint64_t z = splitmix64(key + (uint64_t)(i + 1) * NC8_GAMMA);
         const uint64_t r = (z >> 1) >> (63 - h); /* top h bits of z: uniform below 2^h */
-        const uint32_t c = (uint32_t)(h + 1) + (r < mag - (1ULL << h));
-        codes[i] = (uint8_t)(mag != 0 ? c | (uint32_t)(neg << 7) : 0);
+        const uint64_t c = (h + 1) + (r < (mag & (ones >> 1))); /* up w.p. (|S| - 2^h) / 2^h */
+        codes[i] = (uint8_t)((c | neg << 7) & (0 - (uint64_t)(mag != 0)));
     }
 }

@@ -242,8 +242,21 @@ def test_cpu_time_of_a_process_and_of_softirq_is_read_from_proc() -> None:
 
     result, usage = cpu.measure(work, [os.getpid()])
     assert result == sum(i * i for i in range(3_000_000))
-    assert usage.processes_s > 0 and usage.softirq_s >= 0
+    assert usage.processes_s > 0 and cpu.softirq_s() >= 0
     assert cpu.process_cpu_s(2**22 + 1) == 0.0  # above pid_max: no such process
+
+
+def test_softirq_is_taken_over_the_ranks_common_window() -> None:
+    from ncina.harness import cpu
+    from ncina.harness.workers import timed
+
+    timing, result = timed(lambda: 42)
+    assert result == 42 and timing["began"] <= timing["ended"] and timing["cpu"] >= 0
+    before, after = timing["softirq_at"]
+    assert 0 <= before <= after
+    # From the earliest reading before a call to the latest after one.
+    reports = [{"softirq_at": [10.0, 10.5]}, {"softirq_at": [10.1, 10.7]}]
+    assert cpu.window_softirq_s(reports) == pytest.approx(0.7)
 
 
 # --- worker processes --------------------------------------------------------------------------

@@ -6,20 +6,28 @@ had come alone: the same replies, byte for byte, and the same counters as the da
 one by one, a short last datagram and a malformed one in the middle included. The replies to one
 worker go out as one UDP_SEGMENT send where they can; the worker's socket (no GRO) gets them as
 ordinary datagrams. Real ``AllreduceClient`` workers (their C path sends with GSO) get exact sums
-through it in test_socket_packets.py.
+through it in test_socket_packets.py. The worker's C path takes those replies with UDP GRO
+during a call (runs of results in one buffer): the same results, bit for bit, and the same
+counters as one datagram a buffer, and GRO is off again between calls.
 """
 
 from __future__ import annotations
 
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
+from ncina.worker import cpath
+from ncina.worker.client import AllreduceClient
 from ncina_testlib import Worker, dissect, start_aggregator, uplink, window_e_min
 
 JOB = 5
 K = 4
 UDP_SEGMENT = 103  # linux/udp.h; the socket module does not name it
+UDP_GRO = 104
 SENTINEL_SLOT = 20
 
 
@@ -96,3 +104,46 @@ def test_a_gso_super_packet_is_served_as_its_datagrams_one_by_one(tmp_path: Path
     assert io["rx_coalesced"] == 1 and io["rx_buffers"] == 2  # the super-packet, the sentinel
     assert io_alone["rx_coalesced"] == 0 and io_alone["rx_buffers"] == 12
     assert io["tx_gso_sends"] >= 1 and io["gso_fallbacks"] == 0
+
+
+def allreduce_twice(tmp_path: Path, name: str) -> tuple[list[np.ndarray], list[dict], list[int]]:
+    """Two C-path workers, two mean all-reduces each (nc8 results, K 64, 40 chunks) through a
+    new socket aggregator: their results, stats, and the receive buffers each client's C
+    path filled (both calls)."""
+    workdir = tmp_path / name
+    workdir.mkdir()
+    k, n = 64, 40 * 64 - 5
+    agg = start_aggregator("socket", workdir, job=JOB, workers=2, k=k, result="nc8",
+                           extra=["--seed", "7"])
+    clients = [AllreduceClient(agg.address, job=JOB, rank=rank, workers=2, k=k, seed=rank,
+                               result_format="nc8", data_path="c") for rank in range(2)]
+    try:
+        xs = [np.random.default_rng(rank).standard_normal(n).astype(np.float32)
+              for rank in range(2)]  # fmt: skip
+        results = []
+        with ThreadPoolExecutor(2) as pool:
+            for _ in range(2):
+                results += list(pool.map(lambda c, x: c.allreduce(x), clients, xs))
+        for client in clients:  # off between calls: Python reads one datagram a buffer
+            assert client._sock.getsockopt(socket.SOL_UDP, UDP_GRO) == 0
+        buffers = [int(c._c.state.rx_buffers) for c in clients]
+        return results, [c.stats for c in clients], buffers
+    finally:
+        for client in clients:
+            client.close()
+        assert agg.stop() == 0, agg.log()
+
+
+def test_the_c_worker_takes_runs_of_results_with_gro(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(cpath.GRO_ENV, "0")
+    alone, alone_stats, alone_buffers = allreduce_twice(tmp_path, "alone")
+    monkeypatch.setenv(cpath.GRO_ENV, "1")
+    runs, stats, buffers = allreduce_twice(tmp_path, "runs")
+    assert [r.tobytes() for r in runs] == [r.tobytes() for r in alone]
+    assert runs[0].tobytes() == runs[1].tobytes()
+    for key in ("packets_received", "bytes_received", "results_ignored", "bad_tag"):
+        assert [s[key] for s in stats] == [s[key] for s in alone_stats], key
+    assert alone_buffers == [s["packets_received"] for s in stats] == [80, 80]  # one a buffer
+    assert sum(buffers) < sum(alone_buffers)  # the aggregator's GSO runs arrive whole

@@ -295,7 +295,9 @@ class AllreduceClient:
         # client completed, the sum of the last one (what a rank behind it may need served)
         # and a buffer the C path decodes into when the caller's ``out`` is its input.
         self._completed = 0
-        self._last = np.zeros(0, dtype=np.float32)
+        self._kept = [np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.uint8)]
+        self._last_kept = 0  # the buffer of _kept that holds the last call's results
+        self._last: tuple[str, int, np.ndarray | None] = ("kept", 0, None)
         self._scratch = np.zeros(0, dtype=np.float32)
         # Resolve once: sendto() with a host name would resolve it on every packet.
         family, _, _, _, address = socket.getaddrinfo(
@@ -528,9 +530,8 @@ class AllreduceClient:
             if self.compressor is not None:  # an INA method: values are NC8-exact powers of two
                 state = self._state(self._range(tensor, n))
                 flat = self.compressor.decompress(self.compressor.compress(flat, state))
-            total = self._ina_allreduce(flat, dest)
-            if op == "mean":
-                total /= np.float32(self.total_workers)
+            divisor = self.total_workers if op == "mean" else 1
+            total = self._ina_allreduce(flat, dest, divisor)
         if out is None:
             return total.reshape(x.shape)
         if total is not dest:
@@ -543,9 +544,12 @@ class AllreduceClient:
         level, ``restart_retries`` > 0): see :meth:`_ina_allreduce`."""
         return self.restart_retries > 0 and self.total_workers == self.workers
 
-    def _ina_allreduce(self, flat: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        """The sum of ``flat`` (float32, 1-D) over the workers in INA mode, on the data path in
-        use, into ``out`` or a new array (returned).
+    def _ina_allreduce(
+        self, flat: np.ndarray, out: np.ndarray | None, divisor: int = 1
+    ) -> np.ndarray:
+        """The sum of ``flat`` (float32, 1-D) over the workers in INA mode, divided by
+        ``divisor`` (float32: ``sum / np.float32(divisor)``, the C path in its decode pass), on
+        the data path in use, into ``out`` or a new array (returned).
 
         A restart of the aggregator (a result or notice of another generation) is recovered
         from up to ``restart_retries`` times in this call (docs/reliability.md, "A restarted
@@ -569,6 +573,9 @@ class AllreduceClient:
             if self._scratch.size < n:
                 self._scratch = np.empty(n, dtype=np.float32)
             out = self._scratch[:n]
+        # The undivided results are kept (a rank behind may need them served) in the buffer
+        # that does not hold the last call's, which a restart during this call may need.
+        keep = self._keep_room(1 - self._last_kept, n) if self.recovers else None
         restarts = 0
         recover = False
         while True:
@@ -579,8 +586,14 @@ class AllreduceClient:
                         total = served if out is None else out
                         if served is not out:
                             np.copyto(total, served)
+                        self._last = ("served", n, served.copy())  # recovers, so keeps
+                        if divisor != 1:
+                            total /= np.float32(divisor)
                         break
-                total = self._transfer(flat, prepared, out)
+                total = self._transfer(flat, prepared, out, divisor, keep)
+                if self.recovers:
+                    self._last_kept = 1 - self._last_kept
+                    self._last = ("kept", n, None)
                 break
             except _Restart as restart:
                 restarts += 1
@@ -589,10 +602,26 @@ class AllreduceClient:
                 recover = True
         if self.recovers:
             self._completed += 1
-            if self._last.size != n:
-                self._last = np.empty(n, dtype=np.float32)
-            np.copyto(self._last, total)
         return total
+
+    def _keep_room(self, which: int, n: int) -> np.ndarray:
+        """Keep buffer ``which`` (0 or 1), grown to hold ``n`` results (NC8 codes, 1 byte each;
+        int sums, float32): reused from call to call, so that after the first call of a size
+        keeping the results costs no allocation, no page faults, no pass of its own."""
+        need = n * (1 if self._format == Format.NC8 else 4)
+        if self._kept[which].size < need:
+            self._kept[which] = np.empty(need, dtype=np.uint8)
+        return self._kept[which][:need]
+
+    def _last_sum(self) -> np.ndarray:
+        """The sum (float32) of the last call this client completed, as it was computed."""
+        kind, n, served = self._last
+        if kind == "served":
+            return served
+        kept = self._kept[self._last_kept]
+        if self._format == Format.NC8:
+            return nc8.decode(kept[:n], self.window)
+        return kept[: 4 * n].view(np.float32)
 
     def _prepare(self, flat: np.ndarray) -> object:
         """What a transfer of ``flat`` needs that must not change when it is redone: the NC8
@@ -611,17 +640,24 @@ class AllreduceClient:
             raise ValueError(f"cannot encode {float(flat[bad])} at flat index {bad}")
         return key
 
-    def _transfer(self, flat: np.ndarray, prepared: object, out: np.ndarray | None) -> np.ndarray:
-        """One transfer of the call prepared by :meth:`_prepare`: its sum, into ``out`` (C path)
-        or a new array. Raises ``_Restart`` when the aggregator restarted; any other failure
-        makes the client unusable."""
+    def _transfer(
+        self, flat: np.ndarray, prepared: object, out: np.ndarray | None, divisor: int = 1,
+        keep: np.ndarray | None = None,
+    ) -> np.ndarray:  # fmt: skip
+        """One transfer of the call prepared by :meth:`_prepare`: its sum divided by
+        ``divisor``, into ``out`` (C path) or a new array; the undivided sum also into ``keep``
+        (see :meth:`_keep_room`) when given. Raises ``_Restart`` when the aggregator restarted;
+        any other failure makes the client unusable."""
         if self._c is not None:
-            return self._c_allreduce(flat, prepared, out)
-        return self._python_allreduce(prepared)
+            return self._c_allreduce(flat, prepared, out, divisor, keep)
+        return self._python_allreduce(prepared, divisor, keep)
 
-    def _python_allreduce(self, codes: np.ndarray) -> np.ndarray:
-        """The sum of the tensor of NC8 ``codes`` over the workers through the Python loop (the
-        reference of the C path): packed at once, ``Transfer``, one decode at the end."""
+    def _python_allreduce(
+        self, codes: np.ndarray, divisor: int = 1, keep: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The sum of the tensor of NC8 ``codes`` over the workers, divided by ``divisor``,
+        through the Python loop (the reference of the C path): packed at once, ``Transfer``, one
+        decode at the end; the undivided sum into ``keep`` as the C path keeps it."""
         n = codes.size
         element_size = ELEMENT_SIZE[self._format]
         received = bytearray(n * element_size)
@@ -633,9 +669,17 @@ class AllreduceClient:
         )
         self._exchange(frames, lengths, pools, received)
         if self._format == Format.NC8:
-            return nc8.decode(np.frombuffer(received, dtype=np.uint8), self.window)
-        sums = np.frombuffer(received, dtype=INT_DTYPE).astype(np.int64)
-        return nc8.ints_to_float(sums, self.window)
+            codes = np.frombuffer(received, dtype=np.uint8)
+            total = nc8.decode(codes, self.window)
+        else:
+            sums = np.frombuffer(received, dtype=INT_DTYPE).astype(np.int64)
+            total = nc8.ints_to_float(sums, self.window)
+            codes = total.view(np.uint8)
+        if keep is not None:
+            np.copyto(keep, codes)
+        if divisor != 1:
+            total /= np.float32(divisor)
+        return total
 
     def _sum_internal(self, values: np.ndarray) -> np.ndarray:
         """The sum of ``values`` (float32 powers of two, exact in NC8) over the workers, for the
@@ -683,10 +727,12 @@ class AllreduceClient:
         ahead = high if (low + 1) % 4 == high else low
         server = int(np.flatnonzero(seen == ahead)[0])
         mine = seen[self.rank] == ahead
-        size = self._last.size if mine else n
+        last = self._last_sum() if mine else None
+        size = last.size if last is not None else n
         nibbles = np.zeros((size, NIBBLES), dtype=np.float32)
         if self.rank == server:  # 4 bits a lane, 2**(e_min + bits): never 0, exact
-            bits = self._last.view(np.uint32)[:, None] >> (4 * np.arange(NIBBLES, dtype=np.uint32))
+            assert last is not None
+            bits = last.view(np.uint32)[:, None] >> (4 * np.arange(NIBBLES, dtype=np.uint32))
             nibbles[:] = one * np.exp2((bits & 0xF).astype(np.float32))
         got = self._sum_internal(nibbles.reshape(-1)).reshape(size, NIBBLES)
         codes = _exponents(got / one).astype(np.uint32)
@@ -709,11 +755,13 @@ class AllreduceClient:
         )
 
     def _c_allreduce(
-        self, flat: np.ndarray, key: int, out: np.ndarray | None = None
-    ) -> np.ndarray:
+        self, flat: np.ndarray, key: int, out: np.ndarray | None = None, divisor: int = 1,
+        keep: np.ndarray | None = None,
+    ) -> np.ndarray:  # fmt: skip
         """The sum of ``flat`` (float32, 1-D, checked finite) over the workers through the C
-        data path with NC8 stream key ``key``, into ``out`` (1-D float32 of ``flat``'s size,
-        may be ``flat``: see :meth:`allreduce`) or a new array; returns it. The timer and the
+        data path with NC8 stream key ``key``, divided by ``divisor`` in the decode, into ``out``
+        (1-D float32 of ``flat``'s size, may be ``flat``: see :meth:`allreduce`) or a new array;
+        returns it. The undivided results also go into ``keep`` when given. The timer and the
         generation are the client's, copied in and back out. Raises ``_Restart`` when the
         aggregator restarted."""
         c = self._c
@@ -723,7 +771,8 @@ class AllreduceClient:
             out = np.empty(n, dtype=np.float32)
         self._handshake()
         try:
-            outcome = c.run(flat, out, key, self.timer, self.generation, self.deadline)
+            outcome = c.run(flat, out, key, self.timer, self.generation, self.deadline,
+                            divisor, keep)
         except BaseException as exc:  # e.g. KeyboardInterrupt between two waits
             self._broken = f"{type(exc).__name__}: {exc}"
             raise

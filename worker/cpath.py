@@ -38,6 +38,7 @@ STAT_KEYS = (  # the counters of struct ncw_stats, named as the client's stats
 TIMER_FIELDS = ("initial", "cap", "floor", "rto", "srtt", "rttvar", "samples", "outliers",
                 "streak")  # fmt: skip
 GSO_ENV = "NCINA_UDP_GSO"  # "0": send every datagram on its own (no UDP_SEGMENT)
+GRO_ENV = "NCINA_UDP_GRO"  # "0": receive every datagram on its own (no UDP_GRO)
 # ncw_run's results, as transfer.h defines them (load() checks); negative ones are -errno.
 DONE, AGAIN, TIMEOUT, RESTARTED = 0, 1, 2, 3
 _CONSTANT = re.compile(r"#define NCW_[A-Z]+ -?\d+\b")  # integer constants cffi can take
@@ -156,6 +157,7 @@ class CTransfer:
         cfg.key, cfg.key_size = self._key, len(key) if key else 0
         cfg.slot_uses = ffi.from_buffer("int64_t[]", slot_uses, require_writable=True)
         cfg.gso = os.environ.get(GSO_ENV, "1") != "0"
+        cfg.gro = os.environ.get(GRO_ENV, "1") != "0"
         self._cfg = cfg
         state = self.lib.ncw_open(cfg)
         if state == ffi.NULL:
@@ -185,18 +187,29 @@ class CTransfer:
         timer: Timer,
         generation: int,
         deadline: float,
+        divisor: int = 1,
+        keep: np.ndarray | None = None,
     ) -> Outcome:
         """All-reduce float32 ``x`` (1-D, non-empty, finite: the caller checks) into ``out``
-        with NC8 stream key ``key``; ``timer`` is read before and updated after, ``generation``
-        is the client's. Waits are resumed after a signal once Python has handled it (a
-        ``KeyboardInterrupt`` propagates from here)."""
+        with NC8 stream key ``key``, each result divided by ``divisor`` (a float32 division, as
+        ``sum / np.float32(divisor)``); the undivided results also go into ``keep`` when given
+        (NC8 results: their ``x.size`` uint8 codes, int results: ``x.size`` float32 sums).
+        ``timer`` is read before and updated after, ``generation`` is the client's. Waits are
+        resumed after a signal once Python has handled it (a ``KeyboardInterrupt`` propagates
+        from here)."""
         ffi, lib, state = self.ffi, self.lib, self.state
         state.stats = ffi.new("struct ncw_stats *")[0]
         for name in TIMER_FIELDS:
             setattr(state.timer, name, getattr(timer, name))
         state.generation = generation
         state.cfg.deadline = deadline
+        state.divisor = divisor
+        if keep is not None and keep.nbytes < x.size * (4 if state.cfg.result_format else 1):
+            raise ValueError(f"keep holds {keep.nbytes} bytes, too few for {x.size} results")
+        kept = ffi.NULL if keep is None else ffi.from_buffer(keep, require_writable=True)
+        state.keep = kept  # keep, the caller's, outlives the call
         try:
+            lib.ncw_gro(state, 1)  # best effort: a kernel without it gives one datagram a buffer
             status = lib.ncw_begin(
                 state,
                 ffi.from_buffer("float[]", x),
@@ -207,6 +220,10 @@ class CTransfer:
             while status in (DONE, AGAIN) and state.done < state.chunks:
                 status = lib.ncw_run(state)  # Python handles pending signals between calls
         finally:
+            state.keep = ffi.NULL
+            off = lib.ncw_gro(state, 0)  # the Python side reads one datagram a buffer
+            if off < 0:
+                raise OSError(-off, f"cannot switch UDP_GRO off: {os.strerror(-off)}")
             for name in TIMER_FIELDS:
                 setattr(timer, name, getattr(state.timer, name))
         outstanding, waiting = [], []

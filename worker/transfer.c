@@ -33,6 +33,7 @@
 #define NCW_GSO_SEGMENTS 64    /* datagrams per UDP_SEGMENT send (UDP_MAX_SEGMENTS of 4.18) */
 #define NCW_GSO_BYTES 65000    /* and their bytes, under the 64 KiB of one IP packet */
 #define NCW_GSO_CTRL CMSG_SPACE(sizeof(uint16_t))
+#define NCW_GRO_CTRL CMSG_SPACE(sizeof(int))
 #define NCW_YIELD_S 0.1        /* ncw_run returns to Python at least this often (signals) */
 
 #define FLAG_RESULT 0x01
@@ -48,7 +49,9 @@ struct ncw_io {
     uint8_t *rx;                /* NCW_BURST receive buffers of NCW_RX_SIZE bytes */
     struct mmsghdr rx_msgs[NCW_BURST];
     struct iovec rx_iov[NCW_BURST];
-    struct sockaddr_in rx_from[NCW_BURST];  /* each datagram's sender */
+    struct sockaddr_in rx_from[NCW_BURST];  /* each buffer's sender */
+    uint8_t rx_ctrl[NCW_BURST][NCW_GRO_CTRL] __attribute__((aligned(8))); /* UDP_GRO's size */
+    int gro;                    /* UDP_GRO is on for this call */
     struct iovec *tx_iov;       /* the send burst, one entry a datagram: S + NCW_BURST */
     uint32_t tx_cap;
     uint32_t tx_count;
@@ -58,7 +61,8 @@ struct ncw_io {
     int gso;                    /* 1 until the kernel refuses a UDP_SEGMENT send */
     struct sockaddr_in peer;
     struct ncd_b2b keyed;       /* BLAKE2b state right after taking the key */
-    float table[256];           /* NC8 code -> float32 of the job's window */
+    float codes[256];           /* NC8 code -> float32 of the job's window */
+    float table[256];           /* the same divided by the call's divisor (float32 division) */
     float int_scale;            /* 2^e_min: units of an INT result */
 };
 
@@ -286,14 +290,16 @@ static int start(struct ncw *w, uint64_t i, uint32_t slot, double now)
 
 /* --- receiving ---------------------------------------------------------------------------- */
 
-/* Write the result payload of chunk i into the output at its offset. */
+/* Write the result payload of chunk i into the output at its offset, divided by the call's
+ * divisor (one float32 division each, as numpy's `sum / np.float32(N)`: the same bits), and the
+ * undivided results into keep. */
 static void deliver(struct ncw *w, uint64_t i, const uint8_t *payload)
 {
     const struct ncw_io *io = w->io;
     const uint64_t offset = i * w->cfg.k;
     const uint64_t left = w->n - offset;
     const uint32_t count = left < w->cfg.k ? (uint32_t)left : w->cfg.k;
-    if (offset >= w->n) /* cannot happen: chunk < chunks; the write below stays inside out */
+    if (offset >= w->n) /* cannot happen: chunk < chunks; the writes below stay inside out, keep */
         return;
     float *out = w->out + offset; /* offset + count <= n */
     if (w->cfg.result_format == 0) {
@@ -304,6 +310,8 @@ static void deliver(struct ncw *w, uint64_t i, const uint8_t *payload)
             top = m > top ? m : top;
             out[j] = io->table[b];
         }
+        if (w->keep) /* n codes */
+            memcpy((uint8_t *)w->keep + offset, payload, count);
         if (top > NCW_MAX_CODE) { /* remember the first such code of the tensor */
             for (uint32_t j = 0; j < count; j++) {
                 if ((payload[j] & 0x7F) > NCW_MAX_CODE) {
@@ -316,8 +324,13 @@ static void deliver(struct ncw *w, uint64_t i, const uint8_t *payload)
             }
         }
     } else {
-        for (uint32_t j = 0; j < count; j++)
-            out[j] = (float)(int64_t)rd64(payload + 8 * (size_t)j) * io->int_scale;
+        float *keep = w->keep ? (float *)w->keep + offset : NULL; /* n float32 sums */
+        for (uint32_t j = 0; j < count; j++) {
+            const float sum = (float)(int64_t)rd64(payload + 8 * (size_t)j) * io->int_scale;
+            out[j] = sum / w->divisor;
+            if (keep)
+                keep[j] = sum;
+        }
     }
 }
 
@@ -449,6 +462,8 @@ static int check_timers(struct ncw *w, double now)
 int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t key)
 {
     const uint32_t S = w->cfg.pool_size;
+    if (!(w->divisor > 0.0f) || w->divisor > 3.4e38f) /* NaN, 0, negative, infinite */
+        return -EINVAL;
     w->x = x;
     w->out = out;
     w->n = n;
@@ -461,6 +476,9 @@ int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t ke
     w->bad_code_index = -1;
     w->bad_code = 0;
     w->seen_generation = 0;
+    struct ncw_io *io = w->io;
+    for (int b = 0; b < 256; b++)
+        io->table[b] = io->codes[b] / w->divisor;
     for (uint32_t slot = 0; slot < S; slot++) {
         w->slots[slot].chunk = -1;
         w->slots[slot].rto = w->timer.rto;
@@ -488,6 +506,39 @@ static inline int from_peer(const struct ncw_io *io, int j)
            from->sin_port == io->peer.sin_port;
 }
 
+/* The size of the datagrams in receive buffer j of len bytes: the UDP_GRO control message's
+ * segment size when the kernel put a run of datagrams into it (the last one maybe shorter), else
+ * len (one datagram). */
+static size_t segment_size(struct ncw_io *io, int j, size_t len)
+{
+    struct msghdr *h = &io->rx_msgs[j].msg_hdr;
+    if (!io->gro || h->msg_control == NULL || len > NCW_RX_SIZE)
+        return len ? len : 1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(h); c != NULL; c = CMSG_NXTHDR(h, c)) {
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO
+            && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int size;
+            memcpy(&size, CMSG_DATA(c), sizeof size);
+            if (size > 0 && (size_t)size < len)
+                return (size_t)size;
+        }
+    }
+    return len ? len : 1;
+}
+
+int ncw_gro(struct ncw *w, int on)
+{
+    struct ncw_io *io = w->io;
+    on = on && w->cfg.gro;
+    if (on == io->gro)
+        return 0;
+    /* A kernel without UDP_GRO (before 5.0) refuses it: every buffer is one datagram then. */
+    if (setsockopt(w->cfg.fd, SOL_UDP, UDP_GRO, &on, sizeof on) != 0)
+        return on ? 0 : -errno;
+    io->gro = on;
+    return 0;
+}
+
 int ncw_run(struct ncw *w)
 {
     struct ncw_io *io = w->io;
@@ -506,8 +557,11 @@ int ncw_run(struct ncw *w)
                 }
             }
         }
-        for (int j = 0; j < NCW_BURST; j++) /* recvmmsg writes each sender's length */
+        for (int j = 0; j < NCW_BURST; j++) { /* recvmmsg writes each length */
             io->rx_msgs[j].msg_hdr.msg_namelen = sizeof io->rx_from[j];
+            io->rx_msgs[j].msg_hdr.msg_control = io->gro ? io->rx_ctrl[j] : NULL;
+            io->rx_msgs[j].msg_hdr.msg_controllen = io->gro ? NCW_GRO_CTRL : 0;
+        }
         const int got = recvmmsg(w->cfg.fd, io->rx_msgs, NCW_BURST, MSG_DONTWAIT | MSG_TRUNC,
                                  NULL);
         if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
@@ -515,19 +569,31 @@ int ncw_run(struct ncw *w)
         const double now = now_s();
         drained = got < NCW_BURST;
         for (int j = 0; j < got && w->done < w->chunks; j++) {
-            /* MSG_TRUNC: msg_len is the datagram's real length, even past the buffer. */
-            const size_t size = io->rx_msgs[j].msg_len;
-            if (!from_peer(io, j)) { /* not the aggregator's: nothing in it is believed */
-                w->stats.packets_received++;
-                w->stats.bytes_received += size;
-                w->stats.results_ignored++;
-                continue;
-            }
-            const int rc = take(w, io->rx + (size_t)j * NCW_RX_SIZE, size, now);
-            if (rc) {
-                flush(w);
-                return rc;
-            }
+            w->rx_buffers++;
+            /* MSG_TRUNC: msg_len is the datagram's (or GRO run's) real length, even past the
+             * buffer: a datagram past it is seen whole by its length and refused by take(). */
+            const size_t len = io->rx_msgs[j].msg_len;
+            const size_t seg = segment_size(io, j, len);
+            uint8_t *buf = io->rx + (size_t)j * NCW_RX_SIZE;
+            const int peer = from_peer(io, j);
+            size_t off = 0;
+            do {
+                const size_t at = off, size = len - at < seg ? len - at : seg;
+                off += seg;
+                if (!peer) { /* not the aggregator's: nothing in it is believed */
+                    w->stats.packets_received++;
+                    w->stats.bytes_received += size;
+                    w->stats.results_ignored++;
+                    continue;
+                }
+                /* A run fits its buffer (seg < len <= NCW_RX_SIZE); a lone datagram (seg ==
+                 * len) may not, and take() refuses it by its size before reading past. */
+                const int rc = take(w, buf + at, size, now);
+                if (rc) {
+                    flush(w);
+                    return rc;
+                }
+            } while (off < len && w->done < w->chunks);
         }
         int rc = got > 0 ? flush(w) : 0;
         if (!rc && now >= w->next_check) {
@@ -593,6 +659,7 @@ struct ncw *ncw_open(const struct ncw_config *cfg)
     }
     w->cfg = *cfg;
     w->io = io;
+    w->divisor = 1.0f;
     io->frame_stride = (NCW_HEADER + cfg->k + tag + 63) & ~(size_t)63;
     io->tx_cap = (uint32_t)(S + NCW_BURST);
     w->slots = calloc(S, sizeof *w->slots);
@@ -626,7 +693,7 @@ struct ncw *ncw_open(const struct ncw_config *cfg)
     uint8_t all[256];
     for (int b = 0; b < 256; b++)
         all[b] = (uint8_t)b;
-    nc8_decode(all, io->table, 256, cfg->e_min);
+    nc8_decode(all, io->codes, 256, cfg->e_min);
     const uint32_t scale = (uint32_t)(cfg->e_min + 127) << 23; /* 2^e_min, a float32 normal */
     memcpy(&io->int_scale, &scale, sizeof scale);
     return w;

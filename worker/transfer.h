@@ -43,6 +43,7 @@ struct ncw_config {
     double deadline;    /* seconds without progress before NCW_TIMEOUT */
     int64_t *slot_uses; /* S: uses of each slot so far (the client's, shared) */
     int gso;            /* send runs of equal-length datagrams as one UDP_SEGMENT send */
+    int gro;            /* take runs of datagrams in one buffer (UDP_GRO) during a call */
 };
 
 /* Cumulative counters, named as the Python client's stats. */
@@ -83,9 +84,14 @@ struct ncw {
     int seen_generation;    /* the other generation behind NCW_RESTARTED */
     int64_t bad_code_index; /* first flat index of a result code above 64 (NC8), -1: none */
     int bad_code;           /* that byte */
+    uint64_t rx_buffers;    /* receive buffers that held datagrams (fewer than them with GRO) */
     /* The call in progress. */
     const float *x;
     float *out;
+    float divisor;          /* each result is divided by it: 1 for a sum, N for a mean */
+    void *keep;             /* NULL, or n NC8 result codes (uint8) or n float32 int sums: the
+                               undivided results as they arrive (a restart's recovery serves
+                               them); set before ncw_begin, like divisor */
     uint64_t n;
     uint64_t chunks;
     uint64_t done;
@@ -107,9 +113,13 @@ void ncw_close(struct ncw *w);
 /* The first index of x[0..n) that is NaN or +-Inf, or n. */
 uint64_t ncw_first_nonfinite(const float *x, uint64_t n);
 
-/* Start the all-reduce of x[0..n) (n > 0, finite) into out[0..n), NC8 stream key `key`: send
- * the first window. Then call ncw_run until it returns something else than NCW_AGAIN. */
+/* Start the all-reduce of x[0..n) (n > 0, finite) into out[0..n) (divided by `divisor`, the
+ * undivided results also into `keep` unless NULL), NC8 stream key `key`: send the first window. Then call ncw_run until it returns something else than NCW_AGAIN. */
 int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t key);
 int ncw_run(struct ncw *w);
+/* Switch UDP GRO on the client's socket on or off (when the configuration asks for it: on for a
+ * call, off after it, so that the Python side, which reads the socket between calls, never sees
+ * a run of datagrams in one buffer); 0, or -errno. */
+int ncw_gro(struct ncw *w, int on);
 
 #endif

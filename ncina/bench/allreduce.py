@@ -253,23 +253,23 @@ def one_repeat(
     result_path.unlink()
     spec = worker_spec(args, "gloo", master=["127.0.0.1", free_tcp_port()],
                        ifaces=["lo"] * args.workers)  # fmt: skip
-    gloo, gloo_cpu = cpu.measure(
-        lambda: run_workers(spec, directory / "gloo", local_launch, args.deadline + 60))
-    figures = repeat_figures(args, ref, run.reports, gloo.reports, result, ina_cpu, gloo_cpu)
+    gloo = run_workers(spec, directory / "gloo", local_launch, args.deadline + 60)
+    figures = repeat_figures(args, ref, run.reports, gloo.reports, result, ina_cpu)
     return figures | {"job": job}
 
 
 def repeat_figures(
     args: argparse.Namespace, ref: Reference, ina: list[dict[str, Any]],
-    gloo: list[dict[str, Any]], result: np.ndarray, ina_cpu: cpu.Usage, gloo_cpu: cpu.Usage,
+    gloo: list[dict[str, Any]], result: np.ndarray, ina_cpu: cpu.Usage,
 ) -> dict[str, Any]:  # fmt: skip
     """The figures of one run from its worker reports, rank 0's INA result and the CPU time
-    of each side (``ina_cpu``: the aggregators' processes and softirq over the INA call;
-    ``gloo_cpu``: softirq over gloo's): a side's ``cpu_s`` adds its ranks' own CPU time
-    during the call."""
+    of the aggregators' processes over the INA run (``ina_cpu``; idle, they use none): a
+    side's ``cpu_s`` adds its ranks' own CPU time during the call and the machine's softirq
+    time over the ranks' common window (``cpu.window_softirq_s``)."""
     mismatches = exact_mismatches(result, ref.sums, ref.window, args.workers, args.result)
     worker_cpu = sum(r["cpu"] for r in ina)
     gloo_worker_cpu = sum(r["cpu"] for r in gloo)
+    softirq, gloo_softirq = cpu.window_softirq_s(ina), cpu.window_softirq_s(gloo)
     return {
         "wall_s": wall_time(ina),
         "gloo_wall_s": wall_time(gloo),
@@ -280,10 +280,10 @@ def repeat_figures(
         "gloo_peak_rss": [r["peak_rss"] for r in gloo],
         "worker_cpu": worker_cpu,
         "aggregator_cpu": ina_cpu.processes_s,
-        "softirq_s": ina_cpu.softirq_s,
-        "gloo_softirq_s": gloo_cpu.softirq_s,
-        "cpu_s": worker_cpu + ina_cpu.processes_s + ina_cpu.softirq_s,
-        "gloo_cpu_s": gloo_worker_cpu + gloo_cpu.softirq_s,
+        "softirq_s": softirq,
+        "gloo_softirq_s": gloo_softirq,
+        "cpu_s": worker_cpu + ina_cpu.processes_s + softirq,
+        "gloo_cpu_s": gloo_worker_cpu + gloo_softirq,
         "workers": [r["stats"] for r in ina],
         "accuracy": accuracy(ref, result, args.result),
     }

@@ -167,10 +167,8 @@ def one_repeat(
     result_path.unlink()
     spec = bench.worker_spec(args, "gloo", master=[worker_ip(0), GLOO_PORT + index],
                              ifaces=[h.defaultIntf().name for h in hosts])  # fmt: skip
-    gloo, gloo_cpu = cpu.measure(
-        lambda: run_workers(spec, directory / "gloo", launch, limit, probe))
-    figures = bench.repeat_figures(args, ref, ina.reports, gloo.reports, result, ina_cpu,
-                                   gloo_cpu)  # fmt: skip
+    gloo = run_workers(spec, directory / "gloo", launch, limit, probe)
+    figures = bench.repeat_figures(args, ref, ina.reports, gloo.reports, result, ina_cpu)
     ina_links = fractions(ina.before[:w], ina.after[:w], figures["wall_s"], args.bw)
     gloo_links = fractions(gloo.before[:w], gloo.after[:w], figures["gloo_wall_s"], args.bw)
     figures["extra"] = {

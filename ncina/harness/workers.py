@@ -34,12 +34,15 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from ncina.aggregator import process as aggproc
+from ncina.harness import cpu
 from ncina.harness.reference import WARMUP, client_seed, worker_input
+
+T = TypeVar("T")
 
 GO = "go"
 POLL = 0.002  # seconds between looks for the go file
@@ -80,6 +83,19 @@ def peak_rss() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+def timed(call: Callable[[], T]) -> tuple[dict[str, Any], T]:
+    """Run ``call``: its start and end instants (``CLOCK_MONOTONIC``), this process's CPU time
+    over it, and the machine's softirq counter just before and just after (``softirq_at``: the
+    bench takes the kernel's share over the ranks' common window from them, not over their
+    start-up, when other work on the machine would count too); and its result."""
+    softirq = cpu.softirq_s()
+    spent, began = time.process_time(), time.monotonic()
+    result = call()
+    ended, spent = time.monotonic(), time.process_time() - spent
+    softirq_at = [softirq, cpu.softirq_s()]
+    return {"began": began, "ended": ended, "cpu": spent, "softirq_at": softirq_at}, result
+
+
 def run_ina(spec: dict[str, Any], rank: int, x: np.ndarray, directory: Path) -> dict[str, Any]:
     """Warm up, wait for the go instant, time one ``AllreduceClient.allreduce``."""
     from ncina.worker.client import AllreduceClient
@@ -101,14 +117,12 @@ def run_ina(spec: dict[str, Any], rank: int, x: np.ndarray, directory: Path) -> 
         before = client.stats
         ready_path(directory, rank).touch()
         wait_for_go(directory, time.monotonic() + spec["start_timeout"])
-        cpu, began = time.process_time(), time.monotonic()
-        y = client.allreduce(x)
-        ended, cpu = time.monotonic(), time.process_time() - cpu
+        timing, y = timed(lambda: client.allreduce(x))
         after = client.stats
     # The counters of the timed call alone (rates and gauges as they are at its end).
     stats = {key: value - before[key] if key in before and not key.endswith("_s") else value
              for key, value in after.items()}  # fmt: skip
-    return {"began": began, "ended": ended, "cpu": cpu, "stats": stats, "y": y}
+    return {**timing, "stats": stats, "y": y}
 
 
 def run_gloo(spec: dict[str, Any], rank: int, x: np.ndarray, directory: Path) -> dict[str, Any]:
@@ -132,12 +146,10 @@ def run_gloo(spec: dict[str, Any], rank: int, x: np.ndarray, directory: Path) ->
         tensor = torch.from_numpy(x)
         ready_path(directory, rank).touch()
         wait_for_go(directory, time.monotonic() + spec["start_timeout"])
-        cpu, began = time.process_time(), time.monotonic()
-        dist.all_reduce(tensor)
-        ended, cpu = time.monotonic(), time.process_time() - cpu
+        timing, _ = timed(lambda: dist.all_reduce(tensor))
     finally:
         dist.destroy_process_group()
-    return {"began": began, "ended": ended, "cpu": cpu, "stats": {}, "y": x}
+    return {**timing, "stats": {}, "y": x}
 
 
 Launch = Callable[[int, list[str], Path], "subprocess.Popen[bytes]"]
