@@ -11,7 +11,8 @@ compute: the communication the backward pass did not hide) and ``exposed_comm_fr
 (exposed / total). With ``--torch-backend`` a third run on the same fabric trains through the
 ``ncina`` process-group backend (DDP with no hook, docs/pytorch.md), between the two:
 ``backend_samples_per_s``, ``backend_accuracy`` and ``backend_over_hook`` (= backend / ina
-samples/s; ``ina_accuracy`` beside it). ``--mtu`` sets every link's MTU (the default K and
+samples/s; ``ina_accuracy`` beside it). ``retx_fraction`` is the INA run's retransmissions over
+its packets sent, all workers together. ``--mtu`` sets every link's MTU (the default K and
 pool follow it) and ``--bucket-cap-mb`` DDP's bucket size. The runs' directories (logs,
 results.json, plot.png) stay under ``--workdir``.
 """
@@ -26,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from ncina.cli import deprecated_alias
+from ncina.harness.figures import retx_fraction
 from ncina.progress import progress
 
 FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
           "exposed_comm_s", "exposed_comm_fraction", "ina_accuracy", "backend_samples_per_s",
-          "backend_accuracy", "backend_over_hook")  # fmt: skip
+          "backend_accuracy", "backend_over_hook", "retx_fraction")  # fmt: skip
 EPOCHS = 1000  # enough for any --steps: the run stops at max_steps
 
 
@@ -86,6 +88,7 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
         "backend_samples_per_s": backend["samples_per_s"] if backend else None,
         "backend_accuracy": backend["final_accuracy"] if backend else None,
         "backend_over_hook": results["comparison"].get("backend_over_hook"),
+        "retx_fraction": retx_fraction([ina["fabric"]]) if ina.get("fabric") else None,
     }
 
 
