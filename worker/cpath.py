@@ -39,9 +39,10 @@ STAT_KEYS = (  # the counters of struct ncw_stats, named as the client's stats
 TIMER_FIELDS = ("initial", "cap", "floor", "rto", "srtt", "rttvar", "samples", "outliers",
                 "streak")  # fmt: skip
 # The congestion window's state (``window.CongestionWindow``'s attributes, struct ncw_cwnd).
-WINDOW_FIELDS = ("pool", "adaptive", "cwnd", "base", "delay", "slow_start", "since_cut",
-                 "saved", "cuts", "stalls")  # fmt: skip
-FLAGS = ("adaptive", "slow_start")  # WINDOW_FIELDS that are booleans in Python
+WINDOW_FIELDS = ("pool", "adaptive", "cwnd", "base", "delay", "round_min", "round_results",
+                 "round_size", "slow_start", "since_cut", "saved", "saved_slow_start", "cuts",
+                 "stalls")  # fmt: skip
+FLAGS = ("adaptive", "slow_start", "saved_slow_start")  # the WINDOW_FIELDS that are booleans
 GSO_ENV = "NCINA_UDP_GSO"  # "0": send every datagram on its own (no UDP_SEGMENT)
 # ncw_run's results, as transfer.h defines them (load() checks); negative ones are -errno.
 DONE, AGAIN, TIMEOUT, RESTARTED = 0, 1, 2, 3
@@ -71,9 +72,13 @@ class Window(Protocol):
     cwnd: float
     base: float
     delay: float
+    round_min: float
+    round_results: int
+    round_size: int
     slow_start: bool
     since_cut: int
     saved: float
+    saved_slow_start: bool
     cuts: int
     stalls: int
 

@@ -445,7 +445,12 @@ static int take(struct ncw *w, uint8_t *buf, size_t size, double now)
     if (w->held)
         release(w, now);
     const int retx = frame_of(w, slot)[1] & FLAG_RETX;
-    ncw_cwnd_sample(&w->cwnd, retx ? -1.0 : now - s->first_sent); /* < 0: no RTT (Karn) */
+    double rtt = retx ? -1.0 : now - s->first_sent; /* < 0: no RTT (Karn) */
+    if (!retx && s->first_sent <= w->stalled_at) {
+        ncw_cwnd_resume(&w->cwnd); /* it waited in the stall: no RTT */
+        rtt = -1.0;
+    }
+    ncw_cwnd_sample(&w->cwnd, rtt);
     if (slot == 0 && w->clean)
         ncw_rto_sample(&w->timer, now - s->sent_at);
     if ((int64_t)i > w->top) { /* in order: no later chunk was answered before it */
@@ -502,6 +507,8 @@ static int check_timers(struct ncw *w, double now)
         probe = stall_probe(w, now);
         if (probe == S || !ncw_cwnd_stall(&w->cwnd))
             stalled = 0;
+        else
+            w->stalled_at = now;
     }
     double next = now + w->timer.rto;
     uint64_t expired = 0, resent = 0, held = 0;
@@ -568,6 +575,7 @@ int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t ke
     w->outstanding = 0;
     w->held = 0;
     w->waited = 0;
+    w->stalled_at = -1.0;
     for (uint32_t slot = 0; slot < S; slot++) {
         w->slots[slot].chunk = -1;
         w->slots[slot].following = slot;

@@ -104,6 +104,7 @@ struct ncw {
     uint32_t outstanding;   /* slots with a chunk outstanding */
     uint32_t held;          /* slots a stall held back */
     int waited;             /* a notice came while chunks were held: the stall was a wait */
+    double stalled_at;      /* the last stall (a chunk sent before it waited in it) */
     void *io;               /* frames, receive buffers, message headers (transfer.c) */
 };
 

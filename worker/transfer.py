@@ -208,6 +208,7 @@ class Transfer:
         self.outstanding = 0  # slots with a chunk outstanding
         self.held: set[int] = set()  # slots a stall held back
         self.waited = False  # a notice came while chunks were held: the stall was a wait
+        self.stalled_at = -1.0  # the last stall (a chunk sent before it waited in it)
         self.clean = False
         self.probe = False  # a timer check re-sent chunks: take one in-order sample
         # Per slot, the last notice: (offset of the chunk it is about, bitmap of the ranks whose
@@ -332,7 +333,11 @@ class Transfer:
                         if self.held and self.release(now):
                             next_check = now
                         retx = frames[i * row + 1] & FLAG_RETX
-                        window.sample(-1.0 if retx else now - first_sent[slot])
+                        rtt = -1.0 if retx else now - first_sent[slot]
+                        if not retx and first_sent[slot] <= self.stalled_at:
+                            window.resume()  # it waited in the stall: no RTT
+                            rtt = -1.0
+                        window.sample(rtt)
                         if slot == 0 and self.clean:
                             timer.sample(now - self.sent_at[0])
                         if i > top:  # in order: no later chunk was answered before it
@@ -455,6 +460,7 @@ class Transfer:
             if not due or not self.window.stall():
                 stalled = False
             else:
+                self.stalled_at = now
                 unknown = [s for s in due if not self.holds(s)]
                 probe = min(unknown or due, key=current.__getitem__)
         next_check = now + timer.rto

@@ -1,8 +1,9 @@
 /* The congestion window of the worker's C data path: ncina.worker.window.CongestionWindow in C.
  *
- * How many slots may have a chunk outstanding: a delay-based window (LEDBAT's rule on the
- * queueing delay above the smallest RTT, a slow start, halving on a timeout while the queue is
- * full, one slot after a stall with the window before put back when a first copy is answered).
+ * How many slots may have a chunk outstanding: a delay-based window (per round, Swift's
+ * decrease or an additive increase from the standing queueing delay above the smallest RTT; a
+ * slow start; halving on a timeout while the queue is full; one slot after a stall, with the
+ * window before put back when a first copy is answered).
  * The Python class is the reference (its docstrings say why); the transfer copies its state in
  * before a call and back after, so both paths share one window per client.
  * Plain declarations only: worker/cpath.py hands the lines that are not preprocessor directives
@@ -18,10 +19,14 @@ struct ncw_cwnd {
     int64_t adaptive;   /* 0: fixed at the pool, none of the rules */
     double cwnd;        /* slots in flight allowed, before rounding down */
     double base;        /* smallest RTT seen (s), 0: none yet */
-    double delay;       /* the last sample's queueing delay (s) */
+    double delay;       /* the last round's standing queueing delay (s) */
+    double round_min;   /* smallest RTT of the round so far, 0: none yet */
+    int64_t round_results; /* results of the round so far */
+    int64_t round_size; /* results that end it: the window when it began */
     int64_t slow_start;
-    int64_t since_cut;  /* samples since the last halving */
+    int64_t since_cut;  /* results since the last halving */
     double saved;       /* cwnd before a stall, 0: no stall pending */
+    int64_t saved_slow_start; /* and whether it was in slow start */
     int64_t cuts;       /* halvings on congestive loss */
     int64_t stalls;     /* timer checks that found no result for an RTO */
 };
@@ -29,9 +34,12 @@ struct ncw_cwnd {
 /* Slots that may have a chunk outstanding (1..pool). */
 int64_t ncw_cwnd_limit(const struct ncw_cwnd *c);
 
-/* A result came back: of a chunk sent once rtt seconds before, or of a re-sent one (rtt < 0:
- * no measurement, the last delay stands). */
+/* A result came back: of a chunk sent once rtt seconds before, or (rtt < 0: no measurement) of
+ * a re-sent one or one sent before a stall. */
 void ncw_cwnd_sample(struct ncw_cwnd *c, double rtt);
+
+/* A chunk sent once before a stall was answered: the window before the stall comes back. */
+void ncw_cwnd_resume(struct ncw_cwnd *c);
 
 /* A timer check re-sent chunks while results still arrive. */
 void ncw_cwnd_loss(struct ncw_cwnd *c);
