@@ -645,7 +645,9 @@ int ncw_run(struct ncw *w)
             }
         }
         int rc = got > 0 ? flush(w) : 0;
-        if (!rc && now >= w->next_check) {
+        /* The timers wait until the socket is empty (results that already came must not be
+         * re-sent for: a descheduled worker finds a backlog), at most an RTO more. */
+        if (!rc && now >= w->next_check && (drained || now - w->next_check >= w->timer.rto)) {
             rc = check_timers(w, now);
             const int sent = flush(w);
             rc = rc ? rc : sent;

@@ -356,7 +356,9 @@ class Transfer:
                 elif now < next_check:
                     poll(max(1, math.ceil((next_check - now) * 1000)))
                     continue
-                if now >= next_check:
+                # The timers wait until the socket is empty (results that already came must not
+                # be re-sent for: a descheduled worker finds a backlog), at most an RTO more.
+                if now >= next_check and (size < 0 or now - next_check >= timer.rto):
                     next_check = self.check_timers(now, last_progress)
         finally:
             stats = self.stats
