@@ -472,13 +472,13 @@ class AllreduceClient:
         also in ``results_ignored``. ``rtt_samples`` counts the RTT measurements taken,
         ``rtt_outliers`` those skipped as a wait for another worker's recovery, ``rto_s`` is
         the current RTO (s). ``cwnd`` is the congestion window (slots, fractional),
-        ``cwnd_cuts`` its halvings on congestive loss, ``stalls`` the timer checks that found
+        ``stalls`` the timer checks that found
         no result for an RTO, and ``held_back`` the expired chunks such a check did not re-send
         (not in ``retransmissions``).
         """
         timer, window = self.timer, self.congestion
         return {**self._stats, "rtt_samples": timer.samples, "rtt_outliers": timer.outliers,
-                "rto_s": timer.rto, "cwnd": window.cwnd, "cwnd_cuts": window.cuts,
+                "rto_s": timer.rto, "cwnd": window.cwnd,
                 "stalls": window.stalls}
 
     def close(self) -> None:

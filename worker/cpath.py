@@ -40,8 +40,7 @@ TIMER_FIELDS = ("initial", "cap", "floor", "rto", "srtt", "rttvar", "samples", "
                 "streak")  # fmt: skip
 # The congestion window's state (``window.CongestionWindow``'s attributes, struct ncw_cwnd).
 WINDOW_FIELDS = ("pool", "adaptive", "cwnd", "base", "delay", "round_min", "round_results",
-                 "round_size", "slow_start", "since_cut", "saved", "saved_slow_start", "cuts",
-                 "stalls")  # fmt: skip
+                 "round_size", "slow_start", "saved", "saved_slow_start", "stalls")  # fmt: skip
 FLAGS = ("adaptive", "slow_start", "saved_slow_start")  # the WINDOW_FIELDS that are booleans
 GSO_ENV = "NCINA_UDP_GSO"  # "0": send every datagram on its own (no UDP_SEGMENT)
 # ncw_run's results, as transfer.h defines them (load() checks); negative ones are -errno.
@@ -76,10 +75,8 @@ class Window(Protocol):
     round_results: int
     round_size: int
     slow_start: bool
-    since_cut: int
     saved: float
     saved_slow_start: bool
-    cuts: int
     stalls: int
 
 

@@ -494,8 +494,7 @@ static uint32_t stall_probe(const struct ncw *w, double now)
 /* Re-send expired slots with RETX; NCW_TIMEOUT past the deadline. Sets the next check: the
  * earliest expiry, and no later than one fresh chunk's RTO from now. No result for an RTO makes
  * it a stall (Transfer.check_timers): only chunks re-sent before, or else the oldest expired
- * one, are re-sent, the others held back (their timers restart, backed off); expiries while
- * results arrive are a loss for the window. */
+ * one, are re-sent, the others held back (their timers restart, backed off). */
 static int check_timers(struct ncw *w, double now)
 {
     const uint32_t S = w->cfg.pool_size;
@@ -544,8 +543,6 @@ static int check_timers(struct ncw *w, double now)
     if (expired) {
         if (expired > held)
             w->probe = 1;
-        if (!stalled)
-            ncw_cwnd_loss(&w->cwnd);
         w->stats.retransmissions += expired - held;
         w->stats.bytes_retransmitted += resent;
         w->stats.held_back += held;

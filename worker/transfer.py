@@ -443,8 +443,7 @@ class Transfer:
         an RTT sample lowers the RTO meanwhile: it then waits for this check).
 
         No result for an RTO makes the check a stall (the class docstring): one expired chunk
-        is re-sent (``probe``), the others are held back. Expiries while results arrive are a
-        loss for the window (``CongestionWindow.loss``).
+        is re-sent (``probe``), the others are held back.
         """
         outstanding = [slot for slot, i in enumerate(self.current) if i >= 0]
         if now - last_progress >= self.deadline:
@@ -489,8 +488,6 @@ class Transfer:
         if expired:
             if expired > held:
                 self.probe = True
-            if not stalled:
-                self.window.loss()
             self.stats["retransmissions"] += expired - held
             self.stats["bytes_retransmitted"] += resent
             self.stats["held_back"] += held

@@ -45,7 +45,6 @@ void ncw_cwnd_sample(struct ncw_cwnd *c, double rtt)
         if (c->round_min == 0.0 || rtt < c->round_min)
             c->round_min = rtt;
     }
-    c->since_cut++;
     c->round_results++;
     if (c->slow_start)
         c->cwnd += 1.0;
@@ -66,17 +65,6 @@ void ncw_cwnd_resume(struct ncw_cwnd *c)
     c->round_min = 0.0;
     c->round_results = 0;
     c->round_size = ncw_cwnd_limit(c);
-}
-
-void ncw_cwnd_loss(struct ncw_cwnd *c)
-{
-    if (!c->adaptive || c->delay < NCW_TARGET || (double)c->since_cut < c->cwnd)
-        return;
-    const double half = c->cwnd / 2.0;
-    c->cwnd = half > 1.0 ? half : 1.0;
-    c->slow_start = 0;
-    c->since_cut = 0;
-    c->cuts++;
 }
 
 int ncw_cwnd_stall(struct ncw_cwnd *c)

@@ -2,7 +2,7 @@
  *
  * How many slots may have a chunk outstanding: a delay-based window (per round, Swift's
  * decrease or an additive increase from the standing queueing delay above the smallest RTT; a
- * slow start; halving on a timeout while the queue is full; one slot after a stall, with the
+ * slow start; one slot after a stall, with the
  * window before put back when a first copy is answered).
  * The Python class is the reference (its docstrings say why); the transfer copies its state in
  * before a call and back after, so both paths share one window per client.
@@ -24,10 +24,8 @@ struct ncw_cwnd {
     int64_t round_results; /* results of the round so far */
     int64_t round_size; /* results that end it: the window when it began */
     int64_t slow_start;
-    int64_t since_cut;  /* results since the last halving */
     double saved;       /* cwnd before a stall, 0: no stall pending */
     int64_t saved_slow_start; /* and whether it was in slow start */
-    int64_t cuts;       /* halvings on congestive loss */
     int64_t stalls;     /* timer checks that found no result for an RTO */
 };
 
@@ -40,9 +38,6 @@ void ncw_cwnd_sample(struct ncw_cwnd *c, double rtt);
 
 /* A chunk sent once before a stall was answered: the window before the stall comes back. */
 void ncw_cwnd_resume(struct ncw_cwnd *c);
-
-/* A timer check re-sent chunks while results still arrive. */
-void ncw_cwnd_loss(struct ncw_cwnd *c);
 
 /* A timer check found no result for an RTO; 1: hold back the chunks not re-sent yet. */
 int ncw_cwnd_stall(struct ncw_cwnd *c);

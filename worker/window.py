@@ -17,7 +17,7 @@ WINDOW_ENV = "NCINA_CWND"  # the mode when the client is given none
 
 
 class CongestionWindow:
-    """A congestion window in slots, grown and shrunk from the round trips and losses measured.
+    """A congestion window in slots, grown and shrunk from the round trips measured.
 
     ``limit`` is the number of slots that may have a chunk outstanding: ``cwnd`` rounded down,
     at least 1 and at most the pool (``fixed``: always the pool, and none of the rules below).
@@ -37,11 +37,11 @@ class CongestionWindow:
     - **Slow start**: from ``INITIAL`` slots, one more per result (doubling per round trip)
       until a round's delay reaches ``TARGET``; the first round of a call on a slow link then
       queues ``INITIAL`` chunks, not the pool.
-    - **Loss**: a timer check that re-sends chunks while results still arrive halves ``cwnd``
-      when the last delay was at or above ``TARGET`` (the queue was full: congestion), at most
-      once per window of results; a timeout without a queue is random loss or a wait for
-      another worker, which a smaller window does not help, and is left alone (as TCP Veno
-      tells random from congestive losses by the queue it measures).
+    - **No halving on a timeout**: on these fabrics nothing is lost for congestion (a queue
+      holds far more than a pool), so a timeout while a queue stands is a copy sent too early
+      (the RTO below the queue, the machine's scheduling) or random loss, and the delay rule
+      already answers the queue; a first version that halved the window on such timeouts left
+      the DDP benchmark's windows at a third of the pool (docs/reliability.md).
     - **Stall** (``stall``): no result for a whole RTO, as when the other workers have not sent
       their chunks yet (a DDP bucket that one rank reaches late) or the path lost everything:
       ``cwnd`` drops to 1 and slow start begins again (TCP's response to a timeout; the queue,
@@ -52,9 +52,8 @@ class CongestionWindow:
 
     The rules are fed by the transfers, so that both data paths make the same decisions:
     ``sample`` per result (with its RTT when its chunk was sent once, after the last stall),
-    ``resume`` per result of a chunk sent once before it, ``loss`` per timer check
-    that re-sent chunks while results arrive, ``stall`` per timer check with no result for an
-    RTO.
+    ``resume`` per result of a chunk sent once before it, ``stall`` per timer check with no
+    result for an RTO.
     """
 
     TARGET = 0.005  # standing queueing delay aimed at (s): a quarter of the RTO's default floor
@@ -77,10 +76,8 @@ class CongestionWindow:
         self.round_results = 0  # results of the round so far
         self.round_size = self.limit  # results that end it: the window when it began
         self.slow_start = True
-        self.since_cut = 0  # results since the last halving
         self.saved = 0.0  # cwnd before a stall, 0: no stall pending
         self.saved_slow_start = True  # and whether it was in slow start
-        self.cuts = 0  # halvings on congestive loss
         self.stalls = 0  # timer checks that found no result for an RTO
 
     @property
@@ -100,7 +97,6 @@ class CongestionWindow:
                 self.base = rtt
             if self.round_min == 0.0 or rtt < self.round_min:
                 self.round_min = rtt
-        self.since_cut += 1
         self.round_results += 1
         if self.slow_start:
             self.cwnd += 1.0
@@ -135,15 +131,6 @@ class CongestionWindow:
         self.round_min = 0.0
         self.round_results = 0
         self.round_size = self.limit
-
-    def loss(self) -> None:
-        """A timer check re-sent chunks while results still arrive."""
-        if not self.adaptive or self.delay < self.TARGET or self.since_cut < self.cwnd:
-            return
-        self.cwnd = max(1.0, self.cwnd / 2.0)
-        self.slow_start = False
-        self.since_cut = 0
-        self.cuts += 1
 
     def stall(self) -> bool:
         """A timer check found no result for an RTO. Says whether the transfer holds back the
