@@ -24,7 +24,7 @@ from ncina.proto.wire import MAX_K
 from ncina_testlib import code_values
 
 from ncina.cli import build_parser, main
-from ncina.harness.figures import medians, ratio
+from ncina.harness.figures import medians, ratio, retx_fraction
 from ncina.harness.reference import (
     Reference,
     build_reference,
@@ -193,11 +193,12 @@ def test_the_roundings_are_exact_at_powers_of_two_and_beyond_float64() -> None:
 # --- figures -----------------------------------------------------------------------------------
 
 
-def repeat(wall: float, gloo: float, exact: bool = True, rss: int = 100,
-           cpu: float = 1.0, gloo_cpu: float = 1.0) -> dict[str, object]:  # fmt: skip
+def repeat(wall: float, gloo: float, exact: bool = True, rss: int = 100, cpu: float = 1.0,
+           gloo_cpu: float = 1.0, retx: float = 0.0) -> dict[str, object]:  # fmt: skip
     return {"wall_s": wall, "gloo_wall_s": gloo, "exact": exact,
             "exact_mismatches": 0 if exact else 7, "peak_rss": [rss, rss + 1],
-            "gloo_peak_rss": [2 * rss, 2 * rss], "cpu_s": cpu, "gloo_cpu_s": gloo_cpu}  # fmt: skip
+            "gloo_peak_rss": [2 * rss, 2 * rss], "cpu_s": cpu, "gloo_cpu_s": gloo_cpu,
+            "retx_fraction": retx}  # fmt: skip
 
 
 def test_figures_are_lower_medians_and_their_ratio_with_every_run_kept() -> None:
@@ -232,6 +233,18 @@ def test_cpu_figures_are_medians_their_ratio_its_spread_and_per_element() -> Non
     assert figures["cpu_ns_per_element"] == 1.5e6  # 3 s over 2 ranks of 1000 elements
     assert figures["gloo_cpu_ns_per_element"] == 1e6
     assert [r["cpu_vs_gloo"] for r in figures["runs"]] == [2.0, 0.5, 3.0]
+
+
+def test_retx_fraction_is_copies_over_packets_sent_with_its_median_and_spread() -> None:
+    workers = [{"packets_sent": 900, "retransmissions": 9}, {"packets_sent": 100,
+                                                              "retransmissions": 1}]  # fmt: skip
+    assert retx_fraction(workers) == 0.01  # 10 of 1000, summed over the workers
+    assert retx_fraction([]) == 0.0
+    runs = [repeat(1.0, 1.0, retx=0.02), repeat(1.0, 1.0, retx=0.0), repeat(1.0, 1.0, retx=0.5)]
+    figures = medians(runs, workers=2, elements=1000)
+    assert figures["retx_fraction"] == 0.02
+    assert figures["retx_fraction_spread"] == {"min": 0.0, "median": 0.02, "max": 0.5}
+    assert [r["retx_fraction"] for r in figures["runs"]] == [0.02, 0.0, 0.5]
 
 
 def test_cpu_time_of_a_process_and_of_softirq_is_read_from_proc() -> None:

@@ -33,7 +33,8 @@ def topology_results(
             "ina": {"samples_per_s": ina, "comm_total_s": comm, "exposed_comm_s": 1.0,
                     "exposed_comm_fraction": 0.25, "final_accuracy": 90.0,
                     "final_test_loss": losses[0], "curve": {"epochs": [[0.0, 0, 10.0, 2.3]]},
-                    "parameters": 1000, "steps": 5, "cpu_s": cpu[0]},
+                    "parameters": 1000, "steps": 5, "cpu_s": cpu[0],
+                    "fabric": {"packets_sent": 1000, "retransmissions": int(ina)}},
             "gloo": {"samples_per_s": gloo, "comm_total_s": None, "exposed_comm_s": 3.0,
                      "exposed_comm_fraction": None, "final_accuracy": 91.0,
                      "final_test_loss": losses[1], "cpu_s": cpu[1]},
@@ -71,6 +72,9 @@ def test_fields_and_medians(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         "comm_total_s": 4.0, "exposed_comm_s": 1.0, "exposed_comm_fraction": 0.25,
     }  # fmt: skip
     assert (line["ina_samples_per_s"], line["gloo_samples_per_s"], line["speedup"]) == (30, 10, 2.5)
+    # Retransmissions over packets sent: 30, 20 and 50 of 1000.
+    assert [run["retx_fraction"] for run in line["runs"]] == [0.03, 0.02, 0.05]
+    assert line["retx_fraction"] == 0.03
     assert (line["repeat"], line["k"], line["pool_size"]) == (3, 256, 16)
     assert line["backend_samples_per_s"] is None and line["backend_over_hook"] is None
 

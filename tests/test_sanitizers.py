@@ -23,8 +23,8 @@ TESTS = Path(__file__).resolve().parent
 C_TESTS = (
     "test_nc8.py", "test_engine.py", "test_dpdk_engine.py", "test_dpdk_packets.py",
     "test_socket_packets.py", "test_socket_gro.py", "test_worker_client.py",
-    "test_worker_parity.py", "test_conformance.py", "test_handshake.py", "test_jobs.py",
-    "test_hierarchical.py", "test_dpdk_lcores.py",
+    "test_worker_parity.py", "test_worker_window.py", "test_conformance.py", "test_handshake.py",
+    "test_jobs.py", "test_hierarchical.py", "test_dpdk_lcores.py",
 )  # fmt: skip
 # Cases left to the plain run: trees of Python aggregators only and the P4 switch (no C data
 # plane of ours to check); all but one of each backend pair's handshake mismatches (the same

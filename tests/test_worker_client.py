@@ -32,6 +32,7 @@ from ncina.proto.header import (
     GENERATION_SHIFT,
     HEADER,
     INT_DTYPE,
+    NOTICE,
     Format,
     Header,
     largest_k,
@@ -72,6 +73,7 @@ class FakeAggregator(threading.Thread):
         mutants: int = 0,
         hold: int = 0,
         forger: bool = False,
+        wait: float = 0.0,
     ) -> None:
         super().__init__(daemon=True)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -98,6 +100,12 @@ class FakeAggregator(threading.Thread):
         self.held: dict[int, tuple[bytes, tuple[str, int]]] = {}  # chunk: result, peer
         self.arrived: dict[int, float] = {}  # chunk: when its first copy came
         self.resent_held: set[int] = set()
+        # A straggler: the first window (chunks 0-7 of the first call) completes ``wait``
+        # seconds after its first chunk came, as when another worker reaches the call late;
+        # meanwhile a re-sent copy of them is answered with a notice (this rank is held).
+        self.wait = wait
+        self.waiting: dict[int, tuple[bytes, tuple[str, int]]] = {}
+        self.wait_began = 0.0
         self.released_at = 0.0
         self.stopping = threading.Event()
         self.hellos = 0
@@ -108,6 +116,10 @@ class FakeAggregator(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.is_set():
+            if self.waiting and time.monotonic() - self.wait_began >= self.wait:
+                waiting, self.waiting = self.waiting, {}
+                for chunk in sorted(waiting):
+                    self.answer(*waiting[chunk])
             try:
                 data, peer = self.sock.recvfrom(65535)
             except TimeoutError:
@@ -132,6 +144,8 @@ class FakeAggregator(threading.Thread):
             if first and hdr.slot in self.drop_first_in_slots:
                 continue
             # In a client's first call chunk i has offset i (docs/protocol.md: u * S + slot).
+            if self.wait and hdr.offset < 8 and self.straggle(hdr.offset, first, data, peer):
+                continue
             if not self.hold_back(hdr.offset, hdr.flags, first, data, peer):
                 self.answer(data, peer)
 
@@ -184,6 +198,23 @@ class FakeAggregator(threading.Thread):
         self.sock.sendto(result, peer)
         if self.duplicate:
             self.sock.sendto(result, peer)
+
+    def straggle(self, chunk: int, first: bool, data: bytes, peer: tuple[str, int]) -> bool:
+        """Whether ``chunk`` waits for the straggler (see ``wait``): its first copy is kept,
+        a re-sent one answered with a notice."""
+        if first:
+            if not self.wait_began:
+                self.wait_began = time.monotonic()
+            self.waiting[chunk] = (data, peer)
+            return True
+        if chunk not in self.waiting:
+            return False
+        hdr, _ = parse(data)
+        self.sock.sendto(pack(
+            job=hdr.job, rank=hdr.rank, slot=hdr.slot, offset=hdr.offset, count=0, emin=hdr.emin,
+            flags=FLAG_RESULT | (hdr.flags & FLAG_POOL), fmt=self.result,
+            payload=NOTICE.pack(1 << hdr.rank)), peer)  # fmt: skip
+        return True
 
     def hold_back(self, chunk: int, flags: int, first: bool, data: bytes,
                   peer: tuple[str, int]) -> bool:  # fmt: skip
@@ -466,9 +497,11 @@ def test_a_window_queued_past_its_rto_raises_the_rto_above_the_queueing_delay() 
     first copies, so the first of them after the timer check that re-sent them is an RTT sample
     from the first send (the spurious retransmissions' rule; one per such check), and the RTO a
     fresh chunk gets ends above the wait. Lost chunks give no sample (their results come after
-    later chunks'): test_no_rtt_sample_from_a_retransmitted_chunk."""
+    later chunks'): test_no_rtt_sample_from_a_retransmitted_chunk. A fixed window: with the
+    adaptive one a window that gets no result for an RTO is a stall, and its copies are held
+    back (test_a_stalled_window_re_sends_one_chunk_per_check)."""
     x = powers_of_two(64 * 8, seed=8)  # one window of pool 8, sent at one instant
-    with fake(hold=8) as agg, client_for(agg.address, timeout=0.02) as client:
+    with fake(hold=8) as agg, client_for(agg.address, timeout=0.02, cwnd="fixed") as client:
         np.testing.assert_array_equal(client.allreduce(x), x)
         stats = client.stats
     # Every chunk timed out and was re-sent (a slow machine may split the window over several
@@ -479,6 +512,45 @@ def test_a_window_queued_past_its_rto_raises_the_rto_above_the_queueing_delay() 
     assert 1 <= stats["rtt_samples"] <= stats["timeouts"]
     queueing = agg.released_at - min(agg.arrived.values())  # the first chunk's wait
     assert stats["rto_s"] > queueing >= 0.02
+
+
+@pytest.mark.parametrize("cwnd", ["adaptive", "fixed"])
+def test_a_stalled_window_re_sends_one_chunk_per_check(cwnd: str) -> None:
+    """A window that waits for a straggler (no result for 0.3 s, re-sent copies answered with
+    notices): the adaptive window re-sends one chunk at each timer check, each time the oldest
+    one the aggregator has not said it holds, and holds the others back; the fixed one re-sends
+    all eight each time. The result is exact either way, and the adaptive window is back where
+    it was after."""
+    x = powers_of_two(64 * 24, seed=11)  # three rounds of pool 8
+    with fake(wait=0.3) as agg, client_for(agg.address, timeout=0.02, cwnd=cwnd) as client:
+        np.testing.assert_array_equal(client.allreduce(x), x)
+        stats = client.stats
+    resent = {offset for flags, _, offset, _ in agg.uplink if flags & FLAG_RETX and offset < 8}
+    assert stats["notices"] >= 1 and stats["timeouts"] >= 2
+    if cwnd == "fixed":
+        assert resent == set(range(8)) and stats["held_back"] == 0
+        assert stats["cwnd"] == 8.0 and stats["stalls"] == 0
+    else:
+        # One probe per stall, in chunk order, each chunk once (a notice answers it).
+        assert resent == set(range(len(resent))) and len(resent) < 8
+        assert stats["retransmissions"] == len(resent) <= stats["stalls"]
+        assert stats["held_back"] >= 7 * len(resent) and stats["stalls"] >= 2
+        assert stats["cwnd"] == 8.0  # slow start reached the pool again
+
+
+def test_a_stall_whose_first_copies_were_lost_re_sends_them_all() -> None:
+    """Every first copy is lost: each stall re-sends the oldest chunk, whose result comes
+    back with no notice before it, so the held chunks are taken as lost and re-sent at once."""
+    x = powers_of_two(64 * 24, seed=12)
+    with fake(drop_first_in_slots=frozenset(range(8))) as agg, client_for(
+        agg.address, timeout=0.02, deadline=5.0
+    ) as client:
+        np.testing.assert_array_equal(client.allreduce(x), x)
+        stats = client.stats
+    resent = {offset for flags, _, offset, _ in agg.uplink if flags & FLAG_RETX}
+    assert resent == set(range(24))
+    assert stats["stalls"] >= 1 and stats["held_back"] >= 1
+    assert stats["retransmissions"] >= 24
 
 
 def test_sharded_stats_sum_counters_and_keep_the_largest_rto() -> None:

@@ -25,6 +25,7 @@ from ncina.worker.client import (
     RESULT_FORMATS,
     AllreduceClient,
 )
+from ncina.worker.window import WINDOW_ENV, WINDOW_MODES
 
 
 def host_port(text: str) -> tuple[str, int]:
@@ -104,7 +105,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_data_path_argument(p: argparse.ArgumentParser) -> None:
-    """``--data-path c|python``: the worker's transfer loop (AllreduceClient's data_path), and
+    """``--data-path c|python``: the worker's transfer loop (AllreduceClient's data_path),
+    ``--cwnd adaptive|fixed`` (its congestion window, AllreduceClient's cwnd), and
     ``--handshake-timeout S`` (AllreduceClient's handshake_timeout; 0 skips the handshake)."""
     p.add_argument(
         "--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT, metavar="S",
@@ -116,6 +118,11 @@ def add_data_path_argument(p: argparse.ArgumentParser) -> None:
         "--data-path", choices=DATA_PATHS, default=None,
         help=f"the INA transfer loop: c (the fast path) or python (the reference); default: "
         f"${DATA_PATH_ENV}, else c",
+    )
+    p.add_argument(
+        "--cwnd", choices=WINDOW_MODES, default=None,
+        help=f"slots in flight: adaptive (a delay-based congestion window, at most the pool; "
+        f"docs/reliability.md) or fixed (the whole pool); default: ${WINDOW_ENV}, else adaptive",
     )
 
 
@@ -151,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         deadline=args.deadline,
         key=args.key_file,
         data_path=args.data_path,
+        cwnd=args.cwnd,
         handshake_timeout=args.handshake_timeout or None,
         restart_retries=args.restart_retries,
     ) as client:

@@ -48,8 +48,10 @@ encoding and decoding of a tensor, and the errors a transfer's outcome becomes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
+import operator
 import os
 import select
 import socket
@@ -87,6 +89,7 @@ from ncina.proto.wire import (
 from ncina.worker import cpath
 from ncina.worker.timing import RtoEstimator
 from ncina.worker.transfer import Restarted, Stalled, Transfer, schedule
+from ncina.worker.window import WINDOW_ENV, WINDOW_MODES, CongestionWindow
 
 __all__ = [  # the public API, as users import it (RtoEstimator is ncina.worker.timing's)
     "DATA_PATHS",
@@ -125,6 +128,7 @@ STAT_KEYS = (
     "bad_tag",
     "saturated",
     "send_refused",
+    "held_back",
     "allreduce_calls",
     "elements",
     "handshakes",
@@ -183,6 +187,12 @@ class AllreduceClient:
     saying why and how to select the Python loop (it never falls back silently). ``data_path``
     (the attribute) is the loop in use.
 
+    ``cwnd`` chooses how many slots are in flight (``ncina.worker.window``, docs/reliability.md,
+    "The congestion window"): ``"adaptive"`` (a delay-based congestion window, at most the pool)
+    or ``"fixed"`` (the whole pool, as before the window existed); None takes ``$NCINA_CWND``,
+    else ``"adaptive"``. The window (``congestion``) lives as long as the client, on both data
+    paths, like the RTO.
+
     Before its first chunk the client sends its job descriptor (docs/protocol.md, "Job
     handshake"; the first one already when it is made) every ``HANDSHAKE_INTERVAL`` seconds
     until the aggregator answers, at most ``handshake_timeout`` seconds from the first call: a
@@ -221,6 +231,7 @@ class AllreduceClient:
         mode: str = "ina",
         mtu: int = DEFAULT_MTU,
         data_path: str | None = None,
+        cwnd: str | None = None,
         handshake_timeout: float | None = HANDSHAKE_TIMEOUT,
         total_workers: int | None = None,
         restart_retries: int = 3,
@@ -259,6 +270,7 @@ class AllreduceClient:
         self.result_format = result_format
         self.deadline = deadline
         self.timer = RtoEstimator(timeout, max_timeout, min_timeout)
+        self.congestion = CongestionWindow(pool_size, _choose_window(cwnd))
         self._format = RESULT_FORMATS[result_format]
         self._rng = np.random.default_rng(seed)
         self.compressor = (
@@ -461,11 +473,15 @@ class AllreduceClient:
         ``notices`` counts the aggregator's notices (slot status, docs/protocol.md), which are
         also in ``results_ignored``. ``rtt_samples`` counts the RTT measurements taken,
         ``rtt_outliers`` those skipped as a wait for another worker's recovery, ``rto_s`` is
-        the current RTO (s).
+        the current RTO (s). ``cwnd`` is the congestion window (slots, fractional),
+        ``stalls`` the timer checks that found
+        no result for an RTO, and ``held_back`` the expired chunks such a check did not re-send
+        (not in ``retransmissions``).
         """
-        timer = self.timer
+        timer, window = self.timer, self.congestion
         return {**self._stats, "rtt_samples": timer.samples, "rtt_outliers": timer.outliers,
-                "rto_s": timer.rto}
+                "rto_s": timer.rto, "cwnd": window.cwnd,
+                "stalls": window.stalls}
 
     def close(self) -> None:
         """Close the socket."""
@@ -771,8 +787,8 @@ class AllreduceClient:
             out = np.empty(n, dtype=np.float32)
         self._handshake()
         try:
-            outcome = c.run(flat, out, key, self.timer, self.generation, self.deadline,
-                            divisor, keep)
+            outcome = c.run(flat, out, key, self.timer, self.congestion, self.generation,
+                            self.deadline, divisor, keep)
         except BaseException as exc:  # e.g. KeyboardInterrupt between two waits
             self._broken = f"{type(exc).__name__}: {exc}"
             raise
@@ -873,7 +889,8 @@ class AllreduceClient:
         transfer = Transfer(
             self._sock, self._poll, self._buf, self.aggregator, job=self.job, rank=self.rank,
             pool_size=self.pool_size, k=self.k, result_format=self._format, key=self.key,
-            timer=self.timer, generation=self.generation, deadline=self.deadline,
+            timer=self.timer, window=self.congestion, generation=self.generation,
+            deadline=self.deadline,
             stats=self._stats, frames=frames, lengths=lengths, pools=pools, received=received,
         )
         try:
@@ -920,6 +937,15 @@ def _destination(out: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return out.reshape(-1)
 
 
+def _choose_window(requested: str | None) -> str:
+    """The window mode asked for, else ``$NCINA_CWND``, else ``"adaptive"``; checked."""
+    mode = requested or os.environ.get(WINDOW_ENV) or "adaptive"
+    if mode not in WINDOW_MODES:
+        where = "cwnd" if requested else WINDOW_ENV
+        raise ValueError(f"{where} must be one of {WINDOW_MODES}, got {mode!r}")
+    return mode
+
+
 def _choose_data_path(requested: str | None) -> str:
     """The data path asked for, else ``$NCINA_DATA_PATH``, else ``"c"``; checked."""
     path = requested or os.environ.get(DATA_PATH_ENV) or "c"
@@ -954,13 +980,16 @@ def _timed_out(
     """The error of a call without progress for ``deadline`` seconds. ``outstanding`` are the
     slots still waiting, ``waiting`` per slot its chunk's element count and the bitmap of the
     ranks the aggregator holds for that chunk according to its latest notice (None: no notice
-    about that chunk); the message names the ranks those notices say are missing."""
+    about that chunk); the message names the ranks every such notice says is missing, else
+    those any says. Every live rank sends the lowest chunk no slot completed whatever its
+    congestion window (``ncina.worker.transfer.Transfer``), but a later one only when its window
+    has room: a rank missing from some chunks may just be behind, one missing from all is not."""
     host, port = client.aggregator
     everyone = (1 << client.workers) - 1
+    gaps = [everyone & ~held for _, held in waiting if held is not None]
     missing = 0
-    for _, held in waiting:
-        if held is not None:
-            missing |= everyone & ~held
+    if gaps:
+        missing = functools.reduce(operator.and_, gaps) or functools.reduce(operator.or_, gaps)
     if missing:
         ranks = [r for r in range(client.workers) if missing >> r & 1]
         why = f"the aggregator has nothing from rank(s) {_ranges(ranks)} for them"

@@ -1,13 +1,14 @@
-"""The worker's C data path: one INA all-reduce per C call (``transfer.c``, ``timing.c``).
+"""The worker's C data path: one INA all-reduce per C call (``transfer.c``, ``timing.c``,
+``window.c``).
 
 ``AllreduceClient`` uses it by default in INA mode (``data_path="c"``); the Python loop
 (``ncina.worker.transfer.Transfer``) stays the reference, selectable with ``data_path="python"``
 or ``NCINA_DATA_PATH=python``. The C code does what ``Transfer`` does (slot window, pool versions,
-self-clocking, RTO and RETX, generations, notices, the tag), and fuses the NC8 encode into the
-send and the decode into the receive; the whole transfer runs with the GIL released (cffi
-releases it for the duration of every call). The extension is built by ``ncina.cbuild`` from
-this folder's C files and ``proto/``'s ``nc8.c`` and ``blake2b.c``; :func:`load` raises
-``RuntimeError`` saying why when it cannot be built.
+self-clocking under the congestion window, RTO and RETX, generations, notices, the tag), and
+fuses the NC8 encode into the send and the decode into the receive; the whole transfer runs
+with the GIL released (cffi releases it for the duration of every call). The extension is
+built by ``ncina.cbuild`` from this folder's C files and ``proto/``'s ``nc8.c`` and
+``blake2b.c``; :func:`load` raises ``RuntimeError`` saying why when it cannot be built.
 """
 
 from __future__ import annotations
@@ -26,17 +27,21 @@ import numpy as np
 from ncina.cbuild import build_extension
 
 HERE = Path(__file__).resolve().parent
-HEADERS = ("timing.h", "transfer.h")
-SOURCES = ("timing.c", "transfer.c")
+HEADERS = ("timing.h", "window.h", "transfer.h")
+SOURCES = ("timing.c", "window.c", "transfer.c")
 PROTO_SOURCES = ("nc8.c", "blake2b.c")
 PROTO_HEADERS = ("nc8.h", "blake2b.h")
 STAT_KEYS = (  # the counters of struct ncw_stats, named as the client's stats
     "packets_sent", "packets_received", "bytes_sent", "bytes_received", "retransmissions",
     "bytes_retransmitted", "timeouts", "results_ignored", "notices", "bad_tag", "saturated",
-    "send_refused",
+    "send_refused", "held_back",
 )
 TIMER_FIELDS = ("initial", "cap", "floor", "rto", "srtt", "rttvar", "samples", "outliers",
                 "streak")  # fmt: skip
+# The congestion window's state (``window.CongestionWindow``'s attributes, struct ncw_cwnd).
+WINDOW_FIELDS = ("pool", "adaptive", "cwnd", "base", "delay", "round_min", "round_results",
+                 "round_size", "slow_start", "saved", "saved_slow_start", "stalls")  # fmt: skip
+FLAGS = ("adaptive", "slow_start", "saved_slow_start")  # the WINDOW_FIELDS that are booleans
 GSO_ENV = "NCINA_UDP_GSO"  # "0": send every datagram on its own (no UDP_SEGMENT)
 GRO_ENV = "NCINA_UDP_GRO"  # "0": receive every datagram on its own (no UDP_GRO)
 # ncw_run's results, as transfer.h defines them (load() checks); negative ones are -errno.
@@ -56,6 +61,24 @@ class Timer(Protocol):
     samples: int
     outliers: int
     streak: int
+
+
+class Window(Protocol):
+    """The congestion window state the C window copies in and out
+    (``window.CongestionWindow``'s attributes)."""
+
+    pool: int
+    adaptive: bool
+    cwnd: float
+    base: float
+    delay: float
+    round_min: float
+    round_results: int
+    round_size: int
+    slow_start: bool
+    saved: float
+    saved_slow_start: bool
+    stalls: int
 
 
 @dataclass
@@ -185,6 +208,7 @@ class CTransfer:
         out: np.ndarray,
         key: int,
         timer: Timer,
+        window: Window,
         generation: int,
         deadline: float,
         divisor: int = 1,
@@ -194,13 +218,18 @@ class CTransfer:
         with NC8 stream key ``key``, each result divided by ``divisor`` (a float32 division, as
         ``sum / np.float32(divisor)``); the undivided results also go into ``keep`` when given
         (NC8 results: their ``x.size`` uint8 codes, int results: ``x.size`` float32 sums).
-        ``timer`` is read before and updated after, ``generation`` is the client's. Waits are
-        resumed after a signal once Python has handled it (a ``KeyboardInterrupt`` propagates
-        from here)."""
+        ``timer`` and ``window`` are read before and updated after, ``generation`` is the
+        client's. Waits are resumed after a signal once Python has handled it (a
+        ``KeyboardInterrupt`` propagates from here)."""
         ffi, lib, state = self.ffi, self.lib, self.state
         state.stats = ffi.new("struct ncw_stats *")[0]
         for name in TIMER_FIELDS:
             setattr(state.timer, name, getattr(timer, name))
+        if window.pool != state.cfg.pool_size:
+            raise ValueError(f"a window of {window.pool} slots for a pool of "
+                             f"{state.cfg.pool_size}")  # fmt: skip
+        for name in WINDOW_FIELDS:
+            setattr(state.cwnd, name, getattr(window, name))
         state.generation = generation
         state.cfg.deadline = deadline
         state.divisor = divisor
@@ -226,6 +255,9 @@ class CTransfer:
                 raise OSError(-off, f"cannot switch UDP_GRO off: {os.strerror(-off)}")
             for name in TIMER_FIELDS:
                 setattr(timer, name, getattr(state.timer, name))
+            for name in WINDOW_FIELDS:
+                value = getattr(state.cwnd, name)
+                setattr(window, name, bool(value) if name in FLAGS else value)
         outstanding, waiting = [], []
         k = state.cfg.k
         for slot in range(state.cfg.pool_size):

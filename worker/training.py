@@ -216,7 +216,7 @@ def make_fabric(args: argparse.Namespace) -> ShardedAllreduce:
                 pool_size=args.pool_size, window_max=args.window_max,
                 result_format=args.result, seed=(args.seed << 16) + args.rank,
                 deadline=args.deadline, compressor=args.compressor, mode=args.mode,
-                key=args.key_file, mtu=args.mtu, data_path=args.data_path,
+                key=args.key_file, mtu=args.mtu, data_path=args.data_path, cwnd=args.cwnd,
                 handshake_timeout=args.handshake_timeout or None,
                 restart_retries=args.restart_retries,
             )

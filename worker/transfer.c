@@ -271,6 +271,8 @@ static int start(struct ncw *w, uint64_t i, uint32_t slot, double now)
     nc8_encode(w->x + offset, frame + NCW_HEADER, count, w->key + offset * NCW_GAMMA, c->e_min,
                c->span, &w->stats.saturated);
     s->chunk = (int64_t)i;
+    s->following = i + c->pool_size;
+    w->outstanding++;
     s->first_sent = now;
     s->frame_len = (uint32_t)(NCW_HEADER + count + tag_size(w));
     memcpy(s->want, frame, NCW_HEADER);
@@ -286,6 +288,34 @@ static int start(struct ncw *w, uint64_t i, uint32_t slot, double now)
         w->clean = 1;
     }
     return send_slot(w, slot, now);
+}
+
+/* Start the next chunk of idle slots, the lowest first, while the window has room or the chunk
+ * is lower than every outstanding one (Transfer.fill: so the workers' windows cannot wait on
+ * each other). */
+static int fill(struct ncw *w, double now)
+{
+    const uint32_t S = w->cfg.pool_size;
+    const int64_t limit = ncw_cwnd_limit(&w->cwnd);
+    for (;;) {
+        uint32_t slot = S; /* the idle slot with the lowest next chunk */
+        uint64_t lowest = w->chunks; /* the lowest outstanding chunk */
+        for (uint32_t t = 0; t < S; t++) {
+            const struct ncw_slot *s = &w->slots[t];
+            if (s->chunk >= 0) {
+                if ((uint64_t)s->chunk < lowest)
+                    lowest = (uint64_t)s->chunk;
+            } else if (s->following < w->chunks
+                       && (slot == S || s->following < w->slots[slot].following)) {
+                slot = t;
+            }
+        }
+        if (slot == S || ((int64_t)w->outstanding >= limit && w->slots[slot].following > lowest))
+            return 0;
+        const int rc = start(w, w->slots[slot].following, slot, now);
+        if (rc)
+            return rc;
+    }
 }
 
 /* --- receiving ---------------------------------------------------------------------------- */
@@ -355,6 +385,7 @@ static int unexpected(struct ncw *w, const uint8_t *buf, size_t size, uint32_t s
     if (rd16(buf + 10) == 0) {
         if (size == NCW_HEADER + NCW_NOTICE + tag_size(w)) {
             w->stats.notices++;
+            w->waited = w->held != 0;
             s->notice_offset = rd32(buf + 12);
             s->notice_held = rd64(buf + NCW_HEADER);
         }
@@ -376,6 +407,25 @@ static int unexpected(struct ncw *w, const uint8_t *buf, size_t size, uint32_t s
         }
     }
     return 1;
+}
+
+/* End a stall's hold at a result (Transfer.release): with no notice during the hold the held
+ * chunks' first copies are taken as lost, and they expire now. */
+static void release(struct ncw *w, double now)
+{
+    const int lost = !w->waited;
+    for (uint32_t slot = 0; slot < w->cfg.pool_size; slot++) {
+        struct ncw_slot *s = &w->slots[slot];
+        if (!s->held)
+            continue;
+        s->held = 0;
+        if (lost && s->chunk >= 0)
+            s->sent_at = now - s->rto;
+    }
+    if (lost)
+        w->next_check = now;
+    w->held = 0;
+    w->waited = 0;
 }
 
 /* Take one received datagram (buf may be modified: an echoed RETX flag is cleared). */
@@ -404,53 +454,111 @@ static int take(struct ncw *w, uint8_t *buf, size_t size, double now)
     deliver(w, i, buf + NCW_HEADER);
     w->done++;
     w->last_progress = now;
+    w->outstanding--;
+    if (w->held)
+        release(w, now);
+    const int retx = frame_of(w, slot)[1] & FLAG_RETX;
+    double rtt = retx ? -1.0 : now - s->first_sent; /* < 0: no RTT (Karn) */
+    if (!retx && s->first_sent <= w->stalled_at) {
+        ncw_cwnd_resume(&w->cwnd); /* it waited in the stall: no RTT */
+        rtt = -1.0;
+    }
+    ncw_cwnd_sample(&w->cwnd, rtt);
     if (slot == 0 && w->clean)
         ncw_rto_sample(&w->timer, now - s->sent_at);
     if ((int64_t)i > w->top) { /* in order: no later chunk was answered before it */
-        if ((frame_of(w, slot)[1] & FLAG_RETX) && w->probe /* re-sent: spuriously? */
+        if (retx && w->probe /* re-sent: spuriously? */
             && ncw_rto_spurious(&w->timer, now - s->first_sent, now - s->sent_at))
             w->probe = 0;
         w->top = (int64_t)i;
     }
-    if (i + S < w->chunks)
-        return start(w, i + S, slot, now);
     s->chunk = -1;
-    return 0;
+    return fill(w, now);
 }
 
 /* --- timers ------------------------------------------------------------------------------- */
 
+/* Whether the aggregator's latest notice about the slot's outstanding chunk says it holds this
+ * rank's contribution (Transfer.holds). */
+static int holds(const struct ncw *w, const struct ncw_slot *s)
+{
+    return s->notice_offset == (int64_t)rd32(s->want + 12)
+           && (s->notice_held >> (w->cfg.rank & 63) & 1) && w->cfg.rank < 64;
+}
+
+/* In a stall (no result for an RTO): the slot whose expired chunk is re-sent, the oldest of
+ * those the aggregator is not known to hold, else the oldest; S when none expired. */
+static uint32_t stall_probe(const struct ncw *w, double now)
+{
+    const uint32_t S = w->cfg.pool_size;
+    uint32_t unknown = S, any = S;
+    for (uint32_t slot = 0; slot < S; slot++) {
+        const struct ncw_slot *s = &w->slots[slot];
+        if (s->chunk < 0 || s->sent_at + s->rto > now)
+            continue;
+        if (any == S || s->chunk < w->slots[any].chunk)
+            any = slot;
+        if (!holds(w, s) && (unknown == S || s->chunk < w->slots[unknown].chunk))
+            unknown = slot;
+    }
+    return unknown < S ? unknown : any;
+}
+
 /* Re-send expired slots with RETX; NCW_TIMEOUT past the deadline. Sets the next check: the
- * earliest expiry, and no later than one fresh chunk's RTO from now. */
+ * earliest expiry, and no later than one fresh chunk's RTO from now. No result for an RTO makes
+ * it a stall (Transfer.check_timers): only chunks re-sent before, or else the oldest expired
+ * one, are re-sent, the others held back (their timers restart, backed off). */
 static int check_timers(struct ncw *w, double now)
 {
+    const uint32_t S = w->cfg.pool_size;
     if (now - w->last_progress >= w->cfg.deadline)
         return NCW_TIMEOUT;
+    int stalled = now - w->last_progress >= w->timer.rto;
+    uint32_t probe = S;
+    if (stalled) {
+        probe = stall_probe(w, now);
+        if (probe == S || !ncw_cwnd_stall(&w->cwnd))
+            stalled = 0;
+        else
+            w->stalled_at = now;
+    }
     double next = now + w->timer.rto;
-    uint64_t expired = 0, resent = 0;
-    for (uint32_t slot = 0; slot < w->cfg.pool_size; slot++) {
+    uint64_t expired = 0, resent = 0, held = 0;
+    for (uint32_t slot = 0; slot < S; slot++) {
         struct ncw_slot *s = &w->slots[slot];
         if (s->chunk < 0)
             continue;
         double due = s->sent_at + s->rto;
         if (due <= now) {
-            frame_of(w, slot)[1] |= FLAG_RETX;
+            uint8_t *frame = frame_of(w, slot);
             s->rto = ncw_rto_backoff(&w->timer, s->rto);
             if (slot == 0)
                 w->clean = 0;
-            const int rc = send_slot(w, slot, now);
-            if (rc)
-                return rc;
             expired++;
-            resent += s->frame_len;
+            if (stalled && slot != probe) {
+                s->sent_at = now; /* held back: its timer restarts, nothing is sent */
+                if (!s->held) {
+                    s->held = 1;
+                    w->held++;
+                }
+                held++;
+            } else {
+                frame[1] |= FLAG_RETX;
+                const int rc = send_slot(w, slot, now);
+                if (rc)
+                    return rc;
+                resent += s->frame_len;
+            }
             due = now + s->rto;
         }
         next = due < next ? due : next;
     }
     if (expired) {
-        w->probe = 1;
-        w->stats.retransmissions += expired;
+        if (expired > held)
+            w->probe = 1;
+        w->stats.retransmissions += expired - held;
         w->stats.bytes_retransmitted += resent;
+        w->stats.held_back += held;
         w->stats.timeouts++;
     }
     w->next_check = next;
@@ -479,18 +587,22 @@ int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t ke
     struct ncw_io *io = w->io;
     for (int b = 0; b < 256; b++)
         io->table[b] = io->codes[b] / w->divisor;
+    w->outstanding = 0;
+    w->held = 0;
+    w->waited = 0;
+    w->stalled_at = -1.0;
     for (uint32_t slot = 0; slot < S; slot++) {
         w->slots[slot].chunk = -1;
+        w->slots[slot].following = slot;
+        w->slots[slot].held = 0;
         w->slots[slot].rto = w->timer.rto;
         w->slots[slot].notice_offset = -1;
         w->slots[slot].notice_held = 0;
     }
     const double now = now_s();
-    for (uint64_t i = 0; i < S && i < w->chunks; i++) {
-        const int rc = start(w, i, (uint32_t)i, now);
-        if (rc)
-            return rc;
-    }
+    const int rc = fill(w, now);
+    if (rc)
+        return rc;
     w->last_progress = now;
     w->next_check = now + w->timer.rto;
     return flush(w);
@@ -596,7 +708,9 @@ int ncw_run(struct ncw *w)
             } while (off < len && w->done < w->chunks);
         }
         int rc = got > 0 ? flush(w) : 0;
-        if (!rc && now >= w->next_check) {
+        /* The timers wait until the socket is empty (results that already came must not be
+         * re-sent for: a descheduled worker finds a backlog), at most an RTO more. */
+        if (!rc && now >= w->next_check && (drained || now - w->next_check >= w->timer.rto)) {
             rc = check_timers(w, now);
             const int sent = flush(w);
             rc = rc ? rc : sent;

@@ -6,8 +6,8 @@
  * before it first goes out (element j of a call uses the random word of flat index j, so chunk
  * by chunk gives the bytes of the whole tensor at once), tagged when the job has a key, sent in
  * sendmmsg batches; results arrive in recvmmsg batches and are decoded (NC8 codes or int sums)
- * straight into the float32 output. A slot's result releases its next chunk; the timers re-send
- * with RETX; the generation is learned from the first result and stamped on every packet;
+ * straight into the float32 output. A slot's result releases its next chunk when the congestion
+ * window (window.h) has room; the timers re-send with RETX (a stall holds most copies back); the generation is learned from the first result and stamped on every packet;
  * notices are remembered per slot.
  *
  * Nothing is allocated after ncw_open. Plain declarations only: worker/cpath.py hands the lines
@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "timing.h"
+#include "window.h"
 
 /* ncw_begin/ncw_run results; negative values are -errno of a failed system call. */
 #define NCW_DONE 0      /* every chunk's result is in the output */
@@ -60,12 +61,14 @@ struct ncw_stats {
     uint64_t bad_tag;
     uint64_t saturated;
     uint64_t send_refused; /* datagrams a local firewall rule refused (EPERM): lost */
+    uint64_t held_back;    /* expired chunks a stall did not re-send */
 };
 
 /* Per slot: the outstanding chunk and what its result must look like, its timer, and the last
  * notice about it. */
 struct ncw_slot {
     int64_t chunk;         /* outstanding chunk, -1: none */
+    uint64_t following;    /* the slot's next chunk (its chunk + S once started) */
     double sent_at;        /* the last send (first or re-sent) */
     double first_sent;     /* the chunk's first send */
     double rto;
@@ -74,11 +77,13 @@ struct ncw_slot {
     int64_t notice_offset; /* offset the last notice was about, -1: none */
     uint64_t notice_held;  /* its bitmap of the ranks whose contribution the aggregator holds */
     uint8_t want[16];      /* the result's header, byte for byte */
+    uint8_t held;          /* a stall held its re-send back */
 };
 
 struct ncw {
     struct ncw_config cfg;
     struct ncw_rto timer;
+    struct ncw_cwnd cwnd;   /* how many slots may be outstanding */
     struct ncw_stats stats;
     int generation;         /* the aggregator's, 0: not known yet */
     int seen_generation;    /* the other generation behind NCW_RESTARTED */
@@ -102,6 +107,10 @@ struct ncw {
     int64_t top;            /* the highest chunk answered so far, -1: none */
     int probe;              /* a timer check re-sent chunks: take one in-order sample */
     struct ncw_slot *slots; /* S */
+    uint32_t outstanding;   /* slots with a chunk outstanding */
+    uint32_t held;          /* slots a stall held back */
+    int waited;             /* a notice came while chunks were held: the stall was a wait */
+    double stalled_at;      /* the last stall (a chunk sent before it waited in it) */
     void *io;               /* frames, receive buffers, message headers (transfer.c) */
 };
 

@@ -6,7 +6,8 @@ between them, makes the handshake and turns what a transfer reports into its err
   pool version ``u & 1``, offset ``u * S + slot`` (mod 2**32), the chunk's sequence number
   (docs/protocol.md, "Late and duplicate packets"); the use counts outlive a call.
 - ``Transfer``: self-clocking (at most one chunk per slot is outstanding; a slot's result
-  releases its next chunk), the result checks, retransmission of a slot whose result has not
+  releases its next chunk when the congestion window has room, ``ncina.worker.window``), the
+  result checks, retransmission of a slot whose result has not
   come back within its timeout (``RETX``, the timeout backed off; ``ncina.worker.timing``), the
   aggregator's notices and generations (docs/protocol.md, "Generations and notices").
   A transfer does not build the client's errors: it raises ``Stalled`` (no progress for
@@ -44,6 +45,7 @@ from ncina.proto.header import (
 )
 from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 from ncina.worker.timing import RtoEstimator
+from ncina.worker.window import CongestionWindow
 
 
 class Stalled(Exception):
@@ -105,6 +107,26 @@ class Transfer:
     expires every slot in one check and then answers them all in order: one sample of it is a
     lone outlier for the streak.
 
+    The congestion window ``window`` (``ncina.worker.window``) limits how many slots have a chunk
+    outstanding: a slot whose result came back is idle until the window has room, then takes
+    its next chunk (``following``: chunk ``i``'s slot takes ``i + S``), the idle slot with the
+    lowest next chunk first; so a slot is still reused only after its result arrived and each
+    slot's chunks go out in order. One exception to the window: an idle slot whose next chunk
+    is lower than every outstanding one starts it at once. Every worker then sends the lowest
+    chunk no slot has completed, whatever its window, so the workers' windows cannot wait on
+    each other (a worker's window full of chunks another worker has not sent, and the other's
+    full of chunks it has not sent: without the exception, a deadlock). Every result feeds the
+    window, with an RTT when its chunk was sent once. A timer check with no result for an RTO
+    is a stall (``CongestionWindow.stall``): it re-sends one expired chunk, the oldest of those
+    the aggregator is not known to hold (no notice with this rank's bit about it; else the
+    oldest), and holds the others back (their timers restart,
+    backed off, nothing is sent): a whole window that waits for another worker needs no copies
+    on the wire, and the aggregator answers a re-sent copy of a chunk it holds with a notice
+    while the slot waits for others. Each stall check so probes another chunk, so no two
+    workers can hold back each other's missing chunks for ever. The next result ends the hold:
+    if no notice came meanwhile, the first copies were lost, and the held chunks expire at once
+    (re-sent by the next check, which is no stall); else their timers run.
+
     The transfer uses the client's socket (``sock``, bound and non-blocking, watched by
     ``poller``), receive buffer ``buf``, RTO estimator ``timer`` and counters ``stats`` (updated
     in place); ``generation`` is the aggregator's as the client knows it (0: not yet), adopted
@@ -131,6 +153,7 @@ class Transfer:
         result_format: Format,
         key: bytes | None,
         timer: RtoEstimator,
+        window: CongestionWindow,
         generation: int,
         deadline: float,
         stats: dict[str, int],
@@ -148,6 +171,7 @@ class Transfer:
         self.pool_size = pool_size
         self.k = k
         self.timer = timer
+        self.window = window
         self.generation = generation
         self.deadline = deadline
         self.stats = stats
@@ -180,6 +204,11 @@ class Transfer:
         self.sent_at = [0.0] * s  # the last send (first or re-sent)
         self.first_sent = [0.0] * s  # the outstanding chunk's first send
         self.rto = [timer.rto] * s
+        self.following = list(range(s))  # each slot's next chunk
+        self.outstanding = 0  # slots with a chunk outstanding
+        self.held: set[int] = set()  # slots a stall held back
+        self.waited = False  # a notice came while chunks were held: the stall was a wait
+        self.stalled_at = -1.0  # the last stall (a chunk sent before it waited in it)
         self.clean = False
         self.probe = False  # a timer check re-sent chunks: take one in-order sample
         # Per slot, the last notice: (offset of the chunk it is about, bitmap of the ranks whose
@@ -212,6 +241,8 @@ class Transfer:
         """Make chunk ``i`` the outstanding chunk of ``slot`` and send it."""
         begin = i * HEADER_SIZE
         self.current[slot] = i
+        self.following[slot] = i + self.pool_size
+        self.outstanding += 1
         self.first_sent[slot] = now
         self.want_header[slot] = self.expected[begin : begin + HEADER_SIZE]
         self.want_length[slot] = (
@@ -226,6 +257,22 @@ class Transfer:
             self.clean = True
         self.send(i, slot, now)
 
+    def fill(self, now: float) -> None:
+        """Start the next chunk of idle slots, the lowest first, while the window has room or
+        the chunk is lower than every outstanding one (the class docstring)."""
+        current, following, chunks = self.current, self.following, self.chunks
+        limit = self.window.limit
+        while True:
+            slot, lowest = -1, chunks  # the idle slot with the lowest next chunk; outstanding's
+            for t, i in enumerate(current):
+                if i >= 0:
+                    lowest = min(lowest, i)
+                elif following[t] < chunks and (slot < 0 or following[t] < following[slot]):
+                    slot = t
+            if slot < 0 or (self.outstanding >= limit and following[slot] > lowest):
+                return
+            self.start(following[slot], slot, now)
+
     def run(self) -> None:
         """Drive the window until every chunk's result is in."""
         s, chunks, timer = self.pool_size, self.chunks, self.timer
@@ -238,10 +285,9 @@ class Transfer:
         shortest_blob = HEADER_SIZE + self.tag_size + 1
         stride = self.k * self.element_size
         key, payload_end = self.key, -self.tag_size or None
-        start, clock = self.start, time.monotonic
+        clock, window = time.monotonic, self.window
         now = clock()
-        for i in range(min(s, chunks)):
-            start(i, i, now)
+        self.fill(now)
         done = received = received_bytes = ignored = 0
         top = -1  # the highest chunk answered so far
         frames, row, first_sent = self.frames, self.row, self.first_sent
@@ -283,11 +329,20 @@ class Transfer:
                             blobs[i] = bytes(body)
                         done += 1
                         last_progress = now
+                        self.outstanding -= 1
+                        if self.held and self.release(now):
+                            next_check = now
+                        retx = frames[i * row + 1] & FLAG_RETX
+                        rtt = -1.0 if retx else now - first_sent[slot]
+                        if not retx and first_sent[slot] <= self.stalled_at:
+                            window.resume()  # it waited in the stall: no RTT
+                            rtt = -1.0
+                        window.sample(rtt)
                         if slot == 0 and self.clean:
                             timer.sample(now - self.sent_at[0])
                         if i > top:  # in order: no later chunk was answered before it
                             if (
-                                frames[i * row + 1] & FLAG_RETX
+                                retx
                                 and self.probe
                                 and timer.spurious(
                                     now - first_sent[slot], now - self.sent_at[slot]
@@ -295,21 +350,39 @@ class Transfer:
                             ):
                                 self.probe = False
                             top = i
-                        if i + s < chunks:
-                            start(i + s, slot, now)
-                        else:
-                            current[slot] = -1
-                            want_header[slot] = None
+                        current[slot] = -1
+                        want_header[slot] = None
+                        self.fill(now)
                 elif now < next_check:
                     poll(max(1, math.ceil((next_check - now) * 1000)))
                     continue
-                if now >= next_check:
+                # The timers wait until the socket is empty (results that already came must not
+                # be re-sent for: a descheduled worker finds a backlog), at most an RTO more.
+                if now >= next_check and (size < 0 or now - next_check >= timer.rto):
                     next_check = self.check_timers(now, last_progress)
         finally:
             stats = self.stats
             stats["packets_received"] += received
             stats["bytes_received"] += received_bytes
             stats["results_ignored"] += ignored
+
+    def holds(self, slot: int) -> bool:
+        """Whether the aggregator's latest notice about ``slot``'s outstanding chunk says it
+        holds this rank's contribution."""
+        offset, held = self.notices.get(slot, (-1, 0))
+        return offset == self.offsets[self.current[slot]] and bool(held >> self.rank & 1)
+
+    def release(self, now: float) -> bool:
+        """End a stall's hold at a result; says whether the held chunks were made to expire
+        now (no notice came during the hold: their first copies are taken as lost)."""
+        lost = not self.waited
+        if lost:
+            for slot in self.held:
+                if self.current[slot] >= 0:
+                    self.sent_at[slot] = now - self.rto[slot]
+        self.held.clear()
+        self.waited = False
+        return lost
 
     def unexpected(self, size: int, slot: int) -> bool:
         """Look closer at a datagram in ``buf`` that is not the expected result of ``slot``
@@ -329,6 +402,7 @@ class Transfer:
         if count == 0:
             if size == HEADER_SIZE + NOTICE.size + self.tag_size:
                 self.stats["notices"] += 1
+                self.waited = bool(self.held)
                 self.notices[slot] = (offset, NOTICE.unpack_from(buf, HEADER_SIZE)[0])
             return False
         if not generation:
@@ -367,6 +441,9 @@ class Transfer:
         Returns the time of the next check: the earliest expiry, and no later than one fresh
         chunk's RTO from now (a chunk sent after this check expires no earlier than that, unless
         an RTT sample lowers the RTO meanwhile: it then waits for this check).
+
+        No result for an RTO makes the check a stall (the class docstring): one expired chunk
+        is re-sent (``probe``), the others are held back.
         """
         outstanding = [slot for slot, i in enumerate(self.current) if i >= 0]
         if now - last_progress >= self.deadline:
@@ -376,26 +453,43 @@ class Transfer:
                 offset, held = self.notices.get(slot, (-1, 0))
                 waiting.append((self.counts[i], held if offset == self.offsets[i] else None))
             raise Stalled(outstanding, waiting)
-        timer = self.timer
+        timer, current, row = self.timer, self.current, self.row
+        stalled = now - last_progress >= timer.rto
+        probe = -1  # in a stall: the slot whose chunk is re-sent
+        if stalled:
+            due = [s for s in outstanding if self.sent_at[s] + self.rto[s] <= now]
+            if not due or not self.window.stall():
+                stalled = False
+            else:
+                self.stalled_at = now
+                unknown = [s for s in due if not self.holds(s)]
+                probe = min(unknown or due, key=current.__getitem__)
         next_check = now + timer.rto
-        expired = resent = 0
+        expired = resent = held = 0
         for slot in outstanding:
             due = self.sent_at[slot] + self.rto[slot]
             if due <= now:
-                i = self.current[slot]
-                flags = i * self.row + 1
-                self.frames[flags] |= FLAG_RETX
+                i = current[slot]
+                flags = i * row + 1
                 self.rto[slot] = timer.backoff(self.rto[slot])
                 if slot == 0:
                     self.clean = False
-                self.send(i, slot, now)
                 expired += 1
-                resent += self.sizes[i] + self.tag_size
+                if stalled and slot != probe:
+                    self.sent_at[slot] = now  # held back: its timer restarts, nothing is sent
+                    self.held.add(slot)
+                    held += 1
+                else:
+                    self.frames[flags] |= FLAG_RETX
+                    self.send(i, slot, now)
+                    resent += self.sizes[i] + self.tag_size
                 due = now + self.rto[slot]
             next_check = min(next_check, due)
         if expired:
-            self.probe = True
-            self.stats["retransmissions"] += expired
+            if expired > held:
+                self.probe = True
+            self.stats["retransmissions"] += expired - held
             self.stats["bytes_retransmitted"] += resent
+            self.stats["held_back"] += held
             self.stats["timeouts"] += 1
         return next_check

@@ -37,7 +37,7 @@ from ncina.aggregator import jobs
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
 from ncina.harness import cpu
-from ncina.harness.figures import median_repeat, medians
+from ncina.harness.figures import median_repeat, medians, retx_fraction
 from ncina.harness.reference import BLOCK, Reference, build_reference, exact_mismatches
 from ncina.harness.workers import START_TIMEOUT, local_launch, run_workers, wall_time
 from ncina.progress import progress
@@ -285,6 +285,7 @@ def repeat_figures(
         "cpu_s": worker_cpu + ina_cpu.processes_s + softirq,
         "gloo_cpu_s": gloo_worker_cpu + gloo_softirq,
         "workers": [r["stats"] for r in ina],
+        "retx_fraction": retx_fraction(r["stats"] for r in ina),
         "accuracy": accuracy(ref, result, args.result),
     }
 

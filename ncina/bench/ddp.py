@@ -19,9 +19,10 @@ step) and ``loss_fell`` (both runs' test loss below the initial one in every rep
 cost: ``cpu_s`` and ``gloo_cpu_s``, the CPU-seconds of each run's training (the ranks'
 processes, every thread, compute included; the aggregator's; the machine's softirq time:
 ``ncina.harness.cpu``), ``cpu_vs_gloo`` and ``cpu_ns_per_element`` (per gradient element a
-rank all-reduced: workers x parameters x steps). ``speedup``, ``exposed_comm_fraction`` and
-``cpu_vs_gloo`` come with ``<ratio>_spread``: the minimum, lower median and maximum of the
-repeats' own.
+rank all-reduced: workers x parameters x steps). ``retx_fraction`` is the INA run's
+retransmissions over its packets sent, all workers together. ``speedup``,
+``exposed_comm_fraction`` and ``cpu_vs_gloo`` come with ``<ratio>_spread``: the minimum, lower
+median and maximum of the repeats' own.
 
 ``--mtu`` sets every link's MTU (K follows it), and the pool and DDP's bucket size follow
 ``--bw`` unless ``--pool-size`` and ``--bucket-cap-mb`` are given (``ncina.worker.tuning``).
@@ -39,14 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from ncina.cli import deprecated_alias
-from ncina.harness.figures import per_element_ns, ratio, spread
+from ncina.harness.figures import per_element_ns, ratio, retx_fraction, spread
 from ncina.progress import progress
 
 FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
           "exposed_comm_s", "exposed_comm_fraction", "initial_test_loss", "ina_test_loss",
           "gloo_test_loss", "ina_accuracy", "gloo_accuracy", "cpu_s", "gloo_cpu_s",
           "cpu_vs_gloo", "cpu_ns_per_element", "gloo_cpu_ns_per_element",
-          "backend_samples_per_s", "backend_accuracy", "backend_over_hook")  # fmt: skip
+          "backend_samples_per_s", "backend_accuracy", "backend_over_hook",
+          "retx_fraction")  # fmt: skip
 SPREADS = ("speedup", "exposed_comm_fraction", "cpu_vs_gloo")
 """The ratios quoted with the minimum, median and maximum of the runs' own values."""
 EPOCHS = 1000  # enough for any --steps: the run stops at max_steps
@@ -119,6 +121,7 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
         "backend_samples_per_s": backend["samples_per_s"] if backend else None,
         "backend_accuracy": backend["final_accuracy"] if backend else None,
         "backend_over_hook": results["comparison"].get("backend_over_hook"),
+        "retx_fraction": retx_fraction([ina["fabric"]]) if ina.get("fabric") else None,
     }
 
 

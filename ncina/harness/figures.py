@@ -3,9 +3,10 @@
 A run is a dict of its own values: ``wall_s`` and ``gloo_wall_s`` (the INA and gloo
 all-reduce's wall times), ``cpu_s`` and ``gloo_cpu_s`` (the CPU-seconds each side spent:
 ``ncina.harness.cpu``), ``exact`` and ``exact_mismatches`` (against
-``ncina.harness.reference``), ``peak_rss`` and ``gloo_peak_rss`` (per rank, bytes) and
-optionally ``extra`` figures of the benchmark. The reported figure of a time is the lower median
-over the runs, a measured value, never an average of two; a ratio is that of the medians, and
+``ncina.harness.reference``), ``peak_rss`` and ``gloo_peak_rss`` (per rank, bytes),
+``retx_fraction`` (:func:`retx_fraction` of its workers' stats) and optionally ``extra``
+figures of the benchmark. The reported figure of a time is the lower median over the runs, a
+measured value, never an average of two; a ratio is that of the medians, and
 ``<ratio>_spread`` gives the minimum, median and maximum of the runs' own ratios, so that a
 figure from this noisy machine is never quoted without its spread.
 """
@@ -45,6 +46,8 @@ def medians(repeats: Sequence[dict[str, Any]], *, workers: int, elements: int) -
         "gloo_cpu_ns_per_element": per_element_ns(gloo_cpu, workers, elements),
         "elements_per_s": round(elements / wall),
         "exact": all(r["exact"] for r in repeats),
+        "retx_fraction": median(r["retx_fraction"] for r in repeats),
+        "retx_fraction_spread": spread(r["retx_fraction"] for r in repeats),
         "peak_rss": [median(r["peak_rss"][i] for r in repeats) for i in ranks],
         "gloo_peak_rss": [median(r["gloo_peak_rss"][i] for r in repeats) for i in ranks],
         "input_bytes": 4 * elements,
@@ -72,6 +75,16 @@ def spread(values: Iterable[float]) -> dict[str, float]:
     return {"min": ordered[0], "median": statistics.median_low(ordered), "max": ordered[-1]}
 
 
+def retx_fraction(stats: Iterable[dict[str, Any]]) -> float:
+    """Retransmissions over packets sent, summed over workers' client stats: the share of the
+    datagrams on the wire that were copies (0 when nothing was sent)."""
+    retransmitted = sent = 0
+    for one in stats:
+        retransmitted += one["retransmissions"]
+        sent += one["packets_sent"]
+    return round(retransmitted / sent, 5) if sent else 0.0
+
+
 def per_element_ns(cpu_s: float, workers: int, elements: int) -> float:
     """CPU nanoseconds per element each rank all-reduced (``workers`` ranks of ``elements``)."""
     return round(cpu_s * 1e9 / (workers * elements), 2)
@@ -89,6 +102,7 @@ def run_values(r: dict[str, Any], elements: int) -> dict[str, Any]:
         "elements_per_s": round(elements / r["wall_s"]),
         "exact": r["exact"],
         "exact_mismatches": r["exact_mismatches"],
+        "retx_fraction": r["retx_fraction"],
         "peak_rss": r["peak_rss"],
         "gloo_peak_rss": r["gloo_peak_rss"],
         **r.get("extra", {}),
