@@ -33,7 +33,8 @@ SUMMARY_KEYS = {
     "mode", "label", "epochs", "steps", "time_s", "time_per_epoch_s", "bytes_per_worker",
     "packets_per_worker", "rx_bytes_per_worker", "final_accuracy", "final_test_loss", "workers",
     "fabric", "aggregators", "verify", "curve", "samples_per_s", "step_s", "compute_step_s",
-    "comm_total_s", "exposed_comm_s", "exposed_comm_fraction",
+    "comm_total_s", "exposed_comm_s", "exposed_comm_fraction", "parameters", "cpu_s",
+    "rank_cpu_s", "aggregator_cpu_s", "softirq_s",
 }
 PREFIX = f"t{os.getpid() % 100000}"
 IFF_UP = 0x1  # an interface's administrative up flag (/sys/class/net/IF/flags)
@@ -54,6 +55,11 @@ def test_star_three_workers_two_steps_through_the_python_aggregator(tmp_path: Pa
         assert [w["rank"] for w in run["workers"]] == [0, 1, 2]
         assert all(w["tx_bytes"] > 0 for w in run["workers"])
         assert len(run["curve"]["steps"]) == 2 and len(run["curve"]["epochs"]) == 2
+        assert run["parameters"] == PARAMETERS
+        # The training's CPU-seconds are its parts' sum, each measured (the ranks' work > 0).
+        parts = (run["rank_cpu_s"], run["aggregator_cpu_s"], run["softirq_s"])
+        assert run["rank_cpu_s"] > 0 and min(parts) >= 0
+        assert run["cpu_s"] == pytest.approx(sum(parts))
         for r in range(3):
             assert (cfg.out / mode / f"worker{r}.log").stat().st_size > 0
     ina = results["runs"]["ina"]
@@ -69,6 +75,8 @@ def test_star_three_workers_two_steps_through_the_python_aggregator(tmp_path: Pa
     assert_sent_once_plus_retransmissions(ina["fabric"], 3 * 2 * chunks)
     assert ina["fabric"]["saturated"] == 0
     assert results["runs"]["gloo"]["verify"] is None
+    assert results["runs"]["gloo"]["aggregator_cpu_s"] == 0  # gloo's ring has no aggregator
+    assert ina["aggregator_cpu_s"] > 0
     assert (cfg.out / PLOT).stat().st_size > 0
 
 
