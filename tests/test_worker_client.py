@@ -539,11 +539,12 @@ def test_a_stalled_window_re_sends_one_chunk_per_check(cwnd: str) -> None:
 
 
 def test_a_stall_whose_first_copies_were_lost_re_sends_them_all() -> None:
-    """Every first copy is lost: each stall re-sends the oldest chunk, whose result comes
-    back with no notice before it, so the held chunks are taken as lost and re-sent at once."""
+    """Every first copy is lost: each stall of the adaptive window re-sends the oldest chunk,
+    whose result comes back with no notice before it, so the held chunks are taken as lost and
+    re-sent at once."""
     x = powers_of_two(64 * 24, seed=12)
     with fake(drop_first_in_slots=frozenset(range(8))) as agg, client_for(
-        agg.address, timeout=0.02, deadline=5.0
+        agg.address, timeout=0.02, deadline=5.0, cwnd="adaptive"
     ) as client:
         np.testing.assert_array_equal(client.allreduce(x), x)
         stats = client.stats

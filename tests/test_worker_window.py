@@ -151,3 +151,24 @@ def test_c_window_gives_the_python_windows_doubles() -> None:
             assert lib.ncw_cwnd_limit(c) == reference.limit
         if mode == "adaptive":  # the run went through every rule
             assert reference.stalls > 0 and reference.limit < 48
+
+
+def test_a_client_keeps_the_whole_pool_unless_asked_for_the_adaptive_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default is the fixed window (docs/reliability.md's A/B); ``cwnd`` or
+    ``$NCINA_CWND`` choose, the argument first; anything else is refused by name."""
+    from ncina.worker.client import _choose_window
+    from ncina.worker.window import WINDOW_ENV
+
+    monkeypatch.delenv(WINDOW_ENV, raising=False)
+    assert _choose_window(None) == "fixed"
+    assert _choose_window("adaptive") == "adaptive"
+    monkeypatch.setenv(WINDOW_ENV, "adaptive")
+    assert _choose_window(None) == "adaptive"
+    assert _choose_window("fixed") == "fixed"
+    monkeypatch.setenv(WINDOW_ENV, "cubic")
+    with pytest.raises(ValueError, match="NCINA_CWND must be one of"):
+        _choose_window(None)
+    with pytest.raises(ValueError, match="cwnd must be one of"):
+        _choose_window("reno")

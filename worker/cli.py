@@ -122,7 +122,7 @@ def add_data_path_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cwnd", choices=WINDOW_MODES, default=None,
         help=f"slots in flight: adaptive (a delay-based congestion window, at most the pool; "
-        f"docs/reliability.md) or fixed (the whole pool); default: ${WINDOW_ENV}, else adaptive",
+        f"docs/reliability.md) or fixed (the whole pool); default: ${WINDOW_ENV}, else fixed",
     )
 
 

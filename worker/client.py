@@ -189,9 +189,10 @@ class AllreduceClient:
 
     ``cwnd`` chooses how many slots are in flight (``ncina.worker.window``, docs/reliability.md,
     "The congestion window"): ``"adaptive"`` (a delay-based congestion window, at most the pool)
-    or ``"fixed"`` (the whole pool, as before the window existed); None takes ``$NCINA_CWND``,
-    else ``"adaptive"``. The window (``congestion``) lives as long as the client, on both data
-    paths, like the RTO.
+    or ``"fixed"`` (the whole pool); None takes ``$NCINA_CWND``, else ``"fixed"`` (the A/B in
+    docs/reliability.md: the adaptive window takes copies off the wire but costs link use and
+    slows recovery from heavy random loss). The window (``congestion``) lives as long as the
+    client, on both data paths, like the RTO.
 
     Before its first chunk the client sends its job descriptor (docs/protocol.md, "Job
     handshake"; the first one already when it is made) every ``HANDSHAKE_INTERVAL`` seconds
@@ -938,8 +939,8 @@ def _destination(out: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _choose_window(requested: str | None) -> str:
-    """The window mode asked for, else ``$NCINA_CWND``, else ``"adaptive"``; checked."""
-    mode = requested or os.environ.get(WINDOW_ENV) or "adaptive"
+    """The window mode asked for, else ``$NCINA_CWND``, else ``"fixed"``; checked."""
+    mode = requested or os.environ.get(WINDOW_ENV) or "fixed"
     if mode not in WINDOW_MODES:
         where = "cwnd" if requested else WINDOW_ENV
         raise ValueError(f"{where} must be one of {WINDOW_MODES}, got {mode!r}")
