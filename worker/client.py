@@ -111,7 +111,7 @@ log = logging.getLogger(__name__)
 RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT}
 OPS = ("mean", "sum")
 MODES = ("ina", "server")
-DATA_PATHS = ("c", "python")
+DATA_PATHS = ("c", "python")  # the default first
 DATA_PATH_ENV = "NCINA_DATA_PATH"  # overrides the default data path ("c") when data_path is None
 SOCKET_BUFFER = 4 << 20  # requested SO_RCVBUF/SO_SNDBUF; the kernel caps it at rmem_max/wmem_max
 
@@ -938,22 +938,24 @@ def _destination(out: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return out.reshape(-1)
 
 
+def _choose(requested: str | None, name: str, env: str, choices: tuple[str, ...]) -> str:
+    """The choice asked for (argument ``name``), else ``$env``, else the first of ``choices``;
+    a value not among them is refused naming where it came from."""
+    value = requested or os.environ.get(env) or choices[0]
+    if value not in choices:
+        where = name if requested else env
+        raise ValueError(f"{where} must be one of {choices}, got {value!r}")
+    return value
+
+
 def _choose_window(requested: str | None) -> str:
     """The window mode asked for, else ``$NCINA_CWND``, else ``"fixed"``; checked."""
-    mode = requested or os.environ.get(WINDOW_ENV) or "fixed"
-    if mode not in WINDOW_MODES:
-        where = "cwnd" if requested else WINDOW_ENV
-        raise ValueError(f"{where} must be one of {WINDOW_MODES}, got {mode!r}")
-    return mode
+    return _choose(requested, "cwnd", WINDOW_ENV, WINDOW_MODES)
 
 
 def _choose_data_path(requested: str | None) -> str:
     """The data path asked for, else ``$NCINA_DATA_PATH``, else ``"c"``; checked."""
-    path = requested or os.environ.get(DATA_PATH_ENV) or "c"
-    if path not in DATA_PATHS:
-        where = "data_path" if requested else DATA_PATH_ENV
-        raise ValueError(f"{where} must be one of {DATA_PATHS}, got {path!r}")
-    return path
+    return _choose(requested, "data_path", DATA_PATH_ENV, DATA_PATHS)
 
 
 def _restarted(

@@ -12,7 +12,7 @@ start in order, each when the window has room and its slot is free.
 
 from __future__ import annotations
 
-WINDOW_MODES = ("adaptive", "fixed")
+WINDOW_MODES = ("fixed", "adaptive")  # the default first (docs/reliability.md: why)
 WINDOW_ENV = "NCINA_CWND"  # the mode when the client is given none
 
 
