@@ -327,6 +327,16 @@ def _widen_table(k: int) -> list[str]:
     ]
 
 
+WIDEN_RESULT = (
+    "        if (meta.send != OUT_NONE) {",
+    "            meta.wide = 1;",
+    "            widen.apply();",
+    "        }",
+)
+"""LaneSums' apply: a packet that leaves (a result) gets its int lanes made valid, by the widen
+table (the TNA program and the twin: the same text, at their own place in the block)."""
+
+
 def lanes_p4(k: int) -> str:
     """``lanes.p4``: the controls ``CheckCodes`` and ``LaneSums`` for ``k`` lanes."""
     out = [
@@ -346,10 +356,7 @@ def lanes_p4(k: int) -> str:
         "    apply {",
         *_each(k, _apply_sums, 8),
         *_each(k, _ingress_sign, 8),
-        "        if (meta.send != OUT_NONE) {",
-        "            meta.wide = 1;",
-        "            widen.apply();",
-        "        }",
+        *WIDEN_RESULT,
         "    }",
         "}",
         "",
@@ -406,10 +413,7 @@ def twin_lanes_p4(k: int) -> str:
         "    apply {",
         "        bit<32> index = (bit<32>)meta.slot_index;",
         "        bit<32> sum;",
-        "        if (meta.send != OUT_NONE) {",
-        "            meta.wide = 1;",
-        "            widen.apply();",
-        "        }",
+        *WIDEN_RESULT,
         *_each(k, _twin_sums, 8),
         "    }",
         "}",
