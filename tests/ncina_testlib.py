@@ -13,7 +13,9 @@ back, every earlier packet has been handled.
 from __future__ import annotations
 
 import collections
+import selectors
 import socket
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -282,47 +284,49 @@ def assert_sent_once_plus_retransmissions(fabric: dict[str, Any], chunks: int) -
     )
 
 
-class HoldingRelay:
-    """A UDP relay between ``ranks`` workers and an aggregator, one socket pair per rank (so the
-    aggregator sees one address per rank), that stops forwarding either way once rank 0 has
-    received ``hold_after`` datagrams from the aggregator: the workers then stand still at that
-    point, whatever the machine's speed, until :meth:`release` (a test restarts the aggregator
-    meanwhile). ``held`` is set while it holds; ``address(rank)`` is where rank ``rank`` sends."""
+class RankRelay(threading.Thread):
+    """A UDP relay on loopback between ``ranks`` workers and an aggregator, one socket pair per
+    rank (so the aggregator sees one address per rank), on a thread of its own: rank ``rank``
+    sends to ``address(rank)``. Subclasses decide per datagram: ``uplink`` (a worker's: forward
+    it, and take its source as the rank's address?) and ``downlink`` (the aggregator's: forward
+    it to the rank?). ``error`` is what stopped the thread early, if anything (a dead relay
+    looks like a hang to the test)."""
 
     def __init__(self, aggregator: Address, ranks: int) -> None:
-        import selectors
-        import threading
-
+        super().__init__(daemon=True)
         self.aggregator = aggregator
         self.selector = selectors.DefaultSelector()
-        self.front: list[socket.socket] = []
-        self.back: list[socket.socket] = []
+        self.front: list[socket.socket] = []  # where rank r sends
+        self.back: list[socket.socket] = []  # rank r's socket towards the aggregator
         for rank in range(ranks):
             for side, sockets in (("front", self.front), ("back", self.back)):
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 sock.bind(("127.0.0.1", 0))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
                 sock.setblocking(False)
                 self.selector.register(sock, selectors.EVENT_READ, (side, rank))
                 sockets.append(sock)
         self.workers: list[Address | None] = [None] * ranks
-        self.received = 0  # datagrams rank 0 got from the aggregator
-        self.hold_after: int | None = None
-        self.held = threading.Event()
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._forward, daemon=True)
-        self.thread.start()
+        self.error: BaseException | None = None
 
     def address(self, rank: int) -> Address:
         return self.front[rank].getsockname()
 
-    def hold_at(self, count: int) -> None:
-        """Hold once rank 0 has received ``count`` datagrams in all."""
-        self.held.clear()
-        self.hold_after = count
+    def uplink(self, rank: int, data: bytes) -> bool:
+        """Whether rank ``rank``'s datagram goes on to the aggregator."""
+        return True
 
-    def release(self) -> None:
-        self.hold_after = None
-        self.held.clear()
+    def downlink(self, rank: int, data: bytes) -> bool:
+        """Whether the aggregator's datagram for rank ``rank`` goes on to it."""
+        return True
+
+    def run(self) -> None:
+        try:
+            self._forward()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+            raise
 
     def _forward(self) -> None:
         while not self.stopping.is_set():
@@ -333,22 +337,50 @@ class HoldingRelay:
                         data, source = entry.fileobj.recvfrom(65535)  # type: ignore[union-attr]
                     except BlockingIOError:
                         break
-                    if self.held.is_set():
-                        continue  # dropped both ways: the aggregator is "gone"
                     if side == "front":
-                        self.workers[rank] = source
-                        self.back[rank].sendto(data, self.aggregator)
-                        continue
-                    worker = self.workers[rank]
-                    if worker is not None:
-                        self.front[rank].sendto(data, worker)
-                    if rank == 0:
-                        self.received += 1
-                        if self.hold_after is not None and self.received >= self.hold_after:
-                            self.held.set()
+                        if self.uplink(rank, data):
+                            self.workers[rank] = source
+                            self.back[rank].sendto(data, self.aggregator)
+                    elif self.downlink(rank, data) and self.workers[rank] is not None:
+                        self.front[rank].sendto(data, self.workers[rank])
 
     def stop(self) -> None:
         self.stopping.set()
-        self.thread.join()
+        self.join()
         for sock in (*self.front, *self.back):
             sock.close()
+
+
+class HoldingRelay(RankRelay):
+    """A ``RankRelay``, started at once, that stops forwarding either way once rank 0 has
+    received ``hold_after`` datagrams from the aggregator: the workers then stand still at that
+    point, whatever the machine's speed, until :meth:`release` (a test restarts the aggregator
+    meanwhile). ``held`` is set while it holds."""
+
+    def __init__(self, aggregator: Address, ranks: int) -> None:
+        super().__init__(aggregator, ranks)
+        self.received = 0  # datagrams rank 0 got from the aggregator
+        self.hold_after: int | None = None
+        self.held = threading.Event()
+        self.start()
+
+    def hold_at(self, count: int) -> None:
+        """Hold once rank 0 has received ``count`` datagrams in all."""
+        self.held.clear()
+        self.hold_after = count
+
+    def release(self) -> None:
+        self.hold_after = None
+        self.held.clear()
+
+    def uplink(self, rank: int, data: bytes) -> bool:
+        return not self.held.is_set()  # dropped both ways while held: the aggregator is "gone"
+
+    def downlink(self, rank: int, data: bytes) -> bool:
+        if self.held.is_set():
+            return False
+        if rank == 0:
+            self.received += 1
+            if self.hold_after is not None and self.received >= self.hold_after:
+                self.held.set()  # this one still goes through
+        return True

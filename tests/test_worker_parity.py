@@ -17,9 +17,6 @@ re-compression draws its random stream in that order).
 from __future__ import annotations
 
 import json
-import selectors
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +29,7 @@ from ncina.proto.header import FLAG_RETX, HEADER
 from ncina.worker import cpath
 from ncina.worker.client import AllreduceClient
 from ncina.worker.timing import RtoEstimator
-from ncina_testlib import start_aggregator
+from ncina_testlib import RankRelay, start_aggregator
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,63 +40,20 @@ Key = tuple[int, int, int, int, int]  # call, slot, pool version, offset, flags
 MARK = b"end of call"
 
 
-class Relay(threading.Thread):
-    """Forwards each rank's datagrams to the aggregator through a socket of its own (so the
-    aggregator sees one address per rank) and the replies back, recording the uplink."""
+class Relay(RankRelay):
+    """A ``RankRelay`` that records the uplink: per rank, per call, the datagrams (a MARK from
+    the rank starts the next call's list and goes no further)."""
 
     def __init__(self, aggregator: Address, ranks: int) -> None:
-        super().__init__(daemon=True)
-        self.aggregator = aggregator
-        self.selector = selectors.DefaultSelector()
-        self.front: list[socket.socket] = []  # where rank r sends
-        # Per rank, per call, the datagrams (a MARK starts the next call's list).
-        self.uplink: list[list[list[bytes]]] = [[[]] for _ in range(ranks)]
-        self.workers: list[Address | None] = [None] * ranks
-        self.back: list[socket.socket] = []  # rank r's socket towards the aggregator
-        for rank in range(ranks):
-            for side, sockets in (("front", self.front), ("back", self.back)):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                sock.bind(("127.0.0.1", 0))
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-                sock.setblocking(False)
-                self.selector.register(sock, selectors.EVENT_READ, (side, rank))
-                sockets.append(sock)
-        self.stopping = threading.Event()
-        self.error: BaseException | None = None  # what stopped the relay early, if anything
+        super().__init__(aggregator, ranks)
+        self.uplink_of: list[list[list[bytes]]] = [[[]] for _ in range(ranks)]
 
-    def address(self, rank: int) -> Address:
-        return self.front[rank].getsockname()
-
-    def run(self) -> None:
-        try:
-            self.forward()
-        except BaseException as exc:  # reported by the test (a dead relay looks like a hang)
-            self.error = exc
-            raise
-
-    def forward(self) -> None:
-        while not self.stopping.is_set():
-            for entry, _ in self.selector.select(0.05):
-                side, rank = entry.data
-                while True:
-                    try:
-                        data, source = entry.fileobj.recvfrom(65535)  # type: ignore[union-attr]
-                    except BlockingIOError:
-                        break
-                    if side == "front" and data == MARK:
-                        self.uplink[rank].append([])
-                    elif side == "front":
-                        self.workers[rank] = source
-                        self.uplink[rank][-1].append(data)
-                        self.back[rank].sendto(data, self.aggregator)
-                    elif self.workers[rank] is not None:
-                        self.front[rank].sendto(data, self.workers[rank])
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join()
-        for sock in (*self.front, *self.back):
-            sock.close()
+    def uplink(self, rank: int, data: bytes) -> bool:
+        if data == MARK:
+            self.uplink_of[rank].append([])
+            return False
+        self.uplink_of[rank][-1].append(data)
+        return True
 
 
 @contextmanager
@@ -171,9 +125,9 @@ def run_job(
         finally:
             for c in clients:
                 c.close()
-        while any(len(u) <= len(tensors[0]) for u in relay.uplink):  # the last MARKs
+        while any(len(u) <= len(tensors[0]) for u in relay.uplink_of):  # the last MARKs
             time.sleep(0.01)
-        return results, [[list(c) for c in u] for u in relay.uplink], stats
+        return results, [[list(c) for c in u] for u in relay.uplink_of], stats
 
 
 def by_key(calls: list[list[bytes]]) -> dict[Key, bytes]:
