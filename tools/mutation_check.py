@@ -87,6 +87,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the Python data path gives up after half the deadline (its message still says 1 s)",
     ),
     Mutation(
+        "result-rounding-ignores-seed", "aggregator/slots.py",
+        "nc8.result_key(self._result_seed, ", "nc8.result_key(0, ",
+        ("tests/test_aggregator_slots.py::test_nc8_results_are_seeded",),
+        "the aggregator's nc8 result rounding draws the same bits whatever the job's seed",
+    ),
+    Mutation(
         "bench-codec-without-agreement", "ncina/bench/codec.py",
         '        figures["identical_codes"] = bool(np.array_equal(codes["c"], codes["numpy"]))\n',
         "        pass\n",
