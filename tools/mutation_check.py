@@ -79,6 +79,22 @@ MUTATIONS: tuple[Mutation, ...] = (
         " the round trips and every constant vector fails (n = 1 is its own reverse, 0 empty)",
     ),
     Mutation(
+        "qsgd-half-the-levels", "proto/compressors/qsgd.py",
+        "        n, d = v.size, self._d(v.size)\n",
+        "        n, d = v.size, self._d(v.size)\n"
+        "        self = type(self)(s=max(self.s // 2, 1), bucket=self.bucket,"
+        " encoding=self.encoding)\n",
+        ("tests/test_compressors_stats.py::test_qsgd_variance_bound",),
+        "QSGD quantizes to half its levels (and says so in its header): within the worst-case"
+        " bound, 4x the Gaussian expectation",
+    ),
+    Mutation(
+        "train-statistics-median-is-min", "mininet/report.py",
+        '{"median": median, "min": ordered[0]', '{"median": ordered[0], "min": ordered[0]',
+        ("tests/test_train_loopback.py::test_ina_and_gloo_runs_and_their_summary",),
+        "the repeats' statistics report the minimum as the median",
+    ),
+    Mutation(
         "deadline-halved", "worker/transfer.py",
         "        if now - last_progress >= self.deadline:\n",
         "        if now - last_progress >= self.deadline / 2:\n",
