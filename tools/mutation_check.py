@@ -8,9 +8,10 @@ named tests run there. The mutation is caught when pytest says tests failed (exi
 failure, or an error in a test's setup); a collection or import error (exit status 2, the
 mutation broke the tree rather than the behaviour) is not a catch.
 
-Run: ``.venv/bin/python tools/mutation_check.py`` (all), ``-k NAME`` (mutations whose name
-contains NAME), ``--list``. ``tests/test_mutations.py`` runs it as part of ``make test``
-(marked slow); docs/architecture.md, "Tests that can fail", says what each mutation is.
+Run: ``.venv/bin/python tools/mutation_check.py`` (all, a few minutes: before each release and
+after changing a test named here), ``-k NAME`` (mutations whose name contains NAME),
+``--list``. ``tests/test_mutations.py`` runs the quick ones (seconds each) in ``make test``;
+docs/architecture.md, "Tests that can fail", describes the check.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class Mutation:
     tests: tuple[str, ...]
     why: str
     every: bool = False  # every selected test must fail, not just one
+    # Its tests take a minute or more (a training run, the sanitized build): run by this
+    # script (before a release), not by make test's tests/test_mutations.py.
+    heavy: bool = False
 
 
 NEGATE_AND_REVERSE = (
@@ -93,6 +97,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         '{"median": median, "min": ordered[0]', '{"median": ordered[0], "min": ordered[0]',
         ("tests/test_train_loopback.py::test_ina_and_gloo_runs_and_their_summary",),
         "the repeats' statistics report the minimum as the median",
+        heavy=True,
     ),
     Mutation(
         "deadline-halved", "worker/transfer.py",
@@ -130,6 +135,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "#endif\n",
         ("tests/test_sanitizers.py",),
         "the C codec does not compile under ASan (it does without)",
+        heavy=True,
     ),
 )
 
@@ -205,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [m for m in MUTATIONS if args.k in m.name]
     if args.list or not chosen:
         for m in MUTATIONS:
-            print(f"{m.name}: {m.why}")
+            print(f"{m.name}{' (heavy)' if m.heavy else ''}: {m.why}")
         return 0 if chosen or args.list else 2
     missed = []
     for mutation in chosen:
