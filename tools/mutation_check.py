@@ -114,6 +114,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the aggregator's nc8 result rounding draws the same bits whatever the job's seed",
     ),
     Mutation(
+        "faults-ignore-seed", "aggregator/faults.py",
+        "np.random.default_rng(config.seed)", "np.random.default_rng(0)",
+        ("tests/test_faults.py::test_same_seed_same_faults",),
+        "the emulated faults draw the same decisions whatever their seed",
+    ),
+    Mutation(
         "bench-codec-without-agreement", "ncina/bench/codec.py",
         '        figures["identical_codes"] = bool(np.array_equal(codes["c"], codes["numpy"]))\n',
         "        pass\n",
