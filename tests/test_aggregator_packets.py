@@ -533,6 +533,10 @@ def test_random_datagrams_never_break_the_aggregator(pair: Cluster) -> None:
         stranger.close()
     change = delta(before, after, PAIR_JOB)
     assert after["global"]["drops"]["internal_error"] == 0
+    # The counters exist (a missing one is not "unchanged"); delta leaves out those that did
+    # not change, hence get(name, 0) below.
+    named = {"job.contributions", "job.slots_completed", "job.packets_in", "global.packets_in"}
+    assert named <= set(counters(after, PAIR_JOB))
     assert change.get("job.contributions", 0) == 0 and change.get("job.slots_completed", 0) == 0
     assert change["job.results_resent"] == 12  # the pings, and nothing else was answered
     assert change.get("job.packets_in", 0) + change.get("global.packets_in", 0) == sent + 12

@@ -64,8 +64,8 @@ def test_lossy_links_through_the_p4_switch_recover_and_its_pcaps_decode(tmp_path
     assert job["slots_completed"] == 2 * math.ceil(17226 / cfg.k)
     pcaps = sorted((cfg.out / "ina" / "pcaps").glob("*.pcap"))
     assert len(pcaps) == 2 * cfg.workers  # a port per rank, in and out
-    if TSHARK is None:
-        return  # decoded where tshark is installed (make setup installs it)
+    if TSHARK is None:  # the checks above passed; the capture's decoding was not checked
+        pytest.skip("tshark is not installed (make setup installs it): the capture is undecoded")
     frames = 0
     for pcap in pcaps:
         udp = [p for p in rdpcap(str(pcap)) if UDP in p]  # (ARP shares the ports)

@@ -102,8 +102,8 @@ def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
     assert job["slots_completed"] == LOSSY_STEPS * math.ceil(PARAMETERS / cfg.k)
     assert job["drops"]["bad_tag"] == 0 and ina["fabric"]["bad_tag"] == 0
     assert "tagged" in (cfg.out / "ina" / "aggregator0.log").read_text()  # the job has a key
-    if TSHARK is None:
-        return  # the capture is checked where tshark is installed (make setup installs it)
+    if TSHARK is None:  # the checks above passed; the capture's decoding was not checked
+        pytest.skip("tshark is not installed (make setup installs it): the capture is undecoded")
     datagrams = check_capture(cfg.out / "ina" / "pcaps" / "aggregator0.pcap", key=key)
     pieces = [d for payload, _ in datagrams for d in segments(payload)]
     assert all(d[1] & FLAG_TAG for d in pieces)

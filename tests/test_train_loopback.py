@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -94,16 +95,27 @@ def test_ina_and_gloo_runs_and_their_summary(
     assert fabric["bytes_sent"] / WORLD < 2 * (WORLD - 1) / WORLD * 4 * PARAMETERS * STEPS
     assert_sent_once_plus_retransmissions(fabric, WORLD * STEPS * CHUNKS)
     assert runs["ina"]["aggregators"][0]["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS
-    # Two repeats of INA (the same summary twice, so the statistics are exact), one of gloo.
-    results = report.write(tmp_path, {"test": True},
-                           {"ina": [runs["ina"], runs["ina"]], "gloo": [runs["gloo"]]})
+    # Four repeats of INA, the run and three copies with every statistic's field scaled (so
+    # that median, min and max differ, and four makes the median the mean of the middle two),
+    # one of gloo (each statistic its own value): compared with the standard library's median.
+    fields = [f for f in report.STATISTICS if runs["ina"].get(f) is not None]
+    assert {"time_s", "bytes_per_worker", "final_accuracy"} <= set(fields)
+    ina_repeats = [runs["ina"], *({**runs["ina"], **{f: runs["ina"][f] * scale for f in fields}}
+                                  for scale in (3.0, 0.5, 2.0))]  # fmt: skip
+    results = report.write(tmp_path, {"test": True}, {"ina": ina_repeats, "gloo": [runs["gloo"]]})
     comparison = {"bytes_ratio", "time_ratio", "accuracy_delta", "speedup"}
     assert set(results["comparison"]) == comparison
-    assert results["runs"] == runs and len(results["repeats"]["ina"]) == 2
-    time_s = runs["ina"]["time_s"]
-    assert results["statistics"]["ina"]["time_s"] == {"median": time_s, "min": time_s,
-                                                     "max": time_s}  # fmt: skip
-    assert "exposed_comm_s" in results["statistics"]["gloo"]
+    assert results["runs"] == runs and len(results["repeats"]["ina"]) == 4
+    for f in fields:
+        values = [r[f] for r in ina_repeats]
+        want = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        assert results["statistics"]["ina"][f] == pytest.approx(want), f
+    gloo_fields = [f for f in report.STATISTICS if runs["gloo"].get(f) is not None]
+    assert "exposed_comm_s" in gloo_fields
+    assert results["statistics"]["gloo"] == {
+        f: {"median": runs["gloo"][f], "min": runs["gloo"][f], "max": runs["gloo"][f]}
+        for f in gloo_fields
+    }
     assert "median [min, max]: time s" in capsys.readouterr().out
     assert (tmp_path / report.PLOT).stat().st_size > 0
 

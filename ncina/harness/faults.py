@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,10 @@ class FaultRun:
     seconds: float  # from the first worker's start until the last surviving worker returned
     retransmissions: int  # summed over the surviving workers
     killed_at: int  # slots the aggregator had completed when the process was killed
+    # Each surviving worker's return (time.monotonic), and a time before every worker's last
+    # progress (kill_when): a deadline after the last progress ends no call before it + deadline.
+    ends: list[float] = field(default_factory=list)
+    progress_after: float = 0.0
     # From the restarted aggregator's readiness until the last worker returned (None: no
     # restart): the workers' recovery (handshake, agreement, the call redone or served).
     recovery_s: float | None = None
@@ -122,17 +126,21 @@ def _await_handshake(child: subprocess.Popen[bytes], aggregator: RunningAggregat
 
 
 def kill_when(proc: subprocess.Popen[bytes], aggregator: RunningAggregator,
-               completed: int) -> int:  # fmt: skip
+               completed: int) -> tuple[int, float]:  # fmt: skip
     """SIGKILL ``proc`` (by PID) once the aggregator has completed ``completed`` slots; return
-    the number it had then."""
+    the number it had then, and a time before which slot ``completed`` was not complete (the
+    start of the last read that found fewer; ``time.monotonic``): every worker's last
+    progress came after it."""
+    unfinished_at = time.monotonic()
     while (done := _job_counter(aggregator, "slots_completed")) < completed:
         if proc.poll() is not None:
             raise RuntimeError(f"the process to kill exited ({proc.returncode}) after {done} "
                                f"of the {completed} slots it was to see completed")
         time.sleep(0.005)
+        unfinished_at = time.monotonic()
     proc.kill()
     proc.wait()
-    return done
+    return done, unfinished_at
 
 
 def _survivors(inputs: list[np.ndarray], address: tuple[str, int], ranks: range, *, k: int,
@@ -154,10 +162,13 @@ def _survivors(inputs: list[np.ndarray], address: tuple[str, int], ranks: range,
     return [pool.submit(worker, rank) for rank in ranks]
 
 
-def _fault_run(futures: list[Any], began: float, killed_at: int, killed: list[None],
+def _fault_run(futures: list[Any], began: float, kill: tuple[int, float], killed: list[None],
                restarted: float | None = None) -> FaultRun:  # fmt: skip
     done = [f.result() for f in futures]
+    killed_at, progress_after = kill
     return FaultRun(
+        ends=[d[2] for d in done],
+        progress_after=progress_after,
         recovery_s=None if restarted is None else max(d[2] for d in done) - restarted,
         outcomes=[d[0] for d in done] + killed,  # type: ignore[operator]
         seconds=max(d[2] for d in done) - began,
@@ -190,11 +201,11 @@ def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: in
                 began = time.monotonic()
                 futures = _survivors(inputs, address, range(workers - 1), k=k, result=result,
                                      deadline=deadline, pool=pool)  # fmt: skip
-                killed_at = kill_when(child, aggregator, at)
+                kill = kill_when(child, aggregator, at)
             finally:
                 child.kill()
                 child.wait()
-            return _fault_run(futures, began, killed_at, [None])
+            return _fault_run(futures, began, kill, [None])
     finally:
         aggregator.stop()
 
@@ -215,10 +226,10 @@ def allreduce_across_restart(inputs: list[np.ndarray], workdir: Path, *, k: int,
             futures = _survivors(inputs, address, range(workers), k=k, result=result,
                                  deadline=deadline, pool=pool,
                                  restart_retries=restart_retries)  # fmt: skip
-            killed_at = kill_when(aggregator.process, aggregator, at)
+            kill = kill_when(aggregator.process, aggregator, at)
             aggregator = start_aggregator("python", workdir / "second", listen=f"{address[0]}:"
                                           f"{address[1]}", extra=["--generation", "2"], **job)
-            return _fault_run(futures, began, killed_at, [], time.monotonic())
+            return _fault_run(futures, began, kill, [], time.monotonic())
     finally:
         aggregator.stop()
 
