@@ -317,7 +317,8 @@ def train(
     if getattr(args, "backend", "gloo") == "ncina":
         pass  # no comm hook: DDP's own all-reduce goes to the ncina process group
     elif fabric:
-        hook = InaHookState(fabric, fallback=args.fallback)
+        # The per-bucket agreement gets a gloo group of its own (torch_hook's module doc).
+        hook = InaHookState(fabric, fallback=args.fallback, group=dist.new_group(backend="gloo"))
         if args.verify:
             verify = VerifyingState(hook)
             model.register_comm_hook(verify, verifying_hook)
