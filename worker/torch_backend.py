@@ -86,10 +86,11 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any]]] = {
     "NCINA_EXACT_BELOW": ("exact_below", int),
     "NCINA_EXACT": ("exact", lambda s: _flag("NCINA_EXACT", s)),
 }
-# Below this many elements an all-reduce is exact (gloo): measured on loopback, the INA
-# path's fixed cost (the thread hand-off, the agreement, the slot round trips) exceeds what
-# NC8 saves up to about this size (docs/pytorch.md, "Exact, lossy, non-finite, range").
-DEFAULT_EXACT_BELOW = 65536
+# Below this many elements an all-reduce is exact (gloo): the INA path's fixed cost measured
+# on loopback (~0.5 ms: the thread hand-off, the agreement, the slots' round trips) is repaid
+# by NC8's smaller transfer from ~2K elements at 100 Mbit/s and ~20K at 1 Gbit/s
+# (docs/pytorch.md, "Exact, lossy, non-finite, range").
+DEFAULT_EXACT_BELOW = 16384
 
 
 def _flag(name: str, value: str) -> bool:
