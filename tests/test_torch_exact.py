@@ -153,6 +153,41 @@ def test_random_call_sequences_match_gloo(seen: dict[str, Any]) -> None:
             assert call["equal"], call
 
 
+def test_the_agreed_plan_scales_into_the_window_or_goes_exact() -> None:
+    """The hook's per-call plan from the agreed flags (no processes): the largest magnitude
+    lands in the window's top power, non-finite values and sums past float32 go exact, a
+    compressor's fabric is not scaled."""
+    from types import SimpleNamespace
+
+    from ncina.proto import nc8
+    from ncina.worker.torch_hook import InaHookState
+
+    window = nc8.Window.for_job(2, e_max=10)
+    plain = SimpleNamespace(window=window, compressor=None, mode="ina")
+    state = InaHookState(SimpleNamespace(clients=[plain]))  # type: ignore[arg-type]
+    shift = state._plan(False, 1e6, 2)  # 2**19 <= 1e6 < 2**20
+    assert shift == 10 - 1 - 19 and 2.0**19 * 2.0**shift == 2.0 ** (window.e_max - 1)
+    assert state._plan(False, 2.0**-140, 2) == 10 - 1 + 140  # a subnormal peak, scaled up
+    assert state._plan(False, 0.0, 2) == 0
+    assert state._plan(False, 2.0**125, 2) is not None  # 2 * 2**126 is still finite
+    assert state._plan(False, 2.0**126, 2) is None  # 2 * 2**127 may not be
+    assert state._plan(True, 0.0, 2) is None
+    assert state.exact_calls == {"range": 1, "nonfinite": 1}
+    compressed = SimpleNamespace(window=window, compressor=object(), mode="ina")
+    assert InaHookState(SimpleNamespace(clients=[compressed]))._plan(False, 1e6, 2) == 0  # type: ignore[arg-type]
+    state.close()
+
+
+def test_exact_switches_from_the_environment() -> None:
+    from ncina.worker.torch_backend import DEFAULT_EXACT_BELOW, NcinaOptions
+
+    assert NcinaOptions.from_env({}).exact_below == DEFAULT_EXACT_BELOW
+    options = NcinaOptions.from_env({"NCINA_EXACT": "1", "NCINA_EXACT_BELOW": "0"})
+    assert options.exact and options.exact_below == 0
+    with pytest.raises(ValueError, match=r"\$NCINA_EXACT='maybe'.*1 or 0"):
+        NcinaOptions.from_env({"NCINA_EXACT": "maybe"})
+
+
 # ---- the rank process ----
 
 
@@ -380,7 +415,7 @@ def case_property(rank: int, gloo: Any) -> dict[str, Any]:
         for work, _ in pending:
             work.wait()
         pending.clear()
-        shift_before = getattr(state, "last_shift", 0)  # 0: the code before issue 38
+        shift_before = state.last_shift  # the scale of this call (torch_hook)
         dist.all_reduce(theirs, group=gloo)
         if average:
             theirs /= WORLD
