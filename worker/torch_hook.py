@@ -92,8 +92,11 @@ class InaHookState:
     ``group`` is the process group of the per-call agreement and of the exact path (module
     doc): a gloo ``ProcessGroup`` (or ``Backend``) that only the communication thread uses;
     None: the default group when ``torch.distributed`` is initialized (safe for DDP, whose
-    main thread waits in ``backward()`` while the hook's calls run), else no agreement (one
-    process with a stand-in fabric: the tensor goes to the fabric as it is). ``exact_calls``
+    main thread waits in ``backward()`` while the hook's calls run, but not with
+    ``find_unused_parameters=True``, whose used-parameter all-reduce runs during the backward
+    pass: give a ``dist.new_group(backend="gloo")`` then, as ``ncina train`` always does),
+    else no agreement (one process with a stand-in fabric: the tensor goes to the fabric as it
+    is). ``exact_calls``
     counts the calls that went exact, by reason (``nonfinite``, ``range``); ``last_shift`` is
     the power of two the last INA call was scaled by.
     """
