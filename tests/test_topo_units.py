@@ -250,6 +250,23 @@ def test_sharded_allreduce_writes_each_range_into_the_given_buffer() -> None:
     fabric.close()
 
 
+def test_sharded_allreduce_cuts_shaped_and_0_dim_tensors_by_element() -> None:
+    """Issue 38, case 9: a 16x10 array's 160 elements are 40 chunks of 4, 20 per aggregator
+    (axis 0 sliced by element bounds put all of it on the first), and a 0-dim array is one
+    element (slicing it raised IndexError)."""
+    clients = [FakeClient(4) for _ in range(2)]
+    fabric = ShardedAllreduce(clients)  # type: ignore[arg-type]
+    x = np.arange(160, dtype=np.float32).reshape(16, 10)
+    np.testing.assert_array_equal(fabric.allreduce(x, out=x.copy()), x * 10)
+    assert [c.calls[0].tolist() for c in clients] == [list(range(80)), list(range(80, 160))]
+    scalar = np.array(3.0, dtype=np.float32)
+    assert fabric.allreduce(scalar, out=scalar) is scalar and float(scalar) == 30.0
+    assert fabric.allreduce(np.array(2.0, dtype=np.float32)).shape == ()
+    with pytest.raises(ValueError, match="C-contiguous"):
+        fabric.allreduce(x.T.copy(), out=np.zeros((16, 10), dtype=np.float32).T)
+    fabric.close()
+
+
 def test_sharded_allreduce_needs_one_k() -> None:
     with pytest.raises(ValueError, match="same k"):
         ShardedAllreduce([FakeClient(4), FakeClient(8)])  # type: ignore[list-item]

@@ -61,9 +61,10 @@ class ShardedAllreduce:
         ``x``; ``tensor`` names it for the clients' compressor state
         (``AllreduceClient.allreduce``).
 
-        The mean goes into ``out`` when given (float32 of ``x``'s shape; may be ``x`` itself),
-        each aggregator's range straight into its slice of it, else into a new array; the
-        array is returned.
+        The mean goes into ``out`` when given (float32 of ``x``'s shape, C-contiguous; may be
+        ``x`` itself), each aggregator's range straight into its slice of it, else into a new
+        array; the array is returned. ``x`` may have any shape (0-dim included): the ranges
+        are of its elements in C order.
         """
         if len(self.clients) == 1:
             return self.clients[0].allreduce(x, op, tensor, out=out)
@@ -71,9 +72,13 @@ class ShardedAllreduce:
             out = np.empty(x.shape, dtype=np.float32)
         elif out.shape != x.shape:
             raise ValueError(f"out has shape {out.shape}, the tensor {x.shape}")
-        bounds = shard_bounds(x.size, self.k, len(self.clients))
+        # The ranges are of elements: cut the flat views (a shaped tensor's axis 0 is not its
+        # elements, and a 0-dim one has no axis to slice).
+        flat, flat_out = np.reshape(x, -1), _flat_view(out)
+        bounds = shard_bounds(flat.size, self.k, len(self.clients))
         futures = [
-            self._pool.submit(client.allreduce, x[start:stop], op, tensor, out=out[start:stop])
+            self._pool.submit(client.allreduce, flat[start:stop], op, tensor,
+                              out=flat_out[start:stop])
             for client, (start, stop) in zip(self.clients, bounds, strict=True)
             if stop > start
         ]
@@ -99,3 +104,11 @@ class ShardedAllreduce:
         self._pool.shutdown()
         for client in self.clients:
             client.close()
+
+
+def _flat_view(out: np.ndarray) -> np.ndarray:
+    """``out`` as a 1-D view of its elements; ``ValueError`` when it has no such view (not
+    C-contiguous), since results written into a copy would be lost."""
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be a C-contiguous array")
+    return out.reshape(-1)

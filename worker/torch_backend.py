@@ -7,9 +7,17 @@ written in Python: ``Backend.register_backend`` with a creator that returns a ``
 subclass, whose methods the C++ callers, DDP's reducer among them, reach through the pybind
 trampoline). It holds two paths:
 
-- **INA**: ``all_reduce`` with ``SUM`` or ``AVG`` of a float32, float16 or bfloat16 tensor (any
-  size, contiguous or not, CPU or CUDA) goes through the aggregator(s) of the job over the INA
-  protocol: the fabric is a :class:`~ncina.worker.sharding.ShardedAllreduce` of
+- **exact**: ``all_reduce`` with ``SUM`` or ``AVG`` of a float tensor of fewer than
+  ``exact_below`` elements (:data:`DEFAULT_EXACT_BELOW`), inside ``with`` :func:`exact`, or on
+  a group made with ``NcinaOptions(exact=True)``, goes to gloo (AVG: gloo's SUM, then divided
+  by the world size in the tensor's dtype);
+- **INA**: the other ``SUM`` or ``AVG`` all-reduces of a dense float32, float16 or bfloat16
+  tensor (any shape, contiguous or not, CPU or CUDA) go through the aggregator(s) of the job
+  over the INA protocol, lossy (NC8), with the hook's per-call agreement
+  (:mod:`ncina.worker.torch_hook`: a non-finite value on any rank sends the call exact on
+  every rank through the group's second gloo group, ``gloo-ina/``; the range follows the
+  call's largest magnitude, so nothing saturates): the fabric is a
+  :class:`~ncina.worker.sharding.ShardedAllreduce` of
   :class:`~ncina.worker.client.AllreduceClient` s and the tensor is handed to the DDP hook's
   communication thread (:meth:`ncina.worker.torch_hook.InaHookState.submit`), so the call
   returns at once with a :class:`NcinaWork` whose future completes when the result is in the
@@ -17,9 +25,12 @@ trampoline). It holds two paths:
   memory, as the hook stages its buckets); any other is reduced in a float32 contiguous copy
   on its device, copied back (cast) when the result is in;
 - **gloo**: every other collective (broadcast, all_gather, reduce_scatter, barrier, all_to_all,
-  send/recv, ...) and the all-reduces INA cannot do (MAX, MIN, PRODUCT, integer tensors,
-  several tensors at once) go to a ``ProcessGroupGloo`` made over the same store, so DDP's
-  parameter broadcast, ZeRO and metric gathering work as with gloo.
+  send/recv, ...) and the all-reduces INA cannot do (MAX, MIN, PRODUCT, integer or sparse
+  tensors, several tensors at once) go to a ``ProcessGroupGloo`` made over the same store, so
+  DDP's parameter broadcast, ZeRO and metric gathering work as with gloo. ``barrier`` first
+  waits for the INA work before it. That gloo group is also the group's registered CPU
+  backend, which gives the group the name ``_functional_collectives`` looks up; their calls
+  still come to :meth:`NcinaProcessGroup.allreduce`.
 
 :attr:`NcinaProcessGroup.paths` counts which path each call took (``"allreduce/ina"``,
 ``"broadcast/gloo"``, ...); :func:`paths` reads it for a group. Only the default group has an
@@ -39,7 +50,8 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -71,7 +83,22 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any]]] = {
     "NCINA_MTU": ("mtu", int),
     "NCINA_DEADLINE": ("deadline", float),
     "NCINA_SEED": ("seed", int),
+    "NCINA_EXACT_BELOW": ("exact_below", int),
+    "NCINA_EXACT": ("exact", lambda s: _flag("NCINA_EXACT", s)),
 }
+# Below this many elements an all-reduce is exact (gloo): the INA path's fixed cost measured
+# on loopback (~0.5 ms: the thread hand-off, the agreement, the slots' round trips) is repaid
+# by NC8's smaller transfer from ~2K elements at 100 Mbit/s and ~20K at 1 Gbit/s
+# (docs/pytorch.md, "Exact, lossy, non-finite, range").
+DEFAULT_EXACT_BELOW = 16384
+
+
+def _flag(name: str, value: str) -> bool:
+    """``1``/``0`` (or ``true``/``false``, ``yes``/``no``) as a bool; ``ValueError`` else."""
+    words = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+    if value.lower() not in words:
+        raise ValueError(f"${name} must be 1 or 0, got {value!r}")
+    return words[value.lower()]
 
 
 @dataclass
@@ -80,7 +107,8 @@ class NcinaOptions:
     same names; environment variables in :data:`ENVIRONMENT`). ``aggregators``: one or more
     ``(host, port)`` (several shard every tensor, as ``ncina train`` does); ``seed`` seeds each
     rank's stochastic rounding with ``(seed << 16) + rank``; ``deadline`` is the client's
-    longest wait for progress (s)."""
+    longest wait for progress (s). ``exact_below``: an all-reduce of fewer elements is exact
+    (gloo); ``exact``: every all-reduce is (the group behaves as gloo, the aggregator idle)."""
 
     aggregators: list[tuple[str, int]] = field(default_factory=list)
     job: int = 1
@@ -92,6 +120,8 @@ class NcinaOptions:
     mtu: int = DEFAULT_MTU
     deadline: float = 30.0
     seed: int = 0
+    exact_below: int = DEFAULT_EXACT_BELOW
+    exact: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> NcinaOptions:
@@ -132,24 +162,64 @@ def make_fabric(options: NcinaOptions, rank: int, workers: int) -> ShardedAllred
 
 class NcinaWork(Work):
     """The ``Work`` of an INA all-reduce: its future completes with ``[tensor]`` once the
-    result is in the tensor; :meth:`wait` raises a failure as ``DistBackendError``."""
+    result is in the tensor; :meth:`wait` raises a failure as ``DistBackendError``, and so
+    does a ``timeout`` (as gloo's ``wait``) that passes first: the all-reduce goes on, and its
+    result still lands in the tensor."""
 
     def __init__(self, future: torch.futures.Future[list[torch.Tensor]]) -> None:
         super().__init__()
         self.future = future
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        seconds = 0.0 if timeout is None else timeout.total_seconds()
+        if seconds > 0 and not self.future.done():  # 0: torch's "no timeout"
+            ended = threading.Event()
+            self.future.add_done_callback(lambda _: ended.set())
+            if not ended.wait(seconds):
+                raise dist.DistBackendError(
+                    f"ncina all_reduce: not complete after the wait's timeout of {seconds:g} s")
         try:
             self.future.wait()
         except Exception as exc:
             raise dist.DistBackendError(f"ncina all_reduce failed: {exc}") from exc
         return True
 
+    def result(self) -> list[torch.Tensor]:
+        """``[tensor]``, once complete (waits; raises as :meth:`wait`)."""
+        self.wait()
+        return self.future.value()
+
     def is_completed(self) -> bool:
         return self.future.done()
 
+    def is_success(self) -> bool:
+        if not self.future.done():
+            raise RuntimeError("is_success: the all-reduce has not completed")
+        try:
+            self.future.value()
+        except Exception:
+            return False
+        return True
+
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         return self.future
+
+
+# Per thread: inside ``with exact():``, all-reduces go exact (see :func:`exact`).
+_LOCAL = threading.local()
+
+
+@contextmanager
+def exact() -> Iterator[None]:
+    """Inside the block, this thread's all-reduces on an ``ncina`` group are exact (gloo),
+    whatever their size: ``with exact(): dist.all_reduce(correct)`` for a metric. Every rank
+    must make the same calls exact (as every rank makes the same calls)."""
+    depth = getattr(_LOCAL, "exact", 0)
+    _LOCAL.exact = depth + 1
+    try:
+        yield
+    finally:
+        _LOCAL.exact = depth
 
 
 class NcinaProcessGroup(dist.ProcessGroup):
@@ -163,11 +233,21 @@ class NcinaProcessGroup(dist.ProcessGroup):
         size: int,
         timeout: timedelta,
         fabric: ShardedAllreduce | None,
+        exact_below: int = DEFAULT_EXACT_BELOW,
+        exact_group: bool = False,
     ) -> None:
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
-        self.state = None if fabric is None else InaHookState(fabric)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM,
+                               self.gloo)  # fmt: skip
+        self.state = None
+        if fabric is not None:  # the per-call agreement's own gloo group (torch_hook's doc)
+            agreement = dist.ProcessGroupGloo(dist.PrefixStore("gloo-ina/", store), rank, size,
+                                              timeout)  # fmt: skip
+            self.state = InaHookState(fabric, group=agreement)
+        self.exact_below = exact_below
+        self.exact_group = exact_group
         self.paths: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -183,6 +263,7 @@ class NcinaProcessGroup(dist.ProcessGroup):
         if self.state is not None:
             self.state.close()
             self.state.fabric.close()
+            self.state.group.shutdown()
         self.gloo.shutdown()
 
     def _count(self, key: str) -> None:
@@ -190,8 +271,12 @@ class NcinaProcessGroup(dist.ProcessGroup):
             self.paths[key] += 1
 
     def ina_op(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> str | None:
-        """``sum`` or ``mean`` when this all-reduce goes through INA, else None."""
-        if self.state is None or len(tensors) != 1 or tensors[0].dtype not in INA_DTYPES:
+        """``sum`` or ``mean`` when this all-reduce could go through INA (one dense float
+        tensor, SUM or AVG), else None."""
+        if self.state is None or len(tensors) != 1:
+            return None
+        tensor = tensors[0]
+        if tensor.dtype not in INA_DTYPES or tensor.layout != torch.strided:  # sparse: gloo
             return None
         return next((op for red, op in INA_OPS.items() if opts.reduceOp == red), None)
 
@@ -203,8 +288,25 @@ class NcinaProcessGroup(dist.ProcessGroup):
         if op is None:
             self._count("allreduce/gloo")
             return self.gloo.allreduce(tensors, opts)
+        tensor = tensors[0]
+        if self.exact_group or getattr(_LOCAL, "exact", 0) or tensor.numel() < self.exact_below:
+            self._count("allreduce/exact")
+            return self._exact_allreduce(tensor, op)
         self._count("allreduce/ina")
-        return NcinaWork(self._ina_allreduce(tensors[0], op))
+        return NcinaWork(self._ina_allreduce(tensor, op))
+
+    def _exact_allreduce(self, tensor: torch.Tensor, op: str) -> Work:
+        """gloo's SUM of ``tensor`` (``op`` "mean": divided by the world size after it, in
+        the tensor's dtype, as ``all_reduce(SUM); t /= world`` on gloo)."""
+        work = self.gloo.allreduce([tensor], dist.AllreduceOptions())
+        if op == "sum":
+            return work
+
+        def divide(result: torch.futures.Future[list[torch.Tensor]]) -> list[torch.Tensor]:
+            result.value()[0].div_(self._size)  # raises gloo's error
+            return [tensor]
+
+        return NcinaWork(work.get_future().then(divide))
 
     def _ina_allreduce(
         self, tensor: torch.Tensor, op: str
@@ -258,6 +360,26 @@ for _name, _target in GLOO_METHODS.items():
     setattr(NcinaProcessGroup, _name, _delegate(_name, _target))
 
 
+def _after_ina(name: str) -> Callable[..., Any]:
+    """A barrier ``name`` of :class:`NcinaProcessGroup` that first waits for the INA
+    all-reduces submitted before it (gloo's barrier waits for the group's earlier work), then
+    is gloo's (counted as ``name/gloo``)."""
+    delegate = _delegate(name, GLOO_METHODS[name])
+
+    def method(self: NcinaProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        if self.state is not None:
+            self.state.drain()
+        return delegate(self, *args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = f"The INA work before it ended, then {delegate.__doc__}"
+    return method
+
+
+for _name in ("barrier", "monitored_barrier"):
+    setattr(NcinaProcessGroup, _name, _after_ina(_name))
+
+
 def create(
     backend_options: dist._DistributedBackendOptions, options: NcinaOptions | None
 ) -> NcinaProcessGroup:
@@ -279,7 +401,10 @@ def create(
         except Exception as exc:
             fabric.close()
             raise dist.DistBackendError(f"ncina: {exc}") from exc
-    return NcinaProcessGroup(store, rank, size, backend_options.timeout, fabric)
+    options = options or NcinaOptions()  # a later group: only the exact switches matter
+    return NcinaProcessGroup(store, rank, size, backend_options.timeout, fabric,
+                             exact_below=options.exact_below,
+                             exact_group=options.exact)  # fmt: skip
 
 
 def paths(group: dist.ProcessGroup | None = None) -> dict[str, int]:
@@ -289,5 +414,8 @@ def paths(group: dist.ProcessGroup | None = None) -> dict[str, int]:
     pg = dist.distributed_c10d._get_default_group() if group is None else group
     if not isinstance(pg, NcinaProcessGroup):
         raise ValueError(f"not an ncina process group: {type(pg).__name__}")
-    return dict(pg.paths)
+    counted = dict(pg.paths)
+    if pg.state is not None:  # INA calls the agreement sent exact (torch_hook's doc)
+        counted.update({f"allreduce/ina-exact:{why}": n for why, n in pg.state.exact_calls.items()})
+    return counted
 

@@ -16,6 +16,18 @@ through gloo instead (``_fall_back``: the ranks first agree on where each one is
 that completed one bucket more than another hands its result over, so that no rank keeps a
 result the others do not have); ``fallen_back`` says why, ``fallback_buckets`` counts them.
 
+**Agreed per call** (docs/pytorch.md, "Exact, lossy, non-finite, range"): before each
+all-reduce the ranks agree, with one exact 16-byte all-reduce (MAX) on :attr:`InaHookState.group`,
+on whether any rank's tensor holds an infinity or a NaN and on the largest magnitude of the
+call. A non-finite value anywhere sends the call, on every rank, through that gloo group
+(exact: the infinities and NaNs land where gloo puts them, so AMP's ``GradScaler`` sees them).
+Otherwise the tensor is scaled by an exact power of two, ``2**shift``, that puts the agreed
+largest magnitude just below the job's ``2**e_max`` (``shift = e_max - 1 - floor(log2(peak))``)
+before NC8 encodes it, and the result is scaled back by ``2**-shift``: the window follows the
+data, so no value saturates; a call whose sum could leave float32's range goes exact too. The
+group is used only by the communication thread, in call order, so its collectives pair up on
+every rank.
+
 A bucket in host memory is all-reduced in place (the fabric writes the mean into it). A CUDA bucket
 goes through :mod:`ncina.worker.staging`: the hook queues its copy into a pinned buffer of its
 own on a copy stream, so the copy of one bucket overlaps the transfer of the previous one; the
@@ -39,8 +51,10 @@ error bounds of natural compression (:mod:`ncina.proto.nc_bounds`).
 
 # No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's annotations
 # with the real dist.GradBucket and torch.futures.Future[torch.Tensor] objects, not strings.
+import math
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +69,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 # Relative slack for float32 rounding of the decoded mean (decode, divide by N).
 FLOAT_SLACK = 2.0**-20
+# A sum below 2**128 is a finite float32.
+MAX_FLOAT32_EXPONENT = 127
+MAX_OPTIONS = dist.AllreduceOptions()
+MAX_OPTIONS.reduceOp = dist.ReduceOp.MAX
 
 
 @dataclass
@@ -70,6 +88,17 @@ class InaHookState:
     ``staging`` holds the pinned buffers of CUDA buckets (:mod:`ncina.worker.staging`; a
     ``BucketStaging(HostCopier())`` stages CPU buckets the same way, for tests). Call
     :meth:`close` when training ends (it waits for the bucket in flight, if any).
+
+    ``group`` is the process group of the per-call agreement and of the exact path (module
+    doc): a gloo ``ProcessGroup`` (or ``Backend``) that only the communication thread uses;
+    None: the default group when ``torch.distributed`` is initialized (safe for DDP, whose
+    main thread waits in ``backward()`` while the hook's calls run, but not with
+    ``find_unused_parameters=True``, whose used-parameter all-reduce runs during the backward
+    pass: give a ``dist.new_group(backend="gloo")`` then, as ``ncina train`` always does),
+    else no agreement (one process with a stand-in fabric: the tensor goes to the fabric as it
+    is). ``exact_calls``
+    counts the calls that went exact, by reason (``nonfinite``, ``range``); ``last_shift`` is
+    the power of two the last INA call was scaled by.
     """
 
     fabric: ShardedAllreduce
@@ -81,6 +110,9 @@ class InaHookState:
     fallback: str | None = None  # "gloo": go on through gloo when the fabric fails
     fallen_back: str = ""  # the fabric's failure that made the hook fall back ("" while not)
     fallback_buckets: int = 0  # buckets all-reduced through gloo after falling back
+    group: Any = None
+    exact_calls: Counter[str] = field(default_factory=Counter)
+    last_shift: int = 0
     _done: int = field(default=0, repr=False)  # buckets the fabric completed
     _last: torch.Tensor | None = field(default=None, repr=False)  # the last one's mean
     _thread: ThreadPoolExecutor = field(
@@ -92,6 +124,10 @@ class InaHookState:
     def close(self) -> None:
         """Stop the communication thread."""
         self._thread.shutdown(wait=True)
+
+    def drain(self) -> None:
+        """Return once every all-reduce submitted so far has ended (completed or failed)."""
+        self._thread.submit(lambda: None).result()
 
     def submit(
         self, buffer: torch.Tensor, index: int, op: str = "mean"
@@ -146,16 +182,24 @@ class InaHookState:
             if self.fallen_back:
                 self._gloo(host)
                 return
-            backup = host.clone() if self.fallback else None  # a failed call may have written
-            array = host.numpy()
-            try:
-                self.fabric.allreduce(array, tensor=index, out=array, op=op)
-            except Exception as exc:
-                if backup is None:
-                    raise
-                host.copy_(backup)
-                self._fall_back(host, exc)
-                return
+            shift = self._agree(host)
+            if shift is None:  # exact, on every rank
+                self._exact(host, op)
+            else:
+                backup = host.clone() if self.fallback else None  # a failed call may write
+                array = host.numpy()
+                try:
+                    if shift:
+                        np.ldexp(array, shift, out=array)  # exact: a power of two
+                    self.fabric.allreduce(array, tensor=index, out=array, op=op)
+                    if shift:
+                        np.ldexp(array, -shift, out=array)
+                except Exception as exc:
+                    if backup is None:
+                        raise
+                    host.copy_(backup)
+                    self._fall_back(host, exc)
+                    return
             self._done += 1
             if self.fallback:
                 self._last = host.clone()
@@ -163,6 +207,53 @@ class InaHookState:
             with self._lock:
                 self.comm_total_s += time.perf_counter() - start
                 self.buckets += 1
+
+    def _group(self) -> Any:
+        """The group of the agreement and the exact path (class doc), or None."""
+        if self.group is not None:
+            return self.group
+        return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+
+    def _agree(self, host: torch.Tensor) -> int | None:
+        """Agree with the other ranks on this call (module doc): None to go exact, else the
+        power of two to scale the tensor by before the fabric (0: as it is)."""
+        group = self._group()
+        if group is None or host.numel() == 0:
+            return 0
+        low, high = (float(v) for v in torch.aminmax(host))  # NaN propagates, inf is kept
+        finite = math.isfinite(low) and math.isfinite(high)
+        flags = torch.tensor([0.0 if finite else 1.0, max(-low, high) if finite else 0.0],
+                             dtype=torch.float64)  # fmt: skip
+        group.allreduce([flags], MAX_OPTIONS).wait()
+        nonfinite, peak = float(flags[0]), float(flags[1])
+        return self._plan(nonfinite > 0, peak, group.size())
+
+    def _plan(self, nonfinite: bool, peak: float, world: int) -> int | None:
+        """The agreed call's path: None (exact) for a non-finite value on some rank or a sum
+        that could leave float32's range, else the scale's exponent (0 for a fabric with a
+        compressor, whose state lives in the tensor's units, or an all-zero call)."""
+        if nonfinite:
+            self.exact_calls["nonfinite"] += 1
+            return None
+        clients = getattr(self.fabric, "clients", ())
+        if peak == 0.0 or not clients or any(
+            c.compressor is not None or c.mode != "ina" for c in clients
+        ):
+            return 0
+        top = math.frexp(peak)[1] - 1  # 2**top <= peak < 2**(top + 1)
+        if top + 1 + (world - 1).bit_length() > MAX_FLOAT32_EXPONENT:
+            self.exact_calls["range"] += 1
+            return None
+        self.last_shift = clients[0].window.e_max - 1 - top
+        return self.last_shift
+
+    def _exact(self, host: torch.Tensor, op: str) -> None:
+        """The sum (``op`` "mean": divided by the group's size) of ``host`` through
+        :meth:`_group`, exact: gloo's result, infinities and NaNs included."""
+        group = self._group()
+        group.allreduce([host], dist.AllreduceOptions()).wait()
+        if op == "mean":
+            host.div_(group.size())
 
     def _fall_back(self, host: torch.Tensor, exc: Exception) -> None:
         """The fabric failed on this bucket (``host``, its input restored): from now on every

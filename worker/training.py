@@ -259,7 +259,9 @@ def run_rank(args: argparse.Namespace) -> None:
 
 def backend_options(args: argparse.Namespace) -> Any:
     """``--backend ncina``: the job's options for the process group (the aggregators, job and
-    client parameters of the flags); gloo: None."""
+    client parameters of the flags); gloo: None. No exact threshold: DDP's only float
+    all-reduces are its gradient buckets, which the hook path compresses too, whatever their
+    size (a cnn's one bucket is below the backend's default)."""
     if getattr(args, "backend", "gloo") != "ncina":
         return None
     from ncina.worker.torch_backend import NcinaOptions
@@ -267,7 +269,7 @@ def backend_options(args: argparse.Namespace) -> Any:
     return NcinaOptions(
         aggregators=list(args.aggregator), job=args.job, result_format=args.result,
         key=args.key_file, k=args.k, pool_size=args.pool_size, window_max=args.window_max,
-        mtu=args.mtu, deadline=args.deadline, seed=args.seed,
+        mtu=args.mtu, deadline=args.deadline, seed=args.seed, exact_below=0,
     )
 
 
@@ -317,7 +319,8 @@ def train(
     if getattr(args, "backend", "gloo") == "ncina":
         pass  # no comm hook: DDP's own all-reduce goes to the ncina process group
     elif fabric:
-        hook = InaHookState(fabric, fallback=args.fallback)
+        # The per-bucket agreement gets a gloo group of its own (torch_hook's module doc).
+        hook = InaHookState(fabric, fallback=args.fallback, group=dist.new_group(backend="gloo"))
         if args.verify:
             verify = VerifyingState(hook)
             model.register_comm_hook(verify, verifying_hook)
