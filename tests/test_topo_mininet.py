@@ -32,7 +32,8 @@ PARAMETERS = 17226  # the MLP: one DDP bucket
 SUMMARY_KEYS = {
     "mode", "label", "epochs", "steps", "time_s", "time_per_epoch_s", "bytes_per_worker",
     "packets_per_worker", "rx_bytes_per_worker", "final_accuracy", "final_test_loss", "workers",
-    "fabric", "aggregators", "verify", "curve", "samples_per_s", "step_s", "compute_step_s",
+    "fabric", "aggregators", "verify", "curve", "samples_per_s", "train_s", "step_s",
+    "compute_step_s",
     "comm_total_s", "exposed_comm_s", "exposed_comm_fraction", "parameters", "cpu_s",
     "rank_cpu_s", "aggregator_cpu_s", "softirq_s",
 }
@@ -45,10 +46,11 @@ def test_star_three_workers_two_steps_through_the_python_aggregator(tmp_path: Pa
                      verify=True, prefix=PREFIX)
     run_topology(cfg)
     results = json.loads((cfg.out / RESULTS).read_text())
-    assert set(results) == {"config", "runs", "comparison", "repeats", "statistics"}
+    assert set(results) == {"config", "runs", "comparison", "comparisons", "repeats",
+                            "statistics"}  # fmt: skip
     assert set(results["runs"]) == {"ina", "gloo"}
-    comparison = {"bytes_ratio", "time_ratio", "accuracy_delta", "speedup"}
-    assert set(results["comparison"]) == comparison
+    ratios = ("bytes_ratio", "time_ratio", "accuracy_delta", "speedup")
+    assert set(results["comparison"]) == {*ratios, *(f"{r}_spread" for r in ratios)}
     for mode, run in results["runs"].items():
         assert set(run) == SUMMARY_KEYS
         assert (run["mode"], run["steps"], run["epochs"]) == (mode, 2, 1)

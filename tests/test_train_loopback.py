@@ -97,8 +97,8 @@ def test_ina_and_gloo_runs_and_their_summary(
     # Two repeats of INA (the same summary twice, so the statistics are exact), one of gloo.
     results = report.write(tmp_path, {"test": True},
                            {"ina": [runs["ina"], runs["ina"]], "gloo": [runs["gloo"]]})
-    comparison = {"bytes_ratio", "time_ratio", "accuracy_delta", "speedup"}
-    assert set(results["comparison"]) == comparison
+    ratios = ("bytes_ratio", "time_ratio", "accuracy_delta", "speedup")
+    assert set(results["comparison"]) == {*ratios, *(f"{r}_spread" for r in ratios)}
     assert results["runs"] == runs and len(results["repeats"]["ina"]) == 2
     time_s = runs["ina"]["time_s"]
     assert results["statistics"]["ina"]["time_s"] == {"median": time_s, "min": time_s,
