@@ -37,9 +37,10 @@ and each summary::
     cpu_s           CPU-seconds the run's training cost (evaluation excluded): rank_cpu_s (the
                     ranks' processes, every thread: compute and communication), aggregator_cpu_s
                     (the aggregators' processes while the ranks ran; 0 for gloo but on BMv2)
-                    and softirq_s (the machine's softirq time over rank 0's training, where the
-                    kernel's packet work is charged; machine-wide: an upper bound on a shared
-                    machine); None when a rank did not report its CPU time
+                    and unattributed_s (the CPU time no process was charged over rank 0's
+                    training: the kernel's packet work on idle CPUs and in ksoftirqd;
+                    ncina.harness.cpu, each CPU-second once; machine-wide: an upper bound on a
+                    shared machine); None when a rank did not report its CPU time
     workers      per rank: rank, tx_bytes, rx_bytes, tx_packets, rx_packets, fabric (client stats)
     fabric       client stats summed over the workers ({} for gloo)
     aggregators  the aggregators' stats files ([] for gloo)
@@ -144,13 +145,13 @@ def exposure(exposed: float, comm: float | None) -> dict[str, Any]:
 def cpu_figures(ends: list[dict[str, Any]], aggregator_cpu_s: float) -> dict[str, float | None]:
     """``cpu_s`` and its parts (see the module doc) from the ranks' end events."""
     ranks = _mean([end.get("cpu_s") for end in ends])
-    softirq = ends[0].get("softirq_s")
-    if ranks is None or softirq is None:
+    kernel = ends[0].get("unattributed_s")
+    if ranks is None or kernel is None:
         return {"cpu_s": None, "rank_cpu_s": None, "aggregator_cpu_s": aggregator_cpu_s,
-                "softirq_s": None}  # fmt: skip
+                "unattributed_s": None}  # fmt: skip
     ranks *= len(ends)
-    return {"cpu_s": ranks + aggregator_cpu_s + softirq, "rank_cpu_s": ranks,
-            "aggregator_cpu_s": aggregator_cpu_s, "softirq_s": softirq}  # fmt: skip
+    return {"cpu_s": ranks + aggregator_cpu_s + kernel, "rank_cpu_s": ranks,
+            "aggregator_cpu_s": aggregator_cpu_s, "unattributed_s": kernel}  # fmt: skip
 
 
 def exposed_comm(events: list[list[dict[str, Any]]]) -> float | None:
