@@ -260,6 +260,24 @@ def test_cpu_time_of_a_process_is_read_from_proc() -> None:
     assert cpu.process_cpu_s(2**22 + 1) == 0.0  # above pid_max: no such process
 
 
+def test_a_process_cpu_time_holds_its_childrens() -> None:
+    """BMv2's simple_switch_grpc runs as its aggregator process's child (issue 40: its CPU was
+    missing from aggregator_cpu_s): a parent that only waits is charged its live child's
+    work."""
+    from ncina.harness import cpu
+
+    child = ("import sys, time\nwhile time.process_time() < 0.3: pass\n"
+             "print('done', flush=True); sys.stdin.read()")  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
+         f"{child!r}])"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == "done\n"
+        assert cpu.process_cpu_s(parent.pid) >= 0.3 - 2 / cpu.TICK
+    finally:
+        parent.communicate("")
+
+
 def snap(t: float, busy: float, **tasks: float) -> dict[str, Any]:
     return {"t": t, "busy": busy, "tasks": {key.replace("_", "/"): v for key, v in tasks.items()}}
 
@@ -270,15 +288,17 @@ def test_cpu_no_process_was_charged_is_busy_time_less_every_process() -> None:
     from ncina.harness import cpu
 
     before = snap(1.0, 100.0, p1_5=3.0, p2_7=1.0, p3_9=2.0)
-    # p1 worked 0.5 s; p2 exited (its share is lost: counted as no process's); p3's PID was
-    # reused (start time 11: a new process, all of its 0.25 s in the window); p4 is new.
-    after = snap(2.0, 101.5, p1_5=3.5, p3_11=0.25, p4_12=0.5)
-    assert cpu.unattributed_s(before, after) == pytest.approx(1.5 - 0.5 - 0.25 - 0.5)
-    assert cpu.unattributed_s(before, snap(2.0, 100.5, p1_5=4.0)) == 0.0  # ticks apart
+    # p1 worked 0.5 s and reaped p2 (1.2 s at its exit) and p3 (2.1 s): their times are in
+    # p1's children's; p3's PID was reused (start time 11: a new process, all of its 0.25 s in
+    # the window); p4 is new. The processes did 0.5 + 0.2 + 0.1 + 0.25 + 0.5 s.
+    after = snap(2.0, 102.0, p1_5=3.0 + 0.5 + 1.2 + 2.1, p3_11=0.25, p4_12=0.5)
+    assert cpu.unattributed_s(before, after) == pytest.approx(2.0 - 1.55)
+    assert cpu.unattributed_s(before, snap(2.0, 100.5, p1_5=9.0)) == 0.0  # ticks apart
     # From the earliest snapshot before a call to the latest after one.
     reports = [{"machine_at": [before, after]},
-               {"machine_at": [snap(1.5, 100.2), snap(3.0, 102.0, p1_5=3.5)]}]  # fmt: skip
-    assert cpu.window_unattributed_s(reports) == pytest.approx(2.0 - 0.5)
+               {"machine_at": [snap(1.5, 100.2), snap(3.0, 102.0, p1_5=6.8, p3_11=0.25,
+                                                          p4_12=0.5)]}]  # fmt: skip
+    assert cpu.window_unattributed_s(reports) == pytest.approx(2.0 - 1.55)
 
 
 def test_cpu_seconds_of_a_short_run_are_at_most_the_machines_busy_time() -> None:

@@ -11,14 +11,15 @@ machine was busy 1.56 CPU-seconds).
 The rule: a side's CPU is its processes' own time plus the CPU time **no process was
 charged** over the side's window (:func:`unattributed_s`): the machine's busy time
 (``/proc/stat``: every tick is in exactly one of user, nice, system, irq, softirq, steal, idle,
-iowait) less what every process on the machine was charged meanwhile, ``ksoftirqd`` counted
-as no process (its time is the deferred packet work). That is softirq on an idle CPU and in
-``ksoftirqd``, and time of processes that exited inside the window (their share is lost with
-them: a small upward error). It is machine-wide: other processes' traffic in the same instants
-adds to it, so on a busy machine it is an upper bound, reported beside the processes' own time;
-but the sum never exceeds the machine's busy time over the window, to within ticks. The window
-runs from the first rank's start to the last rank's end, each rank taking a
-:func:`snapshot` around its call. Counters tick in 1/``SC_CLK_TCK`` s (10 ms).
+iowait) less what every process on the machine was charged meanwhile (a process that exited
+by its reaper's children's time), ``ksoftirqd`` counted as no process (its time is the
+deferred packet work): softirq on an idle CPU and in ``ksoftirqd``. It is machine-wide: other
+processes' traffic in the same instants adds to it, so on a busy machine it is an upper bound,
+reported beside the processes' own time; but the sum never exceeds the machine's busy time
+over the window, to within ticks. The window runs from the first rank's start to the last
+rank's end, each rank taking a :func:`snapshot` around its call. A process's time includes its
+descendants' (:func:`process_cpu_s`: BMv2's switch is its aggregator's child). Counters
+tick in 1/``SC_CLK_TCK`` s (10 ms).
 """
 
 from __future__ import annotations
@@ -37,13 +38,43 @@ IDLE_FIELDS = (4, 5)
 """``/proc/stat``'s ``cpu`` line: idle and iowait (after the label), the rest is busy."""
 
 
+def _stats() -> dict[int, tuple[str, list[str]]]:
+    """Every process's name and ``/proc/PID/stat`` fields after the name (state first)."""
+    out = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(entry.path, "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited meanwhile
+        name, rest = text.rsplit(")", 1)
+        out[int(entry.name)] = (name.split("(", 1)[1], rest.split())
+    return out
+
+
+def _spent_s(fields: list[str]) -> float:
+    """A process's user and system time and its reaped children's (``/proc/PID/stat``)."""
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICK
+
+
 def process_cpu_s(pid: int) -> float:
-    """User plus system CPU time of process ``pid`` so far, in seconds (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
+    """CPU time of process ``pid`` so far, in seconds, with its descendants': user plus system
+    time of it and of every live descendant, and of the children they reaped (0 once it is
+    gone). An aggregator's own children count: BMv2's ``simple_switch_grpc`` is the
+    aggregator process's child (issue 40)."""
+    stats = _stats()
+    if pid not in stats:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
+    children: dict[int, list[int]] = {}
+    for child, (_, fields) in stats.items():
+        children.setdefault(int(fields[1]), []).append(child)
+    total, todo = 0.0, [pid]
+    while todo:
+        one = todo.pop()
+        total += _spent_s(stats[one][1])
+        todo += children.get(one, [])
+    return total
 
 
 def busy_s() -> float:
@@ -55,23 +86,11 @@ def busy_s() -> float:
 
 
 def tasks_cpu_s() -> dict[str, float]:
-    """Every process's user plus system time so far (its threads' included), keyed by
-    ``PID/start time`` so that a reused PID is another process; ``ksoftirqd`` threads left
-    out (their time is packet work no process asked for)."""
-    out = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = Path(entry.path, "stat").read_text()
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # exited meanwhile
-        name, rest = text.rsplit(")", 1)
-        if name.split("(", 1)[1].startswith("ksoftirqd/"):
-            continue
-        fields = rest.split()
-        out[f"{entry.name}/{fields[19]}"] = (int(fields[11]) + int(fields[12])) / TICK
-    return out
+    """Every process's user plus system time so far (its threads' included) and its reaped
+    children's, keyed by ``PID/start time`` so that a reused PID is another process;
+    ``ksoftirqd`` threads left out (their time is packet work no process asked for)."""
+    return {f"{pid}/{fields[19]}": _spent_s(fields) for pid, (name, fields) in _stats().items()
+            if not name.startswith("ksoftirqd/")}  # fmt: skip
 
 
 def snapshot() -> dict[str, Any]:
@@ -83,8 +102,10 @@ def snapshot() -> dict[str, Any]:
 def unattributed_s(before: dict[str, Any], after: dict[str, Any]) -> float:
     """CPU-seconds between two :func:`snapshot` s that no process was charged: the machine's
     busy time less every process's (one alive at both counts its difference, one started in
-    between all of its time). Never below 0 (the counters tick apart)."""
+    between all of its time, one gone by the second less its time at the first: its whole time
+    is then in its reaper's children's time). Never below 0 (the counters tick apart)."""
     charged = sum(spent - before["tasks"].get(key, 0.0) for key, spent in after["tasks"].items())
+    charged -= sum(spent for key, spent in before["tasks"].items() if key not in after["tasks"])
     return max(0.0, after["busy"] - before["busy"] - charged)
 
 
