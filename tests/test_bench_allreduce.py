@@ -377,3 +377,19 @@ def test_a_tiny_run_against_gloo_is_exact_and_complete(
     assert figures["aggregator_contributions"] == 2 * chunks
     assert figures["aggregator_packets_in"] >= 2 * chunks
     assert figures["within_bounds"] is True
+
+
+def test_the_json_says_where_gloo_and_ina_ran_differently() -> None:
+    """Issue 40: on loopback gloo's TCP uses lo's 64 KiB MTU while INA's K is sized for 1,500,
+    and with --backend dpdk INA goes through a veth and a bridge while gloo stays on lo."""
+    from ncina.bench.allreduce import conditions
+
+    socket_run = conditions("socket", 1500, 65536)
+    assert (socket_run["ina_path"], socket_run["gloo_path"]) == ("loopback", "loopback")
+    assert socket_run["conditions_differ"] == [
+        "mtu: INA's datagrams fit 1500 bytes, gloo's TCP segments loopback's 65536"]
+    dpdk_run = conditions("dpdk", 1500, 65536)
+    assert dpdk_run["conditions_differ"][0] == (
+        "path: INA through a veth and bridge, gloo on loopback")
+    assert len(dpdk_run["conditions_differ"]) == 2
+    assert conditions("python", 1500, 1500)["conditions_differ"] == []

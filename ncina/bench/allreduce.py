@@ -126,6 +126,23 @@ def worker_spec(args: argparse.Namespace, mode: str, **extra: Any) -> dict[str, 
 
 
 
+def conditions(backend: str, mtu: int, loopback_mtu: int) -> dict[str, Any]:
+    """The path and packet size each side of ``bench allreduce`` runs over, and what differs
+    (``conditions_differ``, empty when nothing): gloo always runs on loopback, whose MTU
+    (``loopback_mtu``, 65,536 by default) lets its TCP segments grow far beyond the ``mtu`` the
+    INA datagrams are sized for; with the dpdk backend INA also goes through a veth and a
+    bridge to the aggregator's namespace. ``bench fabric`` runs both over the same links."""
+    ina_path = "veth and bridge" if backend == "dpdk" else "loopback"
+    differ = []
+    if ina_path != "loopback":
+        differ.append(f"path: INA through a {ina_path}, gloo on loopback")
+    if loopback_mtu != mtu:
+        differ.append(f"mtu: INA's datagrams fit {mtu} bytes, gloo's TCP segments loopback's "
+                      f"{loopback_mtu}")  # fmt: skip
+    return {"ina_path": ina_path, "gloo_path": "loopback", "ina_mtu": mtu,
+            "gloo_mtu": loopback_mtu, "conditions_differ": differ}  # fmt: skip
+
+
 def reference(args: argparse.Namespace) -> Reference:
     """The reference model of the run ``args`` describes (``ncina.harness.reference``)."""
     return build_reference(workers=args.workers, elements=args.elements, seed=args.seed,
@@ -320,6 +337,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "repeat": args.repeat,
     }  # fmt: skip
     figures |= medians(repeats, workers=args.workers, elements=args.elements)
+    loopback_mtu = int(Path("/sys/class/net/lo/mtu").read_text())
+    figures |= conditions(args.backend, args.mtu, loopback_mtu)
     figures |= {
         "wall_s_all": [round(r["wall_s"], 6) for r in repeats],
         "aggregator_packets_in": job["packets_in"],
