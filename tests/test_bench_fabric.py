@@ -242,3 +242,15 @@ def test_a_stopped_run_leaves_nothing_behind(tmp_path: Path) -> None:
     assert bench.returncode == 130, err.decode(errors="replace")
     assert links(f"b{bench.pid % 100000}") == []
     assert processes_mentioning(str(workdir)) == []
+
+
+def test_inas_advantage_splits_into_compression_and_aggregation() -> None:
+    """The README's headline: at N = 4 gloo's ring sends 1.5 tensors of 4-byte floats per
+    worker, INA one of 1-byte codes: 4x from compression, 1.5x from adding in the network, 6x
+    in all, so INA's time is at best 1/6 of gloo's on the same links (issue 36's 0.167)."""
+    from ncina.harness.figures import ina_advantage
+
+    assert ina_advantage(4) == {"compression": 4.0, "aggregation": 1.5, "bytes_ratio": 6.0,
+                                "ideal_vs_gloo": 0.1667}  # fmt: skip
+    assert ina_advantage(2)["aggregation"] == 1.0  # two workers: a ring sends one tensor too
+    assert ina_advantage(8)["bytes_ratio"] == 7.0

@@ -101,6 +101,19 @@ def faithful_bandwidths(
     }  # fmt: skip
 
 
+def ina_advantage(workers: int) -> dict[str, float]:
+    """INA's two causes of fewer bytes on a worker's uplink than gloo's ring all-reduce of
+    float32: ``compression``, 4 bytes of float32 over NC8's 1 an element (headers aside), and
+    ``aggregation`` in the network, the 2 (N - 1) / N tensors a ring sends per worker over the
+    one INA sends (the switch adds); ``bytes_ratio`` is their product (6 at N = 4) and
+    ``ideal_vs_gloo`` its inverse, INA's time over gloo's when both fill their links."""
+    compression = 4 / 1
+    aggregation = 2 * (workers - 1) / workers
+    return {"compression": compression, "aggregation": aggregation,
+            "bytes_ratio": compression * aggregation,
+            "ideal_vs_gloo": round(1 / (compression * aggregation), 4)}  # fmt: skip
+
+
 def spread(values: Iterable[float | None]) -> dict[str, float] | None:
     """The minimum, lower median and maximum of the runs' values of one ratio (the runs whose
     ratio was refused, None, left out; None when every one was)."""
