@@ -14,10 +14,10 @@ each datagram (``--bmv2-mode forward``), and reports ``vs_forwarder``: how close
 program comes to what BMv2 itself forwards.
 
 ``--lcores 1,2`` measures the DPDK aggregator and its forwarder at each lane count (docs/dpdk.md,
-"Several lcores") in the same run and reports ``lcores_scaling``: packets/s at the last count
-over packets/s at the first. ``--repeat R`` runs every measurement R times, interleaved, and
-reports the run of median completed work (all runs' rates are kept as ``completed_per_s_runs``
-and ``packets_per_s_runs``).
+"Several lcores") in the same run and reports ``lcores_scaling``: completed work at the last
+count over completed work at the first. ``--repeat R`` runs every measurement R times,
+interleaved, and reports the run of median completed work (all runs' rates are kept as
+``completed_per_s_runs`` and ``packets_per_s_runs``).
 
 Every figure of work, and so every ratio, counts what came back answered (``completed_per_s``:
 chunks whose result, or echo, reached their rank), never what was sent: a baseline that
