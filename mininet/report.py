@@ -9,10 +9,15 @@ A run's summary is built from the JSON events ``ncina train`` wrote per worker (
     repeats      {"ina": [summary, ...], ...}: every repeat (--repeat), in order
     statistics   {"ina": {field: {"median", "min", "max"}}, ...} over the repeats, for the fields
                  of STATISTICS
-    comparison   bytes_ratio, time_ratio (ina / gloo), accuracy_delta (ina - gloo, points),
-                 speedup (ina / gloo samples_per_s); with the ncina backend's run
-                 (``ncina``: DDP with no hook, ``ncina train --backend ncina``),
-                 backend_over_hook (its samples_per_s / ina's) and backend_accuracy_delta
+    comparison   bytes_ratio, time_ratio (ina / gloo train_s), accuracy_delta (ina - gloo,
+                 points), speedup (ina / gloo samples_per_s: the same window as time_ratio, so
+                 speedup = 1 / time_ratio when both ran the same steps); with the ncina
+                 backend's run (``ncina``: DDP with no hook, ``ncina train --backend ncina``),
+                 backend_over_hook (its samples_per_s / ina's) and backend_accuracy_delta.
+                 Each is the median over the repeats (repeat i of INA against repeat i of
+                 gloo), with ``<name>_spread`` (min, median, max); a ratio whose baseline ran
+                 no time or moved no samples is None with ``<name>_refused``: why
+    comparisons  each repeat's own comparison, in order
 
 and each summary::
 
@@ -24,14 +29,18 @@ and each summary::
                     mean of the ranks' (docs/topo.md, "What a step costs"); comm_total_s None
                     for gloo
     exposed_comm_s, exposed_comm_fraction
-                    the exchange no rank's compute hid (exposed_comm), over comm_total_s
+                    the exchange no rank's compute hid (exposed_comm), over comm_total_s; not
+                    capped: above 1 the two clocks disagree, and exposed_comm_error says so
+    train_s         rank 0's training time up to and including the final barrier: the window
+                    of samples_per_s, and of time_ratio
     parameters      the model's
     cpu_s           CPU-seconds the run's training cost (evaluation excluded): rank_cpu_s (the
                     ranks' processes, every thread: compute and communication), aggregator_cpu_s
                     (the aggregators' processes while the ranks ran; 0 for gloo but on BMv2)
-                    and softirq_s (the machine's softirq time over rank 0's training, where the
-                    kernel's packet work is charged; machine-wide: an upper bound on a shared
-                    machine); None when a rank did not report its CPU time
+                    and unattributed_s (the CPU time no process was charged over rank 0's
+                    training: the kernel's packet work on idle CPUs and in ksoftirqd;
+                    ncina.harness.cpu, each CPU-second once; machine-wide: an upper bound on a
+                    shared machine); None when a rank did not report its CPU time
     workers      per rank: rank, tx_bytes, rx_bytes, tx_packets, rx_packets, fabric (client stats)
     fabric       client stats summed over the workers ({} for gloo)
     aggregators  the aggregators' stats files ([] for gloo)
@@ -45,8 +54,11 @@ during training, all protocols included.
 from __future__ import annotations
 
 import json
+import statistics as statistics_module
 from pathlib import Path
 from typing import Any
+
+from ncina.harness.figures import put_ratio, refusal, spread
 
 LABELS = {"ina": "INA+NC8", "ncina": "ncina backend", "gloo": "gloo fp32"}
 RESULTS = "results.json"
@@ -78,9 +90,7 @@ def summarize(
     timing = {key: _mean([end.get(key) for end in ends]) for key in TIMING}
     exposed = exposed_comm(events)
     if exposed is not None:
-        timing["exposed_comm_s"] = exposed
-        comm = timing["comm_total_s"]
-        timing["exposed_comm_fraction"] = min(1.0, exposed / comm) if comm else None
+        timing |= exposure(exposed, timing["comm_total_s"])
     return {
         "mode": mode,
         "label": label or LABELS[mode],
@@ -88,6 +98,7 @@ def summarize(
         "steps": ends[0]["steps"],
         "time_s": time_s,
         "time_per_epoch_s": time_s / len(epochs),
+        "train_s": ends[0]["time"],
         "bytes_per_worker": sum(e["tx_bytes"] for e in lasts) / n,
         "packets_per_worker": sum(e["tx_packets"] for e in lasts) / n,
         "rx_bytes_per_worker": sum(e["rx_bytes"] for e in lasts) / n,
@@ -119,16 +130,28 @@ def summarize(
     }
 
 
+def exposure(exposed: float, comm: float | None) -> dict[str, Any]:
+    """``exposed_comm_s``, and its fraction of ``comm`` (the communication it is part of), not
+    capped: a fraction above 1 is a measurement error, which ``exposed_comm_error`` names."""
+    figures: dict[str, Any] = {"exposed_comm_s": exposed,
+                               "exposed_comm_fraction": exposed / comm if comm else None}
+    if comm and exposed > comm:
+        figures["exposed_comm_error"] = (
+            f"measurement error: exposed communication {exposed:.3f} s exceeds the "
+            f"communication it is part of ({comm:.3f} s)")  # fmt: skip
+    return figures
+
+
 def cpu_figures(ends: list[dict[str, Any]], aggregator_cpu_s: float) -> dict[str, float | None]:
     """``cpu_s`` and its parts (see the module doc) from the ranks' end events."""
     ranks = _mean([end.get("cpu_s") for end in ends])
-    softirq = ends[0].get("softirq_s")
-    if ranks is None or softirq is None:
+    kernel = ends[0].get("unattributed_s")
+    if ranks is None or kernel is None:
         return {"cpu_s": None, "rank_cpu_s": None, "aggregator_cpu_s": aggregator_cpu_s,
-                "softirq_s": None}  # fmt: skip
+                "unattributed_s": None}  # fmt: skip
     ranks *= len(ends)
-    return {"cpu_s": ranks + aggregator_cpu_s + softirq, "rank_cpu_s": ranks,
-            "aggregator_cpu_s": aggregator_cpu_s, "softirq_s": softirq}  # fmt: skip
+    return {"cpu_s": ranks + aggregator_cpu_s + kernel, "rank_cpu_s": ranks,
+            "aggregator_cpu_s": aggregator_cpu_s, "unattributed_s": kernel}  # fmt: skip
 
 
 def exposed_comm(events: list[list[dict[str, Any]]]) -> float | None:
@@ -178,26 +201,58 @@ def statistics(repeats: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, 
     return out
 
 
-def compare(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """INA against the baseline: ratios of bytes and time, difference of accuracy, and the
-    speedup in samples per second."""
+RATIOS = ("bytes_ratio", "time_ratio", "speedup", "accuracy_delta", "backend_over_hook",
+          "backend_accuracy_delta")  # fmt: skip
+"""The comparison's figures, in order."""
+
+
+def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One repeat's INA against its baseline: ratios of bytes and time (``train_s``, the window
+    of ``samples_per_s``), difference of accuracy, and the speedup in samples per second; a
+    ratio of a baseline that moved nothing is None with ``<name>_refused``."""
     if "gloo" not in runs:
         return {}
     ina, gloo = runs["ina"], runs["gloo"]
-    comparison = {
-        "bytes_ratio": ina["bytes_per_worker"] / gloo["bytes_per_worker"],
-        "time_ratio": ina["time_s"] / gloo["time_s"],
-        "accuracy_delta": ina["final_accuracy"] - gloo["final_accuracy"],
-    }
-    if ina.get("samples_per_s") and gloo.get("samples_per_s"):
-        comparison["speedup"] = ina["samples_per_s"] / gloo["samples_per_s"]
+    comparison: dict[str, Any] = {}
+    put_ratio(comparison, "bytes_ratio", ina["bytes_per_worker"], gloo["bytes_per_worker"],
+              refusal(gloo["bytes_per_worker"]))  # fmt: skip
+    put_ratio(comparison, "time_ratio", ina["train_s"], gloo["train_s"], refusal(gloo["train_s"]))
+    gloo_rate = gloo.get("samples_per_s") or 0.0
+    put_ratio(comparison, "speedup", ina.get("samples_per_s") or 0.0, gloo_rate,
+              refusal(gloo_rate))  # fmt: skip
+    comparison["accuracy_delta"] = ina["final_accuracy"] - gloo["final_accuracy"]
     backend = runs.get("ncina")
     if backend is not None:  # the ncina process-group backend beside the hook
         comparison["backend_accuracy_delta"] = (backend["final_accuracy"]
                                                 - ina["final_accuracy"])  # fmt: skip
-        if backend.get("samples_per_s") and ina.get("samples_per_s"):
-            comparison["backend_over_hook"] = backend["samples_per_s"] / ina["samples_per_s"]
+        hook_rate = ina.get("samples_per_s") or 0.0
+        put_ratio(comparison, "backend_over_hook", backend.get("samples_per_s") or 0.0,
+                  hook_rate, refusal(hook_rate))  # fmt: skip
     return comparison
+
+
+def compare_repeats(repeats: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """:func:`compare` of every repeat: repeat i of each mode against repeat i of the others
+    (as many as every mode has)."""
+    count = min(len(summaries) for summaries in repeats.values())
+    return [compare({mode: summaries[i] for mode, summaries in repeats.items()})
+            for i in range(count)]  # fmt: skip
+
+
+def summarize_comparisons(comparisons: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per figure of ``RATIOS`` the repeats have: the median over the repeats that have a
+    value, its ``<name>_spread``; refused in every repeat: None and the first reason."""
+    out: dict[str, Any] = {}
+    for name in RATIOS:
+        if not any(name in c for c in comparisons):
+            continue
+        values = [c[name] for c in comparisons if c.get(name) is not None]
+        out[name] = statistics_module.median(values) if values else None
+        out[f"{name}_spread"] = spread(values)
+        if not values:
+            out[f"{name}_refused"] = next(c[f"{name}_refused"] for c in comparisons
+                                          if f"{name}_refused" in c)  # fmt: skip
+    return out
 
 
 def table(runs: dict[str, dict[str, Any]], stats: dict[str, dict[str, Any]] | None = None) -> str:
@@ -257,13 +312,19 @@ def write(
     repeat is ``runs``); print the table; return the results."""
     runs = {mode: summaries[0] for mode, summaries in repeats.items()}
     stats = statistics(repeats)
-    results = {"config": config, "runs": runs, "comparison": compare(runs), "repeats": repeats,
-               "statistics": stats}  # fmt: skip
+    comparisons = compare_repeats(repeats)
+    results = {"config": config, "runs": runs, "comparison": summarize_comparisons(comparisons),
+               "comparisons": comparisons, "repeats": repeats, "statistics": stats}  # fmt: skip
     (out / RESULTS).write_text(json.dumps(results, indent=1) + "\n")
     plot(runs, out / PLOT)
     several = any(len(summaries) > 1 for summaries in repeats.values())
     print(table(runs, stats if several else None))
     for key, value in results["comparison"].items():
-        print(f"{key}: {value:.4f}")
+        if isinstance(value, float):
+            print(f"{key}: {value:.4f}")
+        elif isinstance(value, dict):
+            print(f"{key}: " + ", ".join(f"{k} {v:.4f}" for k, v in value.items()))
+        elif value is not None or not key.endswith("_spread"):
+            print(f"{key}: {value}")
     print(f"results: {out / RESULTS}, plot: {out / PLOT}")
     return results

@@ -145,11 +145,14 @@ def test_a_small_real_run(tmp_path: Path) -> None:
     line = json.loads(output.read_text())
     for field in FIELDS:
         assert line[field] is not None and line[field] >= 0, field
-    assert line["speedup"] == pytest.approx(line["ina_samples_per_s"] / line["gloo_samples_per_s"])
-    assert 0 <= line["exposed_comm_fraction"] <= 1
+    assert line["speedup"] == pytest.approx(line["ina_samples_per_s"] / line["gloo_samples_per_s"],
+                                            rel=5e-3)  # three significant digits
+    # Not capped at 1: above it, the run reports a measurement error instead
+    assert line["exposed_comm_fraction"] >= 0
+    assert (line["exposed_comm_fraction"] > 1) == ("exposed_comm_error" in line)
     assert line["cpu_s"] > 0 and line["gloo_cpu_s"] > 0
     assert line["cpu_vs_gloo"] == pytest.approx(line["cpu_s"] / line["gloo_cpu_s"], rel=1e-2)
     assert line["backend_over_hook"] == pytest.approx(
-        line["backend_samples_per_s"] / line["ina_samples_per_s"])
+        line["backend_samples_per_s"] / line["ina_samples_per_s"], rel=5e-3)
     (run,) = line["runs"]
     assert (Path(run["out"]) / "results.json").is_file()

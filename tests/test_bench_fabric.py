@@ -55,6 +55,31 @@ def test_link_fraction_counts_frames_against_the_link_rate() -> None:
     assert fractions([100, 0], [1_250_100, 625_000], 1.0, 10.0) == [1.0, 0.5]
 
 
+def test_link_fraction_is_useful_bytes_and_wire_fraction_the_copies_too() -> None:
+    """Issue 40: at MTU 9000 a run with 11.6 % copies showed link_fraction 0.961 from the
+    wire's bytes; only the chunks' frames, each once, do work (the faithful bandwidth is judged
+    on them)."""
+    import argparse
+
+    from ncina.bench.fabric import ina_link_figures
+    from ncina.harness.figures import faithful_bandwidths
+    from ncina.harness.links import useful_frame_bytes
+
+    # bench fabric's default worker: 10M codes at K 1456, 6,868 full frames and one of 250
+    assert useful_frame_bytes(10_000_000, 1456) == 6_868 * 1_514 + 250
+    assert useful_frame_bytes(20_000, 1456) == 13 * (1456 + 58) + (1072 + 58)
+    args = argparse.Namespace(elements=10_000_000, k=1456, bw=100.0)
+    useful = useful_frame_bytes(10_000_000, 1456)
+    copies = [round(useful / (1 - 0.116)), useful]  # worker 0 re-sent 11.6 % of its frames
+    wall = useful * 8 / 100e6 / 0.85  # the useful bytes filled 0.85 of the link
+    got = ina_link_figures([0, 0], copies, wall, args)
+    assert got["link_fraction"] == 0.85
+    assert got["wire_fractions"] == [0.9615, 0.85]
+    assert got["wire_fraction"] == round((0.9615 + 0.85) / 2, 4)
+    row = {"bw_mbit": 100.0, "mtu": 9000, **got}
+    assert faithful_bandwidths([row], [9000], 0.9) == {"9000": None}  # 0.96 of wire, 0.85 used
+
+
 def test_the_time_limit_grows_with_the_transfer_over_slow_links() -> None:
     assert time_limit(10**7, 10.0, 30.0) == 3 * 2 * 32 * 10**7 / 10e6 + 30.0
     assert time_limit(10**7, 10_000.0, 30.0) == MIN_TIME_LIMIT
@@ -125,8 +150,10 @@ def test_a_tiny_run_over_mininet(tmp_path: Path) -> None:
     assert (other["bw_mbit"], other["exact"]) == (200.0, True)
     tmp_path = tmp_path / "bw100-mtu1500"
     assert figures["exact"] is True
-    for key in ("link_fraction", "gloo_link_fraction", "wall_s", "gloo_wall_s", "vs_gloo"):
+    for key in ("link_fraction", "wire_fraction", "gloo_link_fraction", "wall_s", "gloo_wall_s",
+                "vs_gloo"):
         assert figures[key] > 0, key
+    assert figures["link_fraction"] <= figures["wire_fraction"]  # copies only add to the wire
     assert (figures["bw_mbit"], figures["workers"], figures["elements"]) == (100.0, 2, 20000)
     assert (figures["backend"], figures["k"], figures["mtu"]) == ("python", 1456, 1500)
     [run] = figures["runs"]
@@ -161,7 +188,7 @@ def test_a_tiny_leafspine_run_reports_the_leaf_uplinks(tmp_path: Path, backend: 
     assert (figures["topo"], figures["leaves"], figures["k"]) == ("leafspine", 2, 182)
     assert figures["leaf_link_fraction"] > 0 and figures["link_fraction"] > 0
     [run] = figures["runs"]
-    assert len(run["leaf_link_fractions"]) == 2 and len(run["link_fractions"]) == 4
+    assert len(run["leaf_link_fractions"]) == 2 and len(run["wire_fractions"]) == 4
     # Each leaf sent the whole tensor's partial sum up: 20000 int lanes of 8 bytes at least.
     for fraction in run["leaf_link_fractions"]:
         assert fraction * run["wall_s"] * 100e6 / 8 >= 20000 * 8, run["leaf_link_fractions"]
@@ -215,3 +242,15 @@ def test_a_stopped_run_leaves_nothing_behind(tmp_path: Path) -> None:
     assert bench.returncode == 130, err.decode(errors="replace")
     assert links(f"b{bench.pid % 100000}") == []
     assert processes_mentioning(str(workdir)) == []
+
+
+def test_inas_advantage_splits_into_compression_and_aggregation() -> None:
+    """The README's headline: at N = 4 gloo's ring sends 1.5 tensors of 4-byte floats per
+    worker, INA one of 1-byte codes: 4x from compression, 1.5x from adding in the network, 6x
+    in all, so INA's time is at best 1/6 of gloo's on the same links (issue 36's 0.167)."""
+    from ncina.harness.figures import ina_advantage
+
+    assert ina_advantage(4) == {"compression": 4.0, "aggregation": 1.5, "bytes_ratio": 6.0,
+                                "ideal_vs_gloo": 0.1667}  # fmt: skip
+    assert ina_advantage(2)["aggregation"] == 1.0  # two workers: a ring sends one tensor too
+    assert ina_advantage(8)["bytes_ratio"] == 7.0

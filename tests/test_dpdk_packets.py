@@ -164,3 +164,25 @@ def test_the_data_plane_runs_in_hugepages_when_asked(tmp_path: Path, hugepages: 
     finally:
         assert agg.stop() == 0
     assert eal.free_hugepage_mb() == hugepages
+
+
+def test_the_noop_forwarder_answers_arp_and_echoes_each_datagram(tmp_path: Path) -> None:
+    """``--dpdk-mode forward`` (bench aggregator's baseline) answers the host's ARP request for
+    its address and sends every datagram back with addresses and ports swapped (issue 36 item 1:
+    it classified the ARP request after swapping the MACs, saw a broadcast source, and answered
+    nothing)."""
+    agg = start_aggregator("dpdk", tmp_path, job=1, workers=1, k=4, result="int",
+                           extra=["--dpdk-mode", "forward"])  # fmt: skip
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((worker_host("dpdk"), 0))
+            s.connect(agg.address)
+            s.settimeout(5)
+            sent = [bytes([n]) * (20 + n) for n in range(3)]
+            for datagram in sent:
+                s.send(datagram)
+                assert s.recv(0xFFFF) == datagram
+        stats = agg.stats()
+        assert stats["dpdk"]["arp_replies"] == 1
+    finally:
+        agg.stop()

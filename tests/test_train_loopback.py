@@ -103,8 +103,8 @@ def test_ina_and_gloo_runs_and_their_summary(
     ina_repeats = [runs["ina"], *({**runs["ina"], **{f: runs["ina"][f] * scale for f in fields}}
                                   for scale in (3.0, 0.5, 2.0))]  # fmt: skip
     results = report.write(tmp_path, {"test": True}, {"ina": ina_repeats, "gloo": [runs["gloo"]]})
-    comparison = {"bytes_ratio", "time_ratio", "accuracy_delta", "speedup"}
-    assert set(results["comparison"]) == comparison
+    ratios = ("bytes_ratio", "time_ratio", "accuracy_delta", "speedup")
+    assert set(results["comparison"]) == {*ratios, *(f"{r}_spread" for r in ratios)}
     assert results["runs"] == runs and len(results["repeats"]["ina"]) == 4
     for f in fields:
         values = [r[f] for r in ina_repeats]

@@ -64,19 +64,20 @@ class Clock:
     """Training time, and the CPU time training costs: both run except inside ``pause()``.
 
     The CPU time is this process's (every thread: the compute and, with the INA hook, its
-    communication thread and the C data path; with gloo, gloo's threads) and the machine's
-    softirq time, where the kernel's packet work is charged (``ncina.harness.cpu``; machine-wide,
-    so every rank sees about the same figure, an upper bound on a shared machine)."""
+    communication thread and the C data path; with gloo, gloo's threads) and the CPU time no
+    process was charged, where the kernel's packet work on idle CPUs and in ksoftirqd goes
+    (``ncina.harness.cpu.unattributed_s``: each CPU-second counted once; machine-wide, so every
+    rank sees about the same figure, an upper bound on a shared machine)."""
 
     def __init__(self) -> None:
         self.start = time.monotonic()
         self.paused_for = 0.0
-        self.cpu_start, self.softirq_start = self._cpu()
-        self.cpu_paused = self.softirq_paused = 0.0
+        self.cpu_start, self.machine_start = self._cpu()
+        self.cpu_paused = self.unattributed_paused = 0.0
 
     @staticmethod
-    def _cpu() -> tuple[float, float]:
-        return cpu.process_cpu_s(os.getpid()), cpu.softirq_s()
+    def _cpu() -> tuple[float, dict[str, Any]]:
+        return cpu.process_cpu_s(os.getpid()), cpu.snapshot()
 
     def __call__(self) -> float:
         return time.monotonic() - self.start - self.paused_for
@@ -85,18 +86,19 @@ class Clock:
         """This process's CPU-seconds since the start, pauses excluded."""
         return self._cpu()[0] - self.cpu_start - self.cpu_paused
 
-    def softirq_s(self) -> float:
-        """The machine's softirq seconds since the start, pauses excluded."""
-        return self._cpu()[1] - self.softirq_start - self.softirq_paused
+    def unattributed_s(self) -> float:
+        """The CPU-seconds no process was charged since the start, pauses excluded."""
+        now = self._cpu()[1]
+        return max(0.0, cpu.unattributed_s(self.machine_start, now) - self.unattributed_paused)
 
     @contextmanager
     def pause(self) -> Iterator[None]:
-        t, (used, softirq) = time.monotonic(), self._cpu()
+        t, (used, machine) = time.monotonic(), self._cpu()
         yield
         self.paused_for += time.monotonic() - t
-        now_used, now_softirq = self._cpu()
+        now_used, now_machine = self._cpu()
         self.cpu_paused += now_used - used
-        self.softirq_paused += now_softirq - softirq
+        self.unattributed_paused += cpu.unattributed_s(machine, now_machine)
 
 
 class Events:
@@ -439,7 +441,7 @@ def steps(
         f"{timing['exposed_comm_s'] or 0:.2f} s of {timing['step_s'] * step:.2f} s",
         steps=step, epochs=epoch, time=elapsed, test_acc=test_acc, test_loss=test_loss,
         samples_per_s=samples_per_s, **timing, **counters.delta(),
-        cpu_s=clock.cpu_s(), softirq_s=clock.softirq_s(),
+        cpu_s=clock.cpu_s(), unattributed_s=clock.unattributed_s(),
         fabric=fabric.stats if fabric else backend_fabric, paths=backend_paths,
         parameters_sha256=parameters_digest(model),
         fallback=hook.fallen_back if isinstance(hook, InaHookState) else "",

@@ -539,10 +539,22 @@ static void route(struct lane *l, struct rte_mbuf *m, enum ncd_class c, const st
 
 /* The no-op forwarder: every frame goes back where it came from. IPv4/UDP frames become the
  * echo of their datagram (addresses and ports swapped; the checksums stay valid), so a UDP
- * sender gets its own datagram back, one reply per packet like the aggregator. */
+ * sender gets its own datagram back, one reply per packet like the aggregator. An ARP request
+ * for our address is classified as it arrived (a broadcast destination, the host's source) and
+ * answered; classified after the swap its source would be the broadcast address, which
+ * ncd_classify ignores, and no host would ever learn where to send. */
 static inline void forward(struct lane *l, struct rte_mbuf *m)
 {
     struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, struct rte_ether_hdr *);
+    if (eth->ether_type == rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP)) {
+        struct ncd_pkt unused;
+        if (ncd_classify((const uint8_t *)eth, m->data_len, &unused) == NCD_C_ARP) {
+            ncd_build_arp_reply((uint8_t *)eth);    /* sets both MAC addresses */
+            l->io.arp_replies++;
+            send_frame(l, m, m->data_len);
+            return;
+        }
+    }
     struct rte_ether_addr tmp = eth->dst_addr;
     eth->dst_addr = eth->src_addr;
     eth->src_addr = tmp;
@@ -557,13 +569,6 @@ static inline void forward(struct lane *l, struct rte_mbuf *m)
             const uint16_t p = udp->src_port;
             udp->src_port = udp->dst_port;
             udp->dst_port = p;
-        }
-    } else if (eth->ether_type == rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP)) {
-        struct ncd_pkt unused;
-        if (ncd_classify((const uint8_t *)eth, m->data_len, &unused) == NCD_C_ARP) {
-            eth->src_addr = eth->dst_addr; /* undo the swap: the reply builder sets both */
-            ncd_build_arp_reply((uint8_t *)eth);
-            l->io.arp_replies++;
         }
     }
     send_frame(l, m, m->data_len);

@@ -14,9 +14,15 @@ each datagram (``--bmv2-mode forward``), and reports ``vs_forwarder``: how close
 program comes to what BMv2 itself forwards.
 
 ``--lcores 1,2`` measures the DPDK aggregator and its forwarder at each lane count (docs/dpdk.md,
-"Several lcores") in the same run and reports ``lcores_scaling``: packets/s at the last count
-over packets/s at the first. ``--repeat R`` runs every measurement R times, interleaved, and
-reports the run of median packets/s (all runs' packets/s are kept as ``packets_per_s_runs``).
+"Several lcores") in the same run and reports ``lcores_scaling``: completed work at the last
+count over completed work at the first. ``--repeat R`` runs every measurement R times,
+interleaved, and reports the run of median completed work (all runs' rates are kept as
+``completed_per_s_runs`` and ``packets_per_s_runs``).
+
+Every figure of work, and so every ratio, counts what came back answered (``completed_per_s``:
+chunks whose result, or echo, reached their rank), never what was sent: a baseline that
+answered nothing still sends its retransmissions. A ratio whose baseline failed, completed
+nothing or retransmitted is not printed: the JSON has None and ``<ratio>_refused``, the reason.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import numpy as np
 
 from ncina.aggregator import process as aggproc
 from ncina.cli import deprecated_alias
-from ncina.harness.figures import median_repeat
+from ncina.harness.figures import median_repeat, put_ratio, refusal
 from ncina.progress import progress
 from ncina.proto.header import PORT
 
@@ -158,18 +164,26 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    secs = st.seconds
     job_b, job_a = before["jobs"][str(JOB)], after["jobs"][str(JOB)]
-    contributions = job_a["contributions"] - job_b["contributions"]
-    completed = job_a["slots_completed"] - job_b["slots_completed"]
-    if kind.endswith("forward"):
-        contributions = st.sent  # every packet is handled (echoed) once
+    return load_figures(st, slots_completed=job_a["slots_completed"] - job_b["slots_completed"],
+                        k=args.k, lcores=lcores)  # fmt: skip
+
+
+def load_figures(st: Any, *, slots_completed: int, k: int, lcores: int) -> dict[str, Any]:
+    """One measurement's figures from the load generator's counters ``st`` (``struct
+    ncd_gen_stats``) and the slots the aggregator completed meanwhile (a forwarder's count is
+    whatever its stats say: none). Work is what came back answered: ``completed_per_s``, the
+    chunks whose reply (a result, or a forwarder's echo) reached their rank, and
+    ``elements_per_s``, K elements each; ``packets_per_s`` is the send rate, retransmitted
+    copies included, which is no measure of work."""
+    secs = st.seconds
     return {
         "lcores": lcores,
         "packets_per_s": round(st.sent / secs),
         "replies_per_s": round(st.received / secs),
-        "elements_per_s": round(contributions * args.k / secs),
-        "slots_completed_per_s": round(completed / secs),
+        "completed_per_s": round(st.completed / secs),
+        "elements_per_s": round(st.completed * k / secs),
+        "slots_completed_per_s": round(slots_completed / secs),
         "retransmit_rounds": int(st.retransmit_rounds),
         "send_errors": int(st.send_errors),
     }
@@ -212,31 +226,52 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         steps = [key for _ in range(args.repeat) for key in plan]
         for kind, n in progress(steps, desc="bench aggregator", unit="run"):
-            runs[kind, n].append(measure(args, star, kind, n))
+            try:
+                runs[kind, n].append(measure(args, star, kind, n))
+            except Exception as exc:  # a failed run is a figure: no ratio of it
+                runs[kind, n].append({"lcores": n, "error": f"{type(exc).__name__}: {exc}"})
     finally:
         star.close()
     for (kind, n), results in runs.items():
         name = kind if n == args.lcores[0] else f"{kind}_lcores{n}"
         figures[name] = _median_run(results)
     measured = figures[args.backend]
-    # Three significant digits: a BMv2 switch runs at a few thousandths of the others.
     figures["noop_forwarder"] = forward
     ratios = [("vs_python", "python"), ("vs_noop_forwarder", forward)]
     if args.backend == "bmv2":  # how close it comes to what BMv2 itself forwards
         ratios.append(("vs_forwarder", "bmv2_forward"))
     for name, other in ratios:
-        figures[name] = float(f"{measured['packets_per_s'] / figures[other]['packets_per_s']:.3g}")
+        put_work_ratio(figures, name, measured, figures[other])
     if len(args.lcores) > 1:
         first, last = args.lcores[0], args.lcores[-1]
         for kind, key in (("dpdk", "lcores_scaling"), ("forward", "forwarder_lcores_scaling")):
-            top = figures[f"{kind}_lcores{last}"]["packets_per_s"]
-            figures[key] = float(f"{top / figures[kind]['packets_per_s']:.3g}")
+            put_work_ratio(figures, key, figures[f"{kind}_lcores{last}"], figures[kind])
         figures["lcores_scaling_of"] = f"{last} vs {first}"
     return figures
 
 
+def put_work_ratio(
+    figures: dict[str, Any], name: str, measured: dict[str, Any], baseline: dict[str, Any]
+) -> None:
+    """``figures[name]``: the ``measured`` run's completed work over the ``baseline``'s
+    (``completed_per_s``, three significant digits: a BMv2 switch runs at a few thousandths of
+    the others), or None and ``<name>_refused`` when the baseline failed, completed nothing or
+    retransmitted, or the measured run failed (``ncina.harness.figures.put_ratio``)."""
+    work = baseline.get("completed_per_s", 0)
+    refused = refusal(work, retransmissions=baseline.get("retransmit_rounds", 0),
+                      error=baseline.get("error"))  # fmt: skip
+    if refused is None and "error" in measured:
+        refused = f"the measured run failed: {measured['error']}"
+    put_ratio(figures, name, measured.get("completed_per_s", 0), work, refused)
+
+
 def _median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run of median packets/s (the lower middle of an even count), with every run's
-    packets/s."""
-    rates = [r["packets_per_s"] for r in results]
-    return {**median_repeat(results, "packets_per_s"), "packets_per_s_runs": rates}
+    """The run of median completed work (``completed_per_s``, the lower middle of an even
+    count), with every run's completed and sent rates; a failed run makes the whole figure
+    that of a failure (``error``: the first run's that failed, ``failed_runs``: how many)."""
+    failed = [r for r in results if "error" in r]
+    if failed:
+        return {**failed[0], "failed_runs": len(failed)}
+    return {**median_repeat(results, "completed_per_s"),
+            "completed_per_s_runs": [r["completed_per_s"] for r in results],
+            "packets_per_s_runs": [r["packets_per_s"] for r in results]}  # fmt: skip

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.cli import deprecated_alias
-from ncina.harness.figures import per_element_ns, ratio, retx_fraction, spread
+from ncina.harness.figures import per_element_ns, put_ratio, refusal, retx_fraction, spread
 from ncina.progress import progress
 
 FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
@@ -93,7 +93,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def figures(results: dict[str, Any]) -> dict[str, float | None]:
+def figures(results: dict[str, Any]) -> dict[str, Any]:
     """The benchmark's fields from one topology run's ``results.json`` content."""
     ina, gloo = results["runs"]["ina"], results["runs"]["gloo"]
     backend = results["runs"].get("ncina")
@@ -101,7 +101,7 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
     measured = cpu_s is not None and gloo_cpu_s is not None
     # Every rank all-reduces each parameter's gradient once a step.
     elements = results["config"]["workers"] * ina["parameters"] * ina["steps"] if measured else 0
-    return {
+    figures: dict[str, Any] = {
         "ina_samples_per_s": ina["samples_per_s"],
         "gloo_samples_per_s": gloo["samples_per_s"],
         "speedup": results["comparison"].get("speedup"),
@@ -115,7 +115,6 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
         "gloo_accuracy": gloo.get("final_accuracy"),
         "cpu_s": cpu_s,
         "gloo_cpu_s": gloo_cpu_s,
-        "cpu_vs_gloo": ratio(cpu_s, gloo_cpu_s) if measured else None,
         "cpu_ns_per_element": per_element_ns(cpu_s, 1, elements) if measured else None,
         "gloo_cpu_ns_per_element": per_element_ns(gloo_cpu_s, 1, elements) if measured else None,
         "backend_samples_per_s": backend["samples_per_s"] if backend else None,
@@ -123,9 +122,16 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
         "backend_over_hook": results["comparison"].get("backend_over_hook"),
         "retx_fraction": retx_fraction([ina["fabric"]]) if ina.get("fabric") else None,
     }
+    if "exposed_comm_error" in ina:  # exposed_comm_fraction above 1: not a figure to quote
+        figures["exposed_comm_error"] = ina["exposed_comm_error"]
+    if measured:
+        put_ratio(figures, "cpu_vs_gloo", cpu_s, gloo_cpu_s, refusal(gloo_cpu_s))
+    else:
+        figures["cpu_vs_gloo"] = None
+    return figures
 
 
-def medians(runs: list[dict[str, float | None]]) -> dict[str, Any]:
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per field, the median over the runs (None when a run lacks it); per ratio of
     ``SPREADS``, ``<ratio>_spread``: the minimum, lower median and maximum of the runs' own."""
     out: dict[str, Any] = {}
@@ -135,6 +141,9 @@ def medians(runs: list[dict[str, float | None]]) -> dict[str, Any]:
     for field in SPREADS:
         values = [run[field] for run in runs]
         out[f"{field}_spread"] = None if any(v is None for v in values) else spread(values)
+    errors = [run["exposed_comm_error"] for run in runs if "exposed_comm_error" in run]
+    if errors:
+        out["exposed_comm_error"] = errors
     out["loss_fell"] = all(run["ina_test_loss"] < run["initial_test_loss"]  # type: ignore[operator]
                            and run["gloo_test_loss"] < run["initial_test_loss"]  # type: ignore[operator]
                            for run in runs)  # fmt: skip

@@ -10,11 +10,15 @@ float32 elements per worker, then runs gloo's all-reduce of the same tensors ove
 links; both warm up, start at one instant and time the all-reduce call alone (as
 ``bench allreduce``).
 
-``link_fraction`` is the bit rate the INA all-reduce put on a worker's uplink, whole frames
-(Ethernet, IPv4, UDP and ncina headers included), over the link's bandwidth: the bytes are the
-switch port's receive counter of that worker's link, read just before the start and after the
-last worker ended, divided by the wall time; the figure is the mean over the workers (each run's
-per-worker values are kept). ``gloo_link_fraction`` is the same for gloo's TCP traffic.
+``link_fraction`` is the useful bit rate of the INA all-reduce on a worker's uplink over the
+link's bandwidth: the frames that carry each of the worker's chunks once (Ethernet, IPv4, UDP
+and ncina headers included: ``ncina.harness.links.useful_frame_bytes``), over the wall time.
+Retransmitted copies take the link but do no work, so they are left out of it and counted in
+``wire_fraction``: everything on the wire, the switch port's receive counter of that worker's
+link read just before the start and after the last worker ended, over the wall time, the mean
+over the workers (each run's per-worker values are kept as ``wire_fractions``).
+``gloo_link_fraction`` is gloo's TCP traffic on the wire the same way (TCP's copies cannot be
+told apart there).
 
 ``--bw`` and ``--mtu`` take comma-separated lists (``--bw 100,200,500,1000 --mtu 1500,9000``):
 then every pair runs on a fabric of its own, in one invocation, and the figures are ``rows``
@@ -51,8 +55,15 @@ from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
 from ncina.bench import allreduce as bench
 from ncina.harness import cpu
-from ncina.harness.figures import faithful_bandwidths, medians
-from ncina.harness.links import fractions, rx_bytes, time_limit, uplink_ports
+from ncina.harness.figures import faithful_bandwidths, ina_advantage, medians
+from ncina.harness.links import (
+    fractions,
+    link_fraction,
+    rx_bytes,
+    time_limit,
+    uplink_ports,
+    useful_frame_bytes,
+)
 from ncina.harness.reference import Reference
 from ncina.harness.workers import START_TIMEOUT, run_workers
 from ncina.progress import progress
@@ -169,13 +180,12 @@ def one_repeat(
                              ifaces=[h.defaultIntf().name for h in hosts])  # fmt: skip
     gloo = run_workers(spec, directory / "gloo", launch, limit, probe)
     figures = bench.repeat_figures(args, ref, ina.reports, gloo.reports, result, ina_cpu)
-    ina_links = fractions(ina.before[:w], ina.after[:w], figures["wall_s"], args.bw)
     gloo_links = fractions(gloo.before[:w], gloo.after[:w], figures["gloo_wall_s"], args.bw)
     figures["extra"] = {
-        "link_fraction": round(statistics.mean(ina_links), 4),
-        "link_fractions": ina_links,
+        **ina_link_figures(ina.before[:w], ina.after[:w], figures["wall_s"], args),
         "gloo_link_fraction": round(statistics.mean(gloo_links), 4),
         "gloo_link_fractions": gloo_links,
+        "gloo_uplink_bytes": [a - b for b, a in zip(gloo.before[:w], gloo.after[:w], strict=True)],
         "uplink_bytes": [a - b for b, a in zip(ina.before[:w], ina.after[:w], strict=True)],
         "retransmissions": sum(w["retransmissions"] for w in figures["workers"]),
     }
@@ -185,6 +195,18 @@ def one_repeat(
                              "leaf_link_fractions": leaf_links}  # fmt: skip
     figures["job"] = job
     return figures
+
+
+def ina_link_figures(
+    before: list[int], after: list[int], wall_s: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    """``link_fraction`` (useful bytes: every chunk once) and ``wire_fraction`` (everything
+    the workers' uplinks carried, copies included: the mean of ``wire_fractions``) of one INA
+    all-reduce from the uplinks' receive counters ``before`` and ``after``."""
+    wire = fractions(before, after, wall_s, args.bw)
+    useful = link_fraction(useful_frame_bytes(args.elements, args.k), wall_s, args.bw)
+    return {"link_fraction": round(useful, 4), "wire_fraction": round(statistics.mean(wire), 4),
+            "wire_fractions": wire}  # fmt: skip
 
 
 def start_aggregators(
@@ -300,9 +322,18 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         "bw_mbit": args.bw, "k": args.k, "mtu": args.mtu, "pool_size": args.pool_size,
         "result": args.result, "repeat": args.repeat, "topo": args.topo,
         "link_fraction": median(r["extra"]["link_fraction"] for r in repeats),
+        "wire_fraction": median(r["extra"]["wire_fraction"] for r in repeats),
         "gloo_link_fraction": median(r["extra"]["gloo_link_fraction"] for r in repeats),
     }  # fmt: skip
     figures |= medians(repeats, workers=args.workers, elements=args.elements)
+    # What INA's advantage in bytes is made of, in theory, and gloo's bytes over INA's useful
+    # ones as measured on the uplinks (the two differ by the headers and gloo's ACKs, copies)
+    useful = useful_frame_bytes(args.elements, args.k)
+    figures["advantage"] = {
+        **ina_advantage(args.workers),
+        "measured_bytes_ratio": round(median(statistics.mean(r["extra"]["gloo_uplink_bytes"])
+                                             / useful for r in repeats), 3),
+    }  # fmt: skip
     figures["retransmissions"] = median(r["extra"]["retransmissions"] for r in repeats)
     if args.topo == "leafspine":
         figures["leaves"] = args.leaves

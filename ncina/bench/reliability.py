@@ -50,6 +50,7 @@ from ncina.harness.faults import (
     allreduce_with_dead_worker,
     allreduce_with_faults,
 )
+from ncina.harness.figures import put_ratio, refusal
 from ncina.harness.fuzzing import fuzz_during_allreduce, hostile_datagrams
 from ncina.progress import progress
 from ncina.worker.client import AllreduceClient
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "elements": args.elements,
                 "exact": all(np.array_equal(o, baseline.outputs[0]) for o in got.outputs),
                 "seconds": round(got.seconds, 3),
-                "time_vs_lossless": round(got.seconds / baseline.seconds, 2),
+                **vs_lossless(got.seconds, baseline),
                 "retransmissions": sum(c["retransmissions"] for c in got.clients),
                 "slots_completed": job["slots_completed"],
                 "faults": got.aggregator.get("faults", {}),
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             workdir.mkdir()
             fault = scenario(inputs, workdir, k=args.k, result=args.result,
                              deadline=args.deadline, at=chunks // 4)  # fmt: skip
-            rows.append(_fault_row(name, args.elements, fault, baseline.seconds, chunks))
+            rows.append(_fault_row(name, args.elements, fault, baseline, chunks))
         recoveries = []
         for repeat in range(args.restart_repeats):
             workdir = Path(tmp) / f"recovered-{repeat}"
@@ -231,7 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "elements": args.elements * count,
                 "exact": exact,
                 "seconds": round(together.seconds, 3),
-                "time_vs_lossless": round(together.seconds / baseline.seconds, 2),
+                **vs_lossless(together.seconds, baseline),
                 "time_vs_alone_summed": round(
                     together.seconds / sum(alone[j[0]].seconds for j in JOBS[:count]), 2),
                 "retransmissions": together.retransmissions,
@@ -243,6 +244,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             workdir.mkdir()
             rows.append(fuzz_row(workdir, args.fuzz_packets, args.elements // 10))
     return {"workers": args.workers, "k": args.k, "result": args.result, "rows": rows}
+
+
+def vs_lossless(seconds: float, lossless: Run) -> dict[str, Any]:
+    """``time_vs_lossless``: ``seconds`` over the lossless run's, refused (None, and
+    ``time_vs_lossless_refused``) when that run retransmitted or took no time: then it was no
+    lossless yardstick (``ncina.harness.figures.put_ratio``)."""
+    copies = sum(c["retransmissions"] for c in lossless.clients)
+    figures: dict[str, Any] = {}
+    put_ratio(figures, "time_vs_lossless", seconds, lossless.seconds,
+              refusal(lossless.seconds, retransmissions=copies))  # fmt: skip
+    return figures
 
 
 def _recovery_row(elements: int, runs: list[FaultRun], baseline: Run,
@@ -257,7 +269,7 @@ def _recovery_row(elements: int, runs: list[FaultRun], baseline: Run,
         "exact": all(isinstance(o, np.ndarray) and np.array_equal(o, baseline.outputs[0])
                      for run in runs for o in run.outcomes),
         "seconds": round(middle.seconds, 3),
-        "time_vs_lossless": round(middle.seconds / baseline.seconds, 2),
+        **vs_lossless(middle.seconds, baseline),
         "retransmissions": middle.retransmissions,
         "killed_at_slot": f"{middle.killed_at}/{chunks}",
         "recovery_s": round(times[(len(times) - 1) // 2], 3),
@@ -266,7 +278,7 @@ def _recovery_row(elements: int, runs: list[FaultRun], baseline: Run,
     }
 
 
-def _fault_row(name: str, elements: int, run: FaultRun, lossless: float,
+def _fault_row(name: str, elements: int, run: FaultRun, lossless: Run,
                chunks: int) -> dict[str, Any]:  # fmt: skip
     """A table row for a fault scenario: how every surviving worker's call ended."""
     errors = {type(o).__name__ for o in run.outcomes if isinstance(o, BaseException)}
@@ -277,7 +289,7 @@ def _fault_row(name: str, elements: int, run: FaultRun, lossless: float,
         "exact": f"no result: {', '.join(sorted(errors))} in every survivor" if not returned
         else f"{returned} rank(s) returned",
         "seconds": round(run.seconds, 3),
-        "time_vs_lossless": round(run.seconds / lossless, 2),
+        **vs_lossless(run.seconds, lossless),
         "retransmissions": run.retransmissions,
         "killed_at_slot": f"{run.killed_at}/{chunks}",
         "errors": [str(o) for o in run.outcomes if isinstance(o, BaseException)][:1],

@@ -9,6 +9,11 @@ figures of the benchmark. The reported figure of a time is the lower median over
 measured value, never an average of two; a ratio is that of the medians, and
 ``<ratio>_spread`` gives the minimum, median and maximum of the runs' own ratios, so that a
 figure from this noisy machine is never quoted without its spread.
+
+A ratio against a baseline is of completed work (replies, completed slots, finished
+all-reduces), and only of a baseline that did its work: one that failed, completed nothing or
+retransmitted is no yardstick. :func:`put_ratio` then writes ``None`` and, beside it,
+``<ratio>_refused``: why (:func:`refusal`).
 """
 
 from __future__ import annotations
@@ -18,9 +23,34 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 
-def ratio(a: float, b: float) -> float:
-    """``a / b`` to three significant digits (inf when ``b`` is 0)."""
-    return float(f"{a / b:.3g}") if b > 0 else float("inf")
+def ratio(a: float, b: float) -> float | None:
+    """``a / b`` to three significant digits (None when ``b`` is not positive: no ratio)."""
+    return float(f"{a / b:.3g}") if b > 0 else None
+
+
+def refusal(work: float, *, retransmissions: int = 0, error: str | None = None) -> str | None:
+    """Why a baseline that completed ``work`` (replies, slots, all-reduces per second: any
+    measure of finished work) after ``retransmissions`` rounds of copies, or failed with
+    ``error``, cannot divide anything; None when it can."""
+    if error:
+        return f"the baseline failed: {error}"
+    if not work > 0:
+        return "the baseline completed nothing"
+    if retransmissions:
+        return f"the baseline retransmitted ({retransmissions})"
+    return None
+
+
+def put_ratio(
+    figures: dict[str, Any], name: str, work: float, baseline: float, refused: str | None
+) -> None:
+    """``figures[name]`` = ``work / baseline`` (:func:`ratio`), or, when the baseline is
+    ``refused`` (:func:`refusal`, or no positive ``baseline``), None and
+    ``figures[name + "_refused"]`` the reason."""
+    value = ratio(work, baseline) if refused is None else None
+    if value is None:
+        figures[f"{name}_refused"] = refused or "the baseline completed nothing"
+    figures[name] = value
 
 
 def medians(repeats: Sequence[dict[str, Any]], *, workers: int, elements: int) -> dict[str, Any]:
@@ -33,14 +63,12 @@ def medians(repeats: Sequence[dict[str, Any]], *, workers: int, elements: int) -
     cpu = median(r["cpu_s"] for r in repeats)
     gloo_cpu = median(r["gloo_cpu_s"] for r in repeats)
     ranks = range(workers)
-    return {
+    figures = {
         "wall_s": round(wall, 6),
         "gloo_wall_s": round(gloo, 6),
-        "vs_gloo": ratio(wall, gloo),
         "vs_gloo_spread": spread(ratio(r["wall_s"], r["gloo_wall_s"]) for r in repeats),
         "cpu_s": round(cpu, 3),
         "gloo_cpu_s": round(gloo_cpu, 3),
-        "cpu_vs_gloo": ratio(cpu, gloo_cpu),
         "cpu_vs_gloo_spread": spread(ratio(r["cpu_s"], r["gloo_cpu_s"]) for r in repeats),
         "cpu_ns_per_element": per_element_ns(cpu, workers, elements),
         "gloo_cpu_ns_per_element": per_element_ns(gloo_cpu, workers, elements),
@@ -54,6 +82,10 @@ def medians(repeats: Sequence[dict[str, Any]], *, workers: int, elements: int) -
         "peak_rss_over_input": ratio(max(max(r["peak_rss"]) for r in repeats), 4 * elements),
         "runs": [run_values(r, elements) for r in repeats],
     }
+    # gloo's all-reduce finished (a failed one raises): its time and CPU are the yardsticks
+    put_ratio(figures, "vs_gloo", wall, gloo, refusal(gloo))
+    put_ratio(figures, "cpu_vs_gloo", cpu, gloo_cpu, refusal(gloo_cpu))
+    return figures
 
 
 def faithful_bandwidths(
@@ -69,9 +101,25 @@ def faithful_bandwidths(
     }  # fmt: skip
 
 
-def spread(values: Iterable[float]) -> dict[str, float]:
-    """The minimum, lower median and maximum of the runs' values of one ratio."""
-    ordered = sorted(values)
+def ina_advantage(workers: int) -> dict[str, float]:
+    """INA's two causes of fewer bytes on a worker's uplink than gloo's ring all-reduce of
+    float32: ``compression``, 4 bytes of float32 over NC8's 1 an element (headers aside), and
+    ``aggregation`` in the network, the 2 (N - 1) / N tensors a ring sends per worker over the
+    one INA sends (the switch adds); ``bytes_ratio`` is their product (6 at N = 4) and
+    ``ideal_vs_gloo`` its inverse, INA's time over gloo's when both fill their links."""
+    compression = 4 / 1
+    aggregation = 2 * (workers - 1) / workers
+    return {"compression": compression, "aggregation": aggregation,
+            "bytes_ratio": compression * aggregation,
+            "ideal_vs_gloo": round(1 / (compression * aggregation), 4)}  # fmt: skip
+
+
+def spread(values: Iterable[float | None]) -> dict[str, float] | None:
+    """The minimum, lower median and maximum of the runs' values of one ratio (the runs whose
+    ratio was refused, None, left out; None when every one was)."""
+    ordered = sorted(v for v in values if v is not None)
+    if not ordered:
+        return None
     return {"min": ordered[0], "median": statistics.median_low(ordered), "max": ordered[-1]}
 
 

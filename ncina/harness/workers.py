@@ -85,15 +85,16 @@ def peak_rss() -> int:
 
 def timed(call: Callable[[], T]) -> tuple[dict[str, Any], T]:
     """Run ``call``: its start and end instants (``CLOCK_MONOTONIC``), this process's CPU time
-    over it, and the machine's softirq counter just before and just after (``softirq_at``: the
-    bench takes the kernel's share over the ranks' common window from them, not over their
-    start-up, when other work on the machine would count too); and its result."""
-    softirq = cpu.softirq_s()
+    over it, and the machine's CPU counters just before and just after (``machine_at``:
+    ``ncina.harness.cpu.snapshot``; the bench takes the CPU no process was charged over the
+    ranks' common window from them, not over their start-up, when other work on the machine
+    would count too); and its result."""
+    machine = cpu.snapshot()
     spent, began = time.process_time(), time.monotonic()
     result = call()
     ended, spent = time.monotonic(), time.process_time() - spent
-    softirq_at = [softirq, cpu.softirq_s()]
-    return {"began": began, "ended": ended, "cpu": spent, "softirq_at": softirq_at}, result
+    machine_at = [machine, cpu.snapshot()]
+    return {"began": began, "ended": ended, "cpu": spent, "machine_at": machine_at}, result
 
 
 def run_ina(spec: dict[str, Any], rank: int, x: np.ndarray, directory: Path) -> dict[str, Any]:
