@@ -114,10 +114,10 @@ class Aggregator:
         values = admission.admit(job, header, payload, source)  # 8-15
         if isinstance(values, str):
             stats.drops[values] += 1
-            # Answered (the notice holds nothing), unless the notice would be longer than the
-            # packet: the source may be forged, and a reflection must not amplify.
-            if values == admission.STALE_GENERATION and size >= reply.notice_size(job):
-                return reply.notice(job, rank, flags & FLAG_POOL, slot, offset, 0, source)
+            # Answered by a restart notice, the header alone: shorter than any packet that gets
+            # here, so a forged source gets no amplified reflection.
+            if values == admission.STALE_GENERATION:
+                return reply.notice(job, rank, flags & FLAG_POOL, slot, offset, None, source)
             return NOTHING
         job.members.learn(rank, source)  # 16: a valid packet
         if flags & FLAG_RETX:

@@ -17,19 +17,23 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
     register<bit<40>>(NCINA_SLOTS * NCINA_MAX_WORKERS) resends;
     LaneSums() sums;
 
-    // A reply to the packet's sender: a notice holding `bitmap` (LaneSums drops the lanes).
-    action notice(bit<64> bitmap) {
-        hdr.notice.setValid();
-        hdr.notice.bitmap = bitmap;
+    // A reply to the packet's sender: a notice (LaneSums drops the lanes), holding `bitmap`.
+    action restart_notice() {
         meta.lane_op = LANE_NOTICE;
         meta.notice = 1;
         meta.send = OUT_REPLY;
     }
 
+    action notice(bit<64> bitmap) {
+        restart_notice();
+        hdr.notice.setValid();
+        hdr.notice.bitmap = bitmap;
+    }
+
     apply {
         meta.lane_op = LANE_NONE;
         if (meta.verdict == VERDICT_STALE) {
-            notice(0);  // a packet from before a restart: none of it is held
+            restart_notice();  // a packet from before a restart: the header alone
         } else {
             bit<32> version = (bit<32>)hdr.nc.pool;
             bit<32> slot = (bit<32>)hdr.nc.slot;

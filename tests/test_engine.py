@@ -21,7 +21,8 @@ from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
 from ncina.proto import tag
 from ncina.proto.descriptor import UPLINK_INT, Descriptor, pack_job_datagram
-from ncina.proto.wire import MAX_K
+from ncina.proto.header import FLAG_RESULT, FLAG_TAG, HEADER
+from ncina.proto.wire import MAX_K, TAG_SIZE
 from ncina_parity import GENERATION, KEY, K, schedule
 from ncina_testlib import uplink, window_e_min
 
@@ -302,20 +303,32 @@ def test_results_are_resent_at_most_16_times_a_round_per_member(engine: Engine) 
     assert stats.results_resent == 16 + 16 + 1 + 2 * 16
 
 
-def test_a_stale_packet_shorter_than_its_notice_is_not_answered(engine: Engine) -> None:
+@pytest.mark.parametrize("key", [None, bytes(range(16))])
+def test_a_stale_packet_of_any_length_gets_a_restart_notice_no_longer(
+    engine: Engine, key: bytes | None
+) -> None:
     # Issue 27, finding 5: a stale packet's source may be forged (an unlearned rank is accepted
-    # from anywhere): its notice goes out only when no longer than the packet (no amplified
-    # reflection). A worker's chunk of 8 elements or more still learns of the restart.
-    config = JobConfig.create(job=3, workers=2, k=8, result_format="int", seed=1)
+    # from anywhere), so its answer must not be longer than it (no amplified reflection).
+    # Issue 38: a chunk of 1-7 elements got no answer then and never learned of the restart;
+    # now the answer is a restart notice, the header alone (and the tag).
+    config = JobConfig.create(job=3, workers=2, k=8, result_format="int", seed=1, key=key)
     engine.add_job(config)
     engine.set_generation(GENERATION)
     reference = Aggregator(GENERATION)
     reference.add_job(config)
     stale = (GENERATION % 15 + 1) << 3
-    for count, answers in ((1, 0), (7, 0), (8, 1)):
-        datagram = uplink(job=3, rank=1, slot=0, offset=0, codes=[1] * count,
-                          emin=window_e_min(2), flags=stale)  # fmt: skip
-        assert len(replay_one(engine, reference, datagram, ("10.9.1.66", 6000))) == answers
+    tagged = FLAG_TAG if key is not None else 0
+    for count in (1, 7, 8):
+        datagram = uplink(job=3, rank=1, slot=0, offset=count, codes=[1] * count,
+                          emin=window_e_min(2), flags=stale | tagged)  # fmt: skip
+        if key is not None:
+            datagram = tag.sign(key, datagram)
+        ((notice, to),) = replay_one(engine, reference, datagram, ("10.9.1.66", 6000))
+        assert to == ("10.9.1.66", 6000)
+        assert len(notice) == HEADER.size + (TAG_SIZE if key else 0) < len(datagram)
+        assert HEADER.unpack_from(notice) == (
+            1, FLAG_RESULT | GENERATION << 3 | tagged, 1, window_e_min(2), 3, 1, 0, 0, count,
+        )  # fmt: skip
     assert engine.job_stats(3).drops["stale_generation"] == 3
 
 
@@ -497,8 +510,8 @@ def leaf_pair(engine: Engine, result: str, key: bytes | None) -> LeafAggregator:
 
 def spine_answers(rnd: random.Random, up: bytes, result: str, key: bytes | None) -> list[bytes]:
     """What a spine may send for the partial sum ``up``: its result (a random payload), maybe
-    twice, maybe first for another offset, of another generation, a notice, a job datagram, or
-    with one byte replaced or the end cut."""
+    twice, maybe first for another offset, of another generation, a notice, a restart notice,
+    a job datagram, or with one byte replaced or the end cut."""
     _, flags, _, emin, job, rank, slot, count, offset = struct.unpack_from("!BBBbHHHHI", up)
     size = 8 if result == "int" else 1
     fmt = 1 if result == "int" else 0
@@ -518,6 +531,9 @@ def spine_answers(rnd: random.Random, up: bytes, result: str, key: bytes | None)
         out.append(make(base & ~0x78 | 6 << 3, count, offset, rnd.randbytes(count * size)))
     elif what == 2:
         out.append(make(base, 0, offset, bytes(8)))  # a notice
+    elif what == 5:  # a restart notice (the header alone): of another generation, or not
+        generation = 6 if offset % 2 else SPINE_GENERATION  # (no draw: the stream stays)
+        out.append(make(base & ~0x78 | generation << 3, 0, offset, b""))
     elif what == 3:
         bad = bytearray(good)
         bad[rnd.randrange(len(bad))] = rnd.randrange(256)
@@ -548,7 +564,7 @@ def test_hierarchical_c_leaf_datagram_for_datagram_like_the_reference(
     reference = leaf_pair(engine, result, key)
     reference.restart_idle = 0  # a hello restarts whenever no round is partly filled
     engine.set_restart_idle(0)
-    rnd = random.Random(11)
+    rnd = random.Random(15)
     emin = window_e_min(4)
     sources = [(f"10.9.1.{rank + 1}", 5000 + rank) for rank in range(2)]
     assert reference.leaf is not None

@@ -188,13 +188,14 @@ int nce_pool_restart_if_idle(struct nce_job *job);
 
 /* reply.c */
 uint32_t nce_result_len(const struct nce_job *job, const struct nce_slot *s);
-uint32_t nce_notice_len(const struct nce_job *job);
+uint32_t nce_notice_len(const struct nce_job *job, int has_bitmap);
 /* Count copies of the slot's stored result going out (packets_out, bytes_out). */
 void nce_count_results(struct nce_job *job, const struct nce_slot *s, uint32_t copies);
-/* A notice to the datagram's sender about (slot, version) at its offset, holding bitmap:
- * counted, and act filled for nce_build_reply. */
+/* A notice to the datagram's sender about (slot, version) at its offset, holding bitmap, or
+ * with has_bitmap 0 none (a restart notice: the header alone, no longer than any packet that
+ * reaches the generation check): counted, and act filled for nce_build_reply. */
 enum nce_verdict nce_notice(struct nce_job *job, const struct nce_pkt *p, uint64_t bitmap,
-                            struct nce_action *act);
+                            int has_bitmap, struct nce_action *act);
 
 /* handshake.c: the job handshake (answered by nce_build_reply); nce_is_job_datagram is
  * datapath.h's. */
