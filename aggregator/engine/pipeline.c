@@ -109,7 +109,7 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
                                                      * whose uplinks were lost would stall) */
             return NCE_V_NONE;
         }
-        if (!nce_may_resend(s, p.rank)) {       /* its budget for the round is spent */
+        if (!nce_may_resend(s, p.rank, nce_now_ns())) { /* its budget is spent for now */
             c->drops[NCE_RESEND_LIMIT]++;
             return NCE_V_NONE;
         }
