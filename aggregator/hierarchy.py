@@ -380,7 +380,8 @@ class LeafAggregator(Aggregator):
             return self._drop_upstream(BAD_FLAGS)
         generation = (flags & GENERATION_MASK) >> GENERATION_SHIFT
         if count == 0:  # a notice: the spine still waits for another leaf
-            if size != HEADER_SIZE + NOTICE.size + (TAG_SIZE if flags & FLAG_TAG else 0):
+            body = size - HEADER_SIZE - (TAG_SIZE if flags & FLAG_TAG else 0)
+            if body not in (0, NOTICE.size):  # a restart notice has no bitmap
                 return self._drop_upstream(BAD_LENGTH)
             if generation != up.generation:
                 return self._drop_upstream(STALE_GENERATION)

@@ -25,6 +25,7 @@ from ncina.aggregator.slots import (
     DEFAULT_MAX_RESIDUAL_ELEMENTS,
     DUPLICATE,
     RESEND,
+    RESEND_INTERVAL,
     RESEND_LIMIT,
     JobSlots,
     ServerSlots,
@@ -45,14 +46,18 @@ class Aggregator:
 
     ``restart_idle``: the seconds a job must have been quiet (no completion, no result sent
     again) before an authentic hello may start it afresh (docs/protocol.md, "A new set of
-    workers"); ``clock``: the monotonic clock that measures it."""
+    workers"); ``resend_interval``: the seconds between two results sent again to a member for
+    a slot version once its round's burst is spent (``slots.RESEND_INTERVAL``); ``clock``: the
+    monotonic clock that measures both."""
 
     def __init__(
         self, generation: int = 0, max_residual_elements: int = DEFAULT_MAX_RESIDUAL_ELEMENTS,
         restart_idle: float = handshake.RESTART_IDLE, clock: Callable[[], float] = time.monotonic,
+        resend_interval: float = RESEND_INTERVAL,
     ) -> None:  # fmt: skip
         self.generation = generation
         self.restart_idle = restart_idle
+        self.resend_interval = resend_interval
         self.clock = clock
         self.jobs: dict[int, JobSlots] = {}
         self.stats = GlobalStats()
@@ -114,10 +119,10 @@ class Aggregator:
         values = admission.admit(job, header, payload, source)  # 8-15
         if isinstance(values, str):
             stats.drops[values] += 1
-            # Answered (the notice holds nothing), unless the notice would be longer than the
-            # packet: the source may be forged, and a reflection must not amplify.
-            if values == admission.STALE_GENERATION and size >= reply.notice_size(job):
-                return reply.notice(job, rank, flags & FLAG_POOL, slot, offset, 0, source)
+            # Answered by a restart notice, the header alone: shorter than any packet that gets
+            # here, so a forged source gets no amplified reflection.
+            if values == admission.STALE_GENERATION:
+                return reply.notice(job, rank, flags & FLAG_POOL, slot, offset, None, source)
             return NOTHING
         job.members.learn(rank, source)  # 16: a valid packet
         if flags & FLAG_RETX:
@@ -139,7 +144,7 @@ class Aggregator:
                 # still waiting: ask the spine again (no budget: a leaf whose uplinks were lost
                 # would stall)
                 return job.upstream.forward(job, version, slot, retx=True)
-            if not job.may_resend(version, slot, rank):  # its budget for the round is spent
+            if not job.may_resend(version, slot, rank, job.active_at, self.resend_interval):
                 stats.drops[RESEND_LIMIT] += 1
                 return NOTHING
             stats.results_resent += 1

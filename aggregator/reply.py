@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from ncina.aggregator.jobs import Address
 from ncina.proto import tag
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, GENERATION_SHIFT, HEADER, NOTICE, VERSION
-from ncina.proto.wire import TAG_SIZE
 
 if TYPE_CHECKING:
     from ncina.aggregator.slots import JobSlots
@@ -57,21 +56,19 @@ def results(job: JobSlots, version: int, slot: int, ranks: Sequence[int]) -> Dat
     return out  # type: ignore[return-value]  # every rank of a complete slot has an address
 
 
-def notice_size(job: JobSlots) -> int:
-    """A notice's length in bytes: the header, the bitmap and a keyed job's tag."""
-    return HEADER.size + NOTICE.size + (TAG_SIZE if job.key is not None else 0)
-
-
 def notice(
-    job: JobSlots, rank: int, version: int, slot: int, offset: int, bitmap: int,
+    job: JobSlots, rank: int, version: int, slot: int, offset: int, bitmap: int | None,
     destination: Address,
 ) -> Datagrams:  # fmt: skip
     """A notice to ``rank`` about its packet for ``(slot, version)`` at ``offset``: the
-    aggregator's generation in the flags and the bitmap of the contributors it holds."""
+    aggregator's generation in the flags and the bitmap of the contributors it holds, or, with
+    ``bitmap`` None, no bitmap (a restart notice: the header alone, no longer than any packet
+    that reaches the generation check, so that it answers a stale packet of any length without
+    amplifying a forged one)."""
     datagram = HEADER.pack(
         VERSION, flags(job, version), job.result_format, job.emin, job.config.job,
         rank, slot, 0, offset,
-    ) + NOTICE.pack(bitmap)
+    ) + (b"" if bitmap is None else NOTICE.pack(bitmap))
     if job.key is not None:
         datagram = tag.sign(job.key, datagram)
     stats = job.stats

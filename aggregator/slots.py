@@ -41,11 +41,18 @@ LATE = "late"
 CHUNK_MISMATCH = "chunk_mismatch"
 RESEND_LIMIT = "resend_limit"  # rule 2 past its budget: dropped
 
-RESENDS_PER_ROUND = 16
-"""How often one member may be sent one round's stored result again (rule 2), per slot version
-(docs/protocol.md, "Slots, pool versions and loss recovery"): a worker asks again once per
-timeout, so 16 losses in a row of one result are needed to exhaust it, while a spoofed member's
-requests make at most 16 copies of each result it held (no unbounded amplification)."""
+RESEND_BURST = 4
+"""How often one member may be sent one round's stored result again (rule 2) at once, per slot
+version (docs/protocol.md, "Slots, pool versions and loss recovery"); past that, once per
+``RESEND_INTERVAL``. A worker asks again once per timeout (20 ms doubling to 200 ms), so the
+burst covers four losses in a row of one result; a fifth waits for the interval, never for good.
+Copies of a member's retransmission sent by someone else (an unkeyed job's source can be forged)
+make at most ``RESEND_BURST + T / RESEND_INTERVAL`` results in ``T`` seconds: 4 for a burst of
+40 (issue 37)."""
+
+RESEND_INTERVAL = 1.0
+"""Seconds between two results sent again to one member for one slot version once its round's
+``RESEND_BURST`` is spent."""
 
 _NC8 = int(Format.NC8)  # a plain int: enum attribute lookups are slow on the per-packet path
 
@@ -120,8 +127,10 @@ class JobSlots:
         self.offsets = [[0] * s, [0] * s]
         self.counts = [[0] * s, [0] * s]
         self.results = [[b""] * s, [b""] * s]
-        # Per version, per slot and rank (slot * n + rank): results sent again this round.
+        # Per version, per slot and rank (slot * n + rank): results sent again this round, and
+        # when the last of them went (the aggregator's clock).
         self.resends = [bytearray(s * n), bytearray(s * n)]
+        self.resent_at = [[-math.inf] * (s * n), [-math.inf] * (s * n)]
         # When (the aggregator's clock) a slot last completed or a result was sent again: a
         # hello restarts the job only after it was quiet for a while (``handshake.py``).
         self.active_at = -math.inf
@@ -201,16 +210,21 @@ class JobSlots:
         self.counts = [[0] * s, [0] * s]
         self.results = [[b""] * s, [b""] * s]
         self.resends = [bytearray(s * workers), bytearray(s * workers)]
+        self.resent_at = [[-math.inf] * (s * workers), [-math.inf] * (s * workers)]
         return True
 
-    def may_resend(self, version: int, slot: int, rank: int) -> bool:
-        """Whether rule 2 may send ``rank`` the stored result of ``(slot, version)`` again
-        (``RESENDS_PER_ROUND``); counts the resend when it may."""
+    def may_resend(
+        self, version: int, slot: int, rank: int, now: float, interval: float = RESEND_INTERVAL
+    ) -> bool:
+        """Whether rule 2 may send ``rank`` the stored result of ``(slot, version)`` again at
+        ``now`` (seconds): ``RESEND_BURST`` times in the round, then once per ``interval``
+        since the last; counts the resend when it may."""
         at = slot * self.workers + rank
         sent = self.resends[version][at]
-        if sent >= RESENDS_PER_ROUND:
+        if sent >= RESEND_BURST and now - self.resent_at[version][at] < interval:
             return False
-        self.resends[version][at] = sent + 1
+        self.resends[version][at] = min(sent + 1, RESEND_BURST)
+        self.resent_at[version][at] = now
         return True
 
     def decode(self, payload: memoryview | bytes, count: int) -> np.ndarray | None:

@@ -155,12 +155,10 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
                 if (meta.generation == 0) {
                     fault = EV_BAD_FLAGS;
                 } else {
-                    // Answered by a notice only if the packet is as long as the notice: an
-                    // unlearned rank's source may be forged, and no reflection is amplified.
+                    // Answered by a restart notice, the header alone: shorter than any packet
+                    // that gets here, so a forged source gets no amplified reflection.
                     job_events.count(meta.events + EV_STALE_GENERATION);
-                    if (hdr.udp.len >= UDP_HEADER_BYTES + NCINA_HEADER_BYTES + NOTICE_BYTES) {
-                        meta.verdict = VERDICT_STALE;
-                    }
+                    meta.verdict = VERDICT_STALE;
                     return;
                 }
             } else {

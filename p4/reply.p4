@@ -10,7 +10,7 @@ control Reply(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
         mac_t peer_mac = hdr.eth.src;
         ip4_t peer_ip = hdr.ipv4.src;
         bit<16> peer_port = hdr.udp.src_port;
-        bit<16> payload = NOTICE_BYTES;
+        bit<16> payload = 0;  // a restart notice: the header alone
         bit<8> fmt = meta.result_format;
         if (meta.descriptor == 1) {  // the job's descriptor (all zeros but status: no such job)
             payload = DESCRIPTOR_BYTES;
@@ -32,6 +32,9 @@ control Reply(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
             hdr.nc.offset = 0;
             meta.generation = meta.local_generation;
         } else if (meta.notice == 1) {
+            if (hdr.notice.isValid()) {
+                payload = NOTICE_BYTES;
+            }
             hdr.nc.count = 0;
             job_events.count(meta.events + EV_NOTICES_SENT);
         } else if (meta.result_format == FORMAT_INT) {

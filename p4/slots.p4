@@ -13,23 +13,29 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
     register<bit<32>>(NCINA_SLOTS) epochs;  // the job epoch of the version's round (state.p4)
     register<bit<32>>(NCINA_SLOTS) rounds;  // rounds begun in the version (a first contribution)
     // Per slot version and rank: the round (upper 32 bits) whose result was sent again to the
-    // rank, and how often (lower 8): at most NCINA_RESENDS_PER_ROUND a round (rule 2's budget).
+    // rank, and how often (lower 8), and when the last went (BMv2's clock, microseconds): rule
+    // 2's budget, NCINA_RESEND_BURST a round, then one per NCINA_RESEND_INTERVAL_US.
     register<bit<40>>(NCINA_SLOTS * NCINA_MAX_WORKERS) resends;
+    register<bit<48>>(NCINA_SLOTS * NCINA_MAX_WORKERS) resent_at;
     LaneSums() sums;
 
-    // A reply to the packet's sender: a notice holding `bitmap` (LaneSums drops the lanes).
-    action notice(bit<64> bitmap) {
-        hdr.notice.setValid();
-        hdr.notice.bitmap = bitmap;
+    // A reply to the packet's sender: a notice (LaneSums drops the lanes), holding `bitmap`.
+    action restart_notice() {
         meta.lane_op = LANE_NOTICE;
         meta.notice = 1;
         meta.send = OUT_REPLY;
     }
 
+    action notice(bit<64> bitmap) {
+        restart_notice();
+        hdr.notice.setValid();
+        hdr.notice.bitmap = bitmap;
+    }
+
     apply {
         meta.lane_op = LANE_NONE;
         if (meta.verdict == VERDICT_STALE) {
-            notice(0);  // a packet from before a restart: none of it is held
+            restart_notice();  // a packet from before a restart: the header alone
         } else {
             bit<32> version = (bit<32>)hdr.nc.pool;
             bit<32> slot = (bit<32>)hdr.nc.slot;
@@ -92,10 +98,17 @@ control Slots(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
                     if (resent[39:8] == round) {
                         times = resent[7:0];
                     }
-                    if (times >= NCINA_RESENDS_PER_ROUND) {
+                    bit<48> last;
+                    resent_at.read(last, cell);
+                    bit<48> now = sm.ingress_global_timestamp;
+                    if (times >= NCINA_RESEND_BURST && now - last < NCINA_RESEND_INTERVAL_US) {
                         job_events.count(meta.events + EV_RESEND_LIMIT);
                     } else {
-                        resends.write(cell, round ++ (times + 1));
+                        if (times < NCINA_RESEND_BURST) {
+                            times = times + 1;
+                        }
+                        resends.write(cell, round ++ times);
+                        resent_at.write(cell, now);
                         job_busy_at.write((bit<32>)meta.job_index, sm.ingress_global_timestamp);
                         job_events.count(meta.events + EV_RESULTS_RESENT);
                         meta.lane_op = LANE_RESEND;

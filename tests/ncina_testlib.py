@@ -194,13 +194,15 @@ def window_e_min(workers: int, e_max: int = 10) -> int:
 class Cluster:
     """One job on a running aggregator, with one ``Worker`` socket per rank.
 
-    ``open`` completes slot 0 (version 0) once, so every rank's address is learned and any rank
-    can ``ping``: a retransmission for that slot, whose stored result must be the next datagram
-    the rank receives, which proves that nothing else was sent to it meanwhile and that the
-    aggregator has handled everything sent before.
+    ``open`` completes the ``PING_SLOTS`` first slots (version 0) once, so every rank's address
+    is learned and any rank can ``ping``: a retransmission for one of them, whose stored result
+    must be the next datagram the rank receives, which proves that nothing else was sent to it
+    meanwhile and that the aggregator has handled everything sent before. Pings take the slots
+    in turn: rule 2 answers a member 4 times at once per slot (then once a second), and a
+    module's tests ping more often than that.
     """
 
-    PING_SLOT = 0
+    PING_SLOTS = 16
 
     def __init__(self, aggregator: RunningAggregator, *, job: int, workers: int, k: int) -> None:
         self.aggregator = aggregator
@@ -208,14 +210,18 @@ class Cluster:
         self.k = k
         self.emin = window_e_min(workers)
         self.workers = [Worker(aggregator.address) for _ in range(workers)]
-        self._next_slot = self.PING_SLOT + 1
+        self._next_slot = self.PING_SLOTS
+        self._pings = [0] * workers
 
     def open(self) -> Cluster:
-        """Complete the ping slot; returns self."""
-        results = self.reduce(self.PING_SLOT, [[1] * self.k] * len(self.workers))
-        self._ping_replies = [datagram for datagram, _ in results]
+        """Complete the ping slots; returns self."""
+        ones = [[1] * self.k] * len(self.workers)
+        results = [self.reduce(slot, ones) for slot in range(self.PING_SLOTS)]
+        # Per rank, per ping slot: the stored result a ping gets.
+        self._ping_replies = [[slot[rank][0] for slot in results]
+                              for rank in range(len(self.workers))]  # fmt: skip
         # The aggregator's generation (docs/protocol.md), in bits 3-6 of every result's flags.
-        self.generation = results[0][1]["flags"] >> 3 & 0xF
+        self.generation = results[0][0][1]["flags"] >> 3 & 0xF
         return self
 
     def next_slot(self) -> int:
@@ -252,9 +258,12 @@ class Cluster:
 
     def ping(self, rank: int) -> None:
         """Assert that the next datagram of ``rank`` is the reply to a retransmission now."""
-        self.send(rank, self.PING_SLOT, [1] * self.k, retx=True)
+        slot = self._pings[rank] % self.PING_SLOTS
+        self._pings[rank] += 1
+        self.send(rank, slot, [1] * self.k, retx=True)
         datagram, fields, _ = self.receive(rank)
-        assert datagram == self._ping_replies[rank], f"unexpected datagram before ping: {fields}"
+        assert datagram == self._ping_replies[rank][slot], (
+            f"unexpected datagram before ping: {fields}")
 
     def close(self) -> None:
         for worker in self.workers:

@@ -65,7 +65,8 @@ FIELDS = (
 def kind(datagram: bytes, to_aggregator: bool) -> tuple[str | None, str | None]:
     """``(kind, drop reason)`` of a datagram as docs/protocol.md defines them, from the header
     alone: ``parse``'s drop reasons, the handshake's length and count rules (and ``bad_flags``
-    for a hello with RESULT), a notice's length."""
+    for a hello with RESULT), a notice's length (with its bitmap, or a restart notice's
+    without)."""
     try:
         parse(datagram)
         reason = None
@@ -86,8 +87,8 @@ def kind(datagram: bytes, to_aggregator: bool) -> tuple[str | None, str | None]:
             reason = None
         return ("handshake answer" if result else "hello"), reason
     if result and header.count == 0 and header.format <= Format.BLOB:
-        size = HEADER_SIZE + NOTICE.size + (TAG_SIZE if header.flags & FLAG_TAG else 0)
-        return "notice", None if len(datagram) == size else "bad_length"
+        restart = HEADER_SIZE + (TAG_SIZE if header.flags & FLAG_TAG else 0)
+        return "notice", None if len(datagram) in (restart, restart + NOTICE.size) else "bad_length"
     return ("result" if result else "chunk"), reason
 
 
@@ -130,7 +131,7 @@ def expected(
         for name, value in zip(DESCRIPTOR_FIELDS, values, strict=True):
             text = f"0x{value:08x}" if name == "compressor" else str(value)
             out[f"ncina.descriptor.{name}"] = [text]
-    elif what == "notice":
+    elif what == "notice" and payload:  # (a restart notice has no bitmap)
         (bitmap,) = NOTICE.unpack(payload)
         out["ncina.bitmap"] = [f"0x{bitmap:016x}"]
         out["ncina.bitmap.rank"] = [str(r) for r in range(64) if bitmap >> r & 1]

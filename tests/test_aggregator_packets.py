@@ -270,14 +270,15 @@ def test_retransmission_for_the_previous_version_is_answered(trio: Cluster) -> N
 # --- order of checks, late and duplicate packets (docs/protocol.md) ----------------------------
 
 
-def notice(trio: Cluster, *, slot: int, offset: int, pool: int, bitmap: int) -> bytes:
+def notice(trio: Cluster, *, slot: int, offset: int, pool: int, bitmap: int | None) -> bytes:
     """The notice the trio's aggregator must send rank 0 about its packet, byte for byte: the
     flags of docs/protocol.md ("Order of checks": RESULT, the packet's POOL, the generation,
-    RETX clear), the job's result format (int), the packet's slot and offset, count 0."""
+    RETX clear), the job's result format (int), the packet's slot and offset, count 0; then
+    ``bitmap``, or nothing (None: a restart notice)."""
     flags = FLAG_RESULT | (FLAG_POOL if pool else 0) | trio.generation << 3
     header = NcinaHeader(flags=flags, format=1, emin=trio.emin, job=trio.job, rank=0, slot=slot,
                          count=0, offset=offset)  # fmt: skip
-    return bytes(header / Raw(bitmap.to_bytes(8, "big")))
+    return bytes(header if bitmap is None else header / Raw(bitmap.to_bytes(8, "big")))
 
 
 def test_another_chunk_to_a_complete_slot_is_no_retransmission(backend: str, trio: Cluster) -> None:
@@ -334,8 +335,9 @@ def test_another_chunk_from_a_contributor_is_no_duplicate(backend: str, trio: Cl
 
 def test_a_stale_generation_comes_after_the_header_checks(trio: Cluster) -> None:
     """A packet of another generation whose window, slot or count is wrong is dropped for that,
-    silently; a well-formed one is stale and answered by a notice naming its slot of the pool,
-    with bitmap 0 and the flags of "Order of checks"."""
+    silently; a well-formed one is stale and answered by a restart notice naming its slot of
+    the pool, with the flags of "Order of checks" and no bitmap (issue 38: the header alone,
+    so that a packet of any length gets it without an amplified reflection)."""
     slot = trio.next_slot()
     stale = trio.generation % 15 + 1  # another non-zero generation
     flags = FLAG_POOL | 0x02 | stale << 3  # version 1, RETX, the stale generation
@@ -345,12 +347,12 @@ def test_a_stale_generation_comes_after_the_header_checks(trio: Cluster) -> None
     trio.send(0, POOL, good, flags=flags)  # bad_slot, not a notice about slot 64
     trio.send(0, slot, good, flags=flags, emin=trio.emin + 1)  # window_mismatch
     trio.send(0, slot, [1] * (K + 1), flags=flags)  # bad_count
-    trio.send(0, slot, good, flags=flags, offset=77)  # stale_generation: a notice
-    assert trio.receive(0)[0] == notice(trio, slot=slot, offset=77, pool=1, bitmap=0)
+    trio.send(0, slot, good, flags=flags, offset=77)  # stale_generation: a restart notice
+    assert trio.receive(0)[0] == notice(trio, slot=slot, offset=77, pool=1, bitmap=None)
     trio.ping(0)
     assert delta(before, trio.aggregator.stats(), TRIO_JOB) == {
         "job.packets_in": 5, "job.bytes_in": 5 * (16 + K) + 1, "job.packets_out": 2,
-        "job.bytes_out": 24 + 16 + 8 * K, "job.results_resent": 1, "job.notices_sent": 1,
+        "job.bytes_out": 16 + 16 + 8 * K, "job.results_resent": 1, "job.notices_sent": 1,
         "job.retx_seen": 1, "job.drops.bad_slot": 1, "job.drops.window_mismatch": 1,
         "job.drops.bad_count": 1, "job.drops.stale_generation": 1,
     }  # fmt: skip

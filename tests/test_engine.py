@@ -19,9 +19,11 @@ from ncina.aggregator.handshake import RESTART_IDLE, job_descriptor
 from ncina.aggregator.hierarchy import LeafAggregator, SpineSlots, Upstream
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
+from ncina.aggregator.slots import RESEND_BURST, RESEND_INTERVAL
 from ncina.proto import tag
 from ncina.proto.descriptor import UPLINK_INT, Descriptor, pack_job_datagram
-from ncina.proto.wire import MAX_K
+from ncina.proto.header import FLAG_RESULT, FLAG_TAG, HEADER
+from ncina.proto.wire import MAX_K, TAG_SIZE
 from ncina_parity import GENERATION, KEY, K, schedule
 from ncina_testlib import uplink, window_e_min
 
@@ -268,10 +270,11 @@ def test_a_hello_between_two_steps_restarts_nothing(engine: Engine) -> None:
     assert engine.job_stats(3).contributions == 3 == reference.jobs[3].stats.contributions
 
 
-def test_results_are_resent_at_most_16_times_a_round_per_member(engine: Engine) -> None:
+def test_results_are_resent_in_a_burst_of_4_then_once_per_interval(engine: Engine) -> None:
     # Issue 27, finding 5: spoofed copies of a member's completed chunk made the member receive
-    # a stored result (8 bytes an element for int) per copy, without limit. Rule 2 now sends a
-    # member one round's result again at most 16 times per slot version (resend_limit drops).
+    # a stored result (8 bytes an element for int) per copy, without limit; then 16 a round.
+    # Issue 37: 40 spoofed retransmissions must make at most 4: rule 2 now sends a member one
+    # round's result again RESEND_BURST times per slot version, then once per RESEND_INTERVAL.
     config = JobConfig.create(job=3, workers=2, k=8, result_format="int", seed=1)
     engine.add_job(config)
     reference = Aggregator()
@@ -285,37 +288,75 @@ def test_results_are_resent_at_most_16_times_a_round_per_member(engine: Engine) 
     for slot in (0, 1):
         for rank in range(2):
             replay_one(engine, reference, chunk(rank, slot, slot), sources[rank])
-    answered = [len(replay_one(engine, reference, chunk(0), sources[0])) for _ in range(20)]
-    assert answered == [1] * 16 + [0] * 4
+    # 40 copies within the interval (a test takes far less than its second): 4 answers.
+    answered = [len(replay_one(engine, reference, chunk(0), sources[0])) for _ in range(40)]
+    assert answered == [1] * RESEND_BURST + [0] * 36 and RESEND_BURST == 4
     # Another member, and another slot, have budgets of their own.
-    assert all(replay_one(engine, reference, chunk(1), sources[1]) for _ in range(16))
+    assert all(replay_one(engine, reference, chunk(1), sources[1]) for _ in range(4))
     assert replay_one(engine, reference, chunk(0, 1, 1), sources[0])
-    # The next round of the slot (its version 1, then version 0 again) starts a new budget.
+    # The next round of the slot (its version 1, then version 0 again) starts a new burst.
     for pool, offset in ((1, 2), (0, 4)):
         for rank in range(2):
             replay_one(engine, reference, chunk(rank, 0, offset, pool), sources[rank])
         assert all(replay_one(engine, reference, chunk(0, 0, offset, pool), sources[0])
-                   for _ in range(16))  # fmt: skip
+                   for _ in range(4))  # fmt: skip
         assert replay_one(engine, reference, chunk(0, 0, offset, pool), sources[0]) == []
     stats = engine.job_stats(3)
-    assert stats.drops["resend_limit"] == 4 + 2 == reference.jobs[3].stats.drops["resend_limit"]
-    assert stats.results_resent == 16 + 16 + 1 + 2 * 16
+    assert stats.drops["resend_limit"] == 36 + 2 == reference.jobs[3].stats.drops["resend_limit"]
+    assert stats.results_resent == 4 + 4 + 1 + 2 * 4
+    # Once the interval has passed since the last, one more: a worker whose result was lost
+    # five times in a row still gets it (never a stall for good, as with a fixed budget).
+    engine.set_resend_interval(0)
+    reference.resend_interval = 0
+    try:
+        assert all(replay_one(engine, reference, chunk(0, 0, 4), sources[0]) for _ in range(3))
+    finally:
+        engine.set_resend_interval(RESEND_INTERVAL)
 
 
-def test_a_stale_packet_shorter_than_its_notice_is_not_answered(engine: Engine) -> None:
+def test_a_burst_spent_waits_for_the_resend_interval() -> None:
+    now = [100.0]
+    agg = Aggregator(clock=lambda: now[0])
+    agg.add_job(JobConfig.create(job=3, workers=2, k=8, result_format="int", seed=1))
+    emin, sources = window_e_min(2), [("10.9.1.1", 5000), ("10.9.1.2", 5000)]
+    for rank in range(2):
+        agg.handle(uplink(job=3, rank=rank, slot=0, offset=0, codes=[1] * 8, emin=emin),
+                   sources[rank])  # fmt: skip
+    retx = uplink(job=3, rank=0, slot=0, offset=0, codes=[1] * 8, emin=emin, retx=True)
+    answered = []
+    for at in (0, 0, 0, 0, 0, 0.5, 0.99, 1.0, 1.5, 1.99, 2.0, 2.0):
+        now[0] = 100.0 + at
+        answered.append(len(agg.handle(retx, sources[0])))
+    assert answered == [1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1, 0]
+    assert RESEND_INTERVAL == 1.0
+
+
+@pytest.mark.parametrize("key", [None, bytes(range(16))])
+def test_a_stale_packet_of_any_length_gets_a_restart_notice_no_longer(
+    engine: Engine, key: bytes | None
+) -> None:
     # Issue 27, finding 5: a stale packet's source may be forged (an unlearned rank is accepted
-    # from anywhere): its notice goes out only when no longer than the packet (no amplified
-    # reflection). A worker's chunk of 8 elements or more still learns of the restart.
-    config = JobConfig.create(job=3, workers=2, k=8, result_format="int", seed=1)
+    # from anywhere), so its answer must not be longer than it (no amplified reflection).
+    # Issue 38: a chunk of 1-7 elements got no answer then and never learned of the restart;
+    # now the answer is a restart notice, the header alone (and the tag).
+    config = JobConfig.create(job=3, workers=2, k=8, result_format="int", seed=1, key=key)
     engine.add_job(config)
     engine.set_generation(GENERATION)
     reference = Aggregator(GENERATION)
     reference.add_job(config)
     stale = (GENERATION % 15 + 1) << 3
-    for count, answers in ((1, 0), (7, 0), (8, 1)):
-        datagram = uplink(job=3, rank=1, slot=0, offset=0, codes=[1] * count,
-                          emin=window_e_min(2), flags=stale)  # fmt: skip
-        assert len(replay_one(engine, reference, datagram, ("10.9.1.66", 6000))) == answers
+    tagged = FLAG_TAG if key is not None else 0
+    for count in (1, 7, 8):
+        datagram = uplink(job=3, rank=1, slot=0, offset=count, codes=[1] * count,
+                          emin=window_e_min(2), flags=stale | tagged)  # fmt: skip
+        if key is not None:
+            datagram = tag.sign(key, datagram)
+        ((notice, to),) = replay_one(engine, reference, datagram, ("10.9.1.66", 6000))
+        assert to == ("10.9.1.66", 6000)
+        assert len(notice) == HEADER.size + (TAG_SIZE if key else 0) < len(datagram)
+        assert HEADER.unpack_from(notice) == (
+            1, FLAG_RESULT | GENERATION << 3 | tagged, 1, window_e_min(2), 3, 1, 0, 0, count,
+        )  # fmt: skip
     assert engine.job_stats(3).drops["stale_generation"] == 3
 
 
@@ -497,8 +538,8 @@ def leaf_pair(engine: Engine, result: str, key: bytes | None) -> LeafAggregator:
 
 def spine_answers(rnd: random.Random, up: bytes, result: str, key: bytes | None) -> list[bytes]:
     """What a spine may send for the partial sum ``up``: its result (a random payload), maybe
-    twice, maybe first for another offset, of another generation, a notice, a job datagram, or
-    with one byte replaced or the end cut."""
+    twice, maybe first for another offset, of another generation, a notice, a restart notice,
+    a job datagram, or with one byte replaced or the end cut."""
     _, flags, _, emin, job, rank, slot, count, offset = struct.unpack_from("!BBBbHHHHI", up)
     size = 8 if result == "int" else 1
     fmt = 1 if result == "int" else 0
@@ -518,6 +559,9 @@ def spine_answers(rnd: random.Random, up: bytes, result: str, key: bytes | None)
         out.append(make(base & ~0x78 | 6 << 3, count, offset, rnd.randbytes(count * size)))
     elif what == 2:
         out.append(make(base, 0, offset, bytes(8)))  # a notice
+    elif what == 5:  # a restart notice (the header alone): of another generation, or not
+        generation = 6 if offset % 2 else SPINE_GENERATION  # (no draw: the stream stays)
+        out.append(make(base & ~0x78 | generation << 3, 0, offset, b""))
     elif what == 3:
         bad = bytearray(good)
         bad[rnd.randrange(len(bad))] = rnd.randrange(256)
@@ -548,7 +592,7 @@ def test_hierarchical_c_leaf_datagram_for_datagram_like_the_reference(
     reference = leaf_pair(engine, result, key)
     reference.restart_idle = 0  # a hello restarts whenever no round is partly filled
     engine.set_restart_idle(0)
-    rnd = random.Random(11)
+    rnd = random.Random(15)
     emin = window_e_min(4)
     sources = [(f"10.9.1.{rank + 1}", 5000 + rank) for rank in range(2)]
     assert reference.leaf is not None

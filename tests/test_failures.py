@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
+from ncina.proto.descriptor import is_job_datagram
 from ncina.proto.header import HEADER, NOTICE, Header, flags_for
 from ncina.worker.client import (
     DATA_PATH_ENV,
@@ -57,7 +59,6 @@ def aggregator(generation: int) -> tuple[Aggregator, int]:
 
 
 def packet(emin: int, rank: int, *, generation: int = 0, retx: bool = False) -> bytes:
-    # 8 elements: a stale packet as long as its notice is answered (docs/protocol.md)
     return uplink(job=JOB, rank=rank, slot=1, offset=4, codes=[1] * 8, emin=emin,
                   flags=flags_for(0, retx=retx, generation=generation))  # fmt: skip
 
@@ -73,11 +74,9 @@ def test_stale_generation_is_dropped_counted_and_answered_by_a_notice() -> None:
     assert stats.drops["stale_generation"] == 1 and stats.contributions == 0
     assert stats.notices_sent == stats.packets_out == 1
     [(datagram, destination)] = out
-    assert destination == address(0) and len(datagram) == 16 + NOTICE.size
-    header, payload = datagram[:16], datagram[16:]
-    notice = Header._make(HEADER.unpack(header))
+    assert destination == address(0) and len(datagram) == HEADER.size  # a restart notice
+    notice = Header._make(HEADER.unpack(datagram))
     assert notice.generation == 7 and notice.is_result and notice.count == 0
-    assert NOTICE.unpack(payload) == (0,)  # no contributor
     # Unstamped and correctly stamped packets both count.
     assert not list(agg.handle(packet(emin, 0), address(0)))
     assert not list(agg.handle(packet(emin, 1, generation=7), address(1)))
@@ -295,3 +294,118 @@ def test_restart_retries_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="restart_retries must be 0 or more"):
         AllreduceClient(("127.0.0.1", 9), job=JOB, rank=0, workers=1, restart_retries=-1,
                         handshake_timeout=None)  # fmt: skip
+
+
+# --- restarts at chosen datagrams (issue 38) -----------------------------------------------------
+
+
+class Restartable(threading.Thread):
+    """An in-process Python aggregator of one job on loopback that a test restarts at chosen
+    datagrams: ``restart_at`` holds ``(predicate, generation)`` pairs, and before handling the
+    first datagram for which the first pair's predicate holds, the aggregator is replaced by a
+    new one of that generation (its slots and learned members lost, as a SIGKILL and a new
+    start lose them) and the pair is used up."""
+
+    def __init__(self, config: JobConfig, generation: int) -> None:
+        super().__init__(daemon=True)
+        self.config = config
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.02)
+        self.address: tuple[str, int] = self.sock.getsockname()
+        self.restart_at: list[tuple[object, int]] = []
+        self.stopping = threading.Event()
+        self.restart(generation)
+
+    def restart(self, generation: int) -> None:
+        self.aggregator = Aggregator(generation)
+        self.aggregator.add_job(self.config)
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                data, source = self.sock.recvfrom(65535)
+            except TimeoutError:
+                continue
+            if self.restart_at and self.restart_at[0][0](data):  # type: ignore[operator]
+                self.restart(self.restart_at.pop(0)[1])
+            for reply, destination in self.aggregator.handle(data, source):
+                self.sock.sendto(reply, destination)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+        self.sock.close()
+
+
+def is_chunk(datagram: bytes) -> bool:
+    """Whether ``datagram`` is a worker's chunk, not a hello."""
+    return len(datagram) >= HEADER.size and not is_job_datagram(datagram)
+
+
+@contextlib.contextmanager
+def restartable(workers: int, generation: int, key: bytes | None = None) -> Iterator[Restartable]:
+    config = JobConfig.create(job=JOB, workers=workers, k=K, result_format="int", key=key)
+    server = Restartable(config, generation)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def clients_of(server: Restartable, workers: int, **options: object) -> list[AllreduceClient]:
+    return [AllreduceClient(server.address, job=JOB, rank=rank, workers=workers, k=K,
+                            result_format="int", deadline=4.0, key=server.config.key,
+                            **options)  # type: ignore[arg-type]
+            for rank in range(workers)]  # fmt: skip
+
+
+def allreduce_all(clients: list[AllreduceClient], x: np.ndarray) -> list[np.ndarray]:
+    with ThreadPoolExecutor(len(clients)) as pool:
+        return list(pool.map(lambda c: c.allreduce(x, op="sum"), clients))
+
+
+@pytest.mark.usefixtures("data_path")
+@pytest.mark.parametrize(("elements", "key"), [(1, None), (7, None), (1, bytes(range(16)))])
+def test_a_call_shorter_than_a_notice_learns_of_a_restart(elements: int, key: bytes | None) -> None:
+    # Issue 38, case 3: a chunk of 1-7 elements is shorter than the old 24-byte notice (32
+    # with a tag), so a stale one went unanswered and the call timed out with restarts=0.
+    x = np.full(elements, 2.0, dtype=np.float32)
+    with restartable(2, 3, key) as server:
+        clients = clients_of(server, 2)
+        try:
+            assert [o.tolist() for o in allreduce_all(clients, x)] == [[4.0] * elements] * 2
+            server.restart_at.append((is_chunk, 5))
+            assert [o.tolist() for o in allreduce_all(clients, x)] == [[4.0] * elements] * 2
+            assert [c.stats["restarts"] for c in clients] == [1, 1]
+            assert [c.generation for c in clients] == [5, 5]
+        finally:
+            for client in clients:
+                client.close()
+
+
+@pytest.mark.usefixtures("data_path")
+def test_a_restart_during_the_recoverys_agreement_starts_it_again() -> None:
+    # Issue 38, case 3: the agreement call (one element per rank) is short too; a second
+    # restart while it runs made both ranks time out (docs/reliability.md promises a new start).
+    x = np.full(20 * K, 2.0, dtype=np.float32)
+
+    in_agreement: set[int] = set()
+
+    def agreement(datagram: bytes) -> bool:  # both ranks sent the recovery's first call
+        if is_chunk(datagram) and (datagram[1] >> 3) & 0xF == 5:
+            in_agreement.add(Header._make(HEADER.unpack_from(datagram)).rank)
+        return len(in_agreement) == 2
+
+    with restartable(2, 3) as server:
+        clients = clients_of(server, 2, restart_retries=2)
+        try:
+            assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
+            server.restart_at += [(is_chunk, 5), (agreement, 7)]
+            assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
+            assert [c.stats["restarts"] for c in clients] == [2, 2]
+            assert [c.generation for c in clients] == [7, 7]
+        finally:
+            for client in clients:
+                client.close()

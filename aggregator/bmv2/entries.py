@@ -10,6 +10,7 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ncina.aggregator.admission import STALE_GENERATION
 from ncina.aggregator.bmv2.layout import (
     COUNTED,
     FLOOD_GROUP,
@@ -167,7 +168,8 @@ def job_stats(job: InstalledJob, counts: Counts) -> JobStats:
     minus ``ETH_IPV4_UDP_HEADERS``. A result has the 16-byte header and ``count`` elements of the
     job's result format, and ``count`` is the count of the uplink that completed or asked for
     it, so ``sum(count)`` over results is (frame bytes - ``ETH_IPV4_UDP_NCINA_HEADERS`` *
-    results); a notice is 24 bytes.
+    results); a notice is 24 bytes, but the restart notice that answers each
+    ``stale_generation`` drop is the 16-byte header alone.
     """
     base = job.index * len(JOB_EVENTS)
     event = {name: counts.get(base + i, (0, 0)) for i, name in enumerate(JOB_EVENTS)}
@@ -182,8 +184,9 @@ def job_stats(job: InstalledJob, counts: Counts) -> JobStats:
     elements = sum(event[name][1] for name in ("results_sent", "results_resent")) - (
         ETH_IPV4_UDP_NCINA_HEADERS * results)
     stats.packets_out = results + stats.notices_sent + stats.handshakes
-    stats.bytes_out = HEADER_SIZE * results + size * elements + (
-        HEADER_SIZE + NOTICE.size) * stats.notices_sent + JOB_DATAGRAM_SIZE * stats.handshakes
+    bitmaps = stats.notices_sent - stats.drops[STALE_GENERATION]
+    stats.bytes_out = HEADER_SIZE * (results + stats.notices_sent) + size * elements + (
+        NOTICE.size * bitmaps + JOB_DATAGRAM_SIZE * stats.handshakes)
     return stats
 
 

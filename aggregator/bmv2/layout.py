@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ncina.aggregator.slots import RESENDS_PER_ROUND
+from ncina.aggregator.slots import RESEND_BURST, RESEND_INTERVAL
 from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_COUNTERS, JOB_DROP_REASONS
 from ncina.proto.wire import MAX_WORKERS
 
@@ -53,7 +53,8 @@ def defines(k: int) -> dict[str, int]:
         "NCINA_JOB_EVENTS": len(JOB_EVENTS),
         "NCINA_GLOBAL_EVENTS": len(GLOBAL_EVENTS),
         "NCINA_TRANSPORT_EVENTS": len(TRANSPORT_EVENTS),
-        "NCINA_RESENDS_PER_ROUND": RESENDS_PER_ROUND,
+        "NCINA_RESEND_BURST": RESEND_BURST,
+        "NCINA_RESEND_INTERVAL_US": round(RESEND_INTERVAL * 1e6),  # BMv2's clock: microseconds
     }
     values.update({f"EV_{name.upper()}": i for i, name in enumerate(JOB_EVENTS)})
     values.update({f"EV_G_{name.upper()}": i for i, name in enumerate(GLOBAL_EVENTS)})

@@ -139,6 +139,11 @@ class Engine:
         (``ncina.aggregator.handshake.RESTART_IDLE``, ``--restart-idle``)."""
         self.lib.nce_set_restart_idle(round(seconds * 1e9))
 
+    def set_resend_interval(self, seconds: float) -> None:
+        """How long after the last result sent again to a member for a slot version, once its
+        round's burst is spent, rule 2 may send it again (``slots.RESEND_INTERVAL``)."""
+        self.lib.nce_set_resend_interval(round(seconds * 1e9))
+
     def add_job(self, config: JobConfig) -> None:
         """Install a job (with ``config.result_seed()``: its nc8 results are the reference's
         under the same seed, whatever the order of completions) and its members. A job that

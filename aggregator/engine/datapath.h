@@ -59,10 +59,12 @@ struct nce_action {
     uint16_t rank;              /* the sender */
     uint16_t members;           /* the job's N (SEND_ALL sends to ranks 0..members-1) */
     uint8_t version;
-    /* NCE_V_NOTICE: the slot and offset of the datagram answered, and the bitmap */
+    /* NCE_V_NOTICE: the slot and offset of the datagram answered, and the bitmap (none in a
+     * restart notice: the header alone) */
     uint16_t slot_index;
     uint32_t offset;
     uint64_t bitmap;
+    uint8_t has_bitmap;
     /* NCE_V_DESCRIPTOR: the job id asked for and the answer's status */
     uint8_t descriptor;         /* 1: the reply is a job descriptor, not a result or notice */
     uint8_t status;

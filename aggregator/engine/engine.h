@@ -114,6 +114,10 @@ void nce_set_generation(uint8_t generation);
  * an authentic hello starts it afresh (docs/protocol.md "A new set of workers"; the Python
  * reference's RESTART_IDLE, 10 s, by default; 0: whenever no round is partly filled). */
 void nce_set_restart_idle(uint64_t ns);
+/* How long (ns) after the last result sent again to a member for a slot version, once its
+ * round's burst of NCE_RESEND_BURST is spent, rule 2 may send it again (the Python reference's
+ * slots.RESEND_INTERVAL, 1 s, by default). */
+void nce_set_resend_interval(uint64_t ns);
 /* The job's authentication key (16..64 bytes; docs/protocol.md "Authentication tag"). Returns 0,
  * or -1 with nce_error(). */
 int nce_job_set_key(uint16_t job, const uint8_t *key, uint32_t keylen);

@@ -81,10 +81,10 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
     reason = nce_admit(job, &p, from);         /* 8-15 */
     if (reason >= 0) {
         c->drops[reason]++;
-        /* A stale packet is answered (the notice holds nothing), unless the notice would be
-         * longer than it: the source may be forged, and a reflection must not amplify. */
-        if (reason == NCE_STALE_GENERATION && len >= nce_notice_len(job))
-            return nce_notice(job, &p, 0, act);
+        /* A stale packet is answered by a restart notice, the header alone: shorter than any
+         * packet that gets here, so a forged source gets no amplified reflection. */
+        if (reason == NCE_STALE_GENERATION)
+            return nce_notice(job, &p, 0, 0, act);
         return NCE_V_NONE;
     }
     if (!nce_member_learn(job, p.rank, from)) { /* 16: a valid packet */
@@ -109,7 +109,7 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
                                                      * whose uplinks were lost would stall) */
             return NCE_V_NONE;
         }
-        if (!nce_may_resend(s, p.rank)) {       /* its budget for the round is spent */
+        if (!nce_may_resend(s, p.rank, nce_now_ns())) { /* its budget is spent for now */
             c->drops[NCE_RESEND_LIMIT]++;
             return NCE_V_NONE;
         }
@@ -118,7 +118,7 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
         return NCE_V_SEND_ONE;
     case NCE_R_DUPLICATE:                       /* rule 3: ignored duplicate, and a notice */
         c->duplicates++;
-        return nce_generation ? nce_notice(job, &p, s->bitmap, act) : NCE_V_NONE;
+        return nce_generation ? nce_notice(job, &p, s->bitmap, 1, act) : NCE_V_NONE;
     case NCE_R_CONTRIBUTE:
         break;
     }

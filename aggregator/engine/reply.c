@@ -12,9 +12,9 @@ uint32_t nce_result_len(const struct nce_job *job, const struct nce_slot *s)
     return NCE_HDR_LEN + (uint32_t)s->count * job->elem_size + (job->tagged ? NCE_TAG_LEN : 0);
 }
 
-uint32_t nce_notice_len(const struct nce_job *job)
+uint32_t nce_notice_len(const struct nce_job *job, int has_bitmap)
 {
-    return NCE_NOTICE_LEN + (job->tagged ? NCE_TAG_LEN : 0);
+    return (has_bitmap ? NCE_NOTICE_LEN : NCE_HDR_LEN) + (job->tagged ? NCE_TAG_LEN : 0);
 }
 
 void nce_count_results(struct nce_job *job, const struct nce_slot *s, uint32_t copies)
@@ -25,16 +25,17 @@ void nce_count_results(struct nce_job *job, const struct nce_slot *s, uint32_t c
 }
 
 enum nce_verdict nce_notice(struct nce_job *job, const struct nce_pkt *p, uint64_t bitmap,
-                            struct nce_action *act)
+                            int has_bitmap, struct nce_action *act)
 {
     act->slot = NULL;
     act->slot_index = p->slot;
     act->offset = p->offset;
     act->bitmap = bitmap;
+    act->has_bitmap = (uint8_t)(has_bitmap != 0);
     struct nce_counters *c = nce_counters_of(job);
     c->notices_sent++;
     c->packets_out++;
-    c->bytes_out += nce_notice_len(job);
+    c->bytes_out += nce_notice_len(job, has_bitmap);
     return NCE_V_NOTICE;
 }
 
@@ -65,7 +66,8 @@ uint32_t nce_reply_len(const struct nce_action *a)
 {
     if (a->descriptor)
         return nce_descriptor_len(a);
-    return a->slot != NULL ? nce_result_len(a->job, a->slot) : nce_notice_len(a->job);
+    return a->slot != NULL ? nce_result_len(a->job, a->slot)
+                           : nce_notice_len(a->job, a->has_bitmap);
 }
 
 uint32_t nce_build_reply(uint8_t *buf, uint32_t cap, const struct nce_action *a, uint16_t rank)
@@ -84,9 +86,10 @@ uint32_t nce_build_reply(uint8_t *buf, uint32_t cap, const struct nce_action *a,
                    s->offset);
         memcpy(buf + NCE_HDR_LEN, s->result, body);
     } else {                                    /* a notice: the contributors' bitmap */
-        body = 8;
+        body = a->has_bitmap ? 8 : 0;           /* (a restart notice: none) */
         put_header(buf, job, a->version, rank, a->slot_index, 0, a->offset);
-        nce_put_be64(buf + NCE_HDR_LEN, a->bitmap);
+        if (a->has_bitmap)
+            nce_put_be64(buf + NCE_HDR_LEN, a->bitmap);
     }
     if (job->tagged)                            /* one tag per destination: rank differs */
         nce_tag(job, buf, NCE_HDR_LEN + body, buf + NCE_HDR_LEN + body);

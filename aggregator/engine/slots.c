@@ -17,10 +17,13 @@ int nce_pool_alloc(struct nce_job *job)
     int64_t *acc = calloc(versions * job->k, sizeof *acc);
     uint8_t *res = calloc(versions * job->k, job->elem_size);
     uint8_t *resends = calloc(versions, job->n);
-    if (job->slots == NULL || acc == NULL || res == NULL || resends == NULL) {
+    uint64_t *resent_ns = calloc(versions * job->n, sizeof *resent_ns);
+    if (job->slots == NULL || acc == NULL || res == NULL || resends == NULL ||
+        resent_ns == NULL) {
         free(acc);
         free(res);
         free(resends);
+        free(resent_ns);
         free(job->slots);
         job->slots = NULL;
         return -1;
@@ -29,6 +32,7 @@ int nce_pool_alloc(struct nce_job *job)
         job->slots[i].acc = acc + i * job->k;
         job->slots[i].result = res + i * job->k * job->elem_size;
         job->slots[i].resends = resends + i * job->n;
+        job->slots[i].resent_ns = resent_ns + i * job->n;
     }
     return 0;
 }
@@ -40,6 +44,7 @@ void nce_pool_free(struct nce_job *job)
     free(job->slots[0].acc);
     free(job->slots[0].result);
     free(job->slots[0].resends);
+    free(job->slots[0].resent_ns);
     free(job->slots);
     job->slots = NULL;
 }
@@ -141,11 +146,21 @@ int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt
     return 1;
 }
 
-int nce_may_resend(struct nce_slot *s, uint16_t rank)
+static uint64_t resend_interval_ns = 1000000000u;  /* slots.RESEND_INTERVAL */
+
+void nce_set_resend_interval(uint64_t ns)
 {
-    if (s->resends[rank] >= NCE_RESENDS_PER_ROUND)   /* rank < n: admission checked it */
+    resend_interval_ns = ns;
+}
+
+int nce_may_resend(struct nce_slot *s, uint16_t rank, uint64_t now_ns)
+{
+    /* rank < n: admission checked it */
+    if (s->resends[rank] >= NCE_RESEND_BURST && now_ns - s->resent_ns[rank] < resend_interval_ns)
         return 0;
-    s->resends[rank]++;
+    if (s->resends[rank] < NCE_RESEND_BURST)
+        s->resends[rank]++;
+    s->resent_ns[rank] = now_ns;
     return 1;
 }
 

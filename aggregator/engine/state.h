@@ -84,11 +84,13 @@ struct nce_slot {
     int64_t *acc;               /* k accumulators */
     uint8_t *result;            /* stored result payload, count * element size bytes */
     uint8_t *resends;           /* per rank: results sent again this round (n bytes) */
+    uint64_t *resent_ns;        /* per rank: when the last of them went (nce_now_ns) */
 };
 
-/* How often one member may be sent one round's stored result again, per slot version (the
- * Python reference's slots.RESENDS_PER_ROUND); past it rule 2 is a resend_limit drop. */
-#define NCE_RESENDS_PER_ROUND 16
+/* How often one member may be sent one round's stored result again at once, per slot version
+ * (the Python reference's slots.RESEND_BURST); past it, once per nce_set_resend_interval's
+ * time (slots.RESEND_INTERVAL), and otherwise rule 2 is a resend_limit drop. */
+#define NCE_RESEND_BURST 4
 
 /* One lane's counters, on cache lines of their own (lanes never share a written line), and
  * when (CLOCK_MONOTONIC ns, 0: never) the lane last completed a slot of the job or sent one of
@@ -181,20 +183,21 @@ int nce_contribute(struct nce_job *job, struct nce_slot *s, const struct nce_pkt
                    unsigned version);
 /* Rule 2's budget: whether rank may be sent the slot version's stored result again (counted
  * when it may). */
-int nce_may_resend(struct nce_slot *s, uint16_t rank);
+int nce_may_resend(struct nce_slot *s, uint16_t rank, uint64_t now_ns);
 /* Start the slots afresh (their `uses` go on) if no round is partly filled; whether it did.
  * An authentic hello calls it (handshake.c), see there. */
 int nce_pool_restart_if_idle(struct nce_job *job);
 
 /* reply.c */
 uint32_t nce_result_len(const struct nce_job *job, const struct nce_slot *s);
-uint32_t nce_notice_len(const struct nce_job *job);
+uint32_t nce_notice_len(const struct nce_job *job, int has_bitmap);
 /* Count copies of the slot's stored result going out (packets_out, bytes_out). */
 void nce_count_results(struct nce_job *job, const struct nce_slot *s, uint32_t copies);
-/* A notice to the datagram's sender about (slot, version) at its offset, holding bitmap:
- * counted, and act filled for nce_build_reply. */
+/* A notice to the datagram's sender about (slot, version) at its offset, holding bitmap, or
+ * with has_bitmap 0 none (a restart notice: the header alone, no longer than any packet that
+ * reaches the generation check): counted, and act filled for nce_build_reply. */
 enum nce_verdict nce_notice(struct nce_job *job, const struct nce_pkt *p, uint64_t bitmap,
-                            struct nce_action *act);
+                            int has_bitmap, struct nce_action *act);
 
 /* handshake.c: the job handshake (answered by nce_build_reply); nce_is_job_datagram is
  * datapath.h's. */

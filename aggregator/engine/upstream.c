@@ -158,7 +158,8 @@ enum nce_verdict nce_upstream_input(const uint8_t *dgram, uint32_t len, struct n
         return drop(NCE_BAD_FLAGS);
     const unsigned generation = (p.flags & NCE_GEN_MASK) >> NCE_GEN_SHIFT;
     if (p.count == 0) {                         /* a notice: the spine waits for another leaf */
-        if (len != NCE_NOTICE_LEN + (flagged ? NCE_TAG_LEN : 0))
+        const uint32_t body = len - NCE_HDR_LEN - (flagged ? NCE_TAG_LEN : 0);
+        if (len < NCE_HDR_LEN + (flagged ? NCE_TAG_LEN : 0) || (body != 0 && body != 8))
             return drop(NCE_BAD_LENGTH);
         if (generation != up.generation)
             return drop(NCE_STALE_GENERATION);

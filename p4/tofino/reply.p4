@@ -42,14 +42,15 @@ control Reply(inout headers_t hdr, inout meta_t meta, in ingress_intrinsic_metad
         hdr.ipv4.total_len = 20 + UDP_HEADER_BYTES + NCINA_HEADER_BYTES + DESCRIPTOR_BYTES;
     }
 
-    action as_notice() {
+    // A notice: the bitmap follows the header, except in a restart notice (`bytes` 0).
+    action as_notice(bit<16> bytes) {
         hdr.nc.flags[7:3] = meta.flags[7:3];  // all but the POOL bit, from the job's entry
         hdr.nc.flags[1:0] = meta.flags[1:0];
         hdr.nc.format = meta.result_format;
         hdr.nc.emin = meta.emin;
         hdr.nc.count = 0;
-        hdr.udp.len = UDP_HEADER_BYTES + NCINA_HEADER_BYTES + NOTICE_BYTES;
-        hdr.ipv4.total_len = 20 + UDP_HEADER_BYTES + NCINA_HEADER_BYTES + NOTICE_BYTES;
+        hdr.udp.len = UDP_HEADER_BYTES + NCINA_HEADER_BYTES + bytes;
+        hdr.ipv4.total_len = 20 + UDP_HEADER_BYTES + NCINA_HEADER_BYTES + bytes;
     }
 
     action as_result() {
@@ -88,7 +89,11 @@ control Reply(inout headers_t hdr, inout meta_t meta, in ingress_intrinsic_metad
             answers.apply();
             as_answer();
         } else if (meta.notice == 1) {
-            as_notice();
+            if (hdr.notice.isValid()) {
+                as_notice(NOTICE_BYTES);
+            } else {
+                as_notice(0);
+            }
         } else {
             as_result();
         }

@@ -70,13 +70,18 @@ control Slots(inout headers_t hdr, inout meta_t meta) {
         meta.event = EV_LATE;
     }
 
-    action notice(bit<32> bitmap) {
-        hdr.notice.setValid();
-        hdr.notice.high = 0;
-        hdr.notice.low = bitmap;
+    // A notice holding `bitmap`; a restart notice holds none (the header alone).
+    action restart_notice() {
         meta.notice = 1;
         meta.send = OUT_REPLY;
         meta.event2 = EV_NOTICES_SENT;
+    }
+
+    action notice(bit<32> bitmap) {
+        restart_notice();
+        hdr.notice.setValid();
+        hdr.notice.high = 0;
+        hdr.notice.low = bitmap;
     }
 
     action contribute(bit<8> op) {
@@ -107,7 +112,7 @@ control Slots(inout headers_t hdr, inout meta_t meta) {
 
     apply {
         if (meta.verdict == VERDICT_STALE) {
-            notice(0);  // a packet from before a restart: none of it is held
+            restart_notice();  // a packet from before a restart: the header alone
             return;
         }
         meta.relation = claim.execute(meta.slot_index);

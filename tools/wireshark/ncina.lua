@@ -404,14 +404,19 @@ local function dissect_datagram(tvb, pinfo, tree)
             info = string.format("%s status=%s", info, STATUS[status] or tostring(status))
         end
     elseif is_result and count == 0 and fmt <= FORMAT_BLOB then
-        -- A notice: the answered packet's header, count 0, the contributors' bitmap.
+        -- A notice: the answered packet's header, count 0, the contributors' bitmap; a
+        -- restart notice (the answer to a stale packet) is the header alone.
         kind = "notice"
-        local want = HEADER_SIZE + NOTICE_SIZE + (tagged and TAG_SIZE or 0)
-        if size ~= want then
+        local restart = HEADER_SIZE + (tagged and TAG_SIZE or 0)
+        local want = restart + NOTICE_SIZE
+        if size ~= want and size ~= restart then
             drop = malformed(root, count_item, "bad_length",
-                             string.format("a notice of %d bytes, not %d", size, want))
+                             string.format("a notice of %d bytes, not %d or %d", size, want,
+                                           restart))
         else
-            add_bitmap(root, tvb, HEADER_SIZE)
+            if size == want then
+                add_bitmap(root, tvb, HEADER_SIZE)
+            end
             root:add_proto_expert_info(e.notice)
         end
         info = string.format("notice, %s slot=%d off=%d", info, slot, offset)
