@@ -248,7 +248,7 @@ def test_retx_fraction_is_copies_over_packets_sent_with_its_median_and_spread() 
 
 
 def test_cpu_time_of_a_process_and_of_softirq_is_read_from_proc() -> None:
-    from ncina.harness import cpu
+    from ncina.common import cpu
 
     def work() -> int:  # a fixed amount of work, some hundred milliseconds of CPU
         return sum(i * i for i in range(3_000_000))
@@ -260,7 +260,7 @@ def test_cpu_time_of_a_process_and_of_softirq_is_read_from_proc() -> None:
 
 
 def test_softirq_is_taken_over_the_ranks_common_window() -> None:
-    from ncina.harness import cpu
+    from ncina.common import cpu
     from ncina.harness.workers import timed
 
     timing, result = timed(lambda: 42)

@@ -46,7 +46,7 @@ from ncina.proto.wire import DEFAULT_MTU
 from ncina.worker.cli import add_data_path_argument, host_port
 from ncina.worker.client import MODES, RESULT_FORMATS, check_mode
 
-from ncina.cli import deprecated_alias
+from ncina.common.options import deprecated_alias
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ncina.harness import cpu
+from ncina.common import cpu
 
 COUNTERS = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
 # Client counters worth a line of progress (the rest go to the end event).
@@ -65,7 +65,7 @@ class Clock:
 
     The CPU time is this process's (every thread: the compute and, with the INA hook, its
     communication thread and the C data path; with gloo, gloo's threads) and the machine's
-    softirq time, where the kernel's packet work is charged (``ncina.harness.cpu``; machine-wide,
+    softirq time, where the kernel's packet work is charged (``ncina.common.cpu``; machine-wide,
     so every rank sees about the same figure, an upper bound on a shared machine)."""
 
     def __init__(self) -> None:

@@ -50,12 +50,12 @@ import numpy as np
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
 from ncina.bench import allreduce as bench
-from ncina.harness import cpu
+from ncina.common import cpu
+from ncina.common.progress import progress
 from ncina.harness.figures import faithful_bandwidths, medians
 from ncina.harness.links import fractions, rx_bytes, time_limit, uplink_ports
 from ncina.harness.reference import Reference
 from ncina.harness.workers import START_TIMEOUT, run_workers
-from ncina.progress import progress
 from ncina.proto.header import PORT
 from ncina.proto.wire import DEFAULT_MTU
 

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from ncina.aggregator import process as aggproc
-from ncina.harness import cpu
+from ncina.common import cpu
 from ncina.harness.reference import WARMUP, client_seed, worker_input
 
 T = TypeVar("T")
