@@ -112,10 +112,3 @@ def test_c_files_call_without_cycles() -> None:
     assert not [(f, c) for f, calls in graph.items() if f.startswith("engine/")
                 for c in calls if not c.startswith("engine/")]  # fmt: skip
     assert find_cycle(graph) is None, f"call cycle: {' -> '.join(find_cycle(graph) or [])}"
-
-
-def test_names_the_split_moved_still_import_from_slots() -> None:
-    from ncina.aggregator import pipeline, reply
-    from ncina.aggregator.slots import Aggregator, Datagrams
-
-    assert Aggregator is pipeline.Aggregator and Datagrams is reply.Datagrams
