@@ -69,9 +69,9 @@ $(VENV)/.stamp: pyproject.toml
 	@touch $@
 
 # The venv, with the C extensions built now rather than at first use (quick when nothing
-# changed: they are cached by a hash of their sources, ncina/cbuild.py).
+# changed: they are cached by a hash of their sources, ncina/common/cbuild.py).
 venv: $(VENV)/.stamp
-	$(PY) -m ncina.cbuild
+	$(PY) -m ncina.common.cbuild
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from ncina.aggregator.jobs import Address
 from ncina.aggregator.members import NON_MEMBER
 from ncina.proto.header import (
     BAD_COUNT,
@@ -26,6 +25,8 @@ from ncina.proto.header import (
     Format,
     Header,
 )
+
+from ncina.common.address import Address
 
 if TYPE_CHECKING:
     from ncina.aggregator.slots import JobSlots

@@ -20,7 +20,6 @@ from ncina.aggregator.jobs import (
     check_mtu_range,
     check_server_mtu,
     default_k,
-    parse_address,
     parse_member,
 )
 from ncina.aggregator.pipeline import Aggregator
@@ -40,6 +39,8 @@ from ncina.proto.wire import (
     MIN_MTU,
     payload_room,
 )
+
+from ncina.common.address import bind_address
 
 BACKENDS = ("python", "socket", "dpdk", "bmv2")
 
@@ -69,13 +70,6 @@ Without --k, K is the largest that fits --mtu (1456 NC8 elements at MTU 1500, 89
 182 for int results at 1500). The dpdk backend sends frames of at most 2048 bytes, BMv2
 compiles at most 1024 lanes: give them a smaller --k.
 """
-
-
-def _address(text: str) -> tuple[str, int]:
-    try:
-        return parse_address(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _member(text: str) -> tuple[int, tuple[str, int]]:
@@ -159,7 +153,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--listen",
-        type=_address,
+        type=bind_address,
         default=("0.0.0.0", PORT),
         metavar="HOST:PORT",
         help=f"IPv4 address and UDP port to serve; port 0 picks a free one, reported in the "

@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from ncina.aggregator.jobs import Address
 from ncina.aggregator.reply import Datagrams
+
+from ncina.common.address import Address
 
 Handler = Callable[[bytes, Address], Datagrams]
 Sender = Callable[[bytes, Address], object]

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ncina.aggregator.admission import UNKNOWN_JOB
-from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.members import authentic
 from ncina.aggregator.stats import GlobalStats, count_drop
 from ncina.proto.descriptor import (
@@ -33,6 +33,8 @@ from ncina.proto.descriptor import (
     pack_job_datagram,
 )
 from ncina.proto.header import BAD_COUNT, BAD_FLAGS, BAD_LENGTH, FLAG_RESULT, HEADER
+
+from ncina.common.address import Address
 
 RESTART_IDLE = 10.0
 """Seconds a job must have been quiet before a hello restarts it: the workers' default deadline

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 from ncina.aggregator import reply
 from ncina.aggregator.admission import BAD_SLOT, STALE_GENERATION, UNKNOWN_JOB, WINDOW_MISMATCH
-from ncina.aggregator.jobs import Address, JobConfig, parse_address
+from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.members import BAD_TAG, NON_MEMBER
 from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.reply import NOTHING, Datagrams
@@ -75,6 +75,8 @@ from ncina.proto.header import (
     parse,
 )
 from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
+
+from ncina.common.address import Address, peer_address
 
 HANDSHAKE_TIMEOUT = 5.0  # seconds a leaf waits for its spine's answer (the spine may start late)
 HANDSHAKE_INTERVAL = 0.1  # seconds between two hellos while no answer came (as a worker's)
@@ -522,7 +524,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "sums of leaf aggregators: a spine, whose --workers are its leaves",
     )  # fmt: skip
     group.add_argument(
-        "--upstream", type=_address, default=None, metavar="HOST:PORT",
+        "--upstream", type=peer_address, default=None, metavar="HOST:PORT",
         help="be a leaf of the spine at HOST:PORT: complete slots go up as int partial sums, "
         "the spine's results come back down to this aggregator's workers",
     )  # fmt: skip
@@ -535,13 +537,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long a leaf waits for its spine's answer to the job handshake before it "
         "serves (default: %(default)s)",
     )  # fmt: skip
-
-
-def _address(text: str) -> Address:
-    try:
-        return parse_address(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def check_arguments(args: argparse.Namespace) -> bool:

@@ -7,9 +7,7 @@ message that says what to change.
 
 from __future__ import annotations
 
-import ipaddress
 import secrets
-import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -31,11 +29,10 @@ from ncina.proto.wire import (
     payload_room,
 )
 
+from ncina.common.address import Address, parse_address
+
 MAX_SEED = (1 << 64) - 1
 """A job's seed is a 64-bit unsigned word (a `bit<64>` in the P4 program, `uint64_t` in C)."""
-
-Address = tuple[str, int]
-"""An IPv4 UDP endpoint as ``socket.recvfrom`` reports it: ``(dotted quad, port)``."""
 
 # The job limits (MAX_WORKERS, MAX_K, MAX_POOL_SIZE, MAX_JOB_ID) and the link MTUs an aggregator
 # accepts (MIN_MTU..MAX_MTU, IPv4 bytes) are the wire's (ncina.proto.wire); the worker validates
@@ -251,31 +248,6 @@ def check_server_mtu(config: JobConfig, compressor: Compressor, mtu: int) -> Non
     )
 
 
-def parse_address(text: str) -> Address:
-    """``HOST:PORT`` to an ``Address``; HOST is an IPv4 address or a name resolved to one.
-
-    Raises ``ValueError`` with a message fit for a command line.
-    """
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{text!r} is not HOST:PORT")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"{text!r}: port {port_text!r} is not a number") from None
-    if not 0 <= port <= 0xFFFF:
-        raise ValueError(f"{text!r}: port {port} is not in 0..65535")
-    try:
-        return str(ipaddress.IPv4Address(host)), port
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)
-    except socket.gaierror as exc:
-        raise ValueError(f"{text!r}: cannot resolve {host!r} to an IPv4 address ({exc})") from None
-    return infos[0][4][0], port
-
-
 def parse_member(text: str) -> tuple[int, Address]:
     """``RANK=HOST:PORT`` (the ``--member`` option) to ``(rank, address)``."""
     rank_text, sep, address = text.partition("=")
@@ -287,7 +259,4 @@ def parse_member(text: str) -> tuple[int, Address]:
         raise ValueError(f"{text!r}: rank {rank_text!r} is not a number") from None
     if rank < 0:
         raise ValueError(f"{text!r}: rank must not be negative")
-    host, port = parse_address(address)
-    if port == 0:
-        raise ValueError(f"{text!r}: a member's port cannot be 0")
-    return rank, (host, port)
+    return rank, parse_address(address, port_zero=False)

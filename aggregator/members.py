@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ncina.aggregator.jobs import Address
 from ncina.proto import tag
 from ncina.proto.header import FLAG_TAG
+
+from ncina.common.address import Address
 
 # Drop reasons of the two steps.
 NON_MEMBER = "non_member"

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from ncina.aggregator import admission, handshake, members, parse, reply
-from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.reply import NOTHING, Datagrams
 from ncina.aggregator.slots import (
     CONTRIBUTE,
@@ -34,6 +34,8 @@ from ncina.aggregator.stats import GlobalStats, LimitStats, count_drop
 from ncina.proto.compressors import Compressor
 from ncina.proto.descriptor import is_job_datagram
 from ncina.proto.header import FLAG_POOL, FLAG_RETX
+
+from ncina.common.address import Address
 
 
 class Aggregator:

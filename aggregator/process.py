@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ncina.aggregator.jobs import Address
+from ncina.common.address import Address
 
 READY = re.compile(r"listening on (\S+):(\d+) ")
 """The readiness line names the address the aggregator serves (see :func:`ready_line`)."""

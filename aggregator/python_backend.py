@@ -23,10 +23,11 @@ from ncina.aggregator import metrics
 from ncina.aggregator.control import JobsDirectory, apply_changes
 from ncina.aggregator.faults import FaultConfig, FaultyPath
 from ncina.aggregator.hierarchy import LeafAggregator
-from ncina.aggregator.jobs import Address
 from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.process import ready_line
 from ncina.aggregator.stats import publish, snapshot
+
+from ncina.common.address import Address
 
 NAME = "python"
 RECEIVE_TIMEOUT_US = 200_000  # how long an idle loop sleeps before looking at stats and signals

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ncina.aggregator.jobs import Address
 from ncina.proto import tag
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, GENERATION_SHIFT, HEADER, NOTICE, VERSION
+
+from ncina.common.address import Address
 
 if TYPE_CHECKING:
     from ncina.aggregator.slots import JobSlots

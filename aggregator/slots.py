@@ -15,7 +15,6 @@ lists indexed by ``[version][slot]`` and one ``(2, S, K)`` array per job, alloca
 
 from __future__ import annotations
 
-import importlib
 import math
 import struct
 from typing import TYPE_CHECKING
@@ -55,10 +54,6 @@ RESEND_INTERVAL = 1.0
 ``RESEND_BURST`` is spent."""
 
 _NC8 = int(Format.NC8)  # a plain int: enum attribute lookups are slow on the per-packet path
-
-# Names this module had before the concept split, for code that imports them from here (kept for
-# one release; loaded on first use, since pipeline.py and reply.py import this module).
-_MOVED = {"Aggregator": "ncina.aggregator.pipeline", "Datagrams": "ncina.aggregator.reply"}
 
 _OFFSET_MASK = 0xFFFFFFFF
 _HALF_OFFSET = 1 << 31  # serial-number arithmetic on the 32-bit offset (RFC 1982)
@@ -348,10 +343,3 @@ class ServerSlots(JobSlots):
             else:
                 self.limits.residuals_unkept += 1
         return self.compressor.compress(acc / np.float32(self.workers), state)
-
-
-def __getattr__(name: str) -> object:
-    """``Aggregator`` and ``Datagrams`` from their new modules (``_MOVED``)."""
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,7 @@ from ncina.worker import tuning
 from ncina.worker.client import MODES
 from ncina.worker.train import check_options
 
-from ncina.cli import deprecated_alias
+from ncina.common.options import deprecated_alias
 
 ROOT_NEEDED = (
     "ncina topo needs root: Mininet creates network namespaces, virtual links and a bridge "

@@ -39,7 +39,7 @@ and each summary::
                     (the aggregators' processes while the ranks ran; 0 for gloo but on BMv2)
                     and unattributed_s (the CPU time no process was charged over rank 0's
                     training: the kernel's packet work on idle CPUs and in ksoftirqd;
-                    ncina.harness.cpu, each CPU-second once; machine-wide: an upper bound on a
+                    ncina.common.cpu, each CPU-second once; machine-wide: an upper bound on a
                     shared machine); None when a rank did not report its CPU time
     workers      per rank: rank, tx_bytes, rx_bytes, tx_packets, rx_packets, fabric (client stats)
     fabric       client stats summed over the workers ({} for gloo)

@@ -51,7 +51,7 @@ from ncina.worker import models
 from mininet.net import Mininet
 from mininet.node import Host
 from mininet.nodelib import LinuxBridge
-from ncina.harness import cpu
+from ncina.common import cpu
 
 NCINA = Path(sys.executable).with_name("ncina")  # the console script of this environment
 JOB = 1  # the job id of every run

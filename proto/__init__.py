@@ -4,7 +4,7 @@
 
 - ``PORT``, ``VERSION``, ``Format``, ``Header``, ``pack``, ``parse``, ``ProtocolError``
   (``ncina.proto.header``: the fast path);
-- ``NcinaHeader`` (``ncina.proto.layers``: the scapy layer, imported lazily because scapy is slow
+- ``ncina.proto.layers``: ``NcinaHeader``, the scapy layer (import it from there: scapy is slow
   to import and the data path does not need it);
 - ``HEADER_SIZE`` (``ncina.proto.wire``: every header size and limit of the wire);
 - ``ncina.proto.nc8``: the NC8 codec, and ``ncina.proto.nc_bounds``: its error bounds;
@@ -14,8 +14,6 @@
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from ncina.proto.header import (
     FLAG_POOL,
@@ -40,16 +38,7 @@ __all__ = [
     "VERSION",
     "Format",
     "Header",
-    "NcinaHeader",
     "ProtocolError",
     "pack",
     "parse",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "NcinaHeader":
-        from ncina.proto.layers import NcinaHeader
-
-        return NcinaHeader
-    raise AttributeError(f"module 'ncina.proto' has no attribute {name!r}")

@@ -29,7 +29,7 @@ so a result does not depend on the order in which packets arrive or slots comple
 backend (Python, the C engine, the P4 program) sends the same bytes; :func:`recompress` takes it.
 
 Implementations: a C fast path (``proto/nc8.c``, built with cffi on first import by
-:mod:`ncina.cbuild`) and a vectorised numpy reference processing 64K-element blocks. The
+:mod:`ncina.common.cbuild`) and a vectorised numpy reference processing 64K-element blocks. The
 module-level functions use the C path when it builds, otherwise numpy with a warning saying why;
 ``NCINA_NO_C=1`` forces numpy. :data:`IMPLEMENTATION` says which is active and :func:`codec` gives
 either one explicitly (tests and benchmarks compare them).
@@ -49,7 +49,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from ncina.cbuild import build_extension
+from ncina.common.cbuild import build_extension
 
 GAMMA = 0x9E3779B97F4A7C15
 """Counter increment of the random stream (the splitmix64 golden-ratio constant)."""

@@ -28,11 +28,9 @@ from ncina.proto.header import (
     FLAG_TAG,
     GENERATION_MASK,
     GENERATION_SHIFT,
-    HEADER_SIZE,
     INT_DTYPE,
     NOTICE,
     PORT,
-    TAG_SIZE,
     VERSION,
     Format,
     ProtocolError,
@@ -40,6 +38,7 @@ from ncina.proto.header import (
 )
 from ncina.proto.layers import NcinaHeader
 from ncina.proto.tag import verify
+from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 
 DISSECTOR = Path(__file__).resolve().parents[1] / "tools" / "wireshark" / "ncina.lua"
 TSHARK = shutil.which("tshark")

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.process import free_udp_port
 from ncina.aggregator.python_backend import PythonBackend
@@ -48,6 +48,7 @@ from ncina_testlib import (
 )
 from scapy.packet import Raw
 
+from ncina.common.address import Address
 from ncina.harness.aggregators import wait_ready
 
 K = 12  # within every backend's limits, the Tofino design's twin (bmv2-tofino) included

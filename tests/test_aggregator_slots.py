@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ncina.aggregator import cli as aggregator_cli
-from ncina.aggregator.jobs import JobConfig, parse_address, parse_member
+from ncina.aggregator.jobs import JobConfig, parse_member
 from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.slots import JobSlots
 from ncina.aggregator.stats import (
@@ -30,6 +30,7 @@ from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE, Form
 from ncina_testlib import code_values, dissect, exact_sums, is_nc8_rounding, uplink
 
 from ncina.cli import build_parser
+from ncina.common.address import parse_address
 
 JOB = 9
 K = 8

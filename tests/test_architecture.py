@@ -1,5 +1,6 @@
 """docs/architecture.md stays true: every file it names exists, every docs/protocol.md section it
-links is a heading there, each concept has its row with a file in each backend, and the C
+links is a heading there, the table of layers has each layer on its floor (``test_imports.FLOORS``)
+importing what its code imports, each concept has its row with a file in each backend, and the C
 files of the engine and its I/O layers (``aggregator/{engine,socket,dpdk}/*.c``) call each other
 without a cycle (the Python modules' imports are ``test_imports.py``'s).
 
@@ -12,7 +13,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from test_imports import find_cycle
+from test_imports import FLOORS, find_cycle, find_modules, layer_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
@@ -114,8 +115,23 @@ def test_c_files_call_without_cycles() -> None:
     assert find_cycle(graph) is None, f"call cycle: {' -> '.join(find_cycle(graph) or [])}"
 
 
-def test_names_the_split_moved_still_import_from_slots() -> None:
-    from ncina.aggregator import pipeline, reply
-    from ncina.aggregator.slots import Aggregator, Datagrams
-
-    assert Aggregator is pipeline.Aggregator and Datagrams is reply.Datagrams
+def test_the_layer_table_is_the_import_graph() -> None:
+    """Each layer of ``FLOORS`` has its row (folder, import name, floor), and its last column
+    names the folders of exactly the layers its modules import."""
+    modules = find_modules()
+    folder = {layer: f"{modules[layer].parent.relative_to(ROOT)}/"
+              for floor in FLOORS for layer in floor}  # fmt: skip
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 5 and cells[0].isdigit():
+            imported = set(re.findall(r"`([\w/]+/)`", cells[4]))
+            rows[cells[1].strip("`")] = (int(cells[0]), cells[2], imported)
+    graph = layer_graph()
+    expected = {
+        folder[layer]: (floor, {folder[target] for target in graph[layer]})
+        for floor, layers in enumerate(FLOORS) for layer in layers
+    }  # fmt: skip
+    assert {name: (row[0], row[2]) for name, row in rows.items()} == expected
+    for layer, name in folder.items():
+        assert f"`{layer}`" in rows[name][1] or layer == "ncina", (layer, rows[name][1])

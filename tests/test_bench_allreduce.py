@@ -249,7 +249,7 @@ def test_retx_fraction_is_copies_over_packets_sent_with_its_median_and_spread() 
 
 
 def test_cpu_time_of_a_process_is_read_from_proc() -> None:
-    from ncina.harness import cpu
+    from ncina.common import cpu
 
     def work() -> int:  # a fixed amount of work, some hundred milliseconds of CPU
         return sum(i * i for i in range(3_000_000))
@@ -264,7 +264,7 @@ def test_a_process_cpu_time_holds_its_childrens() -> None:
     """BMv2's simple_switch_grpc runs as its aggregator process's child (issue 40: its CPU was
     missing from aggregator_cpu_s): a parent that only waits is charged its live child's
     work."""
-    from ncina.harness import cpu
+    from ncina.common import cpu
 
     child = ("import sys, time\nwhile time.process_time() < 0.3: pass\n"
              "print('done', flush=True); sys.stdin.read()")  # fmt: skip
@@ -285,7 +285,7 @@ def snap(t: float, busy: float, **tasks: float) -> dict[str, Any]:
 def test_cpu_no_process_was_charged_is_busy_time_less_every_process() -> None:
     """Issue 40: packet work in a process's context is in its time and in /proc/stat's
     softirq on this kernel; only busy time less every process's counts it once."""
-    from ncina.harness import cpu
+    from ncina.common import cpu
 
     before = snap(1.0, 100.0, p1_5=3.0, p2_7=1.0, p3_9=2.0)
     # p1 worked 0.5 s and reaped p2 (1.2 s at its exit) and p3 (2.1 s): their times are in
@@ -307,7 +307,7 @@ def test_cpu_seconds_of_a_short_run_are_at_most_the_machines_busy_time() -> None
     CPU plus
     what no process was charged is at least its own time and at most what the whole machine
     was busy (within two ticks per CPU and counter), whatever else runs."""
-    from ncina.harness import cpu
+    from ncina.common import cpu
 
     code = ("import socket, sys, time\n"
             "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('127.0.0.1', 0))\n"

@@ -1,4 +1,5 @@
-"""``python -m ncina.cbuild`` (run by ``make venv``) builds every C extension of the package."""
+"""``python -m ncina.common.cbuild`` (run by ``make venv``) builds every C extension of the
+package."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ncina import cbuild
+from ncina.common import cbuild
 
 
 def test_build_all_builds_or_names_why_not(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,7 +3,8 @@
 ``CONCEPTS`` is the table: each concept's canonical option, the type its value has wherever it
 appears (a list of that type where a command sweeps it), and the spellings it replaced. No
 command shows a replaced spelling in ``--help``; a command that still accepts one does so
-through ``ncina.cli.DeprecatedAlias`` (one line on stderr, the same value as the new name).
+through ``ncina.common.options.DeprecatedAlias`` (one line on stderr, the same value as the new
+name).
 ``ALIASES`` lists every such old name with a value.
 """
 
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ncina.cli import DeprecatedAlias, build_parser, main
+from ncina.cli import build_parser, main
+from ncina.common.options import DeprecatedAlias
 
 # concept -> (canonical option, (a value, the type it parses to wherever the option appears;
 # None: not checked), old spellings)

@@ -36,13 +36,12 @@ from ncina.proto.header import (
     FLAG_RESULT,
     FLAG_RETX,
     FLAG_TAG,
-    HEADER_SIZE,
     PORT,
-    TAG_SIZE,
     Format,
 )
 from ncina.proto.layers import NcinaHeader
 from ncina.proto.tag import sign, verify
+from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 from ncina_wireshark import (
     DISSECTOR,
     TSHARK,

@@ -5,17 +5,25 @@ is ``proto/``, ``ncina.topo`` is ``mininet/`` ...); the modules of ``tests/`` ar
 ``tests.<name>`` (pytest puts ``tests/`` on the path, so they import each other by their bare
 names), so a rule can name them too (``Rule("tests", "ncina.bench", ...)``).
 
-Two kinds of check:
-- ``RULES``: layers that must not depend on each other. Every import counts, wherever it stands
-  (a lazy import in a function is a dependency too). To add one, add a row.
+Four kinds of check:
+- ``FLOORS``: the folders are the layers, and a layer imports only layers of lower floors
+  (docs/architecture.md draws them), so no two layers import each other, even through others.
+- ``RULES``: layers that must not depend on each other, each with its reason. Every import
+  counts, wherever it stands (a lazy import in a function is a dependency too). To add one, add
+  a row.
 - no import cycle among module-level imports. An import inside a function or under
   ``if TYPE_CHECKING:`` runs after the module is loaded (or never), so it cannot take part in
   a cycle of half-initialised modules and is left out of that graph.
+- every ``ncina.*`` name resolves to its file through pyproject's package map alone: each
+  imported module (and each module named in a string, ``-m ncina.cli`` or a registry's
+  ``"ncina.proto.nc8:_build_c"``) is a file of the tree; a name imported from a module is defined
+  there, not re-exported; no module defines a module-level ``__getattr__`` to forward names.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +42,18 @@ class Rule:
     why: str
 
 
+# The layers, bottom up: a module may import its own layer and those of lower floors only; two
+# layers of one floor do not import each other. A module belongs to the longest layer name it is
+# under (``ncina`` itself: the console ``ncina.cli`` and the ``torch`` entry point ``ncina.torch``).
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("ncina.common",),
+    ("ncina.proto",),
+    ("ncina.worker", "ncina.aggregator"),
+    ("ncina.harness", "ncina.topo"),
+    ("ncina.bench",),
+    ("ncina",),
+)
+
 RULES = (
     Rule("ncina.aggregator", "ncina.worker",
          "the switch side does not depend on the worker; shared codecs live in ncina.proto"),
@@ -43,6 +63,13 @@ RULES = (
          "tests share harnesses with the benchmarks through ncina.harness; a benchmark is "
          "tested through its command, ncina bench NAME"),
     Rule("ncina.harness", "ncina.bench", "the benchmarks use the harness, not the other way"),
+    Rule("ncina.worker", "ncina.aggregator",
+         "the worker does not depend on the switch side; what both use is in ncina.proto or "
+         "ncina.common"),
+    Rule("ncina.worker", "ncina.harness",
+         "the harness drives workers from outside; a helper both use belongs in ncina.common"),
+    Rule("ncina", "ncina.cli",
+         "ncina.cli is the console script only (tests run it); shared helpers are ncina.common's"),
 )
 
 
@@ -227,3 +254,115 @@ def test_no_import_cycle() -> None:
     }
     cycle = find_cycle(edges)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
+
+
+def layer_of(module: str) -> str | None:
+    """The layer (of ``FLOORS``) ``module`` belongs to: the longest one it is under."""
+    layers = [layer for floor in FLOORS for layer in floor if under(module, layer)]
+    return max(layers, key=len, default=None)
+
+
+def layer_graph() -> dict[str, dict[str, list[str]]]:
+    """Layer -> layer it imports -> the imports that make the edge (``file:line: a imports b``).
+    Every import counts, lazy ones too; a layer's imports of itself are left out."""
+    modules, graph = import_graph()
+    edges: dict[str, dict[str, list[str]]] = {layer: {} for floor in FLOORS for layer in floor}
+    for module, imports in graph.items():
+        source = layer_of(module)
+        for imp in imports:
+            target = layer_of(imp.target)
+            if source and target and source != target:
+                edges[source].setdefault(target, []).append(
+                    f"{modules[module].relative_to(ROOT)}:{imp.line}: {module} imports {imp.target}"
+                )
+    return edges
+
+
+def test_every_module_is_on_a_floor() -> None:
+    """Each module of the package is in a layer of ``FLOORS`` (a new folder gets its floor)."""
+    modules = find_modules()
+    assert not [m for m in modules if not under(m, TESTS) and layer_of(m) is None]
+    assert [layer_of(m) for m in ("ncina.cli", "ncina.common.cbuild", "ncina.topo.runner",
+                                  "ncina.aggregator.engine")] == [
+        "ncina", "ncina.common", "ncina.topo", "ncina.aggregator"]  # fmt: skip
+
+
+def test_layers_import_only_lower_floors() -> None:
+    """The layers import each other without a loop, and only downwards (``FLOORS``)."""
+    edges = layer_graph()
+    cycle = find_cycle({layer: sorted(targets) for layer, targets in edges.items()})
+    assert cycle is None, "layers import each other: " + " -> ".join(cycle or ())
+    floor = {layer: i for i, layers in enumerate(FLOORS) for layer in layers}
+    upward = [
+        f"{why} (floor {floor[source]} imports floor {floor[target]})"
+        for source, targets in edges.items()
+        for target, whys in targets.items() if floor[target] >= floor[source]
+        for why in whys
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def names_defined(path: Path) -> set[str]:
+    """The names ``path``'s module binds at its top level other than by importing them."""
+    names: set[str] = set()
+    for node, _ in walk_statements(ast.parse(path.read_text()).body):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def walk_statements(body: list[ast.stmt]) -> Iterator[tuple[ast.stmt, None]]:
+    """The statements of a module's top level, into ``if``/``try``/``with`` blocks."""
+    for node in body:
+        yield node, None
+        if isinstance(node, ast.If | ast.Try | ast.With):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                for child in getattr(node, field, []):
+                    nested = isinstance(child, ast.excepthandler)
+                    yield from walk_statements(child.body if nested else [child])
+
+
+MODULE_STRING = re.compile(r"ncina(?:\.\w+)+(?=(?::\w+)?\Z)")
+
+
+def test_every_ncina_name_resolves_through_the_package_map() -> None:
+    """What a reader (or a tool drawing the imports) follows with pyproject's package map alone:
+    every imported ``ncina.*`` module is a file of the tree, every module a string names for
+    ``importlib`` or ``python -m`` too, every name imported from a plain module is defined in
+    it (no re-export), and no module forwards names with a module-level ``__getattr__``."""
+    modules, graph = import_graph()
+    packages = {m for m, path in modules.items() if path.name == "__init__.py"}
+    defined: dict[str, set[str]] = {}
+    broken = []
+    for module, path in modules.items():
+        where = path.relative_to(ROOT)
+        broken += [f"{where}:{i.line}: no module {i.target}" for i in graph[module]
+                   if under(i.target, "ncina") and i.target not in modules]  # fmt: skip
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            named = isinstance(node, ast.Constant) and MODULE_STRING.match(str(node.value))
+            # A string under a package of the tree names a module or a module's name (a file
+            # name like "ncina.p4", a Wireshark field "ncina.code" is none).
+            if named and ".".join(named.group(0).split(".")[:2]) in modules:
+                parent, _, name = named.group(0).rpartition(".")
+                if named.group(0) not in modules and not (
+                    parent in modules and name in names_defined(modules[parent])
+                ):
+                    broken.append(f"{where}:{node.lineno}: no module {named.group(0)}")
+        for node, _ in walk_statements(tree.body):
+            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+                broken.append(f"{where}:{node.lineno}: a module-level __getattr__")
+            if not (isinstance(node, ast.ImportFrom) and node.module in modules) or node.level:
+                continue
+            if node.module in packages:
+                continue  # a package's __init__ may gather its own modules' names
+            names = defined.setdefault(node.module, names_defined(modules[node.module]))
+            broken += [
+                f"{where}:{node.lineno}: {alias.name} is imported from {node.module}, which only "
+                f"imports it" for alias in node.names
+                if alias.name not in names and f"{node.module}.{alias.name}" not in modules
+            ]
+    assert not broken, "\n".join(broken)

@@ -22,9 +22,9 @@ import pytest
 from ncina.proto import nc8
 from ncina.proto.nc8 import Window
 
-from ncina.cbuild import _check_toolchain as check_toolchain
-from ncina.cbuild import build_extension
 from ncina.cli import main
+from ncina.common.cbuild import _check_toolchain as check_toolchain
+from ncina.common.cbuild import build_extension
 
 W4 = Window.for_job(4)  # [-50, 10], the paper's window
 M64 = (1 << 64) - 1
@@ -33,7 +33,7 @@ F32_MAX = float(np.finfo(np.float32).max)
 
 def c_codec() -> nc8.Codec:
     """The C codec. Skipped, with the reason, only where a tool it needs is missing (a C
-    compiler, Python's headers: ``ncina.cbuild``'s toolchain check) or ``NCINA_NO_C`` asks
+    compiler, Python's headers: ``ncina.common.cbuild``'s toolchain check) or ``NCINA_NO_C`` asks
     for numpy; a build that fails on a machine with the tools is a failure, not a skip."""
     if os.environ.get("NCINA_NO_C", "") not in ("", "0"):
         pytest.skip("NCINA_NO_C is set")
@@ -628,7 +628,7 @@ def test_failed_c_build_falls_back_with_one_warning(tmp_path: Path) -> None:
     assert proc.stdout.startswith("1 ") and "no C compiler" in proc.stdout, proc.stdout
 
 
-# --- ncina.cbuild --------------------------------------------------------------------------------
+# --- ncina.common.cbuild -------------------------------------------------------------------------
 
 ADD_C = "#include <stdint.h>\nint64_t add(int64_t a, int64_t b) { return a + b; }\n"
 
@@ -650,7 +650,7 @@ def test_build_extension_concurrent_processes_share_one_build(tmp_path: Path) ->
     src.write_text(ADD_C.replace("a + b", "a + b + 1"))
     code = f"""
         from pathlib import Path
-        from ncina.cbuild import build_extension
+        from ncina.common.cbuild import build_extension
         mod = build_extension("t_race", "int64_t add(int64_t a, int64_t b);", [Path({str(src)!r})])
         print(mod.lib.add(1, 2))
         """

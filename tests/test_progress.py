@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ncina.cli import main
-from ncina.progress import progress
+from ncina.common.progress import progress
 
 
 class _Terminal(io.StringIO):

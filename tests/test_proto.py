@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 import pytest
-from ncina.proto import PORT, NcinaHeader, ProtocolError, pack, parse
+from ncina.proto import PORT, ProtocolError, pack, parse
 from ncina.proto.header import (
     ELEMENT_SIZE,
     FLAG_POOL,
@@ -18,6 +18,7 @@ from ncina.proto.header import (
     largest_k,
     pack_chunks,
 )
+from ncina.proto.layers import NcinaHeader
 from ncina.proto.wire import HEADER_SIZE, IPV4_UDP_HEADERS, TAG_SIZE
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether

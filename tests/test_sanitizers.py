@@ -2,9 +2,9 @@
 
 A fresh pytest process runs the test files that drive C code (the NC8 kernels, the DPDK engine
 offline and on the wire, the worker's C data path) with ``NCINA_SANITIZE=address,undefined`` and the
-ASan runtime preloaded (``ncina.cbuild.sanitizer_environment``): any out-of-bounds access, use after
-free or undefined behaviour aborts that process, and this test fails with its report. Aggregators
-the inner tests start inherit the environment, so their C data planes are checked too.
+ASan runtime preloaded (``ncina.common.cbuild.sanitizer_environment``): any out-of-bounds access,
+use after free or undefined behaviour aborts that process, and this test fails with its report.
+Aggregators the inner tests start inherit the environment, so their C data planes are checked too.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ncina.cbuild import sanitizer_environment
+from ncina.common.cbuild import sanitizer_environment
 
 TESTS = Path(__file__).resolve().parent
 # The tests whose work happens in C; each runs in the sanitized process.
@@ -44,10 +44,10 @@ INNER_TIMEOUT = 900
 def test_c_code_is_clean_under_asan_and_ubsan(tmp_path: Path) -> None:
     env = {**os.environ, **sanitizer_environment()}
     env.pop("NCINA_NO_C", None)  # the point is to run the C code
-    # Every extension this machine can build must build with the sanitizers (``ncina.cbuild``
+    # Every extension this machine can build must build with the sanitizers (``ncina.common.cbuild``
     # skips only one whose tools are missing, DPDK's): the inner tests would otherwise skip
     # (DPDK) or fail on it, but this says which and why, and fails at once.
-    built = subprocess.run([sys.executable, "-m", "ncina.cbuild"], cwd=TESTS.parent, env=env,
+    built = subprocess.run([sys.executable, "-m", "ncina.common.cbuild"], cwd=TESTS.parent, env=env,
                            capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert built.returncode == 0, f"an extension does not build sanitized:\n{built.stderr}"
     command = [

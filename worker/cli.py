@@ -27,13 +27,7 @@ from ncina.worker.client import (
 )
 from ncina.worker.window import WINDOW_ENV, WINDOW_MODES
 
-
-def host_port(text: str) -> tuple[str, int]:
-    """Parse ``HOST:PORT`` (argparse type)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 1 << 16:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
+from ncina.common.address import peer_address
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -44,7 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Act as one worker of a job: send the tensor in --input through the "
         "aggregator (NC8 uplink) and write the job's sum or mean to --output (float32).",
     )
-    p.add_argument("--aggregator", type=host_port, required=True, metavar="HOST:PORT")
+    p.add_argument("--aggregator", type=peer_address, required=True, metavar="HOST:PORT")
     p.add_argument("--job", type=int, required=True, help="job id")
     p.add_argument("--rank", type=int, required=True, help="this worker's rank, 0..N-1")
     p.add_argument("--workers", type=int, required=True, metavar="N",

@@ -7,7 +7,7 @@ or ``NCINA_DATA_PATH=python``. The C code does what ``Transfer`` does (slot wind
 self-clocking under the congestion window, RTO and RETX, generations, notices, the tag), and
 fuses the NC8 encode into the send and the decode into the receive; the whole transfer runs
 with the GIL released (cffi releases it for the duration of every call). The extension is
-built by ``ncina.cbuild`` from this folder's C files and ``proto/``'s ``nc8.c`` and
+built by ``ncina.common.cbuild`` from this folder's C files and ``proto/``'s ``nc8.c`` and
 ``blake2b.c``; :func:`load` raises ``RuntimeError`` saying why when it cannot be built.
 """
 
@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ncina.cbuild import build_extension
+from ncina.common.cbuild import build_extension
 
 HERE = Path(__file__).resolve().parent
 HEADERS = ("timing.h", "window.h", "transfer.h")

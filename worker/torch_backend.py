@@ -59,7 +59,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from ncina.aggregator.jobs import parse_address
 from ncina.proto.tag import read_key_file
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.worker.client import RESULT_FORMATS, AllreduceClient
@@ -67,13 +66,17 @@ from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.torch_hook import InaHookState
 from torch._C._distributed_c10d import Work
 
+from ncina.common.address import parse_address
+
 NAME = "ncina"
 INA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INA_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "mean"}
 
 # Environment variable -> (NcinaOptions field, parser).
 ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "NCINA_AGGREGATOR": ("aggregators", lambda s: [parse_address(a) for a in s.split(",")]),
+    "NCINA_AGGREGATOR": (
+        "aggregators", lambda s: [parse_address(a, port_zero=False) for a in s.split(",")]
+    ),
     "NCINA_JOB": ("job", int),
     "NCINA_RESULT": ("result_format", str),
     "NCINA_KEY_FILE": ("key", read_key_file),

@@ -43,10 +43,11 @@ from typing import Any
 from ncina.proto.compressors import create
 from ncina.proto.tag import key_file_argument
 from ncina.proto.wire import DEFAULT_MTU
-from ncina.worker.cli import add_data_path_argument, host_port
+from ncina.worker.cli import add_data_path_argument
 from ncina.worker.client import MODES, RESULT_FORMATS, check_mode
 
-from ncina.cli import deprecated_alias
+from ncina.common.address import peer_address
+from ncina.common.options import deprecated_alias
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -62,11 +63,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     workers = p.add_argument("--workers", type=int,
                              help="number of ranks (default: $WORLD_SIZE, set by torchrun)")
     deprecated_alias(p, "--world-size", workers)
-    p.add_argument("--master", type=host_port, metavar="HOST:PORT",
+    p.add_argument("--master", type=peer_address, metavar="HOST:PORT",
                    help="gloo rendezvous address, rank 0 listens there (default: torchrun's "
                    "store at $MASTER_ADDR:$MASTER_PORT)")
     aggregator = p.add_argument(
-        "--aggregator", type=host_port, action="append", default=[], metavar="HOST:PORT",
+        "--aggregator", type=peer_address, action="append", default=[], metavar="HOST:PORT",
         help="aggregator; repeat to shard tensors across several (none: gloo baseline)")
     deprecated_alias(p, "--ina", aggregator)
     p.add_argument("--backend", choices=("gloo", "ncina"), default="gloo",

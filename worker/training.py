@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ncina.harness import cpu
+from ncina.common import cpu
 
 COUNTERS = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
 # Client counters worth a line of progress (the rest go to the end event).
@@ -66,7 +66,7 @@ class Clock:
     The CPU time is this process's (every thread: the compute and, with the INA hook, its
     communication thread and the C data path; with gloo, gloo's threads) and the CPU time no
     process was charged, where the kernel's packet work on idle CPUs and in ksoftirqd goes
-    (``ncina.harness.cpu.unattributed_s``: each CPU-second counted once; machine-wide, so every
+    (``ncina.common.cpu.unattributed_s``: each CPU-second counted once; machine-wide, so every
     rank sees about the same figure, an upper bound on a shared machine)."""
 
     def __init__(self) -> None:

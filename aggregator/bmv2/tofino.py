@@ -27,7 +27,7 @@ from pathlib import Path
 from ncina.aggregator.bmv2 import gen_tofino
 from ncina.aggregator.bmv2.toolchain import CHECKOUT, ROOT, ToolchainError, _run_with_progress
 
-from ncina.cbuild import cache_root
+from ncina.common.cbuild import cache_root
 
 SOURCE_DIR = ROOT / "p4" / "tofino"
 MAIN = "ncina.p4"

@@ -27,8 +27,8 @@ from pathlib import Path
 from ncina.aggregator.bmv2 import gen, gen_tofino
 from ncina.aggregator.bmv2.layout import DEFAULT_K
 
-from ncina.cbuild import cache_root
-from ncina.progress import progress
+from ncina.common.cbuild import cache_root
+from ncina.common.progress import progress
 
 # The source checkout, or the installed ``ncina`` package folder.
 ROOT = Path(__file__).resolve().parents[2]

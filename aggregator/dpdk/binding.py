@@ -3,7 +3,7 @@
 The extension is the DPDK I/O layer (this folder's C files: frame classification, frame
 headers, the burst loop, the benchmark load) around the shared slot engine
 (``ncina.aggregator.engine``); its cdef is ``engine.h`` and ``ncd.h``, compiled through
-``ncina.cbuild`` with the flags of ``pkg-config libdpdk``.
+``ncina.common.cbuild`` with the flags of ``pkg-config libdpdk``.
 """
 
 from __future__ import annotations

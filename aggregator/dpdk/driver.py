@@ -34,8 +34,10 @@ from ncina.aggregator.dpdk.eal import (
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
 from ncina.aggregator.hierarchy import LeafAggregator, check_int_frame_room
-from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.jobs import JobConfig
 from ncina.proto.header import Format
+
+from ncina.common.address import Address
 
 NAME = "dpdk"
 IO_COUNTERS = (

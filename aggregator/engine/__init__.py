@@ -87,9 +87,9 @@ def build(
     io_private: tuple[str, ...] = (),
     pkg_config: str | None = None,
 ) -> ModuleType:
-    """Build (cached, ``ncina.cbuild``) an I/O layer's extension: its sources in ``io_dir``,
+    """Build (cached, ``ncina.common.cbuild``) an I/O layer's extension: its sources in ``io_dir``,
     the engine and the proto codecs; the cdef is ``engine.h`` then ``io_header``."""
-    from ncina.cbuild import build_extension
+    from ncina.common.cbuild import build_extension
 
     proto = proto_dir()
     return build_extension(

@@ -23,9 +23,11 @@ from ncina.aggregator import metrics
 from ncina.aggregator.control import JobsDirectory, apply_changes
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.hierarchy import UPSTREAM_COUNTERS, LeafAggregator, SpineLink
-from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.process import ready_line
 from ncina.aggregator.stats import LimitStats, publish, snapshot
+
+from ncina.common.address import Address
 
 POLL_SECONDS = 0.05
 CONTROL_INTERVAL = 0.2  # seconds between looks at the jobs directory (as the Python backend)

@@ -19,7 +19,9 @@ from ncina.aggregator.control import JobsDirectory, jobs_directory
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
 from ncina.aggregator.hierarchy import LeafAggregator
-from ncina.aggregator.jobs import Address, JobConfig
+from ncina.aggregator.jobs import JobConfig
+
+from ncina.common.address import Address
 
 NAME = "socket"
 IO_COUNTERS = (

@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 
 from ncina.aggregator import process as aggproc
-from ncina.cli import deprecated_alias
+from ncina.common.options import deprecated_alias
+from ncina.common.progress import progress
 from ncina.harness.figures import median_repeat, put_ratio, refusal
-from ncina.progress import progress
 from ncina.proto.header import PORT
 
 JOB = 1

@@ -36,11 +36,11 @@ import numpy as np
 from ncina.aggregator import jobs
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
-from ncina.harness import cpu
+from ncina.common import cpu
+from ncina.common.progress import progress
 from ncina.harness.figures import median_repeat, medians, retx_fraction
 from ncina.harness.reference import BLOCK, Reference, build_reference, exact_mismatches
 from ncina.harness.workers import START_TIMEOUT, local_launch, run_workers, wall_time
-from ncina.progress import progress
 from ncina.proto import nc8
 from ncina.proto.header import PORT, Format
 from ncina.proto.nc_bounds import bounds_from_inputs

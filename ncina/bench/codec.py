@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ncina.progress import progress
+from ncina.common.progress import progress
 from ncina.proto import nc8
 
 IMPLS = ("c", "numpy")

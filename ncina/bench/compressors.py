@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ncina.progress import progress
+from ncina.common.progress import progress
 from ncina.proto.compressors import ErrorFeedback, State, create
 
 METHODS = (

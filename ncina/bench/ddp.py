@@ -18,7 +18,7 @@ Whether the model learnt: ``initial_test_loss`` (both runs start from the same p
 step) and ``loss_fell`` (both runs' test loss below the initial one in every repeat). What it
 cost: ``cpu_s`` and ``gloo_cpu_s``, the CPU-seconds of each run's training (the ranks'
 processes, every thread, compute included; the aggregator's; the machine's softirq time:
-``ncina.harness.cpu``), ``cpu_vs_gloo`` and ``cpu_ns_per_element`` (per gradient element a
+``ncina.common.cpu``), ``cpu_vs_gloo`` and ``cpu_ns_per_element`` (per gradient element a
 rank all-reduced: workers x parameters x steps). ``retx_fraction`` is the INA run's
 retransmissions over its packets sent, all workers together. ``speedup``,
 ``exposed_comm_fraction`` and ``cpu_vs_gloo`` come with ``<ratio>_spread``: the minimum, lower
@@ -39,9 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ncina.cli import deprecated_alias
+from ncina.common.options import deprecated_alias
+from ncina.common.progress import progress
 from ncina.harness.figures import per_element_ns, put_ratio, refusal, retx_fraction, spread
-from ncina.progress import progress
 
 FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
           "exposed_comm_s", "exposed_comm_fraction", "initial_test_loss", "ina_test_loss",

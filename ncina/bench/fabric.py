@@ -54,7 +54,8 @@ import numpy as np
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
 from ncina.bench import allreduce as bench
-from ncina.harness import cpu
+from ncina.common import cpu
+from ncina.common.progress import progress
 from ncina.harness.figures import faithful_bandwidths, ina_advantage, medians
 from ncina.harness.links import (
     fractions,
@@ -66,7 +67,6 @@ from ncina.harness.links import (
 )
 from ncina.harness.reference import Reference
 from ncina.harness.workers import START_TIMEOUT, run_workers
-from ncina.progress import progress
 from ncina.proto.header import PORT
 from ncina.proto.wire import DEFAULT_MTU
 

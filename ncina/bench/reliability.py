@@ -40,6 +40,7 @@ import numpy as np
 
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.jobs import JobConfig
+from ncina.common.progress import progress
 from ncina.harness.aggregators import start_aggregator
 from ncina.harness.faults import (
     JOB,
@@ -52,7 +53,6 @@ from ncina.harness.faults import (
 )
 from ncina.harness.figures import put_ratio, refusal
 from ncina.harness.fuzzing import fuzz_during_allreduce, hostile_datagrams
-from ncina.progress import progress
 from ncina.worker.client import AllreduceClient
 
 # Concurrent jobs: (job id, workers, K, pool size); the first is the job of the flags. Results

@@ -24,8 +24,8 @@ import numpy as np
 
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
-from ncina.cli import deprecated_alias
-from ncina.progress import progress
+from ncina.common.options import deprecated_alias
+from ncina.common.progress import progress
 from ncina.proto import tag
 from ncina.proto.header import FLAG_TAG, pack
 

@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ncina.cli import deprecated_alias
+from ncina.common.options import deprecated_alias
+from ncina.common.progress import progress
 from ncina.harness.training import METHODS, NC8, train_one
-from ncina.progress import progress
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -2,7 +2,7 @@
 
 A run is a dict of its own values: ``wall_s`` and ``gloo_wall_s`` (the INA and gloo
 all-reduce's wall times), ``cpu_s`` and ``gloo_cpu_s`` (the CPU-seconds each side spent:
-``ncina.harness.cpu``), ``exact`` and ``exact_mismatches`` (against
+``ncina.common.cpu``), ``exact`` and ``exact_mismatches`` (against
 ``ncina.harness.reference``), ``peak_rss`` and ``gloo_peak_rss`` (per rank, bytes),
 ``retx_fraction`` (:func:`retx_fraction` of its workers' stats) and optionally ``extra``
 figures of the benchmark. The reported figure of a time is the lower median over the runs, a

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from ncina.aggregator import process as aggproc
-from ncina.harness import cpu
+from ncina.common import cpu
 from ncina.harness.reference import WARMUP, client_seed, worker_input
 
 T = TypeVar("T")
@@ -86,7 +86,7 @@ def peak_rss() -> int:
 def timed(call: Callable[[], T]) -> tuple[dict[str, Any], T]:
     """Run ``call``: its start and end instants (``CLOCK_MONOTONIC``), this process's CPU time
     over it, and the machine's CPU counters just before and just after (``machine_at``:
-    ``ncina.harness.cpu.snapshot``; the bench takes the CPU no process was charged over the
+    ``ncina.common.cpu.snapshot``; the bench takes the CPU no process was charged over the
     ranks' common window from them, not over their start-up, when other work on the machine
     would count too); and its result."""
     machine = cpu.snapshot()

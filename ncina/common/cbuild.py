@@ -1,10 +1,10 @@
 """Compile small C extensions with cffi (API mode), cached and process-safe.
 
 ``make venv`` (and so ``make setup``, ``make test`` and ``make topo``) runs ``python -m
-ncina.cbuild``, which builds every extension of the package (``EXTENSIONS``) once, at install time.
-Without it (a plain ``pip install``), or when its extension's sources changed since, a process
-builds the extension on first use, saying so in one line on stderr (a first call takes seconds
-and should not look hung).
+ncina.common.cbuild``, which builds every extension of the package (``EXTENSIONS``) once, at
+install time. Without it (a plain ``pip install``), or when its extension's sources changed
+since, a process builds the extension on first use, saying so in one line on stderr (a first
+call takes seconds and should not look hung).
 
 Several worker processes of one job start at the same moment and all want the same extension, so
 the build is keyed by a hash of everything that affects the binary (sources, declarations, flags,
