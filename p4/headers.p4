@@ -184,14 +184,9 @@ struct meta_t {
     bit<1> descriptor;        // the reply is the job handshake's answer
     bit<8> status;            // its status (STATUS_*)
     // One lane at a time (the generated LaneSums): its sum and the NC8 re-compression's steps.
-    bit<64> lane_value;
     bit<64> lane_sum;
-    bit<1> lane_negative;
     bit<64> lane_magnitude;
-    bit<64> lane_rest;
-    bit<8> lane_high;
     bit<64> lane_draw;
-    bit<1> lane_up;
     bit<8> lane_code;
 }
 
