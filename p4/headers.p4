@@ -144,7 +144,6 @@ const bit<8> OUT_FORWARD = 3;
 const bit<8> OUT_FLOOD = 4;
 
 struct meta_t {
-    bit<16> lanes_left;       // parser: lanes still to extract
     bit<128> codes_seen;      // parser: bit c set for each lane whose code is c
     ip4_t target;             // the address asked for (ARP) or sent to (IPv4)
     bit<1> local;             // target is the aggregator's address

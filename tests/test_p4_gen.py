@@ -46,6 +46,16 @@ def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> 
             ] == every  # fmt: skip
     assert [int(i) for i in re.findall(r"register<bit<8>>\(NCINA_SLOTS\) result_(\d+);", text)
             ] == every  # fmt: skip
+    # The parser's lanes: one state per lane, extracting its stack element, marking its code and
+    # stopping after `count` lanes; a count above K is StackOutOfBounds (bad_count).
+    parser = text[text.index("parser LaneParser("):text.index("control CheckCodes")]
+    states = re.findall(r"state lane_(\d+) \{\n\s+packet\.extract\(hdr\.lanes\[(\d+)\]\);\n"
+                        r"\s+meta\.codes_seen = meta\.codes_seen \| \(bit<128>\)1 << "
+                        r"\(bit<8>\)hdr\.lanes\[(\d+)\]\.code;\n\s+(.*)\n", parser)  # fmt: skip
+    assert [(int(a), int(b), int(c)) for a, b, c, _ in states] == [(i, i, i) for i in every]
+    assert [end for *_, end in states] == [
+        f"transition select(hdr.nc.count) {{ {i + 1}: accept; default: lane_{i + 1}; }}"
+        for i in every[:-1]] + [f"verify(hdr.nc.count <= {k}, error.StackOutOfBounds);"]
     # The codes' check is one comparison of the parser's code mask, whatever K.
     assert "hdr.lanes" not in text[text.index("control CheckCodes"):text.index("control LaneSums")]
     for action, per_lane in (("store", 3), ("add", 3), ("load_nc8", 2), ("clear", 1)):
@@ -106,7 +116,7 @@ def test_hand_written_program_declares_its_tables_and_wires_only_in_the_top_file
     assert tables["forward.p4"] == ["l2"]
     assert tables["ncina.p4"] == ["local_address"]
     assert re.findall(r'#include "(\w+\.p4)"', text["ncina.p4"]) == [
-        "config.p4", "headers.p4", "state.p4", "parser.p4", "checksum.p4", "lanes.p4",
+        "config.p4", "headers.p4", "state.p4", "lanes.p4", "parser.p4", "checksum.p4",
         "transport.p4", "arp.p4",
         "forward.p4", "members.p4", "admission.p4", "slots.p4", "reply.p4", "rewrite.p4",
     ]  # fmt: skip

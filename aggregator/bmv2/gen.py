@@ -173,12 +173,36 @@ def _widen(i: int) -> Iterator[str]:
     yield "}"
 
 
+def _parse_lane(i: int, k: int) -> Iterator[str]:
+    """Lane ``i``'s parser state: extract it, set bit ``code`` of ``meta.codes_seen`` (one
+    comparison in CheckCodes refuses a code above the window), then stop at ``count`` lanes (a
+    constant compared with the header's field: no counter to decrement per lane)."""
+    yield f"state lane_{i} {{"
+    yield f"    packet.extract(hdr.lanes[{i}]);"
+    yield f"    meta.codes_seen = meta.codes_seen | (bit<128>)1 << (bit<8>)hdr.lanes[{i}].code;"
+    if i + 1 < k:
+        yield f"    transition select(hdr.nc.count) {{ {i + 1}: accept; default: lane_{i + 1}; }}"
+    else:  # a count above K: more lanes than the stack holds (dropped as bad_count)
+        yield f"    verify(hdr.nc.count <= {k}, error.StackOutOfBounds);"
+        yield "    transition accept;"
+    yield "}"
+
+
 def lanes_p4(k: int) -> str:
     """``lanes.p4``: the controls ``CheckCodes`` and ``LaneSums`` for ``k`` lanes."""
     out = [
         BANNER.format(k=k),
         "#ifndef NCINA_LANES_P4",
         "#define NCINA_LANES_P4",
+        "",
+        "// The parser's lanes (count >= 1 of them, NC8): one state per lane, its element of the",
+        "// header stack at a constant index.",
+        "parser LaneParser(packet_in packet, inout headers_t hdr, inout meta_t meta) {",
+        "    state start {",
+        "        transition lane_0;",
+        "    }",
+        *_each(k, lambda i: _parse_lane(i, k), 4),
+        "}",
         "",
         "// Admission: is any of the packet's codes above the job's window (bad_code)? The parser",
         "// set bit c of meta.codes_seen for each lane's code c.",
