@@ -144,7 +144,6 @@ const bit<8> OUT_FORWARD = 3;
 const bit<8> OUT_FLOOD = 4;
 
 struct meta_t {
-    bit<16> lanes_left;       // parser: lanes still to extract
     bit<128> codes_seen;      // parser: bit c set for each lane whose code is c
     ip4_t target;             // the address asked for (ARP) or sent to (IPv4)
     bit<1> local;             // target is the aggregator's address
@@ -184,14 +183,9 @@ struct meta_t {
     bit<1> descriptor;        // the reply is the job handshake's answer
     bit<8> status;            // its status (STATUS_*)
     // One lane at a time (the generated LaneSums): its sum and the NC8 re-compression's steps.
-    bit<64> lane_value;
     bit<64> lane_sum;
-    bit<1> lane_negative;
     bit<64> lane_magnitude;
-    bit<64> lane_rest;
-    bit<8> lane_high;
     bit<64> lane_draw;
-    bit<1> lane_up;
     bit<8> lane_code;
 }
 

@@ -1,12 +1,15 @@
 // Parser and deparser: Ethernet, then ARP or IPv4 (options skipped) and, unless a fragment, UDP;
 // whether a host would take the datagram is ingress's decision (transport.p4). A UDP datagram for the aggregator carries
 // the ncina header and, for NC8 payloads, one lane per element (`count` of them, at most NCINA_K; a larger
-// count stops with StackOutOfBounds and is dropped as bad_count by the ingress checks).
+// count stops with StackOutOfBounds and is dropped as bad_count by the ingress checks): the
+// generated LaneParser of lanes.p4.
 #ifndef NCINA_PARSER_P4
 #define NCINA_PARSER_P4
 
 parser NcinaParser(packet_in packet, out headers_t hdr, inout meta_t meta,
                    inout standard_metadata_t sm) {
+    LaneParser() lane_parser;
+
     state start {
         packet.extract(hdr.eth);
         transition select(hdr.eth.ether_type) {
@@ -53,10 +56,9 @@ parser NcinaParser(packet_in packet, out headers_t hdr, inout meta_t meta,
 
     state parse_ncina {
         packet.extract(hdr.nc);
-        meta.lanes_left = hdr.nc.count;
         transition select(hdr.nc.format, hdr.nc.count) {
             (FORMAT_NC8, 0): accept;
-            (FORMAT_NC8, _): parse_lane;
+            (FORMAT_NC8, _): parse_lanes;
             (FORMAT_JOB, _): parse_descriptor;
             default: accept;
         }
@@ -68,16 +70,10 @@ parser NcinaParser(packet_in packet, out headers_t hdr, inout meta_t meta,
         transition accept;
     }
 
-    // Each lane's code sets its bit of meta.codes_seen: admission (CheckCodes) compares the
-    // highest against the job's window in one operation instead of one per lane.
-    state parse_lane {
-        packet.extract(hdr.lanes.next);
-        meta.codes_seen = meta.codes_seen | (bit<128>)1 << (bit<8>)hdr.lanes.last.code;
-        meta.lanes_left = meta.lanes_left - 1;
-        transition select(meta.lanes_left) {
-            0: accept;
-            default: parse_lane;
-        }
+    // The lanes: the generated LaneParser (lanes.p4), one state per lane.
+    state parse_lanes {
+        lane_parser.apply(packet, hdr, meta);
+        transition accept;
     }
 }
 

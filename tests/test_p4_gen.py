@@ -7,6 +7,7 @@ must name the program, the generated directory and both outputs.
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import sys
@@ -23,7 +24,7 @@ from ncina.proto.wire import ETH_IPV4_UDP_HEADERS
 
 def _action(text: str, name: str) -> str:
     """The body of ``action name() { ... }`` in generated P4 (actions have no nested braces)."""
-    found = re.search(rf"action {name}\(\) {{\n(.*?)\n    }}\n", text, re.S)
+    found = re.search(rf"action {name}\([^)]*\) {{\n(.*?)\n    }}\n", text, re.S)
     assert found, f"no action {name}"
     return found.group(1)
 
@@ -45,6 +46,16 @@ def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> 
             ] == every  # fmt: skip
     assert [int(i) for i in re.findall(r"register<bit<8>>\(NCINA_SLOTS\) result_(\d+);", text)
             ] == every  # fmt: skip
+    # The parser's lanes: one state per lane, extracting its stack element, marking its code and
+    # stopping after `count` lanes; a count above K is StackOutOfBounds (bad_count).
+    parser = text[text.index("parser LaneParser("):text.index("control CheckCodes")]
+    states = re.findall(r"state lane_(\d+) \{\n\s+packet\.extract\(hdr\.lanes\[(\d+)\]\);\n"
+                        r"\s+meta\.codes_seen = meta\.codes_seen \| \(bit<128>\)1 << "
+                        r"\(bit<8>\)hdr\.lanes\[(\d+)\]\.code;\n\s+(.*)\n", parser)  # fmt: skip
+    assert [(int(a), int(b), int(c)) for a, b, c, _ in states] == [(i, i, i) for i in every]
+    assert [end for *_, end in states] == [
+        f"transition select(hdr.nc.count) {{ {i + 1}: accept; default: lane_{i + 1}; }}"
+        for i in every[:-1]] + [f"verify(hdr.nc.count <= {k}, error.StackOutOfBounds);"]
     # The codes' check is one comparison of the parser's code mask, whatever K.
     assert "hdr.lanes" not in text[text.index("control CheckCodes"):text.index("control LaneSums")]
     for action, per_lane in (("store", 3), ("add", 3), ("load_nc8", 2), ("clear", 1)):
@@ -54,18 +65,21 @@ def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> 
     for action in ("store", "add", "load_nc8"):  # lane i's cells are its own registers
         cells = re.findall(r"(sum|result)_(\d+)\.(?:read|write)\(", _action(text, action))
         assert sorted({int(i) for _, i in cells}) == every, action
-    # Re-compression, lane by lane in the control: an if-chain of six halving steps finds the
-    # highest set bit of each sum, then one action rounds it with one random draw.
+    # Re-compression, lane by lane: an action reads the sum as a magnitude, one LPM table apply
+    # per lane finds its highest set bit (64 constant entries, one per bit) and its action
+    # rounds it with one random word.
     apply = text[text.index("    apply {", text.index("control LaneSums")):]
-    assert apply.count("magnitude();") == k and apply.count("round_to_code();") == k
-    assert [int(w) for w in re.findall(r"if \(\(meta\.lane_rest >> (\d+)\) != 0\)", apply)] == [
-        32, 16, 8, 4, 2, 1] * k
-    assert sorted(int(i) for i in re.findall(r"result_(\d+)\.write\(meta\.slot_index", apply)
-                  ) == every  # fmt: skip
+    assert re.findall(r"prepare_(\d+)\(\);\s+high_(\d+)\.apply\(\);", apply) == [
+        (str(i), str(i)) for i in every]
+    assert "if (" not in apply[apply.index("key_use();"):apply.index("} else if (meta.lane_op")]
+    assert [int(i) for i in re.findall(r"table high_(\d+) \{", text)] == every
+    # (each lane's round_i and zero_i write its stored result)
+    assert sorted(int(i) for i in re.findall(r"result_(\d+)\.write\(meta\.slot_index", text)
+                  ) == [i for i in every for _ in (0, 1)]  # fmt: skip
     assert "random(" not in text  # the rounding bits are the chunk's hash (docs/protocol.md)
     assert [apply.count(f"{name}();") for name in ("key_seed", "key_chunk", "key_use")] == [1] * 3
-    draws = re.findall(r"meta\.lane_draw = meta\.result_key \+ 64w0x([0-9A-F]{16});", apply)
-    assert [int(d, 16) for d in draws] == [(i + 1) * nc8.GAMMA % 2**64 for i in every]
+    steps = re.findall(r"meta\.lane_draw = \(meta\.result_key \+ 64w0x([0-9A-F]{16})\)", text)
+    assert [int(d, 16) for d in steps] == [(i + 1) * nc8.GAMMA % 2**64 for i in every]
     # int results: each lane i < count becomes a 64-bit lane.
     assert sorted(int(i) for i in re.findall(r"hdr\.wide\[(\d+)\]\.setValid\(\)", text)) == every
 
@@ -102,7 +116,7 @@ def test_hand_written_program_declares_its_tables_and_wires_only_in_the_top_file
     assert tables["forward.p4"] == ["l2"]
     assert tables["ncina.p4"] == ["local_address"]
     assert re.findall(r'#include "(\w+\.p4)"', text["ncina.p4"]) == [
-        "config.p4", "headers.p4", "state.p4", "parser.p4", "checksum.p4", "lanes.p4",
+        "config.p4", "headers.p4", "state.p4", "lanes.p4", "parser.p4", "checksum.p4",
         "transport.p4", "arp.p4",
         "forward.p4", "members.p4", "admission.p4", "slots.p4", "reply.p4", "rewrite.p4",
     ]  # fmt: skip
@@ -273,14 +287,91 @@ def _run_p4(statements: str, fields: _Fields) -> None:
             setattr(eval(owner, {}, fields), name, eval(expr, {}, fields) % 2**64)
 
 
+def _p4_expr(text: str) -> str:
+    """A generated P4 expression as Python: bit slices of one bit, the ternaries the lanes write
+    (``C ? A : B`` as a whole statement or ``(C ? 7w1 : 7w0)``), the word's wrapping sum."""
+    text = re.sub(r"(meta\.\w+)\[63:63\]", r"(\1 >> 63 & 1)", text)
+    # a bit<64> sum wraps before it is shifted (p4c masks it on BMv2)
+    text = re.sub(r"\((meta\.result_key \+ \w+)\)", r"((\1) % 2**64)", text)
+    text = re.sub(r"\((.*) \? 7w1 : 7w0\)$", r"(1 if (\1) else 0)", text)
+    if " ? " in text:
+        cond, rest = text.split(" ? ", 1)
+        yes, no = rest.split(" : ", 1)
+        text = f"({yes}) if ({cond}) else ({no})"
+    text = re.sub(r"\(bit<\d+>\)", "", text)
+    return re.sub(r"\b\d+w(0x[0-9A-Fa-f]+|\d+)", r"\1", text)
+
+
+@functools.cache
+def _lane_rows(k: int) -> dict[int, list[tuple[int, int, str, dict[str, int]]]]:
+    """The control plane's entries of each lane's LPM table: (value, prefix, action, args)."""
+    rows: dict[int, list[tuple[int, int, str, dict[str, int]]]] = {}
+    for e in entries.lane_entries(k):
+        lane = int(e.table.rsplit("_", 1)[1])
+        assert e.table == entries.LANE_TABLE.format(lane=lane)
+        value, prefix = (int(x, 0) for x in e.match[entries.LANE_KEY].split("/"))
+        params = {name: int(v) for name, v in e.params.items()}
+        rows.setdefault(lane, []).append((value, prefix, e.action, params))
+    return rows
+
+
+def _lane_code(text: str, k: int, lane: int, total: int, fields: _Fields) -> tuple[int, int]:
+    """Lane ``lane``'s re-compression as BMv2 runs it on the sum ``total``: ``prepare_i``, the
+    longest match among the control plane's entries of its LPM table (or the table's default
+    ``zero_i``) and that action with the entry's arguments. Returns (the code written into the
+    packet, the one written to ``result_i``)."""
+    fields.meta.lane_sum = None  # until prepare_i reads the cell
+    fields.hdr.lanes = [_Fields() for _ in range(lane + 1)]
+    stored = []
+
+    def run(body: str, args: dict[str, int]) -> None:
+        for statement in " ".join(body.split()).split(";"):
+            statement = statement.strip()
+            if write := re.fullmatch(rf"result_{lane}\.write\(meta\.slot_index, (.*)\)",
+                                     statement):  # fmt: skip
+                value = write.group(1).replace("hdr.lanes", "lanes")
+                sign, code = (eval(_p4_expr(v), {"lanes": fields.hdr.lanes}, fields)
+                              for v in value.split(" ++ ")) if "++" in value else (0, 0)
+                stored.append(sign << 7 | code)
+            elif statement == f"sum_{lane}.read(meta.lane_sum, meta.slot_index)":
+                fields.meta.lane_sum = total % 2**64
+            elif statement:
+                target, expr = (x.strip() for x in statement.split("=", 1))
+                owner, name = target.rsplit(".", 1)
+                value = eval(_p4_expr(expr), {}, {**fields, **args}) % 2**64
+                setattr(eval(owner, {}, fields), name, value)
+
+    run(_action(text, f"prepare_{lane}"), {})
+    magnitude = fields.meta.lane_magnitude
+    matches = []
+    for value, prefix, action, params in _lane_rows(k)[lane]:
+        mask = (2**64 - 1) ^ ((1 << (64 - prefix)) - 1)
+        if magnitude & mask == value:
+            assert action == f"NcinaIngress.slots.sums.round_{lane}"
+            matches.append((prefix, params))
+    if matches:
+        run(_action(text, f"round_{lane}"), max(matches, key=lambda m: m[0])[1])
+    else:
+        run(_action(text, f"zero_{lane}"), {})
+    packet = fields.hdr.lanes[lane]
+    [result] = stored
+    return packet.sign << 7 | packet.code, result
+
+
 def test_generated_rounding_bits_are_the_protocols() -> None:
-    """The key actions and each lane's word, executed as written, give the bits of
-    ``nc8.result_key`` and the lane's SplitMix64 word, for a few chunks."""
-    text = gen.lanes_p4(4)
-    apply = text[text.index("    apply {", text.index("control LaneSums")):]
-    mix = _action(text, "round_to_code").split("meta.lane_up")[0]  # the word's mix, not the compare
+    """The key actions, and each lane's re-compression (its action, the LPM table's longest
+    match and that action), executed as written, give ``nc8``'s result key and the reference
+    codec's codes bit for bit, for sums at every power of two and either side of it, zero,
+    the extremes and random ones, under several chunks' keys."""
+    k = 64
+    text = gen.lanes_p4(k)
     cases = [(0, 0, 0, 0, 0, 0), (42, 9, 3, 1, 4096, 7), (2**64 - 1, 65535, 65535, 1, 2**32 - 1,
                                                               2**32 - 1)]  # fmt: skip
+    rng = np.random.default_rng(3)
+    edges = [0, 1, -1, 2**63 - 1, -(2**63), 3, -3]
+    edges += [s * (2**h + d) for h in range(1, 63) for d in (-1, 0, 1) for s in (1, -1)]
+    edges += [int(v) for v in rng.integers(-(2**62), 2**62, 64)]
+    reference = nc8.codec("numpy")
     for seed, job, slot, version, offset, use in cases:
         fields = _Fields()
         fields.meta.seed, fields.meta.result_use = seed, use
@@ -290,14 +381,12 @@ def test_generated_rounding_bits_are_the_protocols() -> None:
             _run_p4(_action(text, action), fields)
         key = nc8.result_key(seed, job, slot, version, offset, use)
         assert fields.meta.result_key == key
-        for lane, draw in enumerate(re.findall(r"(meta\.lane_draw = [^;]*;)", apply)):
-            _run_p4(draw + mix, fields)
-            word = (key + (lane + 1) * nc8.GAMMA) % 2**64
-            word ^= word >> 30
-            word = word * 0xBF58476D1CE4E5B9 % 2**64
-            word ^= word >> 27
-            word = word * 0x94D049BB133111EB % 2**64
-            assert fields.meta.lane_draw == word ^ word >> 31, lane
+        for start in range(0, len(edges), k):
+            sums = edges[start:start + k]
+            expected = reference.recompress(np.array(sums, dtype=np.int64), key)
+            got = [_lane_code(text, k, lane, total, fields) for lane, total in enumerate(sums)]
+            assert [packet for packet, _ in got] == expected.tolist(), (key, start)
+            assert [stored for _, stored in got] == expected.tolist(), (key, start)
 
 
 def test_the_p4_descriptor_is_the_protocols_and_its_fields_come_from_the_entries() -> None:

@@ -165,6 +165,7 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
                 controller.insert_group(group)
             return _Server(controller, switch, job, args, (host, port), mac, k,
                            profile=profile).run()  # fmt: skip
+        controller.insert_all(entries.lane_entries(k))
         controller.insert(entries.local_entry(host, port, mac, generation))
         for entry in entries.job_entries(job, args.restart_idle):
             controller.insert(entry)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ncina.aggregator.admission import STALE_GENERATION
+from ncina.aggregator.bmv2.gen import high_bit_rows
 from ncina.aggregator.bmv2.layout import (
     COUNTED,
     FLOOD_GROUP,
@@ -41,6 +42,9 @@ MEMBERS_TABLE = "NcinaIngress.admission.members.members"
 MEMBER_ACTION = "NcinaIngress.admission.members.expect"
 L2_TABLE = "NcinaIngress.forward.l2"
 L2_ACTION = "NcinaIngress.forward.to_port"
+LANE_TABLE = "NcinaIngress.slots.sums.high_{lane}"
+LANE_ACTION = "NcinaIngress.slots.sums.round_{lane}"
+LANE_KEY = "meta.lane_magnitude"
 JOB_COUNTER = "job_events"
 GLOBAL_COUNTER = "global_events"
 TRANSPORT_COUNTER = "transport_events"
@@ -110,6 +114,14 @@ def local_entry(ip: str, port: int, mac: str, generation: int) -> Entry:
     aggregated; ``generation`` stamps the answers to a job handshake for no job."""
     return Entry(LOCAL_TABLE, {"meta.target": ip}, LOCAL_ACTION,
                  {"mac": mac, "port": str(port), "generation": str(generation)})  # fmt: skip
+
+
+def lane_entries(k: int) -> list[Entry]:
+    """Each of the ``k`` lanes' table of highest set bits (``gen.high_bit_rows``), the same
+    for every job: 64 LPM entries a lane."""
+    return [Entry(LANE_TABLE.format(lane=lane), {LANE_KEY: f"{value:#x}/{prefix}"},
+                  LANE_ACTION.format(lane=lane), {n: str(v) for n, v in args.items()})
+            for lane in range(k) for value, prefix, args in high_bit_rows()]  # fmt: skip
 
 
 def job_entries(job: InstalledJob, restart_idle: float = RESTART_IDLE) -> list[Entry]:

@@ -11,7 +11,8 @@ limit of this machine): DPDK's on the af_packet path, for socket the socket back
 generator is in its extension); bmv2 needs p4c and BMv2 too (docs/bmv2.md). For bmv2 the run
 also measures the same simple_switch_grpc running p4/echo/echo.p4, a P4 program that only echoes
 each datagram (``--bmv2-mode forward``), and reports ``vs_forwarder``: how close the aggregator
-program comes to what BMv2 itself forwards.
+program comes to what BMv2 itself forwards; ``--p4-profile tofino`` measures the Tofino program's
+v1model twin (p4/twin/: ``--result int``, K up to 12) instead of p4/, beside the same echo.
 
 ``--lcores 1,2`` measures the DPDK aggregator and its forwarder at each lane count (docs/dpdk.md,
 "Several lcores") in the same run and reports ``lcores_scaling``: completed work at the last
@@ -77,6 +78,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--lcores", type=_lcores, default=(1,), metavar="N[,N...]",
                    help="dpdk: lane counts to measure the aggregator and forwarder at, e.g. 1,2 "
                    "(default: 1)")  # fmt: skip
+    p.add_argument("--p4-profile", choices=("default", "tofino"), default="default",
+                   help="bmv2: the program measured: default (p4/) or tofino (p4/twin/, the "
+                   "Tofino program's v1model twin: --result int, K <= 12) (default: %(default)s)")
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of each measurement; the median's figures are reported "
                    "(default: %(default)s)")  # fmt: skip
@@ -122,6 +126,8 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
         cmd += ["--iface", site.iface, "--switch-log", str(work / "switch.log")]
         if kind == "bmv2_forward":
             cmd += ["--bmv2-mode", "forward"]
+        else:
+            cmd += ["--p4-profile", args.p4_profile]
     else:
         cmd += ["--iface", site.iface, "--idle-sleep-us", str(args.idle_sleep_us),
                 "--dpdk-pmd", args.dpdk_pmd, "--lcores", str(lcores)]  # fmt: skip
@@ -193,6 +199,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure the chosen backend, the Python backend and the no-op forwarder; return figures."""
     from ncina.aggregator.dpdk import binding, netns
 
+    if args.p4_profile != "default" and args.backend != "bmv2":
+        raise ValueError("--p4-profile is the bmv2 backend's")
     reason = netns.missing() or binding.missing()
     if reason:
         raise RuntimeError(f"the aggregator benchmark needs root and DPDK: {reason}")
@@ -212,7 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers, "k": args.k, "pool_size": args.pool_size, "result": args.result,
         "seconds": args.seconds, "backend": args.backend,
         "timeout": args.timeout, "dpdk_pmd": args.dpdk_pmd, "repeat": args.repeat,
-        "lcores": list(args.lcores),
+        "lcores": list(args.lcores), "p4_profile": args.p4_profile,
     }  # fmt: skip
     forward = "socket_forward" if args.backend == "socket" else "forward"
     kinds = ["python", forward] + ([args.backend] if args.backend != "python" else [])
