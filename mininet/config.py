@@ -138,7 +138,7 @@ class SoakConfig:
     bw: float | None = 100.0
     seed: int = 0
     steps_per_run: int = 330
-    restart_s: tuple[float, float] = (5.0, 20.0)
+    restart_s: tuple[float, float] = (10.0, 40.0)
     last_bucket_every: int = 2
     generations: str = "random"
     stranger_every: float = 5.0
@@ -148,6 +148,6 @@ class SoakConfig:
     forged: int = 20
     hang_s: float = 60.0
     sample_s: float = 2.0
-    warmup_s: float = 20.0
+    warmup_s: float = 10.0
     deadline: float = 30.0
     prefix: str = field(default_factory=lambda: f"k{os.getpid() % 100000}")

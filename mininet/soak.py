@@ -47,7 +47,9 @@ MAX_GENERATION = 15
 HONEST_REASONS = ("late", "stale_generation", "resend_limit")
 RSS_TOLERANCE = 0.05  # flat memory: growth after warm-up within 5 %
 QUIET_AFTER_RESTART = 3.0  # seconds after a restart before a stranger round (handshakes settle)
-POLL = 0.05
+POLL = 0.05  # seconds between two looks at the ranks' metrics
+POLL_AT_THE_END = 0.01  # the same while a kill waits for rank 0's last step
+END_MARGIN = 30  # steps before a run's last in which nothing else may delay that kill
 
 
 class RankLog:
@@ -199,10 +201,13 @@ class Soak:
         return round_
 
     # ---- memory ----
-    def sample(self, workers: list[Any], run: int) -> None:
+    def sample(self, workers: list[Any], ranks: list[RankLog], run: int) -> None:
+        """Resident memory of the aggregator and of every rank that has made a step (a rank's
+        warm-up counts from its first step: importing PyTorch and loading the data before it
+        are not what a soak judges)."""
         now = time.monotonic() - self.began
         named = [(f"aggregator-{self.instances}", self.aggregator)]
-        named += [(f"run-{run}-rank{r}", w) for r, w in enumerate(workers)]
+        named += [(f"run-{run}-rank{r}", w) for r, w in enumerate(workers) if ranks[r].steps]
         for name, proc in named:
             if proc is not None and proc.poll() is None:
                 with contextlib.suppress(OSError, RuntimeError):  # exited since the poll
@@ -246,45 +251,68 @@ class Soak:
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 r = failed[0]
-                self.failures.append(f"run {index}: rank {r} exited with status {codes[r]}:\n"
-                                     f"{aggproc.tail(run_dir / f'worker{r}.log', 8)}")  # fmt: skip
+                tail = aggproc.tail(run_dir / f"worker{r}.log", 8)
+                if "TimeoutError" in tail:  # the rank's own deadline: a stall, reported as such
+                    self.hangs.append({"run": index, "kind": "worker deadline", "rank": r,
+                                       "steps": [x.steps for x in ranks], "log": tail,
+                                       "after_restart": [{k: v for k, v in p.items()
+                                                          if k != "ready_s"}
+                                                         for p in pending]})  # fmt: skip
+                else:
+                    self.failures.append(f"run {index}: rank {r} exited with status "
+                                         f"{codes[r]}:\n{tail}")  # fmt: skip
                 break
             if all(c == 0 for c in codes):
                 break
-            if now - progress_at > cfg.hang_s:
-                self.hangs.append({"run": index, "steps": [r.steps for r in ranks],
+            if now - progress_at > cfg.hang_s and not pending:
+                self.hangs.append({"run": index, "kind": "stall", "steps": [r.steps for r in ranks],
+                                   "stalled_s": round(now - progress_at, 1)})  # fmt: skip
+                break
+            if pending and now - progress_at > cfg.hang_s:
+                self.hangs.append({"run": index, "kind": "stall after a restart",
+                                   "steps": [r.steps for r in ranks],
                                    "stalled_s": round(now - progress_at, 1),
-                                   "after_restart": bool(pending)})  # fmt: skip
+                                   "restart": {k: v for k, v in pending[0].items()
+                                               if k != "ready_s"}})  # fmt: skip
                 break
             if now >= next_sample:
-                self.sample(workers, index)
+                self.sample(workers, ranks, index)
                 next_sample = now + cfg.sample_s
             last_step = ranks[0].steps >= cfg.steps_per_run - 1 and ranks[0].end is None
+            # Near the end nothing may delay the aimed kill, and a forged result must still
+            # meet a call that reads it.
+            busy_ok = min(done) > 0 and max(done) < cfg.steps_per_run - END_MARGIN
             if aimed and last_step and run["last_bucket_restart"] is None:
                 restart = self.kill(net, topo, ranks, "last bucket")
                 run["last_bucket_restart"] = restart
                 pending.append(restart)
                 last_restart = time.monotonic()
-            elif now >= next_kill and not last_step:
+            elif now >= next_kill and busy_ok:
                 pending.append(self.kill(net, topo, ranks, "random"))
                 next_kill = time.monotonic() + self.rnd.uniform(*cfg.restart_s)
                 last_restart = time.monotonic()
             elif (cfg.stranger_every > 0 and now >= next_round
-                  and now - last_restart > QUIET_AFTER_RESTART and min(done) > 0):
+                  and now - last_restart > QUIET_AFTER_RESTART and busy_ok):
                 members = members or self.member_sockets(net, topo, workers)
                 round_ = self.stranger_round(net, members)
                 forged += round_["forged"]
                 next_round = time.monotonic() + cfg.stranger_every
-            time.sleep(POLL)
+            near_end = aimed and max(done) >= cfg.steps_per_run - END_MARGIN
+            time.sleep(POLL_AT_THE_END if near_end else POLL)
         self.procs.stop(workers)
         for r in ranks:
             r.poll()
         run["restarts"] = sum(1 for r in self.restarts if r["run"] == index)
+        if run["last_bucket_restart"] is not None:
+            run["last_bucket_restart"]["landed_ranks"] = [
+                r for r in range(cfg.workers)
+                if restarted_in_last_step(run_dir / f"worker{r}.log", cfg.steps_per_run)]
         run["steps"] = [r.steps for r in ranks]
         run["digests"] = checkpoints(ranks)
         ends = [r.end for r in ranks]
         bad_tag = sum(e["fabric"].get("bad_tag", 0) for e in ends if e) if all(ends) else None
         run["forged_results"] = {"sent": forged, "counted_by_workers": bad_tag}
+        run["retransmissions"] = sum(e["fabric"].get("retransmissions", 0) for e in ends if e)
         run["fabric_restarts"] = [e["fabric"].get("restarts") if e else None for e in ends]
         self.runs.append(run)
 
@@ -371,6 +399,14 @@ def exempt_stranger(net: Any, stranger: str) -> None:
                 raise RuntimeError(f"{host.name}: cannot exempt the stranger from loss: {out}")
 
 
+def restarted_in_last_step(log: Path, steps: int) -> bool:
+    """Whether a rank's log says it met a restart after its step ``steps - 1`` (in its last
+    step: the kill aimed at the last bucket landed in its call)."""
+    text = log.read_text(errors="replace")
+    before = re.search(rf" step {steps - 1} loss ", text)
+    return before is not None and "restarted; recovering" in text[before.end():]
+
+
 def hostile_counted(document: dict[str, Any]) -> int:
     """Drops of every reason but the honest ones (``HONEST_REASONS``), all sections."""
     return sum(count for section in (document["global"], *document["jobs"].values())
@@ -396,9 +432,9 @@ def spread(values: list[float]) -> dict[str, float | None]:
 
 
 def rss_summary(series: dict[str, list[tuple[float, int]]], warmup_s: float) -> dict[str, Any]:
-    """Per process: its samples (s since the soak began, KiB) and its growth after warm-up (the
-    largest sample over the first one ``warmup_s`` into its life, less 1; None with fewer than
-    two samples after warm-up)."""
+    """Per process: its samples (s since the soak began, KiB; a rank's from its first step) and
+    its growth after warm-up (the largest sample over the first one ``warmup_s`` after its first
+    sample, less 1; None with fewer than two samples after warm-up)."""
     out: dict[str, Any] = {}
     for name, samples in series.items():
         start = samples[0][0]

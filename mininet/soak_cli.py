@@ -48,7 +48,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps-per-run", type=int, default=d.steps_per_run,
                    help="steps of one ncina train run (default: %(default)s)")
     p.add_argument("--restart-s", type=float, nargs=2, default=d.restart_s, metavar=("MIN", "MAX"),
-                   help="seconds between two kills, uniform (default: 5 20)")
+                   help="seconds between two kills, uniform (default: 10 40)")
     p.add_argument("--last-bucket-every", type=int, default=d.last_bucket_every, metavar="N",
                    help="every Nth run, a kill when rank 0 enters the last step (0: never; "
                    "default: %(default)s)")
