@@ -107,6 +107,7 @@ class Soak:
         self.instances = 0
         self.aggregator: subprocess.Popen[bytes] | None = None
         self.agg_dir = cfg.out
+        self.last_stats: dict[str, Any] | None = None  # the current instance's, last read
         self.drops: dict[str, int] = {}  # every instance's last counters, summed
         self.restarts: list[dict[str, Any]] = []
         self.runs: list[dict[str, Any]] = []
@@ -134,19 +135,26 @@ class Soak:
 
     def read_stats(self) -> dict[str, Any]:
         assert self.aggregator is not None
-        return aggproc.request_stats(self.aggregator, self.agg_dir / "aggregator0.json")
+        self.last_stats = aggproc.request_stats(self.aggregator, self.agg_dir / "aggregator0.json")
+        return self.last_stats
 
     def account(self, document: dict[str, Any]) -> None:
         """Add an instance's last counters to the soak's drops by reason."""
+        self.last_stats = None
+        if not document:
+            return
         for section in (document["global"], *document["jobs"].values()):
             for reason, count in section["drops"].items():
                 self.drops[reason] = self.drops.get(reason, 0) + count
 
-    def kill(self, net: Any, topo: Any, ranks: list[RankLog], why: str) -> dict[str, Any]:
-        """SIGKILL the aggregator (its counters read just before) and start another."""
+    def kill(self, net: Any, topo: Any, ranks: list[RankLog], why: str,
+             read_first: bool = True) -> dict[str, Any]:  # fmt: skip
+        """SIGKILL the aggregator and start another. Its counters are read just before, or
+        without ``read_first`` (a kill that must not wait: the one aimed at the last step) the
+        last counters read are what it counted."""
         assert self.aggregator is not None
         try:
-            self.account(self.read_stats())
+            self.account(self.read_stats() if read_first else self.last_stats or {})
         except RuntimeError as exc:
             self.failures.append(f"aggregator {self.instances} gave no stats before its "
                                  f"kill: {exc}")  # fmt: skip
@@ -232,6 +240,7 @@ class Soak:
         pending: list[dict[str, Any]] = []
         members: list[str] = []
         forged = 0
+        pre_read = False
         run: dict[str, Any] = {"run": index, "restarts": 0, "last_bucket_restart": None}
         while True:
             for r in ranks:
@@ -282,8 +291,11 @@ class Soak:
             # Near the end nothing may delay the aimed kill, and a forged result must still
             # meet a call that reads it.
             busy_ok = min(done) > 0 and max(done) < cfg.steps_per_run - END_MARGIN
+            if aimed and not pre_read and max(done) >= cfg.steps_per_run - 3:
+                self.read_stats()  # the aimed kill's counters, read before it must not wait
+                pre_read = True
             if aimed and last_step and run["last_bucket_restart"] is None:
-                restart = self.kill(net, topo, ranks, "last bucket")
+                restart = self.kill(net, topo, ranks, "last bucket", read_first=False)
                 run["last_bucket_restart"] = restart
                 pending.append(restart)
                 last_restart = time.monotonic()
