@@ -133,6 +133,16 @@ class Soak:
         self.aggregator = proc
         return time.monotonic()
 
+    def stop_aggregator(self) -> None:
+        """Stop the aggregator (SIGTERM: it writes its last counters) and count them."""
+        assert self.aggregator is not None
+        aggproc.stop(self.aggregator)
+        try:
+            self.account(json.loads((self.agg_dir / "aggregator0.json").read_text()))
+        except (OSError, ValueError) as exc:
+            self.failures.append(f"aggregator {self.instances} left no stats: {exc}")
+        self.aggregator = None
+
     def read_stats(self) -> dict[str, Any]:
         assert self.aggregator is not None
         self.last_stats = aggproc.request_stats(self.aggregator, self.agg_dir / "aggregator0.json")
@@ -346,14 +356,15 @@ class Soak:
         try:
             net.start()
             exempt_stranger(net, stranger)
-            self.start_aggregator(net, topo)
             end = self.began + cfg.minutes * 60
             index = 0
             while time.monotonic() < end and not self.hangs and not self.failures:
+                # A fresh aggregator per run: the job's slots start anew with the run's ranks
+                # (an aggregator restarts a job for a new hello only after --restart-idle).
+                self.start_aggregator(net, topo)
                 self.run_once(net, topo, index, bar)
+                self.stop_aggregator()
                 index += 1
-            if self.aggregator is not None and self.aggregator.poll() is None:
-                self.account(self.read_stats())
         finally:
             bar.close()
             self.procs.stop_all()
