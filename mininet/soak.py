@@ -47,6 +47,8 @@ MAX_GENERATION = 15
 HONEST_REASONS = ("late", "stale_generation", "resend_limit")
 RSS_TOLERANCE = 0.05  # flat memory: growth after warm-up within 5 %
 QUIET_AFTER_RESTART = 3.0  # seconds after a restart before a stranger round (handshakes settle)
+# A rank that gave up at its --deadline says one of these (ncina.worker.client's TimeoutError).
+DEADLINE_MESSAGES = ("TimeoutError", "no result from aggregator")
 POLL = 0.05  # seconds between two looks at the ranks' metrics
 POLL_AT_THE_END = 0.01  # the same while a kill waits for rank 0's last step
 END_MARGIN = 30  # steps before a run's last in which nothing else may delay that kill
@@ -271,7 +273,7 @@ class Soak:
             if failed:
                 r = failed[0]
                 tail = aggproc.tail(run_dir / f"worker{r}.log", 8)
-                if "TimeoutError" in tail:  # the rank's own deadline: a stall, reported as such
+                if any(m in tail for m in DEADLINE_MESSAGES):  # the rank's deadline: a stall
                     self.hangs.append({"run": index, "kind": "worker deadline", "rank": r,
                                        "steps": [x.steps for x in ranks], "log": tail,
                                        "after_restart": [{k: v for k, v in p.items()
@@ -380,9 +382,13 @@ class Soak:
                    for kind in ("fuzzed", "hellos", "spoofed", "forged", "dropped", "answered",
                                 "uncounted")}  # fmt: skip
         forged_counted = [r["forged_results"]["counted_by_workers"] for r in self.runs]
-        hostile["forged_uncounted"] = sum(
-            max(0, r["forged_results"]["sent"] - (r["forged_results"]["counted_by_workers"] or 0))
-            for r in self.runs)
+        # A run whose ranks did not all end has no final counts: its forged results unchecked.
+        checked = [r["forged_results"] for r in self.runs
+                   if r["forged_results"]["counted_by_workers"] is not None]  # fmt: skip
+        hostile["forged_uncounted"] = sum(max(0, f["sent"] - f["counted_by_workers"])
+                                          for f in checked)  # fmt: skip
+        hostile["forged_unchecked"] = sum(r["forged_results"]["sent"] for r in self.runs) - sum(
+            f["sent"] for f in checked)
         hostile["forged_counted_by_workers"] = sum(c or 0 for c in forged_counted)
         config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.cfg).items()}
         summary = {
