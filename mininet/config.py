@@ -114,3 +114,40 @@ class TopoConfig:
             raise ValueError(f"k={self.k}: the leaves' int partial sums of K elements must fit "
                              f"MTU {self.mtu} (the largest k is {largest})")  # fmt: skip
         self.aggregators = self.leaves + 1
+
+
+@dataclass
+class SoakConfig:
+    """Everything a soak depends on (recorded in the summary as ``config``).
+
+    minutes: how long to train (the run in progress when time is up finishes); steps_per_run:
+    steps of one ``ncina train`` run; restart_s: the range of seconds between two kills (uniform,
+    seeded); last_bucket_every: every that many runs, a kill aimed at the run's last step (0:
+    none); generations: ``distinct`` (each start a generation other than the last, seeded) or
+    ``random`` (the aggregator draws: 1 in 15 repeats); stranger_every: seconds between two
+    stranger rounds (0: no stranger); fuzz, hellos, spoofed, forged: datagrams of each kind per
+    round; hang_s: a stall of every rank's steps this long is a hang; sample_s: period of the
+    memory samples; warmup_s: a process's memory is judged after this long.
+    """
+
+    out: Path
+    minutes: float = 5.0
+    backend: str = "socket"
+    workers: int = 4
+    loss: float = 2.0
+    bw: float | None = 100.0
+    seed: int = 0
+    steps_per_run: int = 330
+    restart_s: tuple[float, float] = (10.0, 40.0)
+    last_bucket_every: int = 2
+    generations: str = "random"
+    stranger_every: float = 5.0
+    fuzz: int = 300
+    hellos: int = 10
+    spoofed: int = 40
+    forged: int = 20
+    hang_s: float = 60.0
+    sample_s: float = 2.0
+    warmup_s: float = 10.0
+    deadline: float = 30.0
+    prefix: str = field(default_factory=lambda: f"k{os.getpid() % 100000}")

@@ -149,11 +149,13 @@ def build_net(cfg: TopoConfig) -> tuple[Mininet, StarTopo]:
 
 
 def start_aggregators(
-    net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, run_dir: Path
+    net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, run_dir: Path,
+    extra: Sequence[str] = (),
 ) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     """Start one ``ncina aggregator`` per aggregator node (with BACKEND=bmv2, the one of the
-    P4 switch); wait until each is listening. Returns the processes and the addresses the
-    workers use (in leaf-spine: the leaves', the spine is the last process)."""
+    P4 switch), with the further options ``extra`` (star and multi only); wait until each is
+    listening. Returns the processes and the addresses the workers use (in leaf-spine: the
+    leaves', the spine is the last process)."""
     if isinstance(topo, LeafSpineTopo):
         return start_tree(net, topo, cfg, procs, run_dir)
     started, addresses = [], []
@@ -177,6 +179,7 @@ def start_aggregators(
             argv += _dpdk_host(net, cfg, name)
         elif cfg.backend == "bmv2":
             argv += switch_arguments(net, topo, cfg, run_dir)
+        argv += extra
         started.append(procs.start(net.get(name), argv, log))
         addresses.append(address)
     # A bmv2 aggregator may first compile the P4 program for K (once per K and source change).
@@ -297,6 +300,27 @@ def train(
 
     Shows rank 0's progress while waiting; returns the metrics files in rank order.
     """
+    workers, metrics = start_workers(net, topo, cfg, procs, run_dir, aggregators, mode)
+    progress = Progress(metrics[0], f"{mode} rank 0", cfg.epochs, cfg.max_steps)
+    try:
+        wait_workers(workers, progress, run_dir, time.monotonic() + cfg.timeout)
+    finally:
+        progress.close()
+    return metrics
+
+
+def start_workers(
+    net: Mininet,
+    topo: StarTopo,
+    cfg: TopoConfig,
+    procs: Processes,
+    run_dir: Path,
+    aggregators: Sequence[str],
+    mode: str,
+    extra: Sequence[str] = (),
+) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    """Start ``ncina train`` on every worker (see :func:`train`; ``extra``: further options of
+    every rank) without waiting; returns the processes and their metrics files, in rank order."""
     master = f"{worker_ip(0)}:{GLOO_PORTS[mode]}"
     workers, metrics = [], []
     for rank, name in enumerate(topo.worker_names):
@@ -324,13 +348,8 @@ def train(
         argv += ["--backend", "ncina"] if mode == "ncina" else []
         if aggregators and cfg.key_file is not None:
             argv += ["--key-file", str(cfg.key_file.resolve())]
-        workers.append(procs.start(host, argv, run_dir / f"worker{rank}.log"))
-    progress = Progress(metrics[0], f"{mode} rank 0", cfg.epochs, cfg.max_steps)
-    try:
-        wait_workers(workers, progress, run_dir, time.monotonic() + cfg.timeout)
-    finally:
-        progress.close()
-    return metrics
+        workers.append(procs.start(host, [*argv, *extra], run_dir / f"worker{rank}.log"))
+    return workers, metrics
 
 
 class Progress:

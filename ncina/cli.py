@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "bench": "ncina.bench",
     "train": "ncina.worker.train",
     "topo": "ncina.topo.cli",
+    "soak": "ncina.topo.soak_cli",
 }
 
 

@@ -427,6 +427,7 @@ def steps(
             f"{tag} epoch {epoch} done: test loss {test_loss:.4f} accuracy {test_acc:.2f}% "
             f"t {elapsed:.2f} s tx {wire.get('tx_bytes', 0)} B",
             epoch=epoch, step=step, time=elapsed, test_loss=test_loss, test_acc=test_acc, **wire,
+            parameters_sha256=parameters_digest(model),
         )
         if step == args.max_steps:
             break

@@ -1,0 +1,495 @@
+"""``ncina soak``: train for a given time over Mininet while the aggregator is SIGKILLed and
+restarted, the links lose packets and a stranger sends hostile datagrams (docs/reliability.md,
+"Soak").
+
+The topology runner's network (:func:`ncina.topo.runner.build_net`, the star) gets one more
+host, the stranger (``<prefix>x0``, ``STRANGER_IP``), whose frames the loss rules let through
+(the loss is the workers' links'; what the stranger sends is accounted for exactly). Training is
+a sequence of runs of ``ncina train`` (:func:`ncina.topo.runner.start_workers`), each of
+``steps_per_run`` steps of the default model through a keyed job, until ``minutes`` have passed.
+One thread drives everything, so nothing overlaps that would blur a count: it polls every
+rank's metrics file, kills the aggregator at seeded random times (and once per
+``last_bucket_every`` runs when rank 0 enters the run's last step), starts it again and times
+the recovery, runs a stranger round (:mod:`ncina.topo.stranger`) between the aggregator's stats
+read before and after it, samples resident memory, and declares a hang when no rank's step count
+grows for ``hang_s`` seconds. The summary (:func:`judge` names each failed target) goes to
+``soak.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ncina.aggregator import process as aggproc
+from ncina.proto.header import PORT
+from ncina.topo.config import SoakConfig, TopoConfig
+from ncina.topo.runner import Processes, build_net, check_backend, start_aggregators, start_workers
+from ncina.topo.topos import PREFIX_LEN, InaHost, InaLink, aggregator_ip, worker_ip
+
+from ncina.harness.fuzzing import resident_kib
+
+STRANGER_IP = "10.0.2.1"
+SUMMARY = "soak.json"
+MAX_GENERATION = 15
+# Drops an honest worker's packets can cause under loss and restarts; every other reason is
+# one the stranger's datagrams (keyed job: parse, job lookup or tag) are counted under.
+HONEST_REASONS = ("late", "stale_generation", "resend_limit")
+RSS_TOLERANCE = 0.05  # flat memory: growth after warm-up within 5 %
+QUIET_AFTER_RESTART = 3.0  # seconds after a restart before a stranger round (handshakes settle)
+# A rank that gave up at its --deadline says one of these (ncina.worker.client's TimeoutError).
+DEADLINE_MESSAGES = ("TimeoutError", "no result from aggregator")
+POLL = 0.05  # seconds between two looks at the ranks' metrics
+POLL_AT_THE_END = 0.01  # the same while a kill waits for rank 0's last step
+END_MARGIN = 30  # steps before a run's last in which nothing else may delay that kill
+
+
+class RankLog:
+    """One rank's metrics file, read as it grows: steps, checkpoint digests, the end event."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.steps = 0
+        self.digests: dict[str, str] = {}  # checkpoint ("epoch N", "end") -> parameters_sha256
+        self.end: dict[str, Any] | None = None
+
+    def poll(self) -> None:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                text = f.read()
+        except FileNotFoundError:
+            return
+        end = text.rfind(b"\n") + 1
+        self.offset += end
+        for line in text[:end].decode(errors="replace").splitlines():
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if event["event"] == "step":
+                self.steps = event["step"]
+            elif event["event"] == "epoch":
+                self.digests[f"epoch {event['epoch']}"] = event["parameters_sha256"]
+            elif event["event"] == "end":
+                self.digests["end"] = event["parameters_sha256"]
+                self.end = event
+
+
+class Soak:
+    """The soak's state while it runs (see the module's docstring)."""
+
+    def __init__(self, cfg: SoakConfig) -> None:
+        from ncina.topo.cli import topo_k, topo_pool_size
+
+        self.cfg = cfg
+        self.rnd = random.Random(cfg.seed)
+        key = cfg.out / "job.key"
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        key.write_text(self.rnd.randbytes(16).hex())
+        k = topo_k(cfg.backend, "ina", "nc8", True)
+        self.topo_cfg = TopoConfig(
+            out=cfg.out, workers=cfg.workers, backend=cfg.backend, bw=cfg.bw, loss=cfg.loss,
+            epochs=10_000, max_steps=cfg.steps_per_run, seed=cfg.seed, k=k,
+            pool_size=topo_pool_size(cfg.backend, k, cfg.bw), key_file=key, baseline=False,
+            prefix=cfg.prefix,
+        )  # fmt: skip
+        self.procs = Processes()
+        self.generation = 0
+        self.instances = 0
+        self.aggregator: subprocess.Popen[bytes] | None = None
+        self.agg_dir = cfg.out
+        self.last_stats: dict[str, Any] | None = None  # the current instance's, last read
+        self.drops: dict[str, int] = {}  # every instance's last counters, summed
+        self.restarts: list[dict[str, Any]] = []
+        self.runs: list[dict[str, Any]] = []
+        self.hostile: list[dict[str, Any]] = []
+        self.hangs: list[dict[str, Any]] = []
+        self.failures: list[str] = []
+        self.rss: dict[str, list[tuple[float, int]]] = {}
+        self.began = time.monotonic()
+        self.current_run = 0
+
+    # ---- the aggregator ----
+    def start_aggregator(self, net: Any, topo: Any) -> float:
+        """Start a new aggregator instance; returns when it is ready (monotonic time)."""
+        self.instances += 1
+        self.agg_dir = self.cfg.out / f"aggregator-{self.instances}"
+        self.agg_dir.mkdir(parents=True, exist_ok=True)
+        extra: list[str] = []
+        if self.cfg.generations == "distinct":
+            self.generation = self.rnd.choice(
+                [g for g in range(1, MAX_GENERATION + 1) if g != self.generation])
+            extra = ["--generation", str(self.generation)]
+        [proc], _ = start_aggregators(net, topo, self.topo_cfg, self.procs, self.agg_dir, extra)
+        self.aggregator = proc
+        return time.monotonic()
+
+    def stop_aggregator(self) -> None:
+        """Stop the aggregator (SIGTERM: it writes its last counters) and count them."""
+        assert self.aggregator is not None
+        aggproc.stop(self.aggregator)
+        try:
+            self.account(json.loads((self.agg_dir / "aggregator0.json").read_text()))
+        except (OSError, ValueError) as exc:
+            self.failures.append(f"aggregator {self.instances} left no stats: {exc}")
+        self.aggregator = None
+
+    def read_stats(self) -> dict[str, Any]:
+        assert self.aggregator is not None
+        self.last_stats = aggproc.request_stats(self.aggregator, self.agg_dir / "aggregator0.json")
+        return self.last_stats
+
+    def account(self, document: dict[str, Any]) -> None:
+        """Add an instance's last counters to the soak's drops by reason."""
+        self.last_stats = None
+        if not document:
+            return
+        for section in (document["global"], *document["jobs"].values()):
+            for reason, count in section["drops"].items():
+                self.drops[reason] = self.drops.get(reason, 0) + count
+
+    def kill(self, net: Any, topo: Any, ranks: list[RankLog], why: str,
+             read_first: bool = True) -> dict[str, Any]:  # fmt: skip
+        """SIGKILL the aggregator and start another. Its counters are read just before, or
+        without ``read_first`` (a kill that must not wait: the one aimed at the last step) the
+        last counters read are what it counted."""
+        assert self.aggregator is not None
+        try:
+            self.account(self.read_stats() if read_first else self.last_stats or {})
+        except RuntimeError as exc:
+            self.failures.append(f"aggregator {self.instances} gave no stats before its "
+                                 f"kill: {exc}")  # fmt: skip
+        killed_at = time.monotonic()
+        self.aggregator.send_signal(signal.SIGKILL)
+        self.aggregator.wait()
+        ready = self.start_aggregator(net, topo)
+        restart = {"run": self.current_run, "why": why, "at_s": round(killed_at - self.began, 2),
+                   "steps_at_kill": [r.steps for r in ranks], "ready_s": ready,
+                   "missed": all(r.end is not None for r in ranks), "recovery_s": None}  # fmt: skip
+        self.restarts.append(restart)
+        return restart
+
+    # ---- the stranger ----
+    def member_sockets(self, net: Any, topo: Any, workers: list[Any]) -> list[str]:
+        """Each rank's UDP socket (``IP:PORT``), read with ``ss`` in its host ([] if not yet)."""
+        members = []
+        for rank, (name, proc) in enumerate(zip(topo.worker_names, workers, strict=True)):
+            out = net.get(name).cmd("ss -Huanp")
+            ports = [int(m.group(1)) for line in out.splitlines() if f"pid={proc.pid}," in line
+                     for m in [re.search(r"\S+:(\d+)\s+\S+:\S+\s", line)] if m]  # fmt: skip
+            if len(ports) != 1:
+                return []
+            members.append(f"{worker_ip(rank)}:{ports[0]}")
+        return members
+
+    def stranger_round(self, net: Any, members: list[str]) -> dict[str, Any]:
+        """One round of the stranger's datagrams between two reads of the aggregator's
+        counters: how many of each kind were sent and how many the aggregator counted."""
+        cfg = self.cfg
+        before = self.read_stats()
+        argv = [sys.executable, "-m", "ncina.topo.stranger",
+                "--aggregator", f"{aggregator_ip(0)}:{PORT}", "--job", "1",
+                "--k", str(self.topo_cfg.k), "--pool-size", str(self.topo_cfg.pool_size),
+                "--seed", str(self.rnd.getrandbits(32)), "--fuzz", str(cfg.fuzz),
+                "--hellos", str(cfg.hellos), "--spoofed", str(cfg.spoofed),
+                "--forged", str(cfg.forged if members else 0)]  # fmt: skip
+        argv += [a for m in members for a in ("--member", m)]
+        out = net.get(f"{cfg.prefix}x0").cmd(" ".join(argv))
+        try:
+            sent = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RuntimeError(f"the stranger failed:\n{out}") from None
+        time.sleep(0.3)  # its last datagrams reach the aggregator
+        after = self.read_stats()
+        counted = hostile_counted(after) - hostile_counted(before)
+        handshakes = handshakes_of(after) - handshakes_of(before)
+        to_aggregator = sent["fuzzed"] + sent["hellos"] + sent["spoofed"]
+        round_ = {**sent, "dropped": counted, "answered": handshakes,
+                  "uncounted": max(0, to_aggregator - counted - handshakes)}  # fmt: skip
+        self.hostile.append(round_)
+        return round_
+
+    # ---- memory ----
+    def sample(self, workers: list[Any], ranks: list[RankLog], run: int) -> None:
+        """Resident memory of the aggregator and of every rank that has made a step (a rank's
+        warm-up counts from its first step: importing PyTorch and loading the data before it
+        are not what a soak judges)."""
+        now = time.monotonic() - self.began
+        named = [(f"aggregator-{self.instances}", self.aggregator)]
+        named += [(f"run-{run}-rank{r}", w) for r, w in enumerate(workers) if ranks[r].steps]
+        for name, proc in named:
+            if proc is not None and proc.poll() is None:
+                with contextlib.suppress(OSError, RuntimeError):  # exited since the poll
+                    self.rss.setdefault(name, []).append((round(now, 2), resident_kib(proc.pid)))
+
+    # ---- one run ----
+    def run_once(self, net: Any, topo: Any, index: int, bar: Any) -> None:
+        cfg = self.cfg
+        self.current_run = index
+        run_dir = cfg.out / f"run-{index}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        address = [f"{aggregator_ip(0)}:{PORT}"]
+        workers, metrics = start_workers(net, topo, self.topo_cfg, self.procs, run_dir, address,
+                                         "ina", ["--deadline", str(cfg.deadline)])  # fmt: skip
+        ranks = [RankLog(m) for m in metrics]
+        aimed = cfg.last_bucket_every > 0 and index % cfg.last_bucket_every == 0
+        next_kill = time.monotonic() + self.rnd.uniform(*cfg.restart_s)
+        next_round = time.monotonic() + cfg.stranger_every
+        next_sample = time.monotonic()
+        progress, progress_at = -1, time.monotonic()
+        last_restart = time.monotonic()
+        pending: list[dict[str, Any]] = []
+        members: list[str] = []
+        forged = 0
+        pre_read = False
+        run: dict[str, Any] = {"run": index, "restarts": 0, "last_bucket_restart": None}
+        while True:
+            for r in ranks:
+                r.poll()
+            now = time.monotonic()
+            codes = [w.poll() for w in workers]
+            done = [r.steps if r.end is None else cfg.steps_per_run + 1 for r in ranks]
+            for restart in list(pending):
+                if all(d > s for d, s in zip(done, restart["steps_at_kill"], strict=True)):
+                    restart["recovery_s"] = round(now - restart.pop("ready_s"), 3)
+                    pending.remove(restart)
+            if sum(done) != progress:
+                progress, progress_at = sum(done), now
+            bar.n = min(bar.total, round(now - self.began))
+            bar.set_postfix(run=index, steps=min(r.steps for r in ranks),
+                            restarts=len(self.restarts), hangs=len(self.hangs))  # fmt: skip
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                r = failed[0]
+                tail = aggproc.tail(run_dir / f"worker{r}.log", 8)
+                if any(m in tail for m in DEADLINE_MESSAGES):  # the rank's deadline: a stall
+                    self.hangs.append({"run": index, "kind": "worker deadline", "rank": r,
+                                       "steps": [x.steps for x in ranks], "log": tail,
+                                       "after_restart": [{k: v for k, v in p.items()
+                                                          if k != "ready_s"}
+                                                         for p in pending]})  # fmt: skip
+                else:
+                    self.failures.append(f"run {index}: rank {r} exited with status "
+                                         f"{codes[r]}:\n{tail}")  # fmt: skip
+                break
+            if all(c == 0 for c in codes):
+                break
+            if now - progress_at > cfg.hang_s and not pending:
+                self.hangs.append({"run": index, "kind": "stall", "steps": [r.steps for r in ranks],
+                                   "stalled_s": round(now - progress_at, 1)})  # fmt: skip
+                break
+            if pending and now - progress_at > cfg.hang_s:
+                self.hangs.append({"run": index, "kind": "stall after a restart",
+                                   "steps": [r.steps for r in ranks],
+                                   "stalled_s": round(now - progress_at, 1),
+                                   "restart": {k: v for k, v in pending[0].items()
+                                               if k != "ready_s"}})  # fmt: skip
+                break
+            if now >= next_sample:
+                self.sample(workers, ranks, index)
+                next_sample = now + cfg.sample_s
+            last_step = ranks[0].steps >= cfg.steps_per_run - 1 and ranks[0].end is None
+            # Near the end nothing may delay the aimed kill, and a forged result must still
+            # meet a call that reads it.
+            busy_ok = min(done) > 0 and max(done) < cfg.steps_per_run - END_MARGIN
+            if aimed and not pre_read and max(done) >= cfg.steps_per_run - 3:
+                self.read_stats()  # the aimed kill's counters, read before it must not wait
+                pre_read = True
+            if aimed and last_step and run["last_bucket_restart"] is None:
+                restart = self.kill(net, topo, ranks, "last bucket", read_first=False)
+                run["last_bucket_restart"] = restart
+                pending.append(restart)
+                last_restart = time.monotonic()
+            elif now >= next_kill and busy_ok:
+                pending.append(self.kill(net, topo, ranks, "random"))
+                next_kill = time.monotonic() + self.rnd.uniform(*cfg.restart_s)
+                last_restart = time.monotonic()
+            elif (cfg.stranger_every > 0 and now >= next_round
+                  and now - last_restart > QUIET_AFTER_RESTART and busy_ok):
+                members = members or self.member_sockets(net, topo, workers)
+                round_ = self.stranger_round(net, members)
+                forged += round_["forged"]
+                next_round = time.monotonic() + cfg.stranger_every
+            near_end = aimed and max(done) >= cfg.steps_per_run - END_MARGIN
+            time.sleep(POLL_AT_THE_END if near_end else POLL)
+        self.procs.stop(workers)
+        for r in ranks:
+            r.poll()
+        run["restarts"] = sum(1 for r in self.restarts if r["run"] == index)
+        if run["last_bucket_restart"] is not None:
+            run["last_bucket_restart"]["landed_ranks"] = [
+                r for r in range(cfg.workers)
+                if restarted_in_last_step(run_dir / f"worker{r}.log", cfg.steps_per_run)]
+        run["steps"] = [r.steps for r in ranks]
+        run["digests"] = checkpoints(ranks)
+        ends = [r.end for r in ranks]
+        bad_tag = sum(e["fabric"].get("bad_tag", 0) for e in ends if e) if all(ends) else None
+        run["forged_results"] = {"sent": forged, "counted_by_workers": bad_tag}
+        run["retransmissions"] = sum(e["fabric"].get("retransmissions", 0) for e in ends if e)
+        run["fabric_restarts"] = [e["fabric"].get("restarts") if e else None for e in ends]
+        self.runs.append(run)
+
+    def run(self) -> dict[str, Any]:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        check_backend(cfg.backend)
+        if cfg.backend == "bmv2":
+            raise ValueError("ncina soak --backend bmv2: the P4 switch serves its ranks' ports "
+                             "only, so the stranger has no port yet (not built)")  # fmt: skip
+        net, topo = build_net(self.topo_cfg)
+        stranger = f"{cfg.prefix}x0"
+        topo.addHost(stranger, cls=InaHost, ip=f"{STRANGER_IP}/{PREFIX_LEN}")
+        topo.addLink(stranger, topo.switch_name, cls=InaLink, txo=False, rxo=False, gro=False)
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        bar = tqdm(total=round(cfg.minutes * 60), desc="soak", unit="s", disable=None,
+                   dynamic_ncols=True)  # fmt: skip
+        try:
+            net.start()
+            exempt_stranger(net, stranger)
+            end = self.began + cfg.minutes * 60
+            index = 0
+            while time.monotonic() < end:  # a failed run is reported, and the soak goes on
+                # A fresh aggregator per run: the job's slots start anew with the run's ranks
+                # (an aggregator restarts a job for a new hello only after --restart-idle).
+                self.start_aggregator(net, topo)
+                self.run_once(net, topo, index, bar)
+                self.stop_aggregator()
+                index += 1
+        finally:
+            bar.close()
+            self.procs.stop_all()
+            net.stop()
+            signal.signal(signal.SIGTERM, previous)
+        summary = self.summary()
+        (cfg.out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
+        return summary
+
+    def summary(self) -> dict[str, Any]:
+        recoveries = [r["recovery_s"] for r in self.restarts if r["recovery_s"] is not None]
+        hostile = {kind: sum(r[kind] for r in self.hostile)
+                   for kind in ("fuzzed", "hellos", "spoofed", "forged", "dropped", "answered",
+                                "uncounted")}  # fmt: skip
+        forged_counted = [r["forged_results"]["counted_by_workers"] for r in self.runs]
+        # A run whose ranks did not all end has no final counts: its forged results unchecked.
+        checked = [r["forged_results"] for r in self.runs
+                   if r["forged_results"]["counted_by_workers"] is not None]  # fmt: skip
+        hostile["forged_uncounted"] = sum(max(0, f["sent"] - f["counted_by_workers"])
+                                          for f in checked)  # fmt: skip
+        hostile["forged_unchecked"] = sum(r["forged_results"]["sent"] for r in self.runs) - sum(
+            f["sent"] for f in checked)
+        hostile["forged_counted_by_workers"] = sum(c or 0 for c in forged_counted)
+        config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.cfg).items()}
+        summary = {
+            "config": config,
+            "seconds": round(time.monotonic() - self.began, 1),
+            "runs": self.runs,
+            "steps": sum(min(r["steps"]) for r in self.runs),
+            "hangs": self.hangs,
+            "failures": self.failures,
+            "restarts": [{k: v for k, v in r.items() if k != "ready_s"} for r in self.restarts],
+            "recovery_s": spread(recoveries),
+            "unrecovered_restarts": sum(1 for r in self.restarts if r["recovery_s"] is None
+                                        and not r["missed"]),
+            "digests_equal": all(len(set(d)) == 1 for run in self.runs
+                                 for d in run["digests"].values()),
+            "drops": dict(sorted((k, v) for k, v in self.drops.items() if v)),
+            "hostile": hostile,
+            "rss": rss_summary(self.rss, self.cfg.warmup_s),
+        }
+        summary["targets_failed"] = judge(summary)
+        return summary
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def exempt_stranger(net: Any, stranger: str) -> None:
+    """Let the stranger's frames past every host's loss rules: the loss is the workers' links',
+    and a hostile datagram lost on the way could not be told from one the aggregator missed."""
+    mac = net.get(stranger).MAC()
+    for host in net.hosts:
+        if host.name != stranger:
+            out = host.cmd(f"iptables -I INPUT 1 -m mac --mac-source {mac} -j ACCEPT 2>&1 "
+                           "&& echo ok").strip()  # fmt: skip
+            if not out.endswith("ok"):
+                raise RuntimeError(f"{host.name}: cannot exempt the stranger from loss: {out}")
+
+
+def restarted_in_last_step(log: Path, steps: int) -> bool:
+    """Whether a rank's log says it met a restart after its step ``steps - 1`` (in its last
+    step: the kill aimed at the last bucket landed in its call)."""
+    text = log.read_text(errors="replace")
+    before = re.search(rf" step {steps - 1} loss ", text)
+    return before is not None and "restarted; recovering" in text[before.end():]
+
+
+def hostile_counted(document: dict[str, Any]) -> int:
+    """Drops of every reason but the honest ones (``HONEST_REASONS``), all sections."""
+    return sum(count for section in (document["global"], *document["jobs"].values())
+               for reason, count in section["drops"].items() if reason not in HONEST_REASONS)
+
+
+def handshakes_of(document: dict[str, Any]) -> int:
+    return sum(section["handshakes"] for section in document["jobs"].values())
+
+
+def checkpoints(ranks: list[RankLog]) -> dict[str, list[str]]:
+    """Per checkpoint every rank reached, the ranks' parameter digests in rank order."""
+    names = [name for name in ranks[0].digests if all(name in r.digests for r in ranks)]
+    return {name: [r.digests[name] for r in ranks] for name in names}
+
+
+def spread(values: list[float]) -> dict[str, float | None]:
+    """min, median, max (None when there are none)."""
+    if not values:
+        return {"min": None, "median": None, "max": None, "count": 0}
+    return {"min": min(values), "median": statistics.median(values), "max": max(values),
+            "count": len(values)}  # fmt: skip
+
+
+def rss_summary(series: dict[str, list[tuple[float, int]]], warmup_s: float) -> dict[str, Any]:
+    """Per process: its samples (s since the soak began, KiB; a rank's from its first step) and
+    its growth after warm-up (the largest sample over the first one ``warmup_s`` after its first
+    sample, less 1; None with fewer than two samples after warm-up)."""
+    out: dict[str, Any] = {}
+    for name, samples in series.items():
+        start = samples[0][0]
+        judged = [kib for t, kib in samples if t - start >= warmup_s]
+        growth = max(judged) / judged[0] - 1 if len(judged) >= 2 else None
+        out[name] = {"samples": samples, "growth": None if growth is None else round(growth, 4)}
+    return out
+
+
+def judge(summary: dict[str, Any]) -> list[str]:
+    """Each failed target, in a sentence."""
+    failed = []
+    if summary["hangs"]:
+        failed.append(f"{len(summary['hangs'])} hang(s): {summary['hangs']}")
+    failed += [f"failure: {f}" for f in summary["failures"]]
+    if not summary["digests_equal"]:
+        failed.append("the ranks' parameter digests differ at a checkpoint")
+    if summary["unrecovered_restarts"]:
+        failed.append(f"{summary['unrecovered_restarts']} restart(s) never recovered from")
+    grown = {n: p["growth"] for n, p in summary["rss"].items()
+             if p["growth"] is not None and p["growth"] > RSS_TOLERANCE}  # fmt: skip
+    if grown:
+        failed.append(f"memory grew more than {RSS_TOLERANCE:.0%} after warm-up: {grown}")
+    hostile = summary["hostile"]
+    if hostile["uncounted"] or hostile["forged_uncounted"]:
+        failed.append(f"hostile datagrams not counted: {hostile['uncounted']} at the "
+                      f"aggregator, {hostile['forged_uncounted']} forged results at the "
+                      "workers")  # fmt: skip
+    return failed

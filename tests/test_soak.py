@@ -1,0 +1,64 @@
+"""``ncina soak``, short: training over Mininet on the socket backend while the aggregator is
+SIGKILLed and restarted (once aimed at a run's last step), the links lose 2 % each way and a
+stranger host sends fuzzed datagrams, unkeyed hellos, spoofed retransmissions and forged
+results; the summary's targets are checked field by field.
+
+Needs root (skipped with the reason otherwise). ``NCINA_SOAK_MINUTES`` sets the length (default
+1: the issue's 3 minutes would add two to a suite that must stay under about 20 on two cores;
+one minute already holds two runs, several restarts and a dozen stranger rounds).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from ncina.topo.config import SoakConfig
+from ncina.topo.soak import RSS_TOLERANCE, Soak
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="Mininet needs root"),
+]
+
+MINUTES = float(os.environ.get("NCINA_SOAK_MINUTES", "1"))
+STEPS = 120  # per run: a minute holds about two
+
+
+def test_a_short_soak_meets_every_target(tmp_path: Path) -> None:
+    cfg = SoakConfig(out=tmp_path / "soak", minutes=MINUTES, backend="socket", loss=2.0,
+                     steps_per_run=STEPS, restart_s=(6.0, 12.0), last_bucket_every=1,
+                     generations="distinct", stranger_every=4.0, seed=3,
+                     prefix=f"s{os.getpid() % 100000}")  # fmt: skip
+    summary = Soak(cfg).run()
+    assert summary["targets_failed"] == [], summary["targets_failed"]
+    assert summary["hangs"] == [] and summary["failures"] == []
+    runs = summary["runs"]
+    assert runs and all(run["steps"] == [STEPS] * cfg.workers for run in runs)
+    assert summary["steps"] == STEPS * len(runs)
+    # Digests at every epoch and at the end, equal across the ranks at each checkpoint.
+    for run in runs:
+        assert "end" in run["digests"] and "epoch 1" in run["digests"]
+        assert all(len(set(d)) == 1 and len(d) == cfg.workers for d in run["digests"].values())
+        assert run["retransmissions"] > 0  # the 2 % loss happened and was repaired
+    # Restarts happened and each one that met a call was recovered from, timed.
+    assert len(summary["restarts"]) >= 2 and summary["unrecovered_restarts"] == 0
+    assert summary["recovery_s"]["count"] >= 1
+    assert 0 <= summary["recovery_s"]["min"] <= summary["recovery_s"]["median"]
+    assert summary["recovery_s"]["median"] <= summary["recovery_s"]["max"] < cfg.deadline
+    assert any(r["why"] == "last bucket" for r in summary["restarts"])
+    # Every hostile datagram counted: each fuzzed or spoofed one a drop, each unkeyed hello a
+    # handshake answer (NOT_AUTHENTIC), each forged result a bad_tag at a worker.
+    hostile = summary["hostile"]
+    assert hostile["fuzzed"] > 0 and hostile["spoofed"] > 0 and hostile["hellos"] > 0
+    assert hostile["forged"] > 0
+    assert hostile["dropped"] == hostile["fuzzed"] + hostile["spoofed"]
+    assert hostile["answered"] == hostile["hellos"]
+    assert hostile["uncounted"] == 0 and hostile["forged_uncounted"] == 0
+    assert hostile["forged_counted_by_workers"] == hostile["forged"]
+    assert summary["drops"]["bad_tag"] >= hostile["spoofed"]
+    # The workers' memory was judged (they live a whole run) and stayed flat.
+    judged = {n: p["growth"] for n, p in summary["rss"].items() if p["growth"] is not None}
+    assert any(n.startswith("run-") for n in judged)
+    assert all(g <= RSS_TOLERANCE for g in judged.values())

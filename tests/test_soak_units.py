@@ -1,0 +1,111 @@
+"""``ncina soak``'s parts that need no network: the stranger's spoofed packets, the metrics
+reader, the judgement of memory and of each target, the hostile count (no root)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ncina.topo.soak import (
+    RankLog,
+    checkpoints,
+    hostile_counted,
+    judge,
+    restarted_in_last_step,
+    rss_summary,
+)
+from ncina.topo.stranger import frame_destination, udp_frame
+
+from ncina.cli import main
+
+
+def test_a_spoofed_frame_is_the_ipv4_and_udp_packet_asked_for() -> None:
+    from scapy.layers.inet import IP, UDP
+
+    payload = bytes(range(40))
+    frame = udp_frame(("10.0.0.3", 40001), ("10.0.1.1", 47000), payload)
+    packet = IP(frame)
+    assert (packet.version, packet.ihl, packet.ttl, packet.len) == (4, 5, 64, 20 + 8 + 40)
+    assert (packet.src, packet.dst) == ("10.0.0.3", "10.0.1.1")
+    assert (packet[UDP].sport, packet[UDP].dport, packet[UDP].len) == (40001, 47000, 48)
+    assert bytes(packet[UDP].payload) == payload and packet[UDP].chksum == 0
+    assert frame_destination(frame) == "10.0.1.1"
+
+
+def _event(kind: str, **fields: Any) -> str:
+    return json.dumps({"event": kind, **fields}) + "\n"
+
+
+def test_the_rank_log_reads_whole_lines_as_they_come(tmp_path: Path) -> None:
+    path = tmp_path / "worker0.jsonl"
+    log = RankLog(path)
+    log.poll()  # no file yet
+    assert log.steps == 0
+    text = _event("step", step=1) + _event("step", step=2)
+    path.write_text(text + '{"event": "ep')  # a line half written
+    log.poll()
+    assert (log.steps, log.digests) == (2, {})
+    path.write_text(text + _event("epoch", epoch=1, parameters_sha256="aa") +
+                    _event("end", steps=2, parameters_sha256="bb"))  # fmt: skip
+    log.poll()
+    assert log.digests == {"epoch 1": "aa", "end": "bb"} and log.end is not None
+    other = RankLog(path)
+    other.poll()
+    other.digests["epoch 1"] = "ab"
+    assert checkpoints([log, other]) == {"epoch 1": ["aa", "ab"], "end": ["bb", "bb"]}
+
+
+def test_a_restart_counts_as_landed_only_after_the_last_but_one_step(tmp_path: Path) -> None:
+    log = tmp_path / "worker1.log"
+    restart = "job 1 rank 1: aggregator 10.0.1.1:47000 restarted; recovering\n"
+    steps = "".join(f"rank 1 epoch 1 step {s} loss 0.5 tx 10 B t 1.00 s\n" for s in (8, 9))
+    log.write_text(restart + steps)
+    assert not restarted_in_last_step(log, 10)
+    log.write_text(steps + restart)
+    assert restarted_in_last_step(log, 10)
+    assert not restarted_in_last_step(log, 11)  # step 10 never logged
+
+
+def test_memory_is_judged_after_warm_up_from_the_first_judged_sample() -> None:
+    samples = [(3.0, 100), (8.0, 150), (13.0, 200), (15.0, 212), (20.0, 206)]
+    out = rss_summary({"p": samples, "short": samples[:3]}, warmup_s=10.0)
+    assert out["p"]["growth"] == pytest.approx(0.06)  # 212 / 200 - 1: the warm-up's 100 left out
+    assert out["short"]["growth"] is None  # one sample after warm-up: nothing to judge
+
+
+def _summary(**changes: Any) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "hangs": [], "failures": [], "digests_equal": True, "unrecovered_restarts": 0,
+        "rss": {"p": {"growth": 0.05}, "q": {"growth": None}},
+        "hostile": {"uncounted": 0, "forged_uncounted": 0},
+    }  # fmt: skip
+    summary.update(changes)
+    return summary
+
+
+def test_each_failed_target_is_named() -> None:
+    assert judge(_summary()) == []  # 5 % growth is within the tolerance
+    assert "hang" in judge(_summary(hangs=[{"run": 0}]))[0]
+    assert "digests differ" in judge(_summary(digests_equal=False))[0]
+    assert "never recovered" in judge(_summary(unrecovered_restarts=1))[0]
+    assert "'p': 0.06" in judge(_summary(rss={"p": {"growth": 0.06}}))[0]
+    hostile = judge(_summary(hostile={"uncounted": 2, "forged_uncounted": 1}))
+    assert hostile == ["hostile datagrams not counted: 2 at the aggregator, 1 forged results "
+                       "at the workers"]  # fmt: skip
+    assert judge(_summary(failures=["run 1: rank 2 exited"])) == ["failure: run 1: rank 2 exited"]
+
+
+def test_an_honest_workers_drops_are_not_counted_as_hostile() -> None:
+    document = {"global": {"drops": {"truncated": 3, "unknown_job": 1}},
+                "jobs": {"1": {"drops": {"bad_tag": 5, "late": 7, "stale_generation": 11,
+                                         "resend_limit": 13}}}}  # fmt: skip
+    assert hostile_counted(document) == 3 + 1 + 5
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="checks the refusal a non-root user gets")
+def test_the_soak_without_root_says_root_is_needed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["soak", "--minutes", "1"]) == 1
+    assert "ncina soak needs root" in capsys.readouterr().err
