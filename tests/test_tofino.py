@@ -77,6 +77,30 @@ def test_generated_program_has_k_lanes_and_the_layouts_counters(tmp_path: Path) 
     assert f"hdr.lanes[{k - 1}]" in text and f"hdr.lanes[{k}]" not in text  # parser states
 
 
+def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
+    """The dense layout: K/2 pair registers, pair j adding lanes j (lo) and j + K/2 (hi) in one
+    register action; the decoded integer is written into the lane's int32 result, which the
+    parser made valid with the lane; Tofino 1 reads the upper sums in the harvest pass."""
+    k = 6
+    config, lanes = gen_tofino.write(k, tmp_path, dense=True)
+    text, body = config.read_text(), lanes.read_text()
+    assert "#define NCINA_DENSE 1" in text and "#define NCINA_LANE_PAIRS 3" in text
+    assert "lane_values_t" not in text  # no 32-bit metadata per lane
+    for i in range(k):
+        assert f"pkt.extract(hdr.lanes[{i}]); hdr.sums[{i}].setValid();" in text
+        assert f"hdr.sums[{i}].value = v;" in body
+    assert len(re.findall(r"Register<lane_pair_t, bit<16>>\(NCINA_SLOTS, \{0, 0\}\) sums_\d+;",
+                          body)) == k // 2  # fmt: skip
+    for j in range(k // 2):
+        add = re.search(rf"\) add_{j} = {{.*?\n    }};", body, re.S)
+        assert add and f"value.lo + hdr.sums[{j}].value" in add.group(0)
+        assert f"value.hi + hdr.sums[{j + k // 2}].value" in add.group(0)
+        assert f"hdr.sums[{j + k // 2}].value = harvest_{j}.execute(meta.slot_index);" in body
+        assert f"LANE_HARVEST: do_harvest_{j}();" in body
+    with pytest.raises(ValueError, match="even"):
+        gen_tofino.write(5, tmp_path, dense=True)
+
+
 @pytest.fixture(scope="session")
 def small_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[tofino.Resources, Path]:
     """The K = 4 build for Tofino and its folder (compiled once per session)."""

@@ -56,14 +56,18 @@ HELD_UNUSED = 0x40000000
 """A slot version's contributors before its first round (counts as complete)."""
 
 
-def config_p4(k: int) -> str:
-    """``config.p4``: the ``#define``s and the per-lane metadata structs for ``k`` lanes."""
+def config_p4(k: int, dense: bool = False) -> str:
+    """``config.p4``: the ``#define``s and the per-lane metadata structs for ``k`` lanes
+    (``dense``: the pair-register layout with int32 results, ``lanes_p4``)."""
     values = defines(k)
     values["NCINA_MAX_WORKERS"] = MAX_WORKERS
     values["NCINA_PAIRS"] = SLOTS // 2
     values["OFFSET_UNUSED"] = f"0x{OFFSET_UNUSED:08X}"
     values["HELD_UNUSED"] = f"0x{HELD_UNUSED:08X}"
     ranks = " ".join(f"{r}: set_rank_bit(32w{1 << r});" for r in range(MAX_WORKERS))
+    if dense:
+        values["NCINA_DENSE"] = 1
+        values["NCINA_LANE_PAIRS"] = k // 2
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
     lines += [f"#define {name} {value}" for name, value in values.items()]
     lines += [f"#define RANK_BIT_ENTRIES {ranks}", ""]
@@ -75,15 +79,19 @@ def config_p4(k: int) -> str:
     lines += [
         "// The parser's lane states: lane i, then accept after `count` lanes.",
         "#define NCINA_LANE_STATES \\",
-        *_lane_states(k),
-        "",
-        "// Egress: a result's int lanes.",
-        "#define NCINA_WIDE_STATES \\",
-        *_lane_states(min(k, EGRESS_LANES), "wide", "parse_wide"),
+        *_lane_states(k, also_valid="sums" if dense else ""),
         "",
     ]
-    lines += ["// Each lane's code as an integer (its decode table's answer).",
-              "struct lane_values_t {", *(f"    bit<32> v{i};" for i in range(k)), "}", "",
+    if dense:
+        lines += ["// The harvest pass: a result's int32 lanes, as the first pass wrote them.",
+                  "#define NCINA_SUM_STATES \\", *_lane_states(k, "sums", "parse_sum"), ""]
+    else:
+        lines += ["// Egress: a result's int lanes.",
+                  "#define NCINA_WIDE_STATES \\",
+                  *_lane_states(min(k, EGRESS_LANES), "wide", "parse_wide"), "",
+                  "// Each lane's code as an integer (its decode table's answer).",
+                  "struct lane_values_t {", *(f"    bit<32> v{i};" for i in range(k)), "}", ""]
+    lines += [
               "// Each lane's code (no sign) + the job's code_offset: bit 7 set, above the window",
               "// (a code above MAX_CODE counts as 127: above any window).",
               "struct lane_checks_t {", *(f"    bit<8> c{i};" for i in range(k)),
@@ -164,11 +172,14 @@ def _groups(k: int) -> int:
     return (k + GROUP - 1) // GROUP
 
 
-def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane") -> list[str]:
+def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane",
+                 also_valid: str = "") -> list[str]:  # fmt: skip
     # A parser counter loop trips the compiler (a bug in its parser state merging): unrolled.
+    # also_valid: a second stack whose element i the parser makes valid with lane i.
     out = []
     for i in range(k):
-        out.append(f"    state {state}_{i} {{ pkt.extract(hdr.{stack}[{i}]); \\")
+        valid = f" hdr.{also_valid}[{i}].setValid();" if also_valid else ""
+        out.append(f"    state {state}_{i} {{ pkt.extract(hdr.{stack}[{i}]);{valid} \\")
         if i + 1 < k:
             out.append(
                 f"        transition select(hdr.nc.count) {{ {i + 1}: accept; "
@@ -337,8 +348,11 @@ WIDEN_RESULT = (
 table (the TNA program and the twin: the same text, at their own place in the block)."""
 
 
-def lanes_p4(k: int) -> str:
-    """``lanes.p4``: the controls ``CheckCodes`` and ``LaneSums`` for ``k`` lanes."""
+def lanes_p4(k: int, dense: bool = False) -> str:
+    """``lanes.p4``: the controls ``CheckCodes`` and ``LaneSums`` for ``k`` lanes (``dense``:
+    ``dense_lanes_p4``)."""
+    if dense:
+        return dense_lanes_p4(k)
     out = [
         BANNER.format(k=k),
         "#ifndef NCINA_LANES_P4",
@@ -372,6 +386,171 @@ def lanes_p4(k: int) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def _dense_decode(i: int) -> Iterator[str]:
+    # The integer is written where the result's sum will be (the lane's int32 result header,
+    # which the pair register reads and overwrites): no 32-bit metadata per lane. The parser
+    # made that header valid with the lane (a stack's validity bits share a container: one
+    # setValid per table would chain the tables one stage after another).
+    yield f"action set_v{i}(bit<32> v, bit<8> code) {{"
+    yield f"    hdr.sums[{i}].value = v;"
+    yield f"    meta.checks.c{i} = code + meta.checks.o{i // GROUP};"
+    yield "}"
+    for line in list(_decode(i))[4:]:
+        yield line
+
+
+def _dense_check_codes(k: int) -> list[str]:
+    """``CheckCodes`` of the dense layout: a lane's decode table runs for a parsed lane only and
+    writes the integer into the lane's int32 result header."""
+    return [
+        "// Admission: each parsed lane's code as an integer in its result header (a table per",
+        "// lane), and whether any code is above the job's window (bad_code).",
+        "control CheckCodes(inout headers_t hdr, inout meta_t meta) {",
+        *_each(k, _dense_decode, 4),
+        "",
+        "    action above() {",
+        "        meta.codes_bad = 1;",
+        "    }",
+        "",
+        "    table codes {",
+        "        key = {",
+        *_each(k, _check_key, 12),
+        "        }",
+        "        actions = { above; NoAction; }",
+        "        default_action = NoAction();",
+        f"        size = {k};",
+        "        const entries = {",
+        *(f"            {_check_entry(k, i)}" for i in range(k)),
+        "        }",
+        "    }",
+        "",
+        "    apply {",
+        "        meta.codes_bad = 0;",
+        *(f"        if (hdr.lanes[{i}].isValid()) {{ decode_{i}.apply(); }}" for i in range(k)),
+        "        codes.apply();",
+        "    }",
+        "}",
+        "",
+    ]
+
+
+_PAIR_BODIES = (
+    ("first", "value.lo = hdr.sums[{lo}].value;", "value.hi = hdr.sums[{hi}].value;"),
+    ("add", "value.lo = value.lo + hdr.sums[{lo}].value;",
+     "value.hi = value.hi + hdr.sums[{hi}].value;"),
+    ("read", "", ""),
+)  # fmt: skip
+
+
+def _pair_sums(j: int, pairs: int) -> Iterator[str]:
+    lo, hi = j, j + pairs
+    yield f"Register<lane_pair_t, bit<16>>(NCINA_SLOTS, {{0, 0}}) sums_{j};"
+    actions = [(name, a.format(lo=lo, hi=hi), b.format(lo=lo, hi=hi))
+               for name, a, b in _PAIR_BODIES]  # fmt: skip
+    for name, body_lo, body_hi in actions:
+        yield f"RegisterAction<lane_pair_t, bit<16>, bit<32>>(sums_{j}) {name}_{j} = {{"
+        yield "#if __TARGET_TOFINO__ == 2"
+        yield "    void apply(inout lane_pair_t value, out bit<32> rv, out bit<32> rv2) {"
+        yield "#else"
+        yield "    void apply(inout lane_pair_t value, out bit<32> rv) {"
+        yield "#endif"
+        for body in (body_lo, body_hi):
+            if body:
+                yield f"        {body}"
+        yield "        rv = value.lo;"
+        yield "#if __TARGET_TOFINO__ == 2"
+        yield "        rv2 = value.hi;"
+        yield "#endif"
+        yield "    }"
+        yield "};"
+    yield "#ifdef NCINA_HARVEST"
+    yield f"RegisterAction<lane_pair_t, bit<16>, bit<32>>(sums_{j}) harvest_{j} = {{"
+    yield "    void apply(inout lane_pair_t value, out bit<32> rv) {"
+    yield "        rv = value.hi;"
+    yield "    }"
+    yield "};"
+    yield "#endif"
+
+
+_PAIR_OPS = (("LANE_FIRST", "first"), ("LANE_ADD", "add"), ("LANE_READ", "read"))
+
+
+def _pair_table(j: int, pairs: int) -> Iterator[str]:
+    # One table per pair register, its action chosen by lane_op: a logical table per register
+    # (a stage holds 16), not one per register action.
+    lo, hi = j, j + pairs
+    for _, name in _PAIR_OPS:
+        yield f"action do_{name}_{j}() {{"
+        yield "#if __TARGET_TOFINO__ == 2"
+        yield (f"    hdr.sums[{lo}].value = {name}_{j}.execute(meta.slot_index, "
+               f"hdr.sums[{hi}].value);")  # fmt: skip
+        yield "#else"
+        yield f"    hdr.sums[{lo}].value = {name}_{j}.execute(meta.slot_index);"
+        yield "#endif"
+        yield "}"
+    yield "#ifdef NCINA_HARVEST"
+    yield f"action do_harvest_{j}() {{"
+    yield f"    hdr.sums[{hi}].value = harvest_{j}.execute(meta.slot_index);"
+    yield "}"
+    yield "#endif"
+    yield f"table pair_{j} {{"
+    yield "    key = { meta.lane_op: exact; }"
+    names = [name for _, name in _PAIR_OPS]
+    yield f"    actions = {{ {' '.join(f'do_{n}_{j};' for n in names)}"
+    yield "#ifdef NCINA_HARVEST"
+    yield f"        do_harvest_{j};"
+    yield "#endif"
+    yield "        NoAction; }"
+    yield "    const default_action = NoAction();"
+    yield "    size = 4;"
+    yield "    const entries = {"
+    for op, name in _PAIR_OPS:
+        yield f"        {op}: do_{name}_{j}();"
+    yield "#ifdef NCINA_HARVEST"
+    yield f"        LANE_HARVEST: do_harvest_{j}();"
+    yield "#endif"
+    yield "    }"
+    yield "}"
+
+
+def dense_lanes_p4(k: int) -> str:
+    """``lanes.p4`` of the dense layout (``k`` even): ``k / 2`` pair registers, each holding the
+    32-bit sums of lanes j and j + k/2 and adding both in one register action, as SwitchML's
+    do. Results are int32 lanes, the decoded integers overwritten in place by the sums. A
+    Tofino 2 register action hands back both sums; a Tofino 1 one hands back one 32-bit word,
+    so a result's upper half is read in a second pass (``NCINA_HARVEST``: the frame is
+    recirculated, docs/tofino.md)."""
+    pairs = k // 2
+    return "\n".join([
+        BANNER.format(k=k),
+        "#ifndef NCINA_LANES_P4",
+        "#define NCINA_LANES_P4",
+        "",
+        *_dense_check_codes(k),
+        "// The slot's lanes in pair registers: pair j holds the sums of lanes j (lo) and",
+        f"// j + {pairs} (hi), indexed by slot version; meta.lane_op says what to do (LANE_*).",
+        "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
+        *_each(pairs, lambda j: _pair_sums(j, pairs), 4),
+        *_each(pairs, lambda j: _pair_table(j, pairs), 4),
+        "",
+        "    // A result carries the sums, not the codes.",
+        "    action as_sums() {",
+        *(f"        hdr.lanes[{i}].setInvalid();" for i in range(k)),
+        "    }",
+        "",
+        "    apply {",
+        *(f"        pair_{j}.apply();" for j in range(pairs)),
+        "        if (meta.send != OUT_NONE) {",
+        "            as_sums();",
+        "        }",
+        "    }",
+        "}",
+        "",
+        "#endif",
+        "",
+    ])
 
 
 def _twin_sums(i: int) -> Iterator[str]:
@@ -424,10 +603,18 @@ def twin_lanes_p4(k: int) -> str:
     return "\n".join(out)
 
 
-def write(k: int, out: Path) -> list[Path]:
+def write(k: int, out: Path, dense: bool = False) -> list[Path]:
     """Write ``config.p4`` and ``lanes.p4`` for ``k`` lanes into ``out``; return their paths."""
     check_k(k)
-    return write_generated(out, config_p4(k), lanes_p4(k))
+    if dense:
+        check_dense_k(k)
+    return write_generated(out, config_p4(k, dense), lanes_p4(k, dense))
+
+
+def check_dense_k(k: int) -> None:
+    """Raise ``ValueError`` unless the dense layout can be built for ``k`` lanes (pairs)."""
+    if k % 2:
+        raise ValueError(f"K must be even for the dense layout (lanes in pairs), not {k}")
 
 
 def write_twin(k: int, out: Path) -> list[Path]:
