@@ -77,6 +77,29 @@ def test_generated_program_has_k_lanes_and_the_layouts_counters(tmp_path: Path) 
     assert f"hdr.lanes[{k - 1}]" in text and f"hdr.lanes[{k}]" not in text  # parser states
 
 
+def test_dense_decode_rows_refuse_codes_above_the_window_as_the_default_check_does() -> None:
+    """A dense decode table's first matching row, for every code byte and every job window:
+    POISON exactly where the default layout's check (code + code_offset has bit 7 set) says
+    above, else the code's integer; no integer has POISON's top bits (10), which the `codes`
+    table looks for."""
+    rows = gen_tofino.dense_decode_rows()
+    integers = {byte: value for byte, _, value in rows}
+    for max_code in range(1, gen_tofino.MAX_CODE + 1):
+        offset = 127 - max_code
+        for byte in range(256):
+            hit = [(above, value) for b, above, value in rows if b == byte]
+            code = byte & 0x7F
+            if not hit:  # a code no 32-bit lane decodes: the default action
+                assert code > gen_tofino.MAX_CODE
+                continue
+            above, value = hit[0]
+            got = gen_tofino.POISON if above is not None and offset >= above else value
+            want_above = (code + offset) >> 7 & 1
+            assert got == (gen_tofino.POISON if want_above else integers[byte]), (byte, max_code)
+    assert all(value >> 30 != 0b10 for value in integers.values())
+    assert gen_tofino.POISON >> 30 == 0b10
+
+
 def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
     """The dense layout: K/2 pair registers, pair j adding lanes j (lo) and j + K/2 (hi) in one
     register action; the decoded integer is written into the lane's int32 result, which the

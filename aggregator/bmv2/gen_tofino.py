@@ -91,6 +91,10 @@ def config_p4(k: int, dense: bool = False) -> str:
                   *_lane_states(min(k, EGRESS_LANES), "wide", "parse_wide"), "",
                   "// Each lane's code as an integer (its decode table's answer).",
                   "struct lane_values_t {", *(f"    bit<32> v{i};" for i in range(k)), "}", ""]
+    if dense:  # the window is checked by the decode tables themselves (_dense_decode)
+        lines += ["struct lane_checks_t {", "}", "", "#define NCINA_CODE_OFFSETS(x)", "",
+                  "#endif", ""]  # fmt: skip
+        return "\n".join(lines)
     lines += [
               "// Each lane's code (no sign) + the job's code_offset: bit 7 set, above the window",
               "// (a code above MAX_CODE counts as 127: above any window).",
@@ -388,17 +392,57 @@ def lanes_p4(k: int, dense: bool = False) -> str:
     return "\n".join(out)
 
 
+POISON = 0x80000000
+"""What a dense decode table writes for a code above the job's window: no code's integer
+(+-2^(code - 1), code <= MAX_CODE) has bits 31:30 = 10, so one ternary table finds it."""
+
+
+def dense_decode_rows() -> list[tuple[int, int | None, int]]:
+    """``(code byte, smallest code_offset that puts it above the window or None, value)`` of a
+    dense decode table: the code is above the job's window when ``code + code_offset >= 128``
+    (as the default layout's check), so its row matches code_offset in ``[128 - code, 255]``
+    first and writes POISON; else the code's integer. Codes above MAX_CODE miss: POISON."""
+    out = []
+    for sign, code, value in decode_entries():
+        out.append((sign << 7 | code, 128 - code if code else None, value))
+    return out
+
+
 def _dense_decode(i: int) -> Iterator[str]:
     # The integer is written where the result's sum will be (the lane's int32 result header,
-    # which the pair register reads and overwrites): no 32-bit metadata per lane. The parser
+    # which the pair register reads and overwrites): no 32-bit metadata per lane, and no
+    # per-lane window check field (8-bit containers run out first: docs/tofino.md). The parser
     # made that header valid with the lane (a stack's validity bits share a container: one
     # setValid per table would chain the tables one stage after another).
-    yield f"action set_v{i}(bit<32> v, bit<8> code) {{"
+    yield f"action set_v{i}(bit<32> v) {{"
     yield f"    hdr.sums[{i}].value = v;"
-    yield f"    meta.checks.c{i} = code + meta.checks.o{i // GROUP};"
     yield "}"
-    for line in list(_decode(i))[4:]:
-        yield line
+    yield f"table decode_{i} {{"
+    yield "    key = {"
+    yield f"        hdr.lanes[{i}].code: ternary;"
+    yield "        meta.code_offset: range;"
+    yield "    }"
+    yield f"    actions = {{ set_v{i}; }}"
+    yield f"    default_action = set_v{i}(32w0x{POISON:08X});"
+    yield f"    size = {4 * (MAX_CODE + 1)};"
+    yield "    const entries = {"
+    for byte, above, value in dense_decode_rows():
+        if above is not None:
+            yield f"        (8w0x{byte:02X}, {above} .. 255): set_v{i}(32w0x{POISON:08X});"
+        yield f"        (8w0x{byte:02X}, 0 .. 255): set_v{i}(32w0x{value:08X});"
+    yield "    }"
+    yield "}"
+
+
+def _poison_key(i: int) -> Iterator[str]:
+    yield f"hdr.lanes[{i}].isValid(): ternary;"
+    yield f'hdr.sums[{i}].value[31:30]: ternary @name("top_{i}");'
+
+
+def _poison_entry(k: int, i: int) -> str:
+    fields = ["_"] * (2 * k)
+    fields[2 * i], fields[2 * i + 1] = "true", "2w0b10"
+    return f"({', '.join(fields)}): above();"
 
 
 def _dense_check_codes(k: int) -> list[str]:
@@ -416,13 +460,13 @@ def _dense_check_codes(k: int) -> list[str]:
         "",
         "    table codes {",
         "        key = {",
-        *_each(k, _check_key, 12),
+        *_each(k, _poison_key, 12),
         "        }",
         "        actions = { above; NoAction; }",
         "        default_action = NoAction();",
         f"        size = {k};",
         "        const entries = {",
-        *(f"            {_check_entry(k, i)}" for i in range(k)),
+        *(f"            {_poison_entry(k, i)}" for i in range(k)),
         "        }",
         "    }",
         "",
