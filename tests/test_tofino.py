@@ -104,10 +104,10 @@ def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
     """The dense layout: K/2 pair registers, pair j adding lanes j (lo) and j + K/2 (hi) in one
     register action; the decoded integer is written into the lane's int32 result, which the
     parser made valid with the lane; Tofino 1 reads the upper sums in the harvest pass."""
-    k = 6
+    k = 18
     config, lanes = gen_tofino.write(k, tmp_path, dense=True)
     text, body = config.read_text(), lanes.read_text()
-    assert "#define NCINA_DENSE 1" in text and "#define NCINA_LANE_PAIRS 3" in text
+    assert "#define NCINA_DENSE 1" in text and f"#define NCINA_LANE_PAIRS {k // 2}" in text
     assert "lane_values_t" not in text  # no 32-bit metadata per lane
     for i in range(k):
         assert f"pkt.extract(hdr.lanes[{i}]); hdr.sums[{i}].setValid();" in text
@@ -120,6 +120,12 @@ def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
         assert f"value.hi + hdr.sums[{j + k // 2}].value" in add.group(0)
         assert f"hdr.sums[{j + k // 2}].value = harvest_{j}.execute(meta.slot_index);" in body
         assert f"LANE_HARVEST: do_harvest_{j}();" in body
+    # The window check: a ternary table per GROUP lanes, each its own bad_code flag, each a
+    # verdict row of its own (bad_code, after every other check).
+    groups = -(-k // gen_tofino.GROUP)
+    assert len(re.findall(r"table codes_\d+ \{", body)) == groups
+    verdicts = re.search(r"#define VERDICT_ENTRIES (.*)\n", text).group(1)
+    assert verdicts.count("EV_BAD_CODE") == groups
     with pytest.raises(ValueError, match="even"):
         gen_tofino.write(5, tmp_path, dense=True)
 

@@ -73,7 +73,10 @@ def config_p4(k: int, dense: bool = False) -> str:
     lines += [f"#define RANK_BIT_ENTRIES {ranks}", ""]
     lines += [
         "// Admission's verdicts: the first failed check (Admission.verdicts).",
-        f"#define VERDICT_ENTRIES {' '.join(verdict_entries())}",
+        f"#define VERDICT_ENTRIES {' '.join(verdict_entries(_groups(k) - 1 if dense else 0))}",
+        "#define NCINA_CODES_BAD_KEYS "
+        + (" ".join(f"meta.checks.codes_bad_{g}: ternary;" for g in range(1, _groups(k)))
+           if dense else ""),
         "",
     ]
     lines += [
@@ -92,8 +95,10 @@ def config_p4(k: int, dense: bool = False) -> str:
                   "// Each lane's code as an integer (its decode table's answer).",
                   "struct lane_values_t {", *(f"    bit<32> v{i};" for i in range(k)), "}", ""]
     if dense:  # the window is checked by the decode tables themselves (_dense_decode)
-        lines += ["struct lane_checks_t {", "}", "", "#define NCINA_CODE_OFFSETS(x)", "",
-                  "#endif", ""]  # fmt: skip
+        lines += ["// bad_code of each group of GROUP lanes after the first (codes_bad).",
+                  "struct lane_checks_t {",
+                  *(f"    bit<1> codes_bad_{g};" for g in range(1, _groups(k))), "}", "",
+                  "#define NCINA_CODE_OFFSETS(x)", "", "#endif", ""]  # fmt: skip
         return "\n".join(lines)
     lines += [
               "// Each lane's code (no sign) + the job's code_offset: bit 7 set, above the window",
@@ -163,11 +168,15 @@ VERDICT_ROWS: tuple[tuple[dict[str, int], str], ...] = (
 )
 
 
-def verdict_entries() -> list[str]:
-    """The const entries of Admission.verdicts (a row not matched: the packet is accepted)."""
+def verdict_entries(more_codes: int = 0) -> list[str]:
+    """The const entries of Admission.verdicts (a row not matched: the packet is accepted);
+    ``more_codes``: the dense layout's further bad_code flags (one per code group after the
+    first, keyed after ``codes_bad``: ``NCINA_CODES_BAD_KEYS``), each a row of its own."""
+    extra = tuple(f"codes_bad_{g}" for g in range(1, more_codes + 1))
+    rows = VERDICT_ROWS + tuple(({name: 1}, VERDICT_ROWS[-1][1]) for name in extra)
     out = []
-    for fields, action in VERDICT_ROWS:
-        values = [str(fields[name]) if name in fields else "_" for name in VERDICT_KEY]
+    for fields, action in rows:
+        values = [str(fields[name]) if name in fields else "_" for name in VERDICT_KEY + extra]
         out.append(f"({', '.join(values)}): {action};")
     return out
 
@@ -434,15 +443,30 @@ def _dense_decode(i: int) -> Iterator[str]:
     yield "}"
 
 
-def _poison_key(i: int) -> Iterator[str]:
-    yield f"hdr.lanes[{i}].isValid(): ternary;"
-    yield f'hdr.sums[{i}].value[31:30]: ternary @name("top_{i}");'
-
-
-def _poison_entry(k: int, i: int) -> str:
-    fields = ["_"] * (2 * k)
-    fields[2 * i], fields[2 * i + 1] = "true", "2w0b10"
-    return f"({', '.join(fields)}): above();"
+def _poison_table(k: int, g: int) -> Iterator[str]:
+    # A table per GROUP lanes: one over every lane's key does not fit a stage's ternary input
+    # crossbar at K = 32 (the compiler's words: docs/tofino.md).
+    lanes = range(g * GROUP, min(k, (g + 1) * GROUP))
+    flag = "meta.codes_bad" if g == 0 else f"meta.checks.codes_bad_{g}"
+    yield f"action above_{g}() {{"
+    yield f"    {flag} = 1;"
+    yield "}"
+    yield f"table codes_{g} {{"
+    yield "    key = {"
+    for i in lanes:
+        yield f"        hdr.lanes[{i}].isValid(): ternary;"
+        yield f'        hdr.sums[{i}].value[31:30]: ternary @name("top_{i}");'
+    yield "    }"
+    yield f"    actions = {{ above_{g}; NoAction; }}"
+    yield "    default_action = NoAction();"
+    yield f"    size = {len(lanes)};"
+    yield "    const entries = {"
+    for n in range(len(lanes)):
+        fields = ["_"] * (2 * len(lanes))
+        fields[2 * n], fields[2 * n + 1] = "true", "2w0b10"
+        yield f"        ({', '.join(fields)}): above_{g}();"
+    yield "    }"
+    yield "}"
 
 
 def _dense_check_codes(k: int) -> list[str]:
@@ -454,26 +478,13 @@ def _dense_check_codes(k: int) -> list[str]:
         "control CheckCodes(inout headers_t hdr, inout meta_t meta) {",
         *_each(k, _dense_decode, 4),
         "",
-        "    action above() {",
-        "        meta.codes_bad = 1;",
-        "    }",
-        "",
-        "    table codes {",
-        "        key = {",
-        *_each(k, _poison_key, 12),
-        "        }",
-        "        actions = { above; NoAction; }",
-        "        default_action = NoAction();",
-        f"        size = {k};",
-        "        const entries = {",
-        *(f"            {_poison_entry(k, i)}" for i in range(k)),
-        "        }",
-        "    }",
+        *_each(_groups(k), lambda g: _poison_table(k, g), 4),
         "",
         "    apply {",
         "        meta.codes_bad = 0;",
+        *(f"        meta.checks.codes_bad_{g} = 0;" for g in range(1, _groups(k))),
         *(f"        if (hdr.lanes[{i}].isValid()) {{ decode_{i}.apply(); }}" for i in range(k)),
-        "        codes.apply();",
+        *(f"        codes_{g}.apply();" for g in range(_groups(k))),
         "    }",
         "}",
         "",
