@@ -154,6 +154,22 @@ def test_program_compiles_and_fits_tofino(small_build: tuple[tofino.Resources, P
     assert res.sram_blocks > 0 and res.tcam_blocks > 0
 
 
+def test_dense_layout_compiles_and_fits_tofino(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The dense layout (pair registers, int32 results, the harvest pass through the
+    recirculation port) at K = 4, compiled for Tofino (about a minute): it fits, with one
+    stateful ALU per pair register (offsets, held, mirror and K/2 pairs). Its K = 32 fit
+    takes about 12 minutes to compile (docs/tofino.md, "Density"): not run here."""
+    reason = tofino.missing()
+    if reason:
+        pytest.skip(reason)
+    try:
+        res = tofino.build(SMALL_K, "tofino", tmp_path_factory.mktemp("dense"), dense=True)
+    except ToolchainError as exc:
+        pytest.fail(str(exc))
+    assert res.fits and res.dense, res.line()
+    assert res.stateful_alus == SMALL_K // 2 + 3
+
+
 def test_build_is_reused_and_reports_the_same(
     small_build: tuple[tofino.Resources, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

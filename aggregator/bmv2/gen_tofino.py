@@ -505,18 +505,21 @@ def _pair_sums(j: int, pairs: int) -> Iterator[str]:
     actions = [(name, a.format(lo=lo, hi=hi), b.format(lo=lo, hi=hi))
                for name, a, b in _PAIR_BODIES]  # fmt: skip
     for name, body_lo, body_hi in actions:
+        # (Tofino 2's outputs are rv1..rv4: a parameter is matched by its name.)
         yield f"RegisterAction<lane_pair_t, bit<16>, bit<32>>(sums_{j}) {name}_{j} = {{"
         yield "#if __TARGET_TOFINO__ == 2"
-        yield "    void apply(inout lane_pair_t value, out bit<32> rv, out bit<32> rv2) {"
+        yield "    void apply(inout lane_pair_t value, out bit<32> rv1, out bit<32> rv2) {"
         yield "#else"
         yield "    void apply(inout lane_pair_t value, out bit<32> rv) {"
         yield "#endif"
         for body in (body_lo, body_hi):
             if body:
                 yield f"        {body}"
-        yield "        rv = value.lo;"
         yield "#if __TARGET_TOFINO__ == 2"
+        yield "        rv1 = value.lo;"
         yield "        rv2 = value.hi;"
+        yield "#else"
+        yield "        rv = value.lo;"
         yield "#endif"
         yield "    }"
         yield "};"
@@ -539,8 +542,8 @@ def _pair_table(j: int, pairs: int) -> Iterator[str]:
     for _, name in _PAIR_OPS:
         yield f"action do_{name}_{j}() {{"
         yield "#if __TARGET_TOFINO__ == 2"
-        yield (f"    hdr.sums[{lo}].value = {name}_{j}.execute(meta.slot_index, "
-               f"hdr.sums[{hi}].value);")  # fmt: skip
+        yield (f"    hdr.sums[{lo}].value = {name}_{j}.execute(index=meta.slot_index, "
+               f"rv2=hdr.sums[{hi}].value);")  # fmt: skip
         yield "#else"
         yield f"    hdr.sums[{lo}].value = {name}_{j}.execute(meta.slot_index);"
         yield "#endif"

@@ -2,7 +2,11 @@
 // file only wires the pieces together; config.p4 and lanes.p4 are generated for the lane count
 // K (`make p4-tofino K=16`).
 #include <core.p4>
+#if __TARGET_TOFINO__ == 2
+#include <t2na.p4>  // (Tofino 2's register actions hand back up to four words: the dense layout)
+#else
 #include <tna.p4>
+#endif
 
 #include "config.p4"
 #include "headers.p4"
