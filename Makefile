@@ -31,6 +31,9 @@ K ?= $(if $(filter tofino,$(PROFILE)),12,64)
 # largest K that fits Tofino's 12 stages).
 TOFINO_K ?= 12
 TOFINO_TARGET ?= tofino
+# TOFINO_DENSE=1: the dense layout (pair registers, int32 results, a harvest pass on Tofino 1;
+# docs/tofino.md, "Density"), e.g. make p4-tofino TOFINO_DENSE=1 TOFINO_K=32.
+TOFINO_DENSE ?=
 
 .PHONY: help setup apt venv test lint topo need-root p4 p4-tofino dissector stop clean
 
@@ -40,7 +43,8 @@ help:
 	@echo "make lint    ruff"
 	@echo "make p4      generate and compile p4/ for K lanes into build/p4/k<K>/ (needs p4c-bm2-ss);"
 	@echo "             PROFILE=tofino: the Tofino program's v1model twin p4/twin/, K<=12"
-	@echo "make p4-tofino  compile p4/tofino/ for TOFINO_K lanes with p4c-barefoot, print its resources"
+	@echo "make p4-tofino  compile p4/tofino/ for TOFINO_K lanes with p4c-barefoot, print its resources;"
+	@echo "             TOFINO_DENSE=1: the dense layout (pair registers, int32 results)"
 	@echo "make dissector  install the Wireshark dissector (tools/wireshark/ncina.lua) for this user"
 	@echo "make stop    stop a running make topo (by the PID it recorded in runs/topo.pid)"
 	@echo "make clean   remove build products (keeps runs/)"
@@ -95,7 +99,7 @@ p4: venv
 # The Tofino program: generated lanes + p4c-barefoot, and the pipeline resources it takes
 # (docs/tofino.md); TOFINO_TARGET=tofino2 for Tofino 2.
 p4-tofino: venv
-	$(PY) -m ncina.aggregator.bmv2.tofino --k $(TOFINO_K) --target $(TOFINO_TARGET)
+	$(PY) -m ncina.aggregator.bmv2.tofino --k $(TOFINO_K) --target $(TOFINO_TARGET) $(if $(TOFINO_DENSE),--dense)
 
 # The Wireshark dissector: Wireshark and tshark load every .lua in this folder at start
 # (docs/wireshark.md).

@@ -77,6 +77,59 @@ def test_generated_program_has_k_lanes_and_the_layouts_counters(tmp_path: Path) 
     assert f"hdr.lanes[{k - 1}]" in text and f"hdr.lanes[{k}]" not in text  # parser states
 
 
+def test_dense_decode_rows_refuse_codes_above_the_window_as_the_default_check_does() -> None:
+    """A dense decode table's first matching row, for every code byte and every job window:
+    POISON exactly where the default layout's check (code + code_offset has bit 7 set) says
+    above, else the code's integer; no integer has POISON's top bits (10), which the `codes`
+    table looks for."""
+    rows = gen_tofino.dense_decode_rows()
+    integers = {byte: value for byte, _, value in rows}
+    for max_code in range(1, gen_tofino.MAX_CODE + 1):
+        offset = 127 - max_code
+        for byte in range(256):
+            hit = [(above, value) for b, above, value in rows if b == byte]
+            code = byte & 0x7F
+            if not hit:  # a code no 32-bit lane decodes: the default action
+                assert code > gen_tofino.MAX_CODE
+                continue
+            above, value = hit[0]
+            got = gen_tofino.POISON if above is not None and offset >= above else value
+            want_above = (code + offset) >> 7 & 1
+            assert got == (gen_tofino.POISON if want_above else integers[byte]), (byte, max_code)
+    assert all(value >> 30 != 0b10 for value in integers.values())
+    assert gen_tofino.POISON >> 30 == 0b10
+
+
+def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
+    """The dense layout: K/2 pair registers, pair j adding lanes j (lo) and j + K/2 (hi) in one
+    register action; the decoded integer is written into the lane's int32 result, which the
+    parser made valid with the lane; Tofino 1 reads the upper sums in the harvest pass."""
+    k = 18
+    config, lanes = gen_tofino.write(k, tmp_path, dense=True)
+    text, body = config.read_text(), lanes.read_text()
+    assert "#define NCINA_DENSE 1" in text and f"#define NCINA_LANE_PAIRS {k // 2}" in text
+    assert "lane_values_t" not in text  # no 32-bit metadata per lane
+    for i in range(k):
+        assert f"pkt.extract(hdr.lanes[{i}]); hdr.sums[{i}].setValid();" in text
+        assert f"hdr.sums[{i}].value = v;" in body
+    assert len(re.findall(r"Register<lane_pair_t, bit<16>>\(NCINA_SLOTS, \{0, 0\}\) sums_\d+;",
+                          body)) == k // 2  # fmt: skip
+    for j in range(k // 2):
+        add = re.search(rf"\) add_{j} = {{.*?\n    }};", body, re.S)
+        assert add and f"value.lo + hdr.sums[{j}].value" in add.group(0)
+        assert f"value.hi + hdr.sums[{j + k // 2}].value" in add.group(0)
+        assert f"hdr.sums[{j + k // 2}].value = harvest_{j}.execute(meta.slot_index);" in body
+        assert f"LANE_HARVEST: do_harvest_{j}();" in body
+    # The window check: a ternary table per GROUP lanes, each its own bad_code flag, each a
+    # verdict row of its own (bad_code, after every other check).
+    groups = -(-k // gen_tofino.GROUP)
+    assert len(re.findall(r"table codes_\d+ \{", body)) == groups
+    verdicts = re.search(r"#define VERDICT_ENTRIES (.*)\n", text).group(1)
+    assert verdicts.count("EV_BAD_CODE") == groups
+    with pytest.raises(ValueError, match="even"):
+        gen_tofino.write(5, tmp_path, dense=True)
+
+
 @pytest.fixture(scope="session")
 def small_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[tofino.Resources, Path]:
     """The K = 4 build for Tofino and its folder (compiled once per session)."""
@@ -99,6 +152,22 @@ def test_program_compiles_and_fits_tofino(small_build: tuple[tofino.Resources, P
     assert res.stateful_alus == SMALL_K + 3
     assert 0 < res.phv_bits <= res.phv_capacity
     assert res.sram_blocks > 0 and res.tcam_blocks > 0
+
+
+def test_dense_layout_compiles_and_fits_tofino(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The dense layout (pair registers, int32 results, the harvest pass through the
+    recirculation port) at K = 4, compiled for Tofino (about a minute): it fits, with one
+    stateful ALU per pair register (offsets, held, mirror and K/2 pairs). Its K = 32 build
+    takes about 15 minutes (3.5 for Tofino 2; docs/tofino.md, "Density"): not run here."""
+    reason = tofino.missing()
+    if reason:
+        pytest.skip(reason)
+    try:
+        res = tofino.build(SMALL_K, "tofino", tmp_path_factory.mktemp("dense"), dense=True)
+    except ToolchainError as exc:
+        pytest.fail(str(exc))
+    assert res.fits and res.dense, res.line()
+    assert res.stateful_alus == SMALL_K // 2 + 3
 
 
 def test_build_is_reused_and_reports_the_same(

@@ -56,34 +56,51 @@ HELD_UNUSED = 0x40000000
 """A slot version's contributors before its first round (counts as complete)."""
 
 
-def config_p4(k: int) -> str:
-    """``config.p4``: the ``#define``s and the per-lane metadata structs for ``k`` lanes."""
+def config_p4(k: int, dense: bool = False) -> str:
+    """``config.p4``: the ``#define``s and the per-lane metadata structs for ``k`` lanes
+    (``dense``: the pair-register layout with int32 results, ``lanes_p4``)."""
     values = defines(k)
     values["NCINA_MAX_WORKERS"] = MAX_WORKERS
     values["NCINA_PAIRS"] = SLOTS // 2
     values["OFFSET_UNUSED"] = f"0x{OFFSET_UNUSED:08X}"
     values["HELD_UNUSED"] = f"0x{HELD_UNUSED:08X}"
     ranks = " ".join(f"{r}: set_rank_bit(32w{1 << r});" for r in range(MAX_WORKERS))
+    if dense:
+        values["NCINA_DENSE"] = 1
+        values["NCINA_LANE_PAIRS"] = k // 2
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
     lines += [f"#define {name} {value}" for name, value in values.items()]
     lines += [f"#define RANK_BIT_ENTRIES {ranks}", ""]
     lines += [
         "// Admission's verdicts: the first failed check (Admission.verdicts).",
-        f"#define VERDICT_ENTRIES {' '.join(verdict_entries())}",
+        f"#define VERDICT_ENTRIES {' '.join(verdict_entries(_groups(k) - 1 if dense else 0))}",
+        "#define NCINA_CODES_BAD_KEYS "
+        + (" ".join(f"meta.checks.codes_bad_{g}: ternary;" for g in range(1, _groups(k)))
+           if dense else ""),
         "",
     ]
     lines += [
         "// The parser's lane states: lane i, then accept after `count` lanes.",
         "#define NCINA_LANE_STATES \\",
-        *_lane_states(k),
-        "",
-        "// Egress: a result's int lanes.",
-        "#define NCINA_WIDE_STATES \\",
-        *_lane_states(min(k, EGRESS_LANES), "wide", "parse_wide"),
+        *_lane_states(k, also_valid="sums" if dense else ""),
         "",
     ]
-    lines += ["// Each lane's code as an integer (its decode table's answer).",
-              "struct lane_values_t {", *(f"    bit<32> v{i};" for i in range(k)), "}", "",
+    if dense:
+        lines += ["// The harvest pass: a result's int32 lanes, as the first pass wrote them.",
+                  "#define NCINA_SUM_STATES \\", *_lane_states(k, "sums", "parse_sum"), ""]
+    else:
+        lines += ["// Egress: a result's int lanes.",
+                  "#define NCINA_WIDE_STATES \\",
+                  *_lane_states(min(k, EGRESS_LANES), "wide", "parse_wide"), "",
+                  "// Each lane's code as an integer (its decode table's answer).",
+                  "struct lane_values_t {", *(f"    bit<32> v{i};" for i in range(k)), "}", ""]
+    if dense:  # the window is checked by the decode tables themselves (_dense_decode)
+        lines += ["// bad_code of each group of GROUP lanes after the first (codes_bad).",
+                  "struct lane_checks_t {",
+                  *(f"    bit<1> codes_bad_{g};" for g in range(1, _groups(k))), "}", "",
+                  "#define NCINA_CODE_OFFSETS(x)", "", "#endif", ""]  # fmt: skip
+        return "\n".join(lines)
+    lines += [
               "// Each lane's code (no sign) + the job's code_offset: bit 7 set, above the window",
               "// (a code above MAX_CODE counts as 127: above any window).",
               "struct lane_checks_t {", *(f"    bit<8> c{i};" for i in range(k)),
@@ -151,11 +168,15 @@ VERDICT_ROWS: tuple[tuple[dict[str, int], str], ...] = (
 )
 
 
-def verdict_entries() -> list[str]:
-    """The const entries of Admission.verdicts (a row not matched: the packet is accepted)."""
+def verdict_entries(more_codes: int = 0) -> list[str]:
+    """The const entries of Admission.verdicts (a row not matched: the packet is accepted);
+    ``more_codes``: the dense layout's further bad_code flags (one per code group after the
+    first, keyed after ``codes_bad``: ``NCINA_CODES_BAD_KEYS``), each a row of its own."""
+    extra = tuple(f"codes_bad_{g}" for g in range(1, more_codes + 1))
+    rows = VERDICT_ROWS + tuple(({name: 1}, VERDICT_ROWS[-1][1]) for name in extra)
     out = []
-    for fields, action in VERDICT_ROWS:
-        values = [str(fields[name]) if name in fields else "_" for name in VERDICT_KEY]
+    for fields, action in rows:
+        values = [str(fields[name]) if name in fields else "_" for name in VERDICT_KEY + extra]
         out.append(f"({', '.join(values)}): {action};")
     return out
 
@@ -164,11 +185,14 @@ def _groups(k: int) -> int:
     return (k + GROUP - 1) // GROUP
 
 
-def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane") -> list[str]:
+def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane",
+                 also_valid: str = "") -> list[str]:  # fmt: skip
     # A parser counter loop trips the compiler (a bug in its parser state merging): unrolled.
+    # also_valid: a second stack whose element i the parser makes valid with lane i.
     out = []
     for i in range(k):
-        out.append(f"    state {state}_{i} {{ pkt.extract(hdr.{stack}[{i}]); \\")
+        valid = f" hdr.{also_valid}[{i}].setValid();" if also_valid else ""
+        out.append(f"    state {state}_{i} {{ pkt.extract(hdr.{stack}[{i}]);{valid} \\")
         if i + 1 < k:
             out.append(
                 f"        transition select(hdr.nc.count) {{ {i + 1}: accept; "
@@ -337,8 +361,11 @@ WIDEN_RESULT = (
 table (the TNA program and the twin: the same text, at their own place in the block)."""
 
 
-def lanes_p4(k: int) -> str:
-    """``lanes.p4``: the controls ``CheckCodes`` and ``LaneSums`` for ``k`` lanes."""
+def lanes_p4(k: int, dense: bool = False) -> str:
+    """``lanes.p4``: the controls ``CheckCodes`` and ``LaneSums`` for ``k`` lanes (``dense``:
+    ``dense_lanes_p4``)."""
+    if dense:
+        return dense_lanes_p4(k)
     out = [
         BANNER.format(k=k),
         "#ifndef NCINA_LANES_P4",
@@ -372,6 +399,216 @@ def lanes_p4(k: int) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+POISON = 0x80000000
+"""What a dense decode table writes for a code above the job's window: no code's integer
+(+-2^(code - 1), code <= MAX_CODE) has bits 31:30 = 10, so one ternary table finds it."""
+
+
+def dense_decode_rows() -> list[tuple[int, int | None, int]]:
+    """``(code byte, smallest code_offset that puts it above the window or None, value)`` of a
+    dense decode table: the code is above the job's window when ``code + code_offset >= 128``
+    (as the default layout's check), so its row matches code_offset in ``[128 - code, 255]``
+    first and writes POISON; else the code's integer. Codes above MAX_CODE miss: POISON."""
+    out = []
+    for sign, code, value in decode_entries():
+        out.append((sign << 7 | code, 128 - code if code else None, value))
+    return out
+
+
+def _dense_decode(i: int) -> Iterator[str]:
+    # The integer is written where the result's sum will be (the lane's int32 result header,
+    # which the pair register reads and overwrites): no 32-bit metadata per lane, and no
+    # per-lane window check field (8-bit containers run out first: docs/tofino.md). The parser
+    # made that header valid with the lane (a stack's validity bits share a container: one
+    # setValid per table would chain the tables one stage after another).
+    yield f"action set_v{i}(bit<32> v) {{"
+    yield f"    hdr.sums[{i}].value = v;"
+    yield "}"
+    yield f"table decode_{i} {{"
+    yield "    key = {"
+    yield f"        hdr.lanes[{i}].code: ternary;"
+    yield "        meta.code_offset: range;"
+    yield "    }"
+    yield f"    actions = {{ set_v{i}; }}"
+    yield f"    default_action = set_v{i}(32w0x{POISON:08X});"
+    yield f"    size = {4 * (MAX_CODE + 1)};"
+    yield "    const entries = {"
+    for byte, above, value in dense_decode_rows():
+        if above is not None:
+            yield f"        (8w0x{byte:02X}, {above} .. 255): set_v{i}(32w0x{POISON:08X});"
+        yield f"        (8w0x{byte:02X}, 0 .. 255): set_v{i}(32w0x{value:08X});"
+    yield "    }"
+    yield "}"
+
+
+def _poison_table(k: int, g: int) -> Iterator[str]:
+    # A table per GROUP lanes: one over every lane's key does not fit a stage's ternary input
+    # crossbar at K = 32 (the compiler's words: docs/tofino.md).
+    lanes = range(g * GROUP, min(k, (g + 1) * GROUP))
+    flag = "meta.codes_bad" if g == 0 else f"meta.checks.codes_bad_{g}"
+    yield f"action above_{g}() {{"
+    yield f"    {flag} = 1;"
+    yield "}"
+    yield f"table codes_{g} {{"
+    yield "    key = {"
+    for i in lanes:
+        yield f"        hdr.lanes[{i}].isValid(): ternary;"
+        yield f'        hdr.sums[{i}].value[31:30]: ternary @name("top_{i}");'
+    yield "    }"
+    yield f"    actions = {{ above_{g}; NoAction; }}"
+    yield "    default_action = NoAction();"
+    yield f"    size = {len(lanes)};"
+    yield "    const entries = {"
+    for n in range(len(lanes)):
+        fields = ["_"] * (2 * len(lanes))
+        fields[2 * n], fields[2 * n + 1] = "true", "2w0b10"
+        yield f"        ({', '.join(fields)}): above_{g}();"
+    yield "    }"
+    yield "}"
+
+
+def _dense_check_codes(k: int) -> list[str]:
+    """``CheckCodes`` of the dense layout: a lane's decode table runs for a parsed lane only and
+    writes the integer into the lane's int32 result header."""
+    return [
+        "// Admission: each parsed lane's code as an integer in its result header (a table per",
+        "// lane), and whether any code is above the job's window (bad_code).",
+        "control CheckCodes(inout headers_t hdr, inout meta_t meta) {",
+        *_each(k, _dense_decode, 4),
+        "",
+        *_each(_groups(k), lambda g: _poison_table(k, g), 4),
+        "",
+        "    apply {",
+        "        meta.codes_bad = 0;",
+        *(f"        meta.checks.codes_bad_{g} = 0;" for g in range(1, _groups(k))),
+        *(f"        if (hdr.lanes[{i}].isValid()) {{ decode_{i}.apply(); }}" for i in range(k)),
+        *(f"        codes_{g}.apply();" for g in range(_groups(k))),
+        "    }",
+        "}",
+        "",
+    ]
+
+
+_PAIR_BODIES = (
+    ("first", "value.lo = hdr.sums[{lo}].value;", "value.hi = hdr.sums[{hi}].value;"),
+    ("add", "value.lo = value.lo + hdr.sums[{lo}].value;",
+     "value.hi = value.hi + hdr.sums[{hi}].value;"),
+    ("read", "", ""),
+)  # fmt: skip
+
+
+def _pair_sums(j: int, pairs: int) -> Iterator[str]:
+    lo, hi = j, j + pairs
+    yield f"Register<lane_pair_t, bit<16>>(NCINA_SLOTS, {{0, 0}}) sums_{j};"
+    actions = [(name, a.format(lo=lo, hi=hi), b.format(lo=lo, hi=hi))
+               for name, a, b in _PAIR_BODIES]  # fmt: skip
+    for name, body_lo, body_hi in actions:
+        # (Tofino 2's outputs are rv1..rv4: a parameter is matched by its name.)
+        yield f"RegisterAction<lane_pair_t, bit<16>, bit<32>>(sums_{j}) {name}_{j} = {{"
+        yield "#if __TARGET_TOFINO__ == 2"
+        yield "    void apply(inout lane_pair_t value, out bit<32> rv1, out bit<32> rv2) {"
+        yield "#else"
+        yield "    void apply(inout lane_pair_t value, out bit<32> rv) {"
+        yield "#endif"
+        for body in (body_lo, body_hi):
+            if body:
+                yield f"        {body}"
+        yield "#if __TARGET_TOFINO__ == 2"
+        yield "        rv1 = value.lo;"
+        yield "        rv2 = value.hi;"
+        yield "#else"
+        yield "        rv = value.lo;"
+        yield "#endif"
+        yield "    }"
+        yield "};"
+    yield "#ifdef NCINA_HARVEST"
+    yield f"RegisterAction<lane_pair_t, bit<16>, bit<32>>(sums_{j}) harvest_{j} = {{"
+    yield "    void apply(inout lane_pair_t value, out bit<32> rv) {"
+    yield "        rv = value.hi;"
+    yield "    }"
+    yield "};"
+    yield "#endif"
+
+
+_PAIR_OPS = (("LANE_FIRST", "first"), ("LANE_ADD", "add"), ("LANE_READ", "read"))
+
+
+def _pair_table(j: int, pairs: int) -> Iterator[str]:
+    # One table per pair register, its action chosen by lane_op: a logical table per register
+    # (a stage holds 16), not one per register action.
+    lo, hi = j, j + pairs
+    for _, name in _PAIR_OPS:
+        yield f"action do_{name}_{j}() {{"
+        yield "#if __TARGET_TOFINO__ == 2"
+        yield (f"    hdr.sums[{lo}].value = {name}_{j}.execute(index=meta.slot_index, "
+               f"rv2=hdr.sums[{hi}].value);")  # fmt: skip
+        yield "#else"
+        yield f"    hdr.sums[{lo}].value = {name}_{j}.execute(meta.slot_index);"
+        yield "#endif"
+        yield "}"
+    yield "#ifdef NCINA_HARVEST"
+    yield f"action do_harvest_{j}() {{"
+    yield f"    hdr.sums[{hi}].value = harvest_{j}.execute(meta.slot_index);"
+    yield "}"
+    yield "#endif"
+    yield f"table pair_{j} {{"
+    yield "    key = { meta.lane_op: exact; }"
+    names = [name for _, name in _PAIR_OPS]
+    yield f"    actions = {{ {' '.join(f'do_{n}_{j};' for n in names)}"
+    yield "#ifdef NCINA_HARVEST"
+    yield f"        do_harvest_{j};"
+    yield "#endif"
+    yield "        NoAction; }"
+    yield "    const default_action = NoAction();"
+    yield "    size = 4;"
+    yield "    const entries = {"
+    for op, name in _PAIR_OPS:
+        yield f"        {op}: do_{name}_{j}();"
+    yield "#ifdef NCINA_HARVEST"
+    yield f"        LANE_HARVEST: do_harvest_{j}();"
+    yield "#endif"
+    yield "    }"
+    yield "}"
+
+
+def dense_lanes_p4(k: int) -> str:
+    """``lanes.p4`` of the dense layout (``k`` even): ``k / 2`` pair registers, each holding the
+    32-bit sums of lanes j and j + k/2 and adding both in one register action, as SwitchML's
+    do. Results are int32 lanes, the decoded integers overwritten in place by the sums. A
+    Tofino 2 register action hands back both sums; a Tofino 1 one hands back one 32-bit word,
+    so a result's upper half is read in a second pass (``NCINA_HARVEST``: the frame is
+    recirculated, docs/tofino.md)."""
+    pairs = k // 2
+    return "\n".join([
+        BANNER.format(k=k),
+        "#ifndef NCINA_LANES_P4",
+        "#define NCINA_LANES_P4",
+        "",
+        *_dense_check_codes(k),
+        "// The slot's lanes in pair registers: pair j holds the sums of lanes j (lo) and",
+        f"// j + {pairs} (hi), indexed by slot version; meta.lane_op says what to do (LANE_*).",
+        "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
+        *_each(pairs, lambda j: _pair_sums(j, pairs), 4),
+        *_each(pairs, lambda j: _pair_table(j, pairs), 4),
+        "",
+        "    // A result carries the sums, not the codes.",
+        "    action as_sums() {",
+        *(f"        hdr.lanes[{i}].setInvalid();" for i in range(k)),
+        "    }",
+        "",
+        "    apply {",
+        *(f"        pair_{j}.apply();" for j in range(pairs)),
+        "        if (meta.send != OUT_NONE) {",
+        "            as_sums();",
+        "        }",
+        "    }",
+        "}",
+        "",
+        "#endif",
+        "",
+    ])
 
 
 def _twin_sums(i: int) -> Iterator[str]:
@@ -424,10 +661,18 @@ def twin_lanes_p4(k: int) -> str:
     return "\n".join(out)
 
 
-def write(k: int, out: Path) -> list[Path]:
+def write(k: int, out: Path, dense: bool = False) -> list[Path]:
     """Write ``config.p4`` and ``lanes.p4`` for ``k`` lanes into ``out``; return their paths."""
     check_k(k)
-    return write_generated(out, config_p4(k), lanes_p4(k))
+    if dense:
+        check_dense_k(k)
+    return write_generated(out, config_p4(k, dense), lanes_p4(k, dense))
+
+
+def check_dense_k(k: int) -> None:
+    """Raise ``ValueError`` unless the dense layout can be built for ``k`` lanes (pairs)."""
+    if k % 2:
+        raise ValueError(f"K must be even for the dense layout (lanes in pairs), not {k}")
 
 
 def write_twin(k: int, out: Path) -> list[Path]:

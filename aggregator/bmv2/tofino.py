@@ -70,6 +70,8 @@ class Resources:
     stateful_alus: int
     phv_bits: int
     phv_capacity: int
+    dense: bool = False
+    """The pair-register layout with int32 results (``gen_tofino.dense_lanes_p4``)."""
 
     @property
     def fits(self) -> bool:
@@ -78,14 +80,15 @@ class Resources:
     def line(self) -> str:
         """One table row of docs/tofino.md."""
         fits = "yes" if self.fits else "no"
+        target = f"{self.target} dense" if self.dense else self.target
         return (
-            f"| {self.target} | {self.k} | {self.stages} of {self.device_stages} | "
+            f"| {target} | {self.k} | {self.stages} of {self.device_stages} | "
             f"{self.sram_blocks} | {self.tcam_blocks} | {self.stateful_alus} | "
             f"{self.phv_bits} of {self.phv_capacity} | {fits} |"
         )
 
 
-def read_resources(out: Path, target: str, k: int) -> Resources:
+def read_resources(out: Path, target: str, k: int, dense: bool = False) -> Resources:
     """Sum the compiler's per-stage report in ``out/pipe/logs`` (compiled with ``-g``)."""
     logs = out / "pipe" / "logs"
     try:
@@ -107,6 +110,7 @@ def read_resources(out: Path, target: str, k: int) -> Resources:
         stateful_alus=sum(len(s["meter_alus"]["meters"]) for s in stages),
         phv_bits=used,
         phv_capacity=capacity,
+        dense=dense,
     )
 
 
@@ -121,35 +125,39 @@ def compile_command(k: int, target: str, directory: Path) -> list[str]:
             "-I", str(directory), "-o", str(directory / "out"), str(SOURCE_DIR / MAIN)]  # fmt: skip
 
 
-def _digest(k: int, target: str) -> str:
+def _digest(k: int, target: str, dense: bool) -> str:
     h = hashlib.sha256(f"k={k}\ntarget={target}\n{compiler()}\n".encode())
     for path in sources():
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    h.update(gen_tofino.config_p4(k).encode() + gen_tofino.lanes_p4(k).encode())
+    h.update(gen_tofino.config_p4(k, dense).encode() + gen_tofino.lanes_p4(k, dense).encode())
     return h.hexdigest()
 
 
 def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = None, *,
-          force: bool = False) -> Resources:  # fmt: skip
+          force: bool = False, dense: bool = False) -> Resources:  # fmt: skip
     """Generate and compile the program for ``k`` lanes (unless an up-to-date build exists);
-    return its resources. A compile error is a ``ToolchainError`` with the compiler's words."""
+    return its resources. ``dense``: the pair-register layout with int32 results
+    (docs/tofino.md, "Density"). A compile error is a ``ToolchainError`` with the compiler's
+    words."""
     if target not in STAGES:
         raise ValueError(f"target must be one of {', '.join(STAGES)}, not {target}")
     gen_tofino.check_k(k)
-    directory = directory or BUILD_DIR / f"{target}-k{k}"
+    if dense:
+        gen_tofino.check_dense_k(k)
+    directory = directory or BUILD_DIR / f"{target}-k{k}{'-dense' if dense else ''}"
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         stamp = directory / "inputs.sha256"
         summary = directory / "resources.json"
-        digest = _digest(k, target)
+        digest = _digest(k, target, dense)
         if (not force and summary.exists() and stamp.exists()
                 and stamp.read_text().strip() == digest):  # fmt: skip
             return Resources(**json.loads(summary.read_text()))
         reason = missing()
         if reason:
             raise ToolchainError(f"cannot compile p4/tofino/{MAIN}: {reason}")
-        gen_tofino.write(k, directory)
+        gen_tofino.write(k, directory, dense)
         command = compile_command(k, target, directory)
         proc = _run_with_progress(command, f"p4c-barefoot {target} K={k}")
         if proc.returncode != 0:
@@ -159,7 +167,7 @@ def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = N
                 f"{' '.join(command)} failed with status {proc.returncode}:\n"
                 + "\n".join(errors[:20] or [(proc.stderr or proc.stdout).strip()])
             )
-        resources = read_resources(directory / "out", target, k)
+        resources = read_resources(directory / "out", target, k, dense)
         summary.write_text(json.dumps(asdict(resources), indent=1) + "\n")
         stamp.write_text(digest + "\n")
         return resources
@@ -178,10 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=DEFAULT_K, help="lanes per pass "
                         "(default: %(default)s, the largest that fits Tofino)")  # fmt: skip
     parser.add_argument("--target", choices=sorted(STAGES), default="tofino")
+    parser.add_argument("--dense", action="store_true", help="the pair-register layout with "
+                        "int32 results (docs/tofino.md, \"Density\")")  # fmt: skip
     parser.add_argument("--force", action="store_true", help="compile even if up to date")
     args = parser.parse_args(argv)
     try:
-        res = build(args.k, args.target, force=args.force)
+        res = build(args.k, args.target, force=args.force, dense=args.dense)
     except (ToolchainError, ValueError) as exc:
         print(f"make p4-tofino: {exc}", file=sys.stderr)
         return 1

@@ -135,6 +135,7 @@ control Admission(inout headers_t hdr, inout meta_t meta,
             meta.f_generation: ternary;
             meta.generation: ternary;
             meta.codes_bad: ternary;
+            NCINA_CODES_BAD_KEYS
         }
         actions = { verdict; global; }
         default_action = verdict(VERDICT_ACCEPT, 0, 0);

@@ -5,6 +5,12 @@
 #ifndef NCINA_TOFINO_HEADERS_P4
 #define NCINA_TOFINO_HEADERS_P4
 
+// The dense layout (config.p4's NCINA_DENSE, docs/tofino.md "Density"): pair registers and
+// int32 results; on Tofino 1 a result's upper lanes are read in a second pass (the harvest).
+#if defined(NCINA_DENSE) && __TARGET_TOFINO__ == 1
+#define NCINA_HARVEST
+#endif
+
 typedef bit<48> mac_t;
 typedef bit<32> ip4_t;
 
@@ -18,6 +24,9 @@ const bit<8> FORMAT_NC8 = 0;
 const bit<8> FORMAT_INT = 1;
 const bit<8> FORMAT_BLOB = 2;
 const bit<8> FORMAT_JOB = 3;
+#ifdef NCINA_DENSE
+const bit<8> FORMAT_INT32 = 4;  // provisional: issue 33 item 2's int32 results (not yet a protocol format)
+#endif
 const bit<16> UDP_HEADER_BYTES = 8;
 const bit<16> NCINA_HEADER_BYTES = 16;
 const bit<16> NOTICE_BYTES = 8;
@@ -93,6 +102,31 @@ header wide_lane_h {
     bit<32> low;
 }
 
+#ifdef NCINA_DENSE
+// One element of an int32 result: a lane's 32-bit sum (before it, the lane's decoded code).
+header sum_lane_h {
+    bit<32> value;
+}
+
+// A pair register's cell: the sums of lanes j and j + K/2.
+struct lane_pair_t {
+    bit<32> lo;
+    bit<32> hi;
+}
+
+// A result on its way to the harvest pass (Tofino 1): what the first pass decided, in front
+// of the frame that the recirculation port brings back.
+header harvest_h {
+    bit<8> send;              // OUT_MULTICAST or OUT_REPLY, once the upper lanes are read
+    bit<8> job_index;
+    bit<16> sent;             // the job's results_sent counter
+    bit<16> slot;             // the register index of (slot, version)
+    MulticastGroupId_t group;
+    @padding bit<7> _pad;
+    PortId_t port;            // the sender's port (OUT_REPLY)
+}
+#endif
+
 // A notice's 64-bit bitmap (a Tofino job has at most NCINA_MAX_WORKERS <= 30 ranks: high is 0).
 header notice_h {
     bit<32> high;
@@ -121,6 +155,11 @@ header bridge_h {
     bit<8> wide;              // 1: a result whose int lanes egress sign-extends
     @padding bit<7> _pad;
     PortId_t ingress_port;
+#ifdef NCINA_HARVEST
+    bit<8> then;              // OUT_HARVEST: how the result leaves after the harvest pass
+    bit<16> slot;
+    MulticastGroupId_t group;
+#endif
 }
 
 struct headers_t {
@@ -133,7 +172,14 @@ struct headers_t {
     notice_h notice;
     descriptor_h desc;
     lane_h[NCINA_K] lanes;
+#ifdef NCINA_DENSE
+#ifdef NCINA_HARVEST
+    harvest_h harvest;
+#endif
+    sum_lane_h[NCINA_K] sums;
+#else
     wide_lane_h[NCINA_K] wide;
+#endif
 }
 
 struct egress_headers_t {
@@ -143,7 +189,12 @@ struct egress_headers_t {
     udp_h udp;
     ncina_h nc;
     notice_h notice;
+#ifdef NCINA_HARVEST
+    harvest_h harvest;
+#endif
+#ifndef NCINA_DENSE
     wide_lane_h[NCINA_K] wide;
+#endif
 }
 
 // A member learned from its first valid packet, for the control plane (it installs the
@@ -164,11 +215,13 @@ const bit<8> OUT_MULTICAST = 1;
 const bit<8> OUT_REPLY = 2;
 const bit<8> OUT_FORWARD = 3;
 const bit<8> OUT_FLOOD = 4;
+const bit<8> OUT_HARVEST = 5;     // to the recirculation port, for the harvest pass
 
 const bit<8> VERDICT_DROP = 0;
 const bit<8> VERDICT_ACCEPT = 1;
 const bit<8> VERDICT_STALE = 2;
 const bit<8> VERDICT_HANDSHAKE = 3;
+const bit<8> VERDICT_HARVEST = 4;  // a result's harvest pass (NCINA_HARVEST)
 
 // The held offset of a slot version against the packet's (the predicate of the offsets
 // register action: bit (cmplo + 2 cmphi), cmplo = newer, cmphi = same).
@@ -181,6 +234,10 @@ const bit<8> LANE_NONE = 0;
 const bit<8> LANE_FIRST = 1;      // the round's first contribution: store it
 const bit<8> LANE_ADD = 2;        // add the contribution
 const bit<8> LANE_READ = 3;       // a lost result: read the sums again
+const bit<8> LANE_HARVEST = 4;    // the harvest pass: read the pairs' upper sums
+#ifdef NCINA_HARVEST
+const PortId_t RECIRC_PORT = 68;  // pipe 0's recirculation port on Tofino 1
+#endif
 
 struct meta_t {
     ip4_t target;
@@ -229,6 +286,12 @@ struct meta_t {
     bit<1> unknown_rank;      // no address for the rank yet: this packet's is learned
     bit<16> room;             // UDP payload bytes after the ncina header
     bit<16> int_bytes;        // count * 8
+#ifdef NCINA_DENSE
+    bit<16> result_bytes;     // count * 4: an int32 result's payload
+#endif
+#ifdef NCINA_HARVEST
+    bit<8> then;              // a result sent to the harvest pass: how it leaves after it
+#endif
     bit<16> nc8_excess;       // room - count
     bit<16> int_excess;       // room - count * 8
     bit<16> rank_room;        // rank - workers (bit 15: a rank of the job)
@@ -263,7 +326,9 @@ struct meta_t {
     bit<16> event2_index;
     bit<16> retx_index;
     bit<16> sent_index;
+#ifndef NCINA_DENSE
     lane_values_t values;     // each lane's code as an integer (generated)
+#endif
     lane_checks_t checks;     // each lane's code + code_offset (generated)
 }
 

@@ -2,7 +2,11 @@
 // file only wires the pieces together; config.p4 and lanes.p4 are generated for the lane count
 // K (`make p4-tofino K=16`).
 #include <core.p4>
+#if __TARGET_TOFINO__ == 2
+#include <t2na.p4>  // (Tofino 2's register actions hand back up to four words: the dense layout)
+#else
 #include <tna.p4>
+#endif
 
 #include "config.p4"
 #include "headers.p4"
@@ -47,6 +51,9 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     action sizes() {
         meta.room = hdr.udp.len - (UDP_HEADER_BYTES + NCINA_HEADER_BYTES);
         meta.int_bytes = hdr.nc.count << 3;
+#ifdef NCINA_DENSE
+        meta.result_bytes = hdr.nc.count << 2;
+#endif
     }
 
     table prepare {
@@ -55,14 +62,44 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         size = 1;
     }
 
+#ifdef NCINA_HARVEST
+    // A result leaves through the recirculation port: its upper lanes are read in a second
+    // pass, which sends it as the first pass decided.
+    action to_harvest() {
+        meta.then = meta.send;
+        meta.send = OUT_HARVEST;
+        tm.ucast_egress_port = RECIRC_PORT;
+        tm.mcast_grp_a = 0;
+    }
+
+    action from_harvest() {
+        meta.local = 1;
+        meta.port_diff_local = 0;
+        meta.verdict = VERDICT_HARVEST;
+        meta.lane_op = LANE_HARVEST;
+        meta.slot_index = hdr.harvest.slot;
+        meta.job_index = hdr.harvest.job_index;
+        meta.sent_index = hdr.harvest.sent;
+        meta.send = hdr.harvest.send;
+    }
+#endif
+
     // Every lookup that depends on nothing but the headers runs first, side by side (a Tofino
     // pipeline is 12 stages deep); admission only computes metadata.
     apply {
+#ifdef NCINA_HARVEST
+        if (hdr.harvest.isValid()) {
+            from_harvest();  // the slot path below reads the pairs' upper sums, nothing else
+        } else {
+#endif
         if (hdr.ipv4.isValid()) {  // (an unparsed header's fields are another packet's)
             local_address.apply();
         }
         prepare.apply();
         admission.apply(hdr, meta, prsr);
+#ifdef NCINA_HARVEST
+        }
+#endif
         if (hdr.arp.isValid()) {
             arp.apply(hdr, meta, ig_md, tm);
             if (meta.send == OUT_NONE) {
@@ -79,9 +116,24 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
                 }
             }
             events.apply(hdr, meta);
+#ifdef NCINA_HARVEST
+            if (meta.lane_op == LANE_HARVEST) {  // sent as the first pass decided
+                if (meta.send == OUT_MULTICAST) {
+                    tm.mcast_grp_a = hdr.harvest.group;
+                } else {
+                    tm.ucast_egress_port = hdr.harvest.port;
+                }
+            } else if (meta.send != OUT_NONE) {
+                reply.apply(hdr, meta, ig_md, tm);
+                if (meta.lane_op != LANE_NONE) {
+                    to_harvest();
+                }
+            }
+#else
             if (meta.send != OUT_NONE) {
                 reply.apply(hdr, meta, ig_md, tm);
             }
+#endif
         } else if (meta.local == 0 && hdr.eth.isValid()) {
             forward.apply(hdr, meta, tm);
         }
@@ -94,6 +146,11 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         hdr.bridge.sent = meta.sent_index;
         hdr.bridge.wide = meta.wide;
         hdr.bridge.ingress_port = ig_md.ingress_port;
+#ifdef NCINA_HARVEST
+        hdr.bridge.then = meta.then;
+        hdr.bridge.slot = meta.slot_index;
+        hdr.bridge.group = meta.group;
+#endif
     }
 }
 
@@ -103,12 +160,15 @@ control NcinaEgress(inout egress_headers_t hdr, inout egress_meta_t meta,
                     inout egress_intrinsic_metadata_for_deparser_t dprsr,
                     inout egress_intrinsic_metadata_for_output_port_t oport) {
     Rewrite() rewrite;
-
+#ifndef NCINA_DENSE
     Widen() widen;
+#endif
 
     apply {
         rewrite.apply(hdr, eg_md, dprsr);
+#ifndef NCINA_DENSE
         widen.apply(hdr);
+#endif
     }
 }
 

@@ -45,6 +45,31 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
         meta.f_generation = 0;
         meta.codes_bad = 0;
         meta.unknown_rank = 0;
+#ifdef NCINA_HARVEST
+        meta.then = OUT_NONE;
+        transition select(ig_md.ingress_port) {
+            RECIRC_PORT: parse_harvest;
+            default: parse_ethernet;
+        }
+    }
+
+    // A result back from the recirculation port: the first pass's frame, int32 lanes.
+    state parse_harvest {
+        pkt.extract(hdr.harvest);
+        pkt.extract(hdr.eth);
+        pkt.extract(hdr.ipv4);
+        pkt.extract(hdr.udp);
+        pkt.extract(hdr.nc);
+        transition select(hdr.nc.count) {
+            1 .. NCINA_K: parse_sum_0;
+            default: accept;
+        }
+    }
+
+    NCINA_SUM_STATES
+
+    state parse_ethernet {
+#endif
         pkt.extract(hdr.eth);
         transition select(hdr.eth.ether_type) {
             ETHERTYPE_IPV4: parse_ipv4;
@@ -110,7 +135,11 @@ control NcinaIngressDeparser(packet_out pkt, inout headers_t hdr, in meta_t meta
         pkt.emit(hdr.notice);
         pkt.emit(hdr.desc);
         pkt.emit(hdr.lanes);
+#ifdef NCINA_DENSE
+        pkt.emit(hdr.sums);
+#else
         pkt.emit(hdr.wide);
+#endif
     }
 }
 
@@ -119,11 +148,19 @@ parser NcinaEgressParser(packet_in pkt, out egress_headers_t hdr, out egress_met
     state start {
         pkt.extract(eg_md);
         pkt.extract(hdr.bridge);
+#ifdef NCINA_DENSE
+        transition select(hdr.bridge.send) {
+            OUT_HARVEST: accept;  // the frame goes round as it is
+            OUT_MULTICAST: parse_result;
+            default: parse_frame;
+        }
+#else
         transition select(hdr.bridge.send, hdr.bridge.wide) {
             (OUT_MULTICAST, _): parse_result;
             (_, 1): parse_result;
             default: parse_frame;
         }
+#endif
     }
 
     // A result ingress built: Ethernet, IPv4, UDP and the ncina header, all present.
@@ -132,6 +169,10 @@ parser NcinaEgressParser(packet_in pkt, out egress_headers_t hdr, out egress_met
         pkt.extract(hdr.ipv4);
         pkt.extract(hdr.udp);
         pkt.extract(hdr.nc);
+#ifdef NCINA_DENSE
+        transition accept;  // the int32 lanes stay payload
+    }
+#else
         transition select(hdr.bridge.wide, hdr.nc.count) {
             (1, 1 .. NCINA_K): parse_wide_0;
             default: accept;
@@ -139,6 +180,7 @@ parser NcinaEgressParser(packet_in pkt, out egress_headers_t hdr, out egress_met
     }
 
     NCINA_WIDE_STATES
+#endif
 
     // Anything else: its IPv4 header, if any, for the checksum.
     state parse_frame {
@@ -167,12 +209,17 @@ control NcinaEgressDeparser(packet_out pkt, inout egress_headers_t hdr, in egres
                 hdr.ipv4.flags, hdr.ipv4.frag_offset, hdr.ipv4.ttl, hdr.ipv4.protocol,
                 hdr.ipv4.src, hdr.ipv4.dst});
         }
+#ifdef NCINA_HARVEST
+        pkt.emit(hdr.harvest);
+#endif
         pkt.emit(hdr.eth);
         pkt.emit(hdr.ipv4);
         pkt.emit(hdr.udp);
         pkt.emit(hdr.nc);
         pkt.emit(hdr.notice);
+#ifndef NCINA_DENSE
         pkt.emit(hdr.wide);
+#endif
     }
 }
 

@@ -26,6 +26,17 @@ control Rewrite(inout egress_headers_t hdr, in egress_intrinsic_metadata_t eg_md
     }
 
     apply {
+#ifdef NCINA_HARVEST
+        if (hdr.bridge.send == OUT_HARVEST) {  // what the harvest pass needs, before the frame
+            hdr.harvest.setValid();
+            hdr.harvest.send = hdr.bridge.then;
+            hdr.harvest.job_index = hdr.bridge.job_index;
+            hdr.harvest.sent = hdr.bridge.sent;
+            hdr.harvest.slot = hdr.bridge.slot;
+            hdr.harvest.group = hdr.bridge.group;
+            hdr.harvest.port = hdr.bridge.ingress_port;
+        }
+#endif
         if (hdr.bridge.send == OUT_MULTICAST) {
             member_addresses.apply();
             hdr.nc.rank = eg_md.egress_rid;

@@ -111,6 +111,9 @@ control Slots(inout headers_t hdr, inout meta_t meta) {
     }
 
     apply {
+#ifdef NCINA_HARVEST
+        if (meta.lane_op != LANE_HARVEST) {  // (a result's second pass: its upper lanes only)
+#endif
         if (meta.verdict == VERDICT_STALE) {
             restart_notice();  // a packet from before a restart: the header alone
             return;
@@ -169,6 +172,9 @@ control Slots(inout headers_t hdr, inout meta_t meta) {
                 complete();
             }
         }
+#ifdef NCINA_HARVEST
+        }
+#endif
         if (meta.lane_op != LANE_NONE) {
             sums.apply(hdr, meta);
         }

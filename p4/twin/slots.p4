@@ -162,6 +162,9 @@ control Slots(inout headers_t hdr, inout meta_t meta) {
                 complete();
             }
         }
+#ifdef NCINA_HARVEST
+        }
+#endif
         if (meta.lane_op != LANE_NONE) {
             sums.apply(hdr, meta);
         }
