@@ -314,6 +314,9 @@ class Restartable(threading.Thread):
         self.sock.settimeout(0.02)
         self.address: tuple[str, int] = self.sock.getsockname()
         self.restart_at: list[tuple[object, int]] = []
+        # A predicate of ``(reply, destination)``: the replies for which it holds are not sent
+        # (lost on their downlink).
+        self.drop_reply: object = None
         self.stopping = threading.Event()
         self.restart(generation)
 
@@ -330,6 +333,8 @@ class Restartable(threading.Thread):
             if self.restart_at and self.restart_at[0][0](data):  # type: ignore[operator]
                 self.restart(self.restart_at.pop(0)[1])
             for reply, destination in self.aggregator.handle(data, source):
+                if self.drop_reply and self.drop_reply(reply, destination):  # type: ignore[operator]
+                    continue
                 self.sock.sendto(reply, destination)
 
     def stop(self) -> None:
@@ -406,6 +411,42 @@ def test_a_restart_during_the_recoverys_agreement_starts_it_again() -> None:
             assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
             assert [c.stats["restarts"] for c in clients] == [2, 2]
             assert [c.generation for c in clients] == [7, 7]
+        finally:
+            for client in clients:
+                client.close()
+
+
+@pytest.mark.usefixtures("data_path")
+def test_a_rank_waiting_between_calls_joins_the_recovery_of_a_rank_behind() -> None:
+    # Issue 38, case 5 (and the hang the soak found through the DDP hook's per-call agreement):
+    # rank 0 completes a call, rank 1's result of it is lost, and the aggregator restarts. Rank
+    # 1 recovers inside the call and needs rank 0 in the recovery's calls, but rank 0 waits
+    # elsewhere (a gloo collective) and makes no INA call: without asking the aggregator
+    # whether it restarted (recover_if_restarted), both wait until rank 1's deadline.
+    x = np.full(3 * K, 2.0, dtype=np.float32)
+    with restartable(2, 3) as server:
+        clients = clients_of(server, 2, restart_retries=2)
+        try:
+            assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
+            assert not clients[0].recover_if_restarted()  # nothing restarted: nothing to do
+            ahead_done = threading.Event()  # until rank 0 has its result, rank 1 gets none
+            port1 = clients[1].address[1]
+            server.drop_reply = lambda reply, to: to[1] == port1 and not ahead_done.is_set()
+            server.restart_at.append(
+                (lambda d: ahead_done.is_set() and is_chunk(d) and Header._make(
+                    HEADER.unpack_from(d)).rank == 1, 5))  # fmt: skip
+            with ThreadPoolExecutor(1) as pool:
+                behind = pool.submit(clients[1].allreduce, x, op="sum")
+                ahead = clients[0].allreduce(x, op="sum")
+                ahead_done.set()  # rank 1's next retransmission meets a restarted aggregator
+                recovered = False
+                while not behind.done():  # rank 0 waits "in gloo", asking now and then
+                    recovered |= clients[0].recover_if_restarted()
+                assert behind.result().tolist() == ahead.tolist() == (2 * x).tolist()
+            assert recovered and not server.restart_at
+            assert [c.stats["restarts"] for c in clients] == [1, 1]
+            assert [c.generation for c in clients] == [5, 5]
+            assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
         finally:
             for client in clients:
                 client.close()

@@ -136,6 +136,7 @@ STAT_KEYS = (
 )
 HANDSHAKE_TIMEOUT = 1.0  # seconds a worker waits for the aggregator's job descriptor
 HANDSHAKE_INTERVAL = 0.1  # seconds between two hellos while no answer came
+PROBE_TIMEOUT = 0.2  # seconds :meth:`AllreduceClient.recover_if_restarted` waits for an answer
 NIBBLES = 8  # lanes of 4 bits that carry one float32 when a recovery serves a sum
 
 
@@ -620,6 +621,62 @@ class AllreduceClient:
         if self.recovers:
             self._completed += 1
         return total
+
+    def recover_if_restarted(self, timeout: float = PROBE_TIMEOUT) -> bool:
+        """Between two calls, while this rank waits for the others somewhere else (a gloo
+        collective, such as the DDP hook's per-call agreement): ask the aggregator with one
+        hello whether it restarted since this client's last call, and if it did, run the
+        restart recovery now rather than at the next call. A rank whose result of the last call
+        was lost in the restart is recovering inside that call and needs every rank in the
+        recovery's own calls; a rank that waits in gloo for that rank would otherwise never
+        make one (issue 38, case 5). Every rank that waits must probe, so that all of them
+        meet in the recovery. Returns whether it recovered; raises as a call's recovery does.
+        """
+        if (
+            self._broken or not self.recovers or not self._handshaken or self.generation == 0
+            or self.handshake_timeout is None
+        ):
+            return False
+        generation = self._ask_generation(timeout)
+        if generation is None or generation == self.generation:
+            return False
+        restarts = 0
+        while True:
+            try:
+                served = self._recovered(0)
+            except _Restart as restart:
+                restarts += 1
+                if restarts > self.restart_retries:
+                    self._fail(_restarted(self, restart.generation, restarts - 1))
+                continue
+            if served is not None:  # a rank ahead of one that waits between calls cannot be
+                self._fail(RuntimeError("restart recovery between calls: another rank "
+                                        "completed a call this rank has not started"))
+            return True
+
+    def _ask_generation(self, timeout: float) -> int | None:
+        """The generation in the aggregator's answer to one hello within ``timeout`` seconds,
+        or None (no answer, or not an ``OK`` one: the call that follows finds out why). What
+        else arrives meanwhile (late copies of the last call's results) is ignored, as a
+        call would ignore it."""
+        self._send_hello()
+        end = time.monotonic() + timeout
+        while (now := time.monotonic()) < end:
+            if not self._poll.poll(max(1, math.ceil((end - now) * 1000))):
+                continue
+            while True:
+                try:
+                    size, sender = self._sock.recvfrom_into(self._buf)
+                except BlockingIOError:
+                    break
+                answer = self._judge_answer(size) if sender == self.aggregator else None
+                if answer is None:
+                    if sender != self.aggregator:
+                        self._stats["results_ignored"] += 1
+                    continue
+                status, _, generation = answer
+                return generation if status == desc.OK else None
+        return None
 
     def _keep_room(self, which: int, n: int) -> np.ndarray:
         """Keep buffer ``which`` (0 or 1), grown to hold ``n`` results (NC8 codes, 1 byte each;

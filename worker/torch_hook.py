@@ -26,7 +26,11 @@ largest magnitude just below the job's ``2**e_max`` (``shift = e_max - 1 - floor
 before NC8 encodes it, and the result is scaled back by ``2**-shift``: the window follows the
 data, so no value saturates; a call whose sum could leave float32's range goes exact too. The
 group is used only by the communication thread, in call order, so its collectives pair up on
-every rank.
+every rank. The agreement sits between two INA calls, so a rank waiting in it could starve a rank
+whose last result an aggregator restart lost, and which waits in that call's recovery for every
+rank: while the agreement stalls (:data:`PROBE_AFTER_S`), each waiting rank asks its aggregators
+whether they restarted and, if one did, joins the recovery from there
+(:meth:`AllreduceClient.recover_if_restarted`; issue 38, case 5).
 
 A bucket in host memory is all-reduced in place (the fabric writes the mean into it). A CUDA bucket
 goes through :mod:`ncina.worker.staging`: the hook queues its copy into a pinned buffer of its
@@ -73,6 +77,10 @@ FLOAT_SLACK = 2.0**-20
 MAX_FLOAT32_EXPONENT = 127
 MAX_OPTIONS = dist.AllreduceOptions()
 MAX_OPTIONS.reduceOp = dist.ReduceOp.MAX
+# Seconds the agreement may wait for the other ranks before the waiting rank asks its aggregators
+# whether they restarted (the module doc): a rank still computing its gradients makes it wait
+# too, and costs one hello per aggregator per period.
+PROBE_AFTER_S = 0.5
 
 
 @dataclass
@@ -224,9 +232,13 @@ class InaHookState:
         finite = math.isfinite(low) and math.isfinite(high)
         flags = torch.tensor([0.0 if finite else 1.0, max(-low, high) if finite else 0.0],
                              dtype=torch.float64)  # fmt: skip
-        group.allreduce([flags], MAX_OPTIONS).wait()
+        wait_between_calls(group.allreduce([flags], MAX_OPTIONS), self._clients())
         nonfinite, peak = float(flags[0]), float(flags[1])
         return self._plan(nonfinite > 0, peak, group.size())
+
+    def _clients(self) -> tuple[Any, ...]:
+        """The fabric's INA clients (one per aggregator), or none for another fabric."""
+        return tuple(getattr(self.fabric, "clients", ()))
 
     def _plan(self, nonfinite: bool, peak: float, world: int) -> int | None:
         """The agreed call's path: None (exact) for a non-finite value on some rank or a sum
@@ -235,7 +247,7 @@ class InaHookState:
         if nonfinite:
             self.exact_calls["nonfinite"] += 1
             return None
-        clients = getattr(self.fabric, "clients", ())
+        clients = self._clients()
         if peak == 0.0 or not clients or any(
             c.compressor is not None or c.mode != "ina" for c in clients
         ):
@@ -298,6 +310,23 @@ class InaHookState:
         if self.error is None:
             self.error = exc
         future.set_exception(exc)
+
+
+def wait_between_calls(work: Any, clients: tuple[Any, ...]) -> None:
+    """Wait for the gloo ``work`` that a rank runs between two INA calls of ``clients``; each
+    :data:`PROBE_AFTER_S` it stalls, ask every client whether its aggregator restarted and
+    recover if it did (the module doc). Polls with short sleeps: the agreement usually
+    completes within a millisecond."""
+    pause = 1e-5
+    probe_at = time.monotonic() + PROBE_AFTER_S
+    while not work.is_completed():
+        if time.monotonic() >= probe_at:
+            for client in clients:
+                client.recover_if_restarted()
+            probe_at = time.monotonic() + PROBE_AFTER_S
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+    work.wait()  # raises what the collective failed with
 
 
 def ina_hook(state: InaHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
