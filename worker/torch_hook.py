@@ -232,11 +232,11 @@ class InaHookState:
         finite = math.isfinite(low) and math.isfinite(high)
         flags = torch.tensor([0.0 if finite else 1.0, max(-low, high) if finite else 0.0],
                              dtype=torch.float64)  # fmt: skip
-        wait_between_calls(group.allreduce([flags], MAX_OPTIONS), self._clients())
+        wait_between_calls(group.allreduce([flags], MAX_OPTIONS), self.clients())
         nonfinite, peak = float(flags[0]), float(flags[1])
         return self._plan(nonfinite > 0, peak, group.size())
 
-    def _clients(self) -> tuple[Any, ...]:
+    def clients(self) -> tuple[Any, ...]:
         """The fabric's INA clients (one per aggregator), or none for another fabric."""
         return tuple(getattr(self.fabric, "clients", ()))
 
@@ -247,7 +247,7 @@ class InaHookState:
         if nonfinite:
             self.exact_calls["nonfinite"] += 1
             return None
-        clients = self._clients()
+        clients = self.clients()
         if peak == 0.0 or not clients or any(
             c.compressor is not None or c.mode != "ina" for c in clients
         ):
