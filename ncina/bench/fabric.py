@@ -55,7 +55,7 @@ from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
 from ncina.bench import allreduce as bench
 from ncina.harness import cpu
-from ncina.harness.figures import faithful_bandwidths, ina_advantage, medians
+from ncina.harness.figures import faithful_bandwidths, ina_advantage, medians, per_packet
 from ncina.harness.links import (
     fractions,
     link_fraction,
@@ -326,6 +326,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         "gloo_link_fraction": median(r["extra"]["gloo_link_fraction"] for r in repeats),
     }  # fmt: skip
     figures |= medians(repeats, workers=args.workers, elements=args.elements)
+    figures |= per_packet(repeats)
     # What INA's advantage in bytes is made of, in theory, and gloo's bytes over INA's useful
     # ones as measured on the uplinks (the two differ by the headers and gloo's ACKs, copies)
     useful = useful_frame_bytes(args.elements, args.k)
