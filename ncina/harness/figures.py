@@ -89,15 +89,16 @@ def medians(repeats: Sequence[dict[str, Any]], *, workers: int, elements: int) -
 
 
 def faithful_bandwidths(
-    rows: Sequence[dict[str, Any]], mtus: Sequence[int], threshold: float
+    rows: Sequence[dict[str, Any]], values: Sequence[int], threshold: float, key: str = "mtu"
 ) -> dict[str, float | None]:
-    """Per MTU (a string key, as JSON has it), the highest ``bw_mbit`` among ``rows`` whose
-    ``link_fraction`` reached ``threshold`` (None: no row did): the fastest link a machine
-    emulates with its own software out of the way."""
+    """Per value of the rows' ``key`` (the MTU, or the packet's K; a string key, as JSON has
+    it), the highest ``bw_mbit`` among ``rows`` whose ``link_fraction`` reached ``threshold``
+    (None: no row did): the fastest link a machine emulates with its own software out of the
+    way."""
     return {
-        str(mtu): max((r["bw_mbit"] for r in rows
-                       if r["mtu"] == mtu and r["link_fraction"] >= threshold), default=None)
-        for mtu in mtus
+        str(value): max((r["bw_mbit"] for r in rows
+                         if r[key] == value and r["link_fraction"] >= threshold), default=None)
+        for value in values
     }  # fmt: skip
 
 
