@@ -20,11 +20,17 @@ over the workers (each run's per-worker values are kept as ``wire_fractions``).
 ``gloo_link_fraction`` is gloo's TCP traffic on the wire the same way (TCP's copies cannot be
 told apart there).
 
+In a star each repeat then measures the fabric's own packet limit at the job's packet size
+(``ncina.harness.echo``: the socket backend's no-op forwarder on the aggregator's host, a C
+closed-loop echo load on every worker host, for ``--limit-seconds``): ``fabric_limit_pps``, and
+``vs_fabric_limit``, INA's datagrams per second over it (refused with the reason when the echo
+answered nothing, retransmitted or could not run).
+
 ``--bw`` and ``--mtu`` take comma-separated lists (``--bw 100,200,500,1000 --mtu 1500,9000``):
 then every pair runs on a fabric of its own, in one invocation, and the figures are ``rows``
 (one single-pair result each) and ``faithful_bw_mbit``, per MTU the highest bandwidth whose
 ``link_fraction`` reached ``FAITHFUL_LINK_FRACTION``: the fastest link this machine emulates
-with its software out of the way.
+with its software out of the way (and ``faithful_bw_mbit_per_k``, the same per K).
 
 ``--topo leafspine`` builds ``ncina topo``'s leaf-spine fabric instead (docs/protocol.md,
 "Hierarchical aggregation"): ``--leaves`` leaf switches, each with ``--workers / --leaves``
