@@ -195,7 +195,7 @@ def test_a_tiny_run_over_mininet(tmp_path: Path) -> None:
     output = tmp_path / "fabric.jsonl"
     status = main(["bench", "fabric", "--workers", "2", "--elements", "20000", "--repeat", "1",
                    "--backend", "python", "--bw", "100,200", "--workdir", str(tmp_path),
-                   "--output", str(output)])  # fmt: skip
+                   "--limit-seconds", "1", "--output", str(output)])  # fmt: skip
     assert status == 0
     assert links(f"b{os.getpid() % 100000}") == []
     both = json.loads(output.read_text())
