@@ -147,6 +147,13 @@ def job_packets(workers: int, elements: int, k: int, retransmissions: int) -> in
     return 2 * workers * -(-elements // k) + retransmissions
 
 
+def counted_packets(stats: dict[str, Any]) -> int:
+    """:func:`job_packets` from the ranks' own counters (their client stats summed:
+    ``packets_sent``, copies included, and ``retransmissions``), where the chunk count is not
+    known beforehand (DDP's buckets): each first send up has its one result down."""
+    return 2 * stats["packets_sent"] - stats["retransmissions"]
+
+
 CPU_SPLIT = {"workers": "worker_cpu", "aggregator": "aggregator_cpu",
              "unattributed": "unattributed_s"}  # fmt: skip
 """The parts of a run's ``cpu_s`` (each CPU-second once, ``ncina.harness.cpu``): its name in
