@@ -248,6 +248,30 @@ def test_retx_fraction_is_copies_over_packets_sent_with_its_median_and_spread() 
     assert [r["retx_fraction"] for r in figures["runs"]] == [0.02, 0.0, 0.5]
 
 
+def test_cpu_per_packet_is_the_median_cpu_runs_split_over_the_datagrams_it_moved() -> None:
+    """Issue 36: packets are every rank's chunks up and results down, plus the copies."""
+    from ncina.harness.figures import job_packets, per_packet
+
+    # 2 ranks of 1000 elements at K 300: 4 chunks each way each (the last of 100), 3 copies
+    assert job_packets(2, 1000, 300, 3) == 2 * 2 * 4 + 3 == 19
+    assert job_packets(4, 10_000_000, 64, 0) == 2 * 4 * 156_250
+
+    def run(cpu: float, packets: int) -> dict[str, float]:
+        return {"cpu_s": cpu, "packets": packets, "worker_cpu": cpu / 2,
+                "aggregator_cpu": cpu * 3 / 8, "unattributed_s": cpu / 8}  # fmt: skip
+
+    runs = [run(4.0, 1000), run(2.0, 400), run(8.0, 100)]
+    figures = per_packet(runs)  # the run of median cpu_s (4.0), over its own 1000 packets
+    assert figures["packets"] == 1000
+    assert figures["cpu_ns_per_packet"] == 4e6
+    assert figures["cpu_ns_per_packet_split"] == {
+        "workers": 2e6, "aggregator": 1.5e6, "unattributed": 0.5e6}
+    assert sum(figures["cpu_ns_per_packet_split"].values()) == figures["cpu_ns_per_packet"]
+    nothing = per_packet([run(1.0, 0)])  # no datagram moved: no figure, not a division error
+    assert nothing["cpu_ns_per_packet"] is None
+    assert set(nothing["cpu_ns_per_packet_split"].values()) == {None}
+
+
 def test_cpu_time_of_a_process_is_read_from_proc() -> None:
     from ncina.common import cpu
 
@@ -376,6 +400,14 @@ def test_a_tiny_run_against_gloo_is_exact_and_complete(
     assert figures["aggregator_slots_completed"] == chunks
     assert figures["aggregator_contributions"] == 2 * chunks
     assert figures["aggregator_packets_in"] >= 2 * chunks
+    # Issue 36: CPU per datagram of the timed call (its chunks up and down, and any copies)
+    assert figures["packets"] == 2 * 2 * (chunks - 1) + figures["retransmissions"]
+    rounding = 0.0005 * 1e9 / figures["packets"]  # cpu_s is given to the millisecond
+    assert figures["cpu_ns_per_packet"] == pytest.approx(
+        figures["cpu_s"] * 1e9 / figures["packets"], abs=rounding + 0.1)
+    split = figures["cpu_ns_per_packet_split"]
+    assert set(split) == {"workers", "aggregator", "unattributed"}
+    assert sum(split.values()) == pytest.approx(figures["cpu_ns_per_packet"], rel=0.01, abs=1)
     assert figures["within_bounds"] is True
 
 

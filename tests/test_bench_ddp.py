@@ -34,6 +34,8 @@ def topology_results(
                     "exposed_comm_fraction": 0.25, "final_accuracy": 90.0,
                     "final_test_loss": losses[0], "curve": {"epochs": [[0.0, 0, 10.0, 2.3]]},
                     "parameters": 1000, "steps": 5, "cpu_s": cpu[0],
+                    **({"rank_cpu_s": cpu[0] / 2, "aggregator_cpu_s": cpu[0] / 4,
+                        "unattributed_s": cpu[0] / 4} if cpu[0] is not None else {}),
                     "fabric": {"packets_sent": 1000, "retransmissions": int(ina)}},
             "gloo": {"samples_per_s": gloo, "comm_total_s": None, "exposed_comm_s": 3.0,
                      "exposed_comm_fraction": None, "final_accuracy": 91.0,
@@ -91,6 +93,13 @@ def test_cpu_fields_and_spreads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert line["cpu_vs_gloo_spread"] == {"min": 0.25, "median": 0.5, "max": 0.75}
     assert line["speedup_spread"] == {"min": 2.0, "median": 2.5, "max": 3.0}
     assert line["exposed_comm_fraction_spread"] == {"min": 0.25, "median": 0.25, "max": 0.25}
+    # Issue 36: 1000 sent with 30 copies: 970 chunks up and their 970 results down, + 30
+    assert first["packets"] == 2 * 1000 - 30 == 1970
+    assert first["cpu_ns_per_packet"] == round(20.0 * 1e9 / 1970, 1)
+    assert first["cpu_ns_per_packet_split"] == {
+        "workers": round(10.0 * 1e9 / 1970, 1), "aggregator": round(5.0 * 1e9 / 1970, 1),
+        "unattributed": round(5.0 * 1e9 / 1970, 1)}
+    assert line["cpu_ns_per_packet"] == first["cpu_ns_per_packet"]  # the median run's (20 s)
 
 
 def test_loss_and_accuracy_of_both_sides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,6 +121,7 @@ def test_a_run_without_cpu_times_has_no_cpu_figures(
     line = bench_ddp(tmp_path, monkeypatch, [topology_results(30.0, 10.0, cpu=(None, 40.0))])
     assert line["cpu_s"] is None and line["cpu_vs_gloo"] is None
     assert line["cpu_vs_gloo_spread"] is None and line["cpu_ns_per_element"] is None
+    assert line["cpu_ns_per_packet"] is None and line["runs"][0]["cpu_ns_per_packet_split"] is None
 
 
 def test_the_backend_beside_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

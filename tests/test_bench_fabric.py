@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ncina.aggregator import cli as aggregator_cli
@@ -46,6 +47,59 @@ def test_the_faithful_bandwidth_is_the_highest_that_filled_its_links_per_mtu() -
         (100.0, 9000, 0.98), (200.0, 9000, 0.8), (500.0, 9000, 0.9))]  # fmt: skip
     assert faithful_bandwidths(rows, [1500, 9000], 0.9) == {"1500": 200.0, "9000": 500.0}
     assert faithful_bandwidths(rows, [1500], 0.99) == {"1500": None}
+
+
+def test_the_faithful_bandwidth_per_k_is_judged_the_same_way() -> None:
+    from ncina.harness.figures import faithful_bandwidths
+
+    rows = [{"bw_mbit": bw, "k": k, "link_fraction": f} for bw, k, f in (
+        (100.0, 64, 0.3), (100.0, 1456, 0.95), (500.0, 1456, 0.6))]  # fmt: skip
+    assert faithful_bandwidths(rows, [64, 1456], 0.9, key="k") == {"64": None, "1456": 100.0}
+
+
+def echo_host(completed: int, seconds: float = 2.0, rounds: int = 0) -> dict[str, Any]:
+    return {"sent": completed + 64, "received": completed, "completed": completed,
+            "retransmit_rounds": rounds, "send_errors": 0, "seconds": seconds}  # fmt: skip
+
+
+def test_the_fabric_limit_counts_completed_echoes_both_ways() -> None:
+    """Issue 36: two hosts, each 100k echoes of a 122-byte frame (K 64) in 2 s on 100 Mbit/s
+    links: 2 x 50k datagrams/s each, 50k frames/s up each uplink, 0.488 of its bit rate."""
+    from ncina.harness.echo import limit_figures
+
+    figures = limit_figures([echo_host(100_000), echo_host(100_000)], 122, 100.0)
+    assert figures["fabric_limit_pps"] == 200_000
+    assert figures["fabric_limit_link_fraction"] == 0.488  # 50k x 122 x 8 / 1e8
+    assert figures["fabric_limit_refused"] is None
+
+
+def test_a_dead_or_retransmitting_echo_is_no_yardstick() -> None:
+    """An echo that answered nothing still sent: its limit is 0 and the ratio is refused with
+    the reason, as is one that retransmitted or could not run."""
+    from ncina.bench.fabric import limit_ratio
+    from ncina.harness.echo import limit_figures
+
+    dead = limit_figures([echo_host(0), echo_host(0)], 122, 100.0)
+    assert dead["fabric_limit_pps"] == 0
+    assert dead["fabric_limit_refused"] == "the baseline completed nothing"
+    lossy = limit_figures([echo_host(1000, rounds=3), echo_host(1000)], 122, 100.0)
+    assert lossy["fabric_limit_refused"] == "the baseline retransmitted (3)"
+    broken = limit_figures([], 122, 100.0, error="no forwarder")
+    assert broken["fabric_limit_refused"] == "the baseline failed: no forwarder"
+    assert broken["fabric_limit_pps"] == 0 and broken["fabric_limit_link_fraction"] == 0.0
+
+    # INA: 2 workers of 6400 elements at K 64, 100 chunks each way each: 400 datagrams in 0.01 s
+    good = limit_figures([echo_host(40_000), echo_host(40_000)], 122, 100.0)  # 80k/s
+    runs = [{"wall_s": 0.01, "extra": good}, {"wall_s": 0.02, "extra": good}]
+    figures = limit_ratio(runs, workers=2, elements=6400, k=64)
+    assert figures["ina_packets_per_s"] == 40_000 and figures["fabric_limit_pps"] == 80_000
+    assert figures["vs_fabric_limit"] == 0.5
+    assert figures["vs_fabric_limit_spread"] == {"min": 0.25, "median": 0.25, "max": 0.5}
+    assert "vs_fabric_limit_refused" not in figures
+    runs[1]["extra"] = dead  # one run's echo answered nothing: no ratio at all
+    figures = limit_ratio(runs, workers=2, elements=6400, k=64)
+    assert figures["vs_fabric_limit"] is None and figures["vs_fabric_limit_spread"] is None
+    assert figures["vs_fabric_limit_refused"] == "the baseline completed nothing"
 
 
 def test_link_fraction_counts_frames_against_the_link_rate() -> None:
@@ -141,7 +195,7 @@ def test_a_tiny_run_over_mininet(tmp_path: Path) -> None:
     output = tmp_path / "fabric.jsonl"
     status = main(["bench", "fabric", "--workers", "2", "--elements", "20000", "--repeat", "1",
                    "--backend", "python", "--bw", "100,200", "--workdir", str(tmp_path),
-                   "--output", str(output)])  # fmt: skip
+                   "--limit-seconds", "1", "--output", str(output)])  # fmt: skip
     assert status == 0
     assert links(f"b{os.getpid() % 100000}") == []
     both = json.loads(output.read_text())
@@ -163,6 +217,17 @@ def test_a_tiny_run_over_mininet(tmp_path: Path) -> None:
     assert all(b >= frames for b in run["uplink_bytes"]), run["uplink_bytes"]
     assert (tmp_path / "run0" / "aggregator0.log").exists()
     assert "leaf_link_fraction" not in figures
+    # Issue 36: the fabric's own limit at K's packet size, measured beside the job
+    assert figures["packets"] == 2 * 2 * 14 + figures["retransmissions"]
+    assert set(figures["cpu_ns_per_packet_split"]) == {"workers", "aggregator", "unattributed"}
+    assert figures["fabric_limit_pps"] > 0, run["fabric_limit_hosts"]
+    if figures["vs_fabric_limit"] is None:  # a stall of a second on a loaded machine
+        assert "retransmitted" in figures["vs_fabric_limit_refused"]
+    else:
+        assert figures["vs_fabric_limit"] == pytest.approx(
+            figures["ina_packets_per_s"] / figures["fabric_limit_pps"], rel=0.01)
+    assert [h["completed"] > 0 for h in run["fabric_limit_hosts"]] == [True, True]
+    assert set(both["faithful_bw_mbit_per_k"]) == {"1456"}
 
 
 @pytest.mark.root

@@ -38,7 +38,7 @@ from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
 from ncina.common import cpu
 from ncina.common.progress import progress
-from ncina.harness.figures import median_repeat, medians, retx_fraction
+from ncina.harness.figures import job_packets, median_repeat, medians, per_packet, retx_fraction
 from ncina.harness.reference import BLOCK, Reference, build_reference, exact_mismatches
 from ncina.harness.workers import START_TIMEOUT, local_launch, run_workers, wall_time
 from ncina.proto import nc8
@@ -288,6 +288,7 @@ def repeat_figures(
     worker_cpu = sum(r["cpu"] for r in ina)
     gloo_worker_cpu = sum(r["cpu"] for r in gloo)
     kernel, gloo_kernel = cpu.window_unattributed_s(ina), cpu.window_unattributed_s(gloo)
+    retransmissions = sum(r["stats"]["retransmissions"] for r in ina)
     return {
         "wall_s": wall_time(ina),
         "gloo_wall_s": wall_time(gloo),
@@ -303,6 +304,7 @@ def repeat_figures(
         "cpu_s": worker_cpu + ina_cpu.processes_s + kernel,
         "gloo_cpu_s": gloo_worker_cpu + gloo_kernel,
         "workers": [r["stats"] for r in ina],
+        "packets": job_packets(args.workers, args.elements, args.k, retransmissions),
         "retx_fraction": retx_fraction(r["stats"] for r in ina),
         "accuracy": accuracy(ref, result, args.result),
     }
@@ -337,6 +339,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "repeat": args.repeat,
     }  # fmt: skip
     figures |= medians(repeats, workers=args.workers, elements=args.elements)
+    figures |= per_packet(repeats)
     loopback_mtu = int(Path("/sys/class/net/lo/mtu").read_text())
     figures |= conditions(args.backend, args.mtu, loopback_mtu)
     figures |= {

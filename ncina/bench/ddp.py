@@ -41,14 +41,21 @@ from typing import Any
 
 from ncina.common.options import deprecated_alias
 from ncina.common.progress import progress
-from ncina.harness.figures import per_element_ns, put_ratio, refusal, retx_fraction, spread
+from ncina.harness.figures import (
+    counted_packets,
+    per_element_ns,
+    put_ratio,
+    refusal,
+    retx_fraction,
+    spread,
+)
 
 FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
           "exposed_comm_s", "exposed_comm_fraction", "initial_test_loss", "ina_test_loss",
           "gloo_test_loss", "ina_accuracy", "gloo_accuracy", "cpu_s", "gloo_cpu_s",
           "cpu_vs_gloo", "cpu_ns_per_element", "gloo_cpu_ns_per_element",
           "backend_samples_per_s", "backend_accuracy", "backend_over_hook",
-          "retx_fraction")  # fmt: skip
+          "retx_fraction", "packets", "cpu_ns_per_packet")  # fmt: skip
 SPREADS = ("speedup", "exposed_comm_fraction", "cpu_vs_gloo")
 """The ratios quoted with the minimum, median and maximum of the runs' own values."""
 EPOCHS = 1000  # enough for any --steps: the run stops at max_steps
@@ -122,6 +129,7 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
         "backend_over_hook": results["comparison"].get("backend_over_hook"),
         "retx_fraction": retx_fraction([ina["fabric"]]) if ina.get("fabric") else None,
     }
+    figures |= per_packet(ina, cpu_s if measured else None)
     if "exposed_comm_error" in ina:  # exposed_comm_fraction above 1: not a figure to quote
         figures["exposed_comm_error"] = ina["exposed_comm_error"]
     if measured:
@@ -129,6 +137,23 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
     else:
         figures["cpu_vs_gloo"] = None
     return figures
+
+
+DDP_CPU_SPLIT = {"workers": "rank_cpu_s", "aggregator": "aggregator_cpu_s",
+                 "unattributed": "unattributed_s"}  # fmt: skip
+"""``cpu_ns_per_packet_split``'s parts: the INA run's keys of ``cpu_s``'s parts."""
+
+
+def per_packet(ina: dict[str, Any], cpu_s: float | None) -> dict[str, Any]:
+    """``packets`` the INA training run's ranks moved (``counted_packets`` of their summed
+    client stats), ``cpu_s`` over them in ns and its parts (:data:`DDP_CPU_SPLIT`) over them;
+    None where a count or a CPU time is missing."""
+    packets = counted_packets(ina["fabric"]) if ina.get("fabric") else None
+    if cpu_s is None or not packets or any(ina.get(k) is None for k in DDP_CPU_SPLIT.values()):
+        return {"packets": packets, "cpu_ns_per_packet": None, "cpu_ns_per_packet_split": None}
+    return {"packets": packets, "cpu_ns_per_packet": round(cpu_s * 1e9 / packets, 1),
+            "cpu_ns_per_packet_split": {name: round(ina[key] * 1e9 / packets, 1)
+                                        for name, key in DDP_CPU_SPLIT.items()}}  # fmt: skip
 
 
 def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -20,11 +20,17 @@ over the workers (each run's per-worker values are kept as ``wire_fractions``).
 ``gloo_link_fraction`` is gloo's TCP traffic on the wire the same way (TCP's copies cannot be
 told apart there).
 
+In a star each repeat then measures the fabric's own packet limit at the job's packet size
+(``ncina.harness.echo``: the socket backend's no-op forwarder on the aggregator's host, a C
+closed-loop echo load on every worker host, for ``--limit-seconds``): ``fabric_limit_pps``, and
+``vs_fabric_limit``, INA's datagrams per second over it (refused with the reason when the echo
+answered nothing, retransmitted or could not run).
+
 ``--bw`` and ``--mtu`` take comma-separated lists (``--bw 100,200,500,1000 --mtu 1500,9000``):
 then every pair runs on a fabric of its own, in one invocation, and the figures are ``rows``
 (one single-pair result each) and ``faithful_bw_mbit``, per MTU the highest bandwidth whose
 ``link_fraction`` reached ``FAITHFUL_LINK_FRACTION``: the fastest link this machine emulates
-with its software out of the way.
+with its software out of the way (and ``faithful_bw_mbit_per_k``, the same per K).
 
 ``--topo leafspine`` builds ``ncina topo``'s leaf-spine fabric instead (docs/protocol.md,
 "Hierarchical aggregation"): ``--leaves`` leaf switches, each with ``--workers / --leaves``
@@ -46,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +63,17 @@ from ncina.aggregator.cli import positive_int
 from ncina.bench import allreduce as bench
 from ncina.common import cpu
 from ncina.common.progress import progress
-from ncina.harness.figures import faithful_bandwidths, ina_advantage, medians
+from ncina.harness import echo
+from ncina.harness.figures import (
+    faithful_bandwidths,
+    ina_advantage,
+    job_packets,
+    medians,
+    per_packet,
+    put_ratio,
+    ratio,
+    spread,
+)
 from ncina.harness.links import (
     fractions,
     link_fraction,
@@ -73,6 +90,11 @@ from ncina.proto.wire import DEFAULT_MTU
 FAITHFUL_LINK_FRACTION = 0.9
 """A run whose INA all-reduce used at least this share of its links measured the fabric, not
 this machine's CPU."""
+ECHO_START_S = 3.0
+"""Seconds from starting the echo loads to their common start instant (a Python start each)."""
+ECHO_RETX_AFTER = 1.0
+"""Seconds without an echo before the echo load re-sends: a stall of the loaded machine's
+scheduler is no loss, and a yardstick that retransmitted is refused."""
 GLOO_PORT = 29500  # gloo's rendezvous on worker 0; + repeat, so no run meets a TIME_WAIT
 
 
@@ -107,6 +129,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--leaves", type=positive_int, default=2,
                    help="leafspine: leaf switches, each with --workers / LEAVES workers "
                    "(default: %(default)s)")  # fmt: skip
+    p.add_argument("--limit-seconds", type=float, default=3.0, metavar="S",
+                   help="star: seconds of the no-op echo at the job's packet size that "
+                   "measures the fabric's own packet limit after each repeat (vs_fabric_limit; "
+                   "0: none) (default: %(default)s)")  # fmt: skip
     p.add_argument("--workdir", type=Path, default=None,
                    help="keep the logs and stats here (default: a temporary directory)")
     return p
@@ -193,7 +219,88 @@ def one_repeat(
         leaf_links = fractions(ina.before[w:], ina.after[w:], figures["wall_s"], args.bw)
         figures["extra"] |= {"leaf_link_fraction": round(statistics.mean(leaf_links), 4),
                              "leaf_link_fractions": leaf_links}  # fmt: skip
+    if args.topo == "star" and args.limit_seconds > 0:
+        figures["extra"] |= fabric_limit(args, net, topo, procs, directory / "echo", hosts)
     figures["job"] = job
+    return figures
+
+
+def fabric_limit(
+    args: argparse.Namespace, net: Any, topo: Any, procs: Any, directory: Path, hosts: list[Any]
+) -> dict[str, Any]:  # fmt: skip
+    """The fabric's own packet limit at the job's packet size (``ncina.harness.echo``): the
+    socket backend's no-op forwarder on the aggregator's host, an echo load on every worker
+    host for ``--limit-seconds`` from one instant; ``echo.limit_figures`` of their counters, or
+    of none with the reason when the echo could not run."""
+    from ncina.topo.topos import aggregator_ip, worker_ip
+
+    directory.mkdir(parents=True, exist_ok=True)
+    frame = useful_frame_bytes(args.k, args.k)  # one chunk's frame
+
+    def refused(error: str) -> dict[str, Any]:
+        return echo.limit_figures([], frame, args.bw, error=error)
+
+    if "socket" not in bench.backends():
+        return refused("the socket backend's no-op forwarder is not built here")
+    try:
+        from ncina.aggregator.dpdk.binding import load
+
+        load()  # build the load generator once, before every host imports it
+    except (RuntimeError, ImportError) as e:
+        return refused(f"no echo load generator: {e}")
+    log_path, stats_path = directory / "forwarder.log", directory / "forwarder.json"
+    argv = [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", "socket",
+            "--socket-mode", "forward", "--listen", f"{aggregator_ip(0)}:{PORT}",
+            *bench.aggregator_arguments(args, stats_path)]  # fmt: skip
+    forwarder = procs.start(net.get(topo.aggregator_names[0]), argv, log_path)
+    loads = []
+    try:
+        aggproc.wait_ready(forwarder, log_path, START_TIMEOUT)
+        start_at = time.monotonic() + ECHO_START_S
+        for rank, host in enumerate(hosts):
+            loads.append(procs.start(host, [
+                sys.executable, "-m", "ncina.harness.echo",
+                "--target", f"{aggregator_ip(0)}:{PORT}", "--bind", worker_ip(rank),
+                "--k", str(args.k), "--window", str(args.pool_size),
+                "--seconds", str(args.limit_seconds), "--retx-after", str(ECHO_RETX_AFTER),
+                "--start-at", str(start_at), "--output", str(directory / f"echo{rank}.json"),
+            ], directory / f"echo{rank}.log"))  # fmt: skip
+        deadline = start_at + args.limit_seconds + START_TIMEOUT
+        for rank, proc in enumerate(loads):
+            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            if rc != 0:
+                tail = (directory / f"echo{rank}.log").read_text()[-300:]
+                return refused(f"the echo load of rank {rank} exited {rc}: {tail}")
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        return refused(f"the echo did not run: {e}")
+    finally:
+        procs.stop([*loads, forwarder])
+    counters = [json.loads((directory / f"echo{r}.json").read_text()) for r in range(len(hosts))]
+    return echo.limit_figures(counters, frame, args.bw) | {"fabric_limit_hosts": counters}
+
+
+def limit_ratio(
+    repeats: list[dict[str, Any]], workers: int, elements: int, k: int
+) -> dict[str, Any]:  # fmt: skip
+    """INA's datagrams per second (its chunks up and results down, copies aside:
+    ``ina_packets_per_s``) over the fabric's own limit at that packet size measured beside it
+    (``fabric_limit_pps``): ``vs_fabric_limit`` of the medians, its spread over the runs, or
+    None and ``vs_fabric_limit_refused`` when any run's echo is no yardstick."""
+    packets = job_packets(workers, elements, k, 0)
+    median = statistics.median_low
+    ina_pps = packets / median(r["wall_s"] for r in repeats)
+    limit = median(r["extra"]["fabric_limit_pps"] for r in repeats)
+    refused = next((r["extra"]["fabric_limit_refused"] for r in repeats
+                    if r["extra"]["fabric_limit_refused"]), None)  # fmt: skip
+    figures: dict[str, Any] = {
+        "ina_packets_per_s": round(ina_pps),
+        "fabric_limit_pps": limit,
+        "fabric_limit_link_fraction": median(r["extra"]["fabric_limit_link_fraction"]
+                                             for r in repeats),
+        "vs_fabric_limit_spread": None if refused else spread(
+            ratio(packets / r["wall_s"], r["extra"]["fabric_limit_pps"]) for r in repeats),
+    }  # fmt: skip
+    put_ratio(figures, "vs_fabric_limit", ina_pps, limit, refused)
     return figures
 
 
@@ -286,7 +393,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if len(rows) == 1:
         return rows[0]
     faithful = faithful_bandwidths(rows, args.mtu, FAITHFUL_LINK_FRACTION)
-    return {"rows": rows, "faithful_bw_mbit": faithful,
+    per_k = faithful_bandwidths(rows, sorted({r["k"] for r in rows}), FAITHFUL_LINK_FRACTION,
+                                key="k")  # fmt: skip
+    return {"rows": rows, "faithful_bw_mbit": faithful, "faithful_bw_mbit_per_k": per_k,
             "faithful_link_fraction": FAITHFUL_LINK_FRACTION, "cores": os.cpu_count()}
 
 
@@ -326,6 +435,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         "gloo_link_fraction": median(r["extra"]["gloo_link_fraction"] for r in repeats),
     }  # fmt: skip
     figures |= medians(repeats, workers=args.workers, elements=args.elements)
+    figures |= per_packet(repeats)
     # What INA's advantage in bytes is made of, in theory, and gloo's bytes over INA's useful
     # ones as measured on the uplinks (the two differ by the headers and gloo's ACKs, copies)
     useful = useful_frame_bytes(args.elements, args.k)
@@ -335,6 +445,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
                                              / useful for r in repeats), 3),
     }  # fmt: skip
     figures["retransmissions"] = median(r["extra"]["retransmissions"] for r in repeats)
+    if "fabric_limit_pps" in repeats[0]["extra"]:
+        figures |= limit_ratio(repeats, args.workers, args.elements, args.k)
     if args.topo == "leafspine":
         figures["leaves"] = args.leaves
         figures["leaf_link_fraction"] = median(r["extra"]["leaf_link_fraction"] for r in repeats)

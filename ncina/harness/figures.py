@@ -89,15 +89,16 @@ def medians(repeats: Sequence[dict[str, Any]], *, workers: int, elements: int) -
 
 
 def faithful_bandwidths(
-    rows: Sequence[dict[str, Any]], mtus: Sequence[int], threshold: float
+    rows: Sequence[dict[str, Any]], values: Sequence[int], threshold: float, key: str = "mtu"
 ) -> dict[str, float | None]:
-    """Per MTU (a string key, as JSON has it), the highest ``bw_mbit`` among ``rows`` whose
-    ``link_fraction`` reached ``threshold`` (None: no row did): the fastest link a machine
-    emulates with its own software out of the way."""
+    """Per value of the rows' ``key`` (the MTU, or the packet's K; a string key, as JSON has
+    it), the highest ``bw_mbit`` among ``rows`` whose ``link_fraction`` reached ``threshold``
+    (None: no row did): the fastest link a machine emulates with its own software out of the
+    way."""
     return {
-        str(mtu): max((r["bw_mbit"] for r in rows
-                       if r["mtu"] == mtu and r["link_fraction"] >= threshold), default=None)
-        for mtu in mtus
+        str(value): max((r["bw_mbit"] for r in rows
+                         if r[key] == value and r["link_fraction"] >= threshold), default=None)
+        for value in values
     }  # fmt: skip
 
 
@@ -136,6 +137,45 @@ def retx_fraction(stats: Iterable[dict[str, Any]]) -> float:
 def per_element_ns(cpu_s: float, workers: int, elements: int) -> float:
     """CPU nanoseconds per element each rank all-reduced (``workers`` ranks of ``elements``)."""
     return round(cpu_s * 1e9 / (workers * elements), 2)
+
+
+def job_packets(workers: int, elements: int, k: int, retransmissions: int) -> int:
+    """The datagrams an all-reduce job moved: each of the ``workers`` ranks sends every chunk of
+    its ``elements`` (``k`` to a chunk) once and gets its result once (2 directions), plus the
+    ``retransmissions`` (copies the ranks sent, all together). The aggregator's resent results
+    and a tree's leaf-to-spine datagrams are not in it: it is the job's work in packets."""
+    return 2 * workers * -(-elements // k) + retransmissions
+
+
+def counted_packets(stats: dict[str, Any]) -> int:
+    """:func:`job_packets` from the ranks' own counters (their client stats summed:
+    ``packets_sent``, copies included, and ``retransmissions``), where the chunk count is not
+    known beforehand (DDP's buckets): each first send up has its one result down."""
+    return 2 * stats["packets_sent"] - stats["retransmissions"]
+
+
+CPU_SPLIT = {"workers": "worker_cpu", "aggregator": "aggregator_cpu",
+             "unattributed": "unattributed_s"}  # fmt: skip
+"""The parts of a run's ``cpu_s`` (each CPU-second once, ``ncina.common.cpu``): its name in
+``cpu_ns_per_packet_split`` and the run's key that holds it."""
+
+
+def per_packet(repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``cpu_ns_per_packet``: the run of median ``cpu_s``'s CPU over the datagrams it moved
+    (``packets``: :func:`job_packets`), and ``cpu_ns_per_packet_split``, that CPU's parts
+    (:data:`CPU_SPLIT`) per packet, which add up to it (rounding aside); ``packets`` of that
+    run. A run is a dict with ``cpu_s``, ``packets`` and the keys of :data:`CPU_SPLIT`."""
+    chosen = median_repeat(repeats, "cpu_s")
+    packets = chosen["packets"]
+
+    def ns(seconds: float) -> float | None:
+        return round(seconds * 1e9 / packets, 1) if packets > 0 else None
+
+    return {
+        "packets": packets,
+        "cpu_ns_per_packet": ns(chosen["cpu_s"]),
+        "cpu_ns_per_packet_split": {name: ns(chosen[key]) for name, key in CPU_SPLIT.items()},
+    }
 
 
 def run_values(r: dict[str, Any], elements: int) -> dict[str, Any]:

@@ -1,0 +1,102 @@
+"""The fabric's own packet limit (issue 36): a no-op echo through the same links at a job's
+packet size, the yardstick of ``bench fabric``'s ``vs_fabric_limit``.
+
+The socket backend's no-op forwarder (``ncina aggregator --backend socket --socket-mode
+forward``: every datagram back to its sender, in C) serves on the aggregator's host; on every
+worker host one process of this module (``python -m ncina.harness.echo``) runs the C closed
+loop of ``bench aggregator`` (``ncd_gen_run``: a window of K-element NC8 chunks outstanding, the
+next into a slot when its echo is back) through one connected UDP socket, from one instant for
+a fixed time, and writes its counters as JSON. What came back answered is the work:
+:func:`limit_figures` turns the hosts' counters into packets per second (each echo is two
+datagrams: the chunk up and its copy down, as a job's chunk and its result), and the yardstick
+is refused (``ncina.harness.figures.refusal``) when the echo answered nothing or retransmitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ncina.harness.figures import refusal
+
+JOB = 1
+
+
+def limit_figures(hosts: Sequence[dict[str, Any]], frame_bytes: int, bw_mbit: float,
+                  error: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The fabric's limit from each worker host's echo counters (``sent``, ``received``,
+    ``completed``, ``retransmit_rounds``, ``seconds``; none when the echo failed with
+    ``error``): ``fabric_limit_pps``, the datagrams per second the hosts moved both ways in
+    completed echoes (2 a completed chunk, each host's over its own time, summed);
+    ``fabric_limit_link_fraction``, the frames of ``frame_bytes`` (a job chunk's) one host's
+    echo put on its ``bw_mbit`` uplink, the mean over the hosts; and ``fabric_limit_refused``,
+    why it is no yardstick (None when it is)."""
+    pps = sum(2 * h["completed"] / h["seconds"] for h in hosts if h["seconds"] > 0)
+    rounds = sum(int(h["retransmit_rounds"]) for h in hosts)
+    up_fps = [h["completed"] / h["seconds"] for h in hosts if h["seconds"] > 0]
+    fill = (sum(up_fps) / len(up_fps) * frame_bytes * 8 / (bw_mbit * 1e6)) if up_fps else 0.0
+    return {
+        "fabric_limit_pps": round(pps),
+        "fabric_limit_link_fraction": round(fill, 4),
+        "fabric_limit_retransmit_rounds": rounds,
+        "fabric_limit_refused": refusal(pps, retransmissions=rounds, error=error),
+    }
+
+
+def run_load(target: tuple[str, int], bind: str, k: int, window: int, seconds: float,
+             retx_after: float, start_at: float) -> dict[str, Any]:  # fmt: skip
+    """One host's echo load: wait until ``CLOCK_MONOTONIC`` reaches ``start_at`` (the same
+    clock in every Mininet host), then run the closed loop for ``seconds``; its counters."""
+    from ncina.aggregator.dpdk.binding import load
+    from ncina.proto.nc8 import Window
+
+    module = load()
+    ffi, lib = module.ffi, module.lib
+    rng = np.random.default_rng(0)
+    codes = (rng.integers(1, 20, k) | (rng.integers(0, 2, k) << 7)).astype(np.uint8)
+    st = ffi.new("struct ncd_gen_stats *")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        s.bind((bind, 0))
+        s.connect(target)
+        fds = ffi.new("int[]", [s.fileno()])
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        rc = lib.ncd_gen_run(fds, 1, JOB, Window.for_job(1).e_min, k, window, seconds,
+                             retx_after, ffi.from_buffer(codes), st)  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"bad echo load parameters: k {k}, window {window}")
+    return {"sent": int(st.sent), "received": int(st.received), "completed": int(st.completed),
+            "retransmit_rounds": int(st.retransmit_rounds), "send_errors": int(st.send_errors),
+            "seconds": float(st.seconds)}  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    """``python -m ncina.harness.echo --target IP:PORT --bind IP --k K --window W --seconds S
+    --retx-after S --start-at T --output FILE``: one host's echo load, its counters to FILE."""
+    p = argparse.ArgumentParser(prog="ncina.harness.echo")
+    p.add_argument("--target", required=True)
+    p.add_argument("--bind", required=True)
+    p.add_argument("--k", type=int, required=True)
+    p.add_argument("--window", type=int, required=True)
+    p.add_argument("--seconds", type=float, required=True)
+    p.add_argument("--retx-after", type=float, required=True)
+    p.add_argument("--start-at", type=float, required=True)
+    p.add_argument("--output", type=Path, required=True)
+    args = p.parse_args(argv)
+    host, port = args.target.rsplit(":", 1)
+    counters = run_load((host, int(port)), args.bind, args.k, args.window, args.seconds,
+                        args.retx_after, args.start_at)  # fmt: skip
+    args.output.write_text(json.dumps(counters))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
