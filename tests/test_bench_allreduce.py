@@ -25,7 +25,8 @@ from ncina.proto.wire import MAX_K
 from ncina_testlib import code_values
 
 from ncina.cli import build_parser, main
-from ncina.harness.figures import medians, ratio, retx_fraction
+from ncina.common.ratios import ratio
+from ncina.harness.figures import medians, retx_fraction
 from ncina.harness.reference import (
     Reference,
     build_reference,

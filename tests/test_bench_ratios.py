@@ -17,8 +17,9 @@ from ncina.topo import report
 
 from ncina.bench import aggregator as bench_aggregator
 from ncina.bench import ddp, reliability
+from ncina.common.ratios import put_ratio, refusal
 from ncina.harness.faults import Run
-from ncina.harness.figures import medians, put_ratio, refusal
+from ncina.harness.figures import medians
 
 K = 64
 

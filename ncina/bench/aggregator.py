@@ -41,7 +41,8 @@ import numpy as np
 from ncina.aggregator import process as aggproc
 from ncina.common.options import deprecated_alias
 from ncina.common.progress import progress
-from ncina.harness.figures import median_repeat, put_ratio, refusal
+from ncina.common.ratios import put_ratio, refusal
+from ncina.harness.figures import median_repeat
 from ncina.proto.header import PORT
 
 JOB = 1
@@ -264,7 +265,7 @@ def put_work_ratio(
     """``figures[name]``: the ``measured`` run's completed work over the ``baseline``'s
     (``completed_per_s``, three significant digits: a BMv2 switch runs at a few thousandths of
     the others), or None and ``<name>_refused`` when the baseline failed, completed nothing or
-    retransmitted, or the measured run failed (``ncina.harness.figures.put_ratio``)."""
+    retransmitted, or the measured run failed (``ncina.common.ratios.put_ratio``)."""
     work = baseline.get("completed_per_s", 0)
     refused = refusal(work, retransmissions=baseline.get("retransmit_rounds", 0),
                       error=baseline.get("error"))  # fmt: skip

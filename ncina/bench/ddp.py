@@ -41,7 +41,8 @@ from typing import Any
 
 from ncina.common.options import deprecated_alias
 from ncina.common.progress import progress
-from ncina.harness.figures import per_element_ns, put_ratio, refusal, retx_fraction, spread
+from ncina.common.ratios import put_ratio, refusal, spread
+from ncina.harness.figures import per_element_ns, retx_fraction
 
 FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
           "exposed_comm_s", "exposed_comm_fraction", "initial_test_loss", "ina_test_loss",

@@ -41,6 +41,7 @@ import numpy as np
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.jobs import JobConfig
 from ncina.common.progress import progress
+from ncina.common.ratios import put_ratio, refusal
 from ncina.harness.aggregators import start_aggregator
 from ncina.harness.faults import (
     JOB,
@@ -51,7 +52,6 @@ from ncina.harness.faults import (
     allreduce_with_dead_worker,
     allreduce_with_faults,
 )
-from ncina.harness.figures import put_ratio, refusal
 from ncina.harness.fuzzing import fuzz_during_allreduce, hostile_datagrams
 from ncina.worker.client import AllreduceClient
 
@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def vs_lossless(seconds: float, lossless: Run) -> dict[str, Any]:
     """``time_vs_lossless``: ``seconds`` over the lossless run's, refused (None, and
     ``time_vs_lossless_refused``) when that run retransmitted or took no time: then it was no
-    lossless yardstick (``ncina.harness.figures.put_ratio``)."""
+    lossless yardstick (``ncina.common.ratios.put_ratio``)."""
     copies = sum(c["retransmissions"] for c in lossless.clients)
     figures: dict[str, Any] = {}
     put_ratio(figures, "time_vs_lossless", seconds, lossless.seconds,
