@@ -10,7 +10,7 @@ a sequence of runs of ``ncina train`` (:func:`ncina.topo.runner.start_workers`),
 One thread drives everything, so nothing overlaps that would blur a count: it polls every
 rank's metrics file, kills the aggregator at seeded random times (and once per
 ``last_bucket_every`` runs when rank 0 enters the run's last step), starts it again and times
-the recovery, runs a stranger round (:mod:`ncina.topo.stranger`) between the aggregator's stats
+the recovery, runs a stranger round (:mod:`ncina.harness.stranger`) between the aggregator's stats
 read before and after it, samples resident memory, and declares a hang when no rank's step count
 grows for ``hang_s`` seconds. The summary (:func:`judge` names each failed target) goes to
 ``soak.json``.
@@ -198,7 +198,7 @@ class Soak:
         counters: how many of each kind were sent and how many the aggregator counted."""
         cfg = self.cfg
         before = self.read_stats()
-        argv = [sys.executable, "-m", "ncina.topo.stranger",
+        argv = [sys.executable, "-m", "ncina.harness.stranger",
                 "--aggregator", f"{aggregator_ip(0)}:{PORT}", "--job", "1",
                 "--k", str(self.topo_cfg.k), "--pool-size", str(self.topo_cfg.pool_size),
                 "--seed", str(self.rnd.getrandbits(32)), "--fuzz", str(cfg.fuzz),

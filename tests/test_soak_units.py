@@ -17,9 +17,9 @@ from ncina.topo.soak import (
     restarted_in_last_step,
     rss_summary,
 )
-from ncina.topo.stranger import frame_destination, udp_frame
 
 from ncina.cli import main
+from ncina.harness.stranger import frame_destination, udp_frame
 
 
 def test_a_spoofed_frame_is_the_ipv4_and_udp_packet_asked_for() -> None:
