@@ -61,9 +61,8 @@ def test_link_fraction_is_useful_bytes_and_wire_fraction_the_copies_too() -> Non
     on them)."""
     import argparse
 
-    from ncina.bench.fabric import ina_link_figures
     from ncina.harness.figures import faithful_bandwidths
-    from ncina.harness.links import useful_frame_bytes
+    from ncina.harness.links import ina_link_figures, useful_frame_bytes
 
     # bench fabric's default worker: 10M codes at K 1456, 6,868 full frames and one of 250
     assert useful_frame_bytes(10_000_000, 1456) == 6_868 * 1_514 + 250

@@ -59,7 +59,7 @@ from ncina.common.progress import progress
 from ncina.harness.figures import faithful_bandwidths, ina_advantage, medians
 from ncina.harness.links import (
     fractions,
-    link_fraction,
+    ina_link_figures,
     rx_bytes,
     time_limit,
     uplink_ports,
@@ -195,18 +195,6 @@ def one_repeat(
                              "leaf_link_fractions": leaf_links}  # fmt: skip
     figures["job"] = job
     return figures
-
-
-def ina_link_figures(
-    before: list[int], after: list[int], wall_s: float, args: argparse.Namespace
-) -> dict[str, Any]:
-    """``link_fraction`` (useful bytes: every chunk once) and ``wire_fraction`` (everything
-    the workers' uplinks carried, copies included: the mean of ``wire_fractions``) of one INA
-    all-reduce from the uplinks' receive counters ``before`` and ``after``."""
-    wire = fractions(before, after, wall_s, args.bw)
-    useful = link_fraction(useful_frame_bytes(args.elements, args.k), wall_s, args.bw)
-    return {"link_fraction": round(useful, 4), "wire_fraction": round(statistics.mean(wire), 4),
-            "wire_fractions": wire}  # fmt: skip
 
 
 def start_aggregators(

@@ -123,3 +123,18 @@ def median_repeat(repeats: Sequence[dict[str, Any]], key: str = "wall_s") -> dic
     return sorted(repeats, key=lambda r: r[key])[(len(repeats) - 1) // 2]
 
 
+def conditions(backend: str, mtu: int, loopback_mtu: int) -> dict[str, Any]:
+    """The path and packet size each side of ``bench allreduce`` runs over, and what differs
+    (``conditions_differ``, empty when nothing): gloo always runs on loopback, whose MTU
+    (``loopback_mtu``, 65,536 by default) lets its TCP segments grow far beyond the ``mtu`` the
+    INA datagrams are sized for; with the dpdk backend INA also goes through a veth and a
+    bridge to the aggregator's namespace. ``bench fabric`` runs both over the same links."""
+    ina_path = "veth and bridge" if backend == "dpdk" else "loopback"
+    differ = []
+    if ina_path != "loopback":
+        differ.append(f"path: INA through a {ina_path}, gloo on loopback")
+    if loopback_mtu != mtu:
+        differ.append(f"mtu: INA's datagrams fit {mtu} bytes, gloo's TCP segments loopback's "
+                      f"{loopback_mtu}")  # fmt: skip
+    return {"ina_path": ina_path, "gloo_path": "loopback", "ina_mtu": mtu,
+            "gloo_mtu": loopback_mtu, "conditions_differ": differ}  # fmt: skip
