@@ -5,10 +5,11 @@ stranger's datagrams are counted under, memory growth after warm-up, and each fa
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
+
+from ncina.common.jsonlines import read_new_events
 
 # Drops an honest worker's packets can cause under loss and restarts; every other reason is
 # one the stranger's datagrams (keyed job: parse, job lookup or tag) are counted under.
@@ -27,18 +28,8 @@ class RankLog:
         self.end: dict[str, Any] | None = None
 
     def poll(self) -> None:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                text = f.read()
-        except FileNotFoundError:
-            return
-        end = text.rfind(b"\n") + 1
-        self.offset += end
-        for line in text[:end].decode(errors="replace").splitlines():
-            if not line.strip():
-                continue
-            event = json.loads(line)
+        self.offset, events = read_new_events(self.path, self.offset)
+        for event in events:
             if event["event"] == "step":
                 self.steps = event["step"]
             elif event["event"] == "epoch":
