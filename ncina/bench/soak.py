@@ -10,10 +10,10 @@ a sequence of runs of ``ncina train`` (:func:`ncina.topo.runner.start_workers`),
 One thread drives everything, so nothing overlaps that would blur a count: it polls every
 rank's metrics file, kills the aggregator at seeded random times (and once per
 ``last_bucket_every`` runs when rank 0 enters the run's last step), starts it again and times
-the recovery, runs a stranger round (:mod:`ncina.harness.stranger`) between the aggregator's stats
-read before and after it, samples resident memory, and declares a hang when no rank's step count
-grows for ``hang_s`` seconds. The summary (:func:`judge` names each failed target) goes to
-``soak.json``.
+the recovery, runs a stranger round (:mod:`ncina.harness.stranger`) between the aggregator's
+stats read before and after it, samples resident memory, and declares a hang when no rank's step
+count grows for ``hang_s`` seconds. The summary (``ncina.harness.soak_checks.judge`` names each
+failed target) goes to ``soak.json``.
 """
 
 from __future__ import annotations
