@@ -10,7 +10,7 @@ from pathlib import Path
 
 def bench_aggregator(*options: str) -> subprocess.CompletedProcess[str]:
     """``ncina bench aggregator OPTIONS`` in a fresh interpreter."""
-    argv = [sys.executable, "-m", "ncina.cli", "bench", "aggregator", *options]
+    argv = [str(Path(sys.executable).with_name("ncina")), "bench", "aggregator", *options]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 

@@ -32,9 +32,10 @@ STEPS = 120  # per run: a minute holds about two
 
 def test_a_short_soak_meets_every_target(tmp_path: Path) -> None:
     out = tmp_path / "soak"
-    # Through its command (nodes named after the command's own process id, so unique).
+    # Through its console script (python -m from the repository would find mininet/ before
+    # Debian's Mininet); its nodes are named after its own process id, so unique.
     done = subprocess.run(
-        [sys.executable, "-m", "ncina.cli", "soak", "--minutes", str(MINUTES),
+        [str(Path(sys.executable).with_name("ncina")), "soak", "--minutes", str(MINUTES),
          "--backend", "socket", "--loss", "2.0", "--steps-per-run", str(STEPS),
          "--restart-s", "6", "12", "--last-bucket-every", "1", "--generations", "distinct",
          "--stranger-every", "4", "--seed", "3", "--workdir", str(out)],
