@@ -58,7 +58,7 @@ import statistics as statistics_module
 from pathlib import Path
 from typing import Any
 
-from ncina.harness.figures import put_ratio, refusal, spread
+from ncina.common.ratios import put_ratio, refusal, spread
 
 LABELS = {"ina": "INA+NC8", "ncina": "ncina backend", "gloo": "gloo fp32"}
 RESULTS = "results.json"

@@ -17,7 +17,6 @@ while ``make topo`` runs) do not collide.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -52,6 +51,7 @@ from mininet.net import Mininet
 from mininet.node import Host
 from mininet.nodelib import LinuxBridge
 from ncina.common import cpu
+from ncina.common.jsonlines import read_new_events
 
 NCINA = Path(sys.executable).with_name("ncina")  # the console script of this environment
 JOB = 1  # the job id of every run
@@ -369,17 +369,9 @@ class Progress:
 
     def poll(self) -> None:
         """Show the events rank 0 has written since the last call (whole lines only)."""
-        try:
-            with self.metrics.open("rb") as f:
-                f.seek(self.offset)
-                text = f.read()
-        except FileNotFoundError:
-            return
-        end = text.rfind(b"\n") + 1
-        self.offset += end
-        for line in text[:end].decode(errors="replace").splitlines():
-            if line.strip():
-                self.show(json.loads(line))
+        self.offset, events = read_new_events(self.metrics, self.offset)
+        for event in events:
+            self.show(event)
 
     def show(self, event: dict[str, Any]) -> None:
         kind = event["event"]

@@ -25,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "bench": "ncina.bench",
     "train": "ncina.worker.train",
     "topo": "ncina.topo.cli",
-    "soak": "ncina.topo.soak_cli",
+    "soak": "ncina.bench.soak_cli",
 }
 
 

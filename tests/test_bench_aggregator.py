@@ -1,20 +1,31 @@
-"""``ncina bench aggregator``'s options, without root or a switch (runs everywhere)."""
+"""``ncina bench aggregator``'s options, through its command, without root or a switch (runs
+everywhere)."""
 
 from __future__ import annotations
 
-import pytest
+import subprocess
+import sys
+from pathlib import Path
 
-from ncina.bench import aggregator
-from ncina.cli import build_parser
+
+def bench_aggregator(*options: str) -> subprocess.CompletedProcess[str]:
+    """``ncina bench aggregator OPTIONS`` in a fresh interpreter."""
+    argv = [str(Path(sys.executable).with_name("ncina")), "bench", "aggregator", *options]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
-def test_the_p4_profile_reaches_the_bmv2_aggregator_only() -> None:
+def test_the_p4_profile_reaches_the_bmv2_aggregator_only(tmp_path: Path) -> None:
     """``--p4-profile tofino`` is the bmv2 backend's: any other backend is refused before
-    anything is set up, and it parses to what ``measure`` passes on as ``--p4-profile``."""
-    parse = build_parser().parse_args
-    args = parse(["bench", "aggregator", "--backend", "bmv2", "--p4-profile", "tofino"])
-    assert (args.backend, args.p4_profile) == ("bmv2", "tofino")
-    assert parse(["bench", "aggregator"]).p4_profile == "default"
-    with pytest.raises(ValueError, match="--p4-profile is the bmv2 backend's"):
-        aggregator.run(parse(["bench", "aggregator", "--backend", "dpdk",
-                              "--p4-profile", "tofino"]))  # fmt: skip
+    anything is set up (nothing written), and the option takes the two programs only."""
+    usage = bench_aggregator("--help")
+    assert usage.returncode == 0
+    assert "--p4-profile {default,tofino}" in usage.stdout
+    output = tmp_path / "aggregator.jsonl"
+    refused = bench_aggregator("--backend", "dpdk", "--p4-profile", "tofino",
+                               "--output", str(output))  # fmt: skip
+    assert refused.returncode == 1
+    assert refused.stderr == "ncina bench: error: --p4-profile is the bmv2 backend's\n"
+    assert not output.exists()
+    unknown = bench_aggregator("--backend", "bmv2", "--p4-profile", "nope")
+    assert unknown.returncode == 2
+    assert "argument --p4-profile: invalid choice: 'nope'" in unknown.stderr

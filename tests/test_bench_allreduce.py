@@ -25,7 +25,8 @@ from ncina.proto.wire import MAX_K
 from ncina_testlib import code_values
 
 from ncina.cli import build_parser, main
-from ncina.harness.figures import medians, ratio, retx_fraction
+from ncina.common.ratios import ratio
+from ncina.harness.figures import medians, retx_fraction
 from ncina.harness.reference import (
     Reference,
     build_reference,
@@ -414,7 +415,7 @@ def test_a_tiny_run_against_gloo_is_exact_and_complete(
 def test_the_json_says_where_gloo_and_ina_ran_differently() -> None:
     """Issue 40: on loopback gloo's TCP uses lo's 64 KiB MTU while INA's K is sized for 1,500,
     and with --backend dpdk INA goes through a veth and a bridge while gloo stays on lo."""
-    from ncina.bench.allreduce import conditions
+    from ncina.harness.figures import conditions
 
     socket_run = conditions("socket", 1500, 65536)
     assert (socket_run["ina_path"], socket_run["gloo_path"]) == ("loopback", "loopback")

@@ -76,8 +76,7 @@ def test_the_fabric_limit_counts_completed_echoes_both_ways() -> None:
 def test_a_dead_or_retransmitting_echo_is_no_yardstick() -> None:
     """An echo that answered nothing still sent: its limit is 0 and the ratio is refused with
     the reason, as is one that retransmitted or could not run."""
-    from ncina.bench.fabric import limit_ratio
-    from ncina.harness.echo import limit_figures
+    from ncina.harness.echo import limit_figures, limit_ratio
 
     dead = limit_figures([echo_host(0), echo_host(0)], 122, 100.0)
     assert dead["fabric_limit_pps"] == 0
@@ -115,9 +114,8 @@ def test_link_fraction_is_useful_bytes_and_wire_fraction_the_copies_too() -> Non
     on them)."""
     import argparse
 
-    from ncina.bench.fabric import ina_link_figures
     from ncina.harness.figures import faithful_bandwidths
-    from ncina.harness.links import useful_frame_bytes
+    from ncina.harness.links import ina_link_figures, useful_frame_bytes
 
     # bench fabric's default worker: 10M codes at K 1456, 6,868 full frames and one of 250
     assert useful_frame_bytes(10_000_000, 1456) == 6_868 * 1_514 + 250

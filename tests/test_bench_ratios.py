@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from ncina.topo import report
 
-from ncina.bench import aggregator as bench_aggregator
-from ncina.bench import ddp, reliability
-from ncina.harness.faults import Run
-from ncina.harness.figures import medians, put_ratio, refusal
+from ncina.common.ratios import put_ratio, refusal
+from ncina.harness.ddp_figures import ddp_figures
+from ncina.harness.faults import Run, vs_lossless
+from ncina.harness.figures import medians
+from ncina.harness.load_figures import load_figures, median_run, put_work_ratio
 
 K = 64
 
@@ -27,7 +28,7 @@ def load(sent: int, received: int, completed: int, rounds: int = 0) -> dict[str,
     """bench aggregator's figures of a 1-second load (the generator's counters)."""
     st = SimpleNamespace(sent=sent, received=received, completed=completed, send_errors=0,
                          retransmit_rounds=rounds, seconds=1.0)  # fmt: skip
-    return bench_aggregator.load_figures(st, slots_completed=completed // 4, k=K, lcores=1)
+    return load_figures(st, slots_completed=completed // 4, k=K, lcores=1)
 
 
 AGGREGATOR = load(201_000, 201_000, 200_000)
@@ -53,7 +54,7 @@ def test_work_is_what_came_back_not_what_was_sent() -> None:
 def test_bench_aggregator_refuses_a_dead_baseline(baseline: dict[str, Any], reason: str) -> None:
     figures: dict[str, Any] = {}
     for name in ("vs_noop_forwarder", "vs_forwarder", "forwarder_lcores_scaling"):
-        bench_aggregator.put_work_ratio(figures, name, AGGREGATOR, baseline)
+        put_work_ratio(figures, name, AGGREGATOR, baseline)
         assert figures[name] is None
         assert figures[f"{name}_refused"] == reason
 
@@ -61,19 +62,19 @@ def test_bench_aggregator_refuses_a_dead_baseline(baseline: dict[str, Any], reas
 def test_bench_aggregator_ratio_of_a_live_baseline_is_of_completed_work() -> None:
     figures: dict[str, Any] = {}
     forwarder = load(400_000, 180_000, 160_000)  # sends more than it gets answered
-    bench_aggregator.put_work_ratio(figures, "vs_noop_forwarder", AGGREGATOR, forwarder)
+    put_work_ratio(figures, "vs_noop_forwarder", AGGREGATOR, forwarder)
     assert figures == {"vs_noop_forwarder": 1.25}  # 200k / 160k, not 201k / 400k
-    bench_aggregator.put_work_ratio(figures, "vs_python", {"lcores": 1, "error": "x"}, forwarder)
+    put_work_ratio(figures, "vs_python", {"lcores": 1, "error": "x"}, forwarder)
     assert figures["vs_python"] is None
     assert figures["vs_python_refused"] == "the measured run failed: x"
 
 
 def test_bench_aggregator_median_run_is_by_completed_work_and_a_failure_shows() -> None:
     runs = [load(9_000, 100, 100, rounds=5), load(1_000, 900, 900), load(2_000, 500, 500)]
-    median = bench_aggregator._median_run(runs)
+    median = median_run(runs)
     assert median["completed_per_s"] == 500
     assert median["completed_per_s_runs"] == [100, 900, 500]
-    failed = bench_aggregator._median_run([runs[0], {"lcores": 1, "error": "boom"}])
+    failed = median_run([runs[0], {"lcores": 1, "error": "boom"}])
     assert failed["error"] == "boom" and failed["failed_runs"] == 1
 
 
@@ -137,7 +138,7 @@ def test_bench_ddp_refuses_a_gloo_run_of_no_cpu_and_carries_the_exposure_error()
            "curve": {"epochs": epochs}, "final_test_loss": 2.0, "cpu_s": 3.0,
            "parameters": 10, "steps": 2}  # fmt: skip
     gloo = {"samples_per_s": 5.0, "final_test_loss": 2.1, "cpu_s": 0.0}
-    got = ddp.figures({"runs": {"ina": ina, "gloo": gloo}, "comparison": {"speedup": 2.0},
+    got = ddp_figures({"runs": {"ina": ina, "gloo": gloo}, "comparison": {"speedup": 2.0},
                        "config": {"workers": 2}})  # fmt: skip
     assert got["cpu_vs_gloo"] is None and got["cpu_vs_gloo_refused"]
     assert got["exposed_comm_error"] == "measurement error: ..."
@@ -147,8 +148,8 @@ def test_bench_reliability_refuses_a_lossless_run_that_retransmitted() -> None:
     def lossless(retransmissions: int) -> Run:
         return Run([np.zeros(1)], [{"retransmissions": retransmissions}], {}, 0.5)
 
-    assert reliability.vs_lossless(1.0, lossless(0)) == {"time_vs_lossless": 2.0}
-    refused = reliability.vs_lossless(1.0, lossless(3))
+    assert vs_lossless(1.0, lossless(0)) == {"time_vs_lossless": 2.0}
+    refused = vs_lossless(1.0, lossless(3))
     assert refused == {"time_vs_lossless": None,
                        "time_vs_lossless_refused": "the baseline retransmitted (3)"}
 

@@ -10,12 +10,16 @@ one minute already holds two runs, several restarts and a dozen stranger rounds)
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from ncina.topo.config import SoakConfig
-from ncina.topo.soak import RSS_TOLERANCE, Soak
+
+from ncina.harness.soak_checks import RSS_TOLERANCE
 
 pytestmark = [
     pytest.mark.root,
@@ -27,12 +31,21 @@ STEPS = 120  # per run: a minute holds about two
 
 
 def test_a_short_soak_meets_every_target(tmp_path: Path) -> None:
-    cfg = SoakConfig(out=tmp_path / "soak", minutes=MINUTES, backend="socket", loss=2.0,
-                     steps_per_run=STEPS, restart_s=(6.0, 12.0), last_bucket_every=1,
-                     generations="distinct", stranger_every=4.0, seed=3,
-                     prefix=f"s{os.getpid() % 100000}")  # fmt: skip
-    summary = Soak(cfg).run()
+    out = tmp_path / "soak"
+    # Through its console script (python -m from the repository would find mininet/ before
+    # Debian's Mininet); its nodes are named after its own process id, so unique.
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ncina")), "soak", "--minutes", str(MINUTES),
+         "--backend", "socket", "--loss", "2.0", "--steps-per-run", str(STEPS),
+         "--restart-s", "6", "12", "--last-bucket-every", "1", "--generations", "distinct",
+         "--stranger-every", "4", "--seed", "3", "--workdir", str(out)],
+        capture_output=True, text=True, timeout=MINUTES * 60 + 300,
+    )  # fmt: skip
+    assert (out / "soak.json").exists(), done.stderr[-4000:]
+    summary = json.loads((out / "soak.json").read_text())
     assert summary["targets_failed"] == [], summary["targets_failed"]
+    assert done.returncode == 0, done.stderr[-4000:]
+    cfg = SoakConfig(out=out)  # the command's defaults: workers, deadline
     assert summary["hangs"] == [] and summary["failures"] == []
     runs = summary["runs"]
     assert runs and all(run["steps"] == [STEPS] * cfg.workers for run in runs)

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ncina.topo.soak import (
+
+from ncina.cli import main
+from ncina.harness.soak_checks import (
     RankLog,
     checkpoints,
     hostile_counted,
@@ -17,9 +19,7 @@ from ncina.topo.soak import (
     restarted_in_last_step,
     rss_summary,
 )
-from ncina.topo.stranger import frame_destination, udp_frame
-
-from ncina.cli import main
+from ncina.harness.stranger import frame_destination, udp_frame
 
 
 def test_a_spoofed_frame_is_the_ipv4_and_udp_packet_asked_for() -> None:

@@ -2,6 +2,8 @@
 
 Speed targets are measured here, never by timed assertions in tests. Each benchmark is one module
 of this package exposing ``add_parser(subparsers)`` and ``run(args) -> dict`` (the figures).
+``ncina soak`` (``soak_cli``, ``soak``) lives here too: it drives the topology runner with the
+harness, so its floor is above both.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ import numpy as np
 from ncina.aggregator import process as aggproc
 from ncina.common.options import deprecated_alias
 from ncina.common.progress import progress
-from ncina.harness.figures import median_repeat, put_ratio, refusal
+from ncina.harness.load_figures import load_figures, median_run, put_work_ratio
 from ncina.proto.header import PORT
 
 JOB = 1
@@ -175,26 +175,6 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
                         k=args.k, lcores=lcores)  # fmt: skip
 
 
-def load_figures(st: Any, *, slots_completed: int, k: int, lcores: int) -> dict[str, Any]:
-    """One measurement's figures from the load generator's counters ``st`` (``struct
-    ncd_gen_stats``) and the slots the aggregator completed meanwhile (a forwarder's count is
-    whatever its stats say: none). Work is what came back answered: ``completed_per_s``, the
-    chunks whose reply (a result, or a forwarder's echo) reached their rank, and
-    ``elements_per_s``, K elements each; ``packets_per_s`` is the send rate, retransmitted
-    copies included, which is no measure of work."""
-    secs = st.seconds
-    return {
-        "lcores": lcores,
-        "packets_per_s": round(st.sent / secs),
-        "replies_per_s": round(st.received / secs),
-        "completed_per_s": round(st.completed / secs),
-        "elements_per_s": round(st.completed * k / secs),
-        "slots_completed_per_s": round(slots_completed / secs),
-        "retransmit_rounds": int(st.retransmit_rounds),
-        "send_errors": int(st.send_errors),
-    }
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure the chosen backend, the Python backend and the no-op forwarder; return figures."""
     from ncina.aggregator.dpdk import binding, netns
@@ -242,7 +222,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         star.close()
     for (kind, n), results in runs.items():
         name = kind if n == args.lcores[0] else f"{kind}_lcores{n}"
-        figures[name] = _median_run(results)
+        figures[name] = median_run(results)
     measured = figures[args.backend]
     figures["noop_forwarder"] = forward
     ratios = [("vs_python", "python"), ("vs_noop_forwarder", forward)]
@@ -258,28 +238,3 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
-def put_work_ratio(
-    figures: dict[str, Any], name: str, measured: dict[str, Any], baseline: dict[str, Any]
-) -> None:
-    """``figures[name]``: the ``measured`` run's completed work over the ``baseline``'s
-    (``completed_per_s``, three significant digits: a BMv2 switch runs at a few thousandths of
-    the others), or None and ``<name>_refused`` when the baseline failed, completed nothing or
-    retransmitted, or the measured run failed (``ncina.harness.figures.put_ratio``)."""
-    work = baseline.get("completed_per_s", 0)
-    refused = refusal(work, retransmissions=baseline.get("retransmit_rounds", 0),
-                      error=baseline.get("error"))  # fmt: skip
-    if refused is None and "error" in measured:
-        refused = f"the measured run failed: {measured['error']}"
-    put_ratio(figures, name, measured.get("completed_per_s", 0), work, refused)
-
-
-def _median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run of median completed work (``completed_per_s``, the lower middle of an even
-    count), with every run's completed and sent rates; a failed run makes the whole figure
-    that of a failure (``error``: the first run's that failed, ``failed_runs``: how many)."""
-    failed = [r for r in results if "error" in r]
-    if failed:
-        return {**failed[0], "failed_runs": len(failed)}
-    return {**median_repeat(results, "completed_per_s"),
-            "completed_per_s_runs": [r["completed_per_s"] for r in results],
-            "packets_per_s_runs": [r["packets_per_s"] for r in results]}  # fmt: skip

@@ -38,7 +38,14 @@ from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
 from ncina.common import cpu
 from ncina.common.progress import progress
-from ncina.harness.figures import job_packets, median_repeat, medians, per_packet, retx_fraction
+from ncina.harness.figures import (
+    conditions,
+    job_packets,
+    median_repeat,
+    medians,
+    per_packet,
+    retx_fraction,
+)
 from ncina.harness.reference import BLOCK, Reference, build_reference, exact_mismatches
 from ncina.harness.workers import START_TIMEOUT, local_launch, run_workers, wall_time
 from ncina.proto import nc8
@@ -124,23 +131,6 @@ def worker_spec(args: argparse.Namespace, mode: str, **extra: Any) -> dict[str, 
         "deadline": args.deadline, "mtu": args.mtu, "start_timeout": START_TIMEOUT, **extra,
     }  # fmt: skip
 
-
-
-def conditions(backend: str, mtu: int, loopback_mtu: int) -> dict[str, Any]:
-    """The path and packet size each side of ``bench allreduce`` runs over, and what differs
-    (``conditions_differ``, empty when nothing): gloo always runs on loopback, whose MTU
-    (``loopback_mtu``, 65,536 by default) lets its TCP segments grow far beyond the ``mtu`` the
-    INA datagrams are sized for; with the dpdk backend INA also goes through a veth and a
-    bridge to the aggregator's namespace. ``bench fabric`` runs both over the same links."""
-    ina_path = "veth and bridge" if backend == "dpdk" else "loopback"
-    differ = []
-    if ina_path != "loopback":
-        differ.append(f"path: INA through a {ina_path}, gloo on loopback")
-    if loopback_mtu != mtu:
-        differ.append(f"mtu: INA's datagrams fit {mtu} bytes, gloo's TCP segments loopback's "
-                      f"{loopback_mtu}")  # fmt: skip
-    return {"ina_path": ina_path, "gloo_path": "loopback", "ina_mtu": mtu,
-            "gloo_mtu": loopback_mtu, "conditions_differ": differ}  # fmt: skip
 
 
 def reference(args: argparse.Namespace) -> Reference:

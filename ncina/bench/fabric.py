@@ -67,16 +67,12 @@ from ncina.harness import echo
 from ncina.harness.figures import (
     faithful_bandwidths,
     ina_advantage,
-    job_packets,
     medians,
     per_packet,
-    put_ratio,
-    ratio,
-    spread,
 )
 from ncina.harness.links import (
     fractions,
-    link_fraction,
+    ina_link_figures,
     rx_bytes,
     time_limit,
     uplink_ports,
@@ -279,43 +275,6 @@ def fabric_limit(
     return echo.limit_figures(counters, frame, args.bw) | {"fabric_limit_hosts": counters}
 
 
-def limit_ratio(
-    repeats: list[dict[str, Any]], workers: int, elements: int, k: int
-) -> dict[str, Any]:  # fmt: skip
-    """INA's datagrams per second (its chunks up and results down, copies aside:
-    ``ina_packets_per_s``) over the fabric's own limit at that packet size measured beside it
-    (``fabric_limit_pps``): ``vs_fabric_limit`` of the medians, its spread over the runs, or
-    None and ``vs_fabric_limit_refused`` when any run's echo is no yardstick."""
-    packets = job_packets(workers, elements, k, 0)
-    median = statistics.median_low
-    ina_pps = packets / median(r["wall_s"] for r in repeats)
-    limit = median(r["extra"]["fabric_limit_pps"] for r in repeats)
-    refused = next((r["extra"]["fabric_limit_refused"] for r in repeats
-                    if r["extra"]["fabric_limit_refused"]), None)  # fmt: skip
-    figures: dict[str, Any] = {
-        "ina_packets_per_s": round(ina_pps),
-        "fabric_limit_pps": limit,
-        "fabric_limit_link_fraction": median(r["extra"]["fabric_limit_link_fraction"]
-                                             for r in repeats),
-        "vs_fabric_limit_spread": None if refused else spread(
-            ratio(packets / r["wall_s"], r["extra"]["fabric_limit_pps"]) for r in repeats),
-    }  # fmt: skip
-    put_ratio(figures, "vs_fabric_limit", ina_pps, limit, refused)
-    return figures
-
-
-def ina_link_figures(
-    before: list[int], after: list[int], wall_s: float, args: argparse.Namespace
-) -> dict[str, Any]:
-    """``link_fraction`` (useful bytes: every chunk once) and ``wire_fraction`` (everything
-    the workers' uplinks carried, copies included: the mean of ``wire_fractions``) of one INA
-    all-reduce from the uplinks' receive counters ``before`` and ``after``."""
-    wire = fractions(before, after, wall_s, args.bw)
-    useful = link_fraction(useful_frame_bytes(args.elements, args.k), wall_s, args.bw)
-    return {"link_fraction": round(useful, 4), "wire_fraction": round(statistics.mean(wire), 4),
-            "wire_fractions": wire}  # fmt: skip
-
-
 def start_aggregators(
     args: argparse.Namespace, net: Any, topo: Any, procs: Any, directory: Path
 ) -> tuple[list[subprocess.Popen[bytes]], list[Path], dict[str, Any]]:
@@ -446,7 +405,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
     figures["retransmissions"] = median(r["extra"]["retransmissions"] for r in repeats)
     if "fabric_limit_pps" in repeats[0]["extra"]:
-        figures |= limit_ratio(repeats, args.workers, args.elements, args.k)
+        figures |= echo.limit_ratio(repeats, args.workers, args.elements, args.k)
     if args.topo == "leafspine":
         figures["leaves"] = args.leaves
         figures["leaf_link_fraction"] = median(r["extra"]["leaf_link_fraction"] for r in repeats)

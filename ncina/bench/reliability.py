@@ -50,8 +50,8 @@ from ncina.harness.faults import (
     allreduce_across_restart,
     allreduce_with_dead_worker,
     allreduce_with_faults,
+    vs_lossless,
 )
-from ncina.harness.figures import put_ratio, refusal
 from ncina.harness.fuzzing import fuzz_during_allreduce, hostile_datagrams
 from ncina.worker.client import AllreduceClient
 
@@ -244,17 +244,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             workdir.mkdir()
             rows.append(fuzz_row(workdir, args.fuzz_packets, args.elements // 10))
     return {"workers": args.workers, "k": args.k, "result": args.result, "rows": rows}
-
-
-def vs_lossless(seconds: float, lossless: Run) -> dict[str, Any]:
-    """``time_vs_lossless``: ``seconds`` over the lossless run's, refused (None, and
-    ``time_vs_lossless_refused``) when that run retransmitted or took no time: then it was no
-    lossless yardstick (``ncina.harness.figures.put_ratio``)."""
-    copies = sum(c["retransmissions"] for c in lossless.clients)
-    figures: dict[str, Any] = {}
-    put_ratio(figures, "time_vs_lossless", seconds, lossless.seconds,
-              refusal(lossless.seconds, retransmissions=copies))  # fmt: skip
-    return figures
 
 
 def _recovery_row(elements: int, runs: list[FaultRun], baseline: Run,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -25,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ncina.harness.figures import refusal
+from ncina.common.ratios import put_ratio, ratio, refusal, spread
+from ncina.harness.figures import job_packets
 
 JOB = 1
 
@@ -49,6 +51,31 @@ def limit_figures(hosts: Sequence[dict[str, Any]], frame_bytes: int, bw_mbit: fl
         "fabric_limit_retransmit_rounds": rounds,
         "fabric_limit_refused": refusal(pps, retransmissions=rounds, error=error),
     }
+
+
+def limit_ratio(
+    repeats: list[dict[str, Any]], workers: int, elements: int, k: int
+) -> dict[str, Any]:  # fmt: skip
+    """INA's datagrams per second (its chunks up and results down, copies aside:
+    ``ina_packets_per_s``) over the fabric's own limit at that packet size measured beside it
+    (``fabric_limit_pps``): ``vs_fabric_limit`` of the medians, its spread over the runs, or
+    None and ``vs_fabric_limit_refused`` when any run's echo is no yardstick."""
+    packets = job_packets(workers, elements, k, 0)
+    median = statistics.median_low
+    ina_pps = packets / median(r["wall_s"] for r in repeats)
+    limit = median(r["extra"]["fabric_limit_pps"] for r in repeats)
+    refused = next((r["extra"]["fabric_limit_refused"] for r in repeats
+                    if r["extra"]["fabric_limit_refused"]), None)  # fmt: skip
+    figures: dict[str, Any] = {
+        "ina_packets_per_s": round(ina_pps),
+        "fabric_limit_pps": limit,
+        "fabric_limit_link_fraction": median(r["extra"]["fabric_limit_link_fraction"]
+                                             for r in repeats),
+        "vs_fabric_limit_spread": None if refused else spread(
+            ratio(packets / r["wall_s"], r["extra"]["fabric_limit_pps"]) for r in repeats),
+    }  # fmt: skip
+    put_ratio(figures, "vs_fabric_limit", ina_pps, limit, refused)
+    return figures
 
 
 def run_load(target: tuple[str, int], bind: str, k: int, window: int, seconds: float,

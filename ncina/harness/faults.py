@@ -9,6 +9,7 @@ give.
   the aggregator has completed a number of slots; the survivors must raise ``TimeoutError``.
 - ``allreduce_across_restart``: the aggregator SIGKILLed and started again on the same port
   (generation 2); every worker must raise ``AggregatorRestartedError``.
+- ``vs_lossless``: a run's time over the lossless run's, refused when that one retransmitted.
 
 Every process started here is stopped by its PID before a function returns or raises; the
 aggregators are ``ncina.harness.aggregators``'s (stats and log in the work directory).
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ncina.common.ratios import put_ratio, refusal
 from ncina.harness.aggregators import RunningAggregator, start_aggregator
 from ncina.worker.client import AggregatorRestartedError, AllreduceClient
 
@@ -234,3 +236,12 @@ def allreduce_across_restart(inputs: list[np.ndarray], workdir: Path, *, k: int,
         aggregator.stop()
 
 
+def vs_lossless(seconds: float, lossless: Run) -> dict[str, Any]:
+    """``time_vs_lossless``: ``seconds`` over the lossless run's, refused (None, and
+    ``time_vs_lossless_refused``) when that run retransmitted or took no time: then it was no
+    lossless yardstick (``ncina.common.ratios.put_ratio``)."""
+    copies = sum(c["retransmissions"] for c in lossless.clients)
+    figures: dict[str, Any] = {}
+    put_ratio(figures, "time_vs_lossless", seconds, lossless.seconds,
+              refusal(lossless.seconds, retransmissions=copies))  # fmt: skip
+    return figures

@@ -11,9 +11,7 @@ measured value, never an average of two; a ratio is that of the medians, and
 figure from this noisy machine is never quoted without its spread.
 
 A ratio against a baseline is of completed work (replies, completed slots, finished
-all-reduces), and only of a baseline that did its work: one that failed, completed nothing or
-retransmitted is no yardstick. :func:`put_ratio` then writes ``None`` and, beside it,
-``<ratio>_refused``: why (:func:`refusal`).
+all-reduces), and only of a baseline that did its work (``ncina.common.ratios``).
 """
 
 from __future__ import annotations
@@ -22,35 +20,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-
-def ratio(a: float, b: float) -> float | None:
-    """``a / b`` to three significant digits (None when ``b`` is not positive: no ratio)."""
-    return float(f"{a / b:.3g}") if b > 0 else None
-
-
-def refusal(work: float, *, retransmissions: int = 0, error: str | None = None) -> str | None:
-    """Why a baseline that completed ``work`` (replies, slots, all-reduces per second: any
-    measure of finished work) after ``retransmissions`` rounds of copies, or failed with
-    ``error``, cannot divide anything; None when it can."""
-    if error:
-        return f"the baseline failed: {error}"
-    if not work > 0:
-        return "the baseline completed nothing"
-    if retransmissions:
-        return f"the baseline retransmitted ({retransmissions})"
-    return None
-
-
-def put_ratio(
-    figures: dict[str, Any], name: str, work: float, baseline: float, refused: str | None
-) -> None:
-    """``figures[name]`` = ``work / baseline`` (:func:`ratio`), or, when the baseline is
-    ``refused`` (:func:`refusal`, or no positive ``baseline``), None and
-    ``figures[name + "_refused"]`` the reason."""
-    value = ratio(work, baseline) if refused is None else None
-    if value is None:
-        figures[f"{name}_refused"] = refused or "the baseline completed nothing"
-    figures[name] = value
+from ncina.common.ratios import put_ratio, ratio, refusal, spread
 
 
 def medians(repeats: Sequence[dict[str, Any]], *, workers: int, elements: int) -> dict[str, Any]:
@@ -113,15 +83,6 @@ def ina_advantage(workers: int) -> dict[str, float]:
     return {"compression": compression, "aggregation": aggregation,
             "bytes_ratio": compression * aggregation,
             "ideal_vs_gloo": round(1 / (compression * aggregation), 4)}  # fmt: skip
-
-
-def spread(values: Iterable[float | None]) -> dict[str, float] | None:
-    """The minimum, lower median and maximum of the runs' values of one ratio (the runs whose
-    ratio was refused, None, left out; None when every one was)."""
-    ordered = sorted(v for v in values if v is not None)
-    if not ordered:
-        return None
-    return {"min": ordered[0], "median": statistics.median_low(ordered), "max": ordered[-1]}
 
 
 def retx_fraction(stats: Iterable[dict[str, Any]]) -> float:
@@ -202,3 +163,18 @@ def median_repeat(repeats: Sequence[dict[str, Any]], key: str = "wall_s") -> dic
     return sorted(repeats, key=lambda r: r[key])[(len(repeats) - 1) // 2]
 
 
+def conditions(backend: str, mtu: int, loopback_mtu: int) -> dict[str, Any]:
+    """The path and packet size each side of ``bench allreduce`` runs over, and what differs
+    (``conditions_differ``, empty when nothing): gloo always runs on loopback, whose MTU
+    (``loopback_mtu``, 65,536 by default) lets its TCP segments grow far beyond the ``mtu`` the
+    INA datagrams are sized for; with the dpdk backend INA also goes through a veth and a
+    bridge to the aggregator's namespace. ``bench fabric`` runs both over the same links."""
+    ina_path = "veth and bridge" if backend == "dpdk" else "loopback"
+    differ = []
+    if ina_path != "loopback":
+        differ.append(f"path: INA through a {ina_path}, gloo on loopback")
+    if loopback_mtu != mtu:
+        differ.append(f"mtu: INA's datagrams fit {mtu} bytes, gloo's TCP segments loopback's "
+                      f"{loopback_mtu}")  # fmt: skip
+    return {"ina_path": ina_path, "gloo_path": "loopback", "ina_mtu": mtu,
+            "gloo_mtu": loopback_mtu, "conditions_differ": differ}  # fmt: skip

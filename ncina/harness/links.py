@@ -5,6 +5,8 @@ bandwidth the bytes counted over a run took; and how long an all-reduce may take
 
 from __future__ import annotations
 
+import argparse
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +57,15 @@ def time_limit(elements: int, bw_mbit: float, deadline: float) -> float:
     times what gloo's ring needs on the links (each worker sends about twice its tensor), plus
     the deadline, and at least ``MIN_TIME_LIMIT``."""
     return max(MIN_TIME_LIMIT, 3 * 2 * 32 * elements / (bw_mbit * 1e6) + deadline)
+
+
+def ina_link_figures(
+    before: list[int], after: list[int], wall_s: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    """``link_fraction`` (useful bytes: every chunk once) and ``wire_fraction`` (everything
+    the workers' uplinks carried, copies included: the mean of ``wire_fractions``) of one INA
+    all-reduce from the uplinks' receive counters ``before`` and ``after``."""
+    wire = fractions(before, after, wall_s, args.bw)
+    useful = link_fraction(useful_frame_bytes(args.elements, args.k), wall_s, args.bw)
+    return {"link_fraction": round(useful, 4), "wire_fraction": round(statistics.mean(wire), 4),
+            "wire_fractions": wire}  # fmt: skip

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                               .replace(", or make topo,", ""))  # fmt: skip
     if args.minutes <= 0:
         raise ValueError(f"--minutes must be positive, not {args.minutes}")
-    from ncina.topo.soak import SUMMARY, Soak
+    from ncina.bench.soak import SUMMARY, Soak
 
     cfg = SoakConfig(
         out=args.workdir or Path("runs", time.strftime("soak-%Y%m%d-%H%M%S")),

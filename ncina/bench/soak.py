@@ -10,10 +10,10 @@ a sequence of runs of ``ncina train`` (:func:`ncina.topo.runner.start_workers`),
 One thread drives everything, so nothing overlaps that would blur a count: it polls every
 rank's metrics file, kills the aggregator at seeded random times (and once per
 ``last_bucket_every`` runs when rank 0 enters the run's last step), starts it again and times
-the recovery, runs a stranger round (:mod:`ncina.topo.stranger`) between the aggregator's stats
-read before and after it, samples resident memory, and declares a hang when no rank's step count
-grows for ``hang_s`` seconds. The summary (:func:`judge` names each failed target) goes to
-``soak.json``.
+the recovery, runs a stranger round (:mod:`ncina.harness.stranger`) between the aggregator's
+stats read before and after it, samples resident memory, and declares a hang when no rank's step
+count grows for ``hang_s`` seconds. The summary (``ncina.harness.soak_checks.judge`` names each
+failed target) goes to ``soak.json``.
 """
 
 from __future__ import annotations
@@ -32,58 +32,30 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator import process as aggproc
+from ncina.harness.fuzzing import resident_kib
+from ncina.harness.soak_checks import (
+    RankLog,
+    checkpoints,
+    handshakes_of,
+    hostile_counted,
+    judge,
+    restarted_in_last_step,
+    rss_summary,
+)
 from ncina.proto.header import PORT
 from ncina.topo.config import SoakConfig, TopoConfig
 from ncina.topo.runner import Processes, build_net, check_backend, start_aggregators, start_workers
 from ncina.topo.topos import PREFIX_LEN, InaHost, InaLink, aggregator_ip, worker_ip
 
-from ncina.harness.fuzzing import resident_kib
-
 STRANGER_IP = "10.0.2.1"
 SUMMARY = "soak.json"
 MAX_GENERATION = 15
-# Drops an honest worker's packets can cause under loss and restarts; every other reason is
-# one the stranger's datagrams (keyed job: parse, job lookup or tag) are counted under.
-HONEST_REASONS = ("late", "stale_generation", "resend_limit")
-RSS_TOLERANCE = 0.05  # flat memory: growth after warm-up within 5 %
 QUIET_AFTER_RESTART = 3.0  # seconds after a restart before a stranger round (handshakes settle)
 # A rank that gave up at its --deadline says one of these (ncina.worker.client's TimeoutError).
 DEADLINE_MESSAGES = ("TimeoutError", "no result from aggregator")
 POLL = 0.05  # seconds between two looks at the ranks' metrics
 POLL_AT_THE_END = 0.01  # the same while a kill waits for rank 0's last step
 END_MARGIN = 30  # steps before a run's last in which nothing else may delay that kill
-
-
-class RankLog:
-    """One rank's metrics file, read as it grows: steps, checkpoint digests, the end event."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.steps = 0
-        self.digests: dict[str, str] = {}  # checkpoint ("epoch N", "end") -> parameters_sha256
-        self.end: dict[str, Any] | None = None
-
-    def poll(self) -> None:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                text = f.read()
-        except FileNotFoundError:
-            return
-        end = text.rfind(b"\n") + 1
-        self.offset += end
-        for line in text[:end].decode(errors="replace").splitlines():
-            if not line.strip():
-                continue
-            event = json.loads(line)
-            if event["event"] == "step":
-                self.steps = event["step"]
-            elif event["event"] == "epoch":
-                self.digests[f"epoch {event['epoch']}"] = event["parameters_sha256"]
-            elif event["event"] == "end":
-                self.digests["end"] = event["parameters_sha256"]
-                self.end = event
 
 
 class Soak:
@@ -198,7 +170,7 @@ class Soak:
         counters: how many of each kind were sent and how many the aggregator counted."""
         cfg = self.cfg
         before = self.read_stats()
-        argv = [sys.executable, "-m", "ncina.topo.stranger",
+        argv = [sys.executable, "-m", "ncina.harness.stranger",
                 "--aggregator", f"{aggregator_ip(0)}:{PORT}", "--job", "1",
                 "--k", str(self.topo_cfg.k), "--pool-size", str(self.topo_cfg.pool_size),
                 "--seed", str(self.rnd.getrandbits(32)), "--fuzz", str(cfg.fuzz),
@@ -428,68 +400,9 @@ def exempt_stranger(net: Any, stranger: str) -> None:
                 raise RuntimeError(f"{host.name}: cannot exempt the stranger from loss: {out}")
 
 
-def restarted_in_last_step(log: Path, steps: int) -> bool:
-    """Whether a rank's log says it met a restart after its step ``steps - 1`` (in its last
-    step: the kill aimed at the last bucket landed in its call)."""
-    text = log.read_text(errors="replace")
-    before = re.search(rf" step {steps - 1} loss ", text)
-    return before is not None and "restarted; recovering" in text[before.end():]
-
-
-def hostile_counted(document: dict[str, Any]) -> int:
-    """Drops of every reason but the honest ones (``HONEST_REASONS``), all sections."""
-    return sum(count for section in (document["global"], *document["jobs"].values())
-               for reason, count in section["drops"].items() if reason not in HONEST_REASONS)
-
-
-def handshakes_of(document: dict[str, Any]) -> int:
-    return sum(section["handshakes"] for section in document["jobs"].values())
-
-
-def checkpoints(ranks: list[RankLog]) -> dict[str, list[str]]:
-    """Per checkpoint every rank reached, the ranks' parameter digests in rank order."""
-    names = [name for name in ranks[0].digests if all(name in r.digests for r in ranks)]
-    return {name: [r.digests[name] for r in ranks] for name in names}
-
-
 def spread(values: list[float]) -> dict[str, float | None]:
     """min, median, max (None when there are none)."""
     if not values:
         return {"min": None, "median": None, "max": None, "count": 0}
     return {"min": min(values), "median": statistics.median(values), "max": max(values),
             "count": len(values)}  # fmt: skip
-
-
-def rss_summary(series: dict[str, list[tuple[float, int]]], warmup_s: float) -> dict[str, Any]:
-    """Per process: its samples (s since the soak began, KiB; a rank's from its first step) and
-    its growth after warm-up (the largest sample over the first one ``warmup_s`` after its first
-    sample, less 1; None with fewer than two samples after warm-up)."""
-    out: dict[str, Any] = {}
-    for name, samples in series.items():
-        start = samples[0][0]
-        judged = [kib for t, kib in samples if t - start >= warmup_s]
-        growth = max(judged) / judged[0] - 1 if len(judged) >= 2 else None
-        out[name] = {"samples": samples, "growth": None if growth is None else round(growth, 4)}
-    return out
-
-
-def judge(summary: dict[str, Any]) -> list[str]:
-    """Each failed target, in a sentence."""
-    failed = []
-    if summary["hangs"]:
-        failed.append(f"{len(summary['hangs'])} hang(s): {summary['hangs']}")
-    failed += [f"failure: {f}" for f in summary["failures"]]
-    if not summary["digests_equal"]:
-        failed.append("the ranks' parameter digests differ at a checkpoint")
-    if summary["unrecovered_restarts"]:
-        failed.append(f"{summary['unrecovered_restarts']} restart(s) never recovered from")
-    grown = {n: p["growth"] for n, p in summary["rss"].items()
-             if p["growth"] is not None and p["growth"] > RSS_TOLERANCE}  # fmt: skip
-    if grown:
-        failed.append(f"memory grew more than {RSS_TOLERANCE:.0%} after warm-up: {grown}")
-    hostile = summary["hostile"]
-    if hostile["uncounted"] or hostile["forged_uncounted"]:
-        failed.append(f"hostile datagrams not counted: {hostile['uncounted']} at the "
-                      f"aggregator, {hostile['forged_uncounted']} forged results at the "
-                      "workers")  # fmt: skip
-    return failed

@@ -1,4 +1,4 @@
-"""A stranger on the fabric (``python -m ncina.topo.stranger``, run by ``ncina soak`` in its
+"""A stranger on the fabric (``python -m ncina.harness.stranger``, run by ``ncina soak`` in its
 stranger host): one round of hostile datagrams at a keyed job's aggregator.
 
 Three kinds, all of which the aggregator must count (docs/reliability.md, "Soak"):
@@ -26,11 +26,11 @@ import struct
 import time
 from collections.abc import Callable
 
+from ncina.common.address import peer_address
+from ncina.harness.fuzzing import BURST, PAUSE, hostile_datagrams
 from ncina.proto.descriptor import JOB_DATAGRAM_SIZE
 from ncina.proto.header import FLAG_RESULT, FLAG_RETX, FLAG_TAG, HEADER, VERSION, Format, pack
 from ncina.proto.wire import TAG_SIZE
-
-from ncina.harness.fuzzing import BURST, PAUSE, hostile_datagrams
 
 IPV4 = struct.Struct("!BBHHHBBH4s4s")
 UDP = struct.Struct("!HHHH")
@@ -58,15 +58,10 @@ def paced(send: Callable[[bytes], None]) -> Callable[[bytes], None]:
     return send_paced
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    host, port = text.rsplit(":", 1)
-    return host, int(port)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ncina.topo.stranger", description=__doc__)
-    p.add_argument("--aggregator", type=parse_address, required=True, help="IP:PORT")
-    p.add_argument("--member", action="append", default=[], type=parse_address,
+    p = argparse.ArgumentParser(prog="python -m ncina.harness.stranger", description=__doc__)
+    p.add_argument("--aggregator", type=peer_address, required=True, help="IP:PORT")
+    p.add_argument("--member", action="append", default=[], type=peer_address,
                    help="IP:PORT of rank r's socket, in rank order (spoofed and forged to)")
     p.add_argument("--job", type=int, required=True)
     p.add_argument("--k", type=int, required=True)

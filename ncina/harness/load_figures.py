@@ -1,0 +1,58 @@
+"""The figures of an aggregator under the load generator (``ncina bench aggregator``): one
+measurement's rates of completed work, the median of repeated ones, and a ratio of two
+measurements' completed work that refuses a baseline which did none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ncina.common.ratios import put_ratio, refusal
+from ncina.harness.figures import median_repeat
+
+
+def load_figures(st: Any, *, slots_completed: int, k: int, lcores: int) -> dict[str, Any]:
+    """One measurement's figures from the load generator's counters ``st`` (``struct
+    ncd_gen_stats``) and the slots the aggregator completed meanwhile (a forwarder's count is
+    whatever its stats say: none). Work is what came back answered: ``completed_per_s``, the
+    chunks whose reply (a result, or a forwarder's echo) reached their rank, and
+    ``elements_per_s``, K elements each; ``packets_per_s`` is the send rate, retransmitted
+    copies included, which is no measure of work."""
+    secs = st.seconds
+    return {
+        "lcores": lcores,
+        "packets_per_s": round(st.sent / secs),
+        "replies_per_s": round(st.received / secs),
+        "completed_per_s": round(st.completed / secs),
+        "elements_per_s": round(st.completed * k / secs),
+        "slots_completed_per_s": round(slots_completed / secs),
+        "retransmit_rounds": int(st.retransmit_rounds),
+        "send_errors": int(st.send_errors),
+    }
+
+
+def put_work_ratio(
+    figures: dict[str, Any], name: str, measured: dict[str, Any], baseline: dict[str, Any]
+) -> None:
+    """``figures[name]``: the ``measured`` run's completed work over the ``baseline``'s
+    (``completed_per_s``, three significant digits: a BMv2 switch runs at a few thousandths of
+    the others), or None and ``<name>_refused`` when the baseline failed, completed nothing or
+    retransmitted, or the measured run failed (``ncina.common.ratios.put_ratio``)."""
+    work = baseline.get("completed_per_s", 0)
+    refused = refusal(work, retransmissions=baseline.get("retransmit_rounds", 0),
+                      error=baseline.get("error"))  # fmt: skip
+    if refused is None and "error" in measured:
+        refused = f"the measured run failed: {measured['error']}"
+    put_ratio(figures, name, measured.get("completed_per_s", 0), work, refused)
+
+
+def median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median completed work (``completed_per_s``, the lower middle of an even
+    count), with every run's completed and sent rates; a failed run makes the whole figure
+    that of a failure (``error``: the first run's that failed, ``failed_runs``: how many)."""
+    failed = [r for r in results if "error" in r]
+    if failed:
+        return {**failed[0], "failed_runs": len(failed)}
+    return {**median_repeat(results, "completed_per_s"),
+            "completed_per_s_runs": [r["completed_per_s"] for r in results],
+            "packets_per_s_runs": [r["packets_per_s"] for r in results]}  # fmt: skip
