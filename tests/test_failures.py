@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
 from ncina.proto.descriptor import is_job_datagram
-from ncina.proto.header import HEADER, NOTICE, Header, flags_for
+from ncina.proto.header import HEADER, NOTICE, Header, flags_for, pack
 from ncina.worker.client import (
     DATA_PATH_ENV,
     DATA_PATHS,
@@ -461,6 +462,30 @@ def test_a_rank_waiting_between_calls_joins_the_recovery_of_a_rank_behind() -> N
             assert [c.stats["restarts"] for c in clients] == [1, 1]
             assert [c.generation for c in clients] == [5, 5]
             assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
+        finally:
+            for client in clients:
+                client.close()
+
+
+def test_a_forged_result_met_while_asking_for_the_generation_is_counted_as_bad_tag() -> None:
+    # The soak found forged results that no counter held: a keyed client waiting for a hello's
+    # answer (a handshake, a recovery, a probe between calls) counted them only as ignored.
+    key = bytes(range(16))
+    x = np.full(K, 2.0, dtype=np.float32)
+    with restartable(2, 3, key) as server:
+        clients = clients_of(server, 2)
+        try:
+            allreduce_all(clients, x)
+            before = clients[0].stats
+            forged = pack(job=JOB, rank=0, slot=0, offset=0, count=1, emin=0,
+                          flags=flags_for(0, result=True, generation=3), payload=b"\x40")
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
+                stranger.sendto(forged, ("127.0.0.1", clients[0].address[1]))
+            time.sleep(0.05)
+            assert not clients[0].recover_if_restarted()  # same generation: nothing to do
+            after = clients[0].stats
+            assert after["bad_tag"] - before["bad_tag"] == 1
+            assert after["results_ignored"] - before["results_ignored"] == 1
         finally:
             for client in clients:
                 client.close()

@@ -398,7 +398,7 @@ class AllreduceClient:
                     except BlockingIOError:
                         break
                     if sender != self.aggregator:  # only the aggregator's answer is believed
-                        self._stats["results_ignored"] += 1
+                        self._ignore(size)
                         continue
                     answer = self._judge_answer(size)
                     if answer is None:
@@ -434,13 +434,24 @@ class AllreduceClient:
         with contextlib.suppress(BlockingIOError, PermissionError):  # lost: hellos repeat
             self._sock.sendto(hello, self.aggregator)
 
+    def _ignore(self, size: int) -> None:
+        """Count the datagram of ``size`` bytes in the receive buffer, met while waiting for an
+        answer to a hello, as ignored; in a keyed job, one that does not authenticate (a forged
+        result) as ``bad_tag`` too, as a call counts it."""
+        self._stats["results_ignored"] += 1
+        view = memoryview(self._buf)[:size]
+        if self.key is not None and not (
+            size > 1 and view[1] & FLAG_TAG and tag.verify(self.key, view)
+        ):
+            self._stats["bad_tag"] += 1
+
     def _judge_answer(self, size: int) -> tuple[int, desc.Descriptor, int] | None:
         """``(status, descriptor, generation)`` of the datagram of ``size`` bytes in the receive
         buffer if it is an answer to this worker's hello, else None (counted as ignored). An
         ``OK`` answer of a keyed job must carry a tag that verifies; the refusals carry none."""
         view = memoryview(self._buf)[:size]
         if not desc.is_job_datagram(view) or size < desc.JOB_DATAGRAM_SIZE:
-            self._stats["results_ignored"] += 1
+            self._ignore(size)
             return None
         _, flags, _, _, job, rank, _, count, _ = HEADER.unpack_from(view)
         if (
@@ -669,10 +680,11 @@ class AllreduceClient:
                     size, sender = self._sock.recvfrom_into(self._buf)
                 except BlockingIOError:
                     break
-                answer = self._judge_answer(size) if sender == self.aggregator else None
+                if sender != self.aggregator:
+                    self._ignore(size)
+                    continue
+                answer = self._judge_answer(size)
                 if answer is None:
-                    if sender != self.aggregator:
-                        self._stats["results_ignored"] += 1
                     continue
                 status, _, generation = answer
                 return generation if status == desc.OK else None
