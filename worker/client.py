@@ -390,34 +390,24 @@ class AllreduceClient:
             if now >= next_hello:
                 self._send_hello()
                 next_hello = now + HANDSHAKE_INTERVAL
-            wait = min(next_hello, end) - now
-            if self._poll.poll(max(1, math.ceil(wait * 1000))):
-                while True:
-                    try:
-                        size, sender = self._sock.recvfrom_into(self._buf)
-                    except BlockingIOError:
-                        break
-                    if sender != self.aggregator:  # only the aggregator's answer is believed
-                        self._ignore(size)
-                        continue
-                    answer = self._judge_answer(size)
-                    if answer is None:
-                        continue
-                    status, theirs, generation = answer
-                    if status == desc.NO_SUCH_JOB:  # it may be installed yet: keep asking
-                        no_such_job = True
-                        continue
-                    if status == desc.NOT_AUTHENTIC:
-                        raise desc.JobMismatchError(
-                            [desc.key_mismatch(self.key is not None, theirs.keyed)], where
-                        )
-                    wrong = desc.mismatches(mine, theirs, self.compressor_spec)
-                    if wrong:
-                        raise desc.JobMismatchError(wrong, where)
-                    self.generation = generation or self.generation
-                    self._handshaken = True
-                    return
+            answer = self._next_answer(min(next_hello, end))
             now = time.monotonic()
+            if answer is None:
+                continue
+            status, theirs, generation = answer
+            if status == desc.NO_SUCH_JOB:  # it may be installed yet: keep asking
+                no_such_job = True
+                continue
+            if status == desc.NOT_AUTHENTIC:
+                raise desc.JobMismatchError(
+                    [desc.key_mismatch(self.key is not None, theirs.keyed)], where
+                )
+            wrong = desc.mismatches(mine, theirs, self.compressor_spec)
+            if wrong:
+                raise desc.JobMismatchError(wrong, where)
+            self.generation = generation or self.generation
+            self._handshaken = True
+            return
         if no_such_job:
             raise desc.JobMismatchError([("job id", str(self.job), "has no such job")], where)
         raise TimeoutError(
@@ -425,6 +415,26 @@ class AllreduceClient:
             f"{timeout:g} s (job {self.job}, rank {self.rank}): is it running, "
             "and does it speak the job handshake? (handshake_timeout=None skips it)"
         )
+
+    def _next_answer(self, until: float) -> tuple[int, desc.Descriptor, int] | None:
+        """The aggregator's next answer to a hello (:meth:`_judge_answer`) that arrives before
+        the monotonic time ``until``, or None; whatever else arrives meanwhile is counted and
+        dropped (:meth:`_ignore`)."""
+        while (now := time.monotonic()) < until:
+            if not self._poll.poll(max(1, math.ceil((until - now) * 1000))):
+                continue
+            while True:
+                try:
+                    size, sender = self._sock.recvfrom_into(self._buf)
+                except BlockingIOError:
+                    break
+                if sender != self.aggregator:  # only the aggregator's answer is believed
+                    self._ignore(size)
+                    continue
+                answer = self._judge_answer(size)
+                if answer is not None:
+                    return answer
+        return None
 
     def _send_hello(self) -> None:
         """Send this worker's job descriptor to the aggregator (a full send buffer skips it:
@@ -671,24 +681,11 @@ class AllreduceClient:
         else arrives meanwhile (late copies of the last call's results) is ignored, as a
         call would ignore it."""
         self._send_hello()
-        end = time.monotonic() + timeout
-        while (now := time.monotonic()) < end:
-            if not self._poll.poll(max(1, math.ceil((end - now) * 1000))):
-                continue
-            while True:
-                try:
-                    size, sender = self._sock.recvfrom_into(self._buf)
-                except BlockingIOError:
-                    break
-                if sender != self.aggregator:
-                    self._ignore(size)
-                    continue
-                answer = self._judge_answer(size)
-                if answer is None:
-                    continue
-                status, _, generation = answer
-                return generation if status == desc.OK else None
-        return None
+        answer = self._next_answer(time.monotonic() + timeout)
+        if answer is None:
+            return None
+        status, _, generation = answer
+        return generation if status == desc.OK else None
 
     def _keep_room(self, which: int, n: int) -> np.ndarray:
         """Keep buffer ``which`` (0 or 1), grown to hold ``n`` results (NC8 codes, 1 byte each;
