@@ -84,6 +84,7 @@ class PythonBackend:
         self.address: Address = self.socket.getsockname()
         self._stop = False
         self._stats_requested = False
+        self._receiving = False  # in the receive: no packet half handled (``_on_stats_signal``)
         self._internal_error_logged = False
         # Emulated network faults (``--drop-up`` ...): None keeps the plain loop below.
         self.faults = (
@@ -131,12 +132,15 @@ class PythonBackend:
         periodic = self.stats_path is not None or metrics.serving()
         next_poll = 0.0
         while not self._stop:
+            self._receiving = True
             try:
                 size, source = receive(buffer)
             except BlockingIOError:  # SO_RCVTIMEO expired: idle
+                self._receiving = False
                 if faults is not None:
                     faults.idle()
             else:
+                self._receiving = False
                 try:
                     if faults is not None:  # a held-back datagram must outlive the buffer
                         faults.deliver(bytes(view[:size]), source)
@@ -152,10 +156,7 @@ class PythonBackend:
             if requested or (periodic and clock() >= next_write):
                 self._stats_requested = False
                 next_write = clock() + self.stats_interval
-                try:
-                    self.write_stats(periodic=not requested)
-                except OSError as exc:  # keep serving; the next write may succeed
-                    print(f"ncina aggregator: cannot write stats: {exc}", file=self.log, flush=True)
+                self._write_stats_or_say(periodic=not requested)
             if control is not None and clock() >= next_poll:
                 next_poll = clock() + CONTROL_INTERVAL
                 self.apply_control()
@@ -201,6 +202,14 @@ class PythonBackend:
         (not when ``periodic``); the metrics endpoint serves it (``stats.publish``)."""
         publish(self.stats_document(), self.stats_path, self.log, periodic=periodic)
 
+    def _write_stats_or_say(self, periodic: bool) -> None:
+        """``write_stats``, a failure logged rather than raised: serving goes on, and the next
+        write may succeed."""
+        try:
+            self.write_stats(periodic=periodic)
+        except OSError as exc:
+            print(f"ncina aggregator: cannot write stats: {exc}", file=self.log, flush=True)
+
     def _internal_error(self, source: Address) -> None:
         self.aggregator.stats.drops["internal_error"] += 1
         if self._internal_error_logged:
@@ -218,4 +227,11 @@ class PythonBackend:
         self._stop = True
 
     def _on_stats_signal(self, signum: int, frame: object) -> None:
-        self._stats_requested = True
+        """Write the stats at once when the loop waits in its receive (no packet is half
+        handled then, so the counters are consistent; the interrupted receive resumes), else as
+        soon as the packet in hand is done: an idle aggregator answers SIGUSR1 in microseconds,
+        not after its receive timeout."""
+        if self._receiving:
+            self._write_stats_or_say(periodic=False)
+        else:
+            self._stats_requested = True
