@@ -25,7 +25,7 @@ from ncina.aggregator.faults import FaultConfig, FaultyPath
 from ncina.aggregator.hierarchy import LeafAggregator
 from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.process import ready_line
-from ncina.aggregator.stats import publish, snapshot
+from ncina.aggregator.stats import publish, snapshot, write_or_say
 
 from ncina.common.address import Address
 
@@ -156,7 +156,7 @@ class PythonBackend:
             if requested or (periodic and clock() >= next_write):
                 self._stats_requested = False
                 next_write = clock() + self.stats_interval
-                self._write_stats_or_say(periodic=not requested)
+                write_or_say(self.write_stats, self.log, periodic=not requested)
             if control is not None and clock() >= next_poll:
                 next_poll = clock() + CONTROL_INTERVAL
                 self.apply_control()
@@ -202,14 +202,6 @@ class PythonBackend:
         (not when ``periodic``); the metrics endpoint serves it (``stats.publish``)."""
         publish(self.stats_document(), self.stats_path, self.log, periodic=periodic)
 
-    def _write_stats_or_say(self, periodic: bool) -> None:
-        """``write_stats``, a failure logged rather than raised: serving goes on, and the next
-        write may succeed."""
-        try:
-            self.write_stats(periodic=periodic)
-        except OSError as exc:
-            print(f"ncina aggregator: cannot write stats: {exc}", file=self.log, flush=True)
-
     def _internal_error(self, source: Address) -> None:
         self.aggregator.stats.drops["internal_error"] += 1
         if self._internal_error_logged:
@@ -232,6 +224,6 @@ class PythonBackend:
         soon as the packet in hand is done: an idle aggregator answers SIGUSR1 in microseconds,
         not after its receive timeout."""
         if self._receiving:
-            self._write_stats_or_say(periodic=False)
+            write_or_say(self.write_stats, self.log)
         else:
             self._stats_requested = True

@@ -11,7 +11,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -195,6 +195,15 @@ def publish(
             print(json.dumps(document), file=log, flush=True)
     else:
         write_atomically(path, document)
+
+
+def write_or_say(write: Callable[[bool], None], log: TextIO, *, periodic: bool = False) -> None:
+    """``write(periodic)`` (a backend's ``write_stats``), an ``OSError`` logged on ``log`` rather
+    than raised: the aggregator goes on serving, and the next write may succeed."""
+    try:
+        write(periodic)
+    except OSError as exc:
+        print(f"ncina aggregator: cannot write stats: {exc}", file=log, flush=True)
 
 
 def write_atomically(path: str | os.PathLike[str], document: Mapping[str, Any]) -> None:

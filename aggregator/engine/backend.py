@@ -25,7 +25,7 @@ from ncina.aggregator.engine import Engine
 from ncina.aggregator.hierarchy import UPSTREAM_COUNTERS, LeafAggregator, SpineLink
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.process import ready_line
-from ncina.aggregator.stats import LimitStats, publish, snapshot
+from ncina.aggregator.stats import LimitStats, publish, snapshot, write_or_say
 
 from ncina.common.address import Address
 
@@ -71,6 +71,7 @@ class EngineBackend:
         self.address: Address = ("0.0.0.0", 0)
         self._stop = threading.Event()
         self._stats_requested = False
+        self._waiting = False  # in the poll's wait (``_on_stats_signal``)
         self._run_rc = 0
         plane.set_generation(generation)
 
@@ -180,7 +181,12 @@ class EngineBackend:
         next_write = time.monotonic() + self.stats_interval
         periodic = self.stats_path is not None or metrics.serving()
         next_control = 0.0
-        while not self._stop.wait(POLL_SECONDS):
+        while True:
+            self._waiting = True  # a stats signal meanwhile writes them at once
+            stopped = self._stop.wait(POLL_SECONDS)
+            self._waiting = False
+            if stopped:
+                break
             if self.control is not None and time.monotonic() >= next_control:
                 next_control = time.monotonic() + CONTROL_INTERVAL
                 apply_changes(self.control, self.configs.keys(), self.add_job, self.remove_job,
@@ -190,10 +196,7 @@ class EngineBackend:
             if requested or (periodic and now >= next_write):
                 self._stats_requested = False
                 next_write = now + self.stats_interval
-                try:
-                    self.write_stats(periodic=not requested)
-                except OSError as exc:
-                    print(f"ncina aggregator: cannot write stats: {exc}", file=self.log, flush=True)
+                write_or_say(self.write_stats, self.log, periodic=not requested)
 
     def request_stop(self) -> None:
         """Make ``run`` return within one poll period."""
@@ -226,5 +229,11 @@ class EngineBackend:
         self._stop.set()
 
     def _on_stats_signal(self, signum: int, frame: object) -> None:
-        self._stats_requested = True
+        """Write the stats at once when the main thread waits between polls (it is not in the
+        middle of a write then), else at its next poll: SIGUSR1 is answered in microseconds,
+        not after up to ``POLL_SECONDS``."""
+        if self._waiting:
+            write_or_say(self.write_stats, self.log)
+        else:
+            self._stats_requested = True
 
