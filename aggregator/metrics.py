@@ -9,9 +9,10 @@ One metric family per counter of the document, named ``ncina_<counter>_total`` (
 "Counters"), with the labels ``job`` (the job id, or ``global`` for the aggregator-wide section
 and ``limits``/``faults``) and ``reason`` (the drop reason of ``ncina_drops_total``; empty for
 the other counters). The I/O section of the socket and dpdk backends becomes
-``ncina_<backend>_<counter>_total`` with ``job="global"``. Prometheus renames a target's own
-``job`` label to ``exported_job`` unless the scrape config sets ``honor_labels: true``
-(docs/deploy.md).
+``ncina_<backend>_<counter>_total`` with ``job="global"`` (the dpdk backend's per-lane
+counters, a list in the document, are not exported: their sums are). Prometheus renames a
+target's own ``job`` label to ``exported_job`` unless the scrape config sets
+``honor_labels: true`` (docs/deploy.md).
 """
 
 from __future__ import annotations
