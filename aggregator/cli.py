@@ -14,12 +14,9 @@ from ncina.aggregator.dpdk import driver as dpdk_driver
 from ncina.aggregator.faults import FaultConfig
 from ncina.aggregator.handshake import RESTART_IDLE
 from ncina.aggregator.jobs import (
-    DEFAULT_POOL_SIZE,
-    DEFAULT_WINDOW_MAX,
     JobConfig,
     check_mtu_range,
     check_server_mtu,
-    default_k,
     parse_member,
 )
 from ncina.aggregator.pipeline import Aggregator
@@ -29,6 +26,7 @@ from ncina.aggregator.socket import driver as socket_driver
 from ncina.proto.compressors import create
 from ncina.proto.compressors.base import Compressor, largest_fitting
 from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT
+from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, default_k
 from ncina.proto.tag import key_file_argument
 from ncina.proto.wire import (
     DEFAULT_MTU,

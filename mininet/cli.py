@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ncina.aggregator.jobs import default_k
+from ncina.proto.job import default_k
 from ncina.proto.tag import read_key_file
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.topo.config import BMV2_POOL_SIZE, FIXED_K, TopoConfig
@@ -125,7 +125,7 @@ def topo_k(
     topo: str = "star",
 ) -> int:  # fmt: skip
     """The K a topology's job gets without --k: ``FIXED_K`` on BMv2 and in server mode, else the
-    largest whose packets fit ``mtu`` (``ncina.aggregator.jobs.default_k``; in leaf-spine, whose
+    largest whose packets fit ``mtu`` (``ncina.proto.job.default_k``; in leaf-spine, whose
     leaves send int partial sums, for int)."""
     if backend == "bmv2" or mode == "server":
         return FIXED_K

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 from ncina.aggregator import cli as aggregator_cli
-from ncina.aggregator.jobs import default_k
 from ncina.proto import nc8
 from ncina.proto.header import Format, largest_k
+from ncina.proto.job import default_k
 from ncina.proto.wire import MAX_K
 from ncina_testlib import code_values
 

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from ncina.aggregator import jobs
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
 from ncina.common import cpu
@@ -50,6 +49,7 @@ from ncina.harness.reference import BLOCK, Reference, build_reference, exact_mis
 from ncina.harness.workers import START_TIMEOUT, local_launch, run_workers, wall_time
 from ncina.proto import nc8
 from ncina.proto.header import PORT, Format
+from ncina.proto.job import default_k as job_default_k
 from ncina.proto.nc_bounds import bounds_from_inputs
 from ncina.proto.wire import DEFAULT_MTU, MAX_K
 
@@ -66,9 +66,9 @@ def backends() -> tuple[str, ...]:
 
 
 def default_k(mtu: int, result: str) -> int:
-    """The aggregator's default K for ``mtu`` (``ncina.aggregator.jobs.default_k``), or
+    """The aggregator's default K for ``mtu`` (``ncina.proto.job.default_k``), or
     ``ValueError`` when not even one element fits."""
-    k = jobs.default_k(mtu, result)
+    k = job_default_k(mtu, result)
     if k < 1:
         raise ValueError(f"no {result} chunk fits an MTU of {mtu} bytes")
     return k
