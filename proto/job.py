@@ -282,15 +282,22 @@ class JobSpec:
     def to_args(self, *names: str) -> list[str]:
         """The options that give another command this job's fields ``names`` (all but ``key``,
         which travels as a file, when none is named); a field that is None is left out."""
-        out = []
-        for name in names or [n for n in OPTIONS if n != "key"]:
-            if name == "key":
-                raise ValueError("a key travels in a file: give the command --key-file FILE")
-            value = getattr(self, name)
-            if value is not None:
-                out += [OPTIONS[name].flag,
-                        value.name.lower() if isinstance(value, Format) else str(value)]
-        return out
+        return job_args(**{name: getattr(self, name)
+                           for name in names or [n for n in OPTIONS if n != "key"]})  # fmt: skip
+
+
+def job_args(**values: Any) -> list[str]:
+    """Command-line options for job fields given by name (``job_args(k=256, workers=4)``),
+    spelled as ``OPTIONS`` spells them, unvalidated (a test may pass a bad value on purpose); a
+    value of None is left out."""
+    out = []
+    for name, value in values.items():
+        if name == "key" and value is not None:
+            raise ValueError("a key travels in a file: give the command --key-file FILE")
+        if value is not None:
+            out += [OPTIONS[name].flag,
+                    value.name.lower() if isinstance(value, Format) else str(value)]
+    return out
 
 
 def _mtu(text: str) -> int:
