@@ -328,8 +328,8 @@ class Option:
 OPTIONS: dict[str, Option] = {
     "job": Option("--job", "job", f"job id (0..{MAX_JOB_ID})", kwargs={"type": int}),
     "workers": Option(
-        "--workers", "workers", "workers in the job, ranks 0..N-1 (under a leaf aggregator: "
-        "the leaf's; on a spine: its leaves)", kwargs={"type": int, "metavar": "N"}),
+        "--workers", "workers", "workers in the job, ranks 0..N-1",
+        kwargs={"type": int, "metavar": "N"}),
     "k": Option(
         "--k", "k", f"elements per packet, the job's K (1..{MAX_K})",
         rule="the most whose datagrams fit --mtu both ways: 1456 nc8 elements at 1500, 8956 at "
