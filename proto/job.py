@@ -51,6 +51,7 @@ DEFAULT_WINDOW_MAX = 10
 FORMATS = {"nc8": Format.NC8, "int": Format.INT}
 """An INA job's result and uplink formats, by their option names."""
 MTU_WHY = " (IPv4's minimum to a jumbo frame)"
+TOTAL_WHY = f" (a tree of {MAX_WORKERS} leaves of {MAX_WORKERS}: one aggregator serves at most 64)"
 
 
 def default_k(mtu: int, result_format: Format | str, tagged: bool = False) -> int:
@@ -300,16 +301,27 @@ def job_args(**values: Any) -> list[str]:
     return out
 
 
-def _mtu(text: str) -> int:
-    """argparse type of ``--mtu``: an MTU in ``MIN_MTU..MAX_MTU``."""
-    try:
-        mtu = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    problem = range_problem("--mtu", mtu, MIN_MTU, MAX_MTU, MTU_WHY)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return mtu
+class Ranged:
+    """argparse type of a job's integer option: a number no job can have (outside
+    ``low..high``) is refused when parsed, with the message of :class:`JobSpec`'s validation;
+    what depends on other options (workers of one aggregator, K against the MTU) is checked
+    with them."""
+
+    def __init__(self, what: str, low: int, high: int, why: str = "") -> None:
+        self.what, self.low, self.high, self.why = what, low, high, why
+
+    def __call__(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        problem = range_problem(self.what, value, self.low, self.high, self.why)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    def __repr__(self) -> str:  # argparse names a type that refuses a value by its repr
+        return "int"
 
 
 @dataclass(frozen=True)
@@ -326,18 +338,20 @@ class Option:
 
 
 OPTIONS: dict[str, Option] = {
-    "job": Option("--job", "job", f"job id (0..{MAX_JOB_ID})", kwargs={"type": int}),
+    "job": Option("--job", "job", f"job id (0..{MAX_JOB_ID})",
+                  kwargs={"type": Ranged("job id", 0, MAX_JOB_ID)}),
     "workers": Option(
         "--workers", "workers", "workers in the job, ranks 0..N-1",
-        kwargs={"type": int, "metavar": "N"}),
+        kwargs={"type": Ranged("workers", 1, MAX_TOTAL_WORKERS, TOTAL_WHY), "metavar": "N"}),
     "k": Option(
         "--k", "k", f"elements per packet, the job's K (1..{MAX_K})",
         rule="the most whose datagrams fit --mtu both ways: 1456 nc8 elements at 1500, 8956 at "
         "9000, 182 int ones at 1500; int lanes where int partial sums travel (a spine, or "
-        "under a leaf)", kwargs={"type": int}),
+        "under a leaf)", kwargs={"type": Ranged("k (elements per packet)", 1, MAX_K)}),
     "pool_size": Option(
         "--pool-size", "pool_size", f"slots in the job's pool (1..{MAX_POOL_SIZE})",
-        DEFAULT_POOL_SIZE, kwargs={"type": int, "metavar": "S"}),
+        DEFAULT_POOL_SIZE,
+        kwargs={"type": Ranged("pool size", 1, MAX_POOL_SIZE), "metavar": "S"}),
     "window_max": Option(
         "--window-max", "window_max", "largest exponent of the NC8 window, e_max; e_min "
         "follows from it and the (total) workers", DEFAULT_WINDOW_MAX,
@@ -346,7 +360,8 @@ OPTIONS: dict[str, Option] = {
         "--total-workers", "total_workers", "hierarchical aggregation (docs/protocol.md): the "
         "workers of the whole tree, whose window every aggregator and worker of the job uses "
         "and whose sum the results are (a leaf: its --workers times the leaves)",
-        rule="--workers", kwargs={"type": int, "metavar": "N"}),
+        rule="--workers",
+        kwargs={"type": Ranged("total workers", 1, MAX_TOTAL_WORKERS, TOTAL_WHY), "metavar": "N"}),
     "result": Option(
         "--result", "result", "the results' payload: nc8 (sums re-compressed to NC8, 1 byte per "
         "element) or int (exact sums, 8 bytes per element)", "nc8",
@@ -363,6 +378,6 @@ OPTIONS: dict[str, Option] = {
     "mtu": Option(
         "--mtu", "mtu", f"IP MTU of the links ({MIN_MTU}..{MAX_MTU}): every datagram of the "
         "job must fit it, and the default --k follows from it", DEFAULT_MTU,
-        kwargs={"type": _mtu}),
+        kwargs={"type": Ranged("--mtu", MIN_MTU, MAX_MTU, MTU_WHY)}),
 }  # fmt: skip
 """Every job field's option, by field name: the one place an option is spelled."""
