@@ -128,8 +128,9 @@ class JobSpec:
         """The widest element a datagram of the job carries: int where int partial sums travel
         (a spine's uplink, or the workers under a leaf), else the result format's."""
         partial_sums = self.uplink == Format.INT or (
-            self.total_workers is not None and self.total_workers > self.workers
-        )
+            self.total_workers is not None and self.workers is not None
+            and self.total_workers > self.workers
+        )  # fmt: skip
         return Format.INT if partial_sums else Format(self.result)
 
     # ---- validation ----
@@ -319,9 +320,6 @@ class Ranged:
         if problem:
             raise argparse.ArgumentTypeError(problem)
         return value
-
-    def __repr__(self) -> str:  # argparse names a type that refuses a value by its repr
-        return "int"
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ def test_the_default_k_is_the_largest_that_fits_the_mtu(given: dict, k: int) -> 
     [
         ({"job": 65536}, "job id must be in 0..65535, not 65536"),
         ({"job": None}, "job id is not given (0..65535)"),
+        ({"workers": None, "total_workers": 8}, "workers is not given (1..64"),
         ({"workers": 0}, "workers must be in 1..64 (a worker bitmap is one 64-bit register word "
                          "in every backend), not 0"),
         ({"k": 0}, "k (elements per packet) must be in 1..9172, not 0"),
