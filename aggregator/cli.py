@@ -14,12 +14,8 @@ from ncina.aggregator.dpdk import driver as dpdk_driver
 from ncina.aggregator.faults import FaultConfig
 from ncina.aggregator.handshake import RESTART_IDLE
 from ncina.aggregator.jobs import (
-    DEFAULT_POOL_SIZE,
-    DEFAULT_WINDOW_MAX,
     JobConfig,
-    check_mtu_range,
     check_server_mtu,
-    default_k,
     parse_member,
 )
 from ncina.aggregator.pipeline import Aggregator
@@ -28,10 +24,9 @@ from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS
 from ncina.aggregator.socket import driver as socket_driver
 from ncina.proto.compressors import create
 from ncina.proto.compressors.base import Compressor, largest_fitting
-from ncina.proto.header import ELEMENT_SIZE, MAX_GENERATION, PORT
-from ncina.proto.tag import key_file_argument
+from ncina.proto.header import MAX_GENERATION, PORT
+from ncina.proto.job import JobSpec, default_k
 from ncina.proto.wire import (
-    DEFAULT_MTU,
     MAX_K,
     MAX_MTU,
     MAX_POOL_SIZE,
@@ -110,15 +105,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _mtu(text: str) -> int:
-    try:
-        mtu = int(text)
-        check_mtu_range(mtu)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return mtu
-
-
 def job_k(args: argparse.Namespace, compressor: Compressor | None) -> int:
     """``--k``, or the largest K whose packets fit ``--mtu`` (INA: for the result format and
     tag; server mode: for the compressor's largest payload)."""
@@ -159,25 +145,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"IPv4 address and UDP port to serve; port 0 picks a free one, reported in the "
         f"readiness line (default: 0.0.0.0:{PORT})",
     )
-    parser.add_argument("--job", type=int, required=True, help="job id (0..65535)")
-    parser.add_argument(
-        "--workers", type=int, required=True, metavar="N", help="number of workers (ranks 0..N-1)"
-    )
-    parser.add_argument(
-        "--k",
-        type=int,
-        default=None,
-        help="elements per packet (chunk size) of the job (default: the largest whose packets "
-        "fit --mtu, for the result format and tag)",
-    )
-    parser.add_argument(
-        "--result",
-        choices=[f.name.lower() for f in ELEMENT_SIZE],
-        default=None,
-        help="INA mode's result payload (required there): nc8 (sums re-compressed to NC8, 1 byte "
-        "per element) or int (exact sums, 8 bytes per element); server mode's results are "
-        "always the compressor's payloads (blob), so it takes none",
-    )
+    JobSpec.add_arguments(
+        parser, "job", "workers", "k", "result", required=("job", "workers"), result=None,
+        rules={
+            "k": "the most whose packets fit --mtu, for the result format and tag (int lanes on "
+            "a spine or a leaf); in server mode, for the compressor's largest payload",
+            "result": "none; INA mode requires one, server mode takes none: its results are "
+            "always the compressor's payloads (blob)",
+        },
+    )  # fmt: skip
     parser.add_argument(
         "--mode",
         choices=("ina", "server"),
@@ -193,21 +169,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="server mode's compressor, [ef+]name[:key=value,...] (docs/compressors.md); with "
         "ef+ the server keeps error feedback per chunk (DoubleSqueeze)",
     )
-    parser.add_argument(
-        "--pool-size",
-        type=int,
-        default=DEFAULT_POOL_SIZE,
-        metavar="S",
-        help="slots in the job's pool (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--window-max",
-        type=int,
-        default=DEFAULT_WINDOW_MAX,
-        metavar="E",
-        help="largest exponent of the NC8 window, e_max; e_min follows from it and --workers "
-        "(default: %(default)s)",
-    )
+    JobSpec.add_arguments(parser, "pool_size", "window_max")
     parser.add_argument(
         "--member",
         type=_member,
@@ -225,15 +187,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "and the chunk (docs/protocol.md, 'Re-compression'), and in server mode of each chunk's "
         "compressor state (default: from the OS)",
     )
-    parser.add_argument(
-        "--key-file",
-        type=key_file_argument,
-        default=None,
-        metavar="FILE",
-        help="the job's shared secret, 16-64 bytes as hex in FILE: every datagram of the job "
-        "must then carry a valid authentication tag, and results carry one "
-        "(docs/protocol.md, 'Authentication tag')",
-    )
+    JobSpec.add_arguments(parser, "key")
     parser.add_argument(
         "--generation",
         type=int,
@@ -254,12 +208,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(docs/protocol.md, 'A new set of workers'; default: %(default)s, the workers' default "
         "deadline; 0: whenever no round is partly filled)",
     )
-    parser.add_argument(
-        "--mtu",
-        type=_mtu,
-        default=DEFAULT_MTU,
-        help="link MTU in bytes that a result frame must fit (default: %(default)s)",
-    )
+    JobSpec.add_arguments(parser, "mtu")
     parser.add_argument(
         "--stats",
         type=Path,

@@ -74,6 +74,7 @@ from ncina.proto.header import (
     ProtocolError,
     parse,
 )
+from ncina.proto.job import JobSpec
 from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 
 from ncina.common.address import Address, peer_address
@@ -513,16 +514,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "hierarchical aggregation (a spine or a leaf: python, socket, dpdk; "
         "docs/protocol.md, 'Hierarchical aggregation')"
     )
-    group.add_argument(
-        "--total-workers", type=int, default=None, metavar="N",
-        help="workers of the whole tree, whose window every aggregator and worker of the job "
-        "uses (a leaf: its --workers times the leaves; a spine: the same N) (default: --workers)",
-    )  # fmt: skip
-    group.add_argument(
-        "--uplink", choices=("nc8", "int"), default="nc8",
-        help="what the members send: nc8 codes (workers, default) or int, the exact partial "
-        "sums of leaf aggregators: a spine, whose --workers are its leaves",
-    )  # fmt: skip
+    JobSpec.add_arguments(group, "total_workers", "uplink")
     group.add_argument(
         "--upstream", type=peer_address, default=None, metavar="HOST:PORT",
         help="be a leaf of the spine at HOST:PORT: complete slots go up as int partial sums, "

@@ -14,13 +14,13 @@ from types import MappingProxyType
 
 from ncina.proto.compressors.base import Compressor, largest_fitting
 from ncina.proto.descriptor import WORKERS_WHY, check_job, check_range
-from ncina.proto.header import ELEMENT_SIZE, Format, largest_k
+from ncina.proto.header import ELEMENT_SIZE, Format
+from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX
 from ncina.proto.nc8 import Window
 from ncina.proto.tag import check_key, key_from_hex
 from ncina.proto.wire import (
     ETH_IPV4_UDP_NCINA_HEADERS,
     ETHERNET_HEADER,
-    MAX_K,
     MAX_MTU,
     MAX_TOTAL_WORKERS,
     MAX_WORKERS,
@@ -36,9 +36,8 @@ MAX_SEED = (1 << 64) - 1
 
 # The job limits (MAX_WORKERS, MAX_K, MAX_POOL_SIZE, MAX_JOB_ID) and the link MTUs an aggregator
 # accepts (MIN_MTU..MAX_MTU, IPv4 bytes) are the wire's (ncina.proto.wire); the worker validates
-# with the same (ncina.proto.descriptor.check_job).
-DEFAULT_POOL_SIZE = 64
-DEFAULT_WINDOW_MAX = 10
+# with the same (ncina.proto.descriptor.check_job). The defaults and the default K are the job's
+# (ncina.proto.job).
 
 
 @dataclass(frozen=True)
@@ -218,14 +217,6 @@ class JobConfig:
 def check_mtu_range(mtu: int) -> None:
     """Raise ``ValueError`` unless ``mtu`` is a link MTU an aggregator accepts."""
     check_range("--mtu", mtu, MIN_MTU, MAX_MTU, " (IPv4's minimum to a jumbo frame)")
-
-
-def default_k(mtu: int, result_format: Format | str, tagged: bool = False) -> int:
-    """The chunk size a job gets when none is given: the largest whose datagrams both ways fit
-    one packet of ``mtu`` (``ncina.proto.header.largest_k``; 1456 for NC8 at MTU 1500)."""
-    if isinstance(result_format, str):
-        result_format = Format[result_format.upper()]
-    return min(MAX_K, largest_k(mtu, result_format, tagged))
 
 
 def check_server_mtu(config: JobConfig, compressor: Compressor, mtu: int) -> None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ncina.aggregator.jobs import default_k
+from ncina.proto.job import JobSpec, default_k
 from ncina.proto.tag import read_key_file
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.topo.config import BMV2_POOL_SIZE, FIXED_K, TopoConfig
@@ -49,7 +49,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--leaves", type=int, default=d.leaves,
                    help="leafspine: leaf switches, the workers split evenly over them "
                    "(default: %(default)s)")
-    p.add_argument("--workers", type=int, default=d.workers, help="default: %(default)s")
+    JobSpec.add_arguments(p, "workers", workers=d.workers)
     p.add_argument("--aggregators", type=int, help="aggregator nodes (star: 1, multi: default 2)")
     p.add_argument("--backend",
                    help="aggregator backend: socket, python, dpdk or bmv2 (the switch itself, "
@@ -59,9 +59,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="aggregator link bandwidth in Mbit/s (default: unshaped, like the switch)")
     p.add_argument("--loss", type=float, default=d.loss,
                    help="percent of packets lost per worker link direction (iptables; default: 0)")
-    p.add_argument("--mtu", type=int, default=d.mtu,
-                   help="MTU of every link (default: %(default)s); jumbo frames (9000) carry "
-                   "about six times the elements per packet")  # fmt: skip
+    JobSpec.add_arguments(p, "mtu", mtu=d.mtu)
     p.add_argument("--model", default=d.model,
                    help="a name from ncina.worker.models.MODELS (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=d.epochs, help="default: %(default)s")
@@ -76,19 +74,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "ncina.worker.models: 0.1; for the 32x32 image nets 0.02 per 128 samples of "
                    "global batch, after a 5-step warm-up)")
     p.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
-    p.add_argument("--k", type=int,
-                   help=f"elements per packet (default: the largest that fits --mtu, 1456 for "
-                   f"nc8 results at 1500; {FIXED_K} with --backend bmv2 or --mode server)")
-    p.add_argument("--pool-size", type=int,
-                   help="slots per job (default: from --bw and K, "
-                   "ncina.worker.tuning.pool_size: 4 ms of the link, 34 at 100 Mbit/s and MTU "
-                   f"1500, 8 at --mtu 9000; unshaped {d.pool_size}, fewer for a larger K, so "
-                   f"that about {d.pool_size} MTU-1500 chunks are in flight: 10 at --mtu 9000; "
-                   f"{BMV2_POOL_SIZE} with --backend bmv2, whose libpcap input ring holds a few "
-                   "dozen frames)")
-    p.add_argument("--window-max", type=int, default=d.window_max, help="default: %(default)s")
-    p.add_argument("--result", choices=("nc8", "int"), default=d.result,
-                   help="INA mode's downlink format (default: %(default)s)")
+    JobSpec.add_arguments(
+        p, "k", "pool_size", "window_max", "result", pool_size=None, window_max=d.window_max,
+        result=d.result, rules={
+            "k": "the largest that fits --mtu, 1456 for nc8 results at 1500; "
+            f"{FIXED_K} with --backend bmv2 or --mode server",
+            "pool_size": "from --bw and K, ncina.worker.tuning.pool_size: 4 ms of the link, 34 "
+            f"at 100 Mbit/s and MTU 1500, 8 at --mtu 9000; unshaped {d.pool_size}, fewer for a "
+            f"larger K, so that about {d.pool_size} MTU-1500 chunks are in flight: 10 at --mtu "
+            f"9000; {BMV2_POOL_SIZE} with --backend bmv2, whose libpcap input ring holds a few "
+            "dozen frames",
+        },
+    )  # fmt: skip
     p.add_argument("--compressor", metavar="SPEC",
                    help="workers' gradient compressor [ef+]name[:key=value,...] "
                    "(docs/compressors.md; default: NC8 of the raw gradients)")
@@ -125,7 +122,7 @@ def topo_k(
     topo: str = "star",
 ) -> int:  # fmt: skip
     """The K a topology's job gets without --k: ``FIXED_K`` on BMv2 and in server mode, else the
-    largest whose packets fit ``mtu`` (``ncina.aggregator.jobs.default_k``; in leaf-spine, whose
+    largest whose packets fit ``mtu`` (``ncina.proto.job.default_k``; in leaf-spine, whose
     leaves send int partial sums, for int)."""
     if backend == "bmv2" or mode == "server":
         return FIXED_K

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ncina.proto.header import Format, largest_k
+from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX
 from ncina.proto.wire import DEFAULT_MTU
 
 BMV2_POOL_SIZE = 8
@@ -68,8 +69,8 @@ class TopoConfig:
     lr: float | None = None  # None: the model's recipe (ncina.worker.models)
     seed: int = 0
     k: int = FIXED_K
-    pool_size: int = 64
-    window_max: int = 10
+    pool_size: int = DEFAULT_POOL_SIZE
+    window_max: int = DEFAULT_WINDOW_MAX
     result: str = "nc8"
     compressor: str | None = None
     mode: str = "ina"

@@ -34,6 +34,7 @@ from ncina.aggregator.cli import BACKENDS
 from ncina.aggregator.dpdk import netns as dpdk_netns
 from ncina.aggregator.jobs import check_mtu_range
 from ncina.proto.header import PORT
+from ncina.proto.job import JobSpec
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.topo import report
 from ncina.topo.config import UPLINK_LOSS_AT_WORKER, TopoConfig
@@ -55,6 +56,16 @@ from ncina.common.jsonlines import read_new_events
 
 NCINA = Path(sys.executable).with_name("ncina")  # the console script of this environment
 JOB = 1  # the job id of every run
+AGGREGATOR_JOB = ("job", "workers", "total_workers", "uplink", "k", "pool_size", "mtu",
+                  "window_max")  # fmt: skip
+"""The job fields every ``ncina aggregator`` of a topology is given (``--result`` in INA mode)."""
+
+
+def job_spec(cfg: TopoConfig) -> JobSpec:
+    """The run's job as every worker holds it (a star's aggregators too; a leaf-spine's differ
+    in workers, total workers and uplink). Its key travels as ``cfg.key_file``, not in it."""
+    return JobSpec(job=JOB, workers=cfg.workers, k=cfg.k, pool_size=cfg.pool_size,
+                   window_max=cfg.window_max, result=cfg.result, mtu=cfg.mtu)  # fmt: skip
 # The rendezvous port of each mode (no TIME_WAIT clash).
 GLOO_PORTS = {"ina": 29500, "gloo": 29501, "ncina": 29502}
 STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
@@ -162,19 +173,8 @@ def start_aggregators(
     for j, name in enumerate(topo.aggregator_names or [topo.switch_name]):
         address = f"{aggregator_ip(j)}:{PORT}"
         log = run_dir / f"aggregator{j}.log"
-        argv = [
-            str(NCINA), "aggregator", "--backend", cfg.backend, "--listen", address,
-            "--job", str(JOB), "--workers", str(cfg.workers), "--k", str(cfg.k),
-            "--pool-size", str(cfg.pool_size), "--mtu", str(cfg.mtu),
-            "--window-max", str(cfg.window_max), "--seed", str(cfg.seed + j),
-            "--stats", str(run_dir / f"aggregator{j}.json"),
-        ]
-        if cfg.mode == "server":  # the aggregator runs the workers' compressor
-            argv += ["--mode", "server", "--compressor", str(cfg.compressor)]
-        else:
-            argv += ["--result", cfg.result]
-        if cfg.key_file is not None:
-            argv += ["--key-file", str(cfg.key_file.resolve())]
+        argv = aggregator_argv(cfg, j, address, run_dir, job_spec(cfg))
+        argv += ["--seed", str(cfg.seed + j)]
         if cfg.backend == "dpdk":
             argv += _dpdk_host(net, cfg, name)
         elif cfg.backend == "bmv2":
@@ -195,16 +195,19 @@ def _dpdk_host(net: Mininet, cfg: TopoConfig, name: str) -> list[str]:
     return dpdk_netns.prepare_host(net.get(name)) if cfg.backend == "dpdk" else []
 
 
-def aggregator_argv(cfg: TopoConfig, j: int, address: str, run_dir: Path) -> list[str]:
-    """``ncina aggregator`` for aggregator node ``j`` of an INA-mode tree, without the
-    worker count and the hierarchy options."""
+def aggregator_argv(
+    cfg: TopoConfig, j: int, address: str, run_dir: Path, job: JobSpec
+) -> list[str]:
+    """``ncina aggregator`` for aggregator node ``j`` serving ``job``: its fields, the mode
+    (server mode: the workers' compressor; INA: the result format), the key file."""
     argv = [
         str(NCINA), "aggregator", "--backend", cfg.backend, "--listen", address,
-        "--job", str(JOB), "--k", str(cfg.k), "--result", cfg.result,
-        "--pool-size", str(cfg.pool_size), "--mtu", str(cfg.mtu),
-        "--window-max", str(cfg.window_max), "--seed", str(cfg.seed),
-        "--stats", str(run_dir / f"aggregator{j}.json"),
+        *job.to_args(*AGGREGATOR_JOB), "--stats", str(run_dir / f"aggregator{j}.json"),
     ]  # fmt: skip
+    if cfg.mode == "server":  # the aggregator runs the workers' compressor
+        argv += ["--mode", "server", "--compressor", str(cfg.compressor)]
+    else:
+        argv += job.to_args("result")
     if cfg.key_file is not None:
         argv += ["--key-file", str(cfg.key_file.resolve())]
     return argv
@@ -217,10 +220,11 @@ def start_tree(
     (``--upstream`` the spine), every one with the total of the workers (docs/protocol.md,
     "Hierarchical aggregation"); the leaves do the spine's handshake before they are ready."""
     leaves = len(topo.aggregator_names) - 1
-    total = str(cfg.workers)
+    star = job_spec(cfg)
     spine_address = f"{aggregator_ip(leaves)}:{PORT}"
-    argv = aggregator_argv(cfg, leaves, spine_address, run_dir)
-    argv += ["--workers", str(leaves), "--total-workers", total, "--uplink", "int"]
+    spine_job = replace(star, workers=leaves, total_workers=cfg.workers, uplink="int")
+    argv = aggregator_argv(cfg, leaves, spine_address, run_dir, spine_job)
+    argv += ["--seed", str(cfg.seed)]
     argv += _dpdk_host(net, cfg, topo.aggregator_names[leaves])
     spine = procs.start(net.get(topo.aggregator_names[leaves]), argv,
                         run_dir / f"aggregator{leaves}.log")  # fmt: skip
@@ -228,9 +232,9 @@ def start_tree(
     started, addresses = [], []
     for i in range(leaves):
         address = f"{aggregator_ip(i)}:{PORT}"
-        argv = aggregator_argv(cfg, i, address, run_dir)
-        argv += ["--workers", str(topo.workers_per_leaf), "--total-workers", total,
-                 "--upstream", spine_address, "--upstream-rank", str(i)]  # fmt: skip
+        leaf_job = replace(star, workers=topo.workers_per_leaf, total_workers=cfg.workers)
+        argv = aggregator_argv(cfg, i, address, run_dir, leaf_job)
+        argv += ["--seed", str(cfg.seed), "--upstream", spine_address, "--upstream-rank", str(i)]
         argv += _dpdk_host(net, cfg, topo.aggregator_names[i])  # resolves the spine by ARP
         started.append(procs.start(net.get(topo.aggregator_names[i]), argv,
                                    run_dir / f"aggregator{i}.log"))  # fmt: skip
@@ -327,13 +331,12 @@ def start_workers(
         host = net.get(name)
         metrics.append(run_dir / f"worker{rank}.jsonl")
         argv = [
-            str(NCINA), "train", "--rank", str(rank), "--workers", str(cfg.workers),
+            str(NCINA), "train", "--rank", str(rank),
+            *job_spec(cfg).to_args("job", "workers", "k", "pool_size", "window_max", "result"),
             "--master", master, "--iface", host.defaultIntf().name, "--model", cfg.model,
             "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
             "--bucket-cap-mb", str(cfg.bucket_cap_mb),
-            "--seed", str(cfg.seed), "--k", str(cfg.k),
-            "--pool-size", str(cfg.pool_size), "--window-max", str(cfg.window_max),
-            "--result", cfg.result, "--job", str(JOB), "--metrics", str(metrics[-1]),
+            "--seed", str(cfg.seed), "--metrics", str(metrics[-1]),
         ]
         if isinstance(topo, LeafSpineTopo) and aggregators:  # this rank's leaf aggregator
             width = topo.workers_per_leaf

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_RETX, FLAG_TAG, GENERATION_SHIFT, Format
+from ncina.proto.job import job_args
 from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 
 SCHEMA = 1
@@ -420,10 +421,8 @@ def job_arguments(result: str | None = None) -> list[str]:
     """The ``ncina aggregator`` options of the corpus job with ``result`` (one of ``RESULTS``;
     None: without ``--result``); add ``--listen`` and ``--stats``. Its hellos restart nothing
     during a replay (``--restart-idle`` an hour), whatever the machine's pace."""
-    return ["--job", str(JOB), "--workers", str(WORKERS), "--k", str(K),
-            "--pool-size", str(POOL), "--generation", str(GENERATION), "--seed", str(SEED),
-            "--restart-idle", "3600",
-            *(["--result", result] if result else [])]  # fmt: skip
+    return [*job_args(job=JOB, workers=WORKERS, k=K, pool_size=POOL, result=result or None),
+            "--generation", str(GENERATION), "--seed", str(SEED), "--restart-idle", "3600"]
 
 
 def dump(cases: Sequence[Case]) -> str:

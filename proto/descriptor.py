@@ -39,10 +39,21 @@ from ncina.proto.wire import (
 WORKERS_WHY = " (a worker bitmap is one 64-bit register word in every backend)"
 
 
+def range_problem(what: str, value: int | None, low: int, high: int, why: str = "") -> str | None:
+    """The message for ``value`` outside ``low..high`` (or not given), naming ``what`` and the
+    range; None when it is inside."""
+    if value is None:
+        return f"{what} is not given ({low}..{high}{why})"
+    if not isinstance(value, int) or not low <= value <= high:
+        return f"{what} must be in {low}..{high}{why}, not {value}"
+    return None
+
+
 def check_range(what: str, value: int, low: int, high: int, why: str = "") -> None:
     """Raise ``ValueError`` unless ``low <= value <= high``, naming ``what`` and the range."""
-    if not low <= value <= high:
-        raise ValueError(f"{what} must be in {low}..{high}{why}, not {value}")
+    problem = range_problem(what, value, low, high, why)
+    if problem:
+        raise ValueError(problem)
 
 
 def check_job(*, job: int, workers: int, k: int, pool_size: int) -> None:

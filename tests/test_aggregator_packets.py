@@ -611,7 +611,8 @@ def test_configured_members_final_stats_and_clean_exit(backend: str, tmp_path: P
         (["--result", "int", "--k", "183"], 1, "largest k for int results at this MTU is 182"),
         (["--workers", "65"], 1, "workers must be in 1..64"),
         (["--mtu", "9217"], 2, "argument --mtu: --mtu must be in 68..9216"),
-        (["--k", "9173", "--mtu", "9216"], 1, "k (elements per packet) must be in 1..9172"),
+        (["--k", "9173", "--mtu", "9216"], 2,
+         "argument --k: k (elements per packet) must be in 1..9172, not 9173"),
     ],
 )
 def test_command_line_errors_are_one_clear_line(

@@ -24,12 +24,12 @@ C_EQUAL = {
     "NCE_HDR_LEN": wire.HEADER_SIZE,
     "NCE_TAG_LEN": wire.TAG_SIZE,
     "NCE_MAX_WORKERS": wire.MAX_WORKERS,
+    "NCE_MAX_MTU": wire.MAX_MTU,
+    "NCE_IPV4_UDP_LEN": wire.IPV4_UDP_HEADERS,
     "NCE_MAX_K": wire.MAX_K,
     "NCW_HEADER": wire.HEADER_SIZE,
     "NCW_TAG": wire.TAG_SIZE,
     "NCD_L2L4_LEN": wire.ETH_IPV4_UDP_HEADERS,
-    "GEN_MAX_K": wire.MAX_K,
-    "GEN_MAX_DGRAM": wire.HEADER_SIZE + wire.MAX_K,
 }
 # C buffer name -> the least it must hold.
 C_AT_LEAST = {
@@ -95,6 +95,16 @@ def test_c_copy_equals_wire(name: str) -> None:
     defines = c_defines()
     assert name in defines, f"#define {name} is gone: update tests/test_wire.py's C_EQUAL"
     assert defines[name] == dict.fromkeys(defines[name], C_EQUAL[name])
+
+
+def test_no_c_source_writes_the_largest_k_as_a_number() -> None:
+    """The C limits are written from the sizes they follow from (``NCE_MAX_K`` from the MTU and
+    the headers, the DPDK generator's from the engine's), never as a number of their own."""
+    literal = re.compile(rf"\b{wire.MAX_K}\b")
+    found = [str(path.relative_to(ROOT)) for folder in C_FOLDERS
+             for path in sorted((ROOT / folder).rglob("*.[ch]"))
+             if literal.search(path.read_text())]  # fmt: skip
+    assert found == []
 
 
 @pytest.mark.parametrize("name", sorted(C_AT_LEAST))

@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ncina.proto.tag import key_file_argument
-from ncina.proto.wire import DEFAULT_MTU
+from ncina.proto.job import JobSpec
 from ncina.worker.client import (
     DATA_PATH_ENV,
     DATA_PATHS,
     HANDSHAKE_TIMEOUT,
     OPS,
-    RESULT_FORMATS,
     AllreduceClient,
 )
 from ncina.worker.window import WINDOW_ENV, WINDOW_MODES
@@ -39,38 +37,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "aggregator (NC8 uplink) and write the job's sum or mean to --output (float32).",
     )
     p.add_argument("--aggregator", type=peer_address, required=True, metavar="HOST:PORT")
-    p.add_argument("--job", type=int, required=True, help="job id")
+    JobSpec.add_arguments(p, "job", required=("job",))
     p.add_argument("--rank", type=int, required=True, help="this worker's rank, 0..N-1")
-    p.add_argument("--workers", type=int, required=True, metavar="N",
-                   help="workers in the job (under a leaf aggregator: the leaf's)")
-    p.add_argument(
-        "--total-workers", type=int, default=None, metavar="N",
-        help="under a leaf aggregator (docs/protocol.md, 'Hierarchical aggregation'): the "
-        "workers of the whole tree, whose window and sum the job has; the default --k is "
-        "then the largest for int lanes, as the leaf's (default: --workers)",
-    )
-    p.add_argument(
-        "--k", type=int, default=None,
-        help="elements per packet, the job's K (default: the most whose datagrams fit --mtu "
-        "both ways, 1456 with nc8 results at 1500)",
-    )
-    p.add_argument(
-        "--mtu", type=int, default=DEFAULT_MTU,
-        help="IP MTU the default --k is derived from (default: %(default)s)",
-    )
+    JobSpec.add_arguments(p, "workers", "total_workers", "k", "mtu", required=("workers",))
     p.add_argument("--input", type=Path, required=True, metavar="X.npy", help="float tensor")
     p.add_argument("--output", type=Path, required=True, metavar="Y.npy", help="float32 result")
     p.add_argument("--op", choices=OPS, default="mean", help="default: %(default)s")
     p.add_argument("--seed", type=int, default=None, help="seed of the stochastic rounding")
-    p.add_argument("--pool-size", type=int, default=64, help="slots (default: %(default)s)")
-    p.add_argument(
-        "--window-max", type=int, default=10, metavar="E",
-        help="largest in-window exponent e_max (default: %(default)s)",
-    )
-    p.add_argument(
-        "--result", choices=sorted(RESULT_FORMATS), default="nc8",
-        help="the job's result format (default: %(default)s)",
-    )
+    JobSpec.add_arguments(p, "pool_size", "window_max", "result")
     p.add_argument(
         "--timeout", type=float, default=0.05, metavar="S",
         help="initial retransmission timeout in seconds (default: %(default)s)",
@@ -88,11 +62,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="aggregator restarts the call recovers from, with every other rank "
         "(docs/reliability.md); one more fails it (default: %(default)s)",
     )
-    p.add_argument(
-        "--key-file", type=key_file_argument, default=None, metavar="FILE",
-        help="the job's shared secret (hex), if the aggregator's job has one: every datagram is "
-        "then tagged and results are verified",
-    )
+    JobSpec.add_arguments(p, "key")
     add_data_path_argument(p)
     p.add_argument("--stats", type=Path, default=None, metavar="FILE", help="counters as JSON")
     return p

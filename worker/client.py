@@ -73,15 +73,14 @@ from ncina.proto.header import (
     HEADER,
     INT_DTYPE,
     Format,
-    largest_k,
     pack_blobs,
     pack_chunks,
 )
+from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, default_k
 from ncina.proto.wire import (
     DEFAULT_MTU,
     HEADER_SIZE,
     MAX_DATAGRAM,
-    MAX_K,
     MAX_TOTAL_WORKERS,
     TAG_SIZE,
     payload_room,
@@ -219,8 +218,8 @@ class AllreduceClient:
         rank: int,
         workers: int,
         k: int | None = None,
-        pool_size: int = 64,
-        window_max: int = 10,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        window_max: int = DEFAULT_WINDOW_MAX,
         result_format: str = "nc8",
         seed: int | None = None,
         timeout: float = 0.05,
@@ -244,7 +243,7 @@ class AllreduceClient:
             # Under a leaf the tree's K is the leaf's: its partial sums go up as int lanes.
             under_leaf = total_workers is not None and total_workers > workers
             fmt = Format.INT if under_leaf else RESULT_FORMATS[result_format]
-            k = min(MAX_K, largest_k(mtu, fmt, key is not None))
+            k = default_k(mtu, fmt, key is not None)
         desc.check_job(job=job, workers=workers, k=k, pool_size=pool_size)
         desc.check_range("rank", rank, 0, workers - 1, f" (job of {workers} workers)")
         if handshake_timeout is not None and not handshake_timeout > 0:

@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX
 from ncina.proto.tag import read_key_file
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.worker.client import RESULT_FORMATS, AllreduceClient
@@ -118,8 +119,8 @@ class NcinaOptions:
     result_format: str = "nc8"
     key: bytes | None = None
     k: int | None = None
-    pool_size: int = 64
-    window_max: int = 10
+    pool_size: int = DEFAULT_POOL_SIZE
+    window_max: int = DEFAULT_WINDOW_MAX
     mtu: int = DEFAULT_MTU
     deadline: float = 30.0
     seed: int = 0

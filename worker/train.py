@@ -41,10 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from ncina.proto.compressors import create
-from ncina.proto.tag import key_file_argument
-from ncina.proto.wire import DEFAULT_MTU
+from ncina.proto.job import JobSpec
 from ncina.worker.cli import add_data_path_argument
-from ncina.worker.client import MODES, RESULT_FORMATS, check_mode
+from ncina.worker.client import MODES, check_mode
 
 from ncina.common.address import peer_address
 from ncina.common.options import deprecated_alias
@@ -60,8 +59,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--compressor in --mode ina or server), or through gloo's fp32 all-reduce without it.",
     )
     p.add_argument("--rank", type=int, help="this rank (default: $RANK, set by torchrun)")
-    workers = p.add_argument("--workers", type=int,
-                             help="number of ranks (default: $WORLD_SIZE, set by torchrun)")
+    workers = JobSpec.add_arguments(
+        p, "workers", rules={"workers": "$WORLD_SIZE, set by torchrun"})["workers"]
     deprecated_alias(p, "--world-size", workers)
     p.add_argument("--master", type=peer_address, metavar="HOST:PORT",
                    help="gloo rendezvous address, rank 0 listens there (default: torchrun's "
@@ -75,7 +74,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "comm hook with --aggregator, else gloo's all-reduce) or ncina (DDP with no "
                    "hook on the ncina backend: its float all-reduces through the --aggregator, "
                    "the rest through gloo; docs/pytorch.md) (default: %(default)s)")
-    p.add_argument("--job", type=int, default=1, help="INA job id, as on the aggregator(s)")
+    JobSpec.add_arguments(p, "job", job=1)
     p.add_argument("--leaf-workers", type=int, metavar="W",
                    help="hierarchical aggregation (docs/protocol.md): the --aggregator is a "
                    "leaf of W workers, this rank its rank RANK mod W; the job's total is "
@@ -114,15 +113,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--link-mbit", type=float, metavar="MBIT",
                    help="this worker's link rate in Mbit/s, when known: sizes the default "
                    "--bucket-cap-mb (ncina topo and bench ddp give their --bw)")
-    p.add_argument("--k", type=int, default=None,
-                   help="elements per packet, the job's K (default: the most that fit --mtu)")
-    p.add_argument("--mtu", type=int, default=DEFAULT_MTU,
-                   help="IP MTU the default --k is derived from (default: %(default)s)")
+    JobSpec.add_arguments(p, "k", "mtu")
     add_data_path_argument(p)
-    p.add_argument("--pool-size", type=int, default=64)
-    p.add_argument("--window-max", type=int, default=10)
-    p.add_argument("--result", choices=sorted(RESULT_FORMATS), default="nc8",
-                   help="INA mode's downlink format, as configured on the aggregator")
+    JobSpec.add_arguments(p, "pool_size", "window_max", "result")
     p.add_argument("--compressor", metavar="SPEC",
                    help="gradient compressor [ef+]name[:key=value,...] (docs/compressors.md; "
                    "default: NC8 of the raw gradients, INA mode)")
@@ -131,9 +124,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "whose payloads are integer-summable) or server (the aggregator decompresses, "
                    "averages and re-compresses; any method, aggregator started with --mode "
                    "server --compressor SPEC); default: %(default)s")
-    p.add_argument("--key-file", type=key_file_argument, metavar="FILE",
-                   help="the job's shared secret (hex) when the aggregator's job has one: every "
-                   "datagram is tagged and every result verified (docs/protocol.md)")
+    JobSpec.add_arguments(p, "key")
     p.add_argument("--deadline", type=float, default=30.0,
                    help="seconds without progress before an all-reduce fails")
     p.add_argument("--restart-retries", type=int, default=3, metavar="N",

@@ -1,7 +1,7 @@
 """Defaults a training job takes from its link: DDP's gradient bucket size and the job's pool.
 
 K, the third, follows the MTU alone (the largest chunk whose datagrams fit it:
-``ncina.aggregator.jobs.default_k``); these two follow the worker link's bit rate as well. Used
+``ncina.proto.job.default_k``); these two follow the worker link's bit rate as well. Used
 by ``ncina train --link-mbit``, ``ncina topo`` (``make topo``) and ``ncina bench ddp`` when no
 ``--bucket-cap-mb`` or ``--pool-size`` is given (docs/topo.md, "Defaults from the link").
 """

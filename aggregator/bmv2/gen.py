@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ncina.aggregator.bmv2.layout import defines
+from ncina.proto.job import JobSpec
 from ncina.proto.nc8 import GAMMA
 
 GENERATED = ("config.p4", "lanes.p4")
@@ -325,7 +326,7 @@ def generator_main(
         prog=f"python -m {prog}",
         description=f"Write config.p4 and lanes.p4 of ncina's {program} for K lanes.",
     )
-    parser.add_argument("--k", type=int, required=True, help="lanes per packet")
+    JobSpec.add_arguments(parser, "k", required=("k",))
     parser.add_argument("--out", type=Path, required=True, help="directory to write into")
     args = parser.parse_args(argv)
     for path in write_k(args.k, args.out):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ncina.aggregator.bmv2 import gen_tofino
 from ncina.aggregator.bmv2.toolchain import CHECKOUT, ROOT, ToolchainError, _run_with_progress
+from ncina.proto.job import JobSpec
 
 from ncina.common.cbuild import cache_root
 
@@ -183,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         description=f"Generate p4/tofino/{MAIN} for K lanes, compile it with p4c-barefoot into "
         f"{BUILD_DIR}/<target>-k<K>/ and print the pipeline resources it takes.",
     )
-    parser.add_argument("--k", type=int, default=DEFAULT_K, help="lanes per pass "
-                        "(default: %(default)s, the largest that fits Tofino)")  # fmt: skip
+    JobSpec.add_arguments(parser, "k", k=DEFAULT_K)  # DEFAULT_K: the most that fit Tofino
     parser.add_argument("--target", choices=sorted(STAGES), default="tofino")
     parser.add_argument("--dense", action="store_true", help="the pair-register layout with "
                         "int32 results (docs/tofino.md, \"Density\")")  # fmt: skip

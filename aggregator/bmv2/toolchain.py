@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ncina.aggregator.bmv2 import gen, gen_tofino
 from ncina.aggregator.bmv2.layout import DEFAULT_K
+from ncina.proto.job import JobSpec
 
 from ncina.common.cbuild import cache_root
 from ncina.common.progress import progress
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         description=f"Generate and compile p4/{MAIN} (or the Tofino profile's p4/{TWIN}) for "
         f"K lanes into {BUILD_DIR}/k<K>/ ({BUILD_DIR}/tofino-k<K>/).",
     )
-    parser.add_argument("--k", type=int, default=DEFAULT_K, help="lanes (default: %(default)s)")
+    JobSpec.add_arguments(parser, "k", k=DEFAULT_K)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="default",
                         help=f"default: p4/{MAIN}; tofino: p4/{TWIN}, the v1model twin of the "
                         "Tofino program, K up to 12 (default: %(default)s)")  # fmt: skip

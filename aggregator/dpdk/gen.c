@@ -9,13 +9,13 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "datapath.h"
 #include "ncd.h"
 
 #define GEN_MAX_RANKS 16
 #define GEN_MAX_WINDOW 1024
 #define GEN_BATCH 64
-#define GEN_MAX_K 9172             /* ncina.proto.wire.MAX_K: an MTU-sized chunk */
-#define GEN_MAX_DGRAM (16 + GEN_MAX_K)
+#define GEN_MAX_DGRAM (NCE_HDR_LEN + NCE_MAX_K)   /* an MTU-sized chunk: the engine's largest */
 
 static double now_s(void)
 {
@@ -86,7 +86,7 @@ int ncd_gen_run(const int *fds, unsigned nranks, uint16_t job, int emin, unsigne
                 struct ncd_gen_stats *st)
 {
     if (nranks < 1 || nranks > GEN_MAX_RANKS || window < 1 || window > GEN_MAX_WINDOW ||
-        k < 1 || k > GEN_MAX_K)
+        k < 1 || k > NCE_MAX_K)
         return -1;
     memset(st, 0, sizeof *st);
     memset(ranks_state, 0, sizeof ranks_state);

@@ -14,8 +14,11 @@
 #define NCE_HDR_LEN 16          /* the ncina header, docs/protocol.md */
 #define NCE_TAG_LEN 8
 #define NCE_MAX_WORKERS 64      /* the bitmap is one 64-bit word, as in every backend */
-/* The largest K: NC8 results at the largest MTU (ncina.proto.wire.MAX_K). */
-#define NCE_MAX_K 9172
+#define NCE_MAX_MTU 9216        /* the largest link MTU, IPv4 bytes */
+#define NCE_IPV4_UDP_LEN 28     /* IPv4 without options, then UDP */
+/* The largest K: NC8 results (one byte an element) in one packet of the largest MTU, as
+ * ncina.proto.wire.MAX_K = payload_room(MAX_MTU). tests/test_wire.py checks every name here. */
+#define NCE_MAX_K (NCE_MAX_MTU - NCE_IPV4_UDP_LEN - NCE_HDR_LEN)
 /* The most data-plane lanes (threads, each with its own share of the slots) an engine serves. */
 #define NCE_MAX_LANES 8
 

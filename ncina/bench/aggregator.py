@@ -43,6 +43,7 @@ from ncina.common.options import deprecated_alias
 from ncina.common.progress import progress
 from ncina.harness.load_figures import load_figures, median_run, put_work_ratio
 from ncina.proto.header import PORT
+from ncina.proto.job import JobSpec, job_args
 
 JOB = 1
 
@@ -57,15 +58,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--backend", choices=("dpdk", "socket", "python", "bmv2"), default="dpdk",
                    help="the backend measured (default: %(default)s)")  # fmt: skip
-    p.add_argument("--workers", type=int, default=4, help="senders (default: %(default)s)")
-    p.add_argument("--k", type=int, default=256, help="elements per packet (default: %(default)s)")
-    pool_size = p.add_argument("--pool-size", type=int, default=64,
-                               help="slots per job, each outstanding at every worker "
-                               "(default: %(default)s)")  # fmt: skip
-    deprecated_alias(p, "--window", pool_size)
+    job = JobSpec.add_arguments(p, "workers", "k", "pool_size", workers=4, k=256)
+    deprecated_alias(p, "--window", job["pool_size"])
     p.add_argument("--seconds", type=float, default=5.0,
                    help="duration of each measurement (default: %(default)s)")  # fmt: skip
-    p.add_argument("--result", choices=("nc8", "int"), default="nc8")
+    JobSpec.add_arguments(p, "result")
     timeout = p.add_argument("--timeout", type=float, default=0.05, metavar="S",
                              help="the load generator re-sends a slot unanswered this long; raise "
                              "it for a slow switch (bmv2 at K=256: 1) (default: %(default)s)")
@@ -113,8 +110,9 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
     backend = backends.get(kind, kind)
     cmd = [
         sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend,
-        "--job", str(JOB), "--workers", str(args.workers), "--k", str(args.k),
-        "--result", args.result, "--pool-size", str(args.pool_size), "--seed", "1",
+        *job_args(job=JOB, workers=args.workers, k=args.k, result=args.result,
+                  pool_size=args.pool_size),
+        "--seed", "1",
         "--stats", str(stats_path), "--stats-interval", "60", "--listen", f"{site.ip}:{PORT}",
     ]  # fmt: skip
     if backend in ("python", "socket"):  # a kernel socket needs the address on the interface

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from ncina.aggregator import jobs
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.cli import positive_int
 from ncina.common import cpu
@@ -50,8 +49,10 @@ from ncina.harness.reference import BLOCK, Reference, build_reference, exact_mis
 from ncina.harness.workers import START_TIMEOUT, local_launch, run_workers, wall_time
 from ncina.proto import nc8
 from ncina.proto.header import PORT, Format
+from ncina.proto.job import JobSpec, job_args
+from ncina.proto.job import default_k as job_default_k
 from ncina.proto.nc_bounds import bounds_from_inputs
-from ncina.proto.wire import DEFAULT_MTU, MAX_K
+from ncina.proto.wire import DEFAULT_MTU
 
 JOB = 1
 RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT}
@@ -66,9 +67,9 @@ def backends() -> tuple[str, ...]:
 
 
 def default_k(mtu: int, result: str) -> int:
-    """The aggregator's default K for ``mtu`` (``ncina.aggregator.jobs.default_k``), or
+    """The aggregator's default K for ``mtu`` (``ncina.proto.job.default_k``), or
     ``ValueError`` when not even one element fits."""
-    k = jobs.default_k(mtu, result)
+    k = job_default_k(mtu, result)
     if k < 1:
         raise ValueError(f"no {result} chunk fits an MTU of {mtu} bytes")
     return k
@@ -78,18 +79,10 @@ def add_common_arguments(p: argparse.ArgumentParser, backend: str, workers: int)
     """The options ``bench allreduce`` and ``bench fabric`` share."""
     p.add_argument("--backend", choices=backends(), default=backend,
                    help="aggregator backend (default: %(default)s)")  # fmt: skip
-    p.add_argument("--workers", type=positive_int, default=workers, help="default: %(default)s")
+    JobSpec.add_arguments(p, "workers", workers=workers)
     p.add_argument("--elements", type=positive_int, default=10_000_000,
                    help="float32 elements per worker (default: %(default)s)")  # fmt: skip
-    p.add_argument("--mtu", type=positive_int, default=DEFAULT_MTU,
-                   help="MTU whose largest K is the default --k (default: %(default)s)")
-    p.add_argument("--k", type=positive_int, default=None,
-                   help="elements per packet (default: the largest that fits --mtu both ways, "
-                   f"at most {MAX_K})")  # fmt: skip
-    p.add_argument("--pool-size", type=positive_int, default=64, help="default: %(default)s")
-    p.add_argument("--result", choices=tuple(RESULT_FORMATS), default="nc8",
-                   help="default: %(default)s")  # fmt: skip
-    p.add_argument("--window-max", type=int, default=10, metavar="E", help="default: %(default)s")
+    JobSpec.add_arguments(p, "mtu", "k", "pool_size", "result", "window_max")
     p.add_argument("--repeat", type=positive_int, default=3,
                    help="runs; figures are their lower median (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="input and rounding seed")
@@ -174,10 +167,9 @@ def accuracy(ref: Reference, result: np.ndarray, result_format: str) -> dict[str
 def aggregator_arguments(args: argparse.Namespace, stats_path: Path) -> list[str]:
     """``ncina aggregator`` options of the benchmark's job (backend and address aside)."""
     return [
-        "--job", str(JOB), "--workers", str(args.workers), "--k", str(args.k),
-        "--result", args.result, "--pool-size", str(args.pool_size),
-        "--window-max", str(args.window_max), "--seed", str(args.seed),
-        "--mtu", str(args.mtu), "--stats", str(stats_path),
+        *job_args(job=JOB, workers=args.workers, k=args.k, result=args.result,
+                  pool_size=args.pool_size, window_max=args.window_max, mtu=args.mtu),
+        "--seed", str(args.seed), "--stats", str(stats_path),
     ]  # fmt: skip
 
 

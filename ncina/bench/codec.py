@@ -19,6 +19,7 @@ import numpy as np
 
 from ncina.common.progress import progress
 from ncina.proto import nc8
+from ncina.proto.job import JobSpec
 
 IMPLS = ("c", "numpy")
 
@@ -43,7 +44,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--impl", choices=[*IMPLS, "both"], default="both", help="implementation (default: both)"
     )
-    parser.add_argument("--workers", type=int, default=4, help="job size for the window (4)")
+    JobSpec.add_arguments(parser, "workers", workers=4)  # the job whose window codes are in
     parser.add_argument("--seed", type=int, default=0, help="seed of data and codes (0)")
     return parser
 

@@ -43,6 +43,7 @@ from ncina.common.options import deprecated_alias
 from ncina.common.progress import progress
 from ncina.common.ratios import spread
 from ncina.harness.ddp_figures import ddp_figures
+from ncina.proto.job import JobSpec
 
 FIELDS = ("ina_samples_per_s", "gloo_samples_per_s", "speedup", "comm_total_s",
           "exposed_comm_s", "exposed_comm_fraction", "initial_test_loss", "ina_test_loss",
@@ -65,24 +66,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--model", default="vgg11",
                    help="a model of ncina train --model (default: %(default)s)")  # fmt: skip
-    p.add_argument("--workers", type=int, default=4, help="default: %(default)s")
+    JobSpec.add_arguments(p, "workers", workers=4)
     p.add_argument("--bw", type=float, default=100.0,
                    help="worker link bandwidth in Mbit/s (default: %(default)s)")  # fmt: skip
     p.add_argument("--steps", type=int, default=20, help="training steps per run "
                    "(default: %(default)s)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=32, help="per worker (default: %(default)s)")
-    p.add_argument("--pool-size", type=int, help="slots per job (default: from --bw and K, as "
-                   "ncina topo: 34 at 100 Mbit/s and MTU 1500)")
-    p.add_argument("--mtu", type=int, default=1500,
-                   help="MTU of every link; the default K fits it (default: %(default)s)")
+    JobSpec.add_arguments(p, "pool_size", "mtu", pool_size=None, rules={
+        "pool_size": "from --bw and K, as ncina topo: 34 at 100 Mbit/s and MTU 1500"})
     p.add_argument("--bucket-cap-mb", type=float,
                    help="DDP gradient bucket size in MB (default: from --bw, "
                    "ncina.worker.tuning.bucket_cap_mb: 4 at 100 Mbit/s)")
     p.add_argument("--backend", default="socket",
                    help="the aggregator's backend (ncina aggregator --backend; default: "
                    "%(default)s)")  # fmt: skip
-    p.add_argument("--k", type=int,
-                   help="elements per packet (default: as ncina topo, the largest for MTU 1500)")
+    JobSpec.add_arguments(p, "k", rules={"k": "as ncina topo, the largest that fits --mtu"})
     p.add_argument("--torch-backend", action="store_true",
                    help="also train through the ncina process-group backend (DDP with no "
                    "hook) on the same fabric, beside the hook (docs/pytorch.md)")

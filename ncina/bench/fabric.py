@@ -81,6 +81,7 @@ from ncina.harness.links import (
 from ncina.harness.reference import Reference
 from ncina.harness.workers import START_TIMEOUT, run_workers
 from ncina.proto.header import PORT
+from ncina.proto.job import job_args
 from ncina.proto.wire import DEFAULT_MTU
 
 FAITHFUL_LINK_FRACTION = 0.9
@@ -257,7 +258,7 @@ def fabric_limit(
             loads.append(procs.start(host, [
                 sys.executable, "-m", "ncina.harness.echo",
                 "--target", f"{aggregator_ip(0)}:{PORT}", "--bind", worker_ip(rank),
-                "--k", str(args.k), "--window", str(args.pool_size),
+                *job_args(k=args.k), "--window", str(args.pool_size),
                 "--seconds", str(args.limit_seconds), "--retx-after", str(ECHO_RETX_AFTER),
                 "--start-at", str(start_at), "--output", str(directory / f"echo{rank}.json"),
             ], directory / f"echo{rank}.log"))  # fmt: skip

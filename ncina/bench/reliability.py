@@ -53,6 +53,7 @@ from ncina.harness.faults import (
     vs_lossless,
 )
 from ncina.harness.fuzzing import fuzz_during_allreduce, hostile_datagrams
+from ncina.proto.job import JobSpec
 from ncina.worker.client import AllreduceClient
 
 # Concurrent jobs: (job id, workers, K, pool size); the first is the job of the flags. Results
@@ -155,11 +156,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--workers", type=int, default=4, help="default: %(default)s")
+    JobSpec.add_arguments(p, "workers", workers=4)
     p.add_argument("--elements", type=int, default=1_000_000, help="default: %(default)s")
-    p.add_argument("--k", type=int, default=128,
-                   help="elements per packet (int results: at most 182 at MTU 1500)")  # fmt: skip
-    p.add_argument("--result", choices=("int", "nc8"), default="int", help="default: int")
+    JobSpec.add_arguments(p, "k", "result", k=128, result="int")
     p.add_argument("--seed", type=int, default=42, help="input seed")
     p.add_argument("--deadline", type=float, default=2.0,
                    help="the workers' deadline in the killed-worker scenario (s)")  # fmt: skip

@@ -43,6 +43,7 @@ from ncina.harness.soak_checks import (
     rss_summary,
 )
 from ncina.proto.header import PORT
+from ncina.proto.job import job_args
 from ncina.topo.config import SoakConfig, TopoConfig
 from ncina.topo.runner import Processes, build_net, check_backend, start_aggregators, start_workers
 from ncina.topo.topos import PREFIX_LEN, InaHost, InaLink, aggregator_ip, worker_ip
@@ -171,8 +172,8 @@ class Soak:
         cfg = self.cfg
         before = self.read_stats()
         argv = [sys.executable, "-m", "ncina.harness.stranger",
-                "--aggregator", f"{aggregator_ip(0)}:{PORT}", "--job", "1",
-                "--k", str(self.topo_cfg.k), "--pool-size", str(self.topo_cfg.pool_size),
+                "--aggregator", f"{aggregator_ip(0)}:{PORT}",
+                *job_args(job=1, k=self.topo_cfg.k, pool_size=self.topo_cfg.pool_size),
                 "--seed", str(self.rnd.getrandbits(32)), "--fuzz", str(cfg.fuzz),
                 "--hellos", str(cfg.hellos), "--spoofed", str(cfg.spoofed),
                 "--forged", str(cfg.forged if members else 0)]  # fmt: skip

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ncina.proto.job import JobSpec
 from ncina.topo.cli import ROOT_NEEDED
 from ncina.topo.config import SoakConfig
 
@@ -38,7 +39,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--minutes", type=float, default=d.minutes, help="default: %(default)s")
     p.add_argument("--backend", choices=BACKENDS, default=d.backend, help="default: %(default)s")
-    p.add_argument("--workers", type=int, default=d.workers, help="default: %(default)s")
+    JobSpec.add_arguments(p, "workers", workers=d.workers)
     p.add_argument("--loss", type=float, default=d.loss,
                    help="percent lost per worker link direction (default: %(default)s)")
     p.add_argument("--bw", type=float, default=d.bw,

@@ -28,6 +28,7 @@ from ncina.common.options import deprecated_alias
 from ncina.common.progress import progress
 from ncina.proto import tag
 from ncina.proto.header import FLAG_TAG, pack
+from ncina.proto.job import JobSpec
 
 JOB = 5
 KEY = bytes(range(1, 33))
@@ -41,8 +42,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--workers", type=int, default=4, help="default: %(default)s")
-    p.add_argument("--k", type=int, default=256, help="elements per packet (default: 256)")
+    JobSpec.add_arguments(p, "workers", "k", workers=4, k=256)
     p.add_argument("--chunks", type=int, default=4000, help="chunks per rank (default: 4000)")
     repeat = p.add_argument("--repeat", type=int, default=5, help="default: %(default)s")
     deprecated_alias(p, "--repeats", repeat)

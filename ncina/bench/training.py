@@ -23,6 +23,7 @@ from typing import Any
 from ncina.common.options import deprecated_alias
 from ncina.common.progress import progress
 from ncina.harness.training import METHODS, NC8, train_one
+from ncina.proto.job import JobSpec
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -35,7 +36,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--methods", nargs="+", default=METHODS, metavar="SPEC",
                    help=f"compressor specs ({NC8!r}: no compressor, NC8 in INA mode)")
-    p.add_argument("--workers", type=int, default=4)
+    JobSpec.add_arguments(p, "workers", workers=4)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     run_timeout = p.add_argument("--run-timeout", type=float, default=900.0,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator import process as aggproc
+from ncina.proto.job import job_args
 
 Address = tuple[str, int]
 Command = Callable[[str, Sequence[str]], list[str]]
@@ -85,9 +86,8 @@ def launch_aggregator(
     stats_path = workdir / "stats.json"
     log_path = workdir / "aggregator.log"
     arguments = [
-        "--listen", listen, "--job", str(job), "--workers", str(workers),
-        *(["--k", str(k)] if k is not None else []),
-        "--stats", str(stats_path), *(["--result", result] if result else []), *extra,
+        "--listen", listen, *job_args(job=job, workers=workers, k=k, result=result or None),
+        "--stats", str(stats_path), *extra,
     ]  # fmt: skip
     with log_path.open("wb") as log:  # a file, not a pipe: a full pipe would stall the process
         process = subprocess.Popen(

@@ -28,6 +28,7 @@ import numpy as np
 
 from ncina.common.ratios import put_ratio, ratio, refusal, spread
 from ncina.harness.figures import job_packets
+from ncina.proto.job import JobSpec
 
 JOB = 1
 
@@ -111,7 +112,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="ncina.harness.echo")
     p.add_argument("--target", required=True)
     p.add_argument("--bind", required=True)
-    p.add_argument("--k", type=int, required=True)
+    JobSpec.add_arguments(p, "k", required=("k",))
     p.add_argument("--window", type=int, required=True)
     p.add_argument("--seconds", type=float, required=True)
     p.add_argument("--retx-after", type=float, required=True)

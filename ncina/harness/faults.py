@@ -29,6 +29,7 @@ import numpy as np
 
 from ncina.common.ratios import put_ratio, refusal
 from ncina.harness.aggregators import RunningAggregator, start_aggregator
+from ncina.proto.job import job_args
 from ncina.worker.client import AggregatorRestartedError, AllreduceClient
 
 JOB = 21
@@ -193,8 +194,8 @@ def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: in
             # The process first: its start (imports) may take longer than the threads' deadline.
             child = subprocess.Popen([
                 sys.executable, "-m", "ncina.cli", "allreduce", "--aggregator",
-                f"{address[0]}:{address[1]}", "--job", str(JOB), "--rank", str(workers - 1),
-                "--workers", str(workers), "--k", str(k), "--result", result,
+                f"{address[0]}:{address[1]}", "--rank", str(workers - 1),
+                *job_args(job=JOB, workers=workers, k=k, result=result),
                 "--input", str(workdir / "x.npy"), "--output", str(workdir / "y.npy"),
             ], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                stderr=subprocess.DEVNULL)  # fmt: skip

@@ -30,6 +30,7 @@ from ncina.common.address import peer_address
 from ncina.harness.fuzzing import BURST, PAUSE, hostile_datagrams
 from ncina.proto.descriptor import JOB_DATAGRAM_SIZE
 from ncina.proto.header import FLAG_RESULT, FLAG_RETX, FLAG_TAG, HEADER, VERSION, Format, pack
+from ncina.proto.job import JobSpec
 from ncina.proto.wire import TAG_SIZE
 
 IPV4 = struct.Struct("!BBHHHBBH4s4s")
@@ -63,9 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--aggregator", type=peer_address, required=True, help="IP:PORT")
     p.add_argument("--member", action="append", default=[], type=peer_address,
                    help="IP:PORT of rank r's socket, in rank order (spoofed and forged to)")
-    p.add_argument("--job", type=int, required=True)
-    p.add_argument("--k", type=int, required=True)
-    p.add_argument("--pool-size", type=int, required=True)
+    JobSpec.add_arguments(p, "job", "k", "pool_size", required=("job", "k", "pool_size"))
     p.add_argument("--emin", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fuzz", type=int, default=0, help="fuzzed datagrams")

@@ -14,9 +14,12 @@ from typing import Any
 
 from ncina.aggregator import process as aggproc
 from ncina.proto.compressors import create
+from ncina.proto.job import job_args
 from ncina.worker.client import check_mode
 
 JOB = 1
+K = 256
+"""The job's elements per packet (the python aggregator's and the ranks')."""
 NC8 = "nc8"
 """The row of ``ncina train`` without ``--compressor``: NC8 of the raw gradients (INA)."""
 METHODS = [
@@ -51,8 +54,8 @@ def train_one(
     mode = mode_of(spec)
     if spec != NC8:
         check_mode(create(spec), mode)
-    agg_args = ["--listen", "127.0.0.1:0", "--job", str(JOB), "--workers", str(workers),
-                "--k", "256", "--seed", str(seed), "--stats", str(workdir / "stats.json")]
+    agg_args = ["--listen", "127.0.0.1:0", *job_args(job=JOB, workers=workers, k=K),
+                "--seed", str(seed), "--stats", str(workdir / "stats.json")]
     agg_args += (["--mode", "server", "--compressor", spec] if mode == "server"
                  else ["--result", "nc8"])  # fmt: skip
     proc, (host, port) = aggproc.start(agg_args, workdir / "aggregator.log")
@@ -68,7 +71,7 @@ def train_one(
                 workers.append(subprocess.Popen(
                     [sys.executable, "-m", "ncina.cli", "train", "--rank", str(rank),
                      "--workers", str(workers), "--master", f"127.0.0.1:{master}",
-                     "--aggregator", f"{host}:{port}", "--k", "256", "--epochs", str(epochs),
+                     "--aggregator", f"{host}:{port}", *job_args(k=K), "--epochs", str(epochs),
                      "--seed", str(seed), "--log-every", "1000", "--metrics",
                      str(metrics[rank]),
                      *compressor],

@@ -1,0 +1,381 @@
+"""A job, defined once: every parameter both sides of a job hold (:class:`JobSpec`), their
+defaults and the rules that derive one from the others, their validation, the command-line
+options that set them, and their one encoding, the handshake's descriptor
+(``ncina.proto.descriptor``, docs/protocol.md "Job handshake").
+
+Every command that takes a job parameter registers it with :meth:`JobSpec.add_arguments` (one
+spelling, one default, one help text per option; a command that wants another default names it
+there) and reads it back with :meth:`JobSpec.from_args`; a program that starts another command
+writes the options with :meth:`JobSpec.to_args`.
+
+What is not here: server mode and its compressor (``ncina aggregator --mode server``: a server's
+K is bounded by its compressor's payloads, not by the result format), a job's members and seed
+(the aggregator's, ``ncina.aggregator.jobs.JobConfig``), and a hardware profile (the Tofino
+limits are the aggregator's, ``ncina.aggregator.bmv2``, which this layer may not import).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ncina.proto.descriptor import (
+    RESULT_NAMES,
+    UPLINK_INT,
+    UPLINK_MODE,
+    WORKERS_WHY,
+    Descriptor,
+    pack_job_datagram,
+    range_problem,
+)
+from ncina.proto.header import ELEMENT_SIZE, Format, largest_k
+from ncina.proto.nc8 import Window
+from ncina.proto.tag import check_key, key_file_argument
+from ncina.proto.wire import (
+    DEFAULT_MTU,
+    MAX_JOB_ID,
+    MAX_K,
+    MAX_MTU,
+    MAX_POOL_SIZE,
+    MAX_TOTAL_WORKERS,
+    MAX_WORKERS,
+    MIN_MTU,
+)
+
+DEFAULT_POOL_SIZE = 64
+"""Slots in a job's pool when none is given."""
+DEFAULT_WINDOW_MAX = 10
+"""A job's largest NC8 exponent, e_max, when none is given."""
+FORMATS = {"nc8": Format.NC8, "int": Format.INT}
+"""An INA job's result and uplink formats, by their option names."""
+MTU_WHY = " (IPv4's minimum to a jumbo frame)"
+TOTAL_WHY = f" (a tree of {MAX_WORKERS} leaves of {MAX_WORKERS}: one aggregator serves at most 64)"
+
+
+def default_k(mtu: int, result_format: Format | str, tagged: bool = False) -> int:
+    """The chunk size a job gets when none is given: the largest whose datagrams both ways fit
+    one packet of ``mtu`` (``ncina.proto.header.largest_k``; 1456 for NC8 at MTU 1500)."""
+    if isinstance(result_format, str):
+        result_format = FORMATS[result_format]
+    return min(MAX_K, largest_k(mtu, result_format, tagged))
+
+
+def _format(value: Format | str | int) -> Format | str:
+    """A format given by name or value as a ``Format``; an unknown one as given (validation
+    names it)."""
+    if isinstance(value, str):
+        return FORMATS.get(value, value)
+    try:
+        return Format(value)
+    except ValueError:
+        return str(value)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Every parameter of one INA job that the worker and the aggregator must agree on.
+
+    ``k`` None takes the default rule: the largest chunk whose datagrams fit ``mtu`` both ways
+    (:func:`default_k`), for int lanes where int partial sums travel (a spine: ``uplink`` int;
+    under a leaf: ``total_workers`` above ``workers``), else for the result format. ``window``
+    follows from ``window_max`` (e_max) and the total workers (docs/protocol.md). Construction
+    validates every field and raises one ``ValueError`` naming every violation, one per line.
+    """
+
+    job: int
+    workers: int
+    k: int | None = None
+    pool_size: int = DEFAULT_POOL_SIZE
+    window_max: int = DEFAULT_WINDOW_MAX
+    total_workers: int | None = None
+    result: Format = Format.NC8
+    uplink: Format = Format.NC8
+    key: bytes | None = field(default=None, repr=False)
+    mtu: int = DEFAULT_MTU
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "result", _format(self.result))
+        object.__setattr__(self, "uplink", _format(self.uplink))
+        if self.k is None and self._lanes_valid() and MIN_MTU <= self.mtu <= MAX_MTU:
+            object.__setattr__(self, "k", default_k(self.mtu, self._lane_format(), self.keyed))
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid job:\n  " + "\n  ".join(problems))
+
+    # ---- derived values ----
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the job's datagrams carry an authentication tag."""
+        return self.key is not None
+
+    @property
+    def total(self) -> int:
+        """The workers whose sum the results are: ``total_workers``, else ``workers``."""
+        return self.total_workers if self.total_workers is not None else self.workers
+
+    @property
+    def window(self) -> Window:
+        """The NC8 exponent window of the job (e_max and the total workers)."""
+        return Window.for_job(self.total, self.window_max)
+
+    def _lanes_valid(self) -> bool:
+        return self.result in RESULT_NAMES and self.uplink in RESULT_NAMES
+
+    def _lane_format(self) -> Format:
+        """The widest element a datagram of the job carries: int where int partial sums travel
+        (a spine's uplink, or the workers under a leaf), else the result format's."""
+        partial_sums = self.uplink == Format.INT or (
+            self.total_workers is not None and self.workers is not None
+            and self.total_workers > self.workers
+        )  # fmt: skip
+        return Format.INT if partial_sums else Format(self.result)
+
+    # ---- validation ----
+
+    def problems(self) -> list[str]:
+        """One message per violated rule, in the order of the fields; empty when valid."""
+        mtu = range_problem("--mtu", self.mtu, MIN_MTU, MAX_MTU, MTU_WHY)
+        workers = range_problem("workers", self.workers, 1, MAX_WORKERS, WORKERS_WHY)
+        out = [
+            range_problem("job id", self.job, 0, MAX_JOB_ID),
+            workers,
+            # k None is left so only where the MTU or a format leaves no default K
+            None if self.k is None and (mtu or not self._lanes_valid()) else range_problem(
+                "k (elements per packet)", self.k, 1, MAX_K),
+            range_problem("pool size", self.pool_size, 1, MAX_POOL_SIZE),
+            mtu,
+        ]  # fmt: skip
+        total = None
+        if self.total_workers is not None and workers is None:
+            total = range_problem(
+                "total workers", self.total_workers, self.workers, MAX_TOTAL_WORKERS,
+                f" (at least the {self.workers} workers of this aggregator)")  # fmt: skip
+            out.append(total)
+            if self.uplink == Format.INT and self.total_workers % self.workers:
+                out.append(
+                    f"a spine's {self.total_workers} total workers must be a multiple of its "
+                    f"{self.workers} leaves (every leaf serves as many workers: their partial "
+                    "sums are bounded by it)"
+                )
+        if workers is None and total is None:
+            try:
+                self.window  # noqa: B018 (e_max against the total workers)
+            except (ValueError, TypeError) as exc:
+                out.append(f"no exponent window with e_max {self.window_max}: {exc}")
+        for what, value in (("result", self.result), ("uplink", self.uplink)):
+            if value not in RESULT_NAMES:
+                name = value.name.lower() if isinstance(value, Format) else value
+                out.append(f"an INA job's {what} format is nc8 or int, not {name}")
+        if self.key is not None:
+            try:
+                check_key(self.key)
+            except ValueError as exc:
+                out.append(str(exc))
+        if not any(out) and self.k > default_k(self.mtu, self._lane_format(), self.keyed):
+            out.append(self._frame_problem())
+        return [problem for problem in out if problem is not None]
+
+    def _frame_problem(self) -> str:
+        lanes = self._lane_format()
+        largest = default_k(self.mtu, lanes, self.keyed)
+        size = ELEMENT_SIZE[lanes]
+        return (
+            f"k={self.k} {lanes.name.lower()} elements take {self.k * size} payload bytes, "
+            f"more than a datagram has at MTU {self.mtu}; the largest k there is {largest}"
+        )
+
+    # ---- the one encoding: the handshake's descriptor ----
+
+    def descriptor(self) -> Descriptor:
+        """The job as the handshake carries it (``ncina.proto.descriptor.Descriptor``)."""
+        window = self.window
+        return Descriptor(
+            mode=int(self.result), workers=self.workers, pool_size=self.pool_size, k=self.k,
+            e_max=window.e_max, e_min=window.e_min, keyed=self.keyed, compressor=0,
+            uplink=UPLINK_INT if self.uplink == Format.INT else UPLINK_MODE,
+        )  # fmt: skip
+
+    def hello(self, rank: int) -> bytes:
+        """The ``job`` datagram a worker of ``rank`` sends before its first chunk."""
+        return pack_job_datagram(self.descriptor(), job=self.job, rank=rank, key=self.key)
+
+    @classmethod
+    def from_descriptor(
+        cls, job: int, descriptor: Descriptor, *, key: bytes | None = None, mtu: int = DEFAULT_MTU
+    ) -> JobSpec:
+        """The job a descriptor describes. The wire carries whether the job is keyed, not its
+        key, nor the MTU: give them. It carries the window, not the total workers: a window
+        other than ``workers``' own decodes to the fewest total workers that have it (a spine's:
+        a multiple of its leaves), which give the same descriptor. Raises ``ValueError`` for a
+        server-mode descriptor or a key that does not match ``keyed``."""
+        if descriptor.mode not in RESULT_NAMES:
+            raise ValueError(f"descriptor mode {descriptor.mode} is not an INA job's")
+        if descriptor.keyed != (key is not None):
+            raise ValueError("the descriptor's job is keyed: give its key" if descriptor.keyed
+                             else "the descriptor's job has no key")  # fmt: skip
+        window = Window(e_min=descriptor.e_min, span=descriptor.e_max - descriptor.e_min)
+        total = None
+        if Window.for_job(descriptor.workers, descriptor.e_max) != window:
+            # span = 62 - ceil(log2(total)): the fewest such totals is 2**(62 - span - 1) + 1,
+            # for a spine the fewest multiple of its leaves from there.
+            total = max(descriptor.workers, (1 << (62 - window.span - 1)) + 1)
+            if descriptor.uplink == UPLINK_INT:
+                total = -(-total // descriptor.workers) * descriptor.workers
+        return cls(
+            job=job, workers=descriptor.workers, k=descriptor.k, pool_size=descriptor.pool_size,
+            window_max=descriptor.e_max, total_workers=total, result=Format(descriptor.mode),
+            uplink=Format.INT if descriptor.uplink == UPLINK_INT else Format.NC8, key=key,
+            mtu=mtu,
+        )  # fmt: skip
+
+    # ---- the command line ----
+
+    @classmethod
+    def add_arguments(
+        cls,
+        parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+        *names: str,
+        required: Iterable[str] = (),
+        rules: Mapping[str, str] | None = None,
+        **defaults: Any,
+    ) -> dict[str, argparse.Action]:
+        """Register the options of the fields ``names`` (all when none is named) on ``parser``
+        and return their actions by field name. ``required`` names the fields a command must be
+        given; ``defaults`` gives a command's own default for a field (``k=256``); ``rules``
+        says in the help what a default of None means where it is not the field's rule."""
+        unknown = (set(names) | set(required) | set(defaults) | set(rules or {})) - OPTIONS.keys()
+        if unknown:
+            raise ValueError(f"not a job option: {', '.join(sorted(unknown))}")
+        actions = {}
+        for name in names or OPTIONS:
+            option = OPTIONS[name]
+            default = defaults.get(name, option.default)
+            rule = (rules or {}).get(name, option.rule)
+            help_text = option.help
+            if name in required:
+                pass
+            elif default is not None:
+                help_text += " (default: %(default)s)"
+            elif rule:
+                help_text += f" (default: {rule})"
+            actions[name] = parser.add_argument(
+                option.flag, dest=option.dest, default=None if name in required else default,
+                required=name in required, help=help_text, **option.kwargs,
+            )  # fmt: skip
+        return actions
+
+    @classmethod
+    def from_args(cls, namespace: argparse.Namespace, **overrides: Any) -> JobSpec:
+        """The job of parsed options (those of :meth:`add_arguments`); ``overrides`` replaces
+        fields (a value the command derived itself). An option that is absent or None takes the
+        field's default."""
+        values = {}
+        for name, option in OPTIONS.items():
+            value = overrides.get(name, getattr(namespace, option.dest, None))
+            if value is not None:
+                values[name] = value
+        for name in ("job", "workers"):
+            values.setdefault(name, None)
+        return cls(**values)
+
+    def to_args(self, *names: str) -> list[str]:
+        """The options that give another command this job's fields ``names`` (all but ``key``,
+        which travels as a file, when none is named); a field that is None is left out."""
+        return job_args(**{name: getattr(self, name)
+                           for name in names or [n for n in OPTIONS if n != "key"]})  # fmt: skip
+
+
+def job_args(**values: Any) -> list[str]:
+    """Command-line options for job fields given by name (``job_args(k=256, workers=4)``),
+    spelled as ``OPTIONS`` spells them, unvalidated (a test may pass a bad value on purpose); a
+    value of None is left out."""
+    out = []
+    for name, value in values.items():
+        if name == "key" and value is not None:
+            raise ValueError("a key travels in a file: give the command --key-file FILE")
+        if value is not None:
+            out += [OPTIONS[name].flag,
+                    value.name.lower() if isinstance(value, Format) else str(value)]
+    return out
+
+
+class Ranged:
+    """argparse type of a job's integer option: a number no job can have (outside
+    ``low..high``) is refused when parsed, with the message of :class:`JobSpec`'s validation;
+    what depends on other options (workers of one aggregator, K against the MTU) is checked
+    with them."""
+
+    def __init__(self, what: str, low: int, high: int, why: str = "") -> None:
+        self.what, self.low, self.high, self.why = what, low, high, why
+
+    def __call__(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        problem = range_problem(self.what, value, self.low, self.high, self.why)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+
+@dataclass(frozen=True)
+class Option:
+    """A job field's command-line option: its spelling, what it is, its default and, where that
+    is None, the rule that decides it."""
+
+    flag: str
+    dest: str
+    help: str
+    default: Any = None
+    rule: str | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+OPTIONS: dict[str, Option] = {
+    "job": Option("--job", "job", f"job id (0..{MAX_JOB_ID})",
+                  kwargs={"type": Ranged("job id", 0, MAX_JOB_ID)}),
+    "workers": Option(
+        "--workers", "workers", "workers in the job, ranks 0..N-1",
+        kwargs={"type": Ranged("workers", 1, MAX_TOTAL_WORKERS, TOTAL_WHY), "metavar": "N"}),
+    "k": Option(
+        "--k", "k", f"elements per packet, the job's K (1..{MAX_K})",
+        rule="the most whose datagrams fit --mtu both ways: 1456 nc8 elements at 1500, 8956 at "
+        "9000, 182 int ones at 1500; int lanes where int partial sums travel (a spine, or "
+        "under a leaf)", kwargs={"type": Ranged("k (elements per packet)", 1, MAX_K)}),
+    "pool_size": Option(
+        "--pool-size", "pool_size", f"slots in the job's pool (1..{MAX_POOL_SIZE})",
+        DEFAULT_POOL_SIZE,
+        kwargs={"type": Ranged("pool size", 1, MAX_POOL_SIZE), "metavar": "S"}),
+    "window_max": Option(
+        "--window-max", "window_max", "largest exponent of the NC8 window, e_max; e_min "
+        "follows from it and the (total) workers", DEFAULT_WINDOW_MAX,
+        kwargs={"type": int, "metavar": "E"}),
+    "total_workers": Option(
+        "--total-workers", "total_workers", "hierarchical aggregation (docs/protocol.md): the "
+        "workers of the whole tree, whose window every aggregator and worker of the job uses "
+        "and whose sum the results are (a leaf: its --workers times the leaves)",
+        rule="--workers",
+        kwargs={"type": Ranged("total workers", 1, MAX_TOTAL_WORKERS, TOTAL_WHY), "metavar": "N"}),
+    "result": Option(
+        "--result", "result", "the results' payload: nc8 (sums re-compressed to NC8, 1 byte per "
+        "element) or int (exact sums, 8 bytes per element)", "nc8",
+        kwargs={"choices": tuple(FORMATS)}),
+    "uplink": Option(
+        "--uplink", "uplink", "what the members send: nc8 codes (workers) or int, the exact "
+        "partial sums of leaf aggregators: a spine, whose --workers are its leaves", "nc8",
+        kwargs={"choices": tuple(FORMATS)}),
+    "key": Option(
+        "--key-file", "key_file", "the job's shared secret, 16-64 bytes as hex in FILE: every "
+        "datagram of the job then carries an authentication tag, and results carry one "
+        "(docs/protocol.md, 'Authentication tag')",
+        kwargs={"type": key_file_argument, "metavar": "FILE"}),
+    "mtu": Option(
+        "--mtu", "mtu", f"IP MTU of the links ({MIN_MTU}..{MAX_MTU}): every datagram of the "
+        "job must fit it, and the default --k follows from it", DEFAULT_MTU,
+        kwargs={"type": Ranged("--mtu", MIN_MTU, MAX_MTU, MTU_WHY)}),
+}  # fmt: skip
+"""Every job field's option, by field name: the one place an option is spelled."""

@@ -1,0 +1,177 @@
+"""The job description (``ncina.proto.job.JobSpec``): its defaults and default rules, one
+message per violated rule, its one encoding (the handshake's descriptor), and its options."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+import pytest
+from ncina.proto.descriptor import DESCRIPTOR_SIZE, Descriptor
+from ncina.proto.header import HEADER, Format
+from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, OPTIONS, JobSpec, default_k
+from ncina.proto.nc8 import Window
+from ncina.proto.wire import DEFAULT_MTU, MAX_K
+
+KEY = bytes(range(16))
+
+
+def test_every_field_has_one_option() -> None:
+    assert OPTIONS.keys() == {f.name for f in fields(JobSpec)}
+    flags = [option.flag for option in OPTIONS.values()]
+    assert len(set(flags)) == len(flags)
+
+
+def test_defaults() -> None:
+    spec = JobSpec(job=1, workers=4)
+    assert (spec.pool_size, spec.window_max, spec.mtu) == (DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX,
+                                                           DEFAULT_MTU)  # fmt: skip
+    assert (spec.result, spec.uplink, spec.key, spec.total_workers) == (
+        Format.NC8, Format.NC8, None, None)  # fmt: skip
+    assert spec.window == Window.for_job(4, 10)
+
+
+@pytest.mark.parametrize(
+    ("given", "k"),
+    [
+        ({}, 1456),  # 1500 - 20 IPv4 - 8 UDP - 16 header, one byte an element
+        ({"key": KEY}, 1448),  # the 8-byte tag
+        ({"result": "int"}, 182),  # 1456 // 8
+        ({"mtu": 9000}, 8956),
+        ({"mtu": 9216}, MAX_K),
+        ({"uplink": "int", "total_workers": 8}, 182),  # a spine: int partial sums come up
+        ({"total_workers": 8}, 182),  # under a leaf: int lanes, as the leaf's
+        ({"total_workers": 4}, 1456),  # a one-level job said twice
+        ({"k": 100}, 100),
+    ],
+)
+def test_the_default_k_is_the_largest_that_fits_the_mtu(given: dict, k: int) -> None:
+    assert JobSpec(job=1, workers=4, **given).k == k
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"job": 65536}, "job id must be in 0..65535, not 65536"),
+        ({"job": None}, "job id is not given (0..65535)"),
+        ({"workers": None, "total_workers": 8}, "workers is not given (1..64"),
+        ({"workers": 0}, "workers must be in 1..64 (a worker bitmap is one 64-bit register word "
+                         "in every backend), not 0"),
+        ({"k": 0}, "k (elements per packet) must be in 1..9172, not 0"),
+        ({"k": 9173, "mtu": 9216}, "k (elements per packet) must be in 1..9172, not 9173"),
+        ({"pool_size": 65536}, "pool size must be in 1..65535, not 65536"),
+        ({"mtu": 67}, "--mtu must be in 68..9216 (IPv4's minimum to a jumbo frame), not 67"),
+        ({"total_workers": 3}, "total workers must be in 4..4096 (at least the 4 workers of "
+                               "this aggregator), not 3"),
+        ({"uplink": "int", "total_workers": 10},
+         "a spine's 10 total workers must be a multiple of its 4 leaves (every leaf serves as "
+         "many workers: their partial sums are bounded by it)"),
+        ({"window_max": 200}, "no exponent window with e_max 200: no valid window for 4 workers "
+                              "and e_max 200: window e_min 140 outside -126..63"),
+        ({"result": "blob"}, "an INA job's result format is nc8 or int, not blob"),
+        ({"uplink": Format.BLOB}, "an INA job's uplink format is nc8 or int, not blob"),
+        ({"key": b"short"}, "a job key has 16 to 64 bytes (32 to 128 hex digits), not 5"),
+        ({"k": 1457}, "k=1457 nc8 elements take 1457 payload bytes, more than a datagram has at "
+                      "MTU 1500; the largest k there is 1456"),
+        ({"k": 183, "result": "int"}, "k=183 int elements take 1464 payload bytes, more than a "
+                                      "datagram has at MTU 1500; the largest k there is 182"),
+    ],
+)  # fmt: skip
+def test_each_violation_has_its_message(given: dict, message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        JobSpec(**{"job": 1, "workers": 4, **given})
+    lines = str(raised.value).split("\n  ")
+    assert lines[0] == "invalid job:" and len(lines) == 2
+    assert lines[1].startswith(message)
+
+
+def test_every_violation_is_named_at_once() -> None:
+    with pytest.raises(ValueError) as raised:
+        JobSpec(job=-1, workers=65, k=0, pool_size=0, mtu=9217, result="x")
+    assert str(raised.value).split("\n  ")[1:] == [
+        "job id must be in 0..65535, not -1",
+        "workers must be in 1..64 (a worker bitmap is one 64-bit register word in every "
+        "backend), not 65",
+        "k (elements per packet) must be in 1..9172, not 0",
+        "pool size must be in 1..65535, not 0",
+        "--mtu must be in 68..9216 (IPv4's minimum to a jumbo frame), not 9217",
+        "an INA job's result format is nc8 or int, not x",
+    ]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        JobSpec(job=7, workers=4),
+        JobSpec(job=65535, workers=64, k=100, pool_size=65535, window_max=20, result="int"),
+        JobSpec(job=0, workers=1, key=KEY, mtu=9000),
+    ],
+)
+def test_the_handshake_encoding_round_trips(spec: JobSpec) -> None:
+    hello = spec.hello(rank=2)
+    _, _, fmt, e_min, job, rank, _, count, _ = HEADER.unpack_from(hello)
+    assert (fmt, e_min, job, rank, count) == (Format.JOB, spec.window.e_min, spec.job, 2, 1)
+    payload = hello[HEADER.size:HEADER.size + DESCRIPTOR_SIZE]
+    status, descriptor = Descriptor.unpack(payload)
+    assert status == 0 and descriptor == spec.descriptor()
+    assert descriptor.keyed == (spec.key is not None)
+    assert JobSpec.from_descriptor(spec.job, descriptor, key=spec.key, mtu=spec.mtu) == spec
+
+
+def test_a_hierarchical_job_decodes_to_the_same_descriptor() -> None:
+    leaf = JobSpec(job=1, workers=4, total_workers=12)
+    decoded = JobSpec.from_descriptor(1, leaf.descriptor())
+    assert decoded.total_workers == 9  # the fewest total workers with a window of 12's span
+    assert decoded.descriptor() == leaf.descriptor()
+    spine = JobSpec(job=1, workers=4, total_workers=16, uplink="int")
+    decoded = JobSpec.from_descriptor(1, spine.descriptor())
+    assert decoded.total_workers == 12  # the fewest multiple of 4 leaves with that window
+    assert decoded.descriptor() == spine.descriptor()
+
+
+def test_a_descriptor_that_is_no_ina_job_is_refused() -> None:
+    server = JobSpec(job=1, workers=2).descriptor()._replace(mode=int(Format.BLOB))
+    with pytest.raises(ValueError, match="not an INA job's"):
+        JobSpec.from_descriptor(1, server)
+    keyed = JobSpec(job=1, workers=2, key=KEY).descriptor()
+    with pytest.raises(ValueError, match="keyed: give its key"):
+        JobSpec.from_descriptor(1, keyed)
+
+
+def test_from_args_of_the_options_add_arguments_registers(tmp_path) -> None:
+    parser = argparse.ArgumentParser()
+    JobSpec.add_arguments(parser, required=("job", "workers"))
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY.hex())
+    args = parser.parse_args(["--job", "3", "--workers", "5", "--k", "200", "--pool-size", "8",
+                              "--window-max", "12", "--result", "int", "--total-workers", "10",
+                              "--key-file", str(key_file), "--mtu", "9000"])  # fmt: skip
+    spec = JobSpec.from_args(args)
+    assert spec == JobSpec(job=3, workers=5, k=200, pool_size=8, window_max=12, result="int",
+                           total_workers=10, key=KEY, mtu=9000)  # fmt: skip
+    # to_args writes the same job back (the key travels as a file)
+    again = parser.parse_args([*spec.to_args(), "--key-file", str(key_file)])
+    assert JobSpec.from_args(again) == spec
+
+
+def test_defaults_and_rules_appear_in_the_help() -> None:
+    parser = argparse.ArgumentParser()
+    actions = JobSpec.add_arguments(parser, "workers", "k", "pool_size", workers=4, k=256,
+                                    rules={"pool_size": "from --bw"}, pool_size=None)  # fmt: skip
+    assert set(actions) == {"workers", "k", "pool_size"}
+    args = parser.parse_args([])
+    assert (args.workers, args.k, args.pool_size) == (4, 256, None)
+    assert JobSpec.from_args(args, job=1).k == 256
+    assert JobSpec.from_args(args, job=1, k=None).k == default_k(DEFAULT_MTU, "nc8")
+    help_text = " ".join(parser.format_help().split())
+    assert "(default: 256)" in help_text and "(default: from --bw)" in help_text
+    with pytest.raises(ValueError, match="not a job option: lanes"):
+        JobSpec.add_arguments(argparse.ArgumentParser(), "lanes")
+
+
+def test_a_bad_mtu_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    JobSpec.add_arguments(parser, "mtu")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mtu", "9217"])
+    assert "argument --mtu: --mtu must be in 68..9216" in capsys.readouterr().err
