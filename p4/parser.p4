@@ -87,6 +87,7 @@ control NcinaDeparser(packet_out packet, in headers_t hdr) {
         packet.emit(hdr.nc);
         packet.emit(hdr.notice);
         packet.emit(hdr.desc);
+        packet.emit(hdr.codes);
         packet.emit(hdr.lanes);
         packet.emit(hdr.wide);
     }

@@ -161,6 +161,37 @@ def add_packed(per: int) -> Variant:
                   meta=f"bit<{width}> s;")  # fmt: skip
 
 
+def _addend_wide(i: int) -> str:
+    """Lane ``i``'s biased addend, its code and sign sliced out of its 64-bit group header."""
+    g, r = divmod(i, 8)
+    byte = 8 * (7 - r)  # the group's first lane is its most significant byte (wire order)
+    value = f"((bit<64>)1 << (bit<8>)hdr.w[{g}].v[{byte + 6}:{byte}] >> 1)"
+    return f"(hdr.w[{g}].v[{byte + 7}:{byte + 7}] == 1 ? 64w{BIAS} - {value} : 64w{BIAS} + {value})"
+
+
+def add_packed_wide(per: int) -> Variant:
+    """``add_packed``, the codes parsed as eight 64-bit groups and sliced per lane; the window
+    check as one comparison per group (a code above ``max`` sets bit 7 of its byte in
+    ``(v & 0x7f..7f) + (127 - max) * 0x01..01``)."""
+    width = 64 * per
+    regs = "\n".join(f"register<bit<{width}>>({SLOTS}) sum_{g};" for g in range(K // per))
+    body = []
+    for g in range(K // per):
+        operand = " ++ ".join(_addend_wide(g * per + j) for j in reversed(range(per)))
+        body.append(f"sum_{g}.read(meta.s, (bit<32>)hdr.ctl.idx); "
+                    f"sum_{g}.write((bit<32>)hdr.ctl.idx, meta.s + ({operand}));")  # fmt: skip
+    check = " ".join(
+        f"meta.bad = meta.bad | (((hdr.w[{j}].v & 64w0x7f7f7f7f7f7f7f7f) + meta.room) "
+        f"& 64w0x8080808080808080);"
+        for j in range(8)
+    )
+    return Variant(f"add_packed{per}_wide", K // per,
+                   meta=f"bit<{width}> s; bit<64> room; bit<64> bad;",
+                   controls=f"{regs}\naction work() {{ {' '.join(body)} }}",
+                   apply=f"meta.room = (bit<64>)(8w127 - hdr.ctl.count) * 64w0x0101010101010101; "
+                   f"{check} work();", **_wide_headers(64))  # fmt: skip
+
+
 def slice_narrow() -> Variant:
     regs = "\n".join(f"register<bit<64>>({SLOTS}) sum_{i};" for i in range(K))
     acts = "\n".join(
@@ -190,7 +221,7 @@ def slice_packed(per: int) -> Variant:
     return Variant(f"slice_packed{per}", K,
                    meta=f"bit<{width}> w; bit<64> m; bit<64> acc; bit<64> bias;",
                    controls="\n".join([regs, *acts]),
-                   apply="meta.bias = (bit<64>)hdr.ctl.count << 62; " + " ".join(calls))  # fmt: skip
+                   apply=f"meta.bias = (bit<64>)hdr.ctl.count << 62; {' '.join(calls)}")
 
 
 def variants() -> list[Variant]:
@@ -202,7 +233,7 @@ def variants() -> list[Variant]:
         parse_wide(512),
     ]
     out += [raw_add(w) for w in (64, 128, 256, 512)]
-    out += [add_narrow(), add_packed(4), add_packed(8)]
+    out += [add_narrow(), add_packed(4), add_packed(8), add_packed_wide(8)]
     out += [slice_narrow(), slice_packed(4), slice_packed(8)]
     return out
 
