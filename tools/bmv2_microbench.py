@@ -13,6 +13,9 @@ system, from /proc: a loaded machine stretches the wall clock, much less the CPU
   generated LaneParser (extract, set the code's bit in a 128-bit mask, compare the count);
   ``parse_lanes_extract``: the 64 extracts alone (no mask, no select);
   ``parse_wideW``: the payload as 512/W headers of one ``bit<W>`` field (W = 64, 512);
+- ``idle_headers``: ``base`` with 128 more one-byte headers in the header vector, never valid
+  (what a header stack that a packet leaves unused costs: the int results' and the lanes'
+  stacks beside the groups);
 - ``rawadd_W``: 64 times ``r.read(s, i); r.write(i, s + x)`` on a ``register<bit<W>>`` with a
   ``bit<W>`` operand from the packet (W = 64 .. 512): does one add on ``bit<W>`` cost what one
   on ``bit<64>`` does?
@@ -231,6 +234,7 @@ def variants() -> list[Variant]:
         _lanes(False, "parse_lanes_extract", K),
         parse_wide(64),
         parse_wide(512),
+        Variant("idle_headers", 128, fields="lane_h[128] spare;"),
     ]
     out += [raw_add(w) for w in (64, 128, 256, 512)]
     out += [add_narrow(), add_packed(4), add_packed(8), add_packed_wide(8)]
