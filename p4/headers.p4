@@ -97,6 +97,12 @@ header lane_h {
     bit<7> code;
 }
 
+// Eight NC8 codes side by side (the first lane the most significant byte): a chunk whose
+// count is a multiple of 8 is parsed and answered as these (docs/bmv2.md, "Wide lanes").
+header codes_h {
+    bit<64> v;
+}
+
 // One element of an `int` result: the exact sum in units of 2^emin, two's complement.
 header wide_lane_h {
     bit<64> value;
@@ -131,6 +137,7 @@ struct headers_t {
     ncina_h nc;
     notice_h notice;
     descriptor_h desc;
+    codes_h[NCINA_GROUPS] codes;
     lane_h[NCINA_K] lanes;
     wide_lane_h[NCINA_K] wide;
 }
@@ -187,6 +194,10 @@ struct meta_t {
     bit<64> lane_magnitude;
     bit<64> lane_draw;
     bit<8> lane_code;
+    bit<2> lanes_form;        // LANES_* (lanes.p4): how the parser took the codes
+    bit<64> code_room;        // 127 - max_code in each byte (the groups' window check)
+    bit<NCINA_CELL_BITS> cell;     // a group's cell of lane sums
+    bit<NCINA_LANE_BITS> unbias;   // workers * 2^62: a lane's bias in a complete cell
 }
 
 // Admission's verdict on an ncina datagram.

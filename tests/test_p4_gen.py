@@ -19,7 +19,7 @@ from ncina.aggregator.bmv2 import entries, gen, layout, toolchain
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_DROP_REASONS
 from ncina.proto import nc8
-from ncina.proto.wire import ETH_IPV4_UDP_HEADERS
+from ncina.proto.wire import ETH_IPV4_UDP_HEADERS, MAX_WORKERS
 
 
 def _action(text: str, name: str) -> str:
@@ -33,22 +33,38 @@ def _lanes(text: str) -> list[int]:
     return sorted({int(i) for i in re.findall(r"hdr\.lanes\[(\d+)\]", text)})
 
 
-@pytest.mark.parametrize("k", [8, 64, 256])
+def _group_lanes(text: str) -> list[int]:
+    """The lanes whose byte of their group ``text`` slices (``hdr.codes[g].v[h:l]``)."""
+    return [int(g) * gen.GROUP + gen.GROUP - 1 - int(low) // 8 for g, _, low in
+            re.findall(r"hdr\.codes\[(\d+)\]\.v\[(\d+):(\d+)\]", text)]  # fmt: skip
+
+
+@pytest.mark.parametrize("k", [8, 12, 64, 256])
 def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> None:
     config, lanes = gen.write(k, tmp_path)
     defines = dict(re.findall(r"#define (\w+) (\d+)", config.read_text()))
-    assert int(defines["NCINA_K"]) == k
+    n = -(-k // 8)
+    assert int(defines["NCINA_K"]) == k and int(defines["NCINA_GROUPS"]) == n
+    assert int(defines["NCINA_CELL_BITS"]) == 8 * gen.LANE_BITS
     text = lanes.read_text()
     assert text.count("control CheckCodes(") == 1 and text.count("control LaneSums(") == 1
-    every = list(range(k))
-    # One sum and one result register per lane, indexed by the slot version.
-    assert [int(i) for i in re.findall(r"register<bit<64>>\(NCINA_SLOTS\) sum_(\d+);", text)
-            ] == every  # fmt: skip
-    assert [int(i) for i in re.findall(r"register<bit<8>>\(NCINA_SLOTS\) result_(\d+);", text)
-            ] == every  # fmt: skip
-    # The parser's lanes: one state per lane, extracting its stack element, marking its code and
-    # stopping after `count` lanes; a count above K is StackOutOfBounds (bad_count).
+    every, groups = list(range(k)), list(range(n))
+    # One cell of 8 lanes' sums and one of their result codes per group, by slot version.
+    assert [int(g) for g in re.findall(
+        r"register<bit<NCINA_CELL_BITS>>\(NCINA_SLOTS\) cells_(\d+);", text)] == groups
+    assert [int(g) for g in re.findall(r"register<bit<64>>\(NCINA_SLOTS\) results_(\d+);", text)
+            ] == groups  # fmt: skip
+    # The parser: a count that is a multiple of 8 as groups (one state per group, stopping
+    # after `count` lanes), any other lane by lane (one state per lane, extracting its stack
+    # element, marking its code); a count above the stack is StackOutOfBounds (bad_count).
     parser = text[text.index("parser LaneParser("):text.index("control CheckCodes")]
+    assert "transition select(hdr.nc.count[2:0]) {\n            0: group_0;\n" in parser
+    found = re.findall(r"state group_(\d+) \{\n\s+packet\.extract\(hdr\.codes\[(\d+)\]\);\n"
+                       r"\s+(.*)\n", parser)  # fmt: skip
+    assert [(int(a), int(b)) for a, b, _ in found] == [(g, g) for g in groups]
+    assert [end for *_, end in found] == [
+        f"transition select(hdr.nc.count) {{ {8 * (g + 1)}: accept; default: group_{g + 1}; }}"
+        for g in groups[:-1]] + [f"verify(hdr.nc.count <= {8 * n}, error.StackOutOfBounds);"]
     states = re.findall(r"state lane_(\d+) \{\n\s+packet\.extract\(hdr\.lanes\[(\d+)\]\);\n"
                         r"\s+meta\.codes_seen = meta\.codes_seen \| \(bit<128>\)1 << "
                         r"\(bit<8>\)hdr\.lanes\[(\d+)\]\.code;\n\s+(.*)\n", parser)  # fmt: skip
@@ -56,26 +72,50 @@ def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> 
     assert [end for *_, end in states] == [
         f"transition select(hdr.nc.count) {{ {i + 1}: accept; default: lane_{i + 1}; }}"
         for i in every[:-1]] + [f"verify(hdr.nc.count <= {k}, error.StackOutOfBounds);"]
-    # The codes' check is one comparison of the parser's code mask, whatever K.
-    assert "hdr.lanes" not in text[text.index("control CheckCodes"):text.index("control LaneSums")]
-    for action, per_lane in (("store", 3), ("add", 3), ("load_nc8", 2), ("clear", 1)):
-        body = _action(text, action)
-        assert _lanes(body) == every, action
-        assert len(re.findall(r"hdr\.lanes\[\d+\]", body)) == per_lane * k, action
-    for action in ("store", "add", "load_nc8"):  # lane i's cells are its own registers
-        cells = re.findall(r"(sum|result)_(\d+)\.(?:read|write)\(", _action(text, action))
-        assert sorted({int(i) for _, i in cells}) == every, action
-    # Re-compression, lane by lane: an action reads the sum as a magnitude, one LPM table apply
-    # per lane finds its highest set bit (64 constant entries, one per bit) and its action
-    # rounds it with one random word.
-    apply = text[text.index("    apply {", text.index("control LaneSums")):]
-    assert re.findall(r"prepare_(\d+)\(\);\s+high_(\d+)\.apply\(\);", apply) == [
+    # CheckCodes gathers a lane-by-lane packet into the groups, each lane once; the groups'
+    # window check is one sum per group.
+    gather = _action(text, "gather")
+    assert re.findall(r"hdr\.lanes\[(\d+)\]\.sign \+\+ hdr\.lanes\[(\d+)\]\.code", gather) == [
         (str(i), str(i)) for i in every]
-    assert "if (" not in apply[apply.index("key_use();"):apply.index("} else if (meta.lane_op")]
+    check = text[text.index("control CheckCodes"):text.index("control LaneSums")]
+    assert [int(g) for g in re.findall(r"\(\(hdr\.codes\[(\d+)\]\.v & 64w0x7F7F", check)
+            ] == groups  # fmt: skip
+    # store and add: one cell per group, each lane's code once in its group's operand.
+    for action, reads in (("store", 0), ("add", 1)):
+        body = _action(text, action)
+        # (its sign once, its code in both branches of `sign ? B - v : B + v`)
+        assert sorted(_group_lanes(body)) == sorted(every * 3), action
+        assert [int(g) for g in re.findall(r"cells_(\d+)\.write\(", body)] == groups, action
+        assert len(re.findall(r"cells_\d+\.read\(", body)) == reads * n, action
+    assert [int(g) for g in re.findall(r"results_(\d+)\.read\(hdr\.codes\[(?:\d+)\]",
+                                       _action(text, "load_nc8"))] == groups  # fmt: skip
+    scatter = _action(text, "scatter")
+    assert _lanes(scatter) == every and sorted(_group_lanes(scatter)) == sorted(every + every)
+    clear = _action(text, "clear")
+    assert _lanes(clear) == every and len(re.findall(r"hdr\.lanes\[\d+\]", clear)) == k
+    assert [int(g) for g in re.findall(r"hdr\.codes\[(\d+)\]\.setInvalid", clear)] == groups
+    # Re-compression, lane by lane: an action reads the sum as a magnitude (the group's first
+    # lane reads the cell), one LPM table apply per lane finds its highest set bit (64 entries,
+    # one per bit), its action rounds it with one random word into the lane's byte, and after
+    # a group's last lane its codes are stored.
+    apply = text[text.index("    apply {", text.index("control LaneSums")):]
+    encode = apply[apply.index("key_use();"):apply.index("load_nc8();")]
+    calls = re.findall(r"(prepare|high|keep)_(\d+)(?:\.apply)?\(\);", encode)
+    expected = []
+    for i in every:
+        expected += [("prepare", str(i)), ("high", str(i))]
+        if i % 8 == 7 or i == k - 1:
+            expected.append(("keep", str(i // 8)))
+    assert calls == expected
+    assert "if (" not in encode
     assert [int(i) for i in re.findall(r"table high_(\d+) \{", text)] == every
-    # (each lane's round_i and zero_i write its stored result)
-    assert sorted(int(i) for i in re.findall(r"result_(\d+)\.write\(meta\.slot_index", text)
-                  ) == [i for i in every for _ in (0, 1)]  # fmt: skip
+    assert [g for g in groups if f"cells_{g}.read(meta.cell" in _action(text, f"prepare_{8 * g}")
+            ] == groups  # fmt: skip
+    for i in every:
+        for action in (f"round_{i}", f"zero_{i}"):
+            assert _group_lanes(_action(text, action)) == [i], action
+    assert [int(g) for g in re.findall(r"results_(\d+)\.write\(meta\.slot_index, hdr\.codes",
+                                       text)] == groups  # fmt: skip
     assert "random(" not in text  # the rounding bits are the chunk's hash (docs/protocol.md)
     assert [apply.count(f"{name}();") for name in ("key_seed", "key_chunk", "key_use")] == [1] * 3
     steps = re.findall(r"meta\.lane_draw = \(meta\.result_key \+ 64w0x([0-9A-F]{16})\)", text)
@@ -287,10 +327,16 @@ def _run_p4(statements: str, fields: _Fields) -> None:
             setattr(eval(owner, {}, fields), name, eval(expr, {}, fields) % 2**64)
 
 
+def _slices(text: str) -> str:
+    """P4 bit slices ``x[h:l]`` as Python (``(x >> l & mask)``)."""
+    return re.sub(r"([\w.]+(?:\[\d+\])?(?:\.\w+)?)\[(\d+):(\d+)\]",
+                  lambda m: f"({m[1]} >> {m[3]} & {(1 << (int(m[2]) - int(m[3]) + 1)) - 1})", text)
+
+
 def _p4_expr(text: str) -> str:
     """A generated P4 expression as Python: bit slices of one bit, the ternaries the lanes write
     (``C ? A : B`` as a whole statement or ``(C ? 7w1 : 7w0)``), the word's wrapping sum."""
-    text = re.sub(r"(meta\.\w+)\[63:63\]", r"(\1 >> 63 & 1)", text)
+    text = _slices(text)
     # a bit<64> sum wraps before it is shifted (p4c masks it on BMv2)
     text = re.sub(r"\((meta\.result_key \+ \w+)\)", r"((\1) % 2**64)", text)
     text = re.sub(r"\((.*) \? 7w1 : 7w0\)$", r"(1 if (\1) else 0)", text)
@@ -315,26 +361,36 @@ def _lane_rows(k: int) -> dict[int, list[tuple[int, int, str, dict[str, int]]]]:
     return rows
 
 
-def _lane_code(text: str, k: int, lane: int, total: int, fields: _Fields) -> tuple[int, int]:
-    """Lane ``lane``'s re-compression as BMv2 runs it on the sum ``total``: ``prepare_i``, the
-    longest match among the control plane's entries of its LPM table (or the table's default
-    ``zero_i``) and that action with the entry's arguments. Returns (the code written into the
-    packet, the one written to ``result_i``)."""
-    fields.meta.lane_sum = None  # until prepare_i reads the cell
-    fields.hdr.lanes = [_Fields() for _ in range(lane + 1)]
-    stored = []
+WORKERS = 4
+
+
+def _lane_code(text: str, k: int, lane: int, total: int, fields: _Fields) -> int:
+    """Lane ``lane``'s re-compression as BMv2 runs it on the sum ``total`` of ``WORKERS``
+    contributions: ``prepare_i`` on a cell holding the lane's biased sum, the longest match
+    among the control plane's entries of its LPM table (or the table's default ``zero_i``) and
+    that action with the entry's arguments. Returns the byte written into the lane's group."""
+    group, place = divmod(lane, gen.GROUP)
+    fields.meta.unbias = WORKERS * gen.LANE_BIAS
+    cell = (total + WORKERS * gen.LANE_BIAS) << (gen.LANE_BITS * place)
+    fields.meta.cell = None  # until prepare_i (of the group's first lane) reads the cell
+    if place:
+        fields.meta.cell = cell
+    fields.hdr.codes = [_Fields(v=0) for _ in range(group + 1)]
 
     def run(body: str, args: dict[str, int]) -> None:
         for statement in " ".join(body.split()).split(";"):
             statement = statement.strip()
-            if write := re.fullmatch(rf"result_{lane}\.write\(meta\.slot_index, (.*)\)",
-                                     statement):  # fmt: skip
-                value = write.group(1).replace("hdr.lanes", "lanes")
-                sign, code = (eval(_p4_expr(v), {"lanes": fields.hdr.lanes}, fields)
-                              for v in value.split(" ++ ")) if "++" in value else (0, 0)
-                stored.append(sign << 7 | code)
-            elif statement == f"sum_{lane}.read(meta.lane_sum, meta.slot_index)":
-                fields.meta.lane_sum = total % 2**64
+            if statement == f"cells_{group}.read(meta.cell, meta.slot_index)":
+                fields.meta.cell = cell
+            elif byte := re.fullmatch(rf"hdr\.codes\[{group}\]\.v\[(\d+):(\d+)\] = (.*)",
+                                      statement):  # fmt: skip
+                high, low, value = byte.groups()
+                assert (int(high), int(low)) == (63 - 8 * place, 56 - 8 * place)
+                sign, code = value.split(" ++ ", 1) if " ++ " in value else ("0", value)
+                code = code[1:-1] if code.startswith("(") else code  # (code + (C ? 1 : 0))
+                sign_bit = eval(_p4_expr(sign), {}, fields)
+                code_bits = eval(_p4_expr(code), {}, {**fields, **args}) % 2**7
+                fields.hdr.codes[group].v |= (sign_bit << 7 | code_bits) << int(low)
             elif statement:
                 target, expr = (x.strip() for x in statement.split("=", 1))
                 owner, name = target.rsplit(".", 1)
@@ -342,6 +398,7 @@ def _lane_code(text: str, k: int, lane: int, total: int, fields: _Fields) -> tup
                 setattr(eval(owner, {}, fields), name, value)
 
     run(_action(text, f"prepare_{lane}"), {})
+    assert fields.meta.lane_sum == total % 2**64
     magnitude = fields.meta.lane_magnitude
     matches = []
     for value, prefix, action, params in _lane_rows(k)[lane]:
@@ -353,9 +410,7 @@ def _lane_code(text: str, k: int, lane: int, total: int, fields: _Fields) -> tup
         run(_action(text, f"round_{lane}"), max(matches, key=lambda m: m[0])[1])
     else:
         run(_action(text, f"zero_{lane}"), {})
-    packet = fields.hdr.lanes[lane]
-    [result] = stored
-    return packet.sign << 7 | packet.code, result
+    return fields.hdr.codes[group].v >> (56 - 8 * place) & 0xFF
 
 
 def test_generated_rounding_bits_are_the_protocols() -> None:
@@ -385,8 +440,7 @@ def test_generated_rounding_bits_are_the_protocols() -> None:
             sums = edges[start:start + k]
             expected = reference.recompress(np.array(sums, dtype=np.int64), key)
             got = [_lane_code(text, k, lane, total, fields) for lane, total in enumerate(sums)]
-            assert [packet for packet, _ in got] == expected.tolist(), (key, start)
-            assert [stored for _, stored in got] == expected.tolist(), (key, start)
+            assert got == expected.tolist(), (key, start)
 
 
 def test_the_p4_descriptor_is_the_protocols_and_its_fields_come_from_the_entries() -> None:
@@ -416,51 +470,97 @@ def test_the_p4_descriptor_is_the_protocols_and_its_fields_come_from_the_entries
     assert (stats.handshakes, stats.packets_out, stats.bytes_out) == (2, 2, 64)
 
 
-def _lane_writes(body: str, lanes: list[_Fields], sums: list[int]) -> None:
-    """Execute an action of ``sum_i.read(meta.lane_sum, ...); sum_i.write(..., SIGN ? A : B);``
-    statements on the cells ``sums`` (one per lane) as BMv2 would, each value a ``bit<64>``."""
+def _p4_ternary(text: str) -> str:
+    """``(C ? A : B)`` (an addend of the lanes' store and add) as Python."""
+    cond, rest = text.strip()[1:-1].split(" ? ", 1)
+    yes, no = rest.split(" : ", 1)
+    return f"({yes}) if ({cond}) else ({no})"
+
+
+def _cell_writes(body: str, codes: list[int], cells: list[int]) -> None:
+    """Execute ``store`` or ``add`` (``cells_g.read(meta.cell, ...)``, ``cells_g.write(...,
+    [meta.cell + (]A_7 ++ ... ++ A_0[)])``) on ``cells`` as BMv2 would: each addend a
+    LANE_BITS number, concatenated, the sum masked to the cell's width. ``codes`` holds the
+    packet's 64-bit groups."""
     fields = _Fields()
-    fields.hdr.lanes = lanes
-    for statement in " ".join(re.sub(r"\(bit<\d+>\)|\b\d+w", "", body).split()).split(";"):
-        if read := re.fullmatch(r"sum_(\d+)\.read\(meta\.lane_sum, meta\.slot_index\)",
-                                statement.strip()):  # fmt: skip
-            fields.meta.lane_sum = sums[int(read.group(1))]
-        elif write := re.fullmatch(r"sum_(\d+)\.write\(meta\.slot_index, (.*) \? (.*) : (.*)\)",
-                                   statement.strip()):  # fmt: skip
-            lane, cond, yes, no = write.groups()
-            sums[int(lane)] = eval(yes if eval(cond, {}, fields) else no, {}, fields) % 2**64
+    fields.hdr.codes = [_Fields(v=v) for v in codes]
+    width, lane_mask = gen.GROUP * gen.LANE_BITS, (1 << gen.LANE_BITS) - 1
+    for statement in " ".join(body.split()).split(";"):
+        statement = _slices(re.sub(r"\(bit<\d+>\)|\b\d+w(?=\d)", "", statement.strip()))
+        if read := re.fullmatch(r"cells_(\d+)\.read\(meta\.cell, meta\.slot_index\)", statement):
+            fields.meta.cell = cells[int(read.group(1))]
+        elif write := re.fullmatch(r"cells_(\d+)\.write\(meta\.slot_index, (.*)\)", statement):
+            group, value = write.groups()
+            base = 0
+            if value.startswith("meta.cell + ("):
+                base, value = fields.meta.cell, value[len("meta.cell + ("):-1]
+            operand = 0
+            for piece in value.split(" ++ "):
+                lane = eval(_p4_ternary(piece), {}, fields) if "?" in piece else int(piece)
+                operand = operand << gen.LANE_BITS | lane & lane_mask
+            cells[int(group)] = (base + operand) % 2**width
         else:
-            assert not statement.strip(), statement
+            assert not statement, statement
+
+
+def _lane_sums(text: str, k: int, codes: np.ndarray, signs: np.ndarray) -> list[int]:
+    """Each lane's 64-bit sum after ``store`` then ``add`` of every row of ``codes`` and
+    ``signs`` (one worker each), as ``prepare_i`` reads it: the cell's lane less the bias."""
+    cells = [0] * gen.groups(k)
+    for w in range(len(codes)):
+        lanes = [int(s) << 7 | int(c) for s, c in zip(signs[w], codes[w], strict=True)]
+        lanes += [0] * (-len(lanes) % gen.GROUP)
+        groups = [int.from_bytes(bytes(lanes[g:g + gen.GROUP]), "big")
+                  for g in range(0, len(lanes), gen.GROUP)]  # fmt: skip
+        _cell_writes(_action(text, "store" if w == 0 else "add"), groups, cells)
+    mask = (1 << gen.LANE_BITS) - 1
+    return [((cells[i // gen.GROUP] >> gen.LANE_BITS * (i % gen.GROUP) & mask)
+             - len(codes) * gen.LANE_BIAS) % 2**64 for i in range(k)]  # fmt: skip
+
+
+def _exact(codes: np.ndarray, signs: np.ndarray) -> list[int]:
+    values = np.where(codes > 0, 2 ** np.maximum(codes - 1, 0).astype(object), 0)
+    return [int(s) % 2**64 for s in np.where(signs == 1, -values, values).sum(axis=0)]
 
 
 def test_generated_lane_sums_are_the_exact_sums_of_the_codes() -> None:
     """``store`` then ``add``, executed as written, leave each lane's exact signed sum of the
     workers' NC8 integers (``ncina.proto.nc8``'s ``+-2^(code - 1)``) in 64-bit two's complement,
-    for every uplink code (0..63) and sign; and CheckCodes' one comparison of the parser's code
-    mask refuses exactly the packets with a code above the window."""
-    k, workers = 64, 4
+    for every uplink code (0..63) and sign, and with the most workers all at the top code of
+    one sign (no lane carries into its neighbour: gen.LANE_BITS); and each of CheckCodes' window
+    checks (the groups' sums, the narrow parser's code mask) refuses exactly the packets with a
+    code above the window."""
+    k = 12  # a group and a part of one
     text = gen.lanes_p4(k)
     rng = np.random.default_rng(7)
-    codes = rng.integers(0, 64, (workers, k))
-    codes[0] = np.arange(64)  # every code once
-    signs = rng.integers(0, 2, (workers, k))
-    sums = [0] * k
-    for w in range(workers):
-        lanes = [_Fields() for _ in range(k)]
-        for i, lane in enumerate(lanes):
-            lane.code, lane.sign = int(codes[w, i]), int(signs[w, i])
-        _lane_writes(_action(text, "store" if w == 0 else "add"), lanes, sums)
-    values = np.where(codes > 0, 2 ** np.maximum(codes - 1, 0).astype(object), 0)
-    exact = (np.where(signs == 1, -values, values)).sum(axis=0)
-    assert sums == [int(s) % 2**64 for s in exact]
+    for round_ in range(6):
+        codes = rng.integers(0, 64, (WORKERS, k))
+        codes[0] = np.arange(round_ * k, (round_ + 1) * k) % 64  # every code
+        signs = rng.integers(0, 2, (WORKERS, k))
+        assert _lane_sums(text, k, codes, signs) == _exact(codes, signs)
+    for sign in (0, 1):
+        codes = np.full((MAX_WORKERS, k), 63)
+        signs = np.full((MAX_WORKERS, k), sign)
+        signs[:, 0] = 1 - sign  # its neighbour the other way
+        assert _lane_sums(text, k, codes, signs) == _exact(codes, signs)
 
-    check = re.search(r"meta\.bad_code = (.*) \? 1w1\s+: 1w0;", text).group(1)
-    check = re.sub(r"\(bit<\d+>\)", "", check)
+    check = text[text.index("control CheckCodes"):text.index("control LaneSums")]
+    groups = re.search(r"meta\.bad_code = \((.*)\) != 0 \? 1w1 : 1w0;", check).group(1)
+    groups = _slices(re.sub(r"\b\d+w(?=0x)", "", groups))
+    mask = re.search(r"meta\.bad_code = (\(meta\.codes_seen.*?) \? 1w1\s+: 1w0;", check, re.S)
+    mask = re.sub(r"\(bit<\d+>\)", "", " ".join(mask.group(1).split()))
     for max_code in (1, 20, 62, 63):
         for top in (max_code - 1, max_code, max_code + 1):
             fields = _Fields()
             fields.meta.max_code = max_code
+            fields.meta.code_room = (127 - max_code) * 0x0101010101010101
+            for place in range(k):  # the top code in each lane, the others at most max_code
+                lanes = rng.integers(0, max_code + 1, 2 * gen.GROUP) | rng.integers(0, 2, 16) << 7
+                lanes[place] = top | rng.integers(0, 2) << 7
+                fields.hdr.codes = [_Fields(v=int.from_bytes(bytes(lanes[g:g + 8].tolist()),
+                                                              "big")) for g in (0, 8)]
+                assert (eval(groups, {}, fields) != 0) == (top > max_code), (max_code, top)
             fields.meta.codes_seen = 0
             for code in (0, top, 1):  # as the parser sets it, lane by lane
                 fields.meta.codes_seen |= 1 << code
-            assert eval(check, {}, fields) == (top > max_code), (max_code, top)
+            assert eval(mask, {}, fields) == (top > max_code), (max_code, top)
