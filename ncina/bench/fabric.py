@@ -26,6 +26,13 @@ closed-loop echo load on every worker host, for ``--limit-seconds``): ``fabric_l
 ``vs_fabric_limit``, INA's datagrams per second over it (refused with the reason when the echo
 answered nothing, retransmitted or could not run).
 
+``--offloads`` turns the links' checksum offloads on (``ncina.topo.topos.link_options``): the
+workers' and the socket aggregator's UDP GSO runs then cross the fabric whole instead of being
+cut into datagrams at the sender's veth (docs/performance.md, "The workers' packet path at
+K = 64"). The bridge counts a run, or a TSO segment of gloo's, as one frame, so
+``wire_fraction`` and ``gloo_link_fraction`` are refused then; the echo sends one datagram at a
+time and is no ceiling for such a job.
+
 ``--bw`` and ``--mtu`` take comma-separated lists (``--bw 100,200,500,1000 --mtu 1500,9000``):
 then every pair runs on a fabric of its own, in one invocation, and the figures are ``rows``
 (one single-pair result each) and ``faithful_bw_mbit``, per MTU the highest bandwidth whose
