@@ -25,6 +25,9 @@ elements must fit a frame. Elsewhere ``ncina topo`` takes the largest K for MTU 
 # first; with the P4 switch there is no aggregator host): a worker's uplink loss is dropped as
 # it leaves the worker instead (StarTopo's uplink_at_worker).
 UPLINK_LOSS_AT_WORKER = ("dpdk", "bmv2")
+# Backends whose aggregator reads a kernel UDP socket, which takes a GSO run whole or cut
+# (TopoConfig's offloads).
+OFFLOAD_BACKENDS = ("python", "socket")
 
 
 @dataclass
@@ -48,7 +51,8 @@ class TopoConfig:
     ``ncina train --backend ncina``) beside the hook; repeat: training runs per mode on the
     same network (medians and spread reported);
     timeout: seconds one training run may take; prefix: of node and interface names (unique per
-    process).
+    process); offloads: the links' checksum offloads on, so that UDP GSO runs cross the fabric
+    whole (``ncina.topo.topos.link_options``: a star on kernel sockets without loss only).
     """
 
     out: Path
@@ -82,6 +86,7 @@ class TopoConfig:
     repeat: int = 1
     timeout: float = 3600.0
     prefix: str = field(default_factory=lambda: f"n{os.getpid() % 100000}")
+    offloads: bool = False
 
     def __post_init__(self) -> None:
         # The C backends serve INA mode; server mode (decompress, average, re-compress) is the
@@ -92,6 +97,11 @@ class TopoConfig:
             )
         if self.topo == "leafspine":
             self.check_leafspine()
+        if self.offloads and (self.topo != "star" or self.loss
+                              or self.backend not in OFFLOAD_BACKENDS):
+            raise ValueError("offloads: a star without loss on kernel sockets only (backends "
+                             f"{', '.join(OFFLOAD_BACKENDS)}): DPDK's af_packet and BMv2 take "
+                             "frames, not GSO runs")  # fmt: skip
         if self.torch_backend and (self.compressor or self.topo == "leafspine" or self.verify):
             raise ValueError("the ncina backend's run (torch_backend) takes no compressor, "
                              "leaf-spine topology nor verify: those are the comm hook's")

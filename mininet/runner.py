@@ -148,6 +148,8 @@ def build_net(cfg: TopoConfig) -> tuple[Mininet, StarTopo]:
     in_switch = cfg.backend == "bmv2"  # the switch aggregates: no aggregator nodes
     shape = {"bw": cfg.bw, "agg_bw": cfg.agg_bw, "loss": cfg.loss, "prefix": cfg.prefix,
              "uplink_at_worker": cfg.backend in UPLINK_LOSS_AT_WORKER}  # fmt: skip
+    if cfg.offloads:  # a star's only (TopoConfig checks)
+        shape["offloads"] = True
     if cfg.topo == "leafspine":
         topo: StarTopo = LeafSpineTopo(workers=cfg.workers, leaves=cfg.leaves, **shape)
     else:

@@ -17,7 +17,8 @@ The leaf-spine topology (:class:`LeafSpineTopo`) adds leaf switches ``<prefix>l<
 spine switch ``<prefix>s1``, one broadcast domain still (a tree of bridges has no loop).
 
 Links: bandwidth shaping with tc (HTB, or TBF with ``use_tbf``) on both ends of each worker link
-(aggregator links only with ``agg_bw``: see :class:`StarTopo`), checksum offloads and GRO off.
+(aggregator links only with ``agg_bw``: see :class:`StarTopo`), checksum offloads and GRO off
+unless a star asks for ``offloads`` (:func:`link_options`).
 Packet loss on worker links is injected with iptables inside the hosts, never with netem: every
 drop happens in the INPUT chain of the receiving host (a DROP in OUTPUT would make the sender's
 ``sendto`` fail with EPERM instead of losing the packet on the wire, and the sender's interface
@@ -137,6 +138,17 @@ class InaIntf(TCIntf):
         return [c + " quantum 1514" if "htb rate" in c else c for c in cmds], parent
 
 
+def link_options(offloads: bool = False) -> dict[str, Any]:
+    """Mininet link options of every link: :class:`InaLink`, GRO off, checksum offloads off
+    unless ``offloads``. With them off a UDP GSO send (the worker's and the socket aggregator's
+    runs of datagrams, docs/performance.md) is cut into its datagrams in software at the
+    sender's veth, and every one crosses the veths, the bridge and HTB as a frame of its own.
+    With them on the run crosses the fabric as one buffer (HTB still charges every datagram's
+    bytes, headers included) and a receiver with UDP GRO takes it whole; but the bridge's
+    counters then count it as one frame, and an iptables loss rule would drop it whole."""
+    return {"cls": InaLink, "txo": offloads, "rxo": offloads, "gro": False}
+
+
 class InaLink(TCLink):
     """A TCLink whose two ends are :class:`InaIntf`."""
 
@@ -161,7 +173,8 @@ class StarTopo(Topo):
     each worker link in each direction; loss_up/loss_down override it for the worker -> switch
     and switch -> worker directions. uplink_at_worker: a worker's uplink loss to the aggregators
     is dropped as it leaves the worker (an OUTPUT rule), not as it arrives (for aggregators whose
-    frames the kernel's netfilter never sees: DPDK, the P4 switch).
+    frames the kernel's netfilter never sees: DPDK, the P4 switch). offloads: checksum offloads
+    on, so that UDP GSO runs cross the fabric whole (:func:`link_options`; not with loss).
     """
 
     def build(
@@ -176,18 +189,21 @@ class StarTopo(Topo):
         use_tbf: bool = False,
         prefix: str = "",
         uplink_at_worker: bool = False,
+        offloads: bool = False,
     ) -> None:
         for count, role, least in ((workers, "workers", 1), (aggregators, "aggregators", 0)):
             if not least <= count <= MAX_NODES_PER_ROLE:
                 raise ValueError(f"{role}: {count} not in {least}..{MAX_NODES_PER_ROLE}")
         up, down = loss_rates(loss, loss_up, loss_down)
+        if offloads and (up or down):
+            raise ValueError("offloads: a lossy link's iptables rule would drop a whole GSO run")
         # Host names in rank order and in shard order, for the runner.
         self.worker_names = [f"{prefix}w{i}" for i in range(workers)]
         self.aggregator_names = [f"{prefix}a{j}" for j in range(aggregators)]
         worker_ips = [worker_ip(i) for i in range(workers)]
         self.switch_name = f"{prefix}s1"
         switch = self.addSwitch(self.switch_name)
-        link_opts: dict[str, Any] = {"cls": InaLink, "txo": False, "rxo": False, "gro": False}
+        link_opts = link_options(offloads)
         # (With the P4 switch aggregating there is no aggregator node; its address is the first.)
         out_drops = [(aggregator_ip(j), up) for j in range(max(aggregators, 1))
                      if uplink_at_worker]  # fmt: skip
@@ -267,7 +283,7 @@ class LeafSpineTopo(StarTopo):
         self.switch_name = f"{prefix}s1"  # the spine switch
         self.leaf_switch_names = [f"{prefix}l{i}" for i in range(leaves)]
         worker_ips = [worker_ip(i) for i in range(workers)]
-        link_opts: dict[str, Any] = {"cls": InaLink, "txo": False, "rxo": False, "gro": False}
+        link_opts = link_options()
         spine = self.addSwitch(self.switch_name)
         for i, leaf_name in enumerate(self.leaf_switch_names):
             leaf = self.addSwitch(leaf_name)

@@ -63,6 +63,29 @@ def test_links_are_tc_links_with_offloads_off_and_optional_bandwidth() -> None:
     assert both.linkInfo("a0", "s1")["bw"] == 1000
 
 
+def test_offloads_turn_every_links_checksum_offloads_on_and_refuse_loss() -> None:
+    topo = StarTopo(workers=2, bw=100, offloads=True)
+    assert {(topo.linkInfo(*e)["txo"], topo.linkInfo(*e)["rxo"], topo.linkInfo(*e)["gro"])
+            for e in topo.links()} == {(True, True, False)}  # fmt: skip
+    with pytest.raises(ValueError, match="drop a whole GSO run"):
+        StarTopo(workers=2, loss_down=1.0, offloads=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "refused"),
+    [({}, False), ({"backend": "python"}, False), ({"backend": "dpdk"}, True),
+     ({"backend": "bmv2"}, True), ({"loss": 1.0}, True), ({"topo": "multi"}, True)],
+)
+def test_offloads_config_is_a_lossless_star_on_kernel_sockets(
+    tmp_path: Path, options: dict[str, Any], refused: bool
+) -> None:
+    if refused:
+        with pytest.raises(ValueError, match="offloads: a star without loss on kernel sockets"):
+            TopoConfig(out=tmp_path, offloads=True, **options)
+    else:
+        assert TopoConfig(out=tmp_path, offloads=True, **options).offloads
+
+
 def test_loss_becomes_input_drop_rules_per_worker_link_direction() -> None:
     topo = StarTopo(workers=3, loss=1.0, loss_up=2.0)
     # w0 loses 1 % of everything arriving (its downlink) and 2 % of what each other worker sends

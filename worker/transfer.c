@@ -46,6 +46,8 @@
 struct ncw_io {
     uint8_t *frames;            /* S frames of frame_stride bytes: each slot's datagram */
     size_t frame_stride;
+    uint64_t *idle;             /* bit t: slot t is idle and its next chunk is one of the call's
+                                   (fill() looks at these slots only: a result frees one) */
     uint8_t *rx;                /* NCW_BURST receive buffers of NCW_RX_SIZE bytes */
     struct mmsghdr rx_msgs[NCW_BURST];
     struct iovec rx_iov[NCW_BURST];
@@ -98,6 +100,14 @@ static inline void wr32(uint8_t *p, uint32_t v)
 {
     wr16(p, v >> 16);
     wr16(p + 2, v);
+}
+
+/* Slot t's bit in io->idle: set while it is idle with a next chunk of the call to start. */
+static inline void mark_idle(struct ncw *w, uint32_t t)
+{
+    struct ncw_io *io = w->io;
+    if (w->slots[t].following < w->chunks) /* t < pool_size: the bitmap's words hold it */
+        io->idle[t >> 6] |= (uint64_t)1 << (t & 63);
 }
 
 static inline uint8_t *frame_of(const struct ncw *w, uint32_t slot)
@@ -272,6 +282,7 @@ static int start(struct ncw *w, uint64_t i, uint32_t slot, double now)
                c->span, &w->stats.saturated);
     s->chunk = (int64_t)i;
     s->following = i + c->pool_size;
+    ((struct ncw_io *)w->io)->idle[slot >> 6] &= ~((uint64_t)1 << (slot & 63));
     w->outstanding++;
     s->first_sent = now;
     s->frame_len = (uint32_t)(NCW_HEADER + count + tag_size(w));
@@ -292,26 +303,37 @@ static int start(struct ncw *w, uint64_t i, uint32_t slot, double now)
 
 /* Start the next chunk of idle slots, the lowest first, while the window has room or the chunk
  * is lower than every outstanding one (Transfer.fill: so the workers' windows cannot wait on
- * each other). */
+ * each other). The idle slots with a next chunk are io->idle's bits (usually one: the slot a
+ * result just freed); their next chunks are distinct (slot t's are t mod S), so the lowest is
+ * the one Transfer.fill picks. The lowest outstanding chunk matters only with the window full,
+ * and is then found by a pass over the slots. */
 static int fill(struct ncw *w, double now)
 {
+    const struct ncw_io *io = w->io;
     const uint32_t S = w->cfg.pool_size;
+    const uint32_t words = (S + 63) / 64;
     const int64_t limit = ncw_cwnd_limit(&w->cwnd);
     for (;;) {
         uint32_t slot = S; /* the idle slot with the lowest next chunk */
-        uint64_t lowest = w->chunks; /* the lowest outstanding chunk */
-        for (uint32_t t = 0; t < S; t++) {
-            const struct ncw_slot *s = &w->slots[t];
-            if (s->chunk >= 0) {
-                if ((uint64_t)s->chunk < lowest)
-                    lowest = (uint64_t)s->chunk;
-            } else if (s->following < w->chunks
-                       && (slot == S || s->following < w->slots[slot].following)) {
-                slot = t;
+        for (uint32_t word = 0; word < words; word++) {
+            for (uint64_t bits = io->idle[word]; bits; bits &= bits - 1) {
+                const uint32_t t = word * 64 + (uint32_t)__builtin_ctzll(bits);
+                if (slot == S || w->slots[t].following < w->slots[slot].following)
+                    slot = t;
             }
         }
-        if (slot == S || ((int64_t)w->outstanding >= limit && w->slots[slot].following > lowest))
+        if (slot == S)
             return 0;
+        if ((int64_t)w->outstanding >= limit) {
+            uint64_t lowest = w->chunks; /* the lowest outstanding chunk */
+            for (uint32_t t = 0; t < S; t++) {
+                const int64_t chunk = w->slots[t].chunk;
+                if (chunk >= 0 && (uint64_t)chunk < lowest)
+                    lowest = (uint64_t)chunk;
+            }
+            if (w->slots[slot].following > lowest)
+                return 0;
+        }
         const int rc = start(w, w->slots[slot].following, slot, now);
         if (rc)
             return rc;
@@ -473,6 +495,7 @@ static int take(struct ncw *w, uint8_t *buf, size_t size, double now)
         w->top = (int64_t)i;
     }
     s->chunk = -1;
+    mark_idle(w, slot);
     return fill(w, now);
 }
 
@@ -591,6 +614,7 @@ int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t ke
     w->held = 0;
     w->waited = 0;
     w->stalled_at = -1.0;
+    memset(io->idle, 0, (size_t)(S + 63) / 64 * sizeof *io->idle);
     for (uint32_t slot = 0; slot < S; slot++) {
         w->slots[slot].chunk = -1;
         w->slots[slot].following = slot;
@@ -598,6 +622,7 @@ int ncw_begin(struct ncw *w, const float *x, float *out, uint64_t n, uint64_t ke
         w->slots[slot].rto = w->timer.rto;
         w->slots[slot].notice_offset = -1;
         w->slots[slot].notice_held = 0;
+        mark_idle(w, slot);
     }
     const double now = now_s();
     const int rc = fill(w, now);
@@ -778,13 +803,14 @@ struct ncw *ncw_open(const struct ncw_config *cfg)
     io->tx_cap = (uint32_t)(S + NCW_BURST);
     w->slots = calloc(S, sizeof *w->slots);
     io->frames = calloc(S, io->frame_stride);
+    io->idle = calloc((S + 63) / 64, sizeof *io->idle);
     io->rx = malloc((size_t)NCW_BURST * NCW_RX_SIZE);
     io->tx_msgs = calloc(io->tx_cap, sizeof *io->tx_msgs);
     io->tx_iov = calloc(io->tx_cap, sizeof *io->tx_iov);
     io->tx_segments = calloc(io->tx_cap, sizeof *io->tx_segments);
     io->tx_ctrl = calloc(io->tx_cap, NCW_GSO_CTRL);
     io->gso = cfg->gso != 0;
-    if (!w->slots || !io->frames || !io->rx || !io->tx_msgs || !io->tx_iov || !io->tx_segments
+    if (!w->slots || !io->frames || !io->idle || !io->rx || !io->tx_msgs || !io->tx_iov || !io->tx_segments
         || !io->tx_ctrl) {
         ncw_close(w);
         errno = ENOMEM;
@@ -820,6 +846,7 @@ void ncw_close(struct ncw *w)
     struct ncw_io *io = w->io;
     if (io) {
         free(io->frames);
+        free(io->idle);
         free(io->rx);
         free(io->tx_msgs);
         free(io->tx_iov);

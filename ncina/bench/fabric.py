@@ -26,6 +26,13 @@ closed-loop echo load on every worker host, for ``--limit-seconds``): ``fabric_l
 ``vs_fabric_limit``, INA's datagrams per second over it (refused with the reason when the echo
 answered nothing, retransmitted or could not run).
 
+``--offloads`` turns the links' checksum offloads on (``ncina.topo.topos.link_options``): the
+workers' and the socket aggregator's UDP GSO runs then cross the fabric whole instead of being
+cut into datagrams at the sender's veth (docs/performance.md, "The workers' packet path at
+K = 64"). The bridge counts a run, or a TSO segment of gloo's, as one frame, so
+``wire_fraction`` and ``gloo_link_fraction`` are refused then; the echo sends one datagram at a
+time and is no ceiling for such a job.
+
 ``--bw`` and ``--mtu`` take comma-separated lists (``--bw 100,200,500,1000 --mtu 1500,9000``):
 then every pair runs on a fabric of its own, in one invocation, and the figures are ``rows``
 (one single-pair result each) and ``faithful_bw_mbit``, per MTU the highest bandwidth whose
@@ -92,6 +99,8 @@ ECHO_START_S = 3.0
 ECHO_RETX_AFTER = 1.0
 """Seconds without an echo before the echo load re-sends: a stall of the loaded machine's
 scheduler is no loss, and a yardstick that retransmitted is refused."""
+OFFLOADS_UNCOUNTED = ("--offloads: the bridge counts a GSO run or TSO segment as one frame, "
+                      "its headers once")
 GLOO_PORT = 29500  # gloo's rendezvous on worker 0; + repeat, so no run meets a TIME_WAIT
 
 
@@ -130,6 +139,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="star: seconds of the no-op echo at the job's packet size that "
                    "measures the fabric's own packet limit after each repeat (vs_fabric_limit; "
                    "0: none) (default: %(default)s)")  # fmt: skip
+    p.add_argument("--offloads", action="store_true",
+                   help="star, python or socket backend: the links' checksum offloads on, so "
+                   "that the workers' and the aggregator's UDP GSO runs (and gloo's TSO "
+                   "segments) cross the fabric whole; the bridge then counts a run as one "
+                   "frame, so wire_fraction and gloo_link_fraction are not reported")  # fmt: skip
     p.add_argument("--workdir", type=Path, default=None,
                    help="keep the logs and stats here (default: a temporary directory)")
     return p
@@ -370,7 +384,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         workdir = args.workdir or Path(tmp)
         cfg = TopoConfig(out=workdir, workers=args.workers, backend=args.backend, bw=args.bw,
                          topo=args.topo, leaves=args.leaves, k=args.k,
-                         prefix=f"b{os.getpid() % 100000}")  # fmt: skip
+                         prefix=f"b{os.getpid() % 100000}", offloads=args.offloads)  # fmt: skip
         ref = bench.reference(args)
         net, topo = build_net(cfg)
         procs = Processes()
@@ -393,7 +407,12 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         "link_fraction": median(r["extra"]["link_fraction"] for r in repeats),
         "wire_fraction": median(r["extra"]["wire_fraction"] for r in repeats),
         "gloo_link_fraction": median(r["extra"]["gloo_link_fraction"] for r in repeats),
+        "offloads": args.offloads,
     }  # fmt: skip
+    if args.offloads:  # the bridge's counters count a GSO run (a TSO segment) as one frame
+        for name in ("wire_fraction", "gloo_link_fraction"):
+            figures[name] = None
+            figures[f"{name}_refused"] = OFFLOADS_UNCOUNTED
     figures |= medians(repeats, workers=args.workers, elements=args.elements)
     figures |= per_packet(repeats)
     # What INA's advantage in bytes is made of, in theory, and gloo's bytes over INA's useful
