@@ -14,8 +14,8 @@ from types import MappingProxyType
 
 from ncina.proto.compressors.base import Compressor, largest_fitting
 from ncina.proto.descriptor import WORKERS_WHY, check_job, check_range
-from ncina.proto.header import ELEMENT_SIZE, Format, largest_k
-from ncina.proto.nc8 import Window
+from ncina.proto.header import ELEMENT_SIZE, UPLINK_FORMATS, Format, largest_k
+from ncina.proto.nc8 import Window, int32_refusal, sum_bits
 from ncina.proto.tag import check_key, key_from_hex
 from ncina.proto.wire import (
     ETH_IPV4_UDP_NCINA_HEADERS,
@@ -72,8 +72,10 @@ class JobConfig:
     def __post_init__(self) -> None:
         check_job(job=self.job, workers=self.workers, k=self.k, pool_size=self.pool_size)
         object.__setattr__(self, "uplink_format", Format(self.uplink_format))
-        if self.uplink_format not in ELEMENT_SIZE:
-            raise ValueError(f"an INA job's uplink is nc8 or int, not {self.uplink_format.name}")
+        if self.uplink_format not in UPLINK_FORMATS:
+            raise ValueError(
+                f"an INA job's uplink is nc8 or int, not {self.uplink_format.name.lower()}"
+            )
         total = self.total
         check_range("total workers", total, self.workers, MAX_TOTAL_WORKERS,
                     f" (at least the {self.workers} workers of this aggregator)")  # fmt: skip
@@ -88,9 +90,14 @@ class JobConfig:
         object.__setattr__(self, "result_format", Format(self.result_format))
         if self.result_format not in ELEMENT_SIZE:
             raise ValueError(
-                f"{self.result_format.name.lower()} is not an INA result format (nc8 or int)"
+                f"{self.result_format.name.lower()} is not an INA result format (nc8, int or "
+                "int32)"
             )
-        expected = Window.for_job(total, self.window.e_max)
+        if self.result_format == Format.INT32:
+            refusal = int32_refusal(total, self.window.span)
+            if refusal is not None:
+                raise ValueError(refusal)
+        expected = Window.for_job(total, self.window.e_max, sum_bits(self.result_format))
         if self.window != expected:
             raise ValueError(
                 f"window {self.window} is not the one docs/protocol.md derives for "
@@ -138,11 +145,13 @@ class JobConfig:
         check_range("workers", workers, 1, MAX_WORKERS, WORKERS_WHY)
         if isinstance(uplink_format, str):
             uplink_format = Format[uplink_format.upper()]
+        result_format = Format(result_format)
         if total_workers is not None:
             check_range("total workers", total_workers, workers, MAX_TOTAL_WORKERS,
                         f" (at least the {workers} workers of this aggregator)")  # fmt: skip
         try:
-            window = Window.for_job(total_workers or workers, window_max)
+            window = Window.for_job(total_workers or workers, window_max,
+                                    sum_bits(result_format))  # fmt: skip
         except ValueError as exc:
             raise ValueError(f"no exponent window with e_max {window_max}: {exc}") from None
         by_rank: dict[int, Address] = {}
