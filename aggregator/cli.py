@@ -175,8 +175,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=[f.name.lower() for f in ELEMENT_SIZE],
         default=None,
         help="INA mode's result payload (required there): nc8 (sums re-compressed to NC8, 1 byte "
-        "per element) or int (exact sums, 8 bytes per element); server mode's results are "
-        "always the compressor's payloads (blob), so it takes none",
+        "per element), int (exact sums, 8 bytes per element) or int32 (exact sums, 4 bytes per "
+        "element, in a window whose sums stay within 2^30: docs/protocol.md); server mode's "
+        "results are always the compressor's payloads (blob), so it takes none",
     )
     parser.add_argument(
         "--mode",

@@ -201,25 +201,36 @@ class JobConfig:
     @property
     def result_frame_size(self) -> int:
         """Bytes of the largest result frame on the wire, Ethernet header included."""
+        return self.frame_size(self.result_format)
+
+    def frame_size(self, fmt: Format) -> int:
+        """Bytes of a frame of K elements of ``fmt`` (the job's tag included), Ethernet header
+        included: the result's, or a leaf's int partial sums'."""
         tag = TAG_SIZE if self.key is not None else 0
-        return ETH_IPV4_UDP_NCINA_HEADERS + self.k * ELEMENT_SIZE[self.result_format] + tag
+        return ETH_IPV4_UDP_NCINA_HEADERS + self.k * ELEMENT_SIZE[fmt] + tag
 
-    def check_mtu(self, mtu: int) -> None:
-        """Raise ``ValueError`` unless a full result frame fits a link of this MTU (IP bytes)."""
+    def check_mtu(self, mtu: int, fmt: Format | None = None) -> None:
+        """Raise ``ValueError`` unless a full result frame (or one of K ``fmt`` elements) fits
+        a link of this MTU (IP bytes)."""
         self.check_frame_room(mtu + ETHERNET_HEADER, f"MTU {mtu} + {ETHERNET_HEADER}",
-                              " at this MTU")  # fmt: skip
+                              " at this MTU", fmt)  # fmt: skip
 
-    def check_frame_room(self, room: int, limit: str, scope: str = "") -> None:
-        """Raise ``ValueError`` unless a full result frame, Ethernet header included, fits
-        ``room`` bytes (a link's MTU, a data plane's packet buffer). The message names the limit
-        (``limit``, with ``scope`` after "the largest k") and the largest K that fits it."""
-        if self.result_frame_size <= room:
+    def check_frame_room(
+        self, room: int, limit: str, scope: str = "", fmt: Format | None = None
+    ) -> None:
+        """Raise ``ValueError`` unless a full result frame (or one of K ``fmt`` elements),
+        Ethernet header included, fits ``room`` bytes (a link's MTU, a data plane's packet
+        buffer). The message names the limit (``limit``, with ``scope`` after "the largest k")
+        and the largest K that fits it."""
+        fmt = self.result_format if fmt is None else fmt
+        frame = self.frame_size(fmt)
+        if frame <= room:
             return
-        size = ELEMENT_SIZE[self.result_format]
-        largest = (room - (self.result_frame_size - self.k * size)) // size
-        name = self.result_format.name.lower()
+        size = ELEMENT_SIZE[fmt]
+        largest = (room - (frame - self.k * size)) // size
+        name = fmt.name.lower()
         raise ValueError(
-            f"a result frame of k={self.k} {name} elements is {self.result_frame_size} bytes, "
+            f"a result frame of k={self.k} {name} elements is {frame} bytes, "
             f"more than {limit}; the largest k for {name} results{scope} is {largest}"
         )
 

@@ -87,8 +87,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    f"{BMV2_POOL_SIZE} with --backend bmv2, whose libpcap input ring holds a few "
                    "dozen frames)")
     p.add_argument("--window-max", type=int, default=d.window_max, help="default: %(default)s")
-    p.add_argument("--result", choices=("nc8", "int"), default=d.result,
-                   help="INA mode's downlink format (default: %(default)s)")
+    p.add_argument("--result", choices=("nc8", "int", "int32"), default=d.result,
+                   help="INA mode's downlink format (default: %(default)s; int32: 4-byte sums, "
+                   "a window of 30-bit sums, docs/protocol.md)")
     p.add_argument("--compressor", metavar="SPEC",
                    help="workers' gradient compressor [ef+]name[:key=value,...] "
                    "(docs/compressors.md; default: NC8 of the raw gradients)")

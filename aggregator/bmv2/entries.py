@@ -25,7 +25,7 @@ from ncina.aggregator.handshake import RESTART_IDLE
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GlobalStats, JobStats
 from ncina.proto.descriptor import JOB_DATAGRAM_SIZE
-from ncina.proto.header import ELEMENT_SIZE, NOTICE
+from ncina.proto.header import ELEMENT_SIZE, NOTICE, Format
 from ncina.proto.wire import (
     ETH_IPV4_UDP_HEADERS,
     ETH_IPV4_UDP_NCINA_HEADERS,
@@ -88,6 +88,11 @@ def check_job(config: JobConfig) -> None:
         raise ValueError("the bmv2 backend does not implement the authentication tag (--key-file)")
     if config.workers > MAX_WORKERS:
         raise ValueError(f"the bmv2 backend holds at most {MAX_WORKERS} workers per job")
+    if config.result_format not in (Format.NC8, Format.INT):
+        raise ValueError(
+            f"the bmv2 backend does not return {config.result_format.name.lower()} results "
+            "(--result): the P4 program's lanes return nc8 codes or 64-bit int sums"
+        )
 
 
 def place(configs: Sequence[JobConfig], generation: int, k: int) -> list[InstalledJob]:

@@ -65,7 +65,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     deprecated_alias(p, "--window", pool_size)
     p.add_argument("--seconds", type=float, default=5.0,
                    help="duration of each measurement (default: %(default)s)")  # fmt: skip
-    p.add_argument("--result", choices=("nc8", "int"), default="nc8")
+    p.add_argument("--result", choices=("nc8", "int", "int32"), default="nc8")
     timeout = p.add_argument("--timeout", type=float, default=0.05, metavar="S",
                              help="the load generator re-sends a slot unanswered this long; raise "
                              "it for a slow switch (bmv2 at K=256: 1) (default: %(default)s)")
@@ -103,7 +103,8 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
     no-op forwarder, socket_forward: the socket backend's) on a new site; the DPDK ones on
     ``lcores`` lanes."""
     from ncina.aggregator.dpdk.binding import load
-    from ncina.proto.nc8 import Window
+    from ncina.proto.header import Format
+    from ncina.proto.nc8 import Window, sum_bits
 
     site = star.add_site()
     work = args.workdir / kind
@@ -149,7 +150,7 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
             s.bind((star.host_ip, 0))
             s.connect((site.ip, PORT))
             socks.append(s)
-        window = Window.for_job(args.workers)
+        window = Window.for_job(args.workers, sum_bits=sum_bits(Format[args.result.upper()]))
         rng = np.random.default_rng(0)
         codes = (rng.integers(1, 20, args.k) | (rng.integers(0, 2, args.k) << 7)).astype(np.uint8)
         fds = ffi.new("int[]", [s.fileno() for s in socks])

@@ -159,7 +159,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--elements", type=int, default=1_000_000, help="default: %(default)s")
     p.add_argument("--k", type=int, default=128,
                    help="elements per packet (int results: at most 182 at MTU 1500)")  # fmt: skip
-    p.add_argument("--result", choices=("int", "nc8"), default="int", help="default: int")
+    p.add_argument("--result", choices=("int", "nc8", "int32"), default="int",
+                   help="default: int")  # fmt: skip
     p.add_argument("--seed", type=int, default=42, help="input seed")
     p.add_argument("--deadline", type=float, default=2.0,
                    help="the workers' deadline in the killed-worker scenario (s)")  # fmt: skip
