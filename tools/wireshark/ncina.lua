@@ -2,7 +2,7 @@
 -- says how to install and use it).
 --
 -- It decodes every datagram kind: a worker's chunk (nc8 codes or a server-mode blob), a result
--- (nc8 codes, int sums or a blob), a notice (its rank bitmap), a hello and a handshake answer
+-- (nc8 codes, int or int32 sums, or a blob), a notice (its rank bitmap), a hello and a handshake answer
 -- (the job descriptor), and the authentication tag of a keyed job. Field names follow the scapy
 -- layer (ncina.proto.layers) and ncina.proto.descriptor under the prefix "ncina.". A datagram
 -- that an aggregator would drop before looking at its job gets expert info named after the drop
