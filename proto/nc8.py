@@ -106,7 +106,7 @@ class Window:
             raise ValueError(f"a job needs at least 1 worker, got {workers}")
         span = sum_bits - (workers - 1).bit_length()  # (n - 1).bit_length() == ceil(log2(n))
         if span < 0:
-            raise ValueError(f"{workers} workers is too many for a 64-bit accumulator")
+            raise ValueError(f"{workers} workers is too many for sums within 2**{sum_bits}")
         try:
             return cls(e_min=e_max - span, span=span)
         except ValueError as exc:
