@@ -23,7 +23,6 @@ mismatch raises ``JobMismatchError`` naming each parameter, as a worker's handsh
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import select
 import socket
 import time
@@ -563,7 +562,7 @@ def check_int_frames(config: JobConfig, mtu: int) -> None:
     """Raise ``ValueError`` unless the int partial sums of ``config``'s K elements, which
     leaves send to the spine, fit a link of ``mtu``."""
     try:
-        dataclasses.replace(config, result_format=Format.INT).check_mtu(mtu)
+        config.check_mtu(mtu, Format.INT)
     except ValueError as exc:
         raise ValueError(f"partial sums sent up as int: {exc}") from None
 
@@ -573,7 +572,7 @@ def check_int_frame_room(config: JobConfig, room: int, limit: str) -> None:
     bytes (a data plane's packet buffer, described by ``limit``), as ``check_int_frames``
     does for a link."""
     try:
-        dataclasses.replace(config, result_format=Format.INT).check_frame_room(room, limit)
+        config.check_frame_room(room, limit, fmt=Format.INT)
     except ValueError as exc:
         raise ValueError(f"partial sums sent up as int: {exc}") from None
 

@@ -14,9 +14,9 @@ from types import MappingProxyType
 
 from ncina.proto.compressors.base import Compressor, largest_fitting
 from ncina.proto.descriptor import WORKERS_WHY, check_job, check_range
-from ncina.proto.header import ELEMENT_SIZE, Format
+from ncina.proto.header import ELEMENT_SIZE, UPLINK_FORMATS, Format
 from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX
-from ncina.proto.nc8 import Window
+from ncina.proto.nc8 import Window, int32_refusal, sum_bits
 from ncina.proto.tag import check_key, key_from_hex
 from ncina.proto.wire import (
     ETH_IPV4_UDP_NCINA_HEADERS,
@@ -71,8 +71,10 @@ class JobConfig:
     def __post_init__(self) -> None:
         check_job(job=self.job, workers=self.workers, k=self.k, pool_size=self.pool_size)
         object.__setattr__(self, "uplink_format", Format(self.uplink_format))
-        if self.uplink_format not in ELEMENT_SIZE:
-            raise ValueError(f"an INA job's uplink is nc8 or int, not {self.uplink_format.name}")
+        if self.uplink_format not in UPLINK_FORMATS:
+            raise ValueError(
+                f"an INA job's uplink is nc8 or int, not {self.uplink_format.name.lower()}"
+            )
         total = self.total
         check_range("total workers", total, self.workers, MAX_TOTAL_WORKERS,
                     f" (at least the {self.workers} workers of this aggregator)")  # fmt: skip
@@ -87,9 +89,14 @@ class JobConfig:
         object.__setattr__(self, "result_format", Format(self.result_format))
         if self.result_format not in ELEMENT_SIZE:
             raise ValueError(
-                f"{self.result_format.name.lower()} is not an INA result format (nc8 or int)"
+                f"{self.result_format.name.lower()} is not an INA result format (nc8, int or "
+                "int32)"
             )
-        expected = Window.for_job(total, self.window.e_max)
+        if self.result_format == Format.INT32:
+            refusal = int32_refusal(total, self.window.span)
+            if refusal is not None:
+                raise ValueError(refusal)
+        expected = Window.for_job(total, self.window.e_max, sum_bits(self.result_format))
         if self.window != expected:
             raise ValueError(
                 f"window {self.window} is not the one docs/protocol.md derives for "
@@ -137,11 +144,13 @@ class JobConfig:
         check_range("workers", workers, 1, MAX_WORKERS, WORKERS_WHY)
         if isinstance(uplink_format, str):
             uplink_format = Format[uplink_format.upper()]
+        result_format = Format(result_format)
         if total_workers is not None:
             check_range("total workers", total_workers, workers, MAX_TOTAL_WORKERS,
                         f" (at least the {workers} workers of this aggregator)")  # fmt: skip
         try:
-            window = Window.for_job(total_workers or workers, window_max)
+            window = Window.for_job(total_workers or workers, window_max,
+                                    sum_bits(result_format))  # fmt: skip
         except ValueError as exc:
             raise ValueError(f"no exponent window with e_max {window_max}: {exc}") from None
         by_rank: dict[int, Address] = {}
@@ -191,25 +200,36 @@ class JobConfig:
     @property
     def result_frame_size(self) -> int:
         """Bytes of the largest result frame on the wire, Ethernet header included."""
+        return self.frame_size(self.result_format)
+
+    def frame_size(self, fmt: Format) -> int:
+        """Bytes of a frame of K elements of ``fmt`` (the job's tag included), Ethernet header
+        included: the result's, or a leaf's int partial sums'."""
         tag = TAG_SIZE if self.key is not None else 0
-        return ETH_IPV4_UDP_NCINA_HEADERS + self.k * ELEMENT_SIZE[self.result_format] + tag
+        return ETH_IPV4_UDP_NCINA_HEADERS + self.k * ELEMENT_SIZE[fmt] + tag
 
-    def check_mtu(self, mtu: int) -> None:
-        """Raise ``ValueError`` unless a full result frame fits a link of this MTU (IP bytes)."""
+    def check_mtu(self, mtu: int, fmt: Format | None = None) -> None:
+        """Raise ``ValueError`` unless a full result frame (or one of K ``fmt`` elements) fits
+        a link of this MTU (IP bytes)."""
         self.check_frame_room(mtu + ETHERNET_HEADER, f"MTU {mtu} + {ETHERNET_HEADER}",
-                              " at this MTU")  # fmt: skip
+                              " at this MTU", fmt)  # fmt: skip
 
-    def check_frame_room(self, room: int, limit: str, scope: str = "") -> None:
-        """Raise ``ValueError`` unless a full result frame, Ethernet header included, fits
-        ``room`` bytes (a link's MTU, a data plane's packet buffer). The message names the limit
-        (``limit``, with ``scope`` after "the largest k") and the largest K that fits it."""
-        if self.result_frame_size <= room:
+    def check_frame_room(
+        self, room: int, limit: str, scope: str = "", fmt: Format | None = None
+    ) -> None:
+        """Raise ``ValueError`` unless a full result frame (or one of K ``fmt`` elements),
+        Ethernet header included, fits ``room`` bytes (a link's MTU, a data plane's packet
+        buffer). The message names the limit (``limit``, with ``scope`` after "the largest k")
+        and the largest K that fits it."""
+        fmt = self.result_format if fmt is None else fmt
+        frame = self.frame_size(fmt)
+        if frame <= room:
             return
-        size = ELEMENT_SIZE[self.result_format]
-        largest = (room - (self.result_frame_size - self.k * size)) // size
-        name = self.result_format.name.lower()
+        size = ELEMENT_SIZE[fmt]
+        largest = (room - (frame - self.k * size)) // size
+        name = fmt.name.lower()
         raise ValueError(
-            f"a result frame of k={self.k} {name} elements is {self.result_frame_size} bytes, "
+            f"a result frame of k={self.k} {name} elements is {frame} bytes, "
             f"more than {limit}; the largest k for {name} results{scope} is {largest}"
         )
 

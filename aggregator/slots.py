@@ -26,7 +26,7 @@ from ncina.aggregator.stats import JobStats, LimitStats
 from ncina.proto import nc8
 from ncina.proto.compressors import Compressor, State
 from ncina.proto.compressors.base import HEAD
-from ncina.proto.header import FLAG_TAG, INT_DTYPE, Format
+from ncina.proto.header import FLAG_TAG, SUM_DTYPES, Format
 
 if TYPE_CHECKING:
     from ncina.aggregator.hierarchy import Upstream
@@ -234,13 +234,14 @@ class JobSlots:
         """The result payload of a complete slot's sum ``acc`` (chunk at ``offset`` in
         ``(slot, version)``, called once per completion): the re-compression to nc8, its
         rounding bits keyed by the chunk and the slot version's use, not by the order of
-        completions; or the exact int sums."""
+        completions; or the exact sums, int64 or int32 (the window keeps them within 2**30
+        for int32: docs/protocol.md, "int32 results")."""
         use = self._uses[version][slot]
         self._uses[version][slot] = use + 1 & 0xFFFFFFFF
         if self.result_format == _NC8:
             key = nc8.result_key(self._result_seed, self.config.job, slot, version, offset, use)
             return nc8.recompress(acc, key).tobytes()
-        return acc.astype(INT_DTYPE).tobytes()
+        return acc.astype(SUM_DTYPES[self.result_format]).tobytes()
 
     def _not_after(self, version: int, slot: int, offset: int) -> bool:
         """Whether ``offset`` is the offset of ``(slot, version)``'s last round or before it, in

@@ -11,7 +11,8 @@ frames with scapy for given addresses.
 The cases cover every payload format, each header field at its edges, truncated and oversized
 datagrams, the transport's corner cases and seeded loss/duplicate/reorder schedules of whole
 reductions. They are written for one aggregator serving ``JOB`` (``WORKERS`` ranks, ``K``
-elements, ``POOL`` slots, ``--generation GENERATION``, int or nc8 results: ``job_arguments``)
+elements, ``POOL`` slots, ``--generation GENERATION``, int, nc8 or int32 results:
+``job_arguments``; the int32 job's ``--window-max`` gives it the same ``e_min``)
 whose members are learned
 from the first case, and are replayed in order: each case takes slots no other case uses.
 What each backend must answer is what the Python reference answers (tests/test_conformance.py);
@@ -31,8 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_RETX, FLAG_TAG, GENERATION_SHIFT, Format
+from ncina.proto.header import (
+    ELEMENT_SIZE,
+    FLAG_POOL,
+    FLAG_RESULT,
+    FLAG_RETX,
+    FLAG_TAG,
+    GENERATION_SHIFT,
+    Format,
+)
 from ncina.proto.job import job_args
+from ncina.proto.nc8 import INT32_SUM_BITS
 from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 
 SCHEMA = 1
@@ -40,7 +50,7 @@ JOB = 4242
 WORKERS = 3
 K = 16
 POOL = 512
-RESULTS = ("int", "nc8")  # the corpus is answered by a job of each result format
+RESULTS = ("int", "nc8", "int32")  # the corpus is answered by a job of each result format
 GENERATION = 5
 STALE = 9  # the generation of an aggregator start before this one
 SEED = 1  # --seed: the nc8 results' random stream
@@ -48,6 +58,8 @@ STRANGER = -1  # the sender of a step from an address that is no member
 E_MAX = 10
 E_MIN = E_MAX - (62 - (WORKERS - 1).bit_length())  # docs/protocol.md, "The job's window"
 TOP = 62 - (WORKERS - 1).bit_length() + 1  # the largest valid exponent code, span + 1
+TOP_INT32 = INT32_SUM_BITS - (WORKERS - 1).bit_length() + 1  # the same of an int32 job's window
+E_MAX_INT32 = E_MIN + TOP_INT32 - 1  # the int32 job's --window-max: its window starts at E_MIN
 MTU_DATAGRAM = 1500 - 20 - 8  # the largest datagram in one IPv4 packet of MTU 1500
 
 
@@ -136,8 +148,9 @@ class _Slots:
 
 
 def _codes(rnd: random.Random, count: int = K) -> list[int]:
-    """Valid codes of both signs, about 20 % zeros."""
-    return [rnd.choice((0, 0x80)) | rnd.randint(1, TOP) if rnd.random() < 0.8 else 0
+    """Valid codes of both signs, about 20 % zeros, in every result format's window (up to
+    ``TOP_INT32``; ``window_edges`` has the others' top codes)."""
+    return [rnd.choice((0, 0x80)) | rnd.randint(1, TOP_INT32) if rnd.random() < 0.8 else 0
             for _ in range(count)]  # fmt: skip
 
 
@@ -154,7 +167,11 @@ def _basics(slots: _Slots) -> Iterator[Case]:
                (*_reduction(slots.take(), [[1] * K] * WORKERS), *alone))  # fmt: skip
     edge = [TOP, TOP | 0x80, 1, 0x81, 0, 0x80] + [TOP] * (K - 6)
     yield Case("window_edges", "the largest and smallest codes of both signs and both zeros: "
-               "exact int sums up to 3 * 2**60", tuple(_reduction(slots.take(), [edge] * 3)))
+               "exact int sums up to 3 * 2**60 (bad_code at an int32 job)",
+               tuple(_reduction(slots.take(), [edge] * 3)))
+    edge = [TOP_INT32, TOP_INT32 | 0x80, 1, 0x81, 0, 0x80] + [TOP_INT32] * (K - 6)
+    yield Case("window_edges_int32", "the int32 window's largest codes: its most positive and "
+               "most negative sums, +-3 * 2**28", tuple(_reduction(slots.take(), [edge] * 3)))
     rnd = random.Random(11)
     yield Case("short_chunk", "three elements at an arbitrary offset",
                tuple(_reduction(slots.take(), [_codes(rnd, 3)] * 3, offset=12345)))
@@ -212,10 +229,12 @@ def _header_edges(slots: _Slots) -> Iterator[Case]:
                         ("generation_15", 15 << GENERATION_SHIFT), ("all", 0xFF)):  # fmt: skip
         yield _single(f"flags_{name}", f"flags 0x{flags:02x}",
                       datagram(slot=slots.take(), codes=good, flags=flags))
-    slot = slots.take()
-    yield _single("format_int_uplink", "an int payload (a result's format) on uplink",
-                  datagram(slot=slot, codes=bytes(8 * K), count=K, format=Format.INT))
-    for fmt in (4, 255):
+    for fmt in (Format.INT, Format.INT32):
+        name = fmt.name.lower()
+        yield _single(f"format_{name}_uplink", f"an {name} payload (a result's format) on uplink",
+                      datagram(slot=slots.take(), codes=bytes(ELEMENT_SIZE[fmt] * K), count=K,
+                               format=fmt))  # fmt: skip
+    for fmt in (5, 255):
         yield _single(f"format_{fmt}", "an undefined payload format",
                       datagram(slot=slots.take(), codes=good, format=fmt))
     yield from _handshakes(slots)
@@ -417,11 +436,19 @@ def barrier(rank: int) -> bytes:
     return retransmission(datagram(slot=barrier_slot(rank), codes=[1] * K, rank=rank))
 
 
+def window_max(result: str | None) -> int:
+    """The corpus job's ``--window-max`` for ``result``: ``E_MAX``, for int32 ``E_MAX_INT32``
+    (its window, narrower, then starts at the same ``E_MIN``: the datagrams serve every job)."""
+    return E_MAX_INT32 if result == "int32" else E_MAX
+
+
 def job_arguments(result: str | None = None) -> list[str]:
     """The ``ncina aggregator`` options of the corpus job with ``result`` (one of ``RESULTS``;
     None: without ``--result``); add ``--listen`` and ``--stats``. Its hellos restart nothing
     during a replay (``--restart-idle`` an hour), whatever the machine's pace."""
-    return [*job_args(job=JOB, workers=WORKERS, k=K, pool_size=POOL, result=result or None),
+    window = E_MAX_INT32 if result == "int32" else None
+    return [*job_args(job=JOB, workers=WORKERS, k=K, pool_size=POOL, result=result or None,
+                      window_max=window),
             "--generation", str(GENERATION), "--seed", str(SEED), "--restart-idle", "3600"]
 
 

@@ -25,6 +25,7 @@ from ncina.proto.header import (
     VERSION,
     Format,
 )
+from ncina.proto.nc8 import sum_bits
 from ncina.proto.wire import (
     HEADER_SIZE,
     MAX_JOB_ID,
@@ -77,11 +78,11 @@ OK = 0  # the job's descriptor
 NO_SUCH_JOB = 1  # no job of that id is installed (the other fields are 0)
 NOT_AUTHENTIC = 2  # the hello's tag is missing, wrong, or there for an unkeyed job
 
-# mode: INA with nc8 or int results (the Format values), or server mode.
+# mode: INA with nc8, int or int32 results (the Format values), or server mode.
 MODE_SERVER = int(Format.BLOB)
 MODE_NAMES = {int(Format.NC8): "ina (nc8 results)", int(Format.INT): "ina (int results)",
-              MODE_SERVER: "server"}  # fmt: skip
-RESULT_NAMES = {int(Format.NC8): "nc8", int(Format.INT): "int"}
+              int(Format.INT32): "ina (int32 results)", MODE_SERVER: "server"}  # fmt: skip
+RESULT_NAMES = {int(Format.NC8): "nc8", int(Format.INT): "int", int(Format.INT32): "int32"}
 
 # uplink: what the members send (docs/protocol.md, "Hierarchical aggregation"): 0 the mode's own
 # (NC8 codes in INA mode, blobs in server mode), 1 exact int partial sums (a spine, whose members
@@ -210,13 +211,14 @@ def mismatches(
     chunk) may also be smaller than the aggregator's. ``e_min`` is named only when it is the one
     difference of the window (e_max and workers equal): then the two disagree on the total
     number of workers of a hierarchical job, which sets the window (docs/protocol.md,
-    "Hierarchical aggregation"). ``compressor_spec`` is the worker's spec, named in the
-    message beside its hash."""
+    "Hierarchical aggregation"); not when the modes' windows keep sums within other bits
+    (int32 results against another mode: the mode is named). ``compressor_spec`` is the
+    worker's spec, named in the message beside its hash."""
     out = []
     for attr, name in FIELDS:
         ours, theirs = getattr(worker, attr), getattr(aggregator, attr)
-        if attr == "e_min" and (worker.e_max, worker.workers) != (
-            aggregator.e_max, aggregator.workers
+        if attr == "e_min" and (worker.e_max, worker.workers, sum_bits(worker.mode)) != (
+            aggregator.e_max, aggregator.workers, sum_bits(aggregator.mode)
         ):
             continue  # follows from the fields already named
         if attr == "compressor" and not (worker.mode == aggregator.mode == MODE_SERVER):

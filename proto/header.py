@@ -61,19 +61,25 @@ class Format(IntEnum):
     INT = 1  # exact sums, signed 64-bit big-endian, in units of 2**e_min (downlink)
     BLOB = 2  # server mode: one self-describing compressor payload of the chunk (both ways)
     JOB = 3  # the job handshake: a job descriptor (ncina.proto.descriptor), both ways
+    INT32 = 4  # exact sums, signed 32-bit big-endian, in units of 2**e_min (downlink)
 
 
-ELEMENT_SIZE = {Format.NC8: 1, Format.INT: 8}
+ELEMENT_SIZE = {Format.NC8: 1, Format.INT: 8, Format.INT32: 4}
 """Bytes per element of the fixed-size formats (BLOB payloads have their own length)."""
 INT_DTYPE = np.dtype(">i8")  # element type of the INT payload
+INT32_DTYPE = np.dtype(">i4")  # element type of the INT32 payload
+SUM_DTYPES = {Format.INT: INT_DTYPE, Format.INT32: INT32_DTYPE}
+"""Element type of each format of exact sums (a result's, or a leaf's partial sums: INT)."""
+UPLINK_FORMATS = (Format.NC8, Format.INT)
+"""What an INA job's members send: NC8 codes (workers), INT partial sums (leaves, to a spine)."""
 
 
 def largest_k(mtu: int, result_format: Format, tagged: bool = False) -> int:
     """The largest chunk size K whose datagrams both ways fit one IPv4 packet of ``mtu`` bytes.
 
     The uplink carries K NC8 bytes, the result K elements of ``result_format``
-    (``ELEMENT_SIZE``), each behind IPv4, UDP, the ncina header and, for a keyed job, the tag;
-    the result is the larger. 0 when not even one element fits.
+    (``ELEMENT_SIZE``: 1, 8 or 4 bytes), each behind IPv4, UDP, the ncina header and, for a
+    keyed job, the tag; the result is the larger. 0 when not even one element fits.
     """
     return max(0, payload_room(mtu, tagged) // ELEMENT_SIZE[Format(result_format)])
 

@@ -30,8 +30,8 @@ from ncina.proto.descriptor import (
     pack_job_datagram,
     range_problem,
 )
-from ncina.proto.header import ELEMENT_SIZE, Format, largest_k
-from ncina.proto.nc8 import Window
+from ncina.proto.header import ELEMENT_SIZE, UPLINK_FORMATS, Format, largest_k
+from ncina.proto.nc8 import Window, sum_bits
 from ncina.proto.tag import check_key, key_file_argument
 from ncina.proto.wire import (
     DEFAULT_MTU,
@@ -48,8 +48,10 @@ DEFAULT_POOL_SIZE = 64
 """Slots in a job's pool when none is given."""
 DEFAULT_WINDOW_MAX = 10
 """A job's largest NC8 exponent, e_max, when none is given."""
-FORMATS = {"nc8": Format.NC8, "int": Format.INT}
-"""An INA job's result and uplink formats, by their option names."""
+FORMATS = {"nc8": Format.NC8, "int": Format.INT, "int32": Format.INT32}
+"""An INA job's result formats, by their option names."""
+UPLINKS = {"nc8": Format.NC8, "int": Format.INT}
+"""What an INA job's members may send (``ncina.proto.header.UPLINK_FORMATS``), by name."""
 MTU_WHY = " (IPv4's minimum to a jumbo frame)"
 TOTAL_WHY = f" (a tree of {MAX_WORKERS} leaves of {MAX_WORKERS}: one aggregator serves at most 64)"
 
@@ -119,10 +121,10 @@ class JobSpec:
     @property
     def window(self) -> Window:
         """The NC8 exponent window of the job (e_max and the total workers)."""
-        return Window.for_job(self.total, self.window_max)
+        return Window.for_job(self.total, self.window_max, sum_bits(self.result))
 
     def _lanes_valid(self) -> bool:
-        return self.result in RESULT_NAMES and self.uplink in RESULT_NAMES
+        return self.result in RESULT_NAMES and self.uplink in UPLINK_FORMATS
 
     def _lane_format(self) -> Format:
         """The widest element a datagram of the job carries: int where int partial sums travel
@@ -165,10 +167,11 @@ class JobSpec:
                 self.window  # noqa: B018 (e_max against the total workers)
             except (ValueError, TypeError) as exc:
                 out.append(f"no exponent window with e_max {self.window_max}: {exc}")
-        for what, value in (("result", self.result), ("uplink", self.uplink)):
-            if value not in RESULT_NAMES:
+        for what, value, names in (("result", self.result, FORMATS),
+                                   ("uplink", self.uplink, UPLINKS)):  # fmt: skip
+            if value not in names.values():
                 name = value.name.lower() if isinstance(value, Format) else value
-                out.append(f"an INA job's {what} format is nc8 or int, not {name}")
+                out.append(f"an INA job's {what} format is one of {', '.join(names)}, not {name}")
         if self.key is not None:
             try:
                 check_key(self.key)
@@ -362,12 +365,13 @@ OPTIONS: dict[str, Option] = {
         kwargs={"type": Ranged("total workers", 1, MAX_TOTAL_WORKERS, TOTAL_WHY), "metavar": "N"}),
     "result": Option(
         "--result", "result", "the results' payload: nc8 (sums re-compressed to NC8, 1 byte per "
-        "element) or int (exact sums, 8 bytes per element)", "nc8",
+        "element), int (exact sums, 8 bytes per element) or int32 (exact sums, 4 bytes per "
+        "element, in a window whose sums stay within 2^30: docs/protocol.md)", "nc8",
         kwargs={"choices": tuple(FORMATS)}),
     "uplink": Option(
         "--uplink", "uplink", "what the members send: nc8 codes (workers) or int, the exact "
         "partial sums of leaf aggregators: a spine, whose --workers are its leaves", "nc8",
-        kwargs={"choices": tuple(FORMATS)}),
+        kwargs={"choices": tuple(UPLINKS)}),
     "key": Option(
         "--key-file", "key_file", "the job's shared secret, 16-64 bytes as hex in FILE: every "
         "datagram of the job then carries an authentication tag, and results carry one "

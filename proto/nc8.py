@@ -48,6 +48,7 @@ from types import ModuleType
 from typing import NamedTuple, Protocol
 
 import numpy as np
+from ncina.proto.header import Format
 
 from ncina.common.cbuild import build_extension
 
@@ -59,6 +60,14 @@ MAX_DOWNLINK_CODE = 64
 """Largest exponent code a re-compressed sum can have (|S| <= 2**63)."""
 MAX_UPLINK_CODE = 63
 """Largest exponent code whose integer value 2**(c-1) fits a signed 64-bit accumulator."""
+SUM_BITS = 62
+"""A window keeps N workers' sums within ``+-2**SUM_BITS`` (``N * 2**span``), which a signed
+64-bit accumulator holds: ``span = SUM_BITS - ceil(log2(N))`` (docs/protocol.md)."""
+INT32_SUM_BITS = 30
+"""The window of a job of ``int32`` results keeps its sums within ``+-2**30``, which a signed
+32-bit result lane holds: ``span = 30 - ceil(log2(N))``, the top code ``31 - ceil(log2(N))`` (the
+Tofino design's rule; docs/protocol.md, "int32 results"). The C engine's copy is
+``NCE_INT32_SUM_BITS``."""
 
 _MASK64 = (1 << 64) - 1
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -84,19 +93,20 @@ class Window:
             )
 
     @classmethod
-    def for_job(cls, workers: int, e_max: int = 10) -> Window:
+    def for_job(cls, workers: int, e_max: int = 10, sum_bits: int = SUM_BITS) -> Window:
         """The window of a job of ``workers`` workers whose largest exponent is ``e_max``.
 
-        ``span = 62 - ceil(log2(workers))`` so that ``workers * 2**span <= 2**62``: the sum of
-        every worker's code never overflows a signed 64-bit accumulator.
+        ``span = sum_bits - ceil(log2(workers))`` so that ``workers * 2**span <= 2**sum_bits``:
+        with ``SUM_BITS`` (62) the sum of every worker's code never overflows a signed 64-bit
+        accumulator; ``sum_bits(result_format)`` gives the bits of a job's results.
         """
         workers = operator.index(workers)
         e_max = operator.index(e_max)
         if workers < 1:
             raise ValueError(f"a job needs at least 1 worker, got {workers}")
-        span = 62 - (workers - 1).bit_length()  # (n - 1).bit_length() == ceil(log2(n))
+        span = sum_bits - (workers - 1).bit_length()  # (n - 1).bit_length() == ceil(log2(n))
         if span < 0:
-            raise ValueError(f"{workers} workers is too many for a 64-bit accumulator")
+            raise ValueError(f"{workers} workers is too many for sums within 2**{sum_bits}")
         try:
             return cls(e_min=e_max - span, span=span)
         except ValueError as exc:
@@ -113,6 +123,27 @@ class Window:
     def max_code(self) -> int:
         """Largest uplink exponent code."""
         return self.span + 1
+
+
+def sum_bits(result_format: int) -> int:
+    """The bits a job's window keeps its sums within for results of ``result_format`` (a
+    ``ncina.proto.header.Format``): ``INT32_SUM_BITS`` for int32, else ``SUM_BITS``."""
+    return INT32_SUM_BITS if result_format == Format.INT32 else SUM_BITS
+
+
+def int32_refusal(total_workers: int, span: int) -> str | None:
+    """Why a job of int32 results cannot have ``total_workers`` workers sending codes up to
+    ``2**span`` (its window's span), or None: their largest sum, ``total_workers * 2**span`` in
+    units of ``2**e_min``, must stay within ``2**INT32_SUM_BITS`` (docs/protocol.md, "int32
+    results"). Every admission (``JobConfig``, the C engine's ``nce_job_add``) refuses with this
+    sentence."""
+    if total_workers << span <= 1 << INT32_SUM_BITS:
+        return None
+    return (
+        f"int32 results: {total_workers} workers' codes up to 2^{span} can sum to "
+        f"{total_workers} * 2^{span}, beyond the 2^{INT32_SUM_BITS} a signed 32-bit lane is "
+        f"kept within (span + ceil(log2 N) <= {INT32_SUM_BITS})"
+    )
 
 
 class Encoded(NamedTuple):

@@ -66,8 +66,8 @@ def _mean_bounds(
     if result_format == "nc8":
         worst = worst + 2.0 * abs_sum + workers * floor
         high = uplink_variance + OMEGA * (total * total + uplink_variance)
-    elif result_format != "int":
-        raise ValueError(f"result format {result_format!r} is not nc8 or int")
+    elif result_format not in ("int", "int32"):  # exact sums: the uplink's error only
+        raise ValueError(f"result format {result_format!r} is not nc8, int or int32")
     return MeanErrorBounds(worst / workers, uplink_variance / workers**2, high / workers**2)
 
 

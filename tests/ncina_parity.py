@@ -30,7 +30,7 @@ REPLAY_GUARD = 60.0  # s: a replay that has not been answered by then hangs
 
 def schedule(
     job: int, workers: int, rounds: int, pool: int, seed: int, key: bytes | None = None,
-    total: int | None = None,
+    total: int | None = None, sum_bits: int = 62,
 ) -> list[tuple[int, bytes]]:  # fmt: skip
     """(sending rank, datagram): SwitchML order (each round's packets shuffled), with
     duplicates, lost-result retransmissions, malformed packets and packets of another generation
@@ -40,10 +40,11 @@ def schedule(
     With ``total`` the ranks are the leaves of a spine of ``total`` workers (docs/protocol.md,
     "Hierarchical aggregation"): their payloads are int partial sums, mostly within what
     ``total / workers`` workers can sum, sometimes one beyond (``bad_code``), and each round
-    adds a leaf's datagram in nc8 codes (``bad_format``)."""
+    adds a leaf's datagram in nc8 codes (``bad_format``). ``sum_bits`` is the window's
+    (``ncina.proto.nc8.sum_bits``: 30 for a job of int32 results)."""
     rnd = random.Random(seed)
-    emin = window_e_min(total or workers)
-    span = 62 - ((total or workers) - 1).bit_length()
+    emin = window_e_min(total or workers, sum_bits=sum_bits)
+    span = sum_bits - ((total or workers) - 1).bit_length()
     top = span + 1
     bound = (total // workers << span) if total else 0
     out: list[tuple[int, bytes]] = []

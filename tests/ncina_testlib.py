@@ -186,9 +186,10 @@ class Worker:
 
 
 
-def window_e_min(workers: int, e_max: int = 10) -> int:
-    """The job's e_min as docs/protocol.md derives it: e_max - (62 - ceil(log2(workers)))."""
-    return e_max - (62 - (workers - 1).bit_length())
+def window_e_min(workers: int, e_max: int = 10, sum_bits: int = 62) -> int:
+    """The job's e_min as docs/protocol.md derives it: e_max - (62 - ceil(log2(workers))), or
+    with ``sum_bits`` 30 (int32 results) e_max - (30 - ceil(log2(workers)))."""
+    return e_max - (sum_bits - (workers - 1).bit_length())
 
 
 class Cluster:

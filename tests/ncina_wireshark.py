@@ -22,15 +22,16 @@ import numpy as np
 from ncina.proto.compressors.base import HEAD
 from ncina.proto.descriptor import DESCRIPTOR, job_datagram_length
 from ncina.proto.header import (
+    ELEMENT_SIZE,
     FLAG_POOL,
     FLAG_RESULT,
     FLAG_RETX,
     FLAG_TAG,
     GENERATION_MASK,
     GENERATION_SHIFT,
-    INT_DTYPE,
     NOTICE,
     PORT,
+    SUM_DTYPES,
     VERSION,
     Format,
     ProtocolError,
@@ -40,6 +41,8 @@ from ncina.proto.layers import NcinaHeader
 from ncina.proto.tag import verify
 from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 
+NOTICE_FORMATS = (*ELEMENT_SIZE, Format.BLOB)
+"""The formats a notice may name (the job's result format): an unknown one makes no notice."""
 DISSECTOR = Path(__file__).resolve().parents[1] / "tools" / "wireshark" / "ncina.lua"
 TSHARK = shutil.which("tshark")
 
@@ -85,7 +88,7 @@ def kind(datagram: bytes, to_aggregator: bool) -> tuple[str | None, str | None]:
         else:
             reason = None
         return ("handshake answer" if result else "hello"), reason
-    if result and header.count == 0 and header.format <= Format.BLOB:
+    if result and header.count == 0 and header.format in NOTICE_FORMATS:
         restart = HEADER_SIZE + (TAG_SIZE if header.flags & FLAG_TAG else 0)
         return "notice", None if len(datagram) in (restart, restart + NOTICE.size) else "bad_length"
     return ("result" if result else "chunk"), reason
@@ -140,8 +143,8 @@ def expected(
         out["ncina.code.exponent"] = [str(c & 0x7F) for c in payload]
         out["ncina.value"] = [repr(0.0 if c & 0x7F == 0 else (-1.0 if c & 0x80 else 1.0)
                                    * 2.0 ** (emin + (c & 0x7F) - 1)) for c in payload]  # fmt: skip
-    elif header.format == Format.INT:
-        sums = np.frombuffer(payload, dtype=INT_DTYPE).tolist()
+    elif header.format in SUM_DTYPES:  # int, int32
+        sums = np.frombuffer(payload, dtype=SUM_DTYPES[header.format]).tolist()
         out["ncina.sum"] = [str(s) for s in sums]
         out["ncina.value"] = [repr(s * 2.0**emin) for s in sums]
     elif len(payload) >= HEAD.size:
@@ -159,9 +162,9 @@ def fixed_length(datagram: bytes) -> int | None:
     tag = TAG_SIZE if header.flags & FLAG_TAG else 0
     if header.format == Format.JOB:
         return job_datagram_length(header.flags)
-    if header.flags & FLAG_RESULT and header.count == 0 and header.format <= Format.BLOB:
+    if header.flags & FLAG_RESULT and header.count == 0 and header.format in NOTICE_FORMATS:
         return HEADER_SIZE + NOTICE.size + tag
-    size = {Format.NC8: 1, Format.INT: INT_DTYPE.itemsize}.get(header.format)
+    size = ELEMENT_SIZE.get(header.format)
     return HEADER_SIZE + header.count * size + tag if size and header.count else None
 
 

@@ -191,3 +191,40 @@ def test_cli_rejects_integer_input(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "expected a float array" in stderr
     assert not (tmp_path / "y.npy").exists()
+
+
+@pytest.mark.parametrize("backend", ["python", "socket"])
+def test_cli_int32_sums_are_exact_on_both_data_paths(tmp_path: Path, backend: str) -> None:
+    """``ncina allreduce --result int32``, rank 0 on the C data path and rank 1 on the Python
+    one, against the reference aggregator and the C engine. Two workers, e_max 10: the int32
+    window is 2^-19..2^10 (span 29), so both ranks at 2^10 sum to 2^30 units of 2^-19, the
+    most positive sum the admission allows (0x40000000 on the wire), at -2^10 to the most
+    negative; with in-window powers of two every sum is exact."""
+    agg = start_aggregator(backend, tmp_path / "agg", job=JOB, workers=2, k=64, result="int32")
+    rng = np.random.default_rng(12)
+    x = np.ldexp(rng.choice([-1.0, 1.0], (2, 1000)), rng.integers(-19, 11, (2, 1000)))
+    x[:, :4] = [[1024, -1024, 2.0**-19, 0], [1024, -1024, -(2.0**-18), 0]]  # the extremes
+    try:
+        host, port = agg.address
+        procs = []
+        for rank, path in enumerate(("c", "python")):
+            np.save(tmp_path / f"x{rank}.npy", x[rank].astype(np.float32))
+            procs.append(ncina(
+                "allreduce", "--aggregator", f"{host}:{port}", "--job", str(JOB),
+                "--rank", str(rank), "--workers", "2", "--k", "64", "--result", "int32",
+                "--data-path", path, "--input", str(tmp_path / f"x{rank}.npy"),
+                "--output", str(tmp_path / f"y{rank}.npy"), "--op", "sum", "--seed", str(rank),
+            ))  # fmt: skip
+        outputs = [proc.communicate(timeout=60) for proc in procs]
+        counters = agg.stats()["jobs"][str(JOB)]
+    finally:
+        assert agg.stop() == 0, agg.log()
+    for proc, (_, stderr) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, stderr
+    exact = x.sum(axis=0).astype(np.float32)
+    assert list(exact[:4]) == [2048.0, -2048.0, -(2.0**-19), 0.0]
+    for rank in range(2):
+        np.testing.assert_array_equal(np.load(tmp_path / f"y{rank}.npy"), exact)
+    # 16 chunks of at most 64 elements, each result 16 + 4 * count bytes, to both workers
+    assert counters["bytes_out"] == 2 * (16 * 16 + 4 * 1000) + counters["handshakes"] * 32
+    assert not any(counters["drops"].values()), counters["drops"]

@@ -71,6 +71,8 @@ def test_missing_toolchain_stops_the_backend_with_one_sentence(tmp_path: Path) -
         (["--rank-port", "1=2"], "--rank-port: port 2 is not one of the --iface ports 1..1"),
         (["--l2-host", "02:00:00:00:00:01=3"], "--l2-host: port 3 is not one of the --iface"),
         (["--rank-port", "2=1"], "--rank-port: rank 2 is not a rank of the job (0..1)"),
+        (["--result", "int32"], "the bmv2 backend does not return int32 results (--result): "
+         "the P4 program's lanes return nc8 codes or 64-bit int sums"),
     ],
 )
 def test_bmv2_options_are_checked_before_anything_starts(

@@ -3,7 +3,7 @@
 Pcaps run through ``tshark -X lua_script:...`` (tests/ncina_wireshark.py compares every field):
 the conformance corpus with the Python reference's replies to it (every payload format, every
 header field at its edges, truncated and malformed datagrams, hellos and all three handshake
-answers, int and nc8 results, notices) plus a keyed job's tagged datagrams and a server-mode
+answers, int, int32 and nc8 results, notices) plus a keyed job's tagged datagrams and a server-mode
 job's blobs, built in-process; and a real exchange on loopback (a keyed allreduce through the
 socket aggregator, whose UDP GSO sends the capture sees whole), captured with scapy's sniffer
 (root only). Needs ``tshark`` (``make setup`` installs it); tests/test_topo_mininet.py checks a
@@ -87,7 +87,8 @@ def reference_exchange() -> Iterator[tuple[bytes, tuple[str, int], tuple[str, in
         agg = Aggregator(generation=corpus.GENERATION)
         agg.add_job(JobConfig.create(job=corpus.JOB, workers=corpus.WORKERS, k=corpus.K,
                                      result_format=result, pool_size=corpus.POOL,
-                                     window_max=corpus.E_MAX, seed=corpus.SEED))  # fmt: skip
+                                     window_max=corpus.window_max(result),
+                                     seed=corpus.SEED))  # fmt: skip
         for case in corpus.generate():
             for step in case.steps:
                 yield step.datagram, ranks[step.sender], aggregator
@@ -138,7 +139,8 @@ def test_every_corpus_datagram_and_reply_decodes_as_scapy_does(tmp_path: Path) -
                    ("handshake answer", "bad_flags"), ("hello", "bad_length")]:  # fmt: skip
         assert wanted in kinds
     formats = {(d[2], d[1] & FLAG_RESULT, d[1] & FLAG_TAG) for d, _ in datagrams if len(d) > 2}
-    assert {(Format.INT, 1, 0), (Format.NC8, 1, FLAG_TAG), (Format.BLOB, 1, 0)} <= formats
+    assert {(Format.INT, 1, 0), (Format.INT32, 1, 0), (Format.NC8, 1, FLAG_TAG),
+            (Format.BLOB, 1, 0)} <= formats
     answers = [d for d, _ in datagrams if kind(d, False) == ("handshake answer", None)]
     assert {d[HEADER_SIZE] for d in answers} == {0, 1, 2}  # every status
     valid = [d for d, up in datagrams if len(d) > TAG_SIZE and verify(KEY, d)]

@@ -37,6 +37,8 @@ MISMATCHES = [
     ({"pool_size": 8}, "pool size: worker 8, aggregator 16"),
     ({"k": 32}, "k (elements per packet): worker 32, aggregator 64"),
     ({"result_format": "int"}, "result format: worker int, aggregator nc8"),
+    # an int32 job's window is narrower (its e_min higher): only the format is named
+    ({"result_format": "int32"}, "result format: worker int32, aggregator nc8"),
     ({"window_max": 12}, "window e_max: worker 12, aggregator 10"),
     ({"workers": 4}, "workers: worker 4, aggregator 2"),
     ({"key": KEY}, "key: worker keyed, aggregator no key"),

@@ -269,6 +269,29 @@ def test_hierarchical_int_results_are_the_exact_sum(
     assert served["contributions"] == chunks * leaves
 
 
+@pytest.mark.parametrize(("spine", "leaf"), [("python", "socket"), ("socket", "python")])
+def test_hierarchical_int32_results_are_the_exact_sum(
+    tmp_path: Path, trees: list[Tree], spine: str, leaf: str
+) -> None:
+    """int32 results in a tree: the spine encodes the total (its window, like every member's,
+    is the int32 window of all N workers: 2^-18..2^10 for 4), the leaves pass its 4-byte
+    results down unchanged (partial sums still go up as int); on the reference and on the C
+    engine, each in both roles. Powers of two from 2^-18: every sum exact."""
+    tree = start_tree(tmp_path, 2, 2, "int32", spine_backend=spine, leaf_backend=leaf)
+    trees.append(tree)
+    calls = [[powers_of_two(n, seed=1000 * c + g, lowest=-18) for g in range(tree.total)]
+             for c, n in enumerate(SIZES)]  # fmt: skip
+    got = run_workers([tree.worker_site(g) for g in range(tree.total)], workers=2,
+                      total=tree.total, result="int32", calls=calls)  # fmt: skip
+    for c, want in enumerate(exact_float_sums(tree.total, calls)):
+        for g in range(tree.total):
+            assert got[c][g].tobytes() == want.tobytes(), (c, g)
+    check_accounting(tree)
+    for running in tree.leaves:  # the spine's results (the workers take int32 only), to both
+        results = running.stats()["upstream"]["results"]
+        assert running.stats()["jobs"][str(JOB)]["results_sent"] == 2 * results > 0
+
+
 @pytest.mark.parametrize("leaf", LEAVES)
 @pytest.mark.parametrize("spine", ["python", "socket"])
 def test_hierarchical_a_new_set_of_workers_restarts_the_tree(

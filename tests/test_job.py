@@ -68,8 +68,8 @@ def test_the_default_k_is_the_largest_that_fits_the_mtu(given: dict, k: int) -> 
          "many workers: their partial sums are bounded by it)"),
         ({"window_max": 200}, "no exponent window with e_max 200: no valid window for 4 workers "
                               "and e_max 200: window e_min 140 outside -126..63"),
-        ({"result": "blob"}, "an INA job's result format is nc8 or int, not blob"),
-        ({"uplink": Format.BLOB}, "an INA job's uplink format is nc8 or int, not blob"),
+        ({"result": "blob"}, "an INA job's result format is one of nc8, int, int32, not blob"),
+        ({"uplink": Format.BLOB}, "an INA job's uplink format is one of nc8, int, not blob"),
         ({"key": b"short"}, "a job key has 16 to 64 bytes (32 to 128 hex digits), not 5"),
         ({"k": 1457}, "k=1457 nc8 elements take 1457 payload bytes, more than a datagram has at "
                       "MTU 1500; the largest k there is 1456"),
@@ -95,7 +95,7 @@ def test_every_violation_is_named_at_once() -> None:
         "k (elements per packet) must be in 1..9172, not 0",
         "pool size must be in 1..65535, not 0",
         "--mtu must be in 68..9216 (IPv4's minimum to a jumbo frame), not 9217",
-        "an INA job's result format is nc8 or int, not x",
+        "an INA job's result format is one of nc8, int, int32, not x",
     ]
 
 

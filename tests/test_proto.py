@@ -162,6 +162,8 @@ def test_header_dtype_reads_what_struct_wrote() -> None:
         (1500, Format.NC8, True, 1448),
         (9000, Format.NC8, False, 8956),
         (9000, Format.INT, True, 1118),
+        (1500, Format.INT32, False, 364),
+        (9000, Format.INT32, True, 2237),
         (44, Format.NC8, False, 0),
     ],
 )

@@ -82,6 +82,7 @@ def test_an_int_allreduce_through_the_twin_is_the_reference_bit_for_bit(tmp_path
     ("options", "says"),
     [
         (["--result", "nc8", "--k", "8"], limits.LACKS["nc8"]),
+        (["--result", "int32", "--k", "8"], limits.LACKS["int32"]),
         (["--result", "int", "--k", "16"], limits.LACKS["k"]),
         (["--result", "int", "--k", "8", "--workers", "31"], limits.LACKS["workers"]),
     ],

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from ncina.proto import header, wire
+from ncina.proto import header, nc8, wire
 from ncina.proto.descriptor import check_job
 from ncina.proto.header import Format, largest_k
 
@@ -30,6 +30,8 @@ C_EQUAL = {
     "NCW_HEADER": wire.HEADER_SIZE,
     "NCW_TAG": wire.TAG_SIZE,
     "NCD_L2L4_LEN": wire.ETH_IPV4_UDP_HEADERS,
+    "NCE_INT32_SUM_BITS": nc8.INT32_SUM_BITS,
+    "NCE_FMT_INT32": header.Format.INT32,
 }
 # C buffer name -> the least it must hold.
 C_AT_LEAST = {

@@ -31,8 +31,8 @@ from ncina.proto.header import (
     FLAG_TAG,
     GENERATION_SHIFT,
     HEADER,
-    INT_DTYPE,
     NOTICE,
+    SUM_DTYPES,
     Format,
     Header,
     largest_k,
@@ -244,7 +244,7 @@ class FakeAggregator(threading.Thread):
             return (summed | np.where(negative, 0x80, 0)).astype(np.uint8).tobytes()
         power = np.left_shift(1, np.maximum(magnitude - 1, 0) + self.shift)
         ints = np.where(magnitude > 0, power, 0)
-        return np.where(negative, -ints, ints).astype(INT_DTYPE).tobytes()
+        return np.where(negative, -ints, ints).astype(SUM_DTYPES[self.result]).tobytes()
 
     def mutant(self, result: bytes) -> bytes:
         """A damaged copy of ``result`` that a worker must ignore: one header byte other than
@@ -275,7 +275,7 @@ class FakeAggregator(threading.Thread):
             variant(emin=fields["emin"] + 1),  # another window
             variant(slot=fields["slot"] + 1000),  # no such slot
             variant(flags=fields["flags"] & ~FLAG_RESULT),  # an uplink packet, not a result
-            variant(fmt=Format.INT if self.result == Format.NC8 else Format.NC8),
+            variant(fmt=Format.INT if self.result != Format.INT else Format.INT32),  # other sums
             variant()[:-1],  # short payload
             b"\x01\x01",  # truncated header
         ]
@@ -304,10 +304,11 @@ def client_for(address: tuple[str, int], **options: object) -> AllreduceClient:
     return AllreduceClient(address, **settings)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("result", ["nc8", "int"])
+@pytest.mark.parametrize("result", ["nc8", "int", "int32"])
 def test_mean_and_sum_of_powers_of_two_are_exact(result: str) -> None:
-    x = powers_of_two(5000, seed=2).reshape(50, 100)
-    fmt = Format.NC8 if result == "nc8" else Format.INT
+    # int32's window for 4 workers starts at 2^-18 (span 28): inputs from there are exact
+    x = powers_of_two(5000, seed=2, lowest=-18 if result == "int32" else -40).reshape(50, 100)
+    fmt = Format[result.upper()]
     with fake(workers=4, result=fmt) as agg, client_for(
         agg.address, workers=4, result_format=result
     ) as client:
@@ -724,6 +725,7 @@ def test_c_path_that_cannot_be_built_is_an_error_not_a_fallback(
 
 
 @pytest.mark.parametrize(("result", "key", "mtu"), [("nc8", None, 1500), ("int", None, 1500),
+                                                    ("int32", None, 1500),
                                                     ("nc8", bytes(16), 9000)])  # fmt: skip
 def test_k_defaults_to_the_largest_that_fits_the_mtu(
     result: str, key: bytes | None, mtu: int
@@ -732,9 +734,9 @@ def test_k_defaults_to_the_largest_that_fits_the_mtu(
         silent.bind(("127.0.0.1", 0))
         with client_for(silent.getsockname(), k=None, result_format=result, key=key,
                         mtu=mtu) as client:  # fmt: skip
-            want = largest_k(mtu, Format.NC8 if result == "nc8" else Format.INT, key is not None)
+            want = largest_k(mtu, Format[result.upper()], key is not None)
             assert client.k == want
-    assert largest_k(1500, Format.NC8) == 1456
+    assert largest_k(1500, Format.NC8) == 1456 and largest_k(1500, Format.INT32) == 1456 // 4
 
 
 def test_short_last_chunk_and_a_tensor_smaller_than_k() -> None:
@@ -759,10 +761,11 @@ def test_a_result_code_above_the_nc8_range_is_an_error_naming_its_index() -> Non
         np.testing.assert_array_equal(client.allreduce(x), x)
 
 
-@pytest.mark.parametrize("result", ["nc8", "int"])
+@pytest.mark.parametrize("result", ["nc8", "int", "int32"])
 def test_damaged_copies_of_results_are_ignored(result: str) -> None:
-    x = powers_of_two(64 * 40 + 9, seed=12)
-    fmt = Format.NC8 if result == "nc8" else Format.INT
+    # int32's window for one worker starts at 2^-20 (span 30): inputs from there are exact
+    x = powers_of_two(64 * 40 + 9, seed=12, lowest=-20 if result == "int32" else -40)
+    fmt = Format[result.upper()]
     with fake(result=fmt, mutants=5) as agg, client_for(agg.address, result_format=result) as c:
         np.testing.assert_array_equal(c.allreduce(x), x)
         stats = c.stats

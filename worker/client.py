@@ -71,7 +71,7 @@ from ncina.proto.header import (
     GENERATION_MASK,
     GENERATION_SHIFT,
     HEADER,
-    INT_DTYPE,
+    SUM_DTYPES,
     Format,
     pack_blobs,
     pack_chunks,
@@ -107,7 +107,7 @@ __all__ = [  # the public API, as users import it (RtoEstimator is ncina.worker.
 
 log = logging.getLogger(__name__)
 
-RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT}
+RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT, "int32": Format.INT32}
 OPS = ("mean", "sum")
 MODES = ("ina", "server")
 DATA_PATHS = ("c", "python")  # the default first
@@ -161,10 +161,11 @@ class AllreduceClient:
     ``k`` elements per packet (default: the most that fit a packet of ``mtu`` bytes both ways,
     ``ncina.proto.header.largest_k``; under a leaf, int lanes, as the leaf's), ``pool_size``
     slots, ``window_max`` the largest in-window
-    exponent (the window is ``nc8.Window.for_job(total_workers, window_max)``, ``total_workers``
-    the workers of the whole tree under a leaf aggregator, default ``workers``: docs/protocol.md,
-    "Hierarchical aggregation"; ``mean`` divides by it); ``result_format`` is the
-    job's downlink format (``nc8`` or ``int``), which must match the aggregator's. ``seed`` seeds
+    exponent (the window is ``nc8.Window.for_job(total_workers, window_max, sum_bits)``,
+    ``total_workers`` the workers of the whole tree under a leaf aggregator, default ``workers``:
+    docs/protocol.md, "Hierarchical aggregation"; ``mean`` divides by it; ``sum_bits`` 30 for
+    int32 results, else 62: "int32 results"); ``result_format`` is the job's downlink format
+    (``nc8``, ``int`` or ``int32``), which must match the aggregator's. ``seed`` seeds
     the stochastic rounding. ``timeout`` is the retransmission timeout until the first RTT sample,
     ``min_timeout``/``max_timeout`` the floor and cap of the adaptive one, ``deadline`` the longest
     wait for any progress. After a ``TimeoutError`` the slot sequence is out of step with the job's,
@@ -267,7 +268,10 @@ class AllreduceClient:
         self.total_workers = total_workers or workers
         self.k = k
         self.pool_size = pool_size
-        self.window = nc8.Window.for_job(self.total_workers, e_max=window_max)
+        self.window = nc8.Window.for_job(
+            self.total_workers, e_max=window_max,
+            sum_bits=nc8.sum_bits(RESULT_FORMATS[result_format] if mode == "ina" else Format.NC8),
+        )
         self.result_format = result_format
         self.deadline = deadline
         self.timer = RtoEstimator(timeout, max_timeout, min_timeout)
@@ -754,7 +758,7 @@ class AllreduceClient:
             codes = np.frombuffer(received, dtype=np.uint8)
             total = nc8.decode(codes, self.window)
         else:
-            sums = np.frombuffer(received, dtype=INT_DTYPE).astype(np.int64)
+            sums = np.frombuffer(received, dtype=SUM_DTYPES[self._format]).astype(np.int64)
             total = nc8.ints_to_float(sums, self.window)
             codes = total.view(np.uint8)
         if keep is not None:

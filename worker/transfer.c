@@ -90,6 +90,13 @@ static inline uint64_t rd64(const uint8_t *p)
     return (uint64_t)rd32(p) << 32 | rd32(p + 4);
 }
 
+/* Bytes per element of a result format (ncina.proto.header.ELEMENT_SIZE): NC8 1, INT 8,
+ * INT32 4; 0 for any other (ncw_open refuses it). */
+static inline size_t result_size(int result_format)
+{
+    return result_format == 0 ? 1 : result_format == 1 ? 8 : result_format == 4 ? 4 : 0;
+}
+
 static inline void wr16(uint8_t *p, uint32_t v)
 {
     p[0] = (uint8_t)(v >> 8);
@@ -289,7 +296,7 @@ static int start(struct ncw *w, uint64_t i, uint32_t slot, double now)
     memcpy(s->want, frame, NCW_HEADER);
     s->want[1] = common | FLAG_RESULT;
     s->want[2] = (uint8_t)c->result_format;
-    s->want_len = (uint32_t)(NCW_HEADER + (size_t)count * (c->result_format ? 8 : 1)
+    s->want_len = (uint32_t)(NCW_HEADER + (size_t)count * result_size(c->result_format)
                              + tag_size(w));
     if (slot)
         s->rto = w->timer.rto;
@@ -376,9 +383,13 @@ static void deliver(struct ncw *w, uint64_t i, const uint8_t *payload)
             }
         }
     } else {
+        /* want_len made the payload count elements of the format: 8 (INT) or 4 (INT32) bytes */
         float *keep = w->keep ? (float *)w->keep + offset : NULL; /* n float32 sums */
+        const int wide = w->cfg.result_format == 1;
         for (uint32_t j = 0; j < count; j++) {
-            const float sum = (float)(int64_t)rd64(payload + 8 * (size_t)j) * io->int_scale;
+            const int64_t lane = wide ? (int64_t)rd64(payload + 8 * (size_t)j)
+                                      : (int64_t)(int32_t)rd32(payload + 4 * (size_t)j);
+            const float sum = (float)lane * io->int_scale;
             out[j] = sum / w->divisor;
             if (keep)
                 keep[j] = sum;
@@ -776,7 +787,7 @@ uint64_t ncw_first_nonfinite(const float *x, uint64_t n)
 struct ncw *ncw_open(const struct ncw_config *cfg)
 {
     if (cfg->pool_size == 0 || cfg->k == 0 || cfg->slot_uses == NULL
-        || cfg->result_format < 0 || cfg->result_format > 1 || cfg->key_size > 64
+        || result_size(cfg->result_format) == 0 || cfg->key_size > 64
         || (cfg->key_size && cfg->key == NULL) || cfg->e_min < -126 || cfg->e_min > 63) {
         errno = EINVAL;
         return NULL;
@@ -784,7 +795,7 @@ struct ncw *ncw_open(const struct ncw_config *cfg)
     const size_t S = cfg->pool_size;
     const size_t tag = cfg->key_size ? NCW_TAG : 0;
     /* The largest result must fit a receive buffer, or no result could ever be accepted. */
-    if (NCW_HEADER + (size_t)cfg->k * (cfg->result_format ? 8 : 1) + tag > NCW_RX_SIZE) {
+    if (NCW_HEADER + (size_t)cfg->k * result_size(cfg->result_format) + tag > NCW_RX_SIZE) {
         errno = EINVAL;
         return NULL;
     }

@@ -38,7 +38,7 @@ struct ncw_config {
     uint16_t k;         /* elements per chunk */
     int e_min;          /* the job's window */
     int span;
-    int result_format;  /* 0 NC8, 1 INT (ncina.proto.header.Format) */
+    int result_format;  /* 0 NC8, 1 INT, 4 INT32 (ncina.proto.header.Format) */
     const uint8_t *key; /* the job's key, or NULL: no tag */
     uint32_t key_size;
     double deadline;    /* seconds without progress before NCW_TIMEOUT */

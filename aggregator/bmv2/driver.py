@@ -130,8 +130,9 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         refusal = twin_limits.refusal(config, k)
         if refusal:
             raise ValueError(f"the bmv2 backend's tofino profile cannot run this job: {refusal}")
-    else:
-        gen.check_k(k)  # before anything starts: an MTU's default K may be more than BMv2 takes
+    else:  # before anything starts: what the program cannot do, a K more than BMv2 takes
+        entries.check_job(config)
+        gen.check_k(k)
     macs = [_mac(iface) for iface in ifaces]  # every interface must exist before anything starts
     mac = macs[0]  # the aggregator's MAC address: that of port 1's interface
     reason = toolchain.missing()

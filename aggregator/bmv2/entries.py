@@ -25,7 +25,7 @@ from ncina.aggregator.handshake import RESTART_IDLE
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GlobalStats, JobStats
 from ncina.proto.descriptor import JOB_DATAGRAM_SIZE
-from ncina.proto.header import ELEMENT_SIZE, NOTICE
+from ncina.proto.header import ELEMENT_SIZE, NOTICE, Format
 from ncina.proto.wire import (
     ETH_IPV4_UDP_HEADERS,
     ETH_IPV4_UDP_NCINA_HEADERS,
@@ -82,12 +82,19 @@ class InstalledJob:
     seed: int
 
 
+NO_INT32 = ("the bmv2 backend does not return int32 results (--result): the P4 program's lanes "
+            "return nc8 codes or 64-bit int sums")
+"""Why the bmv2 backend refuses a job of int32 results (and the tests skip them)."""
+
+
 def check_job(config: JobConfig) -> None:
     """Refuse what the P4 program cannot do for a job, with the reason."""
     if config.key is not None:
         raise ValueError("the bmv2 backend does not implement the authentication tag (--key-file)")
     if config.workers > MAX_WORKERS:
         raise ValueError(f"the bmv2 backend holds at most {MAX_WORKERS} workers per job")
+    if config.result_format == Format.INT32:
+        raise ValueError(NO_INT32)
 
 
 def place(configs: Sequence[JobConfig], generation: int, k: int) -> list[InstalledJob]:

@@ -28,13 +28,42 @@ void nce_set_reply_room(uint32_t bytes, const char *limit)
 /* Whether a result datagram of k elements of the format (and a tag) fits the I/O layer's reply
  * room; if not, the reason, with the largest k that fits, goes to nce_errbuf. Results are the
  * largest datagrams the engine writes: a notice has none. */
+/* Bytes per element of a result format, and its name; size 0 for one that is none. */
+static uint32_t result_size(int result_format)
+{
+    return result_format == NCE_FMT_NC8     ? 1
+           : result_format == NCE_FMT_INT   ? 8
+           : result_format == NCE_FMT_INT32 ? 4
+                                            : 0;
+}
+
+static const char *result_name(int result_format)
+{
+    return result_format == NCE_FMT_INT ? "int" : result_format == NCE_FMT_INT32 ? "int32" : "nc8";
+}
+
+/* Whether n workers' codes up to 2^span can be int32 results: their largest sum n * 2^span
+ * stays within 2^NCE_INT32_SUM_BITS; if not, ncina.proto.nc8.int32_refusal's sentence goes to
+ * nce_errbuf. Other formats: always (64-bit accumulators, checked where the job is added). */
+static int int32_fits(uint16_t id, int result_format, unsigned n, unsigned span)
+{
+    if (result_format != NCE_FMT_INT32
+        || (span <= NCE_INT32_SUM_BITS && (uint64_t)n << span <= (uint64_t)1 << NCE_INT32_SUM_BITS))
+        return 1;
+    snprintf(nce_errbuf, sizeof nce_errbuf,
+             "job %u: int32 results: %u workers' codes up to 2^%u can sum to %u * 2^%u, beyond "
+             "the 2^%d a signed 32-bit lane is kept within (span + ceil(log2 N) <= %d)",
+             id, n, span, n, span, NCE_INT32_SUM_BITS, NCE_INT32_SUM_BITS);
+    return 0;
+}
+
 static int fits_reply_room(uint16_t id, uint32_t k, int result_format, int tagged)
 {
-    const uint32_t size = result_format == NCE_FMT_INT ? 8 : 1;
+    const uint32_t size = result_size(result_format);
     const uint32_t around = NCE_HDR_LEN + (tagged ? NCE_TAG_LEN : 0);
     if (around + k * size <= reply_room)
         return 1;
-    const char *name = result_format == NCE_FMT_INT ? "int" : "nc8";
+    const char *name = result_name(result_format);
     snprintf(nce_errbuf, sizeof nce_errbuf,
              "job %u: a result datagram of k=%u %s elements is %u bytes, more than the %u bytes "
              "of %.80s; the largest k for %s results is %u",
@@ -131,13 +160,15 @@ int nce_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int 
     if (ctl_job(id) != NULL)
         FAIL("job %u is already installed", id);
     if (workers < 1 || workers > NCE_MAX_WORKERS || k < 1 || k > NCE_MAX_K || nslots < 1 ||
-        span < 0 || span > 62 || (result_format != NCE_FMT_NC8 && result_format != NCE_FMT_INT))
+        span < 0 || span > 62 || result_size(result_format) == 0)
         FAIL("job %u: bad parameters (workers %u of at most %d, k %u of at most %d, "
              "slots %u, span %d, result format %d)",
              id, workers, NCE_MAX_WORKERS, k, NCE_MAX_K, nslots, span, result_format);
     /* The sum of the workers' codes, at most workers * 2^span, must fit the accumulators. */
     if ((uint64_t)workers > (uint64_t)INT64_MAX >> span)
         FAIL("job %u: %u workers of values up to 2^%d overflow 64 bits", id, workers, span);
+    if (!int32_fits(id, result_format, workers, (unsigned)span))
+        return -1;
     if (!fits_reply_room(id, k, result_format, 0))
         return -1;
     /* Aligned for its per-lane counters (a multiple of the alignment, as aligned_alloc asks). */
@@ -152,7 +183,7 @@ int nce_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int 
     job->e_min = (int8_t)e_min;
     job->span = (uint8_t)span;
     job->result_format = (uint8_t)result_format;
-    job->elem_size = result_format == NCE_FMT_INT ? 8 : 1;
+    job->elem_size = (uint8_t)result_size(result_format);
     job->seed = seed;
     job->uplink_format = NCE_FMT_NC8;
     job->total = workers;
@@ -182,6 +213,8 @@ int nce_job_set_uplink(uint16_t id, int uplink_format, uint16_t total)
     /* The sum of the n partial sums, at most total * 2^span, must fit the accumulators. */
     if ((uint64_t)total > (uint64_t)INT64_MAX >> job->span)
         FAIL("job %u: %u workers of values up to 2^%u overflow 64 bits", id, total, job->span);
+    if (!int32_fits(id, job->result_format, total, job->span))
+        return -1;
     job->uplink_format = (uint8_t)uplink_format;
     job->total = total;
     job->bound = uplink_format == NCE_FMT_INT ? (int64_t)(total / job->n) << job->span : 0;

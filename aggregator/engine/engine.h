@@ -60,9 +60,10 @@ uint32_t nce_max_k(void);
  * by nce_job_add, keyed jobs whose tagged results exceed it are removed by nce_job_set_key (a
  * job that cannot serve keyed must not serve unkeyed). Default: no limit beyond NCE_MAX_K. */
 void nce_set_reply_room(uint32_t bytes, const char *limit);
-/* Install a job. result_format 0 = nc8, 1 = int; seed: of the nc8 results' rounding bits
- * (nc8_result_key). workers * 2^span must fit an int64 accumulator (as nce_job_set_uplink
- * checks for a spine). Returns 0, or -1 with nce_error(). */
+/* Install a job. result_format 0 = nc8, 1 = int, 4 = int32; seed: of the nc8 results' rounding
+ * bits (nc8_result_key). workers * 2^span must fit an int64 accumulator, and for int32 results
+ * stay within 2^NCE_INT32_SUM_BITS (as nce_job_set_uplink checks for the total workers).
+ * Returns 0, or -1 with nce_error(). */
 int nce_job_add(uint16_t job, uint16_t workers, uint16_t k, uint16_t slots, int e_min, int span,
                 int result_format, uint64_t seed);
 /* What a job's members send (docs/protocol.md "Hierarchical aggregation"): uplink_format 0,

@@ -28,6 +28,8 @@ int nce_parse(const uint8_t *dgram, uint32_t len, struct nce_pkt *p)
         size = 1;
     else if (p->format == NCE_FMT_INT)
         size = 8;
+    else if (p->format == NCE_FMT_INT32)
+        size = 4;
     else if (p->format == NCE_FMT_BLOB)
         size = 0;
     else

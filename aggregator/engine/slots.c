@@ -86,7 +86,8 @@ enum nce_rule nce_slot_rule(const struct nce_job *job, const struct nce_pkt *p, 
 }
 
 /* The result payload of a complete slot version, once: nc8 keyed by the job's seed and the
- * chunk's job, slot, version, offset and the slot version's use, or the exact int sums. */
+ * chunk's job, slot, version, offset and the slot version's use, or the exact int (64-bit) or
+ * int32 sums. */
 static void encode_result(const struct nce_job *job, struct nce_slot *s)
 {
     const unsigned n = s->count;
@@ -95,9 +96,18 @@ static void encode_result(const struct nce_job *job, struct nce_slot *s)
         const uint64_t key = nc8_result_key(job->seed, job->id, (uint16_t)(at >> 1),
                                             (unsigned)(at & 1), s->offset, s->uses);
         nc8_int_to_codes(s->acc, s->result, n, key);
-    } else {
+    } else if (job->result_format == NCE_FMT_INT) {
         for (unsigned i = 0; i < n; i++)
             nce_put_be64(s->result + 8 * (size_t)i, (uint64_t)s->acc[i]);
+    } else {    /* int32: admission made the window keep every sum within +-2^30 */
+        for (unsigned i = 0; i < n; i++) {
+            const uint32_t v = (uint32_t)(int32_t)s->acc[i];
+            uint8_t *at = s->result + 4 * (size_t)i; /* result holds k elements of 4 bytes */
+            at[0] = (uint8_t)(v >> 24);
+            at[1] = (uint8_t)(v >> 16);
+            at[2] = (uint8_t)(v >> 8);
+            at[3] = (uint8_t)v;
+        }
     }
     s->uses++;
 }

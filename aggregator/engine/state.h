@@ -26,6 +26,10 @@
 #define NCE_FMT_INT 1
 #define NCE_FMT_BLOB 2                 /* server mode; no job of the engine takes it */
 #define NCE_FMT_JOB 3           /* the job handshake's descriptor */
+#define NCE_FMT_INT32 4         /* exact sums, signed 32-bit: results only */
+/* An int32 job's window keeps its sums within +-2^NCE_INT32_SUM_BITS (ncina.proto.nc8.
+ * INT32_SUM_BITS): N workers' codes up to 2^span need N * 2^span <= 2^30 (admission.c). */
+#define NCE_INT32_SUM_BITS 30
 #define NCE_JOB_LEN (NCE_HDR_LEN + 16)      /* a job datagram: header and descriptor */
 
 /* A port number between host order and network order (byte by byte: any host). */

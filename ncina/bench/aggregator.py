@@ -100,7 +100,8 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
     no-op forwarder, socket_forward: the socket backend's) on a new site; the DPDK ones on
     ``lcores`` lanes."""
     from ncina.aggregator.dpdk.binding import load
-    from ncina.proto.nc8 import Window
+    from ncina.proto.header import Format
+    from ncina.proto.nc8 import Window, sum_bits
 
     site = star.add_site()
     work = args.workdir / kind
@@ -147,7 +148,7 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
             s.bind((star.host_ip, 0))
             s.connect((site.ip, PORT))
             socks.append(s)
-        window = Window.for_job(args.workers)
+        window = Window.for_job(args.workers, sum_bits=sum_bits(Format[args.result.upper()]))
         rng = np.random.default_rng(0)
         codes = (rng.integers(1, 20, args.k) | (rng.integers(0, 2, args.k) << 7)).astype(np.uint8)
         fds = ffi.new("int[]", [s.fileno() for s in socks])

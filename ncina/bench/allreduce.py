@@ -55,7 +55,7 @@ from ncina.proto.nc_bounds import bounds_from_inputs
 from ncina.proto.wire import DEFAULT_MTU
 
 JOB = 1
-RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT}
+RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT, "int32": Format.INT32}
 DPDK_VDEV_OPTIONS = "framecnt=4096,qdisc_bypass=1"  # as in bench aggregator
 
 def backends() -> tuple[str, ...]:
@@ -109,7 +109,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Fill in the default K and reject a bad window before any process starts."""
     if args.k is None:
         args.k = default_k(args.mtu, args.result)
-    nc8.Window.for_job(args.workers, args.window_max)
+    nc8.Window.for_job(args.workers, args.window_max, nc8.sum_bits(RESULT_FORMATS[args.result]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,7 +129,8 @@ def worker_spec(args: argparse.Namespace, mode: str, **extra: Any) -> dict[str, 
 def reference(args: argparse.Namespace) -> Reference:
     """The reference model of the run ``args`` describes (``ncina.harness.reference``)."""
     return build_reference(workers=args.workers, elements=args.elements, seed=args.seed,
-                           window_max=args.window_max)  # fmt: skip
+                           window_max=args.window_max,
+                           sum_bits=nc8.sum_bits(RESULT_FORMATS[args.result]))  # fmt: skip
 
 
 def accuracy(ref: Reference, result: np.ndarray, result_format: str) -> dict[str, Any]:

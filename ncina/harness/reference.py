@@ -53,11 +53,14 @@ def sent_codes(seed: int, rank: int, x: np.ndarray, window: nc8.Window) -> np.nd
     return nc8.encode(x, window, rng).codes
 
 
-def build_reference(*, workers: int, elements: int, seed: int, window_max: int) -> Reference:
+def build_reference(
+    *, workers: int, elements: int, seed: int, window_max: int, sum_bits: int = nc8.SUM_BITS
+) -> Reference:
     """Recompute every worker's input and codes, and the exact sums of the codes, of a run of
     ``workers`` ranks all-reducing ``elements`` each (seed ``seed``, window up to
-    ``2**window_max``)."""
-    window = nc8.Window.for_job(workers, window_max)
+    ``2**window_max`` keeping sums within ``2**sum_bits``: ``nc8.sum_bits`` of the result
+    format)."""
+    window = nc8.Window.for_job(workers, window_max, sum_bits)
     inputs = np.stack([worker_input(seed, r, elements) for r in range(workers)])
     sums = np.zeros(elements, dtype=np.int64)
     for rank in range(workers):
@@ -70,10 +73,10 @@ def exact_mismatches(
 ) -> int:
     """How many elements of a worker's mean ``result`` the reference model rules out.
 
-    ``int`` results: the mean must be bit for bit the client's float32 of the exact integer sum
-    (``ints_to_float`` divided by N). ``nc8`` results: the aggregator rounds each exact sum
-    ``S`` (``2**h <= |S| < 2**(h+1)``) to ``2**h`` or ``2**(h+1)``, sign kept, 0 stays 0; the
-    mean must be the decoded value of one of those two codes divided by N.
+    ``int`` and ``int32`` results: the mean must be bit for bit the client's float32 of the exact
+    integer sum (``ints_to_float`` divided by N). ``nc8`` results: the aggregator rounds each
+    exact sum ``S`` (``2**h <= |S| < 2**(h+1)``) to ``2**h`` or ``2**(h+1)``, sign kept, 0 stays
+    0; the mean must be the decoded value of one of those two codes divided by N.
     """
     n = np.float32(workers)
     y = np.asarray(result, dtype=np.float32).reshape(-1)
@@ -82,7 +85,7 @@ def exact_mismatches(
     bad = 0
     for a in range(0, sums.size, BLOCK):
         s, r = sums[a : a + BLOCK], y[a : a + BLOCK]
-        if result_format == "int":
+        if result_format in ("int", "int32"):
             bad += int(np.count_nonzero(r != nc8.ints_to_float(s, window) / n))
             continue
         magnitude = np.abs(s).astype(np.uint64)  # |S| < 2**63: the window rules overflow out

@@ -2,7 +2,7 @@
 -- says how to install and use it).
 --
 -- It decodes every datagram kind: a worker's chunk (nc8 codes or a server-mode blob), a result
--- (nc8 codes, int sums or a blob), a notice (its rank bitmap), a hello and a handshake answer
+-- (nc8 codes, int or int32 sums, or a blob), a notice (its rank bitmap), a hello and a handshake answer
 -- (the job descriptor), and the authentication tag of a keyed job. Field names follow the scapy
 -- layer (ncina.proto.layers) and ncina.proto.descriptor under the prefix "ncina.". A datagram
 -- that an aggregator would drop before looking at its job gets expert info named after the drop
@@ -27,12 +27,13 @@ local FLAG_POOL = 0x04
 local GENERATION_MASK = 0x78
 local FLAG_TAG = 0x80
 
-local FORMAT_NC8, FORMAT_INT, FORMAT_BLOB, FORMAT_JOB = 0, 1, 2, 3
-local FORMATS = { [0] = "nc8", [1] = "int", [2] = "blob", [3] = "job" }
-local ELEMENT_SIZE = { [FORMAT_NC8] = 1, [FORMAT_INT] = 8 }
+local FORMAT_NC8, FORMAT_INT, FORMAT_BLOB, FORMAT_JOB, FORMAT_INT32 = 0, 1, 2, 3, 4
+local FORMATS = { [0] = "nc8", [1] = "int", [2] = "blob", [3] = "job", [4] = "int32" }
+local ELEMENT_SIZE = { [FORMAT_NC8] = 1, [FORMAT_INT] = 8, [FORMAT_INT32] = 4 }
 local STATUS = { [0] = "ok (the job's descriptor)", [1] = "no such job",
                  [2] = "not authentic" }
-local MODES = { [0] = "ina (nc8 results)", [1] = "ina (int results)", [2] = "server" }
+local MODES = { [0] = "ina (nc8 results)", [1] = "ina (int results)", [2] = "server",
+                [4] = "ina (int32 results)" }
 -- What a job's members send (docs/protocol.md, "Hierarchical aggregation").
 local UPLINKS = { [0] = "the mode's (nc8 codes; blobs in server mode)",
                   [1] = "int partial sums (a spine's leaves)" }
@@ -166,12 +167,13 @@ local function add_codes(tree, tvb, start, count, emin)
     end
 end
 
--- One lane per int64 sum (units of 2^e_min), with the value it stands for.
-local function add_sums(tree, tvb, start, count, emin)
+-- One lane per sum (units of 2^e_min) of `width` bytes, int64 or int32, with the value it
+-- stands for.
+local function add_sums(tree, tvb, start, count, emin, width)
     for i = 0, count - 1 do
-        local range = tvb(start + 8 * i, 8)
-        local sum = range:int64()
-        local value = sum:tonumber() * 2.0 ^ emin
+        local range = tvb(start + width * i, width)
+        local sum = width == 8 and range:int64():tonumber() or range:int()
+        local value = sum * 2.0 ^ emin
         local lane = tree:add(f.sum, range)
         lane:prepend_text(string.format("[%d] ", i))
         lane:append_text(string.format(" (%g)", value))
@@ -403,7 +405,7 @@ local function dissect_datagram(tvb, pinfo, tree)
             end
             info = string.format("%s status=%s", info, STATUS[status] or tostring(status))
         end
-    elseif is_result and count == 0 and fmt <= FORMAT_BLOB then
+    elseif is_result and count == 0 and (ELEMENT_SIZE[fmt] ~= nil or fmt == FORMAT_BLOB) then
         -- A notice: the answered packet's header, count 0, the contributors' bitmap; a
         -- restart notice (the answer to a stale packet) is the header alone.
         kind = "notice"
@@ -439,8 +441,8 @@ local function dissect_datagram(tvb, pinfo, tree)
             payload:append_text(string.format(" (%s, %d elements)", FORMATS[fmt] or "?", count))
             if drop == nil and fmt == FORMAT_NC8 then
                 add_codes(payload, tvb, HEADER_SIZE, count, emin)
-            elseif drop == nil and fmt == FORMAT_INT then
-                add_sums(payload, tvb, HEADER_SIZE, count, emin)
+            elseif drop == nil and (fmt == FORMAT_INT or fmt == FORMAT_INT32) then
+                add_sums(payload, tvb, HEADER_SIZE, count, emin, element)
             elseif drop == nil then
                 add_blob(payload, tvb, HEADER_SIZE, payload_size, count)
             end

@@ -19,6 +19,8 @@ MAX_CODE = gen_tofino.MAX_CODE
 LACKS = {
     "nc8": "the Tofino design returns int results only (its NC8 rounding needs 64-bit "
     "multiplies and a highest set bit per lane: docs/tofino.md)",
+    "int32": "the Tofino design widens its 32-bit lanes to the wire's 64-bit int results: "
+    "it returns no int32 results yet (docs/tofino.md)",
     "tag": "the Tofino design has no keyed hash: a tagged datagram is dropped as bad_tag",
     "restart": "the Tofino design keeps no job epochs: a hello never restarts a job",
     "resend_limit": "the Tofino design keeps no per-rank resend budget (rule 2's resend_limit)",
@@ -45,6 +47,8 @@ def max_code(total_workers: int) -> int:
 def refusal(config: JobConfig, k: int) -> str | None:
     """Why the design cannot run ``config`` on a twin built for ``k`` lanes, or None."""
     job = f"job {config.job}"
+    if config.result_format == Format.INT32:
+        return f"{job} asks for int32 results: {LACKS['int32']}"
     if config.result_format != Format.INT:
         return f"{job} asks for {config.result_format.name.lower()} results: {LACKS['nc8']}"
     if config.key is not None:
