@@ -388,6 +388,13 @@ static int unexpected(struct ncw *w, const uint8_t *buf, size_t size, uint32_t s
             w->waited = w->held != 0;
             s->notice_offset = rd32(buf + 12);
             s->notice_held = rd64(buf + NCW_HEADER);
+        } else if (size == NCW_HEADER + tag_size(w) && memcmp(buf, s->want, 10) == 0 &&
+                   memcmp(buf + 12, s->want + 12, NCW_HEADER - 12) == 0) {
+            /* A restart notice of the generation learned (s->want holds it), about this very
+             * chunk: a new start of the aggregator that drew the same generation, and this
+             * rank has not said hello to it (Transfer._about_current). */
+            w->seen_generation = generation;
+            return -1;
         }
         return 0;
     }
