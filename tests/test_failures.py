@@ -395,6 +395,9 @@ class Restartable(threading.Thread):
         # A predicate of ``(reply, destination)``: the replies for which it holds are not sent
         # (lost on their downlink).
         self.drop_reply: object = None
+        # A function of ``(reply, destination)``: a datagram to send to ``destination`` right
+        # after the reply (a forged one), or None.
+        self.after_reply: object = None
         self.stopping = threading.Event()
         self.restart(generation)
 
@@ -424,6 +427,9 @@ class Restartable(threading.Thread):
                 if self.drop_reply and self.drop_reply(reply, destination):  # type: ignore[operator]
                     continue
                 self.sock.sendto(reply, destination)
+                extra = self.after_reply and self.after_reply(reply, destination)  # type: ignore[operator]
+                if extra:
+                    self.sock.sendto(extra, destination)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -583,6 +589,41 @@ def test_a_rank_waiting_between_calls_joins_the_recovery_of_a_rank_behind(drawn:
             assert [c.stats["restarts"] for c in clients] == [1, 1]
             assert [c.generation for c in clients] == [drawn, drawn]
             assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
+        finally:
+            for client in clients:
+                client.close()
+
+
+@pytest.mark.usefixtures("data_path")
+def test_a_forged_result_right_behind_a_calls_last_result_is_counted_as_bad_tag() -> None:
+    # The soak's forged results that no worker counted: the C path read a burst of datagrams
+    # (recvmmsg) and, once the call's last result was in, dropped the rest of the burst
+    # uncounted; a forged result right behind the last result was in that rest.
+    key = bytes(range(16))
+    x = np.full(4 * K, 2.0, dtype=np.float32)
+    calls = 12
+    with restartable(2, 3, key) as server:
+        clients = clients_of(server, 2)
+        port0 = clients[0].address[1]
+        forged: list[int] = []
+
+        def forge(reply: bytes, to: tuple[str, int]) -> bytes | None:
+            if to[1] != port0 or len(reply) <= HEADER.size + 8:  # rank 0's results only
+                return None
+            forged.append(1)
+            return reply[:-1] + bytes([reply[-1] ^ 1])  # its tag no longer verifies
+
+        try:
+            allreduce_all(clients, x)
+            before = clients[0].stats
+            server.after_reply = forge
+            for _ in range(calls):
+                assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
+            server.after_reply = None
+            allreduce_all(clients, x)  # reads what the last call left in the socket
+            after = clients[0].stats
+            assert len(forged) == calls * 4
+            assert after["bad_tag"] - before["bad_tag"] == len(forged)
         finally:
             for client in clients:
                 client.close()
