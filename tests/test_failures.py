@@ -518,6 +518,39 @@ def test_a_restart_that_drew_the_same_generation_mid_call_is_recovered(
                 client.close()
 
 
+@pytest.mark.xfail(strict=True, raises=TimeoutError, reason="issue 38, case 4, open: rank 1's "
+                   "first call meets rank 0's recovery agreement in slot 0 (chunk_mismatch)")
+@pytest.mark.usefixtures("data_path")
+@pytest.mark.parametrize("drawn", [5, 3])  # 3: the restart drew the same generation
+def test_a_restart_between_two_ranks_handshakes_is_recovered(drawn: int) -> None:
+    # Issue 38, case 4: rank 0 is answered by generation 3, the aggregator restarts, rank 1 is
+    # answered by the new start. Rank 0's recovery agreement and rank 1's first call met in
+    # slot 0 at offset 0, one was dropped as chunk_mismatch, and both ranks timed out.
+    x = np.full(3 * K, 2.0, dtype=np.float32)
+
+    def rank_1s_hello(datagram: bytes) -> bool:
+        return is_job_datagram(datagram) and Header._make(HEADER.unpack_from(datagram)).rank == 1
+
+    with restartable(2, 3) as server:
+        server.restart_at.append((rank_1s_hello, drawn))
+        first = AllreduceClient(server.address, job=JOB, rank=0, workers=2, k=K,
+                                result_format="int", deadline=4.0)  # fmt: skip
+        clients = [first]
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                ahead = pool.submit(first.allreduce, x, op="sum")
+                time.sleep(0.2)  # rank 0 handshakes with generation 3 and sends its chunks
+                clients += clients_of(server, 2)[1:]
+                behind = clients[1].allreduce(x, op="sum")
+                assert ahead.result().tolist() == behind.tolist() == (2 * x).tolist()
+            assert not server.restart_at
+            assert [c.generation for c in clients] == [drawn, drawn]
+            assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
+        finally:
+            for client in clients:
+                client.close()
+
+
 @pytest.mark.usefixtures("data_path")
 def test_a_restart_during_the_recoverys_agreement_starts_it_again() -> None:
     # Issue 38, case 3: the agreement call (one element per rank) is short too; a second
