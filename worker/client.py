@@ -19,9 +19,11 @@
   seconds the call gives up with ``TimeoutError``, naming the ranks the aggregator's notices
   said it still waits for;
 - restarts: the client learns the aggregator's generation from its first result and stamps it on
-  every packet; a result or notice of another generation means the aggregator restarted and lost
-  its slots: the client handshakes anew and agrees with the other ranks on the call, which is
-  redone or served by a rank that completed it, up to ``restart_retries`` times a call, after
+  every packet; a result or notice of another generation, or a restart notice of its own about
+  its outstanding chunk (a new start that drew the same generation, which this rank has not
+  said hello to), means the aggregator restarted and lost its slots: the client handshakes anew
+  and agrees with the other ranks on the call, which is redone or served by a rank that
+  completed it, up to ``restart_retries`` times a call, after
   which the call fails with ``AggregatorRestartedError`` (docs/protocol.md, "Generations and
   notices"; docs/reliability.md, "A restarted aggregator");
 - authentication (optional, ``key``): every datagram carries the ``TAG`` flag and a keyed tag
