@@ -67,8 +67,10 @@ def admit(
     if count > job.k:
         return BAD_COUNT  # 13
     stamp = flags & GENERATION_MASK
-    if stamp and stamp != job.generation << GENERATION_SHIFT:  # 14
+    if stamp and (stamp != job.generation << GENERATION_SHIFT or not job.joined >> rank & 1):  # 14
         # After the header checks: a stale packet's notice names a member and a slot of the pool.
+        # A generation from a rank that said no hello to this start was learned from an
+        # earlier start that drew the same one: stale too.
         return STALE_GENERATION if job.generation else BAD_FLAGS
     values = job.decode(payload, count)  # 15
     if values is None:

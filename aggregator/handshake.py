@@ -10,6 +10,11 @@ result sent again: longer than a worker waits for a lost result) starts its slot
 (``JobSlots.restart_if_idle``) and forgets the members' learned addresses, so that a new set of
 workers, from new ports and counting offsets from 0 again, is not taken for strangers and late
 packets, while a rank of a job in use keeps its stored results and its address.
+
+An authentic hello joins its rank to this start of the aggregator (``JobSlots.joined``); a
+probe (``FLAG_PROBE``) does not, and its answer carries ``FLAG_PROBE`` when the rank has not
+joined: the worker's aggregator restarted, whatever generation it drew (docs/protocol.md,
+"Generations and notices").
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.members import authentic
 from ncina.aggregator.stats import GlobalStats, count_drop
 from ncina.proto.descriptor import (
+    FLAG_PROBE,
     MODE_SERVER,
     NO_SUCH_JOB,
     NOT_AUTHENTIC,
@@ -99,10 +105,16 @@ def answer(
     now, restart_idle = quiet
     if is_authentic and now - slots.active_at >= restart_idle and slots.restart_if_idle():
         slots.members.forget_learned()
+    unjoined = False
+    if is_authentic and rank < slots.workers:
+        if flags & FLAG_PROBE:  # a probe asks and does not join
+            unjoined = not slots.joined >> rank & 1
+        else:
+            slots.joined |= 1 << rank
     descriptor = job_descriptor(slots.config, getattr(slots, "compressor", None))
     reply = pack_job_datagram(
         descriptor, job=job_id, rank=rank, status=OK if is_authentic else NOT_AUTHENTIC,
-        answer=True, generation=generation, key=key if is_authentic else None,
+        answer=True, generation=generation, key=key if is_authentic else None, probe=unjoined,
     )
     stats.handshakes += 1
     stats.packets_out += 1

@@ -115,6 +115,11 @@ class JobSlots:
         self.key = config.key
         self.tag_flag = FLAG_TAG if config.key is not None else 0
         self.members = Members(config.members, n)
+        # Bit r: rank r said an authentic hello to this start of the aggregator (handshake.py).
+        # A packet that carries the generation from a rank that did not is stale: it was sent
+        # to an earlier start that may have drawn the same generation (admission.py). Only a
+        # new start clears it: a job started afresh keeps it.
+        self.joined = 0
         # Per [version][slot]: contributors' bitmap, contributions since the slot's first one,
         # the chunk's offset and count, and the encoded result payload (valid once complete).
         self.bitmaps = [[0] * s, [0] * s]

@@ -126,6 +126,16 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
                 if (open == 0 && sm.ingress_global_timestamp - busy_at >= meta.restart_idle) {
                     job_epoch.write((bit<32>)meta.job_index, meta.epoch + 1);
                 }
+                // A hello joins its rank to this start; a probe (RETX) asks and does not join.
+                if (hdr.nc.rank < (bit<16>)meta.workers) {
+                    if (hdr.nc.retx == 1) {
+                        bit<1> joined;
+                        member_joined.read(joined, meta.member);
+                        meta.unjoined = ~joined;
+                    } else {
+                        member_joined.write(meta.member, 1);
+                    }
+                }
             }
             job_events.count(meta.events + EV_HANDSHAKES);
             meta.verdict = VERDICT_HANDSHAKE;
@@ -141,6 +151,8 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
         } else if (hdr.nc.rank >= (bit<16>)meta.workers) {
             fault = EV_NON_MEMBER;
         } else {
+            bit<1> joined;
+            member_joined.read(joined, meta.member);
             members.apply(hdr, meta, is_member);
             if (!is_member) {
                 fault = EV_NON_MEMBER;
@@ -150,8 +162,11 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
                 fault = EV_BAD_SLOT;
             } else if (hdr.nc.count > meta.k || sm.parser_error == error.StackOutOfBounds) {
                 fault = EV_BAD_COUNT;
-            } else if (hdr.nc.generation != 0 && hdr.nc.generation != meta.generation) {
-                // After the header checks: the notice names a member, a slot of the pool.
+            } else if (hdr.nc.generation != 0
+                    && (hdr.nc.generation != meta.generation || joined == 0)) {
+                // After the header checks: the notice names a member, a slot of the pool. A
+                // generation from a rank that said no hello to this start (member_joined) was
+                // learned from an earlier start that drew the same one: stale too.
                 if (meta.generation == 0) {
                     fault = EV_BAD_FLAGS;
                 } else {

@@ -189,6 +189,7 @@ struct meta_t {
     bit<1> notice;            // the reply is a notice, not a result
     bit<1> descriptor;        // the reply is the job handshake's answer
     bit<8> status;            // its status (STATUS_*)
+    bit<1> unjoined;          // a probe's rank has not said hello to this start: the answer's RETX
     // One lane at a time (the generated LaneSums): its sum and the NC8 re-compression's steps.
     bit<64> lane_sum;
     bit<64> lane_magnitude;

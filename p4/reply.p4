@@ -43,7 +43,7 @@ control Reply(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
             payload = hdr.nc.count;
         }
         hdr.nc.result = 1;
-        hdr.nc.retx = 0;
+        hdr.nc.retx = meta.unjoined;  // 0 but in the answer to a probe of a rank not joined
         hdr.nc.generation = meta.generation;
         hdr.nc.format = fmt;
         hdr.nc.emin = meta.emin;

@@ -13,6 +13,10 @@ register<mac_t>(NCINA_JOBS * NCINA_MAX_WORKERS) member_mac;
 // member and every slot version's round at once, lazily (slots.p4), with no loop over the pool.
 register<bit<32>>(NCINA_JOBS * NCINA_MAX_WORKERS) member_epoch;
 register<bit<32>>(NCINA_JOBS) job_epoch;
+// 1: the rank said a hello to this start of the switch (admission.p4); only a new start (a new
+// switch, its registers at 0) clears it, so a packet that carries the generation from a rank
+// that did not was sent to an earlier start that may have drawn the same generation: stale.
+register<bit<1>>(NCINA_JOBS * NCINA_MAX_WORKERS) member_joined;
 // Slot versions of the job whose round is partly filled: the job is idle when there are none.
 register<bit<32>>(NCINA_JOBS) job_open;
 // When the job was last in use (a slot completed or a result sent again; BMv2's ingress clock,

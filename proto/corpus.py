@@ -187,8 +187,27 @@ def _basics(slots: _Slots) -> Iterator[Case]:
                tuple(_reduction(slot, [_codes(rnd) for _ in range(3)], flags=FLAG_POOL)))
     slot = slots.take()
     gen = GENERATION << GENERATION_SHIFT
-    yield Case("generation_stamped", "uplink packets that carry the aggregator's generation",
+    # Issue 37: the generation from a rank that said no hello to this start (a restart that
+    # drew the same generation) is stale, and changes nothing (the slot is used next).
+    early = Step(0, datagram(slot=slot, codes=[1] * K, rank=0, flags=gen))
+    yield Case("generation_not_joined", "a packet that carries the aggregator's generation from "
+               "a rank that said no hello to this start: a restart notice; a probe (a hello with "
+               "RETX) is answered with RETX and joins nothing",
+               (early, Step(0, _hello(0, probe=True)), early))  # fmt: skip
+    yield Case("generation_joined", "every rank's hello joins it to this start",
+               tuple(Step(r, _hello(r)) for r in range(WORKERS)))
+    yield Case("generation_stamped", "uplink packets that carry the aggregator's generation, "
+               "from ranks that said hello to this start",
                tuple(_reduction(slot, [_codes(rnd) for _ in range(3)], flags=gen)))
+
+
+def _hello(rank: int, probe: bool = False) -> bytes:
+    """Rank's hello to the corpus job (a ``probe``: one that does not join the rank)."""
+    from ncina.proto.descriptor import Descriptor, pack_job_datagram
+
+    mine = Descriptor(mode=int(Format.NC8), workers=WORKERS, pool_size=POOL, k=K, e_max=E_MAX,
+                      e_min=E_MIN, keyed=False, compressor=0)  # fmt: skip
+    return pack_job_datagram(mine, job=JOB, rank=rank, probe=probe)
 
 
 def _single(name: str, about: str, data: bytes, sender: int = 0) -> Case:

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from ncina.proto.header import (
     FLAG_RESULT,
+    FLAG_RETX,
     FLAG_TAG,
     GENERATION_SHIFT,
     HEADER,
@@ -129,15 +130,23 @@ def compressor_hash(compressor: object) -> int:
     return int.from_bytes(digest, "big")
 
 
+FLAG_PROBE = FLAG_RETX
+"""The ``RETX`` bit of a ``job`` datagram (docs/protocol.md, "Job handshake"): on a hello, a
+probe (the worker asks whether the aggregator restarted; the hello does not join its rank); on
+the answer to a probe, the rank has not joined this start of the aggregator (a restart that may
+have drawn the same generation)."""
+
+
 def pack_job_datagram(
     descriptor: Descriptor, *, job: int, rank: int, status: int = OK, answer: bool = False,
-    generation: int = 0, key: bytes | None = None,
+    generation: int = 0, key: bytes | None = None, probe: bool = False,
 ) -> bytes:
     """A ``job`` datagram: the header (format ``job``, count 1, slot and offset 0; ``RESULT``
-    and the generation on an answer) and the descriptor, tagged with ``key`` when given."""
+    and the generation on an answer; ``FLAG_PROBE`` when ``probe``) and the descriptor, tagged
+    with ``key`` when given."""
     flags = (FLAG_RESULT | generation << GENERATION_SHIFT if answer else 0) | (
         FLAG_TAG if key is not None else 0
-    )
+    ) | (FLAG_PROBE if probe else 0)
     datagram = HEADER.pack(VERSION, flags, Format.JOB, descriptor.e_min, job, rank, 0, 1, 0)
     datagram += descriptor.pack(status)
     if key is not None:

@@ -394,3 +394,26 @@ class HoldingRelay(RankRelay):
             if self.hold_after is not None and self.received >= self.hold_after:
                 self.held.set()  # this one still goes through
         return True
+
+
+def engine_process(
+    engine: Any, datagram: bytes, src: tuple[str, int], agg_ip: str, stride: int = 2048
+) -> list[tuple[bytes, tuple[str, int]]]:
+    """One datagram from ``src`` through the C engine (``ncina.aggregator.engine.Engine``)
+    offline, as the aggregator at ``agg_ip``; its replies as (datagram, (host, port)), each at
+    most ``stride`` bytes."""
+    import ipaddress
+
+    ffi, lib = engine.ffi, engine.lib
+    out = ffi.new(f"uint8_t[{stride * 64}]")
+    lens, ips, ports = ffi.new("uint32_t[64]"), ffi.new("uint32_t[64]"), ffi.new("uint16_t[64]")
+    n = lib.nce_process_datagram(datagram, len(datagram), ipaddress.IPv4Address(src[0]).packed,
+                                 src[1], ipaddress.IPv4Address(agg_ip).packed, out, stride, 64,
+                                 lens, ips, ports)  # fmt: skip
+    assert n >= 0, "reply buffers too small"
+    buf, addresses = ffi.buffer(out), bytes(ffi.buffer(ips))  # addresses in network order
+    replies = []
+    for i in range(n):
+        host = str(ipaddress.IPv4Address(addresses[4 * i : 4 * i + 4]))
+        replies.append((bytes(buf[i * stride : i * stride + lens[i]]), (host, int(ports[i]))))
+    return replies

@@ -23,11 +23,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ncina.aggregator.handshake import job_descriptor
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.process import free_udp_port
 from ncina.aggregator.python_backend import PythonBackend
 from ncina.aggregator.reply import Datagrams
+from ncina.proto.descriptor import FLAG_PROBE, pack_job_datagram
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE
 from ncina.proto.layers import NcinaHeader
 from ncina_testlib import (
@@ -357,6 +359,46 @@ def test_a_stale_generation_comes_after_the_header_checks(trio: Cluster) -> None
         "job.retx_seen": 1, "job.drops.bad_slot": 1, "job.drops.window_mismatch": 1,
         "job.drops.bad_count": 1, "job.drops.stale_generation": 1,
     }  # fmt: skip
+
+
+def test_a_stamped_packet_of_a_rank_that_said_no_hello_to_this_start_is_stale(
+    backend: str, trio: Cluster
+) -> None:
+    """Issue 37: a restart may draw the generation of the start it replaced. A packet that
+    carries the generation from a rank that said no hello to this start (the trio's ranks never
+    do) is stale, answered by a restart notice; a probe (a hello with RETX) asks without joining
+    and its answer carries RETX while the rank has not joined; after the rank's hello its
+    stamped packets count."""
+    twin_lacks(backend, "joined")
+    slot = trio.next_slot()
+    codes = random_codes(37, 3)
+    stamp = trio.generation << 3
+    hello = pack_job_datagram(job_descriptor(JobConfig.create(
+        job=TRIO_JOB, workers=3, k=K, result_format="int")), job=TRIO_JOB, rank=0)  # fmt: skip
+    probe = bytearray(hello)
+    probe[1] |= FLAG_PROBE
+    answer_flags = FLAG_RESULT | stamp
+    trio.ping(0)
+    before = trio.aggregator.stats()
+    trio.send(0, slot, codes[0], flags=stamp, offset=4321)
+    assert trio.receive(0)[0] == notice(trio, slot=slot, offset=4321, pool=0, bitmap=None)
+    trio.workers[0].send(bytes(probe))
+    assert trio.receive(0)[1]["flags"] == answer_flags | FLAG_PROBE
+    trio.reduce(trio.next_slot(), codes)  # the job is in use: the hello restarts nothing
+    trio.workers[0].send(hello)
+    assert trio.receive(0)[1]["flags"] == answer_flags
+    trio.workers[0].send(bytes(probe))
+    assert trio.receive(0)[1]["flags"] == answer_flags  # joined now
+    trio.send(0, slot, codes[0], flags=stamp, offset=4321)
+    trio.send(1, slot, codes[1], offset=4321)
+    trio.send(2, slot, codes[2], offset=4321)
+    results = [trio.receive(rank)[:2] for rank in range(3)]
+    check_result(trio, results, slot=slot, pool=0, offset=4321, exact=exact_sums(codes),
+                 result="int")  # fmt: skip
+    trio.ping(0)
+    change = delta(before, trio.aggregator.stats(), TRIO_JOB)
+    assert change["job.drops.stale_generation"] == 1 and change["job.notices_sent"] == 1
+    assert change["job.handshakes"] == 3 and change["job.slots_completed"] == 2
 
 
 def test_a_duplicate_more_than_a_round_late_does_not_stall_the_slot(trio: Cluster) -> None:

@@ -31,7 +31,7 @@ import pytest
 from ncina.aggregator.bmv2.entries import NO_INT32
 from ncina.aggregator.dpdk import netns
 from ncina.proto import corpus
-from ncina.proto.header import FLAG_RESULT, HEADER, SUM_DTYPES, Format
+from ncina.proto.header import FLAG_RESULT, FLAG_RETX, HEADER, SUM_DTYPES, Format
 from ncina_testlib import AGGREGATOR_BACKENDS, counters, is_nc8_rounding, twin_lacks
 
 from ncina.harness.aggregators import LOCAL_BACKENDS, START_TIMEOUT, RunningAggregator, wait_ready
@@ -364,6 +364,15 @@ def test_reference_is_pinned_by_hand(result: str, reference: Replay) -> None:
     assert change["job.drops.stale_generation"] == 1 and change["job.notices_sent"] == 4  # pings
     assert change["job.bytes_out"] == reference.counters["truncated_0"]["job.bytes_out"] + 16
     assert reference.counters["oversized_fragmented"]["job.drops.bad_count"] == 1
+    # Issue 37: the generation from a rank that said no hello to this start is stale (a
+    # restart notice, the header alone), and a probe's answer carries RETX (not joined).
+    notice, answer, again = reference.replies["generation_not_joined"][0][:3]
+    assert notice == again and len(notice) == 16
+    assert HEADER.unpack(notice)[:5] == (1, flags, fmt, corpus.E_MIN, corpus.JOB)
+    assert HEADER.unpack_from(answer)[1] == flags | FLAG_RETX and len(answer) == 32
+    change = reference.counters["generation_not_joined"]
+    assert change["job.drops.stale_generation"] == 2 and change["job.handshakes"] == 1
+    assert reference.counters["generation_stamped"]["job.slots_completed"] == 1
     assert reference.final["global"]["drops"]["internal_error"] == 0
 
 

@@ -26,7 +26,7 @@ from ncina.proto.header import ELEMENT_SIZE, FLAG_RESULT, FLAG_TAG, HEADER, Form
 from ncina.proto.nc8 import sum_bits
 from ncina.proto.wire import MAX_K, TAG_SIZE
 from ncina_parity import GENERATION, KEY, K, schedule
-from ncina_testlib import uplink, window_e_min
+from ncina_testlib import engine_process, uplink, window_e_min
 
 AGG_IP = "10.9.0.1"
 STRIDE = 2048
@@ -47,21 +47,7 @@ def engine() -> Iterator[Engine]:
 
 def process(e: Engine, datagram: bytes, src: tuple[str, int]) -> list[tuple[bytes, Any]]:
     """One datagram through the C engine; its replies as (datagram, (host, port))."""
-    import ipaddress
-
-    ffi, lib = e.ffi, e.lib
-    out = ffi.new(f"uint8_t[{STRIDE * 64}]")
-    lens, ips, ports = ffi.new("uint32_t[64]"), ffi.new("uint32_t[64]"), ffi.new("uint16_t[64]")
-    n = lib.nce_process_datagram(datagram, len(datagram), ipaddress.IPv4Address(src[0]).packed,
-                                 src[1], ipaddress.IPv4Address(AGG_IP).packed, out, STRIDE, 64,
-                                 lens, ips, ports)  # fmt: skip
-    assert n >= 0, "reply buffers too small"
-    buf, addresses = ffi.buffer(out), bytes(ffi.buffer(ips))  # addresses in network order
-    replies = []
-    for i in range(n):
-        host = str(ipaddress.IPv4Address(addresses[4 * i : 4 * i + 4]))
-        replies.append((bytes(buf[i * STRIDE : i * STRIDE + lens[i]]), (host, int(ports[i]))))
-    return replies
+    return engine_process(e, datagram, src, AGG_IP, STRIDE)
 
 
 def replay_against(

@@ -21,9 +21,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ncina.aggregator.engine import Engine
+from ncina.aggregator.handshake import job_descriptor
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.pipeline import Aggregator
-from ncina.proto.descriptor import is_job_datagram
+from ncina.proto.descriptor import (
+    FLAG_PROBE,
+    OK,
+    Descriptor,
+    is_job_datagram,
+    pack_job_datagram,
+)
 from ncina.proto.header import HEADER, NOTICE, Header, flags_for, pack
 from ncina.worker.client import (
     DATA_PATH_ENV,
@@ -32,7 +40,7 @@ from ncina.worker.client import (
     AllreduceClient,
 )
 from ncina.worker.torch_hook import wait_between_calls
-from ncina_testlib import start_aggregator, uplink
+from ncina_testlib import engine_process, start_aggregator, uplink
 
 from ncina.harness.faults import JOB, allreduce_across_restart, allreduce_with_dead_worker
 from ncina.harness.reference import powers_of_two
@@ -79,10 +87,59 @@ def test_stale_generation_is_dropped_counted_and_answered_by_a_notice() -> None:
     assert destination == address(0) and len(datagram) == HEADER.size  # a restart notice
     notice = Header._make(HEADER.unpack(datagram))
     assert notice.generation == 7 and notice.is_result and notice.count == 0
-    # Unstamped and correctly stamped packets both count.
+    # Unstamped packets count, and stamped ones of a rank that said hello to this start.
     assert not list(agg.handle(packet(emin, 0), address(0)))
+    hello(agg, 1)
     assert not list(agg.handle(packet(emin, 1, generation=7), address(1)))
     assert stats.contributions == 2
+
+
+def hello(agg: Aggregator, rank: int, *, probe: bool = False) -> Header:
+    """Rank ``rank``'s hello (a ``probe``: one that does not join) to ``agg``; its answer's
+    header."""
+    mine = job_descriptor(agg.jobs[JOB].config)
+    [(answer, destination)] = agg.handle(
+        pack_job_datagram(mine, job=JOB, rank=rank, probe=probe), address(rank))
+    assert destination == address(rank) and Descriptor.unpack(answer[HEADER.size:])[0] == OK
+    return Header._make(HEADER.unpack_from(answer))
+
+
+def test_a_restart_that_drew_the_same_generation_is_stale_until_the_ranks_hello() -> None:
+    # The last soak's hang: a new start of the aggregator drew the generation of the one it
+    # replaced, took the workers' stamped retransmissions as its own and sent no notice.
+    agg, emin = aggregator(7)
+    stats = agg.jobs[JOB].stats
+    [(notice, destination)] = agg.handle(packet(emin, 0, generation=7), address(0))
+    assert destination == address(0) and notice == pack(
+        job=JOB, rank=0, slot=1, offset=4, count=0, emin=emin, fmt=1,
+        flags=flags_for(0, result=True, generation=7))  # the restart notice, byte for byte
+    assert stats.drops["stale_generation"] == 1 and stats.contributions == 0
+    # A probe asks without joining: its answer says "not joined" (FLAG_PROBE) every time.
+    assert hello(agg, 0, probe=True).flags & FLAG_PROBE
+    assert hello(agg, 0, probe=True).flags & FLAG_PROBE
+    assert len(agg.handle(packet(emin, 0, generation=7), address(0))) == 1
+    assert stats.drops["stale_generation"] == 2
+    # A hello joins rank 0 only; the answers to a hello, and to a joined rank's probe, are plain.
+    assert not hello(agg, 0).flags & FLAG_PROBE and not hello(agg, 0, probe=True).flags & FLAG_PROBE
+    assert hello(agg, 2, probe=True).flags & FLAG_PROBE
+    assert not list(agg.handle(packet(emin, 0, generation=7), address(0)))
+    assert len(agg.handle(packet(emin, 2, generation=7), address(2))) == 1
+    assert stats.contributions == 1 and stats.drops["stale_generation"] == 3
+    # A rank the job does not have joins nothing (and the answer is the job's descriptor).
+    hello(agg, 64)
+    assert agg.jobs[JOB].joined == 0b001
+
+
+def test_a_hello_that_does_not_authenticate_joins_no_rank() -> None:
+    agg = Aggregator(7)
+    key = bytes(range(16))
+    agg.add_job(JobConfig.create(job=JOB, workers=2, k=8, result_format="int", key=key))
+    mine = job_descriptor(agg.jobs[JOB].config)
+    agg.handle(pack_job_datagram(mine, job=JOB, rank=0), address(0))  # untagged: status 2
+    agg.handle(pack_job_datagram(mine, job=JOB, rank=1, key=bytes(16)), address(1))  # other key
+    assert agg.jobs[JOB].joined == 0
+    agg.handle(pack_job_datagram(mine, job=JOB, rank=1, key=key), address(1))
+    assert agg.jobs[JOB].joined == 0b10
 
 
 def test_a_duplicate_of_an_incomplete_slot_gets_the_contributors_bitmap() -> None:
@@ -164,6 +221,24 @@ def test_workers_recover_from_a_restart_mid_allreduce_with_the_exact_sum(tmp_pat
         assert isinstance(outcome, np.ndarray), outcome
         assert outcome.tobytes() == want.tobytes()
     assert run.recovery_s is not None and run.recovery_s > 0
+
+
+@pytest.mark.usefixtures("data_path")
+@pytest.mark.parametrize("backend", ["python", "socket"])
+def test_workers_recover_from_a_restart_that_drew_the_same_generation(
+    tmp_path: Path, backend: str
+) -> None:
+    # Issue 37: a new start that drew the generation of the one it replaced (1 in 15) took the
+    # workers' retransmissions for its own and sent no notice; every worker waited for results
+    # of slots the new start had only partly, and timed out at its deadline.
+    xs = [powers_of_two(ELEMENTS, seed=rank) for rank in range(WORKERS)]
+    run = allreduce_across_restart(xs, tmp_path, k=K, result="int", deadline=10.0,
+                                   at=CHUNKS // 4, restart_retries=3, backend=backend,
+                                   generations=(3, 3))  # fmt: skip
+    want = np.sum(np.stack(xs).astype(np.float64), axis=0).astype(np.float32)
+    for outcome in run.outcomes:
+        assert isinstance(outcome, np.ndarray), outcome
+        assert outcome.tobytes() == want.tobytes()
 
 
 class HeldRelay(threading.Thread):
@@ -308,9 +383,10 @@ class Restartable(threading.Thread):
     new one of that generation (its slots and learned members lost, as a SIGKILL and a new
     start lose them) and the pair is used up."""
 
-    def __init__(self, config: JobConfig, generation: int) -> None:
+    def __init__(self, config: JobConfig, generation: int, engine: Engine | None = None) -> None:
         super().__init__(daemon=True)
         self.config = config
+        self.engine = engine  # the C engine (the socket backend's, offline) instead of Python
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.settimeout(0.02)
@@ -319,12 +395,25 @@ class Restartable(threading.Thread):
         # A predicate of ``(reply, destination)``: the replies for which it holds are not sent
         # (lost on their downlink).
         self.drop_reply: object = None
+        # A function of ``(reply, destination)``: a datagram to send to ``destination`` right
+        # after the reply (a forged one), or None.
+        self.after_reply: object = None
         self.stopping = threading.Event()
         self.restart(generation)
 
     def restart(self, generation: int) -> None:
+        if self.engine is not None:
+            self.engine.lib.nce_reset()
+            self.engine.set_generation(generation)
+            self.engine.add_job(self.config)
+            return
         self.aggregator = Aggregator(generation)
         self.aggregator.add_job(self.config)
+
+    def handle(self, data: bytes, source: tuple[str, int]) -> list[tuple[bytes, tuple[str, int]]]:
+        if self.engine is not None:
+            return engine_process(self.engine, data, source, "127.0.0.1")
+        return list(self.aggregator.handle(data, source))
 
     def run(self) -> None:
         while not self.stopping.is_set():
@@ -334,10 +423,13 @@ class Restartable(threading.Thread):
                 continue
             if self.restart_at and self.restart_at[0][0](data):  # type: ignore[operator]
                 self.restart(self.restart_at.pop(0)[1])
-            for reply, destination in self.aggregator.handle(data, source):
+            for reply, destination in self.handle(data, source):
                 if self.drop_reply and self.drop_reply(reply, destination):  # type: ignore[operator]
                     continue
                 self.sock.sendto(reply, destination)
+                extra = self.after_reply and self.after_reply(reply, destination)  # type: ignore[operator]
+                if extra:
+                    self.sock.sendto(extra, destination)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -351,14 +443,24 @@ def is_chunk(datagram: bytes) -> bool:
 
 
 @contextlib.contextmanager
-def restartable(workers: int, generation: int, key: bytes | None = None) -> Iterator[Restartable]:
+def restartable(workers: int, generation: int, key: bytes | None = None,
+                backend: str = "python") -> Iterator[Restartable]:  # fmt: skip
+    """A ``Restartable`` of the ``backend``'s slot engine: python, or socket (its C engine)."""
     config = JobConfig.create(job=JOB, workers=workers, k=K, result_format="int", key=key)
-    server = Restartable(config, generation)
+    engine = None
+    if backend == "socket":
+        from ncina.aggregator.socket.binding import load
+
+        engine = Engine(load())
+    server = Restartable(config, generation, engine)
     server.start()
     try:
         yield server
     finally:
         server.stop()
+        if engine is not None:
+            engine.lib.nce_reset()
+            engine.set_generation(0)
 
 
 def clients_of(server: Restartable, workers: int, **options: object) -> list[AllreduceClient]:
@@ -387,6 +489,63 @@ def test_a_call_shorter_than_a_notice_learns_of_a_restart(elements: int, key: by
             assert [o.tolist() for o in allreduce_all(clients, x)] == [[4.0] * elements] * 2
             assert [c.stats["restarts"] for c in clients] == [1, 1]
             assert [c.generation for c in clients] == [5, 5]
+        finally:
+            for client in clients:
+                client.close()
+
+
+@pytest.mark.usefixtures("data_path")
+@pytest.mark.parametrize("backend", ["python", "socket"])
+@pytest.mark.parametrize("key", [None, bytes(range(16))], ids=["unkeyed", "keyed"])
+def test_a_restart_that_drew_the_same_generation_mid_call_is_recovered(
+    key: bytes | None, backend: str
+) -> None:
+    # Issue 37: the new start drew generation 3 again; without the ranks' hello to it, their
+    # stamped chunks are stale and answered by restart notices of generation 3, which the
+    # workers take for a restart because they are about their outstanding chunk.
+    x = np.full(20 * K, 2.0, dtype=np.float32)
+    with restartable(2, 3, key, backend) as server:
+        clients = clients_of(server, 2)
+        try:
+            assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
+            server.restart_at.append((is_chunk, 3))
+            assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
+            assert [c.stats["restarts"] for c in clients] == [1, 1]
+            assert [c.generation for c in clients] == [3, 3]
+            assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
+        finally:
+            for client in clients:
+                client.close()
+
+
+@pytest.mark.xfail(strict=True, raises=TimeoutError, reason="issue 38, case 4, open: rank 1's "
+                   "first call meets rank 0's recovery agreement in slot 0 (chunk_mismatch)")
+@pytest.mark.usefixtures("data_path")
+@pytest.mark.parametrize("drawn", [5, 3])  # 3: the restart drew the same generation
+def test_a_restart_between_two_ranks_handshakes_is_recovered(drawn: int) -> None:
+    # Issue 38, case 4: rank 0 is answered by generation 3, the aggregator restarts, rank 1 is
+    # answered by the new start. Rank 0's recovery agreement and rank 1's first call met in
+    # slot 0 at offset 0, one was dropped as chunk_mismatch, and both ranks timed out.
+    x = np.full(3 * K, 2.0, dtype=np.float32)
+
+    def rank_1s_hello(datagram: bytes) -> bool:
+        return is_job_datagram(datagram) and Header._make(HEADER.unpack_from(datagram)).rank == 1
+
+    with restartable(2, 3) as server:
+        server.restart_at.append((rank_1s_hello, drawn))
+        first = AllreduceClient(server.address, job=JOB, rank=0, workers=2, k=K,
+                                result_format="int", deadline=4.0)  # fmt: skip
+        clients = [first]
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                ahead = pool.submit(first.allreduce, x, op="sum")
+                time.sleep(0.2)  # rank 0 handshakes with generation 3 and sends its chunks
+                clients += clients_of(server, 2)[1:]
+                behind = clients[1].allreduce(x, op="sum")
+                assert ahead.result().tolist() == behind.tolist() == (2 * x).tolist()
+            assert not server.restart_at
+            assert [c.generation for c in clients] == [drawn, drawn]
+            assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
         finally:
             for client in clients:
                 client.close()
@@ -432,7 +591,8 @@ class GlooStandIn:
 
 
 @pytest.mark.usefixtures("data_path")
-def test_a_rank_waiting_between_calls_joins_the_recovery_of_a_rank_behind() -> None:
+@pytest.mark.parametrize("drawn", [5, 3])  # 3: the restart drew the same generation
+def test_a_rank_waiting_between_calls_joins_the_recovery_of_a_rank_behind(drawn: int) -> None:
     # Issue 38, case 5 (and the hang the soak found through the DDP hook's per-call agreement):
     # rank 0 completes a call, rank 1's result of it is lost, and the aggregator restarts. Rank
     # 1 recovers inside the call and needs rank 0 in the recovery's calls, but rank 0 waits
@@ -449,7 +609,7 @@ def test_a_rank_waiting_between_calls_joins_the_recovery_of_a_rank_behind() -> N
             server.drop_reply = lambda reply, to: to[1] == port1 and not ahead_done.is_set()
             server.restart_at.append(
                 (lambda d: ahead_done.is_set() and is_chunk(d) and Header._make(
-                    HEADER.unpack_from(d)).rank == 1, 5))  # fmt: skip
+                    HEADER.unpack_from(d)).rank == 1, drawn))  # fmt: skip
             with ThreadPoolExecutor(1) as pool:
                 behind = pool.submit(clients[1].allreduce, x, op="sum")
                 ahead = clients[0].allreduce(x, op="sum")
@@ -460,8 +620,43 @@ def test_a_rank_waiting_between_calls_joins_the_recovery_of_a_rank_behind() -> N
                 assert behind.result().tolist() == ahead.tolist() == (2 * x).tolist()
             assert not server.restart_at
             assert [c.stats["restarts"] for c in clients] == [1, 1]
-            assert [c.generation for c in clients] == [5, 5]
+            assert [c.generation for c in clients] == [drawn, drawn]
             assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
+        finally:
+            for client in clients:
+                client.close()
+
+
+@pytest.mark.usefixtures("data_path")
+def test_a_forged_result_right_behind_a_calls_last_result_is_counted_as_bad_tag() -> None:
+    # The soak's forged results that no worker counted: the C path read a burst of datagrams
+    # (recvmmsg) and, once the call's last result was in, dropped the rest of the burst
+    # uncounted; a forged result right behind the last result was in that rest.
+    key = bytes(range(16))
+    x = np.full(4 * K, 2.0, dtype=np.float32)
+    calls = 12
+    with restartable(2, 3, key) as server:
+        clients = clients_of(server, 2)
+        port0 = clients[0].address[1]
+        forged: list[int] = []
+
+        def forge(reply: bytes, to: tuple[str, int]) -> bytes | None:
+            if to[1] != port0 or len(reply) <= HEADER.size + 8:  # rank 0's results only
+                return None
+            forged.append(1)
+            return reply[:-1] + bytes([reply[-1] ^ 1])  # its tag no longer verifies
+
+        try:
+            allreduce_all(clients, x)
+            before = clients[0].stats
+            server.after_reply = forge
+            for _ in range(calls):
+                assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
+            server.after_reply = None
+            allreduce_all(clients, x)  # reads what the last call left in the socket
+            after = clients[0].stats
+            assert len(forged) == calls * 4
+            assert after["bad_tag"] - before["bad_tag"] == len(forged)
         finally:
             for client in clients:
                 client.close()

@@ -14,6 +14,7 @@ from ncina.cli import main
 from ncina.harness.soak_checks import (
     RankLog,
     checkpoints,
+    drawn_generation,
     hostile_counted,
     judge,
     restarted_in_last_step,
@@ -109,3 +110,12 @@ def test_an_honest_workers_drops_are_not_counted_as_hostile() -> None:
 def test_the_soak_without_root_says_root_is_needed(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["soak", "--minutes", "1"]) == 1
     assert "ncina soak needs root" in capsys.readouterr().err
+
+
+def test_the_generation_a_start_drew_is_read_from_its_readiness_line(tmp_path: Path) -> None:
+    log = tmp_path / "aggregator0.log"
+    log.write_text("ncina aggregator: listening on 10.0.1.1:47000 (udp), backend socket, pid "
+                   "27958, aggregator, generation 3, UDP GRO on, UDP GSO on, job 1: 4 workers\n")
+    assert drawn_generation(log) == 3
+    log.write_text("ncina aggregator: listening on 10.0.1.1:47000 (udp), backend python\n")
+    assert drawn_generation(log) == 0

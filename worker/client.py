@@ -19,9 +19,11 @@
   seconds the call gives up with ``TimeoutError``, naming the ranks the aggregator's notices
   said it still waits for;
 - restarts: the client learns the aggregator's generation from its first result and stamps it on
-  every packet; a result or notice of another generation means the aggregator restarted and lost
-  its slots: the client handshakes anew and agrees with the other ranks on the call, which is
-  redone or served by a rank that completed it, up to ``restart_retries`` times a call, after
+  every packet; a result or notice of another generation, or a restart notice of its own about
+  its outstanding chunk (a new start that drew the same generation, which this rank has not
+  said hello to), means the aggregator restarted and lost its slots: the client handshakes anew
+  and agrees with the other ranks on the call, which is redone or served by a rank that
+  completed it, up to ``restart_retries`` times a call, after
   which the call fails with ``AggregatorRestartedError`` (docs/protocol.md, "Generations and
   notices"; docs/reliability.md, "A restarted aggregator");
 - authentication (optional, ``key``): every datagram carries the ``TAG`` flag and a keyed tag
@@ -397,7 +399,7 @@ class AllreduceClient:
             now = time.monotonic()
             if answer is None:
                 continue
-            status, theirs, generation = answer
+            status, theirs, generation, _ = answer
             if status == desc.NO_SUCH_JOB:  # it may be installed yet: keep asking
                 no_such_job = True
                 continue
@@ -419,7 +421,7 @@ class AllreduceClient:
             "and does it speak the job handshake? (handshake_timeout=None skips it)"
         )
 
-    def _next_answer(self, until: float) -> tuple[int, desc.Descriptor, int] | None:
+    def _next_answer(self, until: float) -> tuple[int, desc.Descriptor, int, bool] | None:
         """The aggregator's next answer to a hello (:meth:`_judge_answer`) that arrives before
         the monotonic time ``until``, or None; whatever else arrives meanwhile is counted and
         dropped (:meth:`_ignore`)."""
@@ -439,11 +441,13 @@ class AllreduceClient:
                     return answer
         return None
 
-    def _send_hello(self) -> None:
+    def _send_hello(self, probe: bool = False) -> None:
         """Send this worker's job descriptor to the aggregator (a full send buffer skips it:
-        the next hello goes ``HANDSHAKE_INTERVAL`` later)."""
+        the next hello goes ``HANDSHAKE_INTERVAL`` later); a ``probe`` asks without joining
+        (``desc.FLAG_PROBE``)."""
         self._stats["handshakes"] += 1
-        hello = desc.pack_job_datagram(self.descriptor, job=self.job, rank=self.rank, key=self.key)
+        hello = desc.pack_job_datagram(self.descriptor, job=self.job, rank=self.rank, key=self.key,
+                                       probe=probe)  # fmt: skip
         with contextlib.suppress(BlockingIOError, PermissionError):  # lost: hellos repeat
             self._sock.sendto(hello, self.aggregator)
 
@@ -458,10 +462,12 @@ class AllreduceClient:
         ):
             self._stats["bad_tag"] += 1
 
-    def _judge_answer(self, size: int) -> tuple[int, desc.Descriptor, int] | None:
-        """``(status, descriptor, generation)`` of the datagram of ``size`` bytes in the receive
-        buffer if it is an answer to this worker's hello, else None (counted as ignored). An
-        ``OK`` answer of a keyed job must carry a tag that verifies; the refusals carry none."""
+    def _judge_answer(self, size: int) -> tuple[int, desc.Descriptor, int, bool] | None:
+        """``(status, descriptor, generation, unjoined)`` of the datagram of ``size`` bytes in
+        the receive buffer if it is an answer to this worker's hello, else None (counted as
+        ignored); ``unjoined``: the answer to a probe says this rank has not joined this start
+        of the aggregator. An ``OK`` answer of a keyed job must carry a tag that verifies; the
+        refusals carry none."""
         view = memoryview(self._buf)[:size]
         if not desc.is_job_datagram(view) or size < desc.JOB_DATAGRAM_SIZE:
             self._ignore(size)
@@ -482,7 +488,8 @@ class AllreduceClient:
             self._stats["results_ignored"] += 1
             self._stats["bad_tag"] += 1
             return None
-        return status, theirs, (flags & GENERATION_MASK) >> GENERATION_SHIFT
+        generation = (flags & GENERATION_MASK) >> GENERATION_SHIFT
+        return status, theirs, generation, bool(flags & desc.FLAG_PROBE)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -661,8 +668,8 @@ class AllreduceClient:
             or self.handshake_timeout is None
         ):
             return False
-        generation = self._ask_generation(timeout)
-        if generation is None or generation == self.generation:
+        asked = self._ask_generation(timeout)
+        if asked is None or asked == (self.generation, False):
             return False
         restarts = 0
         while True:
@@ -678,17 +685,19 @@ class AllreduceClient:
                                         "completed a call this rank has not started"))
             return True
 
-    def _ask_generation(self, timeout: float) -> int | None:
-        """The generation in the aggregator's answer to one hello within ``timeout`` seconds,
-        or None (no answer, or not an ``OK`` one: the call that follows finds out why). What
-        else arrives meanwhile (late copies of the last call's results) is ignored, as a
-        call would ignore it."""
-        self._send_hello()
+    def _ask_generation(self, timeout: float) -> tuple[int, bool] | None:
+        """``(generation, unjoined)`` of the aggregator's answer to one probe (a hello that
+        does not join) within ``timeout`` seconds, or None (no answer, or not an ``OK`` one:
+        the call that follows finds out why); ``unjoined``: this rank has not said hello to
+        this start of the aggregator, which restarted whatever generation it drew. What else
+        arrives meanwhile (late copies of the last call's results) is ignored, as a call would
+        ignore it."""
+        self._send_hello(probe=True)
         answer = self._next_answer(time.monotonic() + timeout)
         if answer is None:
             return None
-        status, _, generation = answer
-        return generation if status == desc.OK else None
+        status, _, generation, unjoined = answer
+        return (generation, unjoined) if status == desc.OK else None
 
     def _keep_room(self, which: int, n: int) -> np.ndarray:
         """Keep buffer ``which`` (0 or 1), grown to hold ``n`` results (NC8 codes, 1 byte each;
@@ -1038,9 +1047,11 @@ def _restarted(
                else "restart_retries is 0")  # fmt: skip
     else:
         why = f"after {recovered} recoveries in this call (restart_retries)"
+    drawn = ("the same again" if generation == client.generation  # it said a restart notice
+             else f"now {generation}")  # fmt: skip
     return AggregatorRestartedError(
         f"allreduce: aggregator {host}:{port} restarted (generation "
-        f"{client.generation}, now {generation}; job {client.job}, rank {client.rank}): "
+        f"{client.generation}, {drawn}; job {client.job}, rank {client.rank}): "
         f"the slots of this call are lost, nothing is returned ({why}); every rank must "
         f"start a new client"
     )

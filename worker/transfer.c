@@ -421,6 +421,13 @@ static int unexpected(struct ncw *w, const uint8_t *buf, size_t size, uint32_t s
             w->waited = w->held != 0;
             s->notice_offset = rd32(buf + 12);
             s->notice_held = rd64(buf + NCW_HEADER);
+        } else if (size == NCW_HEADER + tag_size(w) && memcmp(buf, s->want, 10) == 0 &&
+                   memcmp(buf + 12, s->want + 12, NCW_HEADER - 12) == 0) {
+            /* A restart notice of the generation learned (s->want holds it), about this very
+             * chunk: a new start of the aggregator that drew the same generation, and this
+             * rank has not said hello to it (Transfer._about_current). */
+            w->seen_generation = generation;
+            return -1;
         }
         return 0;
     }
@@ -459,6 +466,17 @@ static void release(struct ncw *w, double now)
         w->next_check = now;
     w->held = 0;
     w->waited = 0;
+}
+
+/* Count a datagram of the aggregator's address that no call takes any more (it came in the burst
+ * that ended the call): ignored, and bad_tag when the job has a key and its tag fails. */
+static void ignore(struct ncw *w, const uint8_t *buf, size_t size)
+{
+    w->stats.packets_received++;
+    w->stats.bytes_received += size;
+    w->stats.results_ignored++;
+    if (w->cfg.key_size)
+        authentic(w, buf, size);
 }
 
 /* Take one received datagram (buf may be modified: an echoed RETX flag is cleared). */
@@ -716,7 +734,8 @@ int ncw_run(struct ncw *w)
             return -errno;
         const double now = now_s();
         drained = got < NCW_BURST;
-        for (int j = 0; j < got && w->done < w->chunks; j++) {
+        int ended = 0; /* take() ended the call (a restart, an error): the rest is only counted */
+        for (int j = 0; j < got; j++) {
             w->rx_buffers++;
             /* MSG_TRUNC: msg_len is the datagram's (or GRO run's) real length, even past the
              * buffer: a datagram past it is seen whole by its length and refused by take(). */
@@ -734,14 +753,20 @@ int ncw_run(struct ncw *w)
                     w->stats.results_ignored++;
                     continue;
                 }
+                if (ended || w->done == w->chunks) {
+                    /* Read with the call's end, after it: counted as ignored (and a forged one
+                     * as bad_tag), as the next call would have counted it. */
+                    ignore(w, buf + at, size);
+                    continue;
+                }
                 /* A run fits its buffer (seg < len <= NCW_RX_SIZE); a lone datagram (seg ==
                  * len) may not, and take() refuses it by its size before reading past. */
-                const int rc = take(w, buf + at, size, now);
-                if (rc) {
-                    flush(w);
-                    return rc;
-                }
-            } while (off < len && w->done < w->chunks);
+                ended = take(w, buf + at, size, now);
+            } while (off < len);
+        }
+        if (ended) {
+            flush(w);
+            return ended;
         }
         int rc = got > 0 ? flush(w) : 0;
         /* The timers wait until the socket is empty (results that already came must not be

@@ -404,6 +404,11 @@ class Transfer:
                 self.stats["notices"] += 1
                 self.waited = bool(self.held)
                 self.notices[slot] = (offset, NOTICE.unpack_from(buf, HEADER_SIZE)[0])
+            elif size == HEADER_SIZE + self.tag_size and self._about_current(slot):
+                # A restart notice of the generation learned, about this very chunk: a new
+                # start of the aggregator that drew the same generation, and this rank has
+                # not said hello to it.
+                raise Restarted(generation)
             return False
         if not generation:
             return False
@@ -424,6 +429,14 @@ class Transfer:
             if i >= 0:
                 self.want_header[s] = self.expected[i * HEADER_SIZE : (i + 1) * HEADER_SIZE]
         return True
+
+    def _about_current(self, slot: int) -> bool:
+        """Whether the header in ``buf`` is the expected result's of ``slot``'s outstanding
+        chunk but for its count (a notice's is 0): the generation learned included."""
+        want = self.want_header[slot]
+        return want is not None and self.buf[:10] == want[:10] and (
+            self.buf[12:HEADER_SIZE] == want[12:]
+        )
 
     def authentic(self, size: int) -> bool:
         """Whether the datagram of ``size`` bytes in ``buf`` carries the ``TAG`` flag and a tag

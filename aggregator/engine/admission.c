@@ -347,8 +347,11 @@ int nce_admit(const struct nce_job *job, const struct nce_pkt *p, const struct n
     if (p->count > job->k)
         return NCE_BAD_COUNT;
     /* After the header checks: a stale packet's notice names a slot of the pool. */
+    /* A generation from a rank that said no hello to this start was learned from an earlier
+     * start that drew the same one: stale too. */
     const unsigned stamp = p->flags & NCE_GEN_MASK;
-    if (stamp && stamp != (unsigned)nce_generation << NCE_GEN_SHIFT)
+    const uint64_t joined = __atomic_load_n(&job->joined, __ATOMIC_RELAXED);
+    if (stamp && (stamp != (unsigned)nce_generation << NCE_GEN_SHIFT || !(joined >> p->rank & 1)))
         return nce_generation ? NCE_STALE_GENERATION : NCE_BAD_FLAGS;
     /* Parse checked payload_len against count and the format's element size (8 for int). */
     if (job->uplink_format == NCE_FMT_INT)

@@ -73,6 +73,7 @@ struct nce_action {
     uint8_t status;
     uint16_t job_id;
     uint8_t restarted;          /* the hello started its job afresh (handshake.c) */
+    uint8_t unjoined;           /* a probe's rank has not joined this start: FLAG_PROBE set */
     /* Besides the verdict's replies, a datagram to a leaf's spine (nce_build_uplink) to
      * up_ip:up_port (network order): NCE_UP_SUM, the slot version's partial sums (up_retx: a
      * retransmission), or NCE_UP_HELLO, the leaf's hello. */

@@ -79,6 +79,7 @@ enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_ac
     act->rank = (uint16_t)(dgram[6] << 8 | dgram[7]);
     act->members = 0;
     act->version = 0;
+    act->unjoined = 0;
     if (job == NULL) {
         act->status = STATUS_NO_SUCH_JOB;
         return NCE_V_DESCRIPTOR;
@@ -92,6 +93,16 @@ enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_ac
                      nce_pool_restart_if_idle(job);
     if (act->restarted)
         nce_members_forget_learned(job);
+    /* An authentic hello joins its rank to this start; a probe (FLAG_PROBE, the RETX bit)
+     * asks whether it did, and does not join. */
+    act->unjoined = 0;
+    if (act->status == STATUS_OK && act->rank < job->n) {
+        const uint64_t bit = (uint64_t)1 << act->rank;
+        if (p.flags & NCE_FLAG_PROBE)
+            act->unjoined = !(__atomic_load_n(&job->joined, __ATOMIC_RELAXED) & bit);
+        else
+            __atomic_fetch_or(&job->joined, bit, __ATOMIC_RELAXED);
+    }
     c->handshakes++;
     c->packets_out++;
     c->bytes_out += nce_descriptor_len(act);
@@ -120,7 +131,7 @@ uint32_t nce_build_descriptor(uint8_t *buf, uint32_t cap, const struct nce_actio
     memset(buf, 0, NCE_JOB_LEN);
     buf[0] = NCE_VERSION;
     buf[1] = (uint8_t)(NCE_FLAG_RESULT | nce_generation << NCE_GEN_SHIFT |
-                       (tagged ? NCE_FLAG_TAG : 0));
+                       (tagged ? NCE_FLAG_TAG : 0) | (a->unjoined ? NCE_FLAG_PROBE : 0));
     buf[2] = NCE_FMT_JOB;
     put_be16(buf + 4, a->job_id);
     put_be16(buf + 6, a->rank);

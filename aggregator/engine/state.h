@@ -18,6 +18,7 @@
 #define NCE_FLAG_RESULT 0x01
 #define NCE_FLAG_RETX 0x02
 #define NCE_FLAG_POOL 0x04
+#define NCE_FLAG_PROBE NCE_FLAG_RETX    /* on a job datagram (ncina.proto.descriptor.FLAG_PROBE) */
 #define NCE_GEN_SHIFT 3
 #define NCE_GEN_MASK 0x78
 #define NCE_FLAG_TAG 0x80
@@ -123,6 +124,11 @@ struct nce_job {
     uint64_t seed;              /* of the nc8 results' rounding bits (nc8_result_key) */
     uint8_t tagged;             /* the job has an authentication key */
     struct ncd_b2b mac;         /* BLAKE2b state with the key block absorbed (copied per tag) */
+    /* Bit r: rank r said an authentic hello to this start (handshake.c; set with an atomic or,
+     * read by every lane): a packet that carries the generation from a rank that did not is
+     * stale, sent to an earlier start that may have drawn the same generation (admission.c).
+     * Only a new start clears it. */
+    uint64_t joined;
     struct nce_lane_counters c[NCE_MAX_LANES];    /* each lane's (summed by nce_job_stats) */
     struct nce_member *members; /* n */
     struct nce_slot *slots;     /* 2 * nslots: slot s version v at [2 * s + v] */

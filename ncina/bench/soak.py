@@ -36,13 +36,14 @@ from ncina.harness.fuzzing import resident_kib
 from ncina.harness.soak_checks import (
     RankLog,
     checkpoints,
+    drawn_generation,
     handshakes_of,
     hostile_counted,
     judge,
     restarted_in_last_step,
     rss_summary,
 )
-from ncina.proto.header import PORT
+from ncina.proto.header import MAX_GENERATION, PORT
 from ncina.proto.job import job_args
 from ncina.topo.config import SoakConfig, TopoConfig
 from ncina.topo.runner import Processes, build_net, check_backend, start_aggregators, start_workers
@@ -50,7 +51,6 @@ from ncina.topo.topos import PREFIX_LEN, InaHost, InaLink, aggregator_ip, worker
 
 STRANGER_IP = "10.0.2.1"
 SUMMARY = "soak.json"
-MAX_GENERATION = 15
 QUIET_AFTER_RESTART = 3.0  # seconds after a restart before a stranger round (handshakes settle)
 # A rank that gave up at its --deadline says one of these (ncina.worker.client's TimeoutError).
 DEADLINE_MESSAGES = ("TimeoutError", "no result from aggregator")
@@ -95,7 +95,9 @@ class Soak:
 
     # ---- the aggregator ----
     def start_aggregator(self, net: Any, topo: Any) -> float:
-        """Start a new aggregator instance; returns when it is ready (monotonic time)."""
+        """Start a new aggregator instance; returns when it is ready (monotonic time). Its
+        generation is the one it names in its readiness line (``--generations random``: what
+        it drew)."""
         self.instances += 1
         self.agg_dir = self.cfg.out / f"aggregator-{self.instances}"
         self.agg_dir.mkdir(parents=True, exist_ok=True)
@@ -106,6 +108,7 @@ class Soak:
             extra = ["--generation", str(self.generation)]
         [proc], _ = start_aggregators(net, topo, self.topo_cfg, self.procs, self.agg_dir, extra)
         self.aggregator = proc
+        self.generation = drawn_generation(self.agg_dir / "aggregator0.log")
         return time.monotonic()
 
     def stop_aggregator(self) -> None:
@@ -146,8 +149,10 @@ class Soak:
         killed_at = time.monotonic()
         self.aggregator.send_signal(signal.SIGKILL)
         self.aggregator.wait()
+        before = self.generation
         ready = self.start_aggregator(net, topo)
         restart = {"run": self.current_run, "why": why, "at_s": round(killed_at - self.began, 2),
+                   "generation": self.generation, "same_generation": self.generation == before,
                    "steps_at_kill": [r.steps for r in ranks], "ready_s": ready,
                    "missed": all(r.end is not None for r in ranks), "recovery_s": None}  # fmt: skip
         self.restarts.append(restart)

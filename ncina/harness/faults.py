@@ -215,13 +215,17 @@ def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: in
 
 def allreduce_across_restart(inputs: list[np.ndarray], workdir: Path, *, k: int, result: str,
                              deadline: float, at: int, restart_retries: int = 0,
+                             backend: str = "python", generations: tuple[int, int] = (1, 2),
                              ) -> FaultRun:  # fmt: skip
-    """Every rank is a thread; the aggregator (generation 1) is SIGKILLed once it has completed
-    ``at`` slots and started again on the same port as generation 2. The workers recover from
-    ``restart_retries`` restarts (``AllreduceClient``; 0: the call fails)."""
+    """Every rank is a thread; the aggregator (``backend``, python or socket, of the first of
+    ``generations``) is SIGKILLed once it has completed ``at`` slots and started again on the
+    same port, of the second (the same one: a restart that drew the generation again). The
+    workers recover from ``restart_retries`` restarts (``AllreduceClient``; 0: the call
+    fails)."""
     workers = len(inputs)
     job = {"job": JOB, "workers": workers, "k": k, "result": result}
-    aggregator = start_aggregator("python", workdir / "first", extra=["--generation", "1"], **job)
+    first, second = (["--generation", str(g)] for g in generations)
+    aggregator = start_aggregator(backend, workdir / "first", extra=first, **job)
     address = aggregator.address
     try:
         with ThreadPoolExecutor(workers) as pool:
@@ -230,8 +234,8 @@ def allreduce_across_restart(inputs: list[np.ndarray], workdir: Path, *, k: int,
                                  deadline=deadline, pool=pool,
                                  restart_retries=restart_retries)  # fmt: skip
             kill = kill_when(aggregator.process, aggregator, at)
-            aggregator = start_aggregator("python", workdir / "second", listen=f"{address[0]}:"
-                                          f"{address[1]}", extra=["--generation", "2"], **job)
+            aggregator = start_aggregator(backend, workdir / "second", listen=f"{address[0]}:"
+                                          f"{address[1]}", extra=second, **job)
             return _fault_run(futures, began, kill, [], time.monotonic())
     finally:
         aggregator.stop()

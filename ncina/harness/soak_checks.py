@@ -96,3 +96,10 @@ def judge(summary: dict[str, Any]) -> list[str]:
                       f"aggregator, {hostile['forged_uncounted']} forged results at the "
                       "workers")  # fmt: skip
     return failed
+
+
+def drawn_generation(log: Path) -> int:
+    """The generation an aggregator start names in its readiness line in ``log`` (every
+    backend's says ``generation G``), or 0 when the line has none."""
+    found = re.search(r"\bgeneration (\d+)\b", log.read_text(errors="replace"))
+    return int(found.group(1)) if found else 0

@@ -23,6 +23,8 @@ LACKS = {
     "it returns no int32 results yet (docs/tofino.md)",
     "tag": "the Tofino design has no keyed hash: a tagged datagram is dropped as bad_tag",
     "restart": "the Tofino design keeps no job epochs: a hello never restarts a job",
+    "joined": "the Tofino design keeps no record of the ranks' hellos: a restart that draws the "
+    "same generation is not detected (docs/protocol.md, Generations and notices)",
     "resend_limit": "the Tofino design keeps no per-rank resend budget (rule 2's resend_limit)",
     "transport": "the Tofino program checks no IPv4 header checksum, options or fragments "
     "beyond its parser's (ihl 5, offset 0, UDP), and answers frames from group sources",
