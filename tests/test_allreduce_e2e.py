@@ -191,3 +191,21 @@ def test_cli_rejects_integer_input(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "expected a float array" in stderr
     assert not (tmp_path / "y.npy").exists()
+
+
+def test_cli_refuses_a_k_above_its_own_mtu_before_reading_input(tmp_path: Path) -> None:
+    """A worker's datagrams must fit its own links: K 8956 (an MTU-9000 aggregator's default)
+    at the worker's default MTU 1500 is refused by the job's validation (JobSpec), naming the
+    largest K there and the options that fix it, before the input is read (it does not exist)."""
+    proc = ncina(
+        "allreduce", "--aggregator", "127.0.0.1:9", "--job", "1", "--rank", "0",
+        "--workers", "2", "--k", "8956", "--input", str(tmp_path / "missing.npy"),
+        "--output", str(tmp_path / "y.npy"),
+    )
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert stderr == (
+        "ncina allreduce: error: invalid job:\n  k=8956 nc8 elements take 8956 payload bytes, "
+        "more than a datagram has at MTU 1500; the largest k there is 1456: give a smaller "
+        "--k, or the --mtu that every link of the job carries\n"
+    )
