@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from ncina.aggregator import cli as aggregator_cli
 
+from ncina.bench import fabric
 from ncina.cli import build_parser, main
 from ncina.harness.links import MIN_TIME_LIMIT, fractions, link_fraction, time_limit
 
@@ -317,3 +318,28 @@ def test_inas_advantage_splits_into_compression_and_aggregation() -> None:
                                 "ideal_vs_gloo": 0.1667}  # fmt: skip
     assert ina_advantage(2)["aggregation"] == 1.0  # two workers: a ring sends one tensor too
     assert ina_advantage(8)["bytes_ratio"] == 7.0
+
+
+@pytest.mark.parametrize(
+    ("topo", "mtu", "k"),
+    [("leafspine", 1500, 182), ("leafspine", 9000, 1119), ("star", 1500, 1456)],
+)
+def test_the_default_k_is_the_jobs_rule(
+    monkeypatch: pytest.MonkeyPatch, topo: str, mtu: int, k: int
+) -> None:
+    """Without --k a run's K is JobSpec's default: the leaves' partial sums go up as int lanes,
+    so a leaf-spine run's is the largest of 8-byte elements at the MTU ((MTU - 44) // 8), a
+    star's the largest of nc8 bytes (MTU - 44)."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # the checks come before any network
+    args = parse("--topo", topo, "--backend", "python")
+    args.mtu = mtu  # one row's (run: one per --mtu)
+    fabric.check_arguments(args)
+    assert args.k == k
+
+
+def test_a_k_past_the_leaves_int_lanes_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    args = parse("--topo", "leafspine", "--backend", "python", "--k", "183")
+    args.mtu = 1500
+    with pytest.raises(ValueError, match="k=183 int elements take 1464 payload bytes"):
+        fabric.check_arguments(args)

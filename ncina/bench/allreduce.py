@@ -47,10 +47,8 @@ from ncina.harness.figures import (
 )
 from ncina.harness.reference import BLOCK, Reference, build_reference, exact_mismatches
 from ncina.harness.workers import START_TIMEOUT, local_launch, run_workers, wall_time
-from ncina.proto import nc8
 from ncina.proto.header import PORT, Format
 from ncina.proto.job import JobSpec, job_args
-from ncina.proto.job import default_k as job_default_k
 from ncina.proto.nc_bounds import bounds_from_inputs
 from ncina.proto.wire import DEFAULT_MTU
 
@@ -64,15 +62,6 @@ def backends() -> tuple[str, ...]:
     from ncina.aggregator.cli import BACKENDS
 
     return tuple(b for b in BACKENDS if b != "bmv2")
-
-
-def default_k(mtu: int, result: str) -> int:
-    """The aggregator's default K for ``mtu`` (``ncina.proto.job.default_k``), or
-    ``ValueError`` when not even one element fits."""
-    k = job_default_k(mtu, result)
-    if k < 1:
-        raise ValueError(f"no {result} chunk fits an MTU of {mtu} bytes")
-    return k
 
 
 def add_common_arguments(p: argparse.ArgumentParser, backend: str, workers: int) -> None:
@@ -105,11 +94,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def check_arguments(args: argparse.Namespace) -> None:
-    """Fill in the default K and reject a bad window before any process starts."""
-    if args.k is None:
-        args.k = default_k(args.mtu, args.result)
-    nc8.Window.for_job(args.workers, args.window_max)
+def check_arguments(args: argparse.Namespace, **job: Any) -> None:
+    """Validate the benchmark's job (``JobSpec.from_args``: every problem at once) and fill in
+    its K, the default rule's where ``--k`` is not given, before any process starts; ``job``
+    replaces fields (``bench fabric``'s leaves: a leaf's workers and the tree's total)."""
+    args.k = JobSpec.from_args(args, job=JOB, **job).k
 
 
 # ---------------------------------------------------------------------------------------------
