@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from ncina.aggregator import cli as aggregator_cli
 
-from ncina.bench import fabric
 from ncina.cli import build_parser, main
 from ncina.harness.links import MIN_TIME_LIMIT, fractions, link_fraction, time_limit
 
@@ -320,26 +319,14 @@ def test_inas_advantage_splits_into_compression_and_aggregation() -> None:
     assert ina_advantage(8)["bytes_ratio"] == 7.0
 
 
-@pytest.mark.parametrize(
-    ("topo", "mtu", "k"),
-    [("leafspine", 1500, 182), ("leafspine", 9000, 1119), ("star", 1500, 1456)],
-)
-def test_the_default_k_is_the_jobs_rule(
-    monkeypatch: pytest.MonkeyPatch, topo: str, mtu: int, k: int
+
+def test_a_k_past_the_leaves_int_lanes_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without --k a run's K is JobSpec's default: the leaves' partial sums go up as int lanes,
-    so a leaf-spine run's is the largest of 8-byte elements at the MTU ((MTU - 44) // 8), a
-    star's the largest of nc8 bytes (MTU - 44)."""
+    """A leaf-spine run's job is a leaf's (JobSpec: its workers of the tree's total), whose
+    partial sums go up as 8-byte int lanes: K 183 does not fit MTU 1500 (182 does), refused
+    before any network is built."""
     monkeypatch.setattr(os, "geteuid", lambda: 0)  # the checks come before any network
-    args = parse("--topo", topo, "--backend", "python")
-    args.mtu = mtu  # one row's (run: one per --mtu)
-    fabric.check_arguments(args)
-    assert args.k == k
-
-
-def test_a_k_past_the_leaves_int_lanes_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "geteuid", lambda: 0)
-    args = parse("--topo", "leafspine", "--backend", "python", "--k", "183")
-    args.mtu = 1500
-    with pytest.raises(ValueError, match="k=183 int elements take 1464 payload bytes"):
-        fabric.check_arguments(args)
+    err = refusal(tmp_path, capsys, "--topo", "leafspine", "--backend", "python", "--k", "183")
+    assert "k=183 int elements take 1464 payload bytes, more than a datagram has at MTU 1500; " \
+        "the largest k there is 182" in err
