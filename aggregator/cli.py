@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import secrets
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS
 from ncina.aggregator.socket import driver as socket_driver
 from ncina.proto.compressors import create
 from ncina.proto.compressors.base import Compressor, largest_fitting
-from ncina.proto.header import MAX_GENERATION, PORT
+from ncina.proto.header import MAX_GENERATION, PORT, Format
 from ncina.proto.job import JobSpec, default_k
 from ncina.proto.wire import (
     MAX_K,
@@ -105,19 +106,37 @@ def positive_int(text: str) -> int:
     return value
 
 
-def job_k(args: argparse.Namespace, compressor: Compressor | None) -> int:
-    """``--k``, or the largest K whose packets fit ``--mtu`` (INA: for the result format and
-    tag; server mode: for the compressor's largest payload)."""
-    if args.k is not None:
-        return int(args.k)
-    tagged = args.key_file is not None
-    if compressor is None:  # a leaf's or spine's int partial sums must fit too
-        partial_sums = args.upstream is not None or args.uplink == "int"
-        return default_k(args.mtu, "int" if partial_sums else args.result, tagged)
-    room = payload_room(args.mtu, tagged)
-    k = largest_fitting(compressor, room, default_k(args.mtu, "nc8", tagged))
+def job_config(args: argparse.Namespace) -> tuple[JobConfig, Compressor | None]:
+    """The job of the flags and, in server mode, its compressor. The job's fields, defaults,
+    default K and validation are ``JobSpec``'s (``JobSpec.from_args``), with two rules of the
+    aggregator's own: a leaf (``--upstream``) sends int partial sums up, so without ``--k`` its
+    K is the largest of int lanes; and server mode has no result format (its results are the
+    compressor's payloads: nc8 stands in), so its K is ``--k`` or the largest whose compressor
+    payload fits ``--mtu``, bounded by ``check_server_mtu`` instead of the result format."""
+    if args.compressor is not None:
+        spec = JobSpec.from_args(args, result="nc8", k=None)
+        compressor = create(args.compressor, workers=spec.workers, e_max=spec.window_max)
+        config = dataclasses.replace(
+            JobConfig.from_spec(spec, members=args.member, seed=args.seed),
+            k=server_k(spec, args.k, compressor),
+        )
+        check_server_mtu(config, compressor, spec.mtu)
+        return config, compressor
+    leaf_k = None
+    if args.upstream is not None and args.k is None:
+        leaf_k = default_k(args.mtu, Format.INT, args.key_file is not None)
+    spec = JobSpec.from_args(args, k=leaf_k or args.k)
+    return JobConfig.from_spec(spec, members=args.member, seed=args.seed), None
+
+
+def server_k(spec: JobSpec, k: int | None, compressor: Compressor) -> int:
+    """Server mode's K: ``k`` (``--k``), or the largest whose compressor payload fits a
+    datagram of the job's MTU (``spec.k``: the nc8 default there, bounds it)."""
+    if k is not None:
+        return k
+    k = largest_fitting(compressor, payload_room(spec.mtu, spec.keyed), spec.k)
     if k == 0:
-        raise ValueError(f"not one {compressor.name} element fits a packet of MTU {args.mtu}")
+        raise ValueError(f"not one {compressor.name} element fits a packet of MTU {spec.mtu}")
     return k
 
 
@@ -330,29 +349,7 @@ def run(args: argparse.Namespace) -> int:
     hierarchical = hierarchy.check_arguments(args)
     if args.metrics_port is not None:
         metrics.serve(args.metrics_port, args.metrics_host)
-    compressor = (
-        create(args.compressor, workers=args.workers, e_max=args.window_max)
-        if args.compressor is not None
-        else None
-    )
-    config = JobConfig.create(
-        job=args.job,
-        workers=args.workers,
-        k=job_k(args, compressor),
-        # Server mode has no result format of its own: ServerSlots sends blobs, nc8 is a filler.
-        result_format=args.result or "nc8",
-        pool_size=args.pool_size,
-        window_max=args.window_max,
-        members=args.member,
-        seed=args.seed,
-        key=args.key_file,
-        total_workers=args.total_workers,
-        uplink_format=args.uplink,
-    )
-    if compressor is None:
-        config.check_mtu(args.mtu)
-    else:
-        check_server_mtu(config, compressor, args.mtu)
+    config, compressor = job_config(args)
     faults = FaultConfig(
         drop_up=args.drop_up,
         drop_down=args.drop_down,

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from ncina.proto.compressors.base import Compressor, largest_fitting
 from ncina.proto.descriptor import WORKERS_WHY, check_job, check_range
 from ncina.proto.header import ELEMENT_SIZE, UPLINK_FORMATS, Format
-from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX
+from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, JobSpec
 from ncina.proto.nc8 import Window, int32_refusal, sum_bits
 from ncina.proto.tag import check_key, key_from_hex
 from ncina.proto.wire import (
@@ -171,6 +171,19 @@ class JobConfig:
             total_workers=total_workers,
             uplink_format=uplink_format,
         )
+
+    @classmethod
+    def from_spec(
+        cls, spec: JobSpec, *, members: Iterable[tuple[int, Address]] = (), seed: int | None = None
+    ) -> JobConfig:
+        """The aggregator's job of ``spec`` (whose defaults, default K and validation are the
+        job's, ``ncina.proto.job``), with what only the aggregator holds: the members' fixed
+        addresses and the seed of its result rounding."""
+        return cls.create(
+            job=spec.job, workers=spec.workers, k=spec.k, result_format=spec.result,
+            pool_size=spec.pool_size, window_max=spec.window_max, members=members, seed=seed,
+            key=spec.key, total_workers=spec.total_workers, uplink_format=spec.uplink,
+        )  # fmt: skip
 
     @property
     def total(self) -> int:

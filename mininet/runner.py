@@ -334,7 +334,9 @@ def start_workers(
         metrics.append(run_dir / f"worker{rank}.jsonl")
         argv = [
             str(NCINA), "train", "--rank", str(rank),
-            *job_spec(cfg).to_args("job", "workers", "k", "pool_size", "window_max", "result"),
+            # --mtu too: a worker checks that K fits its own MTU (JobSpec)
+            *job_spec(cfg).to_args("job", "workers", "k", "pool_size", "window_max", "result",
+                                   "mtu"),
             "--master", master, "--iface", host.defaultIntf().name, "--model", cfg.model,
             "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
             "--bucket-cap-mb", str(cfg.bucket_cap_mb),

@@ -187,7 +187,8 @@ class JobSpec:
         size = ELEMENT_SIZE[lanes]
         return (
             f"k={self.k} {lanes.name.lower()} elements take {self.k * size} payload bytes, "
-            f"more than a datagram has at MTU {self.mtu}; the largest k there is {largest}"
+            f"more than a datagram has at MTU {self.mtu}; the largest k there is {largest}: "
+            "give a smaller --k, or the --mtu that every link of the job carries"
         )
 
     # ---- the one encoding: the handshake's descriptor ----

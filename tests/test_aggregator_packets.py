@@ -650,7 +650,7 @@ def test_configured_members_final_stats_and_clean_exit(backend: str, tmp_path: P
     "arguments,status,message",
     [
         (["--member", "0=nowhere"], 2, "argument --member: 'nowhere' is not HOST:PORT"),
-        (["--result", "int", "--k", "183"], 1, "largest k for int results at this MTU is 182"),
+        (["--result", "int", "--k", "183"], 1, "the largest k there is 182"),
         (["--workers", "65"], 1, "workers must be in 1..64"),
         (["--mtu", "9217"], 2, "argument --mtu: --mtu must be in 68..9216"),
         (["--k", "9173", "--mtu", "9216"], 2,
@@ -670,8 +670,8 @@ def test_command_line_errors_are_one_clear_line(
     assert proc.returncode == status, proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
-    if status == 1:  # past argparse (whose usage lines come first): exactly one line
-        assert proc.stderr.count("\n") == 1
+    if status == 1:  # past argparse (whose usage lines come first): the job's one problem
+        assert proc.stderr.count("\n") == 2 and "error: invalid job:\n  " in proc.stderr
 
 
 def test_python_backend_counts_an_internal_error_logs_it_once_and_keeps_serving() -> None:

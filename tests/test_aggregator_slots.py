@@ -25,7 +25,6 @@ from ncina.aggregator.stats import (
     JobStats,
     LimitStats,
 )
-from ncina.proto.compressors import create
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE, Format, pack
 from ncina_testlib import code_values, dissect, exact_sums, is_nc8_rounding, uplink
 
@@ -535,8 +534,7 @@ def test_k_defaults_to_the_largest_that_fits_the_mtu(
     if "--mode" not in options and "--result" not in options:
         options += ["--result", "nc8"]
     args = build_parser().parse_args(["aggregator", "--job", "1", "--workers", "2", *options])
-    compressor = create(args.compressor) if args.compressor else None
-    assert aggregator_cli.job_k(args, compressor) == k
+    assert aggregator_cli.job_config(args)[0].k == k
 
 
 @pytest.mark.parametrize("mtu", ["67", "9217", "jumbo"])

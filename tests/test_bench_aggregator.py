@@ -29,3 +29,16 @@ def test_the_p4_profile_reaches_the_bmv2_aggregator_only(tmp_path: Path) -> None
     unknown = bench_aggregator("--backend", "bmv2", "--p4-profile", "nope")
     assert unknown.returncode == 2
     assert "argument --p4-profile: invalid choice: 'nope'" in unknown.stderr
+
+
+def test_a_bad_job_is_refused_before_anything_is_set_up(tmp_path: Path) -> None:
+    """The benchmark's job is validated as every command's is (JobSpec): more workers than one
+    aggregator serves is named before the root and DPDK checks and before any output."""
+    output = tmp_path / "aggregator.jsonl"
+    refused = bench_aggregator("--workers", "65", "--output", str(output))
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        "ncina bench: error: invalid job:\n  workers must be in 1..64 (a worker bitmap is one "
+        "64-bit register word in every backend), not 65\n"
+    )
+    assert not output.exists()

@@ -339,3 +339,16 @@ def test_inas_advantage_splits_into_compression_and_aggregation() -> None:
                                 "ideal_vs_gloo": 0.1667}  # fmt: skip
     assert ina_advantage(2)["aggregation"] == 1.0  # two workers: a ring sends one tensor too
     assert ina_advantage(8)["bytes_ratio"] == 7.0
+
+
+
+def test_a_k_past_the_leaves_int_lanes_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leaf-spine run's job is a leaf's (JobSpec: its workers of the tree's total), whose
+    partial sums go up as 8-byte int lanes: K 183 does not fit MTU 1500 (182 does), refused
+    before any network is built."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # the checks come before any network
+    err = refusal(tmp_path, capsys, "--topo", "leafspine", "--backend", "python", "--k", "183")
+    assert "k=183 int elements take 1464 payload bytes, more than a datagram has at MTU 1500; " \
+        "the largest k there is 182" in err

@@ -23,6 +23,7 @@ from ncina.worker.client import (
     OPS,
     AllreduceClient,
 )
+from ncina.worker.job import client_job
 from ncina.worker.window import WINDOW_ENV, WINDOW_MODES
 
 from ncina.common.address import peer_address
@@ -103,24 +104,17 @@ def load_tensor(path: Path) -> np.ndarray:
 
 def run(args: argparse.Namespace) -> int:
     """All-reduce ``--input`` and write ``--output``; returns the exit status."""
+    job = client_job(JobSpec.from_args(args))  # the job's validation, before any I/O
     x = load_tensor(args.input)
     began = time.monotonic()
     with AllreduceClient(
         args.aggregator,
-        job=args.job,
         rank=args.rank,
-        workers=args.workers,
-        total_workers=args.total_workers,
-        k=args.k,
-        mtu=args.mtu,
-        pool_size=args.pool_size,
-        window_max=args.window_max,
-        result_format=args.result,
+        **job,
         seed=args.seed,
         timeout=args.timeout,
         max_timeout=args.max_timeout,
         deadline=args.deadline,
-        key=args.key_file,
         data_path=args.data_path,
         cwnd=args.cwnd,
         handshake_timeout=args.handshake_timeout or None,

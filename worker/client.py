@@ -78,7 +78,7 @@ from ncina.proto.header import (
     pack_blobs,
     pack_chunks,
 )
-from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, default_k
+from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, FORMATS, default_k
 from ncina.proto.wire import (
     DEFAULT_MTU,
     HEADER_SIZE,
@@ -99,7 +99,6 @@ __all__ = [  # the public API, as users import it (RtoEstimator is ncina.worker.
     "HANDSHAKE_TIMEOUT",
     "MODES",
     "OPS",
-    "RESULT_FORMATS",
     "STAT_KEYS",
     "AggregatorRestartedError",
     "AllreduceClient",
@@ -109,7 +108,6 @@ __all__ = [  # the public API, as users import it (RtoEstimator is ncina.worker.
 
 log = logging.getLogger(__name__)
 
-RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT, "int32": Format.INT32}
 OPS = ("mean", "sum")
 MODES = ("ina", "server")
 DATA_PATHS = ("c", "python")  # the default first
@@ -240,12 +238,12 @@ class AllreduceClient:
         total_workers: int | None = None,
         restart_retries: int = 3,
     ) -> None:
-        if result_format not in RESULT_FORMATS:
-            raise ValueError(f"result_format must be one of {sorted(RESULT_FORMATS)}")
+        if result_format not in FORMATS:
+            raise ValueError(f"result_format must be one of {sorted(FORMATS)}")
         if k is None:
             # Under a leaf the tree's K is the leaf's: its partial sums go up as int lanes.
             under_leaf = total_workers is not None and total_workers > workers
-            fmt = Format.INT if under_leaf else RESULT_FORMATS[result_format]
+            fmt = Format.INT if under_leaf else FORMATS[result_format]
             k = default_k(mtu, fmt, key is not None)
         desc.check_job(job=job, workers=workers, k=k, pool_size=pool_size)
         desc.check_range("rank", rank, 0, workers - 1, f" (job of {workers} workers)")
@@ -272,13 +270,13 @@ class AllreduceClient:
         self.pool_size = pool_size
         self.window = nc8.Window.for_job(
             self.total_workers, e_max=window_max,
-            sum_bits=nc8.sum_bits(RESULT_FORMATS[result_format] if mode == "ina" else Format.NC8),
+            sum_bits=nc8.sum_bits(FORMATS[result_format] if mode == "ina" else Format.NC8),
         )
         self.result_format = result_format
         self.deadline = deadline
         self.timer = RtoEstimator(timeout, max_timeout, min_timeout)
         self.congestion = CongestionWindow(pool_size, _choose_window(cwnd))
-        self._format = RESULT_FORMATS[result_format]
+        self._format = FORMATS[result_format]
         self._rng = np.random.default_rng(seed)
         self.compressor = (
             None

@@ -59,10 +59,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX
+from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, FORMATS, JobSpec
 from ncina.proto.tag import read_key_file
 from ncina.proto.wire import DEFAULT_MTU
-from ncina.worker.client import RESULT_FORMATS, AllreduceClient
+from ncina.worker.client import AllreduceClient
+from ncina.worker.job import client_job
 from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.torch_hook import InaHookState
 from torch._C._distributed_c10d import Work
@@ -146,19 +147,23 @@ class NcinaOptions:
         if not self.aggregators:
             raise ValueError("the ncina backend needs an aggregator: set $NCINA_AGGREGATOR="
                              "HOST:PORT or pass pg_options=NcinaOptions(aggregators=[...])")
-        if self.result_format not in RESULT_FORMATS:
-            raise ValueError(f"result format must be one of {sorted(RESULT_FORMATS)}, "
+        if self.result_format not in FORMATS:
+            raise ValueError(f"result format must be one of {sorted(FORMATS)}, "
                              f"got {self.result_format!r}")  # fmt: skip
 
 
 def make_fabric(options: NcinaOptions, rank: int, workers: int) -> ShardedAllreduce:
-    """One client per aggregator of ``options`` for ``rank`` of ``workers``."""
+    """One client per aggregator of ``options`` for ``rank`` of ``workers``; the job is
+    validated, and its K defaulted, as ``JobSpec`` does (``ValueError`` naming every problem)."""
+    job = client_job(JobSpec(
+        job=options.job, workers=workers, k=options.k, pool_size=options.pool_size,
+        window_max=options.window_max, result=options.result_format, key=options.key,
+        mtu=options.mtu,
+    ))
     return ShardedAllreduce([
         AllreduceClient(
-            address, job=options.job, rank=rank, workers=workers, k=options.k,
-            pool_size=options.pool_size, window_max=options.window_max,
-            result_format=options.result_format, seed=(options.seed << 16) + rank,
-            deadline=options.deadline, key=options.key, mtu=options.mtu,
+            address, rank=rank, **job, seed=(options.seed << 16) + rank,
+            deadline=options.deadline,
         )
         for address in options.aggregators
     ])  # fmt: skip

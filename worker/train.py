@@ -155,10 +155,23 @@ def run(args: argparse.Namespace) -> int:
     """Train (PyTorch is imported here); returns 0. Errors raise."""
     resolve_launch(args, os.environ)
     check_options(args)
+    job = job_spec(args)
     from ncina.worker.training import run_rank
 
-    run_rank(args)
+    run_rank(args, job)
     return 0
+
+
+def job_spec(args: argparse.Namespace) -> JobSpec:
+    """The job of the flags (``JobSpec.from_args``, whose validation refuses a bad one before
+    anything starts). With ``--leaf-workers W`` the aggregator is a leaf of W ranks, and the
+    job's total the world size. In server mode the compressor's payloads bound K (the
+    client's rule, ``AllreduceClient``), not the result format: ``--k`` is passed on as given
+    (``make_fabric``), and the spec holds the default."""
+    leaf = getattr(args, "leaf_workers", None)
+    server = {"k": None} if args.mode == "server" else {}
+    return JobSpec.from_args(args, workers=leaf or args.workers, total_workers=args.workers,
+                             **server)  # fmt: skip
 
 
 def resolve_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:

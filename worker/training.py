@@ -21,8 +21,10 @@ from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
+from ncina.proto.job import JobSpec
 from ncina.worker import data, models, tuning
 from ncina.worker.client import AllreduceClient
+from ncina.worker.job import client_job
 from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.torch_hook import (
     GlooHookState,
@@ -206,21 +208,23 @@ def make_optimizer(
     return optimizer, schedule
 
 
-def make_fabric(args: argparse.Namespace) -> ShardedAllreduce:
-    """One client per aggregator; stochastic rounding seeded per rank (independent errors).
-    With ``--leaf-workers W`` the aggregator is a leaf of W of the ranks (hierarchical
-    aggregation): this rank is its rank ``RANK mod W``, and the job's total the world size."""
+def make_fabric(args: argparse.Namespace, job: JobSpec) -> ShardedAllreduce:
+    """One client per aggregator for the ``job`` of the flags (``ncina.worker.train.job_spec``);
+    stochastic rounding seeded per rank (independent errors). With ``--leaf-workers W`` the
+    aggregator is a leaf of W of the ranks (hierarchical aggregation): this rank is its rank
+    ``RANK mod W``, and the job's total the world size. Server mode: ``--k`` as given (the
+    compressor's payloads bound it)."""
     leaf = args.leaf_workers
+    options = client_job(job)
+    if args.mode == "server":
+        options["k"] = args.k
     return ShardedAllreduce(
         [
             AllreduceClient(
-                agg, job=args.job, rank=args.rank % leaf if leaf else args.rank,
-                workers=leaf or args.workers, total_workers=args.workers, k=args.k,
-                pool_size=args.pool_size, window_max=args.window_max,
-                result_format=args.result, seed=(args.seed << 16) + args.rank,
-                deadline=args.deadline, compressor=args.compressor, mode=args.mode,
-                key=args.key_file, mtu=args.mtu, data_path=args.data_path, cwnd=args.cwnd,
-                handshake_timeout=args.handshake_timeout or None,
+                agg, rank=args.rank % leaf if leaf else args.rank, **options,
+                seed=(args.seed << 16) + args.rank, deadline=args.deadline,
+                compressor=args.compressor, mode=args.mode, data_path=args.data_path,
+                cwnd=args.cwnd, handshake_timeout=args.handshake_timeout or None,
                 restart_retries=args.restart_retries,
             )
             for agg in args.aggregator
@@ -228,8 +232,9 @@ def make_fabric(args: argparse.Namespace) -> ShardedAllreduce:
     )
 
 
-def run_rank(args: argparse.Namespace) -> None:
-    """Join the process group and train (``args``: ``ncina train``'s options).
+def run_rank(args: argparse.Namespace, job: JobSpec) -> None:
+    """Join the process group and train (``args``: ``ncina train``'s options, ``job``: their
+    job, ``ncina.worker.train.job_spec``).
 
     Errors (unknown model, aggregator gone, NaN gradients) raise.
     """
@@ -246,11 +251,11 @@ def run_rank(args: argparse.Namespace) -> None:
     backend = getattr(args, "backend", "gloo")
     dist.init_process_group(
         backend, init_method=init, rank=args.rank, world_size=args.workers,
-        timeout=timedelta(seconds=120), pg_options=backend_options(args),
+        timeout=timedelta(seconds=120), pg_options=backend_options(args, job),
     )
     # Under torchrun every rank gets the same flags: "{rank}" in the path keeps their files apart.
     events = Events(Path(str(args.metrics).format(rank=args.rank)) if args.metrics else None)
-    fabric = make_fabric(args) if args.aggregator and backend == "gloo" else None
+    fabric = make_fabric(args, job) if args.aggregator and backend == "gloo" else None
     try:
         train(args, events, fabric, device)
     finally:
@@ -260,7 +265,7 @@ def run_rank(args: argparse.Namespace) -> None:
         release_ddp()
 
 
-def backend_options(args: argparse.Namespace) -> Any:
+def backend_options(args: argparse.Namespace, job: JobSpec) -> Any:
     """``--backend ncina``: the job's options for the process group (the aggregators, job and
     client parameters of the flags); gloo: None. No exact threshold: DDP's only float
     all-reduces are its gradient buckets, which the hook path compresses too, whatever their
@@ -270,9 +275,9 @@ def backend_options(args: argparse.Namespace) -> Any:
     from ncina.worker.torch_backend import NcinaOptions
 
     return NcinaOptions(
-        aggregators=list(args.aggregator), job=args.job, result_format=args.result,
-        key=args.key_file, k=args.k, pool_size=args.pool_size, window_max=args.window_max,
-        mtu=args.mtu, deadline=args.deadline, seed=args.seed, exact_below=0,
+        aggregators=list(args.aggregator), job=job.job, result_format=job.result.name.lower(),
+        key=job.key, k=job.k, pool_size=job.pool_size, window_max=job.window_max, mtu=job.mtu,
+        deadline=args.deadline, seed=args.seed, exact_below=0,
     )
 
 

@@ -43,7 +43,7 @@ from ncina.common.options import deprecated_alias
 from ncina.common.progress import progress
 from ncina.harness.load_figures import load_figures, median_run, put_work_ratio
 from ncina.proto.header import PORT
-from ncina.proto.job import JobSpec, job_args
+from ncina.proto.job import JobSpec
 
 JOB = 1
 
@@ -95,13 +95,13 @@ def _lcores(text: str) -> tuple[int, ...]:
     return counts
 
 
-def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> dict[str, Any]:
-    """One measurement: an aggregator of ``kind`` (python, socket, dpdk, bmv2, forward: DPDK's
-    no-op forwarder, socket_forward: the socket backend's) on a new site; the DPDK ones on
-    ``lcores`` lanes."""
+def measure(
+    args: argparse.Namespace, job: JobSpec, star: Any, kind: str, lcores: int = 1
+) -> dict[str, Any]:
+    """One measurement of ``job`` (the options' ``JobSpec``): an aggregator of ``kind``
+    (python, socket, dpdk, bmv2, forward: DPDK's no-op forwarder, socket_forward: the socket
+    backend's) on a new site; the DPDK ones on ``lcores`` lanes."""
     from ncina.aggregator.dpdk.binding import load
-    from ncina.proto.header import Format
-    from ncina.proto.nc8 import Window, sum_bits
 
     site = star.add_site()
     work = args.workdir / kind
@@ -111,8 +111,7 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
     backend = backends.get(kind, kind)
     cmd = [
         sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend,
-        *job_args(job=JOB, workers=args.workers, k=args.k, result=args.result,
-                  pool_size=args.pool_size),
+        *job.to_args("job", "workers", "k", "result", "pool_size"),
         "--seed", "1",
         "--stats", str(stats_path), "--stats-interval", "60", "--listen", f"{site.ip}:{PORT}",
     ]  # fmt: skip
@@ -142,19 +141,18 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
         module = load()
         ffi, lib = module.ffi, module.lib
         socks = []
-        for _ in range(args.workers):
+        for _ in range(job.workers):
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             s.bind((star.host_ip, 0))
             s.connect((site.ip, PORT))
             socks.append(s)
-        window = Window.for_job(args.workers, sum_bits=sum_bits(Format[args.result.upper()]))
         rng = np.random.default_rng(0)
-        codes = (rng.integers(1, 20, args.k) | (rng.integers(0, 2, args.k) << 7)).astype(np.uint8)
+        codes = (rng.integers(1, 20, job.k) | (rng.integers(0, 2, job.k) << 7)).astype(np.uint8)
         fds = ffi.new("int[]", [s.fileno() for s in socks])
         st = ffi.new("struct ncd_gen_stats *")
         before = aggproc.request_stats(proc, stats_path)
-        rc = lib.ncd_gen_run(fds, args.workers, JOB, window.e_min, args.k, args.pool_size,
+        rc = lib.ncd_gen_run(fds, job.workers, JOB, job.window.e_min, job.k, job.pool_size,
                              args.seconds, args.timeout, ffi.from_buffer(codes),
                              st)  # fmt: skip
         after = aggproc.request_stats(proc, stats_path)
@@ -171,7 +169,7 @@ def measure(args: argparse.Namespace, star: Any, kind: str, lcores: int = 1) -> 
             proc.wait()
     job_b, job_a = before["jobs"][str(JOB)], after["jobs"][str(JOB)]
     return load_figures(st, slots_completed=job_a["slots_completed"] - job_b["slots_completed"],
-                        k=args.k, lcores=lcores)  # fmt: skip
+                        k=job.k, lcores=lcores)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -180,6 +178,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.p4_profile != "default" and args.backend != "bmv2":
         raise ValueError("--p4-profile is the bmv2 backend's")
+    job = JobSpec.from_args(args, job=JOB)  # the job's validation, before anything is set up
     reason = netns.missing() or binding.missing()
     if reason:
         raise RuntimeError(f"the aggregator benchmark needs root and DPDK: {reason}")
@@ -196,7 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("--lcores is the dpdk backend's")
     star = netns.Star.create()
     figures: dict[str, Any] = {
-        "workers": args.workers, "k": args.k, "pool_size": args.pool_size, "result": args.result,
+        "workers": job.workers, "k": job.k, "pool_size": job.pool_size, "result": args.result,
         "seconds": args.seconds, "backend": args.backend,
         "timeout": args.timeout, "dpdk_pmd": args.dpdk_pmd, "repeat": args.repeat,
         "lcores": list(args.lcores), "p4_profile": args.p4_profile,
@@ -214,7 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         steps = [key for _ in range(args.repeat) for key in plan]
         for kind, n in progress(steps, desc="bench aggregator", unit="run"):
             try:
-                runs[kind, n].append(measure(args, star, kind, n))
+                runs[kind, n].append(measure(args, job, star, kind, n))
             except Exception as exc:  # a failed run is a figure: no ratio of it
                 runs[kind, n].append({"lcores": n, "error": f"{type(exc).__name__}: {exc}"})
     finally:

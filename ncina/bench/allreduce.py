@@ -48,14 +48,12 @@ from ncina.harness.figures import (
 from ncina.harness.reference import BLOCK, Reference, build_reference, exact_mismatches
 from ncina.harness.workers import START_TIMEOUT, local_launch, run_workers, wall_time
 from ncina.proto import nc8
-from ncina.proto.header import PORT, Format
-from ncina.proto.job import JobSpec, job_args
-from ncina.proto.job import default_k as job_default_k
+from ncina.proto.header import PORT
+from ncina.proto.job import FORMATS, JobSpec, job_args
 from ncina.proto.nc_bounds import bounds_from_inputs
 from ncina.proto.wire import DEFAULT_MTU
 
 JOB = 1
-RESULT_FORMATS = {"nc8": Format.NC8, "int": Format.INT, "int32": Format.INT32}
 DPDK_VDEV_OPTIONS = "framecnt=4096,qdisc_bypass=1"  # as in bench aggregator
 
 def backends() -> tuple[str, ...]:
@@ -64,15 +62,6 @@ def backends() -> tuple[str, ...]:
     from ncina.aggregator.cli import BACKENDS
 
     return tuple(b for b in BACKENDS if b != "bmv2")
-
-
-def default_k(mtu: int, result: str) -> int:
-    """The aggregator's default K for ``mtu`` (``ncina.proto.job.default_k``), or
-    ``ValueError`` when not even one element fits."""
-    k = job_default_k(mtu, result)
-    if k < 1:
-        raise ValueError(f"no {result} chunk fits an MTU of {mtu} bytes")
-    return k
 
 
 def add_common_arguments(p: argparse.ArgumentParser, backend: str, workers: int) -> None:
@@ -105,11 +94,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def check_arguments(args: argparse.Namespace) -> None:
-    """Fill in the default K and reject a bad window before any process starts."""
-    if args.k is None:
-        args.k = default_k(args.mtu, args.result)
-    nc8.Window.for_job(args.workers, args.window_max, nc8.sum_bits(RESULT_FORMATS[args.result]))
+def check_arguments(args: argparse.Namespace, **job: Any) -> None:
+    """Validate the benchmark's job (``JobSpec.from_args``: every problem at once) and fill in
+    its K, the default rule's where ``--k`` is not given, before any process starts; ``job``
+    replaces fields (``bench fabric``'s leaves: a leaf's workers and the tree's total)."""
+    args.k = JobSpec.from_args(args, job=JOB, **job).k
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,7 +119,7 @@ def reference(args: argparse.Namespace) -> Reference:
     """The reference model of the run ``args`` describes (``ncina.harness.reference``)."""
     return build_reference(workers=args.workers, elements=args.elements, seed=args.seed,
                            window_max=args.window_max,
-                           sum_bits=nc8.sum_bits(RESULT_FORMATS[args.result]))  # fmt: skip
+                           sum_bits=nc8.sum_bits(FORMATS[args.result]))  # fmt: skip
 
 
 def accuracy(ref: Reference, result: np.ndarray, result_format: str) -> dict[str, Any]:

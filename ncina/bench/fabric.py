@@ -169,15 +169,16 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Reject what cannot run before any network is built."""
     if os.geteuid() != 0:
         raise RuntimeError("bench fabric needs root (Mininet)")
+    job = {}
     if args.topo == "leafspine":  # every backend of --backend serves as a leaf and a spine
         if args.workers % args.leaves:
             raise ValueError(f"--workers {args.workers} cannot be split evenly over --leaves "
                              f"{args.leaves}")  # fmt: skip
-        if args.k is None:  # the leaves' partial sums go up as int lanes
-            args.k = bench.default_k(args.mtu, "int")
+        # a leaf's job: its K (default: int lanes, the partial sums going up) and the window
+        job = {"workers": args.workers // args.leaves, "total_workers": args.workers}
     if args.backend == "dpdk":
         bench.check_dpdk(args.mtu)
-    bench.check_arguments(args)
+    bench.check_arguments(args, **job)
 
 
 def one_repeat(

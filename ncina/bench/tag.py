@@ -15,6 +15,7 @@ and once for a keyed one, alternating, ``--repeat`` times; the figures are media
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -119,10 +120,9 @@ def dpdk_seconds_factory() -> Callable[[JobConfig, Sequence[tuple[bytes, int]]],
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Median packets/s of each backend's logic, untagged and keyed, and their ratio."""
-    plain = JobConfig.create(job=JOB, workers=args.workers, k=args.k, result_format="nc8",
-                             seed=1)  # fmt: skip
-    keyed = JobConfig.create(job=JOB, workers=args.workers, k=args.k, result_format="nc8",
-                             seed=1, key=KEY)  # fmt: skip
+    job = JobSpec.from_args(args, job=JOB, result="nc8")
+    plain = JobConfig.from_spec(job, seed=1)
+    keyed = JobConfig.from_spec(dataclasses.replace(job, key=KEY), seed=1)
     packets = {"untagged": schedule(plain, args.chunks, None),
                "keyed": schedule(keyed, args.chunks, KEY)}  # fmt: skip
     configs = {"untagged": plain, "keyed": keyed}
