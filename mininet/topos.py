@@ -144,8 +144,9 @@ def link_options(offloads: bool = False) -> dict[str, Any]:
     runs of datagrams, docs/performance.md) is cut into its datagrams in software at the
     sender's veth, and every one crosses the veths, the bridge and HTB as a frame of its own.
     With them on the run crosses the fabric as one buffer (HTB still charges every datagram's
-    bytes, headers included) and a receiver with UDP GRO takes it whole; but the bridge's
-    counters then count it as one frame, and an iptables loss rule would drop it whole."""
+    bytes, headers included) and a receiver with UDP GRO takes it whole; but the interfaces'
+    counters then count it as one frame (HTB's class statistics count its datagrams:
+    ``ncina.harness.links.htb_sent``), and an iptables loss rule would drop it whole."""
     return {"cls": InaLink, "txo": offloads, "rxo": offloads, "gro": False}
 
 

@@ -14,9 +14,10 @@ links; both warm up, start at one instant and time the all-reduce call alone (as
 link's bandwidth: the frames that carry each of the worker's chunks once (Ethernet, IPv4, UDP
 and ncina headers included: ``ncina.harness.links.useful_frame_bytes``), over the wall time.
 Retransmitted copies take the link but do no work, so they are left out of it and counted in
-``wire_fraction``: everything on the wire, the switch port's receive counter of that worker's
-link read just before the start and after the last worker ended, over the wall time, the mean
-over the workers (each run's per-worker values are kept as ``wire_fractions``).
+``wire_fraction``: everything on the wire, the bytes the HTB class of the worker's end of its
+link sent (every GSO or TSO segment with its headers: ``ncina.harness.links``) between just
+before the start and after the last worker ended, over the wall time, the mean over the
+workers (each run's per-worker values are kept as ``wire_fractions``).
 ``gloo_link_fraction`` is gloo's TCP traffic on the wire the same way (TCP's copies cannot be
 told apart there).
 
@@ -29,9 +30,8 @@ answered nothing, retransmitted or could not run).
 ``--offloads`` turns the links' checksum offloads on (``ncina.topo.topos.link_options``): the
 workers' and the socket aggregator's UDP GSO runs then cross the fabric whole instead of being
 cut into datagrams at the sender's veth (docs/performance.md, "The workers' packet path at
-K = 64"). The bridge counts a run, or a TSO segment of gloo's, as one frame, so
-``wire_fraction`` and ``gloo_link_fraction`` are refused then; the echo sends one datagram at a
-time and is no ceiling for such a job.
+K = 64"); HTB still counts and charges every datagram. The echo sends one datagram at a time
+and is no ceiling for such a job.
 
 ``--bw`` and ``--mtu`` take comma-separated lists (``--bw 100,200,500,1000 --mtu 1500,9000``):
 then every pair runs on a fabric of its own, in one invocation, and the figures are ``rows``
@@ -80,9 +80,9 @@ from ncina.harness.figures import (
 from ncina.harness.links import (
     fractions,
     ina_link_figures,
-    rx_bytes,
+    sent_bytes,
     time_limit,
-    uplink_ports,
+    uplinks,
     useful_frame_bytes,
 )
 from ncina.harness.reference import Reference
@@ -99,8 +99,6 @@ ECHO_START_S = 3.0
 ECHO_RETX_AFTER = 1.0
 """Seconds without an echo before the echo load re-sends: a stall of the loaded machine's
 scheduler is no loss, and a yardstick that retransmitted is refused."""
-OFFLOADS_UNCOUNTED = ("--offloads: the bridge counts a GSO run or TSO segment as one frame, "
-                      "its headers once")
 GLOO_PORT = 29500  # gloo's rendezvous on worker 0; + repeat, so no run meets a TIME_WAIT
 
 
@@ -142,8 +140,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--offloads", action="store_true",
                    help="star, python or socket backend: the links' checksum offloads on, so "
                    "that the workers' and the aggregator's UDP GSO runs (and gloo's TSO "
-                   "segments) cross the fabric whole; the bridge then counts a run as one "
-                   "frame, so wire_fraction and gloo_link_fraction are not reported")  # fmt: skip
+                   "segments) cross the fabric whole")  # fmt: skip
     p.add_argument("--workdir", type=Path, default=None,
                    help="keep the logs and stats here (default: a temporary directory)")
     return p
@@ -193,13 +190,13 @@ def one_repeat(
     hosts = [net.get(name) for name in topo.worker_names]
     # The workers' uplinks, then (leaf-spine) the leaves' uplinks, counted over the timed call.
     w = args.workers
-    ports = uplink_ports(net, topo) + leaf_uplinks(net, topo)
+    ends = uplinks(net, topo) + leaf_uplinks(net, topo)
 
     def launch(rank: int, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
         return procs.start(hosts[rank], argv, log)
 
     def probe() -> list[int]:
-        return rx_bytes(ports)
+        return sent_bytes(ends)
 
     aggregators, stats_paths, where = start_aggregators(args, net, topo, procs, directory)
     result_path = directory / "result.npy"
@@ -227,7 +224,7 @@ def one_repeat(
         "uplink_bytes": [a - b for b, a in zip(ina.before[:w], ina.after[:w], strict=True)],
         "retransmissions": sum(w["retransmissions"] for w in figures["workers"]),
     }
-    if len(ports) > w:
+    if len(ends) > w:
         leaf_links = fractions(ina.before[w:], ina.after[w:], figures["wall_s"], args.bw)
         figures["extra"] |= {"leaf_link_fraction": round(statistics.mean(leaf_links), 4),
                              "leaf_link_fractions": leaf_links}  # fmt: skip
@@ -344,15 +341,15 @@ def start_aggregators(
     return [*started, spine], [*stats_paths, spine_stats], where
 
 
-def leaf_uplinks(net: Any, topo: Any) -> list[str]:
-    """The spine switch's port of each leaf switch's uplink, in leaf order (none in a star):
-    its receive counter is what the leaf sent up."""
+def leaf_uplinks(net: Any, topo: Any) -> list[Any]:
+    """The leaf switch's end of each leaf switch's uplink, in leaf order (none in a star): its
+    HTB class counts what the leaf sent up."""
     spine = net.get(topo.switch_name)
-    ports = []
+    ends = []
     for name in getattr(topo, "leaf_switch_names", []):
         [link] = net.linksBetween(net.get(name), spine)
-        ports.append((link.intf1 if link.intf1.node is spine else link.intf2).name)
-    return ports
+        ends.append(link.intf2 if link.intf1.node is spine else link.intf1)
+    return ends
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -410,10 +407,6 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         "gloo_link_fraction": median(r["extra"]["gloo_link_fraction"] for r in repeats),
         "offloads": args.offloads,
     }  # fmt: skip
-    if args.offloads:  # the bridge's counters count a GSO run (a TSO segment) as one frame
-        for name in ("wire_fraction", "gloo_link_fraction"):
-            figures[name] = None
-            figures[f"{name}_refused"] = OFFLOADS_UNCOUNTED
     figures |= medians(repeats, workers=args.workers, elements=args.elements)
     figures |= per_packet(repeats)
     # What INA's advantage in bytes is made of, in theory, and gloo's bytes over INA's useful

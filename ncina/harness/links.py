@@ -1,13 +1,20 @@
-"""The links of a Mininet fabric as a benchmark measures them (``ncina bench fabric``): which
-switch port carries each worker's uplink, its receive byte counter, and the share of the link's
-bandwidth the bytes counted over a run took; and how long an all-reduce may take on such links.
+"""The links of a Mininet fabric as a benchmark measures them (``ncina bench fabric``): the
+sending end of each worker's uplink, the frames and bytes its tc HTB class sent, and the share
+of the link's bandwidth the bytes counted over a run took; and how long an all-reduce may take
+on such links.
+
+The count is HTB's, not the interfaces' (``/sys/class/net/*/statistics``): with the links'
+checksum offloads on (``ncina bench fabric --offloads``) a UDP GSO run or a TCP TSO segment
+crosses the veth and the bridge as one buffer, which the interfaces count as one frame with its
+headers once; HTB counts it as its segments (``gso_segs``) and every segment's bytes, headers
+included (``qdisc_pkt_len``), with the offloads on or off.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
-from pathlib import Path
 from typing import Any
 
 from ncina.proto.wire import ETH_IPV4_UDP_NCINA_HEADERS
@@ -15,20 +22,30 @@ from ncina.proto.wire import ETH_IPV4_UDP_NCINA_HEADERS
 MIN_TIME_LIMIT = 120.0  # seconds one all-reduce may take at least (see time_limit)
 
 
-def uplink_ports(net: Any, topo: Any) -> list[str]:
-    """The switch-side interface of each worker's link (to whichever switch it hangs off), in
-    rank order: its receive counters count what the worker put on its uplink."""
-    ports = []
-    for name in topo.worker_names:
-        intf = net.get(name).defaultIntf()
-        link = intf.link
-        ports.append((link.intf2 if link.intf1 is intf else link.intf1).name)
-    return ports
+HTB_CLASS = "5:1"
+"""The class Mininet's ``TCIntf`` shapes a link's end with (``bw``): everything it sends."""
+_SENT = re.compile(r"Sent (\d+) bytes (\d+) pkt")
 
 
-def rx_bytes(ports: list[str]) -> list[int]:
-    """Receive byte counters of interfaces of this namespace (the bridge's ports)."""
-    return [int(Path("/sys/class/net", p, "statistics", "rx_bytes").read_text()) for p in ports]
+def uplinks(net: Any, topo: Any) -> list[Any]:
+    """The worker's end of each worker's link, in rank order: its HTB class counts what the
+    worker put on its uplink."""
+    return [net.get(name).defaultIntf() for name in topo.worker_names]
+
+
+def htb_sent(intf: Any) -> tuple[int, int]:
+    """The bytes and frames the shaped interface ``intf`` (a Mininet ``Intf``) has sent through
+    its HTB class, each GSO or TSO segment counted: read in the interface's node."""
+    out = intf.node.cmd(f"tc -s class show dev {intf.name} classid {HTB_CLASS}")
+    found = _SENT.search(out)
+    if found is None:
+        raise RuntimeError(f"{intf}: no HTB class {HTB_CLASS} (an unshaped link?): {out!r}")
+    return int(found[1]), int(found[2])
+
+
+def sent_bytes(intfs: list[Any]) -> list[int]:
+    """Per interface, the bytes its HTB class has sent (:func:`htb_sent`)."""
+    return [htb_sent(intf)[0] for intf in intfs]
 
 
 def fractions(before: list[int], after: list[int], seconds: float, bw: float) -> list[float]:
@@ -64,7 +81,7 @@ def ina_link_figures(
 ) -> dict[str, Any]:
     """``link_fraction`` (useful bytes: every chunk once) and ``wire_fraction`` (everything
     the workers' uplinks carried, copies included: the mean of ``wire_fractions``) of one INA
-    all-reduce from the uplinks' receive counters ``before`` and ``after``."""
+    all-reduce from the uplinks' sent bytes ``before`` and ``after`` (:func:`sent_bytes`)."""
     wire = fractions(before, after, wall_s, args.bw)
     useful = link_fraction(useful_frame_bytes(args.elements, args.k), wall_s, args.bw)
     return {"link_fraction": round(useful, 4), "wire_fraction": round(statistics.mean(wire), 4),
