@@ -89,6 +89,7 @@ control NcinaDeparser(packet_out packet, in headers_t hdr) {
         packet.emit(hdr.desc);
         packet.emit(hdr.codes);
         packet.emit(hdr.lanes);
+        packet.emit(hdr.wide_groups);
         packet.emit(hdr.wide);
     }
 }

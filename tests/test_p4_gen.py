@@ -120,8 +120,19 @@ def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> 
     assert [apply.count(f"{name}();") for name in ("key_seed", "key_chunk", "key_use")] == [1] * 3
     steps = re.findall(r"meta\.lane_draw = \(meta\.result_key \+ 64w0x([0-9A-F]{16})\)", text)
     assert [int(d, 16) for d in steps] == [(i + 1) * nc8.GAMMA % 2**64 for i in every]
-    # int results: each lane i < count becomes a 64-bit lane.
-    assert sorted(int(i) for i in re.findall(r"hdr\.wide\[(\d+)\]\.setValid\(\)", text)) == every
+    # int results: each lane i < count becomes a 64-bit lane, a full group's 8 as one 512-bit
+    # header (lane 8g the most significant), the last count % 8 each in the tail stack.
+    assert int(defines["NCINA_TAIL"]) == min(7, k)
+    full = [g for g in groups if 8 * (g + 1) <= k]
+    assert [int(g) for g in re.findall(r"hdr\.wide_groups\[(\d+)\]\.setValid\(\)", text)] == full
+    for g in full:
+        value = re.search(rf"hdr\.wide_groups\[{g}\]\.v = (.*);", text)
+        assert value is not None and re.findall(r"meta\.cell\[(\d+):(\d+)\]", value[1]) == [
+            (str(70 * j + 69), str(70 * j)) for j in range(8)]
+    tails = re.findall(r"if \(hdr\.nc\.count > (\d+)\) \{\n\s+hdr\.wide\[(\d+)\]\.setValid\(\);"
+                       r"\n\s+hdr\.wide\[(\d+)\]\.value = \(bit<64>\)\(meta\.cell\[(\d+):", text)
+    assert [(int(i), int(j), int(j2), int(high)) for i, j, j2, high in tails] == [
+        (i, i % 8, i % 8, 70 * (i % 8) + 69) for i in every if i % 8 < 7]
 
 
 def test_generation_is_reproducible_and_checks_k(tmp_path: Path) -> None:

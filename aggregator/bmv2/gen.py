@@ -57,7 +57,8 @@ def config_p4(k: int) -> str:
     """``config.p4``: the ``#define``s for ``k`` lanes."""
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
     lines += [f"#define {name} {value}" for name, value in defines(k).items()]
-    lines += [f"#define NCINA_GROUPS {groups(k)}", f"#define NCINA_CELL_BITS {GROUP * LANE_BITS}",
+    lines += [f"#define NCINA_GROUPS {groups(k)}", f"#define NCINA_TAIL {tail(k)}",
+              f"#define NCINA_CELL_BITS {GROUP * LANE_BITS}",
               f"#define NCINA_LANE_BITS {LANE_BITS}"]  # fmt: skip
     lines += ["", "#endif", ""]
     return "\n".join(lines)
@@ -66,6 +67,13 @@ def config_p4(k: int) -> str:
 def groups(k: int) -> int:
     """Wide groups (``bit<64>``, GROUP lanes each) of a chunk of ``k`` lanes."""
     return -(-k // GROUP)
+
+
+def tail(k: int) -> int:
+    """Elements of an ``int`` result that can follow its full groups (``count % GROUP``, at most
+    ``k``): the stack of 64-bit result lanes (``hdr.wide``), the groups' being ``hdr.wide_groups``
+    (docs/bmv2.md, "Idle headers")."""
+    return min(GROUP - 1, k)
 
 
 def _code_bits(i: int) -> tuple[int, int]:
@@ -238,13 +246,35 @@ def _clear(i: int) -> Iterator[str]:
     yield f"hdr.lanes[{i}].setInvalid();"
 
 
+def _lane_sum(i: int) -> str:
+    """Lane ``i``'s exact 64-bit sum, from its group's cell in ``meta.cell``."""
+    return f"(bit<64>)(meta.cell{_cell_bits(i)} - meta.unbias)"
+
+
 def _widen(k: int) -> Callable[[int], Iterator[str]]:
-    def widen(i: int) -> Iterator[str]:
-        if i % GROUP == 0:
-            yield f"cells_{i // GROUP}.read(meta.cell, meta.slot_index);"
-        yield f"if (hdr.nc.count > {i}) {{"
-        yield f"    hdr.wide[{i}].setValid();"
-        yield f"    hdr.wide[{i}].value = (bit<64>)(meta.cell{_cell_bits(i)} - meta.unbias);"
+    """Group ``g``'s lanes of an ``int`` result (those below ``count``): all 8 as one 512-bit
+    header when the group is full, else each of the result's last ``count % 8`` lanes as a
+    64-bit header of the tail stack, so that the header vector holds K / 8 + 7 result headers,
+    not K (each costs every packet, docs/bmv2.md "Idle headers")."""
+    def widen(g: int) -> Iterator[str]:
+        first = g * GROUP
+        yield f"if (hdr.nc.count > {first}) {{"
+        yield f"    cells_{g}.read(meta.cell, meta.slot_index);"
+        tail_pad = "    "
+        if first + GROUP <= k:
+            sums = " ++ ".join(_lane_sum(i) for i in range(first, first + GROUP))
+            yield f"    if (hdr.nc.count >= {first + GROUP}) {{"
+            yield f"        hdr.wide_groups[{g}].setValid();"
+            yield f"        hdr.wide_groups[{g}].v = {sums};"
+            yield "    } else {"
+            tail_pad = "        "
+        for j in range(min(GROUP - 1, k - first)):
+            yield f"{tail_pad}if (hdr.nc.count > {first + j}) {{"
+            yield f"{tail_pad}    hdr.wide[{j}].setValid();"
+            yield f"{tail_pad}    hdr.wide[{j}].value = {_lane_sum(first + j)};"
+            yield f"{tail_pad}}}"
+        if first + GROUP <= k:
+            yield "    }"
         yield "}"
     return widen
 
@@ -462,7 +492,7 @@ def lanes_p4(k: int) -> str:
         "            }",
         "        } else if (meta.lane_op == LANE_COMPLETE || meta.lane_op == LANE_RESEND) {",
         "            // int results: each lane becomes its exact 64-bit sum",
-        *_each(k, _widen(k), 12),
+        *_each(n, _widen(k), 12),
         "            clear();",
         "        }",
         "    }",
