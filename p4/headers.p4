@@ -145,7 +145,7 @@ struct headers_t {
     notice_h notice;
     descriptor_h desc;
     codes_h[NCINA_GROUPS] codes;
-    lane_h[NCINA_K] lanes;
+    lane_h[NCINA_TAIL] lanes;
     wide_group_h[NCINA_GROUPS] wide_groups;
     wide_lane_h[NCINA_TAIL] wide;
 }
