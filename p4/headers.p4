@@ -108,6 +108,13 @@ header wide_lane_h {
     bit<64> value;
 }
 
+// Eight elements of an `int` result side by side (the first lane the most significant 64
+// bits): a result's full groups of 8 are these, only its last count % 8 elements `wide_lane_h`
+// (docs/bmv2.md, "Idle headers").
+header wide_group_h {
+    bit<512> v;
+}
+
 // A notice's payload: the ranks whose contribution the slot holds.
 header notice_h {
     bit<64> bitmap;
@@ -138,8 +145,9 @@ struct headers_t {
     notice_h notice;
     descriptor_h desc;
     codes_h[NCINA_GROUPS] codes;
-    lane_h[NCINA_K] lanes;
-    wide_lane_h[NCINA_K] wide;
+    lane_h[NCINA_TAIL] lanes;
+    wide_group_h[NCINA_GROUPS] wide_groups;
+    wide_lane_h[NCINA_TAIL] wide;
 }
 
 // What leaves ingress: nothing, a result for every member, one datagram back to the sender,

@@ -2,7 +2,7 @@
 // whether a host would take the datagram is ingress's decision (transport.p4). A UDP datagram for the aggregator carries
 // the ncina header and, for NC8 payloads, its `count` codes (at most NCINA_K; a larger count stops
 // with StackOutOfBounds and is dropped as bad_count by the ingress checks): the generated
-// LaneParser of lanes.p4, as groups of 8 codes when count is a multiple of 8, else lane by lane.
+// LaneParser of lanes.p4: the full groups of 8 codes as groups, the last count % 8 lane by lane.
 #ifndef NCINA_PARSER_P4
 #define NCINA_PARSER_P4
 
@@ -70,7 +70,7 @@ parser NcinaParser(packet_in packet, out headers_t hdr, inout meta_t meta,
         transition accept;
     }
 
-    // The lanes: the generated LaneParser (lanes.p4), one state per group of 8 or per lane.
+    // The lanes: the generated LaneParser (lanes.p4), one state per group of 8 or tail lane.
     state parse_lanes {
         lane_parser.apply(packet, hdr, meta);
         transition accept;
@@ -89,6 +89,7 @@ control NcinaDeparser(packet_out packet, in headers_t hdr) {
         packet.emit(hdr.desc);
         packet.emit(hdr.codes);
         packet.emit(hdr.lanes);
+        packet.emit(hdr.wide_groups);
         packet.emit(hdr.wide);
     }
 }

@@ -54,32 +54,53 @@ def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> 
         r"register<bit<NCINA_CELL_BITS>>\(NCINA_SLOTS\) cells_(\d+);", text)] == groups
     assert [int(g) for g in re.findall(r"register<bit<64>>\(NCINA_SLOTS\) results_(\d+);", text)
             ] == groups  # fmt: skip
-    # The parser: a count that is a multiple of 8 as groups (one state per group, stopping
-    # after `count` lanes), any other lane by lane (one state per lane, extracting its stack
-    # element, marking its code); a count above the stack is StackOutOfBounds (bad_count).
+    # The parser: a chunk's full groups as groups (one state per group, stopping after
+    # `count / 8` of them), then its last `count % 8` lanes lane by lane (one state per tail
+    # lane, extracting its element of the 7-lane stack, marking its code); a count above K is
+    # StackOutOfBounds (bad_count).
+    assert int(defines["NCINA_TAIL"]) == min(7, k)
+    full, tail = list(range(k // 8)), list(range(min(7, k)))
     parser = text[text.index("parser LaneParser("):text.index("control CheckCodes")]
-    assert "transition select(hdr.nc.count[2:0]) {\n            0: group_0;\n" in parser
+    assert "transition select(hdr.nc.count[15:3]) {\n            0: lane_0;\n" \
+        "            default: group_0;\n" in parser
     found = re.findall(r"state group_(\d+) \{\n\s+packet\.extract\(hdr\.codes\[(\d+)\]\);\n"
                        r"\s+(.*)\n", parser)  # fmt: skip
-    assert [(int(a), int(b)) for a, b, _ in found] == [(g, g) for g in groups]
+    assert [(int(a), int(b)) for a, b, _ in found] == [(g, g) for g in full]
     assert [end for *_, end in found] == [
-        f"transition select(hdr.nc.count) {{ {8 * (g + 1)}: accept; default: group_{g + 1}; }}"
-        for g in groups[:-1]] + [f"verify(hdr.nc.count <= {8 * n}, error.StackOutOfBounds);"]
+        f"transition select(hdr.nc.count[15:3], hdr.nc.count[2:0]) {{ ({g + 1}, 0): accept; "
+        f"({g + 1}, _): lane_0; default: group_{g + 1}; }}"
+        for g in full[:-1]] + [f"verify(hdr.nc.count <= {k}, error.StackOutOfBounds);"]
+    last_group = parser[parser.index(f"state group_{full[-1]} {{"):parser.index("state lane_0")]
+    assert ("transition accept;" if k % 8 == 0 else
+            "transition select(hdr.nc.count[2:0]) { 0: accept; default: lane_0; }") in last_group
     states = re.findall(r"state lane_(\d+) \{\n\s+packet\.extract\(hdr\.lanes\[(\d+)\]\);\n"
                         r"\s+meta\.codes_seen = meta\.codes_seen \| \(bit<128>\)1 << "
                         r"\(bit<8>\)hdr\.lanes\[(\d+)\]\.code;\n\s+(.*)\n", parser)  # fmt: skip
-    assert [(int(a), int(b), int(c)) for a, b, c, _ in states] == [(i, i, i) for i in every]
+    assert [(int(a), int(b), int(c)) for a, b, c, _ in states] == [(i, i, i) for i in tail]
     assert [end for *_, end in states] == [
-        f"transition select(hdr.nc.count) {{ {i + 1}: accept; default: lane_{i + 1}; }}"
-        for i in every[:-1]] + [f"verify(hdr.nc.count <= {k}, error.StackOutOfBounds);"]
-    # CheckCodes gathers a lane-by-lane packet into the groups, each lane once; the groups'
-    # window check is one sum per group.
-    gather = _action(text, "gather")
-    assert re.findall(r"hdr\.lanes\[(\d+)\]\.sign \+\+ hdr\.lanes\[(\d+)\]\.code", gather) == [
-        (str(i), str(i)) for i in every]
+        f"transition select(hdr.nc.count[2:0]) {{ {i + 1}: accept; default: lane_{i + 1}; }}"
+        for i in tail[:-1]] + ["transition accept;"]
+    # CheckCodes gathers a packet's tail lanes into the group that `count` ends in, its lanes
+    # past the tail zero; the groups' window check is one sum per group.
+    for g in groups:
+        gather = _action(text, f"gather_{g}")
+        lanes_g = range(min(7, k - 8 * g))
+        assert re.findall(r"hdr\.lanes\[(\d+)\]\.sign \+\+ hdr\.lanes\[(\d+)\]\.code", gather) \
+            == [(str(j), str(j)) for j in lanes_g]
+        assert gather.count("8w0") == 8 - len(lanes_g)
+        assert f"if (hdr.nc.count[15:3] == {g}) {{\n                gather_{g}();" in text
+        # and a reply's tail lanes get the group's result codes back
+        scatter = _action(text, f"scatter_{g}")
+        assert _lanes(scatter) == list(lanes_g)
+        assert sorted(_group_lanes(scatter)) == sorted(2 * [8 * g + j for j in lanes_g])
+        assert f"if (hdr.nc.count < {8 * (g + 1)}) {{\n" \
+            f"                        hdr.codes[{g}].setInvalid();" in text
     check = text[text.index("control CheckCodes"):text.index("control LaneSums")]
+    # (the same sum in both branches: a packet with a tail checks its full groups too)
     assert [int(g) for g in re.findall(r"\(\(hdr\.codes\[(\d+)\]\.v & 64w0x7F7F", check)
-            ] == groups  # fmt: skip
+            ] == groups * 2  # fmt: skip
+    narrow_sum = re.search(r"            if \((\(.*\)) != 0\) \{\n\s+meta\.bad_code = 1;", check)
+    assert narrow_sum and f"meta.bad_code = {narrow_sum[1]} != 0 ? 1w1 : 1w0;" in check
     # store and add: one cell per group, each lane's code once in its group's operand.
     for action, reads in (("store", 0), ("add", 1)):
         body = _action(text, action)
@@ -89,10 +110,8 @@ def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> 
         assert len(re.findall(r"cells_\d+\.read\(", body)) == reads * n, action
     assert [int(g) for g in re.findall(r"results_(\d+)\.read\(hdr\.codes\[(?:\d+)\]",
                                        _action(text, "load_nc8"))] == groups  # fmt: skip
-    scatter = _action(text, "scatter")
-    assert _lanes(scatter) == every and sorted(_group_lanes(scatter)) == sorted(every + every)
     clear = _action(text, "clear")
-    assert _lanes(clear) == every and len(re.findall(r"hdr\.lanes\[\d+\]", clear)) == k
+    assert _lanes(clear) == tail and len(re.findall(r"hdr\.lanes\[\d+\]", clear)) == len(tail)
     assert [int(g) for g in re.findall(r"hdr\.codes\[(\d+)\]\.setInvalid", clear)] == groups
     # Re-compression, lane by lane: an action reads the sum as a magnitude (the group's first
     # lane reads the cell), one LPM table apply per lane finds its highest set bit (64 entries,
@@ -120,8 +139,17 @@ def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> 
     assert [apply.count(f"{name}();") for name in ("key_seed", "key_chunk", "key_use")] == [1] * 3
     steps = re.findall(r"meta\.lane_draw = \(meta\.result_key \+ 64w0x([0-9A-F]{16})\)", text)
     assert [int(d, 16) for d in steps] == [(i + 1) * nc8.GAMMA % 2**64 for i in every]
-    # int results: each lane i < count becomes a 64-bit lane.
-    assert sorted(int(i) for i in re.findall(r"hdr\.wide\[(\d+)\]\.setValid\(\)", text)) == every
+    # int results: each lane i < count becomes a 64-bit lane, a full group's 8 as one 512-bit
+    # header (lane 8g the most significant), the last count % 8 each in the tail stack.
+    assert [int(g) for g in re.findall(r"hdr\.wide_groups\[(\d+)\]\.setValid\(\)", text)] == full
+    for g in full:
+        value = re.search(rf"hdr\.wide_groups\[{g}\]\.v = (.*);", text)
+        assert value is not None and re.findall(r"meta\.cell\[(\d+):(\d+)\]", value[1]) == [
+            (str(70 * j + 69), str(70 * j)) for j in range(8)]
+    tails = re.findall(r"if \(hdr\.nc\.count > (\d+)\) \{\n\s+hdr\.wide\[(\d+)\]\.setValid\(\);"
+                       r"\n\s+hdr\.wide\[(\d+)\]\.value = \(bit<64>\)\(meta\.cell\[(\d+):", text)
+    assert [(int(i), int(j), int(j2), int(high)) for i, j, j2, high in tails] == [
+        (i, i % 8, i % 8, 70 * (i % 8) + 69) for i in every if i % 8 < 7]
 
 
 def test_generation_is_reproducible_and_checks_k(tmp_path: Path) -> None:

@@ -57,7 +57,8 @@ def config_p4(k: int) -> str:
     """``config.p4``: the ``#define``s for ``k`` lanes."""
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
     lines += [f"#define {name} {value}" for name, value in defines(k).items()]
-    lines += [f"#define NCINA_GROUPS {groups(k)}", f"#define NCINA_CELL_BITS {GROUP * LANE_BITS}",
+    lines += [f"#define NCINA_GROUPS {groups(k)}", f"#define NCINA_TAIL {tail(k)}",
+              f"#define NCINA_CELL_BITS {GROUP * LANE_BITS}",
               f"#define NCINA_LANE_BITS {LANE_BITS}"]  # fmt: skip
     lines += ["", "#endif", ""]
     return "\n".join(lines)
@@ -66,6 +67,13 @@ def config_p4(k: int) -> str:
 def groups(k: int) -> int:
     """Wide groups (``bit<64>``, GROUP lanes each) of a chunk of ``k`` lanes."""
     return -(-k // GROUP)
+
+
+def tail(k: int) -> int:
+    """Elements of an ``int`` result that can follow its full groups (``count % GROUP``, at most
+    ``k``): the stack of 64-bit result lanes (``hdr.wide``), the groups' being ``hdr.wide_groups``
+    (docs/bmv2.md, "Idle headers")."""
+    return min(GROUP - 1, k)
 
 
 def _code_bits(i: int) -> tuple[int, int]:
@@ -238,46 +246,102 @@ def _clear(i: int) -> Iterator[str]:
     yield f"hdr.lanes[{i}].setInvalid();"
 
 
+def _lane_sum(i: int) -> str:
+    """Lane ``i``'s exact 64-bit sum, from its group's cell in ``meta.cell``."""
+    return f"(bit<64>)(meta.cell{_cell_bits(i)} - meta.unbias)"
+
+
 def _widen(k: int) -> Callable[[int], Iterator[str]]:
-    def widen(i: int) -> Iterator[str]:
-        if i % GROUP == 0:
-            yield f"cells_{i // GROUP}.read(meta.cell, meta.slot_index);"
-        yield f"if (hdr.nc.count > {i}) {{"
-        yield f"    hdr.wide[{i}].setValid();"
-        yield f"    hdr.wide[{i}].value = (bit<64>)(meta.cell{_cell_bits(i)} - meta.unbias);"
+    """Group ``g``'s lanes of an ``int`` result (those below ``count``): all 8 as one 512-bit
+    header when the group is full, else each of the result's last ``count % 8`` lanes as a
+    64-bit header of the tail stack, so that the header vector holds K / 8 + 7 result headers,
+    not K (each costs every packet, docs/bmv2.md "Idle headers")."""
+    def widen(g: int) -> Iterator[str]:
+        first = g * GROUP
+        yield f"if (hdr.nc.count > {first}) {{"
+        yield f"    cells_{g}.read(meta.cell, meta.slot_index);"
+        tail_pad = "    "
+        if first + GROUP <= k:
+            sums = " ++ ".join(_lane_sum(i) for i in range(first, first + GROUP))
+            yield f"    if (hdr.nc.count >= {first + GROUP}) {{"
+            yield f"        hdr.wide_groups[{g}].setValid();"
+            yield f"        hdr.wide_groups[{g}].v = {sums};"
+            yield "    } else {"
+            tail_pad = "        "
+        for j in range(min(GROUP - 1, k - first)):
+            yield f"{tail_pad}if (hdr.nc.count > {first + j}) {{"
+            yield f"{tail_pad}    hdr.wide[{j}].setValid();"
+            yield f"{tail_pad}    hdr.wide[{j}].value = {_lane_sum(first + j)};"
+            yield f"{tail_pad}}}"
+        if first + GROUP <= k:
+            yield "    }"
         yield "}"
     return widen
 
 
+def _tail_lanes(k: int, g: int) -> range:
+    """The tail lanes (``hdr.lanes``) that hold group ``g``'s lanes when ``count`` ends inside
+    it: its first ``count % 8`` (never more than the group's lanes below ``k``)."""
+    return range(min(GROUP - 1, k - g * GROUP))
+
+
 def _gather(k: int) -> Callable[[int], Iterator[str]]:
-    """Group ``g`` from the narrow lanes (a chunk whose count is not a multiple of GROUP)."""
+    """Action ``gather_g``: group ``g`` from the tail lanes (a chunk whose count is not a
+    multiple of GROUP ends in group ``count / 8``; the lanes past the tail are zero)."""
     def gather(g: int) -> Iterator[str]:
-        lanes = [f"hdr.lanes[{i}].sign ++ hdr.lanes[{i}].code" if i < k else "8w0"
-                 for i in range(g * GROUP, (g + 1) * GROUP)]  # fmt: skip
-        yield f"hdr.codes[{g}].setValid();"
-        yield f"hdr.codes[{g}].v = {' ++ '.join(lanes)};"
+        lanes = [f"hdr.lanes[{j}].sign ++ hdr.lanes[{j}].code" for j in _tail_lanes(k, g)]
+        lanes += ["8w0"] * (GROUP - len(lanes))
+        yield f"action gather_{g}() {{"
+        yield f"    hdr.codes[{g}].v = {' ++ '.join(lanes)};"
+        yield "}"
     return gather
 
 
-def _scatter(i: int) -> Iterator[str]:
-    high, low = _code_bits(i)
-    yield f"hdr.lanes[{i}].sign = hdr.codes[{i // GROUP}].v[{high}:{high}];"
-    yield f"hdr.lanes[{i}].code = hdr.codes[{i // GROUP}].v[{high - 1}:{low}];"
+def _in_tail(g: int) -> str:
+    """Whether ``count`` ends inside group ``g`` (the group the tail lanes belong to)."""
+    return f"hdr.nc.count[15:3] == {g}"
 
 
-def _fill(g: int) -> Iterator[str]:
-    if g:
-        yield f"if (!hdr.codes[{g}].isValid()) {{"
-        yield f"    hdr.codes[{g}].setValid();"
-        yield f"    hdr.codes[{g}].v = 0;"
+def _call_if_tail(name: str) -> Callable[[int], Iterator[str]]:
+    def call(g: int) -> Iterator[str]:
+        yield f"if ({_in_tail(g)}) {{"
+        yield f"    {name}_{g}();"
         yield "}"
+    return call
+
+
+def _scatter(k: int) -> Callable[[int], Iterator[str]]:
+    """Action ``scatter_g``: the tail lanes from group ``g``'s result codes."""
+    def scatter(g: int) -> Iterator[str]:
+        yield f"action scatter_{g}() {{"
+        for j in _tail_lanes(k, g):
+            high, low = _code_bits(g * GROUP + j)
+            yield f"    hdr.lanes[{j}].sign = hdr.codes[{g}].v[{high}:{high}];"
+            yield f"    hdr.lanes[{j}].code = hdr.codes[{g}].v[{high - 1}:{low}];"
+        yield "}"
+    return scatter
+
+
+def _fill(first: int) -> Callable[[int], Iterator[str]]:
+    """Group ``g`` as zero codes unless the parser took it (``first``: the first group that can
+    be missing)."""
+    def fill(g: int) -> Iterator[str]:
+        if g >= first:
+            yield f"if (!hdr.codes[{g}].isValid()) {{"
+            yield f"    hdr.codes[{g}].setValid();"
+            yield f"    hdr.codes[{g}].v = 0;"
+            yield "}"
+    return fill
 
 
 def _trim(g: int) -> Iterator[str]:
+    """A reply carries only the full groups below ``count`` (a tail follows in ``hdr.lanes``)."""
     if g:
-        yield f"if (hdr.nc.count <= {g * GROUP}) {{"
-        yield f"    hdr.codes[{g}].setInvalid();"
-        yield "}"
+        yield f"if (hdr.nc.count < {(g + 1) * GROUP}) {{"
+    else:
+        yield f"if (hdr.nc.count < {GROUP}) {{"
+    yield f"    hdr.codes[{g}].setInvalid();"
+    yield "}"
 
 
 def _above_window(k: int) -> str:
@@ -290,31 +354,41 @@ def _above_window(k: int) -> str:
 
 
 def _parse_lane(i: int, k: int) -> Iterator[str]:
-    """Lane ``i``'s parser state: extract it, set bit ``code`` of ``meta.codes_seen`` (one
-    comparison in CheckCodes refuses a code above the window), then stop at ``count`` lanes (a
-    constant compared with the header's field: no counter to decrement per lane)."""
+    """Tail lane ``i``'s parser state: extract it, set bit ``code`` of ``meta.codes_seen`` (one
+    comparison in CheckCodes refuses a code above the window), then stop after ``count % 8``
+    lanes (a constant compared with the header's field: no counter to decrement per lane). With
+    K below 8 the tail is the whole chunk: stop at ``count``."""
     yield f"state lane_{i} {{"
     yield f"    packet.extract(hdr.lanes[{i}]);"
     yield f"    meta.codes_seen = meta.codes_seen | (bit<128>)1 << (bit<8>)hdr.lanes[{i}].code;"
-    if i + 1 < k:
-        yield f"    transition select(hdr.nc.count) {{ {i + 1}: accept; default: lane_{i + 1}; }}"
-    else:  # a count above K: more lanes than the stack holds (dropped as bad_count)
+    last = tail(k) - 1
+    if k < GROUP and i == last:  # a count above K: more lanes than the stack holds (bad_count)
         yield f"    verify(hdr.nc.count <= {k}, error.StackOutOfBounds);"
         yield "    transition accept;"
+    elif k < GROUP:
+        yield f"    transition select(hdr.nc.count) {{ {i + 1}: accept; default: lane_{i + 1}; }}"
+    elif i == last:  # the seventh lane of a tail: count % 8 is 7
+        yield "    transition accept;"
+    else:
+        yield (f"    transition select(hdr.nc.count[2:0]) {{ {i + 1}: accept; "
+               f"default: lane_{i + 1}; }}")  # fmt: skip
     yield "}"
 
 
 def _parse_group(g: int, k: int) -> Iterator[str]:
-    """Group ``g``'s parser state (a count that is a multiple of GROUP): extract its 8 codes as
-    one field, stop after ``count`` lanes."""
+    """Full group ``g``'s parser state: extract its 8 codes as one field; after ``count / 8``
+    groups stop, or go on to the tail's ``count % 8`` lanes."""
     yield f"state group_{g} {{"
     yield f"    packet.extract(hdr.codes[{g}]);"
-    if g + 1 < groups(k):
-        yield (f"    transition select(hdr.nc.count) {{ {(g + 1) * GROUP}: accept; "
-               f"default: group_{g + 1}; }}")  # fmt: skip
-    else:  # a count above the groups: more lanes than the stack holds (dropped as bad_count)
-        yield f"    verify(hdr.nc.count <= {(g + 1) * GROUP}, error.StackOutOfBounds);"
-        yield "    transition accept;"
+    if g + 1 < k // GROUP:
+        yield (f"    transition select(hdr.nc.count[15:3], hdr.nc.count[2:0]) {{ ({g + 1}, 0): "
+               f"accept; ({g + 1}, _): lane_0; default: group_{g + 1}; }}")  # fmt: skip
+    else:  # a count above K: more lanes than the stacks hold (dropped as bad_count)
+        yield f"    verify(hdr.nc.count <= {k}, error.StackOutOfBounds);"
+        if k % GROUP == 0:  # count is K
+            yield "    transition accept;"
+        else:
+            yield "    transition select(hdr.nc.count[2:0]) { 0: accept; default: lane_0; }"
     yield "}"
 
 
@@ -330,43 +404,46 @@ def lanes_p4(k: int) -> str:
         "// How the parser took the packet's codes (CheckCodes undoes it for a reply).",
         "const bit<2> LANES_FULL = 0;    // count = K, a multiple of 8: the groups",
         "const bit<2> LANES_SHORT = 1;   // a multiple of 8 below K: the first count / 8 groups",
-        "const bit<2> LANES_NARROW = 2;  // any other count: one header per lane",
+        "const bit<2> LANES_NARROW = 2;  // any other count: its full groups and a tail of lanes",
         "",
-        "// The parser's lanes (count >= 1 of them, NC8): a count that is a multiple of 8 as",
-        "// 64-bit groups of 8 codes (one extract per 8 lanes), any other one lane by lane (a",
-        "// state per lane, its element of the header stack at a constant index).",
+        "// The parser's lanes (count >= 1 of them, NC8): the chunk's full groups of 8 codes as",
+        "// 64-bit groups (one extract per 8 lanes), then its last count % 8 lane by lane (a",
+        "// state per tail lane, its element of the 7-lane stack at a constant index).",
         "parser LaneParser(packet_in packet, inout headers_t hdr, inout meta_t meta) {",
         "    state start {",
-        f"        transition select(hdr.nc.count[{(GROUP - 1).bit_length() - 1}:0]) {{",
-        "            0: group_0;",
-        "            default: lane_0;",
-        "        }",
+        *(["        transition lane_0;"] if k < GROUP else [
+            "        transition select(hdr.nc.count[15:3]) {",
+            "            0: lane_0;",
+            "            default: group_0;",
+            "        }"]),
         "    }",
-        *_each(n, lambda g: _parse_group(g, k), 4),
-        *_each(k, lambda i: _parse_lane(i, k), 4),
+        *_each(k // GROUP, lambda g: _parse_group(g, k), 4),
+        *_each(tail(k), lambda i: _parse_lane(i, k), 4),
         "}",
         "",
         "// Admission: is any of the packet's codes above the job's window (bad_code)? Every",
-        "// later step works on the groups: a packet parsed lane by lane is gathered into them.",
+        "// later step works on the groups: a packet's tail lanes are gathered into theirs.",
         "control CheckCodes(inout headers_t hdr, inout meta_t meta) {",
-        "    action gather() {",
-        *_each(n, _gather(k), 8),
-        "    }",
+        *_each(n, _gather(k), 4),
         "",
         "    apply {",
+        "        meta.code_room = (bit<64>)(7w127 - meta.max_code) * 64w0x0101010101010101;",
         "        if (hdr.lanes[0].isValid()) {",
-        "            // the parser set bit c of meta.codes_seen for each lane's code c",
+        "            // the parser set bit c of meta.codes_seen for each tail lane's code c",
         "            meta.lanes_form = LANES_NARROW;",
         "            meta.bad_code = (meta.codes_seen >> ((bit<8>)meta.max_code + 1)) != 0 ? 1w1",
         "                : 1w0;",
-        "            gather();",
+        *_each(n, _fill(0), 12),
+        f"            if (({_above_window(k)}) != 0) {{",
+        "                meta.bad_code = 1;",
+        "            }",
+        *_each(n, _call_if_tail("gather"), 12),
         "        } else {",
         "            meta.lanes_form = LANES_FULL;",
         "            if (hdr.nc.count != NCINA_K) {  // the groups past count: zero codes",
         "                meta.lanes_form = LANES_SHORT;",
-        *_each(n, _fill, 16),
+        *_each(n, _fill(1), 16),
         "            }",
-        "            meta.code_room = (bit<64>)(7w127 - meta.max_code) * 64w0x0101010101010101;",
         f"            meta.bad_code = ({_above_window(k)}) != 0 ? 1w1 : 1w0;",
         "        }",
         "    }",
@@ -419,16 +496,13 @@ def lanes_p4(k: int) -> str:
         *_each(n, _load, 8),
         "    }",
         "",
-        "    // A packet parsed lane by lane gets its result codes back into its lanes.",
-        "    action scatter() {",
-        *_each(k, _scatter, 8),
-        *_each(n, _drop_group, 8),
-        "    }",
+        "    // A packet with a tail gets its last group's result codes back into its lanes.",
+        *_each(n, _scatter(k), 4),
         "",
         "    // A notice carries no lanes, an int result its wide lanes instead.",
         "    action clear() {",
         *_each(n, _drop_group, 8),
-        *_each(k, _clear, 8),
+        *_each(tail(k), _clear, 8),
         "    }",
         "",
         "    apply {",
@@ -455,14 +529,15 @@ def lanes_p4(k: int) -> str:
         "                    load_nc8();",
         "                }",
         "                if (meta.lanes_form == LANES_NARROW) {",
-        "                    scatter();",
-        "                } else if (meta.lanes_form == LANES_SHORT) {",
+        *_each(n, _call_if_tail("scatter"), 20),
+        "                }",
+        "                if (meta.lanes_form != LANES_FULL) {",
         *_each(n, _trim, 20),
         "                }",
         "            }",
         "        } else if (meta.lane_op == LANE_COMPLETE || meta.lane_op == LANE_RESEND) {",
         "            // int results: each lane becomes its exact 64-bit sum",
-        *_each(k, _widen(k), 12),
+        *_each(n, _widen(k), 12),
         "            clear();",
         "        }",
         "    }",
