@@ -30,6 +30,9 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     Slots() slots;
     Reply() reply;
     Events() events;
+#ifdef NCINA_DENSE
+    LaneSums() sums;
+#endif
 
     // The aggregator's own address (one entry): aggregated on its UDP port.
     action aggregator(mac_t mac, bit<16> port, bit<8> flags) {
@@ -150,6 +153,13 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         hdr.bridge.then = meta.then;
         hdr.bridge.slot = meta.slot_index;
         hdr.bridge.group = meta.group;
+#endif
+#ifdef NCINA_DENSE
+        // The lanes' pairs last in the control flow: nothing above reads them, so the replies,
+        // the counters and the harvest redirect take the stages beside them (after the slot
+        // rules, they came after the pairs: 14 stages at K = 32, docs/tofino.md "Density").
+        // Each pair's table does nothing for LANE_NONE.
+        sums.apply(hdr, meta);
 #endif
     }
 }
