@@ -555,6 +555,14 @@ def _pair_sums(j: int, pairs: int) -> Iterator[str]:
     yield "#endif"
 
 
+PAIR_FIRST_STAGE = 8
+"""Tofino 1's first stage after the slot decision (stage 7 in the compiler's placement of the
+dense layout: jobs 0, window check 1, flags 2, verdict 3, offsets 4, contributors 5, tallies 6,
+decision 7), where the pair registers start."""
+
+PAIRS_PER_STAGE = 4
+"""Stateful ALUs per Tofino stage: pair registers a stage holds."""
+
 _PAIR_OPS = (("LANE_FIRST", "first"), ("LANE_ADD", "add"), ("LANE_READ", "read"))
 
 
@@ -575,6 +583,12 @@ def _pair_table(j: int, pairs: int) -> Iterator[str]:
     yield f"action do_harvest_{j}() {{"
     yield f"    hdr.sums[{hi}].value = harvest_{j}.execute(meta.slot_index);"
     yield "}"
+    yield "#endif"
+    # Tofino 1: pinned, 4 per stage, to the stages after the slot decision. Left to itself the
+    # compiler filled stage 8 with the replies' tables and kept stage 9 for the counters'
+    # index, and the pairs took stages 8 to 13 (docs/tofino.md, "Density").
+    yield "#if __TARGET_TOFINO__ == 1"
+    yield f"@stage({PAIR_FIRST_STAGE + j // PAIRS_PER_STAGE})"
     yield "#endif"
     yield f"table pair_{j} {{"
     yield "    key = { meta.lane_op: exact; }"
