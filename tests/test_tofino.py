@@ -123,6 +123,9 @@ def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
         assert f"value.hi + hdr.sums[{j + k // 2}].value" in add.group(0)
         assert f"hdr.sums[{j + k // 2}].value = harvest_{j}.execute(meta.slot_index);" in body
         assert f"LANE_HARVEST: do_harvest_{j}();" in body
+        # Tofino 1: four pairs per stage (its stateful ALUs), from the stage after the decision.
+        stage = gen_tofino.PAIR_FIRST_STAGE + j // gen_tofino.PAIRS_PER_STAGE
+        assert re.search(rf"@stage\({stage}\)\n    #endif\n    table pair_{j} {{", body), j
     # The window check: a ternary table per GROUP lanes, each its own bad_code flag, each a
     # verdict row of its own (bad_code, after every other check).
     groups = -(-k // gen_tofino.GROUP)
