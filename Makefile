@@ -28,11 +28,11 @@ WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
 PROFILE ?= default
 K ?= $(if $(filter tofino,$(PROFILE)),12,64)
 # make p4-tofino: lanes per pass and device of the Tofino program (docs/tofino.md; 12 is the
-# largest K that fits Tofino's 12 stages).
+# largest K that fits Tofino's 12 stages with one register per lane). TOFINO_DENSE=1: the dense
+# layout (pair registers, int32 results, a harvest pass on Tofino 1; docs/tofino.md, "Density"),
+# e.g. make p4-tofino TOFINO_DENSE=1 TOFINO_K=32 (about 15 minutes).
 TOFINO_K ?= 12
 TOFINO_TARGET ?= tofino
-# TOFINO_DENSE=1: the dense layout (pair registers, int32 results, a harvest pass on Tofino 1;
-# docs/tofino.md, "Density"), e.g. make p4-tofino TOFINO_DENSE=1 TOFINO_K=32.
 TOFINO_DENSE ?=
 
 .PHONY: help setup apt venv test lint topo need-root p4 p4-tofino dissector stop clean
@@ -99,7 +99,7 @@ p4: venv
 # The Tofino program: generated lanes + p4c-barefoot, and the pipeline resources it takes
 # (docs/tofino.md); TOFINO_TARGET=tofino2 for Tofino 2.
 p4-tofino: venv
-	$(PY) -m ncina.aggregator.bmv2.tofino --k $(TOFINO_K) --target $(TOFINO_TARGET) $(if $(TOFINO_DENSE),--dense)
+	$(PY) -m ncina.aggregator.bmv2.tofino --k $(TOFINO_K) --target $(TOFINO_TARGET) $(if $(TOFINO_DENSE),--dense,--one-per-lane)
 
 # The Wireshark dissector: Wireshark and tshark load every .lua in this folder at start
 # (docs/wireshark.md).

@@ -77,27 +77,30 @@ def test_generated_program_has_k_lanes_and_the_layouts_counters(tmp_path: Path) 
     assert f"hdr.lanes[{k - 1}]" in text and f"hdr.lanes[{k}]" not in text  # parser states
 
 
-def test_dense_decode_rows_refuse_codes_above_the_window_as_the_default_check_does() -> None:
-    """A dense decode table's first matching row, for every code byte and every job window:
-    POISON exactly where the default layout's check (code + code_offset has bit 7 set) says
-    above, else the code's integer; no integer has POISON's top bits (10), which the `codes`
-    table looks for."""
-    rows = gen_tofino.dense_decode_rows()
-    integers = {byte: value for byte, _, value in rows}
-    for max_code in range(1, gen_tofino.MAX_CODE + 1):
-        offset = 127 - max_code
-        for byte in range(256):
-            hit = [(above, value) for b, above, value in rows if b == byte]
-            code = byte & 0x7F
-            if not hit:  # a code no 32-bit lane decodes: the default action
-                assert code > gen_tofino.MAX_CODE
-                continue
-            above, value = hit[0]
-            got = gen_tofino.POISON if above is not None and offset >= above else value
-            want_above = (code + offset) >> 7 & 1
-            assert got == (gen_tofino.POISON if want_above else integers[byte]), (byte, max_code)
-    assert all(value >> 30 != 0b10 for value in integers.values())
-    assert gen_tofino.POISON >> 30 == 0b10
+def test_dense_window_rows_refuse_codes_above_the_window_as_the_default_check_does() -> None:
+    """The dense window check's ternary rows, for every code magnitude and every code_offset
+    byte: a row matches exactly when the default layout's check (code + code_offset has bit 7
+    set) says above, for the codes a 32-bit lane decodes and the offsets a job has (below 128,
+    where that 8-bit sum cannot wrap); codes above MAX_CODE always, code 0 never, any other
+    code for an offset of 128 or more."""
+    rows = gen_tofino.window_rows()
+    for offset in range(256):
+        for code in range(128):
+            hit = any(offset & om == ov and code & cm == cv for (ov, om), (cv, cm) in rows)
+            if code > gen_tofino.MAX_CODE:
+                want = True
+            elif offset >= 128:
+                want = code != 0
+            else:
+                want = code != 0 and (code + offset) >> 7 & 1 == 1
+            assert hit == want == gen_tofino.code_above_window(code, offset), (offset, code)
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0, 127), (1, 31), (32, 127), (5, 5), (3, 17), (97, 126)])
+def test_ternary_cover_matches_exactly_the_range(lo: int, hi: int) -> None:
+    rows = gen_tofino.ternary_cover(lo, hi, 7)
+    for x in range(128):
+        assert sum(x & mask == value for value, mask in rows) == (lo <= x <= hi), x
 
 
 def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
@@ -120,6 +123,9 @@ def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
         assert f"value.hi + hdr.sums[{j + k // 2}].value" in add.group(0)
         assert f"hdr.sums[{j + k // 2}].value = harvest_{j}.execute(meta.slot_index);" in body
         assert f"LANE_HARVEST: do_harvest_{j}();" in body
+        # Tofino 1: four pairs per stage (its stateful ALUs), from the stage after the decision.
+        stage = gen_tofino.PAIR_FIRST_STAGE + j // gen_tofino.PAIRS_PER_STAGE
+        assert re.search(rf"@stage\({stage}\)\n    #endif\n    table pair_{j} {{", body), j
     # The window check: a ternary table per GROUP lanes, each its own bad_code flag, each a
     # verdict row of its own (bad_code, after every other check).
     groups = -(-k // gen_tofino.GROUP)

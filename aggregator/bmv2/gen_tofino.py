@@ -401,70 +401,93 @@ def lanes_p4(k: int, dense: bool = False) -> str:
     return "\n".join(out)
 
 
-POISON = 0x80000000
-"""What a dense decode table writes for a code above the job's window: no code's integer
-(+-2^(code - 1), code <= MAX_CODE) has bits 31:30 = 10, so one ternary table finds it."""
-
-
-def dense_decode_rows() -> list[tuple[int, int | None, int]]:
-    """``(code byte, smallest code_offset that puts it above the window or None, value)`` of a
-    dense decode table: the code is above the job's window when ``code + code_offset >= 128``
-    (as the default layout's check), so its row matches code_offset in ``[128 - code, 255]``
-    first and writes POISON; else the code's integer. Codes above MAX_CODE miss: POISON."""
+def ternary_cover(lo: int, hi: int, bits: int) -> list[tuple[int, int]]:
+    """``(value, mask)`` rows of a ternary key of ``bits`` bits that match exactly the values in
+    ``[lo, hi]`` (the fewest aligned blocks: a range as prefixes)."""
     out = []
-    for sign, code, value in decode_entries():
-        out.append((sign << 7 | code, 128 - code if code else None, value))
+    while lo <= hi:
+        size = lo & -lo if lo else 1 << bits
+        while lo + size - 1 > hi:
+            size >>= 1
+        out.append((lo, ((1 << bits) - 1) & ~(size - 1)))
+        lo += size
     return out
 
 
+def code_above_window(code: int, code_offset: int) -> bool:
+    """The dense layout's window rule for a code's magnitude (7 bits) and a job's code_offset:
+    the default layout's check (``code + code_offset`` has bit 7 set) for the codes a 32-bit
+    lane decodes, any code above MAX_CODE always (no decode table row), code 0 never."""
+    if code > MAX_CODE:
+        return True
+    return code != 0 and code + code_offset >= 128
+
+
+def window_rows() -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """``((offset value, mask), (code value, mask))``: the ternary rows, per lane, of the dense
+    window check (``_window_table``), keyed on the job's code_offset (8 bits) and the lane's
+    code magnitude (7 bits): a row matches exactly when ``code_above_window``. Codes above
+    MAX_CODE for any offset; codes 1..MAX_CODE for offsets of 128 and more; for each offset
+    below, the codes from ``128 - offset`` up (none when that exceeds MAX_CODE)."""
+    rows = [((0, 0), code) for code in ternary_cover(MAX_CODE + 1, 127, 7)]
+    rows += [((0x80, 0x80), code) for code in ternary_cover(1, MAX_CODE, 7)]
+    for offset in range(128 - MAX_CODE, 128):
+        rows += [((offset, 0xFF), code) for code in ternary_cover(128 - offset, MAX_CODE, 7)]
+    return rows
+
+
 def _dense_decode(i: int) -> Iterator[str]:
+    # An exact table on the code alone (64 entries, SRAM), as the default layout's: it depends
+    # on nothing but the header, so the compiler may place it in any stage before the lane's
+    # pair register (a range key on the job's code_offset made it a TCAM table placed after
+    # the job lookup, and the window check a stage after it: docs/tofino.md, "Density").
     # The integer is written where the result's sum will be (the lane's int32 result header,
-    # which the pair register reads and overwrites): no 32-bit metadata per lane, and no
-    # per-lane window check field (8-bit containers run out first: docs/tofino.md). The parser
-    # made that header valid with the lane (a stack's validity bits share a container: one
-    # setValid per table would chain the tables one stage after another).
+    # which the pair register reads and overwrites): no 32-bit metadata per lane. The parser
+    # made that header valid with the lane. A code no row holds (above MAX_CODE) leaves 0:
+    # the window check drops its packet.
     yield f"action set_v{i}(bit<32> v) {{"
     yield f"    hdr.sums[{i}].value = v;"
     yield "}"
     yield f"table decode_{i} {{"
-    yield "    key = {"
-    yield f"        hdr.lanes[{i}].code: ternary;"
-    yield "        meta.code_offset: range;"
-    yield "    }"
+    yield f"    key = {{ hdr.lanes[{i}].code: exact; }}"
     yield f"    actions = {{ set_v{i}; }}"
-    yield f"    default_action = set_v{i}(32w0x{POISON:08X});"
-    yield f"    size = {4 * (MAX_CODE + 1)};"
+    yield f"    default_action = set_v{i}(0);"
+    yield f"    size = {2 * (MAX_CODE + 1)};"
     yield "    const entries = {"
-    for byte, above, value in dense_decode_rows():
-        if above is not None:
-            yield f"        (8w0x{byte:02X}, {above} .. 255): set_v{i}(32w0x{POISON:08X});"
-        yield f"        (8w0x{byte:02X}, 0 .. 255): set_v{i}(32w0x{value:08X});"
+    for sign, code, value in decode_entries():
+        yield f"        8w0x{sign << 7 | code:02X}: set_v{i}(32w0x{value:08X});"
     yield "    }"
     yield "}"
 
 
-def _poison_table(k: int, g: int) -> Iterator[str]:
-    # A table per GROUP lanes: one over every lane's key does not fit a stage's ternary input
-    # crossbar at K = 32 (the compiler's words: docs/tofino.md).
+def _window_table(k: int, g: int) -> Iterator[str]:
+    # A ternary table per GROUP lanes over the codes themselves and the job's code_offset
+    # (window_rows): it needs only the job lookup, so admission's verdict is not delayed by the
+    # decode tables. One table over every lane's key does not fit a stage's ternary input
+    # crossbar at K = 32 (docs/tofino.md).
     lanes = range(g * GROUP, min(k, (g + 1) * GROUP))
+    rows = window_rows()
     flag = "meta.codes_bad" if g == 0 else f"meta.checks.codes_bad_{g}"
     yield f"action above_{g}() {{"
     yield f"    {flag} = 1;"
     yield "}"
     yield f"table codes_{g} {{"
     yield "    key = {"
+    yield '        meta.code_offset: ternary @name("code_offset");'
     for i in lanes:
         yield f"        hdr.lanes[{i}].isValid(): ternary;"
-        yield f'        hdr.sums[{i}].value[31:30]: ternary @name("top_{i}");'
+        yield f'        hdr.lanes[{i}].code[6:0]: ternary @name("code_{i}");'
     yield "    }"
     yield f"    actions = {{ above_{g}; NoAction; }}"
     yield "    default_action = NoAction();"
-    yield f"    size = {len(lanes)};"
+    yield f"    size = {len(lanes) * len(rows)};"
     yield "    const entries = {"
     for n in range(len(lanes)):
-        fields = ["_"] * (2 * len(lanes))
-        fields[2 * n], fields[2 * n + 1] = "true", "2w0b10"
-        yield f"        ({', '.join(fields)}): above_{g}();"
+        for (offset, omask), (code, cmask) in rows:
+            fields = ["_"] * (2 * len(lanes))
+            fields[2 * n], fields[2 * n + 1] = "true", f"7w0x{code:02X} &&& 7w0x{cmask:02X}"
+            key = f"8w0x{offset:02X} &&& 8w0x{omask:02X}"
+            yield f"        ({key}, {', '.join(fields)}): above_{g}();"
     yield "    }"
     yield "}"
 
@@ -478,12 +501,12 @@ def _dense_check_codes(k: int) -> list[str]:
         "control CheckCodes(inout headers_t hdr, inout meta_t meta) {",
         *_each(k, _dense_decode, 4),
         "",
-        *_each(_groups(k), lambda g: _poison_table(k, g), 4),
+        *_each(_groups(k), lambda g: _window_table(k, g), 4),
         "",
         "    apply {",
         "        meta.codes_bad = 0;",
         *(f"        meta.checks.codes_bad_{g} = 0;" for g in range(1, _groups(k))),
-        *(f"        if (hdr.lanes[{i}].isValid()) {{ decode_{i}.apply(); }}" for i in range(k)),
+        *(f"        decode_{i}.apply();" for i in range(k)),
         *(f"        codes_{g}.apply();" for g in range(_groups(k))),
         "    }",
         "}",
@@ -532,6 +555,14 @@ def _pair_sums(j: int, pairs: int) -> Iterator[str]:
     yield "#endif"
 
 
+PAIR_FIRST_STAGE = 8
+"""Tofino 1's first stage after the slot decision (stage 7 in the compiler's placement of the
+dense layout: jobs 0, window check 1, flags 2, verdict 3, offsets 4, contributors 5, tallies 6,
+decision 7), where the pair registers start."""
+
+PAIRS_PER_STAGE = 4
+"""Stateful ALUs per Tofino stage: pair registers a stage holds."""
+
 _PAIR_OPS = (("LANE_FIRST", "first"), ("LANE_ADD", "add"), ("LANE_READ", "read"))
 
 
@@ -552,6 +583,12 @@ def _pair_table(j: int, pairs: int) -> Iterator[str]:
     yield f"action do_harvest_{j}() {{"
     yield f"    hdr.sums[{hi}].value = harvest_{j}.execute(meta.slot_index);"
     yield "}"
+    yield "#endif"
+    # Tofino 1: pinned, 4 per stage, to the stages after the slot decision. Left to itself the
+    # compiler filled stage 8 with the replies' tables and kept stage 9 for the counters'
+    # index, and the pairs took stages 8 to 13 (docs/tofino.md, "Density").
+    yield "#if __TARGET_TOFINO__ == 1"
+    yield f"@stage({PAIR_FIRST_STAGE + j // PAIRS_PER_STAGE})"
     yield "#endif"
     yield f"table pair_{j} {{"
     yield "    key = { meta.lane_op: exact; }"

@@ -20,7 +20,9 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,7 +39,12 @@ STAGES = {"tofino": 12, "tofino2": 20}
 """Match-action stages per pipeline of each device."""
 ARCH = {"tofino": "tna", "tofino2": "t2na"}
 DEFAULT_K = 12
-"""Lanes per pass of the documented fit (docs/tofino.md)."""
+"""Lanes per pass of the documented fit (docs/tofino.md): the one-register-per-lane layout's."""
+DEFAULT_DENSE = False
+"""``make p4-tofino`` builds the one-register-per-lane layout (the dense one does not fit
+Tofino 1 at 32 lanes yet: docs/tofino.md, "Density")."""
+REPORTS = ROOT / "docs" / "tofino-resources"
+"""The committed fit reports (``--report``): one JSON file per variant (``report_name``)."""
 
 INSTALL_HINT = (
     "build p4c with its Tofino back end (cmake -DENABLE_TOFINO=ON; the binary is p4c-barefoot) "
@@ -115,6 +122,30 @@ def read_resources(out: Path, target: str, k: int, dense: bool = False) -> Resou
     )
 
 
+def stages_of(out: Path) -> list[dict[str, object]]:
+    """Where the stages go: per stage of the compiler's report, its stateful ALUs, TCAM and SRAM
+    blocks and the logical tables it holds (the compiler's names, control prefixes dropped;
+    ``tbl_*`` are its tables for actions outside tables, ``cond-*`` its gateways)."""
+    stages = json.loads((out / "pipe" / "logs" / "resources.json").read_text())
+    out_stages = []
+    for s in stages["resources"]["mau"]["mau_stages"]:
+        tables = [re.sub(r"^Ncina(Ingress|Egress)\.", "", t["table_name"])
+                  for t in s["logical_tables"]["ids"]]  # fmt: skip
+        out_stages.append({
+            "stage": s["stage_number"],
+            "stateful_alus": len(s["meter_alus"]["meters"]),
+            "tcam_blocks": len(s["tcams"]["tcams"]),
+            "sram_blocks": len(s["rams"]["srams"]),
+            "tables": tables,
+        })
+    return sorted(out_stages, key=lambda st: int(st["stage"]))  # type: ignore[call-overload]
+
+
+def report_name(k: int, target: str, dense: bool) -> str:
+    """The file name of a variant's fit report, e.g. ``tofino-k32-dense.json``."""
+    return f"{target}-k{k}{'-dense' if dense else ''}.json"
+
+
 def sources() -> list[Path]:
     return sorted(SOURCE_DIR.glob("*.p4"))
 
@@ -126,7 +157,9 @@ def compile_command(k: int, target: str, directory: Path) -> list[str]:
             "-I", str(directory), "-o", str(directory / "out"), str(SOURCE_DIR / MAIN)]  # fmt: skip
 
 
-def _digest(k: int, target: str, dense: bool) -> str:
+def inputs_digest(k: int, target: str, dense: bool) -> str:
+    """What a build is compiled from: K, the target, the compiler's name, ``p4/tofino/*.p4`` and
+    the generated ``config.p4`` and ``lanes.p4`` (a build, and a fit report, is of this)."""
     h = hashlib.sha256(f"k={k}\ntarget={target}\n{compiler()}\n".encode())
     for path in sources():
         h.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -151,7 +184,7 @@ def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = N
         fcntl.flock(lock, fcntl.LOCK_EX)
         stamp = directory / "inputs.sha256"
         summary = directory / "resources.json"
-        digest = _digest(k, target, dense)
+        digest = inputs_digest(k, target, dense)
         if (not force and summary.exists() and stamp.exists()
                 and stamp.read_text().strip() == digest):  # fmt: skip
             return Resources(**json.loads(summary.read_text()))
@@ -160,6 +193,7 @@ def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = N
             raise ToolchainError(f"cannot compile p4/tofino/{MAIN}: {reason}")
         gen_tofino.write(k, directory, dense)
         command = compile_command(k, target, directory)
+        started = time.monotonic()
         proc = _run_with_progress(command, f"p4c-barefoot {target} K={k}")
         if proc.returncode != 0:
             errors = [line for line in (proc.stderr + proc.stdout).splitlines()
@@ -170,6 +204,14 @@ def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = N
             )
         resources = read_resources(directory / "out", target, k, dense)
         summary.write_text(json.dumps(asdict(resources), indent=1) + "\n")
+        report = {
+            "resources": asdict(resources),
+            "fits": resources.fits,
+            "inputs_sha256": digest,
+            "compile_wall_seconds": round(time.monotonic() - started),
+            "stages": stages_of(directory / "out"),
+        }
+        (directory / "report.json").write_text(json.dumps(report, indent=1) + "\n")
         stamp.write_text(digest + "\n")
         return resources
 
@@ -186,15 +228,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     JobSpec.add_arguments(parser, "k", k=DEFAULT_K)  # DEFAULT_K: the most that fit Tofino
     parser.add_argument("--target", choices=sorted(STAGES), default="tofino")
-    parser.add_argument("--dense", action="store_true", help="the pair-register layout with "
-                        "int32 results (docs/tofino.md, \"Density\")")  # fmt: skip
+    layout = parser.add_mutually_exclusive_group()
+    layout.add_argument("--dense", action="store_true", default=DEFAULT_DENSE,
+                        help="the pair-register layout with int32 results (docs/tofino.md, "
+                        "\"Density\"; the default)")  # fmt: skip
+    layout.add_argument("--one-per-lane", dest="dense", action="store_false",
+                        help="one 32-bit register per lane, int results (at most 12 lanes)")
     parser.add_argument("--force", action="store_true", help="compile even if up to date")
+    parser.add_argument("--report", action="store_true", help=f"copy the fit report (stages "
+                        f"and tables, resources, the inputs' digest) into {REPORTS}/")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         res = build(args.k, args.target, force=args.force, dense=args.dense)
     except (ToolchainError, ValueError) as exc:
         print(f"make p4-tofino: {exc}", file=sys.stderr)
         return 1
+    if args.report:
+        name = report_name(args.k, args.target, args.dense)
+        REPORTS.mkdir(parents=True, exist_ok=True)
+        directory = BUILD_DIR / name.removesuffix(".json")
+        shutil.copyfile(directory / "report.json", REPORTS / name)
     print("| target | K | stages | SRAM blocks | TCAM blocks | stateful ALUs | PHV bits | fits |")
     print(res.line())
     if not res.fits:

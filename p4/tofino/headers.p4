@@ -292,6 +292,9 @@ struct meta_t {
 #ifdef NCINA_HARVEST
     bit<8> then;              // a result sent to the harvest pass: how it leaves after it
 #endif
+#ifdef NCINA_DENSE
+    bit<1> ours;              // a datagram to the aggregator's port: counted, maybe answered
+#endif
     bit<16> nc8_excess;       // room - count
     bit<16> int_excess;       // room - count * 8
     bit<16> rank_room;        // rank - workers (bit 15: a rank of the job)

@@ -30,6 +30,9 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     Slots() slots;
     Reply() reply;
     Events() events;
+#ifdef NCINA_DENSE
+    LaneSums() sums;
+#endif
 
     // The aggregator's own address (one entry): aggregated on its UDP port.
     action aggregator(mac_t mac, bit<16> port, bit<8> flags) {
@@ -115,6 +118,25 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
                     dprsr.digest_type = DIGEST_MEMBER;  // the control plane learns the rank
                 }
             }
+#ifdef NCINA_DENSE
+            meta.ours = 1;  // counted and answered below, after the lanes' pairs
+#else
+            events.apply(hdr, meta);
+            if (meta.send != OUT_NONE) {
+                reply.apply(hdr, meta, ig_md, tm);
+            }
+#endif
+        } else if (meta.local == 0 && hdr.eth.isValid()) {
+            forward.apply(hdr, meta, tm);
+        }
+#ifdef NCINA_DENSE
+        // The lanes' pairs, then the counters and the replies, each its own block: the pairs
+        // depend on the slot decision above, the counters and replies too, but not on each
+        // other, so the compiler places them side by side after the decision. (The counters and
+        // replies in the decision's block made the pairs wait for that whole block: 14 stages
+        // at K = 32, docs/tofino.md "Density".) A pair's table does nothing for LANE_NONE.
+        sums.apply(hdr, meta);
+        if (meta.ours == 1) {
             events.apply(hdr, meta);
 #ifdef NCINA_HARVEST
             if (meta.lane_op == LANE_HARVEST) {  // sent as the first pass decided
@@ -134,9 +156,8 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
                 reply.apply(hdr, meta, ig_md, tm);
             }
 #endif
-        } else if (meta.local == 0 && hdr.eth.isValid()) {
-            forward.apply(hdr, meta, tm);
         }
+#endif
         if (meta.send == OUT_NONE) {
             dprsr.drop_ctl = 1;
         }

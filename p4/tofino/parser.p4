@@ -45,6 +45,9 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
         meta.f_generation = 0;
         meta.codes_bad = 0;
         meta.unknown_rank = 0;
+#ifdef NCINA_DENSE
+        meta.ours = 0;
+#endif
 #ifdef NCINA_HARVEST
         meta.then = OUT_NONE;
         transition select(ig_md.ingress_port) {

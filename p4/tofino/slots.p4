@@ -13,7 +13,9 @@ struct versions_t {
 }
 
 control Slots(inout headers_t hdr, inout meta_t meta) {
+#ifndef NCINA_DENSE
     LaneSums() sums;
+#endif
 
     // The offset of each slot version's chunk. OFFSET_UNUSED: every offset in [0, 2^30) is
     // newer (serial arithmetic mod 2^32), so a version's first chunk claims it.
@@ -175,9 +177,11 @@ control Slots(inout headers_t hdr, inout meta_t meta) {
 #ifdef NCINA_HARVEST
         }
 #endif
+#ifndef NCINA_DENSE  // (the dense layout's pairs come last in ingress: p4/tofino/ncina.p4)
         if (meta.lane_op != LANE_NONE) {
             sums.apply(hdr, meta);
         }
+#endif
     }
 }
 

@@ -165,9 +165,11 @@ control Slots(inout headers_t hdr, inout meta_t meta) {
 #ifdef NCINA_HARVEST
         }
 #endif
+#ifndef NCINA_DENSE  // (the dense layout's pairs come last in ingress: p4/tofino/ncina.p4)
         if (meta.lane_op != LANE_NONE) {
             sums.apply(hdr, meta);
         }
+#endif
     }
 }
 
