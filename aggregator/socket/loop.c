@@ -225,20 +225,23 @@ static void one_by_one(unsigned m, int err)
         ssize_t n;
         while ((n = sendmsg(sock, &h, 0)) < 0 && errno == EINTR)
             ;
-        if (n < 0)
+        if (n < 0) {
+            io.tx_datagrams--;  /* counted by flush() before it was sent */
             io.send_errors++;
-        else
-            io.tx_datagrams++;
+        }
     }
 }
 
-/* Hand the buffered replies to the kernel; a datagram it refuses is counted and skipped. */
+/* Hand the buffered replies to the kernel; a datagram it refuses is counted and skipped. They are
+ * counted as sent before the send and taken back on a refusal, so that the stats never show fewer
+ * datagrams than a peer has already received (a reader of ncs_io_stats runs on another thread). */
 static void flush(void)
 {
     if (tx_count == 0)
         return;
     const unsigned messages = group();
     lay_out(messages);
+    io.tx_datagrams += tx_count;
     unsigned at = 0;
     while (at < messages) {
         const int n = sendmmsg(sock, tx_msgs + at, messages - at, 0);
@@ -249,15 +252,15 @@ static void flush(void)
             if (tx_segments[at] > 1 && (err == EINVAL || err == EMSGSIZE || err == EIO ||
                                         err == ENOPROTOOPT || err == EOPNOTSUPP))
                 one_by_one(at, err);
-            else
+            else {
+                io.tx_datagrams -= tx_segments[at];
                 io.send_errors += tx_segments[at];
+            }
             at++;
             continue;
         }
-        for (unsigned m = at; m < at + (unsigned)n; m++) {
-            io.tx_datagrams += tx_segments[m];
+        for (unsigned m = at; m < at + (unsigned)n; m++)
             io.tx_gso_sends += tx_segments[m] > 1;
-        }
         at += (unsigned)n;
     }
     io.tx_batches++;
