@@ -149,19 +149,23 @@ def _addend(i: int) -> str:
     return f"(hdr.lanes[{i}].sign == 1 ? 64w{BIAS} - {_decode(i)} : 64w{BIAS} + {_decode(i)})"
 
 
-def add_packed(per: int) -> Variant:
-    """K lanes as K/per registers of bit<64 per>, one read and one write each."""
-    width = 64 * per
-    regs = "\n".join(f"register<bit<{width}>>({SLOTS}) sum_{g};" for g in range(K // per))
+def _packed_controls(per: int, addend: Callable[[int], str]) -> str:
+    """K/per registers of bit<64 per> and the action ``work`` that adds each one's ``per``
+    lanes (lane g*per + j in bits [64 j + 63 : 64 j]: the first lane lowest), one read and one
+    write a register; ``addend(i)`` is lane i's 64-bit addend."""
+    regs = "\n".join(f"register<bit<{64 * per}>>({SLOTS}) sum_{g};" for g in range(K // per))
     body = []
     for g in range(K // per):
-        # lane g*per + j in bits [64 j + 63 : 64 j]: the first lane lowest
-        operand = " ++ ".join(_addend(g * per + j) for j in reversed(range(per)))
+        operand = " ++ ".join(addend(g * per + j) for j in reversed(range(per)))
         body.append(f"sum_{g}.read(meta.s, (bit<32>)hdr.ctl.idx); "
                     f"sum_{g}.write((bit<32>)hdr.ctl.idx, meta.s + ({operand}));")  # fmt: skip
-    return _lanes(True, f"add_packed{per}", K // per,
-                  controls=f"{regs}\naction work() {{ {' '.join(body)} }}", apply="work();",
-                  meta=f"bit<{width}> s;")  # fmt: skip
+    return f"{regs}\naction work() {{ {' '.join(body)} }}"
+
+
+def add_packed(per: int) -> Variant:
+    """K lanes as K/per registers of bit<64 per>, one read and one write each."""
+    return _lanes(True, f"add_packed{per}", K // per, controls=_packed_controls(per, _addend),
+                  apply="work();", meta=f"bit<{64 * per}> s;")  # fmt: skip
 
 
 def _addend_wide(i: int) -> str:
@@ -176,21 +180,14 @@ def add_packed_wide(per: int) -> Variant:
     """``add_packed``, the codes parsed as eight 64-bit groups and sliced per lane; the window
     check as one comparison per group (a code above ``max`` sets bit 7 of its byte in
     ``(v & 0x7f..7f) + (127 - max) * 0x01..01``)."""
-    width = 64 * per
-    regs = "\n".join(f"register<bit<{width}>>({SLOTS}) sum_{g};" for g in range(K // per))
-    body = []
-    for g in range(K // per):
-        operand = " ++ ".join(_addend_wide(g * per + j) for j in reversed(range(per)))
-        body.append(f"sum_{g}.read(meta.s, (bit<32>)hdr.ctl.idx); "
-                    f"sum_{g}.write((bit<32>)hdr.ctl.idx, meta.s + ({operand}));")  # fmt: skip
     check = " ".join(
         f"meta.bad = meta.bad | (((hdr.w[{j}].v & 64w0x7f7f7f7f7f7f7f7f) + meta.room) "
         f"& 64w0x8080808080808080);"
         for j in range(8)
     )
     return Variant(f"add_packed{per}_wide", K // per,
-                   meta=f"bit<{width}> s; bit<64> room; bit<64> bad;",
-                   controls=f"{regs}\naction work() {{ {' '.join(body)} }}",
+                   meta=f"bit<{64 * per}> s; bit<64> room; bit<64> bad;",
+                   controls=_packed_controls(per, _addend_wide),
                    apply=f"meta.room = (bit<64>)(8w127 - hdr.ctl.count) * 64w0x0101010101010101; "
                    f"{check} work();", **_wide_headers(64))  # fmt: skip
 
