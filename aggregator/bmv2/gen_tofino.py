@@ -226,14 +226,21 @@ def _decode(i: int) -> Iterator[str]:
     yield f"    meta.values.v{i} = v;"
     yield f"    meta.checks.c{i} = code + meta.checks.o{i // GROUP};"
     yield "}"
+    yield from _decode_table(i, "0, 0x7F", lambda value, code: f"32w0x{value:08X}, {code}")
+
+
+def _decode_table(i: int, default: str, data: Callable[[int, int], str]) -> Iterator[str]:
+    """Lane ``i``'s exact table on its code byte: ``decode_entries``' 64 rows, each calling
+    ``set_v{i}`` with ``data(value, code)`` (its 32-bit integer and the code's magnitude), a
+    code no row holds calling it with ``default``."""
     yield f"table decode_{i} {{"
     yield f"    key = {{ hdr.lanes[{i}].code: exact; }}"
     yield f"    actions = {{ set_v{i}; }}"
-    yield f"    default_action = set_v{i}(0, 0x7F);"
+    yield f"    default_action = set_v{i}({default});"
     yield f"    size = {2 * (MAX_CODE + 1)};"
     yield "    const entries = {"
     for sign, code, value in decode_entries():
-        yield f"        8w0x{sign << 7 | code:02X}: set_v{i}(32w0x{value:08X}, {code});"
+        yield f"        8w0x{sign << 7 | code:02X}: set_v{i}({data(value, code)});"
     yield "    }"
     yield "}"
 
@@ -448,16 +455,7 @@ def _dense_decode(i: int) -> Iterator[str]:
     yield f"action set_v{i}(bit<32> v) {{"
     yield f"    hdr.sums[{i}].value = v;"
     yield "}"
-    yield f"table decode_{i} {{"
-    yield f"    key = {{ hdr.lanes[{i}].code: exact; }}"
-    yield f"    actions = {{ set_v{i}; }}"
-    yield f"    default_action = set_v{i}(0);"
-    yield f"    size = {2 * (MAX_CODE + 1)};"
-    yield "    const entries = {"
-    for sign, code, value in decode_entries():
-        yield f"        8w0x{sign << 7 | code:02X}: set_v{i}(32w0x{value:08X});"
-    yield "    }"
-    yield "}"
+    yield from _decode_table(i, "0", lambda value, code: f"32w0x{value:08X}")
 
 
 def _window_table(k: int, g: int) -> Iterator[str]:
