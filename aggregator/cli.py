@@ -9,20 +9,20 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator import hierarchy, metrics
-from ncina.aggregator.bmv2 import driver as bmv2_driver
+from ncina.aggregator.backends.bmv2 import driver as bmv2_driver
+from ncina.aggregator.backends.dpdk import driver as dpdk_driver
+from ncina.aggregator.backends.python.driver import PythonBackend
+from ncina.aggregator.backends.python.faults import FaultConfig
+from ncina.aggregator.backends.python.handshake import RESTART_IDLE
+from ncina.aggregator.backends.python.pipeline import Aggregator
+from ncina.aggregator.backends.python.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS
+from ncina.aggregator.backends.socket import driver as socket_driver
 from ncina.aggregator.control import DEFAULT_MAX_JOBS, jobs_directory
-from ncina.aggregator.dpdk import driver as dpdk_driver
-from ncina.aggregator.faults import FaultConfig
-from ncina.aggregator.handshake import RESTART_IDLE
 from ncina.aggregator.jobs import (
     JobConfig,
     check_server_mtu,
     parse_member,
 )
-from ncina.aggregator.pipeline import Aggregator
-from ncina.aggregator.python_backend import PythonBackend
-from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS
-from ncina.aggregator.socket import driver as socket_driver
 from ncina.proto.compressors import create
 from ncina.proto.compressors.base import Compressor, largest_fitting
 from ncina.proto.header import MAX_GENERATION, PORT, Format

@@ -29,13 +29,18 @@ import time
 from typing import Any, Protocol
 
 import numpy as np
-from ncina.aggregator import reply
-from ncina.aggregator.admission import BAD_SLOT, STALE_GENERATION, UNKNOWN_JOB, WINDOW_MISMATCH
+from ncina.aggregator.backends.python import reply
+from ncina.aggregator.backends.python.admission import (
+    BAD_SLOT,
+    STALE_GENERATION,
+    UNKNOWN_JOB,
+    WINDOW_MISMATCH,
+)
+from ncina.aggregator.backends.python.members import BAD_TAG, NON_MEMBER
+from ncina.aggregator.backends.python.pipeline import Aggregator
+from ncina.aggregator.backends.python.reply import NOTHING, Datagrams
+from ncina.aggregator.backends.python.slots import JobSlots
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.members import BAD_TAG, NON_MEMBER
-from ncina.aggregator.pipeline import Aggregator
-from ncina.aggregator.reply import NOTHING, Datagrams
-from ncina.aggregator.slots import JobSlots
 from ncina.aggregator.stats import JobStats
 from ncina.proto import tag
 from ncina.proto.descriptor import (

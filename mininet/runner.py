@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator import process as aggproc
-from ncina.aggregator.bmv2 import toolchain
+from ncina.aggregator.backends.bmv2 import toolchain
+from ncina.aggregator.backends.dpdk import netns as dpdk_netns
 from ncina.aggregator.cli import BACKENDS
-from ncina.aggregator.dpdk import netns as dpdk_netns
 from ncina.aggregator.jobs import check_mtu_range
 from ncina.proto.header import PORT
 from ncina.proto.job import JobSpec

@@ -39,11 +39,12 @@ AGGREGATOR_BACKENDS = ("python", "socket", "dpdk", "bmv2", TWIN)
 
 def twin_lacks(backend: str, *features: str) -> None:
     """Skip the test on the twin when it needs one of ``features`` that the Tofino design lacks
-    (``ncina.aggregator.bmv2.twin.limits.LACKS``: the reason is the design's one sentence)."""
+    (``ncina.aggregator.backends.tofino.twin.limits.LACKS``: the reason is the design's one
+    sentence)."""
     if backend != TWIN:
         return
     import pytest
-    from ncina.aggregator.bmv2.twin.limits import LACKS
+    from ncina.aggregator.backends.tofino.twin.limits import LACKS
 
     pytest.skip(f"{TWIN}: " + "; ".join(LACKS[feature] for feature in features))
 
@@ -68,8 +69,8 @@ def _star(backend: str) -> Any:
     """The bridge the dpdk and bmv2 aggregators hang off (skips the test without root, or
     without DPDK or the P4 toolchain, with the reason)."""
     import pytest
-    from ncina.aggregator.bmv2 import toolchain
-    from ncina.aggregator.dpdk import binding, netns
+    from ncina.aggregator.backends.bmv2 import toolchain
+    from ncina.aggregator.backends.dpdk import binding, netns
 
     reason = netns.missing() or (binding.missing() if backend == "dpdk" else toolchain.missing())
     if reason:

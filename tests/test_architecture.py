@@ -20,7 +20,8 @@ DOC = ROOT / "docs" / "architecture.md"
 PROTOCOL = ROOT / "docs" / "protocol.md"
 # Where a file named without its folder may be (the picture names the aggregator's files so).
 FOLDERS = ("", "aggregator", "aggregator/engine", "p4", "docs")
-# p4/ files the P4 generator writes for the job's K (aggregator/bmv2/gen.py), not in the tree.
+# p4/ files the P4 generator writes for the job's K (aggregator/backends/bmv2/gen.py), not in the
+# tree.
 GENERATED = ("lanes.p4", "config.p4")
 FILE = re.compile(
     r"(?<![\w./-])(?:[\w-]+/)*[\w-]+\.(?:py|c|h|p4|md)\b"  # a file: a/b.py, b.c

@@ -168,7 +168,7 @@ def test_bad_bandwidth_and_dpdk_jumbo_frames_are_refused(
     with pytest.raises(SystemExit):
         parse("--bw", "100,0")
     assert "every value of '100,0' must be positive" in capsys.readouterr().err
-    from ncina.aggregator.dpdk import binding
+    from ncina.aggregator.backends.dpdk import binding
 
     if binding.missing():
         pytest.skip(f"dpdk: {binding.missing()}")
@@ -244,7 +244,7 @@ def test_a_tiny_leafspine_run_reports_the_leaf_uplinks(tmp_path: Path, backend: 
     (exact), and each leaf uplink carried at least its partial sums, 8 bytes per element. With
     dpdk, the leaves resolve the spine's MAC by ARP on the host's interface."""
     if backend == "dpdk":
-        from ncina.aggregator.dpdk import binding
+        from ncina.aggregator.backends.dpdk import binding
 
         if binding.missing():
             pytest.skip(f"dpdk: {binding.missing()}")

@@ -21,8 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from ncina.aggregator.dpdk import binding, netns
-from ncina.aggregator.dpdk.eal import MAX_LCORES, check_lcores, check_queues, combined_channels
+from ncina.aggregator.backends.dpdk import binding, netns
+from ncina.aggregator.backends.dpdk.eal import (
+    MAX_LCORES,
+    check_lcores,
+    check_queues,
+    combined_channels,
+)
 from ncina.proto import descriptor as desc
 from ncina_testlib import (
     Worker,
@@ -283,7 +288,7 @@ def test_the_command_refuses_a_leaf_on_two_lcores(capsys: pytest.CaptureFixture[
 def test_a_leaf_is_refused_on_more_than_one_lane() -> None:
     """The engine's refusal (offline, no EAL): a leaf's upstream state is one lane's, so a
     leaf job on two lanes is refused, and so are two lanes while a leaf is installed."""
-    from ncina.aggregator.dpdk.driver import DataPlane
+    from ncina.aggregator.backends.dpdk.driver import DataPlane
     from ncina.aggregator.jobs import JobConfig
 
     dp = DataPlane(binding.load())

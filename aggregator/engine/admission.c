@@ -1,8 +1,9 @@
 /* Admission: the jobs (installed by the control plane), the engine's generation, and the
  * job-level checks a well-formed datagram passes before it reaches the slots, steps 8-15 of
- * docs/protocol.md "Order of checks" in that order, as ncina.aggregator.admission: flags,
- * format, membership (asked of members.c), window, slot and count bounds, generation, codes
- * (or a spine's int partial sums, nce_job_set_uplink). */
+ * docs/protocol.md "Order of checks" in that order, as
+ * ncina.aggregator.backends.python.admission: flags, format, membership (asked of members.c),
+ * window, slot and count bounds, generation, codes (or a spine's int partial sums,
+ * nce_job_set_uplink). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

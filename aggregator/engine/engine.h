@@ -1,5 +1,6 @@
 /* ncina slot engine: the protocol of docs/protocol.md on UDP datagrams, shared by the I/O
- * layers (aggregator/socket: kernel UDP sockets; aggregator/dpdk: Ethernet frames on DPDK).
+ * layers (aggregator/backends/socket: kernel UDP sockets; aggregator/backends/dpdk: Ethernet
+ * frames on DPDK).
  *
  * This is the control-plane API every I/O layer's Python driver sees. Plain declarations only:
  * the bindings hand the lines of this file that are not preprocessor directives to cffi as part

@@ -1,7 +1,7 @@
 /* Members: each job's ranks and their addresses (configured, or learned from a first valid
  * datagram), and the authentication tag every datagram of a keyed job carries (docs/protocol.md
  * "Members" and "Authentication tag"): steps 7, 10 and 16 of "Order of checks", as
- * ncina.aggregator.members. The contributors' bitmaps are the slots' (slots.c). */
+ * ncina.aggregator.backends.python.members. The contributors' bitmaps are the slots' (slots.c). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,7 +1,7 @@
 /* The pipeline: one datagram through the concepts in the order of docs/protocol.md "Order of
  * checks" (nce_input: parse, the job, the tag, admission, the member learned, the slot rules,
- * which replies go out), as ncina.aggregator.pipeline does; plus the engine's module state and
- * the offline entry point for tests. */
+ * which replies go out), as ncina.aggregator.backends.python.pipeline does; plus the engine's
+ * module state and the offline entry point for tests. */
 #include <string.h>
 
 #include "state.h"

@@ -101,7 +101,7 @@ def measure(
     """One measurement of ``job`` (the options' ``JobSpec``): an aggregator of ``kind``
     (python, socket, dpdk, bmv2, forward: DPDK's no-op forwarder, socket_forward: the socket
     backend's) on a new site; the DPDK ones on ``lcores`` lanes."""
-    from ncina.aggregator.dpdk.binding import load
+    from ncina.aggregator.backends.dpdk.binding import load
 
     site = star.add_site()
     work = args.workdir / kind
@@ -174,7 +174,7 @@ def measure(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure the chosen backend, the Python backend and the no-op forwarder; return figures."""
-    from ncina.aggregator.dpdk import binding, netns
+    from ncina.aggregator.backends.dpdk import binding, netns
 
     if args.p4_profile != "default" and args.backend != "bmv2":
         raise ValueError("--p4-profile is the bmv2 backend's")
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if reason:
         raise RuntimeError(f"the aggregator benchmark needs root and DPDK: {reason}")
     if args.backend == "bmv2":
-        from ncina.aggregator.bmv2 import toolchain
+        from ncina.aggregator.backends.bmv2 import toolchain
 
         reason = toolchain.missing()
         if reason:

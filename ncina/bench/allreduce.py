@@ -165,7 +165,7 @@ def aggregator_arguments(args: argparse.Namespace, stats_path: Path) -> list[str
 
 def check_dpdk(mtu: int) -> None:
     """Raise with the reason when the dpdk backend cannot run here."""
-    from ncina.aggregator.dpdk import binding, netns
+    from ncina.aggregator.backends.dpdk import binding, netns
 
     reason = netns.missing() or binding.missing()
     if reason:
@@ -292,7 +292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with sigterm_interrupts(), tempfile.TemporaryDirectory(prefix="ncina-bench-") as tmp:
         try:
             if args.backend == "dpdk":
-                from ncina.aggregator.dpdk import netns
+                from ncina.aggregator.backends.dpdk import netns
 
                 star = netns.Star.create()
             site = star.add_site() if star else None

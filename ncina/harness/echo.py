@@ -83,7 +83,7 @@ def run_load(target: tuple[str, int], bind: str, k: int, window: int, seconds: f
              retx_after: float, start_at: float) -> dict[str, Any]:  # fmt: skip
     """One host's echo load: wait until ``CLOCK_MONOTONIC`` reaches ``start_at`` (the same
     clock in every Mininet host), then run the closed loop for ``seconds``; its counters."""
-    from ncina.aggregator.dpdk.binding import load
+    from ncina.aggregator.backends.dpdk.binding import load
     from ncina.proto.nc8 import Window
 
     module = load()

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ncina.aggregator.slots import RESEND_BURST, RESEND_INTERVAL
+from ncina.aggregator.backends.python.slots import RESEND_BURST, RESEND_INTERVAL
 from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_COUNTERS, JOB_DROP_REASONS
 from ncina.proto.wire import MAX_WORKERS
 

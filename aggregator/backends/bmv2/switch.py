@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ncina.aggregator.bmv2 import toolchain
+from ncina.aggregator.backends.bmv2 import toolchain
 from ncina.aggregator.process import tail
 
 READY_TIMEOUT = 30.0

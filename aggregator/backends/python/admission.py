@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from ncina.aggregator.members import NON_MEMBER
+from ncina.aggregator.backends.python.members import NON_MEMBER
 from ncina.proto.header import (
     BAD_COUNT,
     BAD_FLAGS,
@@ -29,7 +29,7 @@ from ncina.proto.header import (
 from ncina.common.address import Address
 
 if TYPE_CHECKING:
-    from ncina.aggregator.slots import JobSlots
+    from ncina.aggregator.backends.python.slots import JobSlots
 
 # Drop reasons of the job-level checks (the parse-level ones are in ncina.proto.header).
 UNKNOWN_JOB = "unknown_job"

@@ -17,10 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ncina.aggregator import admission, handshake, members, parse, reply
-from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.reply import NOTHING, Datagrams
-from ncina.aggregator.slots import (
+from ncina.aggregator.backends.python import admission, handshake, members, parse, reply
+from ncina.aggregator.backends.python.reply import NOTHING, Datagrams
+from ncina.aggregator.backends.python.slots import (
     CONTRIBUTE,
     DEFAULT_MAX_RESIDUAL_ELEMENTS,
     DUPLICATE,
@@ -30,6 +29,7 @@ from ncina.aggregator.slots import (
     JobSlots,
     ServerSlots,
 )
+from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GlobalStats, LimitStats, count_drop
 from ncina.proto.compressors import Compressor
 from ncina.proto.descriptor import is_job_datagram

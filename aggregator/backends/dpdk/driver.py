@@ -18,8 +18,7 @@ from typing import Any, TextIO
 
 import numpy as np
 from ncina.aggregator import hierarchy
-from ncina.aggregator.control import JobsDirectory, jobs_directory
-from ncina.aggregator.dpdk.eal import (
+from ncina.aggregator.backends.dpdk.eal import (
     HUGEPAGE_MODES,
     MAX_LCORES,
     PMDS,
@@ -31,6 +30,7 @@ from ncina.aggregator.dpdk.eal import (
     eal_arguments,
     pci_address,
 )
+from ncina.aggregator.control import JobsDirectory, jobs_directory
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
 from ncina.aggregator.hierarchy import LeafAggregator, check_int_frame_room
@@ -199,7 +199,7 @@ class DpdkBackend(EngineBackend):
         control: JobsDirectory | None = None,
         leaf: LeafAggregator | None = None,
     ) -> None:
-        from ncina.aggregator.dpdk.binding import load
+        from ncina.aggregator.backends.dpdk.binding import load
 
         check_lcores(lcores)
         if leaf is not None and lcores > 1:

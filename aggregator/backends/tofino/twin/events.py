@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ncina.aggregator.bmv2.entries import Counts
+from ncina.aggregator.backends.bmv2.entries import Counts
 
 JOB_COUNTERS = (
     "NcinaIngress.events.job_in",

@@ -69,7 +69,7 @@ class SocketBackend(EngineBackend):
         control: JobsDirectory | None = None,
         leaf: LeafAggregator | None = None,
     ) -> None:
-        from ncina.aggregator.socket.binding import load
+        from ncina.aggregator.backends.socket.binding import load
 
         plane = Engine(load())
         room = int(plane.lib.ncs_dgram_room())

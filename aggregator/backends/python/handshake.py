@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ncina.aggregator.admission import UNKNOWN_JOB
+from ncina.aggregator.backends.python.admission import UNKNOWN_JOB
+from ncina.aggregator.backends.python.members import authentic
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.members import authentic
 from ncina.aggregator.stats import GlobalStats, count_drop
 from ncina.proto.descriptor import (
     FLAG_PROBE,

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator import metrics
-from ncina.aggregator.bmv2 import entries, gen, toolchain, twin
-from ncina.aggregator.bmv2.control import Controller
-from ncina.aggregator.bmv2.switch import Switch, SwitchConfig
-from ncina.aggregator.bmv2.twin import events as twin_events
-from ncina.aggregator.bmv2.twin import limits as twin_limits
-from ncina.aggregator.bmv2.twin import switching as twin_switching
+from ncina.aggregator.backends.bmv2 import entries, gen, toolchain
+from ncina.aggregator.backends.bmv2.control import Controller
+from ncina.aggregator.backends.bmv2.switch import Switch, SwitchConfig
+from ncina.aggregator.backends.tofino import twin
+from ncina.aggregator.backends.tofino.twin import events as twin_events
+from ncina.aggregator.backends.tofino.twin import limits as twin_limits
+from ncina.aggregator.backends.tofino.twin import switching as twin_switching
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.process import ready_line
 from ncina.aggregator.stats import GlobalStats, JobStats, publish, snapshot

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ncina.aggregator.bmv2.entries import Entry, InstalledJob
+from ncina.aggregator.backends.bmv2.entries import Entry, InstalledJob
 
 ANSWERS_TABLE = "NcinaIngress.reply.answers"
 ANSWER_ACTION = "NcinaIngress.reply.answer"

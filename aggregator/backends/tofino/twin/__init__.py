@@ -13,8 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ncina.aggregator.bmv2.entries import Entry, Group, InstalledJob, flood_group, job_group
-from ncina.aggregator.bmv2.twin import admission, reply, switching
+from ncina.aggregator.backends.bmv2.entries import (
+    Entry,
+    Group,
+    InstalledJob,
+    flood_group,
+    job_group,
+)
+from ncina.aggregator.backends.tofino.twin import admission, reply, switching
 
 
 def entries(job: InstalledJob, local: tuple[str, int, str]) -> list[Entry]:

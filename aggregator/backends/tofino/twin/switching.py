@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ncina.aggregator.bmv2.entries import Entry
+from ncina.aggregator.backends.bmv2.entries import Entry
 
 LOCAL_TABLE = "NcinaIngress.local_address"
 LOCAL_ACTION = "NcinaIngress.aggregator"

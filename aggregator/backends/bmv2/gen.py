@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ncina.aggregator.bmv2.layout import defines
+from ncina.aggregator.backends.bmv2.layout import defines
 from ncina.proto.job import JobSpec
 from ncina.proto.nc8 import GAMMA
 from ncina.proto.wire import MAX_WORKERS

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from ncina.aggregator.bmv2.entries import Entry, InstalledJob
-from ncina.aggregator.bmv2.layout import JOB_EVENTS
-from ncina.aggregator.bmv2.twin import limits
+from ncina.aggregator.backends.bmv2.entries import Entry, InstalledJob
+from ncina.aggregator.backends.bmv2.layout import JOB_EVENTS
+from ncina.aggregator.backends.tofino.twin import limits
 
 JOBS_TABLE = "NcinaIngress.admission.jobs"
 JOB_ACTION = "NcinaIngress.admission.set_job"

@@ -15,8 +15,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ncina.aggregator.bmv2.entries import Counts, Entry, Group
-from ncina.aggregator.bmv2.toolchain import Build
+from ncina.aggregator.backends.bmv2.entries import Counts, Entry, Group
+from ncina.aggregator.backends.bmv2.toolchain import Build
 
 
 class Bmv2Error(RuntimeError):

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from ncina.aggregator.reply import Datagrams
+from ncina.aggregator.backends.python.reply import Datagrams
 
 from ncina.common.address import Address
 

@@ -5,7 +5,7 @@ tests skip a scenario that needs it with the same sentence as their reason.
 
 from __future__ import annotations
 
-from ncina.aggregator.bmv2 import gen_tofino
+from ncina.aggregator.backends.tofino import gen as gen_tofino
 from ncina.aggregator.jobs import JobConfig
 from ncina.proto.header import Format
 

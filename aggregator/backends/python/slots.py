@@ -20,8 +20,8 @@ import struct
 from typing import TYPE_CHECKING
 
 import numpy as np
+from ncina.aggregator.backends.python.members import Members
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.members import Members
 from ncina.aggregator.stats import JobStats, LimitStats
 from ncina.proto import nc8
 from ncina.proto.compressors import Compressor, State

@@ -19,7 +19,7 @@ from ncina.proto.header import FLAG_POOL, FLAG_RESULT, GENERATION_SHIFT, HEADER,
 from ncina.common.address import Address
 
 if TYPE_CHECKING:
-    from ncina.aggregator.slots import JobSlots
+    from ncina.aggregator.backends.python.slots import JobSlots
 
 Datagrams = Sequence[tuple[bytes, Address]]
 """What to send: ``(UDP payload, destination)`` pairs, in order."""

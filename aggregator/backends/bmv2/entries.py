@@ -10,9 +10,8 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ncina.aggregator.admission import STALE_GENERATION
-from ncina.aggregator.bmv2.gen import high_bit_rows
-from ncina.aggregator.bmv2.layout import (
+from ncina.aggregator.backends.bmv2.gen import high_bit_rows
+from ncina.aggregator.backends.bmv2.layout import (
     COUNTED,
     FLOOD_GROUP,
     GLOBAL_EVENTS,
@@ -21,7 +20,8 @@ from ncina.aggregator.bmv2.layout import (
     SLOTS,
     TRANSPORT_EVENTS,
 )
-from ncina.aggregator.handshake import RESTART_IDLE
+from ncina.aggregator.backends.python.admission import STALE_GENERATION
+from ncina.aggregator.backends.python.handshake import RESTART_IDLE
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GlobalStats, JobStats
 from ncina.proto.descriptor import JOB_DATAGRAM_SIZE

@@ -24,8 +24,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ncina.aggregator.bmv2 import gen, gen_tofino
-from ncina.aggregator.bmv2.layout import DEFAULT_K
+from ncina.aggregator.backends.bmv2 import gen
+from ncina.aggregator.backends.bmv2.layout import DEFAULT_K
+from ncina.aggregator.backends.tofino import gen as gen_tofino
 from ncina.proto.job import JobSpec
 
 from ncina.common.cbuild import cache_root

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ncina.aggregator import metrics
+from ncina.aggregator.backends.python.faults import FaultConfig, FaultyPath
+from ncina.aggregator.backends.python.pipeline import Aggregator
 from ncina.aggregator.control import JobsDirectory, apply_changes
-from ncina.aggregator.faults import FaultConfig, FaultyPath
 from ncina.aggregator.hierarchy import LeafAggregator
-from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.process import ready_line
 from ncina.aggregator.stats import publish, snapshot, write_or_say
 

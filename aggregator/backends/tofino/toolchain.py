@@ -26,8 +26,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ncina.aggregator.bmv2 import gen_tofino
-from ncina.aggregator.bmv2.toolchain import CHECKOUT, ROOT, ToolchainError, _run_with_progress
+from ncina.aggregator.backends.bmv2.toolchain import (
+    CHECKOUT,
+    ROOT,
+    ToolchainError,
+    _run_with_progress,
+)
+from ncina.aggregator.backends.tofino import gen as gen_tofino
 from ncina.proto.job import JobSpec
 
 from ncina.common.cbuild import cache_root

@@ -1,0 +1,1 @@
+"""The aggregator's backends, one folder each (docs/architecture.md, "Folders and layers")."""
