@@ -33,7 +33,7 @@ from ncina.common.cbuild import cache_root
 from ncina.common.progress import progress
 
 # The source checkout, or the installed ``ncina`` package folder.
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 P4_DIR = ROOT / "p4"
 CHECKOUT = (ROOT / "pyproject.toml").is_file()
 BUILD_DIR = ROOT / "build" / "p4" if CHECKOUT else cache_root() / "p4"
@@ -202,12 +202,12 @@ def _run_with_progress(command: list[str], desc: str) -> subprocess.CompletedPro
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ncina.aggregator.bmv2.toolchain --k K``: what ``make p4`` runs."""
+    """``python -m ncina.aggregator.backends.bmv2.toolchain --k K``: what ``make p4`` runs."""
     import argparse
     import sys
 
     parser = argparse.ArgumentParser(
-        prog="python -m ncina.aggregator.bmv2.toolchain",
+        prog="python -m ncina.aggregator.backends.bmv2.toolchain",
         description=f"Generate and compile p4/{MAIN} (or the Tofino profile's p4/{TWIN}) for "
         f"K lanes into {BUILD_DIR}/k<K>/ ({BUILD_DIR}/tofino-k<K>/).",
     )

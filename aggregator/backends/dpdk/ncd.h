@@ -1,8 +1,8 @@
 /* ncina DPDK data plane: the DPDK I/O layer around the slot engine (aggregator/engine), the API
  * its Python driver sees besides the engine's (engine.h).
  *
- * Plain declarations only: aggregator/dpdk/binding.py hands the lines of engine.h and of this
- * file that are not preprocessor directives to cffi as its cdef. One data plane per process
+ * Plain declarations only: aggregator/backends/dpdk/binding.py hands the lines of engine.h and of
+ * this file that are not preprocessor directives to cffi as its cdef. One data plane per process
  * (EAL can be started once per process); all state is module-global in the C files (per lane
  * where several lanes write it).
  */

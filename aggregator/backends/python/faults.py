@@ -1,7 +1,8 @@
 """Seeded fault injection between the Python aggregator's socket and its logic.
 
 The kernel here has no netem, so the aggregator emulates a bad network itself, on the path between
-its socket and :class:`ncina.aggregator.pipeline.Aggregator` (the slot logic never knows):
+its socket and :class:`ncina.aggregator.backends.python.pipeline.Aggregator` (the slot logic never
+knows):
 
 - ``drop_up``: a received datagram is discarded before the logic sees it (uplink loss);
 - ``drop_down``: a datagram the logic wants to send is discarded instead (downlink loss, decided

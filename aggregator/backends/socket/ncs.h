@@ -1,8 +1,8 @@
 /* ncina socket data plane: the kernel-UDP-socket I/O layer around the slot engine
  * (aggregator/engine), the API its Python driver sees besides the engine's (engine.h).
  *
- * Plain declarations only: aggregator/socket/binding.py hands the lines of engine.h and of this
- * file that are not preprocessor directives to cffi as its cdef. One socket data plane per
+ * Plain declarations only: aggregator/backends/socket/binding.py hands the lines of engine.h and of
+ * this file that are not preprocessor directives to cffi as its cdef. One socket data plane per
  * process; its state is module-global in loop.c. Needs no root and no DPDK.
  */
 #ifndef NCS_H

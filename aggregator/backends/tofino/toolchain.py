@@ -32,7 +32,7 @@ from ncina.aggregator.backends.bmv2.toolchain import (
     ToolchainError,
     _run_with_progress,
 )
-from ncina.aggregator.backends.tofino import gen as gen_tofino
+from ncina.aggregator.backends.tofino import gen
 from ncina.proto.job import JobSpec
 
 from ncina.common.cbuild import cache_root
@@ -84,7 +84,7 @@ class Resources:
     phv_bits: int
     phv_capacity: int
     dense: bool = False
-    """The pair-register layout with int32 results (``gen_tofino.dense_lanes_p4``)."""
+    """The pair-register layout with int32 results (``gen.dense_lanes_p4``)."""
 
     @property
     def fits(self) -> bool:
@@ -168,7 +168,7 @@ def inputs_digest(k: int, target: str, dense: bool) -> str:
     h = hashlib.sha256(f"k={k}\ntarget={target}\n{compiler()}\n".encode())
     for path in sources():
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    h.update(gen_tofino.config_p4(k, dense).encode() + gen_tofino.lanes_p4(k, dense).encode())
+    h.update(gen.config_p4(k, dense).encode() + gen.lanes_p4(k, dense).encode())
     return h.hexdigest()
 
 
@@ -180,9 +180,9 @@ def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = N
     words."""
     if target not in STAGES:
         raise ValueError(f"target must be one of {', '.join(STAGES)}, not {target}")
-    gen_tofino.check_k(k)
+    gen.check_k(k)
     if dense:
-        gen_tofino.check_dense_k(k)
+        gen.check_dense_k(k)
     directory = directory or BUILD_DIR / f"{target}-k{k}{'-dense' if dense else ''}"
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / ".lock").open("w") as lock:
@@ -196,7 +196,7 @@ def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = N
         reason = missing()
         if reason:
             raise ToolchainError(f"cannot compile p4/tofino/{MAIN}: {reason}")
-        gen_tofino.write(k, directory, dense)
+        gen.write(k, directory, dense)
         command = compile_command(k, target, directory)
         started = time.monotonic()
         proc = _run_with_progress(command, f"p4c-barefoot {target} K={k}")
@@ -222,12 +222,13 @@ def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ncina.aggregator.bmv2.tofino --k K``: what ``make p4-tofino`` runs."""
+    """``python -m ncina.aggregator.backends.tofino.toolchain --k K``: what ``make p4-tofino``
+    runs."""
     import argparse
     import sys
 
     parser = argparse.ArgumentParser(
-        prog="python -m ncina.aggregator.bmv2.tofino",
+        prog="python -m ncina.aggregator.backends.tofino.toolchain",
         description=f"Generate p4/tofino/{MAIN} for K lanes, compile it with p4c-barefoot into "
         f"{BUILD_DIR}/<target>-k<K>/ and print the pipeline resources it takes.",
     )

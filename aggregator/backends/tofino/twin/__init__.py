@@ -5,8 +5,8 @@ programs (``admission``, ``reply``, ``switching``, ``events``), and the design's
 place (``limits``). Egress's ``member_addresses`` gets no entry: a configured member's MAC
 address is not known here (a job names IPv4 address and port), so the twin learns it from the
 member's first valid packet, as it learns an unconfigured member (p4/twin/members.p4). The
-entries are plain data (``ncina.aggregator.bmv2.entries``' ``Entry`` and ``Group``), pushed by
-``ncina.aggregator.bmv2.control``.
+entries are plain data (``ncina.aggregator.backends.bmv2.entries``' ``Entry`` and ``Group``), pushed
+by ``ncina.aggregator.backends.bmv2.control``.
 """
 
 from __future__ import annotations

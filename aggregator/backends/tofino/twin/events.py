@@ -1,7 +1,7 @@
 """The counters of the Events control (p4/twin/events.p4) and egress's ``job_sent``: one
-counter per event kind, each indexed as ``ncina.aggregator.bmv2.layout`` numbers the events;
-added up at each index they are the default program's ``job_events``, so
-``ncina.aggregator.bmv2.entries`` turns them into the stats document."""
+counter per event kind, each indexed as ``ncina.aggregator.backends.bmv2.layout`` numbers the
+events; added up at each index they are the default program's ``job_events``, so
+``ncina.aggregator.backends.bmv2.entries`` turns them into the stats document."""
 
 from __future__ import annotations
 

@@ -5,15 +5,15 @@ tests skip a scenario that needs it with the same sentence as their reason.
 
 from __future__ import annotations
 
-from ncina.aggregator.backends.tofino import gen as gen_tofino
+from ncina.aggregator.backends.tofino import gen
 from ncina.aggregator.jobs import JobConfig
 from ncina.proto.header import Format
 
-MAX_K = gen_tofino.MAX_K
+MAX_K = gen.MAX_K
 """Lanes per pass (no recirculation)."""
-MAX_WORKERS = gen_tofino.MAX_WORKERS
+MAX_WORKERS = gen.MAX_WORKERS
 """Ranks per job: a round's contributors are one 32-bit register word."""
-MAX_CODE = gen_tofino.MAX_CODE
+MAX_CODE = gen.MAX_CODE
 """Largest code the per-lane decode tables know (+-2^30)."""
 
 LACKS = {
