@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ncina.aggregator.backends import names
 from ncina.proto.layers import NcinaHeader
 from scapy.packet import Raw
 
@@ -33,7 +34,7 @@ TWIN = "bmv2-tofino"
 docs/tofino.md): a backend variant of its own in the cross-backend tests, where the design's
 limits (``twin_lacks``) allow."""
 
-AGGREGATOR_BACKENDS = ("python", "socket", "dpdk", "bmv2", TWIN)
+AGGREGATOR_BACKENDS = (*names(), TWIN)
 """Backends ``start_aggregator`` can run; packet-level tests are parametrised over them."""
 
 
@@ -48,7 +49,7 @@ def twin_lacks(backend: str, *features: str) -> None:
 
     pytest.skip(f"{TWIN}: " + "; ".join(LACKS[feature] for feature in features))
 
-TAGGED_BACKENDS = ("python", "socket", "dpdk")
+TAGGED_BACKENDS = names(keyed=True)
 """Backends that implement the authentication tag (the P4 program does not)."""
 
 

@@ -66,9 +66,9 @@ from typing import Any
 import numpy as np
 
 from ncina.aggregator import process as aggproc
-from ncina.aggregator.cli import positive_int
 from ncina.bench import allreduce as bench
 from ncina.common import cpu
+from ncina.common.options import positive_int
 from ncina.common.progress import progress
 from ncina.harness import echo
 from ncina.harness.figures import (

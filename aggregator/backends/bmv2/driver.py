@@ -17,10 +17,12 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ncina.aggregator import metrics
+from ncina.aggregator.backends import Serving
 from ncina.aggregator.backends.bmv2 import entries, gen, toolchain
 from ncina.aggregator.backends.bmv2.control import Controller
 from ncina.aggregator.backends.bmv2.switch import Switch, SwitchConfig
@@ -37,7 +39,38 @@ NAME = "bmv2"
 FIRST_PORT = 1  # the switch port of the first --iface; every rank's, unless --rank-port says
 
 
-def add_arguments(parser: Any) -> Any:
+@dataclass(frozen=True)
+class Bmv2Options:
+    """The bmv2 backend's options (``ncina.aggregator.backends``' contract)."""
+
+    serving: Serving
+    iface: str | None
+    """``--iface``: the switch's interfaces, comma-separated (ports 1, 2, ...)."""
+    p4_k: int | None
+    """``--p4-k``: the lanes to compile the program for (None: the job's K)."""
+    p4_profile: str
+    """``--p4-profile``: default (p4/) or tofino (the twin p4/twin/)."""
+    device_id: int
+    """``--device-id``: the P4Runtime device id."""
+    grpc_port: int
+    """``--grpc-port``: the switch's P4Runtime port (0: a free one)."""
+    thrift_port: int
+    """``--thrift-port``: the switch's Thrift port (0: a free one)."""
+    switch_log: Path | None
+    """``--switch-log``: the switch's output file (None: logs/bmv2-<iface>.log)."""
+    pcap_dir: Path | None
+    """``--pcap-dir``: where the switch writes its pcaps (None: nowhere)."""
+    mode: str
+    """``--bmv2-mode``: aggregate, or forward (p4/echo/echo.p4)."""
+    switch_debug: bool
+    """``--switch-debug``: log each packet's path through the pipeline."""
+    rank_ports: dict[int, int]
+    """``--rank-port``: rank -> the switch port it is on."""
+    l2_hosts: tuple[tuple[str, int], ...]
+    """``--l2-host``: (MAC address, the switch port it is on), as given."""
+
+
+def add_arguments(parser: Any) -> list[Any]:
     """The ``ncina aggregator`` options of the bmv2 backend, as their argument group
     (``--iface`` is shared with dpdk)."""
     group = parser.add_argument_group("bmv2 backend (p4/ on simple_switch_grpc, docs/bmv2.md)")
@@ -73,7 +106,25 @@ def add_arguments(parser: Any) -> Any:
                        metavar="MAC=PORT", help="bmv2: the switch port of a host's MAC address; "
                        "frames to other addresses are flooded")
     # fmt: on
-    return group
+    return [group]
+
+
+def options(args: Any, serving: Serving) -> Bmv2Options:
+    """The bmv2 backend's options of the parsed command line ``args``."""
+    if serving.control is not None:
+        raise ValueError(
+            "--jobs-dir is not available on bmv2: the P4 program holds up to 16 jobs, but "
+            "adding and removing them while the switch runs (table entries, multicast "
+            "groups, a share of the slot registers) is not implemented in its control "
+            "plane; run one job per switch, or the python, socket or dpdk backend"
+        )
+    return Bmv2Options(
+        serving, iface=args.iface, p4_k=args.p4_k, p4_profile=args.p4_profile,
+        device_id=args.device_id, grpc_port=args.grpc_port, thrift_port=args.thrift_port,
+        switch_log=args.switch_log, pcap_dir=args.pcap_dir, mode=args.bmv2_mode,
+        switch_debug=args.switch_debug, rank_ports=dict(args.rank_port),
+        l2_hosts=tuple(args.l2_host),
+    )  # fmt: skip
 
 
 def _pair(key: type, name: str) -> Any:
@@ -104,15 +155,17 @@ def _mac(iface: str) -> str:
         raise ValueError(f"--iface {iface}: no such network interface") from None
 
 
-def serve(config: JobConfig, args: Any, generation: int) -> int:
-    """Run the bmv2 backend for ``config`` with the parsed command line ``args``."""
-    if not args.iface:
+def serve(config: JobConfig, options: Bmv2Options) -> int:
+    """Run the bmv2 backend for ``config`` until SIGTERM/SIGINT."""
+    if not options.iface:
         raise ValueError("the bmv2 backend needs --iface IF[,IF...] (the switch's interfaces)")
-    ifaces = args.iface.split(",")
+    serving = options.serving
+    generation = serving.generation
+    ifaces = options.iface.split(",")
     ports = {FIRST_PORT + i: iface for i, iface in enumerate(ifaces)}
-    rank_ports = dict(args.rank_port)
+    rank_ports = options.rank_ports
     for what, port_numbers in (("--rank-port", rank_ports.values()),
-                               ("--l2-host", (p for _, p in args.l2_host))):  # fmt: skip
+                               ("--l2-host", (p for _, p in options.l2_hosts))):  # fmt: skip
         unknown = sorted(set(port_numbers) - set(ports))
         if unknown:
             raise ValueError(f"{what}: port {unknown[0]} is not one of the --iface ports "
@@ -121,12 +174,12 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
     if strangers:
         raise ValueError(f"--rank-port: rank {strangers[0]} is not a rank of the job "
                          f"(0..{config.workers - 1})")  # fmt: skip
-    host, port = args.listen
+    host, port = serving.listen
     if host == "0.0.0.0":
         raise ValueError("the bmv2 backend needs --listen with the address it answers for")
     port = port or PORT
-    k = args.p4_k or config.k
-    profile = args.p4_profile
+    k = options.p4_k or config.k
+    profile = options.p4_profile
     if profile == "tofino":
         refusal = twin_limits.refusal(config, k)
         if refusal:
@@ -140,42 +193,42 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
     if reason:
         raise ValueError(f"the bmv2 backend cannot run: {reason}")
     [job] = entries.place([config], generation, k)
-    forward = args.bmv2_mode == "forward"
+    forward = options.mode == "forward"
     build = toolchain.build_echo() if forward else toolchain.build(k, profile=profile)
     switch = Switch(
         SwitchConfig(
             ports=ports,
-            log_path=args.switch_log or Path("logs") / f"bmv2-{ifaces[0]}.log",
-            device_id=args.device_id,
-            grpc_port=args.grpc_port or _free_tcp_port(),
-            thrift_port=args.thrift_port or _free_tcp_port(),
-            pcap_dir=args.pcap_dir,
-            verbose=args.switch_debug,
+            log_path=options.switch_log or Path("logs") / f"bmv2-{ifaces[0]}.log",
+            device_id=options.device_id,
+            grpc_port=options.grpc_port or _free_tcp_port(),
+            thrift_port=options.thrift_port or _free_tcp_port(),
+            pcap_dir=options.pcap_dir,
+            verbose=options.switch_debug,
         )
     ).start()
-    controller = Controller(switch.config.grpc_address, args.device_id)
+    controller = Controller(switch.config.grpc_address, options.device_id)
     try:
         controller.connect(build)
         if forward:  # the echo program has no tables
-            return _Server(controller, switch, job, args, (host, port), mac, k, True).run()
+            return _Server(controller, switch, job, options, (host, port), mac, k, True).run()
         rank_port = {rank: rank_ports.get(rank, FIRST_PORT) for rank in range(config.workers)}
         if profile == "tofino":
             for entry in [*twin.entries(job, (host, port, mac)),
-                          *twin_switching.l2_entries(dict(args.l2_host))]:  # fmt: skip
+                          *twin_switching.l2_entries(dict(options.l2_hosts))]:  # fmt: skip
                 controller.insert(entry)
             for group in twin.groups(job, rank_port, list(ports)):
                 controller.insert_group(group)
-            return _Server(controller, switch, job, args, (host, port), mac, k,
+            return _Server(controller, switch, job, options, (host, port), mac, k,
                            profile=profile).run()  # fmt: skip
         controller.insert_all(entries.lane_entries(k))
         controller.insert(entries.local_entry(host, port, mac, generation))
-        for entry in entries.job_entries(job, args.restart_idle):
+        for entry in entries.job_entries(job, serving.restart_idle):
             controller.insert(entry)
-        for entry in entries.l2_entries(dict(args.l2_host)):
+        for entry in entries.l2_entries(dict(options.l2_hosts)):
             controller.insert(entry)
         controller.insert_group(entries.job_group(job, rank_port))
         controller.insert_group(entries.flood_group(list(ports)))
-        return _Server(controller, switch, job, args, (host, port), mac, k).run()
+        return _Server(controller, switch, job, options, (host, port), mac, k).run()
     finally:
         controller.close()
         switch.stop()
@@ -185,12 +238,12 @@ class _Server:
     """The running backend: readiness line, stats on SIGUSR1 and every interval, stop on TERM."""
 
     def __init__(self, controller: Controller, switch: Switch, job: entries.InstalledJob,
-                 args: Any, listen: tuple[str, int], mac: str, k: int,
+                 options: Bmv2Options, listen: tuple[str, int], mac: str, k: int,
                  forward: bool = False, profile: str = "default") -> None:  # fmt: skip
         self.controller = controller
         self.switch = switch
         self.job = job
-        self.args = args
+        self.options = options
         self.listen = listen
         self.mac = mac
         self.k = k
@@ -213,12 +266,12 @@ class _Server:
             f"switch pid {self.switch.process.pid if self.switch.process else '?'} "
             f"(device {cfg.device_id}, grpc {cfg.grpc_address}, thrift {cfg.thrift_port}, "
             f"log {cfg.log_path}), {program}, "
-            f"pid {os.getpid()}, iface {self.args.iface} mac {self.mac}, "
+            f"pid {os.getpid()}, iface {self.options.iface} mac {self.mac}, "
             f"{self.job.config.describe()}"
         )
         print(ready_line(self.listen, NAME, details), file=sys.stderr, flush=True)
-        next_write = time.monotonic() + self.args.stats_interval
-        periodic = self.args.stats is not None or metrics.serving()
+        next_write = time.monotonic() + self.options.serving.stats_interval
+        periodic = self.options.serving.stats is not None or metrics.serving()
         while not self._stop:
             time.sleep(0.02)
             if self.switch.process is not None and self.switch.process.poll() is not None:
@@ -230,7 +283,7 @@ class _Server:
             requested = self._stats_requested
             if requested or (periodic and now >= next_write):
                 self._stats_requested = False
-                next_write = now + self.args.stats_interval
+                next_write = now + self.options.serving.stats_interval
                 self.write_stats(periodic=not requested)
         self.write_stats()
         return 0
@@ -266,4 +319,4 @@ class _Server:
         return document
 
     def write_stats(self, periodic: bool = False) -> None:
-        publish(self.stats_document(), self.args.stats, sys.stderr, periodic=periodic)
+        publish(self.stats_document(), self.options.serving.stats, sys.stderr, periodic=periodic)

@@ -12,12 +12,14 @@ import argparse
 import ipaddress
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
 import numpy as np
 from ncina.aggregator import hierarchy
+from ncina.aggregator.backends import Serving
 from ncina.aggregator.backends.dpdk.eal import (
     HUGEPAGE_MODES,
     MAX_LCORES,
@@ -30,7 +32,7 @@ from ncina.aggregator.backends.dpdk.eal import (
     eal_arguments,
     pci_address,
 )
-from ncina.aggregator.control import JobsDirectory, jobs_directory
+from ncina.aggregator.control import JobsDirectory
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
 from ncina.aggregator.hierarchy import LeafAggregator, check_int_frame_room
@@ -274,7 +276,32 @@ def _pci(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_arguments(parser: Any) -> Any:
+@dataclass(frozen=True)
+class DpdkOptions:
+    """The dpdk backend's options (``ncina.aggregator.backends``' contract)."""
+
+    serving: Serving
+    iface: str | None
+    """``--iface``: the interface the data plane serves (or ``pci``)."""
+    pci: str | None
+    """``--pci``: the NIC's PCI address (or ``iface``)."""
+    hugepages: str
+    """``--hugepages``: auto, on or off."""
+    eal_args: list[str]
+    """``--eal-arg``: extra EAL arguments."""
+    vdev_options: str
+    """``--vdev-options``: extra options of the ``pmd`` driver."""
+    pmd: str
+    """``--dpdk-pmd``: af_packet or af_xdp."""
+    lcores: int
+    """``--lcores``: data-plane lanes, one per lcore and queue pair."""
+    idle_sleep_us: int
+    """``--idle-sleep-us``: the idle loop's sleep between polls."""
+    mode: str
+    """``--dpdk-mode``: aggregate, or forward (the no-op forwarder)."""
+
+
+def add_arguments(parser: Any) -> list[Any]:
     """The ``ncina aggregator`` options of the dpdk backend, as their argument group."""
     group = parser.add_argument_group("dpdk backend")
     group.add_argument(
@@ -340,35 +367,54 @@ def add_arguments(parser: Any) -> Any:
         help="dpdk: when idle, sleep this long between polls; 0 polls flat out "
         "(default: %(default)s)",
     )
-    return group
+    return [group]
 
 
-def serve(config: JobConfig, args: Any, generation: int) -> int:
-    """Run the dpdk backend for ``config`` with the parsed command line ``args``."""
-    if bool(args.iface) == bool(args.pci):
+def options(args: Any, serving: Serving) -> DpdkOptions:
+    """The dpdk backend's options of the parsed command line ``args``."""
+    return DpdkOptions(
+        serving,
+        iface=args.iface or None,
+        pci=args.pci,
+        hugepages=args.hugepages,
+        eal_args=args.eal_arg,
+        vdev_options=args.vdev_options,
+        pmd=args.dpdk_pmd,
+        lcores=args.lcores,
+        idle_sleep_us=args.idle_sleep_us,
+        mode=args.dpdk_mode,
+    )
+
+
+def serve(config: JobConfig, options: DpdkOptions) -> int:
+    """Run the dpdk backend for ``config`` until SIGTERM/SIGINT."""
+    serving = options.serving
+    if serving.tree is not None:  # a spine's leaves' int frames, or the leaf's own
+        hierarchy.check_int_frames(config, serving.tree.mtu)
+    if bool(options.iface) == bool(options.pci):
         raise ValueError(
             "the dpdk backend serves one port: give --iface IF (an interface, through "
             "--dpdk-pmd) or --pci ADDRESS (a NIC bound to vfio-pci)"
         )
-    if args.pci:
-        check_pci_port(args.pci)
+    if options.pci:
+        check_pci_port(options.pci)
     backend = DpdkBackend(
         [config],
-        args.listen,
-        iface=args.iface or None,
-        pci=args.pci,
-        memory=choose_memory(args.hugepages),
-        eal_extra=args.eal_arg,
-        vdev_options=args.vdev_options,
-        pmd=args.dpdk_pmd,
-        lcores=args.lcores,
-        stats_path=args.stats,
-        stats_interval=args.stats_interval,
-        idle_sleep_us=args.idle_sleep_us,
-        mode=args.dpdk_mode,
-        generation=generation,
-        control=jobs_directory(args),
-        leaf=hierarchy.make_leaf(config, args, generation),
+        serving.listen,
+        iface=options.iface,
+        pci=options.pci,
+        memory=choose_memory(options.hugepages),
+        eal_extra=options.eal_args,
+        vdev_options=options.vdev_options,
+        pmd=options.pmd,
+        lcores=options.lcores,
+        stats_path=serving.stats,
+        stats_interval=serving.stats_interval,
+        idle_sleep_us=options.idle_sleep_us,
+        mode=options.mode,
+        generation=serving.generation,
+        control=serving.control,
+        leaf=hierarchy.make_leaf(config, serving.tree, serving.generation),
     )
-    backend.plane.set_restart_idle(args.restart_idle)
+    backend.plane.set_restart_idle(serving.restart_idle)
     return backend.run()

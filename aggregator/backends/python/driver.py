@@ -16,18 +16,23 @@ import struct
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from ncina.aggregator import metrics
+from ncina.aggregator import hierarchy, metrics
+from ncina.aggregator.backends import Serving
 from ncina.aggregator.backends.python.faults import FaultConfig, FaultyPath
 from ncina.aggregator.backends.python.pipeline import Aggregator
+from ncina.aggregator.backends.python.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS
 from ncina.aggregator.control import JobsDirectory, apply_changes
 from ncina.aggregator.hierarchy import LeafAggregator
+from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.process import ready_line
 from ncina.aggregator.stats import publish, snapshot, write_or_say
 
 from ncina.common.address import Address
+from ncina.common.options import positive_int
 
 NAME = "python"
 RECEIVE_TIMEOUT_US = 200_000  # how long an idle loop sleeps before looking at stats and signals
@@ -227,3 +232,81 @@ class PythonBackend:
             write_or_say(self.write_stats, self.log)
         else:
             self._stats_requested = True
+
+
+@dataclass(frozen=True)
+class PythonOptions:
+    """The python backend's options (``ncina.aggregator.backends``' contract)."""
+
+    serving: Serving
+    faults: FaultConfig
+    """The emulated network faults (``--drop-up`` ...; none by default)."""
+    max_residual_elements: int
+    """``--max-residual-elements``: server mode's error-feedback memory, in float32 elements."""
+
+
+def add_arguments(parser: Any) -> list[Any]:
+    """The ``ncina aggregator`` options of the python backend: server mode's memory and the
+    emulated network faults, as their argument groups."""
+    group = parser.add_argument_group("python backend")
+    group.add_argument(
+        "--max-residual-elements",
+        type=positive_int,
+        default=DEFAULT_MAX_RESIDUAL_ELEMENTS,
+        metavar="N",
+        help="server mode (python backend): the error-feedback memory a job keeps, in float32 "
+        "elements (each chunk's state is charged 512 more); a chunk past it gets no error "
+        "feedback, counted (limits.residuals_unkept) (default: %(default)s, about 1 GiB)",
+    )
+    faults = parser.add_argument_group(
+        "emulated network faults (python backend; seeded, counted in the stats' faults section)"
+    )
+    for flag, what in (
+        ("--drop-up", "drop each received datagram"),
+        ("--drop-down", "drop each result datagram to each worker"),
+        ("--duplicate", "process each received datagram twice"),
+        ("--reorder", "hold each received datagram back behind the next one"),
+    ):
+        faults.add_argument(flag, type=float, default=0.0, metavar="P", help=f"{what} with "
+                            "probability P (default: 0)")  # fmt: skip
+    faults.add_argument("--fault-seed", type=int, default=0, help="seed of the fault decisions")
+    faults.add_argument("--drop-every", type=int, default=0, metavar="N",
+                        help="also drop the Nth, 2Nth, ... datagram from each source and to "
+                        "each destination address: a fixed pattern (default: 0, off)")
+    return [group, faults]
+
+
+def options(args: Any, serving: Serving) -> PythonOptions:
+    """The python backend's options of the parsed command line ``args``."""
+    faults = FaultConfig(
+        drop_up=args.drop_up,
+        drop_down=args.drop_down,
+        duplicate=args.duplicate,
+        reorder=args.reorder,
+        seed=args.fault_seed,
+        drop_every=args.drop_every,
+    )
+    return PythonOptions(serving, faults, args.max_residual_elements)
+
+
+def serve(config: JobConfig, options: PythonOptions) -> int:
+    """Run the python backend for ``config`` (in server mode with ``serving.compressor``)
+    until SIGTERM/SIGINT."""
+    serving = options.serving
+    if serving.tree is not None:
+        aggregator = hierarchy.make_aggregator(config, serving.tree, serving.generation)
+    else:
+        aggregator = Aggregator(
+            serving.generation, max_residual_elements=options.max_residual_elements
+        )
+        aggregator.add_job(config, serving.compressor)
+    aggregator.restart_idle = serving.restart_idle
+    backend = PythonBackend(
+        aggregator,
+        serving.listen,
+        stats_path=serving.stats,
+        stats_interval=serving.stats_interval,
+        faults=options.faults,
+        control=serving.control,
+    )
+    return backend.run()

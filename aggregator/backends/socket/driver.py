@@ -11,11 +11,13 @@ from __future__ import annotations
 import ipaddress
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from ncina.aggregator import hierarchy
-from ncina.aggregator.control import JobsDirectory, jobs_directory
+from ncina.aggregator.backends import Serving
+from ncina.aggregator.control import JobsDirectory
 from ncina.aggregator.engine import Engine
 from ncina.aggregator.engine.backend import EngineBackend
 from ncina.aggregator.hierarchy import LeafAggregator
@@ -127,7 +129,16 @@ class SocketBackend(EngineBackend):
         return io["send_errors"] + io["oversized"], io
 
 
-def add_arguments(parser: Any) -> Any:
+@dataclass(frozen=True)
+class SocketOptions:
+    """The socket backend's options (``ncina.aggregator.backends``' contract)."""
+
+    serving: Serving
+    mode: str
+    """``--socket-mode``: aggregate, or forward (the no-op forwarder)."""
+
+
+def add_arguments(parser: Any) -> list[Any]:
     """The ``ncina aggregator`` options of the socket backend, as their argument group."""
     group = parser.add_argument_group("socket backend")
     group.add_argument(
@@ -137,20 +148,28 @@ def add_arguments(parser: Any) -> Any:
         help="socket: aggregate, or forward (the no-op forwarder that echoes every datagram: "
         "the limit of the socket I/O path, for benchmarks) (default: %(default)s)",
     )
-    return group
+    return [group]
 
 
-def serve(config: JobConfig, args: Any, generation: int) -> int:
-    """Run the socket backend for ``config`` with the parsed command line ``args``."""
+def options(args: Any, serving: Serving) -> SocketOptions:
+    """The socket backend's options of the parsed command line ``args``."""
+    return SocketOptions(serving, mode=args.socket_mode)
+
+
+def serve(config: JobConfig, options: SocketOptions) -> int:
+    """Run the socket backend for ``config`` until SIGTERM/SIGINT."""
+    serving = options.serving
+    if serving.tree is not None:  # a spine's leaves' int frames, or the leaf's own
+        hierarchy.check_int_frames(config, serving.tree.mtu)
     backend = SocketBackend(
         [config],
-        args.listen,
-        stats_path=args.stats,
-        stats_interval=args.stats_interval,
-        mode=args.socket_mode,
-        generation=generation,
-        control=jobs_directory(args),
-        leaf=hierarchy.make_leaf(config, args, generation),
+        serving.listen,
+        stats_path=serving.stats,
+        stats_interval=serving.stats_interval,
+        mode=options.mode,
+        generation=serving.generation,
+        control=serving.control,
+        leaf=hierarchy.make_leaf(config, serving.tree, serving.generation),
     )
-    backend.plane.set_restart_idle(args.restart_idle)
+    backend.plane.set_restart_idle(serving.restart_idle)
     return backend.run()
