@@ -23,6 +23,8 @@ from typing import Any
 
 from ncina.proto.header import PORT
 
+from ncina.common.address import parse_address
+
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
@@ -78,8 +80,9 @@ class Site:
         for i, arg in enumerate(arguments):
             value = arg.partition("=")[2] if arg.startswith("--listen=") else (
                 arguments[i + 1] if arg == "--listen" and i + 1 < len(arguments) else "")
-            if value.rpartition(":")[2].isdigit() and int(value.rpartition(":")[2]):
-                port = int(value.rpartition(":")[2])
+            listen_port = parse_address(value)[1] if value else 0
+            if listen_port:
+                port = listen_port
         return self.command(
             [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", backend, *arguments,
              *(["--iface", self.iface] if backend in ("dpdk", "bmv2") else []),
