@@ -78,18 +78,19 @@ class DataPlane(Engine):
         """Set the MAC the engine answers to (offline use; ``init`` takes the port's)."""
         self.lib.ncd_set_mac(bytes.fromhex(mac.replace(":", "")))
 
-    def set_lanes(self, lanes: int) -> None:
-        """Run ``lanes`` data-plane lanes (``--lcores``; before ``init``): one RX/TX queue pair
-        and one lcore each, lane i owning the slots s with s % lanes == i."""
-        self.check(self.lib.ncd_set_lanes(lanes), f"{lanes} lanes")
+    def set_strands(self, strands: int) -> None:
+        """Run ``strands`` data-plane strands (``--lcores``; before ``init``): one RX/TX queue pair
+        and one lcore each, strand i owning the slots s with s % strands == i."""
+        self.check(self.lib.ncd_set_strands(strands), f"{strands} strands")
 
-    def io_counters(self, lane: int | None = None) -> dict[str, int]:
-        """The port's counters (``IO_COUNTERS``), summed over the lanes, or lane ``lane``'s."""
+    def io_counters(self, strand: int | None = None) -> dict[str, int]:
+        """The port's counters (``IO_COUNTERS``), summed over the strands, or strand
+        ``strand``'s."""
         c = self.ffi.new("struct ncd_io *")
-        if lane is None:
+        if strand is None:
             self.lib.ncd_io_stats(c)
-        elif self.lib.ncd_lane_io_stats(lane, c) != 0:
-            raise ValueError(f"no lane {lane}: the data plane runs {self.lib.ncd_lanes()}")
+        elif self.lib.ncd_strand_io_stats(strand, c) != 0:
+            raise ValueError(f"no strand {strand}: the data plane runs {self.lib.ncd_strands()}")
         return {name: getattr(c, name) for name in IO_COUNTERS}
 
     def set_address(self, listen: Address) -> None:
@@ -168,7 +169,7 @@ class DpdkBackend(EngineBackend):
     interface ``iface`` through a vdev of ``pmd``, or the NIC at PCI address ``pci``; in
     hugepages or not as ``memory`` says (``eal.choose_memory``).
 
-    ``lcores`` lanes (``--lcores``) serve the port, each on its own lcore and RX/TX queue pair.
+    ``lcores`` strands (``--lcores``) serve the port, each on its own lcore and RX/TX queue pair.
     ``mode="forward"`` runs the no-op forwarder instead (benchmarks).
 
     With ``leaf`` (``hierarchy.LeafAggregator`` of the one job of ``configs``) the job is a leaf
@@ -207,7 +208,7 @@ class DpdkBackend(EngineBackend):
         if leaf is not None and lcores > 1:
             raise ValueError(
                 f"a dpdk leaf (--upstream) serves on one lcore, not --lcores {lcores}: its link "
-                "to the spine (ARP, uplinks, the engine's upstream state) is one lane's"
+                "to the spine (ARP, uplinks, the engine's upstream state) is one strand's"
             )
         if iface is not None:
             check_queues(iface, pmd, lcores)
@@ -232,7 +233,7 @@ class DpdkBackend(EngineBackend):
         self.leaf = leaf
         plane.set_address(listen)
         plane.set_spine(None if leaf is None else leaf.upstream.address)
-        plane.set_lanes(lcores)
+        plane.set_strands(lcores)
         # Jobs first: one the data plane cannot serve is refused before EAL takes the port.
         self.install_jobs()
         plane.init(eal_arguments(iface=iface, pci=pci, memory=memory, extra=eal_extra,
@@ -254,18 +255,19 @@ class DpdkBackend(EngineBackend):
 
     def details(self) -> str:
         mode = "no-op forwarder" if self.mode else f"aggregator, generation {self.generation}"
-        lanes = f"{self.lcores} lcores" if self.lcores > 1 else "1 lcore"
-        details = f"{mode}, {self.port} mac {self.plane.mac}, {lanes}, memory: {self.memory.reason}"
+        strands = f"{self.lcores} lcores" if self.lcores > 1 else "1 lcore"
+        details = (f"{mode}, {self.port} mac {self.plane.mac}, {strands}, "
+                   f"memory: {self.memory.reason}")
         if self.leaf is not None:
             host, port = self.leaf.upstream.address
             details += f", leaf of spine {host}:{port} (its MAC {self.plane.spine_mac})"
         return details
 
     def io_stats(self) -> tuple[int, dict[str, Any]]:
-        """The port's counters summed over the lanes, and each lane's under ``lanes``."""
+        """The port's counters summed over the strands, and each strand's under ``strands``."""
         io: dict[str, Any] = self.plane.io_counters()
         failures = io["tx_dropped"] + io["no_mbuf"] + io["oversize"]
-        io["lanes"] = [self.plane.io_counters(lane) for lane in range(self.lcores)]
+        io["strands"] = [self.plane.io_counters(strand) for strand in range(self.lcores)]
         return failures, io
 
 
@@ -294,7 +296,7 @@ class DpdkOptions:
     pmd: str
     """``--dpdk-pmd``: af_packet or af_xdp."""
     lcores: int
-    """``--lcores``: data-plane lanes, one per lcore and queue pair."""
+    """``--lcores``: data-plane strands, one per lcore and queue pair."""
     idle_sleep_us: int
     """``--idle-sleep-us``: the idle loop's sleep between polls."""
     mode: str
@@ -346,9 +348,9 @@ def add_arguments(parser: Any) -> list[Any]:
         type=int,
         default=1,
         metavar="N",
-        help=f"dpdk: run N lanes (1..{MAX_LCORES}, at most the CPUs this process may use), each "
+        help=f"dpdk: run N strands (1..{MAX_LCORES}, at most the CPUs this process may use), each "
         "on its own lcore and RX/TX queue pair (af_packet: qpairs=N, spread by flow hash; "
-        "af_xdp: the interface's first N combined channels; --pci: RSS); lane i owns the "
+        "af_xdp: the interface's first N combined channels; --pci: RSS); strand i owns the "
         "slots s with s %% N == i, frames of others' slots are handed over "
         "(default: %(default)s)",
     )

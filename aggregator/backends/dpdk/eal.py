@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The poll-mode drivers that attach the data plane to a Linux interface (Debian's DPDK ships
-# both), and the options each gets by default for `lanes` queue pairs (``--lcores``): af_packet
+# both), and the options each gets by default for `strands` queue pairs (``--lcores``): af_packet
 # is a packet socket per queue (qpairs, one fanout group: the kernel spreads the frames by flow
-# hash); af_xdp an AF_XDP socket on each of the interface's queues 0..lanes-1 (the kernel hands
+# hash); af_xdp an AF_XDP socket on each of the interface's queues 0..strands-1 (the kernel hands
 # them the frames from its XDP hook; the interface's own RSS spreads them).
-PMDS = {"af_packet": "qpairs={lanes}", "af_xdp": "start_queue=0,queue_count={lanes}"}
-# The most lanes (lcores, each with its RX/TX queue pair) a data plane runs (NCE_MAX_LANES).
+PMDS = {"af_packet": "qpairs={strands}", "af_xdp": "start_queue=0,queue_count={strands}"}
+# The most strands (lcores, each with its RX/TX queue pair) a data plane runs (NCE_MAX_STRANDS).
 MAX_LCORES = 8
 # Memory EAL reserves for the mbuf pool, the TX buffer and the reassembly table (MB).
 MEMORY_MB = 128
@@ -69,8 +69,8 @@ def allowed_cpus() -> list[int]:
 
 
 def check_lcores(lcores: int, cpus: Sequence[int] | None = None) -> None:
-    """Raise ``ValueError`` unless ``lcores`` lanes can run: 1 to ``MAX_LCORES``, and no more
-    than the CPUs this process may use (``cpus``, by default its affinity): a polling lane
+    """Raise ``ValueError`` unless ``lcores`` strands can run: 1 to ``MAX_LCORES``, and no more
+    than the CPUs this process may use (``cpus``, by default its affinity): a polling strand
     that shares a CPU with another only takes turns with it."""
     cpus = allowed_cpus() if cpus is None else cpus
     if not 1 <= lcores <= MAX_LCORES:
@@ -182,13 +182,13 @@ def eal_arguments(
     Without hugepages, ``--no-shconf`` and a per-process ``--file-prefix`` let several data
     planes run at once (``--in-memory`` would, but it is incompatible with ``--no-huge``); with
     hugepages, ``--in-memory`` does that and leaves no hugepage files behind. The ``lcores``
-    lcores 0..lcores-1 (lane i on lcore i; 0 is the main one) may each run on any CPU this
+    lcores 0..lcores-1 (strand i on lcore i; 0 is the main one) may each run on any CPU this
     process may use (EAL would otherwise pin each to one).
     """
     if (iface is None) == (pci is None):
         raise ValueError("the dpdk backend serves one port: give --iface IF or --pci ADDRESS")
     cpus = ",".join(str(c) for c in allowed_cpus())
-    lanes = "0" if lcores == 1 else f"(0-{lcores - 1})"
+    strands = "0" if lcores == 1 else f"(0-{lcores - 1})"
     if memory.hugepages:
         mem = ["--in-memory"]
     else:
@@ -196,14 +196,14 @@ def eal_arguments(
     if pci is not None:
         port = [f"--allow={pci}"]
     else:
-        options = ",".join(o for o in (PMDS[pmd].format(lanes=lcores), vdev_options) if o)
+        options = ",".join(o for o in (PMDS[pmd].format(strands=lcores), vdev_options) if o)
         port = ["--no-pci", f"--vdev=net_{pmd}0,iface={iface}" + (f",{options}" if options else "")]
     return [
         "ncina-dpdk",
         *mem,
         "-m",
         str(MEMORY_MB),
-        f"--lcores={lanes}@({cpus})",
+        f"--lcores={strands}@({cpus})",
         "--log-level=lib.eal:error",
         "--no-telemetry",
         *port,

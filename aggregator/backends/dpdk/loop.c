@@ -3,13 +3,14 @@
  * for a reply to the sender, fresh ones from the pool for a result to every member), buffer
  * them for TX, flush.
  *
- * With --lcores N the port has N RX/TX queue pairs and N lanes run that loop, lane i on lcore i
- * with queue pair i. A chunk of (job, slot) belongs to lane slot % N (nce_lane_of): a lane that
- * receives another lane's frame hands the mbuf to that lane's ring (multi-producer, single-
- * consumer; a full ring drops and counts, never waits), so each slot's state is touched by one
- * lane only and needs no lock. Job datagrams (the handshake) belong to lane 0, which parks the
- * other lanes between their bursts while it handles a hello that may restart every slot of its
- * job (an authentic hello to a job quiet long enough to restart, checked read-only first). IPv4 fragments are all handed to lane 0, which reassembles them in its table. */
+ * With --lcores N the port has N RX/TX queue pairs and N strands run that loop, strand i on
+ * lcore i with queue pair i. A chunk of (job, slot) belongs to strand slot % N (nce_strand_of): a
+ * strand that receives another strand's frame hands the mbuf to that strand's ring
+ * (multi-producer, single-consumer; a full ring drops and counts, never waits), so each slot's
+ * state is touched by one strand only and needs no lock. Job datagrams (the handshake) belong
+ * to strand 0, which parks the other strands between their bursts while it handles a hello that
+ * may restart every slot of its job
+ * (an authentic hello to a job quiet long enough to restart, checked read-only first). IPv4 fragments are all handed to strand 0, which reassembles them in its table. */
 #include <stdio.h>
 #include <string.h>
 #include <sched.h>
@@ -32,56 +33,57 @@
 
 #define BURST 32
 #define NB_MBUF 8191
-#define NB_MBUF_LANE 2048          /* more per lane beyond the first: its RX ring and its inbox */
+#define NB_MBUF_STRAND 2048        /* more per strand beyond the first: its RX ring and its inbox */
 #define MBUF_CACHE 256
 #define NB_RXD 1024
 #define NB_TXD 1024
-#define INBOX 1024                 /* frames other lanes may hand a lane before it drops */
+#define INBOX 1024                 /* frames other strands may hand a strand before it drops */
 #define IDLE_POLLS 256
-#define SPINS_PER_YIELD 256        /* a waiting lane gives its CPU away this often (2-core VMs) */
-/* IPv4 reassembly (lane 0): at most FRAG_BUCKETS * FRAG_WAYS packets in progress (each of at
+#define SPINS_PER_YIELD 256        /* a waiting strand gives its CPU away this often (2-core VMs) */
+/* IPv4 reassembly (strand 0): at most FRAG_BUCKETS * FRAG_WAYS packets in progress (each of at
  * most RTE_LIBRTE_IP_FRAG_MAX_FRAG fragments, so a few hundred mbufs at most are held), each
  * for up to FRAG_TTL_S seconds, Linux's ipfrag_time. */
 #define FRAG_BUCKETS 16
 #define FRAG_WAYS 4
 #define FRAG_TTL_S 30
-#define PARK_GONE UINT64_MAX       /* a lane's park acknowledgement once it left its loop */
+#define PARK_GONE UINT64_MAX       /* a strand's park acknowledgement once it left its loop */
 
-/* What a lane hands to another with a frame: its classification, in the mbuf's private area
+/* What a strand hands to another with a frame: its classification, in the mbuf's private area
  * (the datagram and the sender's MAC point into the mbuf's own data, which travels with it). */
 struct handoff {
     struct ncd_pkt p;
     enum ncd_class c;
 };
 
-/* One lane: its queue pair's TX buffer, counters and this burst's hand-overs; written by its
- * own thread only (`acked` is read by lane 0). */
-struct lane {
+/* One strand: its queue pair's TX buffer, counters and this burst's hand-overs; written by its
+ * own thread only (`acked` is read by strand 0). */
+struct strand {
     struct ncd_io io;
     uint16_t id;
     unsigned lcore;
     struct rte_eth_dev_tx_buffer *txb;
-    struct rte_mbuf *out[NCE_MAX_LANES][BURST];     /* this burst's frames for each lane */
-    uint16_t nout[NCE_MAX_LANES];
-    uint64_t acked;                /* the park request it parked for (lane 0 waits on it) */
+    struct rte_mbuf *out[NCE_MAX_STRANDS][BURST];     /* this burst's frames for each strand */
+    uint16_t nout[NCE_MAX_STRANDS];
+    uint64_t acked;                /* the park request it parked for (strand 0 waits on it) */
 } __rte_cache_aligned;
 
-static struct lane lanes[NCE_MAX_LANES];
-/* Each lane's inbox (multi-producer, single-consumer): the frames of its slots that other
- * lanes received. The pointers are only read after setup, on lines no lane writes. */
-static struct rte_ring *inboxes[NCE_MAX_LANES];
-struct ncd_io *const ncd_leaf_io = &lanes[0].io;
-static unsigned nlanes = 1;
+static struct strand strands[NCE_MAX_STRANDS];
+/* Each strand's inbox (multi-producer, single-consumer): the frames of its slots that other
+ * strands received. The pointers are only read after setup, on lines no strand writes. */
+static struct rte_ring *inboxes[NCE_MAX_STRANDS];
+struct ncd_io *const ncd_leaf_io = &strands[0].io;
+static unsigned nstrands = 1;
 static uint16_t port_id;
 static struct rte_mempool *pool;
 static struct rte_ip_frag_tbl *frags;
 static struct rte_ip_frag_death_row death_row;
-/* A reassembled frame (lane 0), copied out of its mbuf chain for classification and the engine. */
+/* A reassembled frame (strand 0), copied out of its mbuf chain for classification and the
+ * engine. */
 static uint8_t whole[RTE_ETHER_HDR_LEN + RTE_IPV4_MAX_PKT_LEN];
 static int eal_up, port_up, run_mode;
 static unsigned run_idle_us;
 static volatile int stopping;
-static uint64_t park_seq;          /* odd while lane 0 asks the other lanes to park */
+static uint64_t park_seq;          /* odd while strand 0 asks the other strands to park */
 
 #define FAIL(...)                                                   \
     do {                                                            \
@@ -89,22 +91,23 @@ static uint64_t park_seq;          /* odd while lane 0 asks the other lanes to p
         return -1;                                                  \
     } while (0)
 
-int ncd_set_lanes(unsigned n)
+int ncd_set_strands(unsigned n)
 {
     if (eal_up)
-        FAIL("the lanes are set before EAL starts");
-    if (nce_set_lanes(n) != 0)
+        FAIL("the strands are set before EAL starts");
+    if (nce_set_strands(n) != 0)
         return -1;
-    nlanes = n;
+    nstrands = n;
     return 0;
 }
 
-unsigned ncd_lanes(void)
+unsigned ncd_strands(void)
 {
-    return nlanes;
+    return nstrands;
 }
 
-/* Each lane's counters, copied word by word (no value is torn), summed over the lanes or one. */
+/* Each strand's counters, copied word by word (no value is torn), summed over the strands or
+ * one. */
 static void add_io(struct ncd_io *out, const struct ncd_io *in)
 {
     const volatile uint64_t *src = (const volatile uint64_t *)in;
@@ -116,23 +119,23 @@ static void add_io(struct ncd_io *out, const struct ncd_io *in)
 void ncd_io_stats(struct ncd_io *io)
 {
     memset(io, 0, sizeof *io);
-    for (unsigned i = 0; i < NCE_MAX_LANES; i++)
-        add_io(io, &lanes[i].io);
+    for (unsigned i = 0; i < NCE_MAX_STRANDS; i++)
+        add_io(io, &strands[i].io);
 }
 
-int ncd_lane_io_stats(unsigned lane, struct ncd_io *io)
+int ncd_strand_io_stats(unsigned strand, struct ncd_io *io)
 {
-    if (lane >= nlanes)
+    if (strand >= nstrands)
         return -1;
     memset(io, 0, sizeof *io);
-    add_io(io, &lanes[lane].io);
+    add_io(io, &strands[strand].io);
     return 0;
 }
 
 void ncd_io_reset(void)
 {
-    for (unsigned i = 0; i < NCE_MAX_LANES; i++)
-        memset(&lanes[i].io, 0, sizeof lanes[i].io);
+    for (unsigned i = 0; i < NCE_MAX_STRANDS; i++)
+        memset(&strands[i].io, 0, sizeof strands[i].io);
 }
 
 static void count_tx_drops(struct rte_mbuf **pkts, uint16_t unsent, void *userdata)
@@ -143,7 +146,7 @@ static void count_tx_drops(struct rte_mbuf **pkts, uint16_t unsent, void *userda
     rte_pktmbuf_free_bulk(pkts, unsent);
 }
 
-/* The port's configuration for nlanes queue pairs: RSS over IPv4/UDP where the device hashes
+/* The port's configuration for nstrands queue pairs: RSS over IPv4/UDP where the device hashes
  * (a NIC); af_packet and af_xdp spread flows over their queues themselves (the kernel's
  * fanout, the interface's own RSS). */
 static int configure_port(int socket)
@@ -152,25 +155,25 @@ static int configure_port(int socket)
     int rc = rte_eth_dev_info_get(port_id, &info);
     if (rc != 0)
         FAIL("rte_eth_dev_info_get: %s", rte_strerror(-rc));
-    if (info.max_rx_queues < nlanes || info.max_tx_queues < nlanes)
+    if (info.max_rx_queues < nstrands || info.max_tx_queues < nstrands)
         FAIL("--lcores %u needs %u RX/TX queue pairs, the port (%s) has %u RX and %u TX queues "
              "(af_xdp: the interface's channels, ethtool -l)",
-             nlanes, nlanes, info.driver_name, info.max_rx_queues, info.max_tx_queues);
+             nstrands, nstrands, info.driver_name, info.max_rx_queues, info.max_tx_queues);
     struct rte_eth_conf conf;
     memset(&conf, 0, sizeof conf);
     const uint64_t hash = (RTE_ETH_RSS_IP | RTE_ETH_RSS_UDP) & info.flow_type_rss_offloads;
-    if (nlanes > 1 && hash != 0) {
+    if (nstrands > 1 && hash != 0) {
         conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
         conf.rx_adv_conf.rss_conf.rss_hf = hash;
     }
-    rc = rte_eth_dev_configure(port_id, (uint16_t)nlanes, (uint16_t)nlanes, &conf);
+    rc = rte_eth_dev_configure(port_id, (uint16_t)nstrands, (uint16_t)nstrands, &conf);
     if (rc < 0)
         FAIL("rte_eth_dev_configure: %s", rte_strerror(-rc));
     uint16_t nrxd = NB_RXD, ntxd = NB_TXD;
     rc = rte_eth_dev_adjust_nb_rx_tx_desc(port_id, &nrxd, &ntxd);
     if (rc < 0)
         FAIL("rte_eth_dev_adjust_nb_rx_tx_desc: %s", rte_strerror(-rc));
-    for (uint16_t q = 0; q < nlanes; q++) {
+    for (uint16_t q = 0; q < nstrands; q++) {
         rc = rte_eth_rx_queue_setup(port_id, q, nrxd, socket, NULL, pool);
         if (rc < 0)
             FAIL("rte_eth_rx_queue_setup (queue %u): %s", q, rte_strerror(-rc));
@@ -181,36 +184,36 @@ static int configure_port(int socket)
     return 0;
 }
 
-/* Lane i's lcore (lane 0 runs on the thread that calls ncd_run), TX buffer and inbox. */
-static int setup_lanes(int socket)
+/* Strand i's lcore (strand 0 runs on the thread that calls ncd_run), TX buffer and inbox. */
+static int setup_strands(int socket)
 {
     unsigned lcore = rte_get_main_lcore();
-    for (unsigned i = 0; i < nlanes; i++) {
-        struct lane *l = &lanes[i];
+    for (unsigned i = 0; i < nstrands; i++) {
+        struct strand *l = &strands[i];
         l->id = (uint16_t)i;
         l->acked = 0;
         if (i > 0) {
             lcore = rte_get_next_lcore(lcore, 1, 0);
             if (lcore >= RTE_MAX_LCORE)
-                FAIL("--lcores %u: EAL has only %u lcores (its --lcores argument)", nlanes,
+                FAIL("--lcores %u: EAL has only %u lcores (its --lcores argument)", nstrands,
                      rte_lcore_count());
             l->lcore = lcore;
             char name[RTE_RING_NAMESIZE];
             snprintf(name, sizeof name, "ncd_inbox%u", i);
             inboxes[i] = rte_ring_create(name, INBOX, socket, RING_F_SC_DEQ);
             if (inboxes[i] == NULL)
-                FAIL("cannot create lane %u's ring: %s", i, rte_strerror(rte_errno));
+                FAIL("cannot create strand %u's ring: %s", i, rte_strerror(rte_errno));
         }
         l->txb = rte_zmalloc_socket("ncd_txb", RTE_ETH_TX_BUFFER_SIZE(BURST), 0, socket);
         if (l->txb == NULL)
-            FAIL("cannot allocate lane %u's TX buffer", i);
+            FAIL("cannot allocate strand %u's TX buffer", i);
         rte_eth_tx_buffer_init(l->txb, BURST);
         rte_eth_tx_buffer_set_err_callback(l->txb, count_tx_drops, &l->io);
     }
-    if (nlanes > 1) {              /* lane 0's inbox: job datagrams, fragments */
+    if (nstrands > 1) {              /* strand 0's inbox: job datagrams, fragments */
         inboxes[0] = rte_ring_create("ncd_inbox0", INBOX, socket, RING_F_SC_DEQ);
         if (inboxes[0] == NULL)
-            FAIL("cannot create lane 0's ring: %s", rte_strerror(rte_errno));
+            FAIL("cannot create strand 0's ring: %s", rte_strerror(rte_errno));
     }
     return 0;
 }
@@ -226,14 +229,14 @@ int ncd_init(int argc, char **argv)
         FAIL("no ethdev port (is the --vdev interface up? is the --pci NIC bound to vfio-pci?)");
     RTE_ETH_FOREACH_DEV(port_id) break;
 
-    pool = rte_pktmbuf_pool_create("ncd_mbufs", NB_MBUF + (nlanes - 1) * NB_MBUF_LANE,
+    pool = rte_pktmbuf_pool_create("ncd_mbufs", NB_MBUF + (nstrands - 1) * NB_MBUF_STRAND,
                                    MBUF_CACHE,
                                    RTE_ALIGN(sizeof(struct handoff), RTE_MBUF_PRIV_ALIGN),
                                    NCD_FRAME_ROOM + RTE_PKTMBUF_HEADROOM, rte_socket_id());
     if (pool == NULL)
         FAIL("cannot create the mbuf pool: %s", rte_strerror(rte_errno));
     const int socket = rte_eth_dev_socket_id(port_id);
-    if (configure_port(socket) != 0 || setup_lanes(socket) != 0)
+    if (configure_port(socket) != 0 || setup_strands(socket) != 0)
         return -1;
 
     frags = rte_ip_frag_table_create(FRAG_BUCKETS, FRAG_WAYS, FRAG_BUCKETS * FRAG_WAYS,
@@ -250,7 +253,7 @@ int ncd_init(int argc, char **argv)
     return 0;
 }
 
-static inline void send_frame(struct lane *l, struct rte_mbuf *m, uint32_t len)
+static inline void send_frame(struct strand *l, struct rte_mbuf *m, uint32_t len)
 {
     m->data_len = (uint16_t)len;
     m->pkt_len = len;
@@ -266,7 +269,7 @@ static inline uint32_t room(const struct rte_mbuf *m)
 
 /* A completed slot: one result per member, each in a fresh mbuf of NCD_FRAME_ROOM bytes, which
  * every job's result frames fit (nce_set_reply_room); a larger frame is counted, never written. */
-static void send_all(struct lane *l, const struct nce_action *a)
+static void send_all(struct strand *l, const struct nce_action *a)
 {
     struct rte_mbuf *out[NCE_MAX_WORKERS];
     const unsigned n = a->members;
@@ -310,7 +313,7 @@ static struct rte_mbuf *spine_frame(struct ncd_io *io, enum ncd_route route,
     return m;
 }
 
-static void send_uplink(struct lane *l, const struct nce_action *a)
+static void send_uplink(struct strand *l, const struct nce_action *a)
 {
     const enum ncd_route route = ncd_uplink_route();
     uint32_t len;
@@ -323,7 +326,7 @@ static void send_uplink(struct lane *l, const struct nce_action *a)
 /* A fragment (classified, p) into the reassembly table: the whole packet's mbuf chain once its
  * last fragment is in, else NULL (the table keeps the fragment, or drops it on its death row:
  * a table full of packets in progress, a packet of more than RTE_LIBRTE_IP_FRAG_MAX_FRAG
- * fragments, overlaps). Lane 0 only. */
+ * fragments, overlaps). Strand 0 only. */
 static struct rte_mbuf *reassemble(struct rte_mbuf *m, const struct ncd_pkt *p)
 {
     const uint32_t end = RTE_ETHER_HDR_LEN + p->ip_len;
@@ -337,16 +340,16 @@ static struct rte_mbuf *reassemble(struct rte_mbuf *m, const struct ncd_pkt *p)
     return done;
 }
 
-int ncd_whole_on_lane0(const uint8_t *dgram, uint32_t len, unsigned lanes)
+int ncd_whole_on_strand0(const uint8_t *dgram, uint32_t len, unsigned strands)
 {
-    return nce_lane_of(dgram, len, lanes, 0) == 0;
+    return nce_strand_of(dgram, len, strands, 0) == 0;
 }
 
 /* The reassembled packet m as one frame (its IPv4 header checksum made valid again: the
  * fragments' were checked), classified into p; its tail segments are freed, so that m can
  * carry a reply. A frame that fits m's buffer is moved into it (it may then go to another
- * lane like any frame); a larger one stays in `whole` (*in_whole set), where lane 0 handles
- * it if it owns it (ncd_whole_on_lane0): IPv4 options can make a valid chunk's frame larger
+ * strand like any frame); a larger one stays in `whole` (*in_whole set), where strand 0 handles
+ * it if it owns it (ncd_whole_on_strand0): IPv4 options can make a valid chunk's frame larger
  * than the room admission assumed, so such a datagram may well touch a slot. */
 static enum ncd_class classify_whole(struct rte_mbuf *m, struct ncd_pkt *p, int *in_whole)
 {
@@ -378,15 +381,15 @@ static enum ncd_class classify_whole(struct rte_mbuf *m, struct ncd_pkt *p, int 
     return c == NCD_C_FRAGMENT ? NCD_C_IGNORE : c;
 }
 
-/* Ask the other lanes to park between their bursts and wait until each has (or has left its
- * loop): lane 0 then has every slot to itself. Nothing lane 0 waits for waits on lane 0. */
+/* Ask the other strands to park between their bursts and wait until each has (or has left its
+ * loop): strand 0 then has every slot to itself. Nothing strand 0 waits for waits on strand 0. */
 static void park_others(void)
 {
     const uint64_t seq = __atomic_add_fetch(&park_seq, 1, __ATOMIC_SEQ_CST);
-    for (unsigned i = 1; i < nlanes; i++) {
+    for (unsigned i = 1; i < nstrands; i++) {
         unsigned spins = 0;
         for (;;) {
-            const uint64_t acked = __atomic_load_n(&lanes[i].acked, __ATOMIC_ACQUIRE);
+            const uint64_t acked = __atomic_load_n(&strands[i].acked, __ATOMIC_ACQUIRE);
             if (acked == seq || acked == PARK_GONE)
                 break;
             rte_pause();
@@ -394,7 +397,7 @@ static void park_others(void)
                 sched_yield();
         }
     }
-    lanes[0].io.parks++;
+    strands[0].io.parks++;
 }
 
 static void release_others(void)
@@ -402,9 +405,9 @@ static void release_others(void)
     __atomic_add_fetch(&park_seq, 1, __ATOMIC_RELEASE);
 }
 
-/* The top of lanes 1..N-1's loop: park while lane 0 asks (until it releases, or the loop
+/* The top of strands 1..N-1's loop: park while strand 0 asks (until it releases, or the loop
  * stops); whether it parked. */
-static int park_if_asked(struct lane *l)
+static int park_if_asked(struct strand *l)
 {
     const uint64_t seq = __atomic_load_n(&park_seq, __ATOMIC_ACQUIRE);
     if (!(seq & 1))
@@ -419,14 +422,14 @@ static int park_if_asked(struct lane *l)
     return 1;
 }
 
-/* A datagram this lane owns through the engine; replies on this lane's queue. */
-static void aggregate(struct lane *l, struct rte_mbuf *m, const struct ncd_pkt *p)
+/* A datagram this strand owns through the engine; replies on this strand's queue. */
+static void aggregate(struct strand *l, struct rte_mbuf *m, const struct ncd_pkt *p)
 {
     struct nce_action a;
-    /* Lane 0's job datagrams: a hello that may restart every slot of its job (checked read-only
-     * first: well formed, authentic, its job quiet) is handled with the other lanes parked;
+    /* Strand 0's job datagrams: a hello that may restart every slot of its job (checked read-only
+     * first: well formed, authentic, its job quiet) is handled with the other strands parked;
      * any other one with them running, and then it restarts nothing. */
-    const int hello = nlanes > 1 && nce_is_job_datagram(p->dgram, p->dgram_len);
+    const int hello = nstrands > 1 && nce_is_job_datagram(p->dgram, p->dgram_len);
     const int park = hello && nce_hello_may_restart(p->dgram, p->dgram_len);
     if (park)
         park_others();
@@ -435,7 +438,7 @@ static void aggregate(struct lane *l, struct rte_mbuf *m, const struct ncd_pkt *
     nce_no_restart = 0;
     if (park)
         release_others();
-    if (a.up != NCE_UP_NONE)       /* a leaf's partial sums or hello (a leaf has one lane) */
+    if (a.up != NCE_UP_NONE)       /* a leaf's partial sums or hello (a leaf has one strand) */
         send_uplink(l, &a);
     switch (v) {
     case NCE_V_SEND_ONE:
@@ -461,11 +464,11 @@ static void aggregate(struct lane *l, struct rte_mbuf *m, const struct ncd_pkt *
     rte_pktmbuf_free(m);
 }
 
-/* This burst's frames for other lanes into their inboxes; what a full inbox refuses is
- * dropped and counted (enqueues never wait: no lane waits on another). */
-static void hand_over(struct lane *l)
+/* This burst's frames for other strands into their inboxes; what a full inbox refuses is
+ * dropped and counted (enqueues never wait: no strand waits on another). */
+static void hand_over(struct strand *l)
 {
-    for (unsigned o = 0; o < nlanes; o++) {
+    for (unsigned o = 0; o < nstrands; o++) {
         const unsigned n = l->nout[o];
         if (n == 0)
             continue;
@@ -480,15 +483,15 @@ static void hand_over(struct lane *l)
     }
 }
 
-/* A classified frame to the lane that owns it: this one (handled now), or another (into this
- * burst's batch for that lane's inbox, its classification in the mbuf's private area). */
-static void route(struct lane *l, struct rte_mbuf *m, enum ncd_class c, const struct ncd_pkt *p)
+/* A classified frame to the strand that owns it: this one (handled now), or another (into this
+ * burst's batch for that strand's inbox, its classification in the mbuf's private area). */
+static void route(struct strand *l, struct rte_mbuf *m, enum ncd_class c, const struct ncd_pkt *p)
 {
     unsigned owner = l->id;
-    if (nlanes > 1 && c == NCD_C_FRAGMENT)
+    if (nstrands > 1 && c == NCD_C_FRAGMENT)
         owner = 0;
-    else if (nlanes > 1 && c == NCD_C_DATAGRAM)
-        owner = nce_lane_of(p->dgram, p->dgram_len, nlanes, l->id);
+    else if (nstrands > 1 && c == NCD_C_DATAGRAM)
+        owner = nce_strand_of(p->dgram, p->dgram_len, nstrands, l->id);
     if (owner != l->id) {
         if (l->nout[owner] == BURST)            /* (reassembled frames besides a full burst) */
             hand_over(l);
@@ -510,7 +513,7 @@ static void route(struct lane *l, struct rte_mbuf *m, enum ncd_class c, const st
     case NCD_C_BAD_CHECKSUM:
         l->io.bad_checksum++;
         break;
-    case NCD_C_FRAGMENT: {     /* lane 0's: every fragment is handed to it */
+    case NCD_C_FRAGMENT: {     /* strand 0's: every fragment is handed to it */
         struct ncd_pkt whole_p;
         int in_whole;
         l->io.fragments++;
@@ -523,11 +526,11 @@ static void route(struct lane *l, struct rte_mbuf *m, enum ncd_class c, const st
             route(l, m, wc, &whole_p);
             return;
         }
-        if (ncd_whole_on_lane0(whole_p.dgram, whole_p.dgram_len, nlanes)) {
-            aggregate(l, m, &whole_p);          /* lane 0's (a job's, or its slot's) */
+        if (ncd_whole_on_strand0(whole_p.dgram, whole_p.dgram_len, nstrands)) {
+            aggregate(l, m, &whole_p);          /* strand 0's (a job's, or its slot's) */
             return;
         }
-        l->io.ignored++;                        /* another lane's slot: never touched here */
+        l->io.ignored++;                        /* another strand's slot: never touched here */
         break;
     }
     case NCD_C_DATAGRAM:
@@ -543,7 +546,7 @@ static void route(struct lane *l, struct rte_mbuf *m, enum ncd_class c, const st
  * for our address is classified as it arrived (a broadcast destination, the host's source) and
  * answered; classified after the swap its source would be the broadcast address, which
  * ncd_classify ignores, and no host would ever learn where to send. */
-static inline void forward(struct lane *l, struct rte_mbuf *m)
+static inline void forward(struct strand *l, struct rte_mbuf *m)
 {
     struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, struct rte_ether_hdr *);
     if (eth->ether_type == rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP)) {
@@ -574,14 +577,14 @@ static inline void forward(struct lane *l, struct rte_mbuf *m)
     send_frame(l, m, m->data_len);
 }
 
-/* One lane's burst loop: its RX queue and its inbox until ncd_stop(). */
-static void lane_loop(struct lane *l)
+/* One strand's burst loop: its RX queue and its inbox until ncd_stop(). */
+static void strand_loop(struct strand *l)
 {
     const struct timespec nap = {0, (long)run_idle_us * 1000};
     struct rte_mbuf *rx[BURST], *in[BURST];
     struct rte_ring *const inbox = inboxes[l->id];
     unsigned idle = 0;
-    nce_lane = l->id;
+    nce_strand = l->id;
 
     while (!stopping) {
         if (l->id != 0 && park_if_asked(l))
@@ -623,9 +626,9 @@ static void lane_loop(struct lane *l)
     __atomic_store_n(&l->acked, PARK_GONE, __ATOMIC_RELEASE);
 }
 
-static int lane_main(void *arg)
+static int strand_main(void *arg)
 {
-    lane_loop(arg);
+    strand_loop(arg);
     return 0;
 }
 
@@ -638,20 +641,20 @@ int ncd_run(int mode, unsigned idle_sleep_us)
     run_idle_us = idle_sleep_us;
     unsigned launched = 1;
     int rc = 0;
-    for (; launched < nlanes; launched++) {
-        rc = rte_eal_remote_launch(lane_main, &lanes[launched], lanes[launched].lcore);
+    for (; launched < nstrands; launched++) {
+        rc = rte_eal_remote_launch(strand_main, &strands[launched], strands[launched].lcore);
         if (rc != 0) {
-            snprintf(nce_errbuf, sizeof nce_errbuf, "cannot launch lane %u on lcore %u: %s",
-                     launched, lanes[launched].lcore, rte_strerror(-rc));
+            snprintf(nce_errbuf, sizeof nce_errbuf, "cannot launch strand %u on lcore %u: %s",
+                     launched, strands[launched].lcore, rte_strerror(-rc));
             stopping = 1;
             break;
         }
     }
     if (rc == 0)
-        lane_loop(&lanes[0]);
+        strand_loop(&strands[0]);
     for (unsigned i = 1; i < launched; i++)
-        rte_eal_wait_lcore(lanes[i].lcore);
-    for (unsigned i = 0; i < nlanes; i++) {    /* what was handed over and never taken */
+        rte_eal_wait_lcore(strands[i].lcore);
+    for (unsigned i = 0; i < nstrands; i++) {    /* what was handed over and never taken */
         struct rte_mbuf *left;
         while (inboxes[i] != NULL && rte_ring_sc_dequeue(inboxes[i], (void **)&left) == 0)
             rte_pktmbuf_free(left);

@@ -3,8 +3,8 @@
  *
  * Plain declarations only: aggregator/backends/dpdk/binding.py hands the lines of engine.h and of
  * this file that are not preprocessor directives to cffi as its cdef. One data plane per process
- * (EAL can be started once per process); all state is module-global in the C files (per lane
- * where several lanes write it).
+ * (EAL can be started once per process); all state is module-global in the C files (per strand
+ * where several strands write it).
  */
 #ifndef NCD_H
 #define NCD_H
@@ -34,22 +34,22 @@ struct ncd_io {
                                ARP interval while its MAC is unknown) */
     uint64_t spine_mac_learned; /* times the spine's MAC was learned or changed (from an ARP
                                reply or request to the leaf's address only) */
-    /* Several lanes (ncd_set_lanes; docs/dpdk.md "Several lcores"): */
-    uint64_t handoffs;      /* frames handed to the lane that owns them */
-    uint64_t handoff_full;  /* frames dropped because that lane's inbox was full */
-    uint64_t handed_in;     /* frames other lanes handed to this one */
-    uint64_t parks;         /* job datagrams lane 0 handled with the other lanes parked */
+    /* Several strands (ncd_set_strands; docs/dpdk.md "Several lcores"): */
+    uint64_t handoffs;      /* frames handed to the strand that owns them */
+    uint64_t handoff_full;  /* frames dropped because that strand's inbox was full */
+    uint64_t handed_in;     /* frames other strands handed to this one */
+    uint64_t parks;         /* job datagrams strand 0 handled with the other strands parked */
 };
 
 /* ---- control plane (setup; not on the hot path); jobs and counters are engine.h's ---- */
 
-/* The data-plane lanes (1..8, default 1; before ncd_init): the port gets as many RX/TX queue
- * pairs, lane i runs on the i-th lcore of EAL's --lcores (lane 0 on ncd_run's thread) and owns
- * the slots s with s % lanes == i. Returns 0, or -1 with nce_error(). */
-int ncd_set_lanes(unsigned lanes);
-unsigned ncd_lanes(void);
+/* The data-plane strands (1..8, default 1; before ncd_init): the port gets as many RX/TX queue
+ * pairs, strand i runs on the i-th lcore of EAL's --lcores (strand 0 on ncd_run's thread) and owns
+ * the slots s with s % strands == i. Returns 0, or -1 with nce_error(). */
+int ncd_set_strands(unsigned strands);
+unsigned ncd_strands(void);
 /* Start EAL with argv (argv[0] is a program name) and bring up the first ethdev port with one
- * RX/TX queue pair per lane. Returns 0, or -1 with the reason in nce_error(). */
+ * RX/TX queue pair per strand. Returns 0, or -1 with the reason in nce_error(). */
 int ncd_init(int argc, char **argv);
 /* The port's MAC address (6 bytes). Offline (no EAL) it is the one given to ncd_set_mac. */
 void ncd_get_mac(uint8_t *mac);
@@ -68,10 +68,10 @@ int ncd_spine_mac(uint8_t *mac);
 /* Microseconds between two ARP requests for the spine while its MAC is unknown (default
  * 100000; 0: one for every datagram to the spine). */
 void ncd_set_arp_interval(uint32_t us);
-/* The port-level counters of the I/O loop, summed over the lanes, or one lane's (-1: no such
- * lane). */
+/* The port-level counters of the I/O loop, summed over the strands, or one strand's (-1: no such
+ * strand). */
 void ncd_io_stats(struct ncd_io *io);
-int ncd_lane_io_stats(unsigned lane, struct ncd_io *io);
+int ncd_strand_io_stats(unsigned strand, struct ncd_io *io);
 /* Zero the port-level counters (tests; with nce_reset). */
 void ncd_io_reset(void);
 /* The bytes of the largest frame the data plane can send (an mbuf's data room); jobs whose
@@ -83,7 +83,7 @@ uint32_t ncd_dgram_room(void);
 
 /* ---- data plane ---- */
 
-/* Run the burst loop until ncd_stop(): lane 0 on the calling thread, lanes 1.. on their lcores
+/* Run the burst loop until ncd_stop(): strand 0 on the calling thread, strands 1.. on their lcores
  * (joined before it returns). mode 0 aggregates; mode 1 is the
  * no-op forwarder (every frame goes back out with its MAC addresses swapped: the I/O limit).
  * idle_sleep_us > 0: after 256 empty polls, sleep that long between polls (frees the core of a
@@ -103,11 +103,11 @@ void ncd_stop(void);
 /* Stop and close the port and release EAL. */
 void ncd_close(void);
 
-/* Whether lane 0 may hand the engine a reassembled datagram that stays in its own buffer
- * (larger than an mbuf, so it cannot go to another lane): only when lane 0 owns it among
- * `lanes` (nce_lane_of), so that no slot is touched by two lanes; otherwise it is dropped and
+/* Whether strand 0 may hand the engine a reassembled datagram that stays in its own buffer
+ * (larger than an mbuf, so it cannot go to another strand): only when strand 0 owns it among
+ * `strands` (nce_strand_of), so that no slot is touched by two strands; otherwise it is dropped and
  * counted as ignored. */
-int ncd_whole_on_lane0(const uint8_t *dgram, uint32_t len, unsigned lanes);
+int ncd_whole_on_strand0(const uint8_t *dgram, uint32_t len, unsigned strands);
 
 /* Offline engine, for tests (no EAL needed): feed one Ethernet frame; the frames it sends are
  * written to out (max_out slots of stride bytes), their lengths to out_lens: the replies, then

@@ -19,9 +19,9 @@
  * the key set, and again before every write). */
 #define NCD_FRAME_ROOM 2048u
 
-/* Module state (classify.c; the per-lane counters are loop.c's). */
-/* Lane 0's port counters (loop.c): a leaf's link to its spine is lane 0's (a leaf serves on
- * one lane), as is everything the port does before ncd_run. */
+/* Module state (classify.c; the per-strand counters are loop.c's). */
+/* Strand 0's port counters (loop.c): a leaf's link to its spine is strand 0's (a leaf serves on
+ * one strand), as is everything the port does before ncd_run. */
 extern struct ncd_io *const ncd_leaf_io;
 extern struct rte_ether_addr ncd_mac;
 extern uint32_t ncd_ip;        /* network order; 0 = any */
