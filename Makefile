@@ -94,12 +94,12 @@ topo: need-root setup
 
 # The P4 program for BMv2: generated lanes + p4c-bm2-ss --p4runtime-files (docs/bmv2.md).
 p4: venv
-	$(PY) -m ncina.aggregator.bmv2.toolchain --k $(K) --profile $(PROFILE)
+	$(PY) -m ncina.aggregator.backends.bmv2.toolchain --k $(K) --profile $(PROFILE)
 
 # The Tofino program: generated lanes + p4c-barefoot, and the pipeline resources it takes
 # (docs/tofino.md); TOFINO_TARGET=tofino2 for Tofino 2.
 p4-tofino: venv
-	$(PY) -m ncina.aggregator.bmv2.tofino --k $(TOFINO_K) --target $(TOFINO_TARGET) $(if $(TOFINO_DENSE),--dense,--one-per-lane)
+	$(PY) -m ncina.aggregator.backends.tofino.toolchain --k $(TOFINO_K) --target $(TOFINO_TARGET) $(if $(TOFINO_DENSE),--dense,--one-per-lane)
 
 # The Wireshark dissector: Wireshark and tshark load every .lua in this folder at start
 # (docs/wireshark.md).

@@ -8,21 +8,15 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from ncina.aggregator import hierarchy, metrics
-from ncina.aggregator.bmv2 import driver as bmv2_driver
+from ncina.aggregator import backends, hierarchy, metrics
+from ncina.aggregator.backends import BACKENDS, Serving
+from ncina.aggregator.backends.python.handshake import RESTART_IDLE
 from ncina.aggregator.control import DEFAULT_MAX_JOBS, jobs_directory
-from ncina.aggregator.dpdk import driver as dpdk_driver
-from ncina.aggregator.faults import FaultConfig
-from ncina.aggregator.handshake import RESTART_IDLE
 from ncina.aggregator.jobs import (
     JobConfig,
     check_server_mtu,
     parse_member,
 )
-from ncina.aggregator.pipeline import Aggregator
-from ncina.aggregator.python_backend import PythonBackend
-from ncina.aggregator.slots import DEFAULT_MAX_RESIDUAL_ELEMENTS
-from ncina.aggregator.socket import driver as socket_driver
 from ncina.proto.compressors import create
 from ncina.proto.compressors.base import Compressor, largest_fitting
 from ncina.proto.header import MAX_GENERATION, PORT, Format
@@ -37,8 +31,7 @@ from ncina.proto.wire import (
 )
 
 from ncina.common.address import bind_address
-
-BACKENDS = ("python", "socket", "dpdk", "bmv2")
+from ncina.common.options import positive_int
 
 DESCRIPTION = f"""\
 Run an in-network aggregator for a job (more with --jobs-dir): workers send NC8-coded chunks over
@@ -95,17 +88,6 @@ def _non_negative_seconds(text: str) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def job_config(args: argparse.Namespace) -> tuple[JobConfig, Compressor | None]:
     """The job of the flags and, in server mode, its compressor. The job's fields, defaults,
     default K and validation are ``JobSpec``'s (``JobSpec.from_args``), with two rules of the
@@ -150,11 +132,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--backend",
-        choices=BACKENDS,
+        choices=backends.names(),
         default="python",
-        help="data plane implementation: python (reference), socket (C engine, kernel UDP "
-        "socket, no root), dpdk (C engine on a DPDK port), bmv2 (P4 switch) "
-        "(default: %(default)s)",
+        help="data plane implementation: "
+        + ", ".join(f"{b.name} ({b.summary})" for b in BACKENDS)
+        + " (default: %(default)s)",
     )
     parser.add_argument(
         "--listen",
@@ -278,45 +260,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     parser.add_argument(
-        "--max-residual-elements",
-        type=positive_int,
-        default=DEFAULT_MAX_RESIDUAL_ELEMENTS,
-        metavar="N",
-        help="server mode (python backend): the error-feedback memory a job keeps, in float32 "
-        "elements (each chunk's state is charged 512 more); a chunk past it gets no error "
-        "feedback, counted (limits.residuals_unkept) (default: %(default)s, about 1 GiB)",
-    )
-    faults = parser.add_argument_group(
-        "emulated network faults (python backend; seeded, counted in the stats' faults section)"
-    )
-    for flag, what in (
-        ("--drop-up", "drop each received datagram"),
-        ("--drop-down", "drop each result datagram to each worker"),
-        ("--duplicate", "process each received datagram twice"),
-        ("--reorder", "hold each received datagram back behind the next one"),
-    ):
-        faults.add_argument(flag, type=float, default=0.0, metavar="P", help=f"{what} with "
-                            "probability P (default: 0)")  # fmt: skip
-    faults.add_argument("--fault-seed", type=int, default=0, help="seed of the fault decisions")
-    faults.add_argument("--drop-every", type=int, default=0, metavar="N",
-                        help="also drop the Nth, 2Nth, ... datagram from each source and to "
-                        "each destination address: a fixed pattern (default: 0, off)")
-    parser.add_argument(
         "--iface",
         metavar="IF",
         help="dpdk: the network interface the data plane serves (or --pci); bmv2: one or "
         "more, comma-separated, the switch's ports 1, 2, ... (required)",
     )
     hierarchy.add_arguments(parser)
-    groups = {
-        "socket": socket_driver.add_arguments(parser),
-        "dpdk": dpdk_driver.add_arguments(parser),
-        "bmv2": bmv2_driver.add_arguments(parser),
-    }
     # Each backend's options (flag, dest, default), for check_backend_options.
     parser.set_defaults(backend_options={
-        name: [(a.option_strings[0], a.dest, a.default) for a in group._group_actions]
-        for name, group in groups.items()
+        backend.name: [(a.option_strings[0], a.dest, a.default)
+                       for group in backend.load().add_arguments(parser)
+                       for a in group._group_actions]
+        for backend in BACKENDS
     })  # fmt: skip
     return parser
 
@@ -346,50 +301,23 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("INA mode needs --result nc8 or --result int")
     if args.mode == "server" and args.result is not None:
         raise ValueError("server mode's results are compressor payloads: drop --result")
-    hierarchical = hierarchy.check_arguments(args)
+    tree = hierarchy.tree(args)
     if args.metrics_port is not None:
         metrics.serve(args.metrics_port, args.metrics_host)
     config, compressor = job_config(args)
-    faults = FaultConfig(
-        drop_up=args.drop_up,
-        drop_down=args.drop_down,
-        duplicate=args.duplicate,
-        reorder=args.reorder,
-        seed=args.fault_seed,
-        drop_every=args.drop_every,
-    )
-    generation = args.generation or 1 + secrets.randbelow(MAX_GENERATION)
-    if args.backend in ("socket", "dpdk", "bmv2"):
-        if compressor is not None:
-            raise ValueError("server mode (--mode server) is a python backend feature")
-        if faults.active:
-            raise ValueError("fault injection (--drop-up ...) is a python backend feature")
-        if args.backend == "bmv2" and args.jobs_dir is not None:
-            raise ValueError(
-                "--jobs-dir is not available on bmv2: the P4 program holds up to 16 jobs, but "
-                "adding and removing them while the switch runs (table entries, multicast "
-                "groups, a share of the slot registers) is not implemented in its control "
-                "plane; run one job per switch, or the python, socket or dpdk backend"
-            )
-        if args.backend == "bmv2":
-            return bmv2_driver.serve(config, args, generation)
-        if hierarchical:  # a spine's leaves' int frames, or a (socket) leaf's own
-            hierarchy.check_int_frames(config, args.mtu)
-        if args.backend == "socket":
-            return socket_driver.serve(config, args, generation)
-        return dpdk_driver.serve(config, args, generation)
-    if hierarchical:
-        aggregator = hierarchy.make_aggregator(config, args, generation)
-    else:
-        aggregator = Aggregator(generation, max_residual_elements=args.max_residual_elements)
-        aggregator.add_job(config, compressor)
-    aggregator.restart_idle = args.restart_idle
-    backend = PythonBackend(
-        aggregator,
-        args.listen,
-        stats_path=args.stats,
+    backend = backends.get(args.backend)
+    if compressor is not None and not backend.server_mode:
+        raise ValueError(f"server mode (--mode server) is a "
+                         f"{' and '.join(backends.names(server_mode=True))} backend feature")
+    serving = Serving(
+        listen=args.listen,
+        generation=args.generation or 1 + secrets.randbelow(MAX_GENERATION),
+        stats=args.stats,
         stats_interval=args.stats_interval,
-        faults=faults,
+        restart_idle=args.restart_idle,
         control=jobs_directory(args),
+        tree=tree,
+        compressor=compressor,
     )
-    return backend.run()
+    driver = backend.load()
+    return driver.serve(config, driver.options(args, serving))

@@ -26,16 +26,22 @@ import argparse
 import select
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from ncina.aggregator import reply
-from ncina.aggregator.admission import BAD_SLOT, STALE_GENERATION, UNKNOWN_JOB, WINDOW_MISMATCH
+from ncina.aggregator.backends.python import reply
+from ncina.aggregator.backends.python.admission import (
+    BAD_SLOT,
+    STALE_GENERATION,
+    UNKNOWN_JOB,
+    WINDOW_MISMATCH,
+)
+from ncina.aggregator.backends.python.members import BAD_TAG, NON_MEMBER
+from ncina.aggregator.backends.python.pipeline import Aggregator
+from ncina.aggregator.backends.python.reply import NOTHING, Datagrams
+from ncina.aggregator.backends.python.slots import JobSlots
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.members import BAD_TAG, NON_MEMBER
-from ncina.aggregator.pipeline import Aggregator
-from ncina.aggregator.reply import NOTHING, Datagrams
-from ncina.aggregator.slots import JobSlots
 from ncina.aggregator.stats import JobStats
 from ncina.proto import tag
 from ncina.proto.descriptor import (
@@ -558,6 +564,27 @@ def check_arguments(args: argparse.Namespace) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Tree:
+    """A spine's or a leaf's options, as ``tree`` reads them from the command line."""
+
+    upstream: Address | None
+    """``--upstream``: the spine's address (a leaf), or None (a spine)."""
+    upstream_rank: int | None
+    """``--upstream-rank``: the leaf's rank at its spine (None on a spine)."""
+    upstream_timeout: float
+    """``--upstream-timeout``: seconds a leaf waits for its spine's answer."""
+    mtu: int
+    """``--mtu``: the link the int partial sums cross."""
+
+
+def tree(args: argparse.Namespace) -> Tree | None:
+    """The two-level aggregation the options ask for (``check_arguments``), or None."""
+    if not check_arguments(args):
+        return None
+    return Tree(args.upstream, args.upstream_rank, args.upstream_timeout, args.mtu)
+
+
 def check_int_frames(config: JobConfig, mtu: int) -> None:
     """Raise ``ValueError`` unless the int partial sums of ``config``'s K elements, which
     leaves send to the spine, fit a link of ``mtu``."""
@@ -577,28 +604,25 @@ def check_int_frame_room(config: JobConfig, room: int, limit: str) -> None:
         raise ValueError(f"partial sums sent up as int: {exc}") from None
 
 
-def make_leaf(
-    config: JobConfig, args: argparse.Namespace, generation: int
-) -> LeafAggregator | None:
+def make_leaf(config: JobConfig, tree: Tree | None, generation: int) -> LeafAggregator | None:
     """A C backend's leaf (``--upstream``: the handshake and counters its engine job runs
     with), or None for any other job."""
-    if args.upstream is None:
+    if tree is None or tree.upstream is None:
         return None
-    made = make_aggregator(config, args, generation)
+    made = make_aggregator(config, tree, generation)
     assert isinstance(made, LeafAggregator)
     return made
 
 
-def make_aggregator(
-    config: JobConfig, args: argparse.Namespace, generation: int
-) -> Aggregator:
+def make_aggregator(config: JobConfig, tree: Tree, generation: int) -> Aggregator:
     """The aggregator of a leaf (``--upstream``) or a spine (``--uplink int``) for ``config``."""
-    check_int_frames(config, args.mtu)
-    if args.upstream is None:
+    check_int_frames(config, tree.mtu)
+    if tree.upstream is None:
         spine = Aggregator(generation)
         spine.install(SpineSlots(config))
         return spine
-    leaf = LeafAggregator(Upstream(args.upstream, args.upstream_rank), generation,
-                          args.upstream_timeout)  # fmt: skip
+    assert tree.upstream_rank is not None  # check_arguments: --upstream goes with a rank
+    leaf = LeafAggregator(Upstream(tree.upstream, tree.upstream_rank), generation,
+                          tree.upstream_timeout)  # fmt: skip
     leaf.add_leaf(config)
     return leaf

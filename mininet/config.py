@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ncina.aggregator.backends import names
 from ncina.proto.header import Format, largest_k
 from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX
 from ncina.proto.wire import DEFAULT_MTU
@@ -27,7 +28,7 @@ elements must fit a frame. Elsewhere ``ncina topo`` takes the largest K for MTU 
 UPLINK_LOSS_AT_WORKER = ("dpdk", "bmv2")
 # Backends whose aggregator reads a kernel UDP socket, which takes a GSO run whole or cut
 # (TopoConfig's offloads).
-OFFLOAD_BACKENDS = ("python", "socket")
+OFFLOAD_BACKENDS = names(kernel_sockets=True)
 
 
 @dataclass

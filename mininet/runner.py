@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator import process as aggproc
-from ncina.aggregator.bmv2 import toolchain
-from ncina.aggregator.cli import BACKENDS
-from ncina.aggregator.dpdk import netns as dpdk_netns
+from ncina.aggregator.backends import names
+from ncina.aggregator.backends.bmv2 import toolchain
+from ncina.aggregator.backends.dpdk import netns as dpdk_netns
 from ncina.aggregator.jobs import check_mtu_range
 from ncina.proto.header import PORT
 from ncina.proto.job import JobSpec
@@ -82,8 +82,8 @@ def check_backend(
 ) -> None:
     """Raise a clear error when the chosen aggregator backend cannot run here (or not on links
     of this MTU, or not in this topology)."""
-    if backend not in BACKENDS:
-        raise RuntimeError(f"BACKEND={backend} is not a backend (available: {', '.join(BACKENDS)})")
+    if backend not in names():
+        raise RuntimeError(f"BACKEND={backend} is not a backend (available: {', '.join(names())})")
     if topo == "leafspine" and backend not in ("python", "socket", "dpdk"):
         raise RuntimeError(f"--topo leafspine runs the python, socket or dpdk backend "
                            f"(BACKEND={backend}: the P4 data plane carries no int partial "

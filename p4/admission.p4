@@ -52,9 +52,9 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
         if (hdr.nc.tag == 1) {
             tag_bytes = TAG_BYTES;
         }
-        // A job datagram is the job handshake (ncina.aggregator.handshake): of the right length
-        // and count 1 it is answered (meta.status) with the job's descriptor, "no such job"
-        // (counted as unknown_job), or, tagged (no BMv2 job has a key), "not authentic".
+        // A job datagram is the job handshake (ncina.aggregator.backends.python.handshake): of the
+        // right length and count 1 it is answered (meta.status) with the job's descriptor, "no such
+        // job" (counted as unknown_job), or, tagged (no BMv2 job has a key), "not authentic".
         bool handshake = hdr.nc.format == FORMAT_JOB;
         if (handshake) {
             if (room != DESCRIPTOR_BYTES + tag_bytes || sm.parser_error == error.PacketTooShort) {
@@ -141,7 +141,8 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
             meta.verdict = VERDICT_HANDSHAKE;
             return;
         }
-        // The job's checks (ncina.aggregator.admission.admit; the tag first, as pipeline.py).
+        // The job's checks (ncina.aggregator.backends.python.admission.admit; the tag first, as
+        // pipeline.py).
         if (hdr.nc.tag == 1) {
             fault = EV_BAD_TAG;  // no BMv2 job has a key: a tagged datagram is not the job's
         } else if (hdr.nc.result == 1) {

@@ -1,6 +1,6 @@
 // State shared by ingress and egress: member addresses (learned or checked against configured
 // ones, read back by egress to address each multicast copy) and the event counters the control
-// plane turns into the stats document (ncina.aggregator.bmv2.layout names every index).
+// plane turns into the stats document (ncina.aggregator.backends.bmv2.layout names every index).
 #ifndef NCINA_STATE_P4
 #define NCINA_STATE_P4
 

@@ -11,7 +11,7 @@ writes the options with :meth:`JobSpec.to_args`.
 What is not here: server mode and its compressor (``ncina aggregator --mode server``: a server's
 K is bounded by its compressor's payloads, not by the result format), a job's members and seed
 (the aggregator's, ``ncina.aggregator.jobs.JobConfig``), and a hardware profile (the Tofino
-limits are the aggregator's, ``ncina.aggregator.bmv2``, which this layer may not import).
+limits are the aggregator's, ``ncina.aggregator.backends.tofino``, which this layer may not import).
 """
 
 from __future__ import annotations

@@ -63,4 +63,4 @@ def payload_room(mtu: int, tagged: bool = False) -> int:
 MAX_K = payload_room(MAX_MTU)
 """9172: the largest chunk, an NC8 payload (one byte an element) of one largest-MTU packet. The
 C engine has the same limit (``NCE_MAX_K``); the BMv2 program compiles fewer lanes
-(``ncina.aggregator.bmv2.gen``)."""
+(``ncina.aggregator.backends.bmv2.gen``)."""

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ncina.aggregator.backends import names
 from ncina.proto.layers import NcinaHeader
 from scapy.packet import Raw
 
@@ -33,21 +34,22 @@ TWIN = "bmv2-tofino"
 docs/tofino.md): a backend variant of its own in the cross-backend tests, where the design's
 limits (``twin_lacks``) allow."""
 
-AGGREGATOR_BACKENDS = ("python", "socket", "dpdk", "bmv2", TWIN)
+AGGREGATOR_BACKENDS = (*names(), TWIN)
 """Backends ``start_aggregator`` can run; packet-level tests are parametrised over them."""
 
 
 def twin_lacks(backend: str, *features: str) -> None:
     """Skip the test on the twin when it needs one of ``features`` that the Tofino design lacks
-    (``ncina.aggregator.bmv2.twin.limits.LACKS``: the reason is the design's one sentence)."""
+    (``ncina.aggregator.backends.tofino.twin.limits.LACKS``: the reason is the design's one
+    sentence)."""
     if backend != TWIN:
         return
     import pytest
-    from ncina.aggregator.bmv2.twin.limits import LACKS
+    from ncina.aggregator.backends.tofino.twin.limits import LACKS
 
     pytest.skip(f"{TWIN}: " + "; ".join(LACKS[feature] for feature in features))
 
-TAGGED_BACKENDS = ("python", "socket", "dpdk")
+TAGGED_BACKENDS = names(keyed=True)
 """Backends that implement the authentication tag (the P4 program does not)."""
 
 
@@ -68,8 +70,8 @@ def _star(backend: str) -> Any:
     """The bridge the dpdk and bmv2 aggregators hang off (skips the test without root, or
     without DPDK or the P4 toolchain, with the reason)."""
     import pytest
-    from ncina.aggregator.bmv2 import toolchain
-    from ncina.aggregator.dpdk import binding, netns
+    from ncina.aggregator.backends.bmv2 import toolchain
+    from ncina.aggregator.backends.dpdk import binding, netns
 
     reason = netns.missing() or (binding.missing() if backend == "dpdk" else toolchain.missing())
     if reason:

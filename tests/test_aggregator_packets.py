@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ncina.aggregator.handshake import job_descriptor
+from ncina.aggregator.backends.python.driver import PythonBackend
+from ncina.aggregator.backends.python.handshake import job_descriptor
+from ncina.aggregator.backends.python.pipeline import Aggregator
+from ncina.aggregator.backends.python.reply import Datagrams
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.pipeline import Aggregator
 from ncina.aggregator.process import free_udp_port
-from ncina.aggregator.python_backend import PythonBackend
-from ncina.aggregator.reply import Datagrams
 from ncina.proto.descriptor import FLAG_PROBE, pack_job_datagram
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE
 from ncina.proto.layers import NcinaHeader

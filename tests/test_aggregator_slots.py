@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ncina.aggregator import cli as aggregator_cli
+from ncina.aggregator.backends.python.pipeline import Aggregator
+from ncina.aggregator.backends.python.slots import JobSlots
 from ncina.aggregator.jobs import JobConfig, parse_member
-from ncina.aggregator.pipeline import Aggregator
-from ncina.aggregator.slots import JobSlots
 from ncina.aggregator.stats import (
     GLOBAL_DROP_REASONS,
     JOB_DROP_REASONS,

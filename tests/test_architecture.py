@@ -1,8 +1,9 @@
 """docs/architecture.md stays true: every file it names exists, every docs/protocol.md section it
 links is a heading there, the table of layers has each layer on its floor (``test_imports.FLOORS``)
 importing what its code imports, each concept has its row with a file in each backend, and the C
-files of the engine and its I/O layers (``aggregator/{engine,socket,dpdk}/*.c``) call each other
-without a cycle (the Python modules' imports are ``test_imports.py``'s).
+files of the engine and its I/O layers (``aggregator/engine/*.c``,
+``aggregator/backends/{socket,dpdk}/*.c``) call each other without a cycle (the Python modules'
+imports are ``test_imports.py``'s).
 
 Runs everywhere: it reads files, it builds and runs nothing.
 """
@@ -19,14 +20,17 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
 PROTOCOL = ROOT / "docs" / "protocol.md"
 # Where a file named without its folder may be (the picture names the aggregator's files so).
-FOLDERS = ("", "aggregator", "aggregator/engine", "p4", "docs")
-# p4/ files the P4 generator writes for the job's K (aggregator/bmv2/gen.py), not in the tree.
+FOLDERS = ("", "aggregator", "aggregator/backends/python", "aggregator/engine",
+           "aggregator/backends", "p4", "docs")
+# p4/ files the P4 generator writes for the job's K (aggregator/backends/bmv2/gen.py), not in the
+# tree.
 GENERATED = ("lanes.p4", "config.p4")
 FILE = re.compile(
     r"(?<![\w./-])(?:[\w-]+/)*[\w-]+\.(?:py|c|h|p4|md)\b"  # a file: a/b.py, b.c
     r"|(?<![\w./-])(?:[\w-]+/)+(?![\w/])"  # a folder: proto/compressors/ (not "I/O")
 )
 CONCEPTS = ("parse", "admission", "members", "slots", "reply", "handshake", "pipeline")
+PYTHON = "aggregator/backends/python"  # the Python reference's folder
 
 
 def named_paths(text: str) -> set[str]:
@@ -69,14 +73,14 @@ def c_calls(files: Iterable[Path]) -> dict[str, set[str]]:
 def test_every_file_the_page_names_exists() -> None:
     text = DOC.read_text()
     names = named_paths(text)
-    assert {f"aggregator/{c}.py" for c in CONCEPTS} <= names
+    assert {f"{PYTHON}/{c}.py" for c in CONCEPTS} <= names
     assert {f"aggregator/engine/{c}.c" for c in CONCEPTS} <= names
     missing = sorted(
         name for name in names
         if not resolves(name) and name.rsplit("/", 1)[-1] not in GENERATED
     )  # fmt: skip
     assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
-    generator = (ROOT / "aggregator" / "bmv2" / "gen.py").read_text()
+    generator = (ROOT / "aggregator" / "backends" / "bmv2" / "gen.py").read_text()
     assert all(name in generator for name in GENERATED)
 
 
@@ -93,7 +97,7 @@ def test_the_concept_table_has_a_row_per_concept_with_each_backend() -> None:
     for concept in CONCEPTS:
         [row] = [r for r in rows if r.startswith(f"| {concept}:")]
         cells = row.split(" | ")
-        assert f"`aggregator/{concept}.py`" in cells[1], row
+        assert f"`{PYTHON}/{concept}.py`" in cells[1], row
         assert f"`aggregator/engine/{concept}.c`" in cells[2], row
         assert "`p4/" in cells[3], row
 
@@ -102,14 +106,16 @@ def test_c_files_call_without_cycles() -> None:
     """The engine's concept files and the socket and DPDK I/O layers around them: no call
     cycle, the pipeline calls every concept, and the engine never calls an I/O layer."""
     files = sorted(
-        path for folder in ("engine", "socket", "dpdk")
+        path for folder in ("engine", "backends/socket", "backends/dpdk")
         for path in (ROOT / "aggregator" / folder).glob("*.c")
     )  # fmt: skip
     graph = {file: sorted(calls) for file, calls in c_calls(files).items()}
     concepts = {f"engine/{c}.c" for c in CONCEPTS}
-    assert concepts <= set(graph) and {"socket/loop.c", "dpdk/loop.c"} <= set(graph)
+    loops = {"backends/socket/loop.c", "backends/dpdk/loop.c"}
+    assert concepts <= set(graph) and loops <= set(graph)
     assert set(graph["engine/pipeline.c"]) >= concepts - {"engine/pipeline.c"}
-    assert set(graph["socket/loop.c"]) >= {"engine/pipeline.c"}  # the I/O layer calls nce_input
+    # the I/O layer calls nce_input
+    assert set(graph["backends/socket/loop.c"]) >= {"engine/pipeline.c"}
     assert not [(f, c) for f, calls in graph.items() if f.startswith("engine/")
                 for c in calls if not c.startswith("engine/")]  # fmt: skip
     assert find_cycle(graph) is None, f"call cycle: {' -> '.join(find_cycle(graph) or [])}"

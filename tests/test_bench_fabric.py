@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ncina.aggregator import cli as aggregator_cli
+from ncina.aggregator import backends
 from ncina.proto.wire import ETH_IPV4_UDP_HEADERS
 
 from ncina.cli import build_parser, main
@@ -39,7 +39,8 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (args.workers, args.bw, args.elements, args.mtu, args.repeat) == (4, [100.0], 10**7,
                                                                            [1500], 3)  # fmt: skip
     assert args.backend == "socket"  # the C aggregator, when it is an aggregator backend
-    monkeypatch.setattr(aggregator_cli, "BACKENDS", ("python", "dpdk", "bmv2"))
+    no_socket = tuple(b for b in backends.BACKENDS if b.name != "socket")
+    monkeypatch.setattr(backends, "BACKENDS", no_socket)
     assert parse().backend == "python"
     assert parse("--backend", "dpdk", "--mtu", "9000").mtu == [9000]
     assert (args.offloads, parse("--offloads").offloads) == (False, True)
@@ -168,7 +169,7 @@ def test_bad_bandwidth_and_dpdk_jumbo_frames_are_refused(
     with pytest.raises(SystemExit):
         parse("--bw", "100,0")
     assert "every value of '100,0' must be positive" in capsys.readouterr().err
-    from ncina.aggregator.dpdk import binding
+    from ncina.aggregator.backends.dpdk import binding
 
     if binding.missing():
         pytest.skip(f"dpdk: {binding.missing()}")
@@ -244,7 +245,7 @@ def test_a_tiny_leafspine_run_reports_the_leaf_uplinks(tmp_path: Path, backend: 
     (exact), and each leaf uplink carried at least its partial sums, 8 bytes per element. With
     dpdk, the leaves resolve the spine's MAC by ARP on the host's interface."""
     if backend == "dpdk":
-        from ncina.aggregator.dpdk import binding
+        from ncina.aggregator.backends.dpdk import binding
 
         if binding.missing():
             pytest.skip(f"dpdk: {binding.missing()}")

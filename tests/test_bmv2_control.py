@@ -25,8 +25,8 @@ def test_unreachable_switch_is_a_clear_error_not_an_exit_or_a_hang(tmp_path: Pat
         port = s.getsockname()[1]
     script = textwrap.dedent(f"""
         from pathlib import Path
-        from ncina.aggregator.bmv2.control import Bmv2Error, Controller
-        from ncina.aggregator.bmv2.toolchain import Build
+        from ncina.aggregator.backends.bmv2.control import Bmv2Error, Controller
+        from ncina.aggregator.backends.bmv2.toolchain import Build
         try:
             Controller("127.0.0.1:{port}").connect(Build(8, Path({str(tmp_path)!r})))
         except Bmv2Error as exc:
@@ -99,7 +99,7 @@ def test_the_shell_is_quieted_by_a_filter_not_by_muting_the_root_logger(
     import logging
 
     import p4runtime_sh.p4runtime as shell_module
-    from ncina.aggregator.bmv2.control import _shell
+    from ncina.aggregator.backends.bmv2.control import _shell
 
     root = logging.getLogger()
     level = root.level
@@ -141,7 +141,7 @@ def test_switch_ports_lose_their_segmentation_offloads() -> None:
     import socket
     import struct
 
-    from ncina.aggregator.bmv2.switch import SIOCETHTOOL, segmentation_offloads_off
+    from ncina.aggregator.backends.bmv2.switch import SIOCETHTOOL, segmentation_offloads_off
 
     name = f"ncoff{os.getpid() % 100000}"
 

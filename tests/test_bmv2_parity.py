@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ncina.aggregator.bmv2.twin import limits
+from ncina.aggregator.backends.tofino.twin import limits
 from ncina_testlib import (
     TWIN,
     Worker,
@@ -161,8 +161,8 @@ def test_bmv2_answers_like_the_python_reference(backend: str, result: str, tmp_p
 
 def test_session_covers_every_reason_a_packet_can_be_dropped_for() -> None:
     """The recorded session itself, checked on the reference: each drop reason it aims at."""
+    from ncina.aggregator.backends.python.pipeline import Aggregator
     from ncina.aggregator.jobs import JobConfig
-    from ncina.aggregator.pipeline import Aggregator
 
     agg = Aggregator(GENERATION)
     agg.add_job(JobConfig.create(job=JOB, workers=WORKERS, k=K, result_format="int",

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from ncina.aggregator.bmv2 import toolchain
+from ncina.aggregator.backends.bmv2 import toolchain
 
 pytestmark = [
     pytest.mark.root,

@@ -154,7 +154,7 @@ def test_each_concept_is_an_option_of_some_command() -> None:
 def test_another_backends_option_is_refused_in_one_line(
     backend: str, option: list[str], owner: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """An option the chosen backend would ignore (``--lcores 2`` on socket runs one lane) is
+    """An option the chosen backend would ignore (``--lcores 2`` on socket runs one strand) is
     refused before anything starts, naming the backend it belongs to."""
     status = main(["aggregator", "--backend", backend, "--job", "1", "--workers", "2",
                    "--result", "nc8", "--listen", "127.0.0.1:0", *option])  # fmt: skip

@@ -1,7 +1,7 @@
 """The conformance corpus (``ncina.proto.corpus``) replayed on every backend.
 
 Every backend serves the corpus job from its own network namespace behind a veth into the
-tests' bridge (``ncina.aggregator.dpdk.netns``): the python and socket backends through the
+tests' bridge (``ncina.aggregator.backends.dpdk.netns``): the python and socket backends through the
 namespace's kernel (a site with ``kernel=True``), dpdk (and bmv2) on the bare veth. The test
 sends the same steps to each: ordinary datagrams from one UDP socket per rank (and one for a
 stranger), odd ones (bad checksums, fragments, IP options ...) as raw Ethernet frames with the
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ncina.aggregator.bmv2.entries import NO_INT32
-from ncina.aggregator.dpdk import netns
+from ncina.aggregator.backends.bmv2.entries import NO_INT32
+from ncina.aggregator.backends.dpdk import netns
 from ncina.proto import corpus
 from ncina.proto.header import FLAG_RESULT, FLAG_RETX, HEADER, SUM_DTYPES, Format
 from ncina_testlib import AGGREGATOR_BACKENDS, counters, is_nc8_rounding, twin_lacks
@@ -58,8 +58,8 @@ def cases() -> list[corpus.Case]:
 
 def site_for(backend: str) -> tuple[netns.Star, netns.Site]:
     """A new site of the shared star for ``backend`` (skips without root, DPDK or P4)."""
-    from ncina.aggregator.bmv2 import toolchain
-    from ncina.aggregator.dpdk import binding
+    from ncina.aggregator.backends.bmv2 import toolchain
+    from ncina.aggregator.backends.dpdk import binding
 
     reason = netns.missing()
     if reason is None and backend == "dpdk":

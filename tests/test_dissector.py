@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ncina.aggregator.backends.python.pipeline import Aggregator
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.pipeline import Aggregator
 from ncina.proto import corpus
 from ncina.proto.compressors import REGISTRY, create
 from ncina.proto.compressors.base import State

@@ -1,4 +1,4 @@
-"""The dpdk backend's EAL command line (ncina.aggregator.dpdk.eal): the port (a vdev on an
+"""The dpdk backend's EAL command line (ncina.aggregator.backends.dpdk.eal): the port (a vdev on an
 interface, or a NIC by PCI address, refused with a how-to when DPDK cannot take it) and the memory
 (hugepages when 128 MB are free, the --no-huge fallback said at start). No root, no EAL: /sys is a
 fake tree under tmp_path. The real run with hugepages is in test_dpdk_packets.py."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ncina.aggregator.dpdk.eal import (
+from ncina.aggregator.backends.dpdk.eal import (
     Memory,
     check_pci_port,
     choose_memory,

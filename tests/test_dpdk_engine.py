@@ -1,6 +1,7 @@
 """The DPDK data plane's engine offline (no EAL, no network): the C parse/slots/result code fed
-frame by frame next to the Python reference (``ncina.aggregator.slots``), output frames and
-counters compared; plus the frames' own correctness (IPv4 and UDP checksums, ARP replies).
+frame by frame next to the Python reference (``ncina.aggregator.backends.python.slots``), output
+frames and counters compared; plus the frames' own correctness (IPv4 and UDP checksums, ARP
+replies).
 
 These need only the DPDK development files (the extension links libdpdk); the packet-level
 tests over a veth pair are in test_dpdk_packets.py.
@@ -15,9 +16,9 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from ncina.aggregator.handshake import job_descriptor
+from ncina.aggregator.backends.python.handshake import job_descriptor
+from ncina.aggregator.backends.python.pipeline import Aggregator
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.pipeline import Aggregator
 from ncina.proto import tag
 from ncina.proto.descriptor import pack_job_datagram
 from ncina.proto.header import FLAG_TAG
@@ -27,7 +28,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-binding = pytest.importorskip("ncina.aggregator.dpdk.binding")
+binding = pytest.importorskip("ncina.aggregator.backends.dpdk.binding")
 _MISSING = binding.missing()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 
@@ -41,7 +42,7 @@ STRIDE = 2048
 @pytest.fixture
 def plane() -> Iterator[object]:
     """The process's engine, emptied; jobs are installed by the test."""
-    from ncina.aggregator.dpdk.driver import DataPlane
+    from ncina.aggregator.backends.dpdk.driver import DataPlane
 
     dp = DataPlane(binding.load())
     dp.reset()

@@ -1,15 +1,15 @@
-"""The DPDK data plane on several lanes (``--lcores N``, docs/dpdk.md "Several lcores"): each
-lane polls its own RX queue (af_packet qpairs: the kernel spreads the workers' flows by hash),
+"""The DPDK data plane on several strands (``--lcores N``, docs/dpdk.md "Several lcores"): each
+strand polls its own RX queue (af_packet qpairs: the kernel spreads the workers' flows by hash),
 owns the slots s with s % N == its index and hands the frames of the others' slots over through
-their rings; lane 0 owns the job datagrams and parks the others while it handles one.
+their rings; strand 0 owns the job datagrams and parks the others while it handles one.
 
-- exact sums of four workers over 128 slot rounds on two lanes; the job's counters add up to
-  what was sent, and both lanes aggregated (hand-overs in both directions add up);
-- hellos that restart a job while another job's traffic flows on both lanes, then that job
-  removed (its memory freed once no lane can hold it), the running job exact throughout;
+- exact sums of four workers over 128 slot rounds on two strands; the job's counters add up to
+  what was sent, and both strands aggregated (hand-overs in both directions add up);
+- hellos that restart a job while another job's traffic flows on both strands, then that job
+  removed (its memory freed once no strand can hold it), the running job exact throughout;
 - refusals before EAL starts: more lcores than allowed, af_xdp on an interface with fewer
   combined channels (a veth has none, whatever its RX queues: DPDK 22.11's af_xdp then takes one
-  queue only), and a leaf on more than one lane (the command's refusal, and the engine's own,
+  queue only), and a leaf on more than one strand (the command's refusal, and the engine's own,
   offline).
 """
 
@@ -21,8 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from ncina.aggregator.dpdk import binding, netns
-from ncina.aggregator.dpdk.eal import MAX_LCORES, check_lcores, check_queues, combined_channels
+from ncina.aggregator.backends.dpdk import binding, netns
+from ncina.aggregator.backends.dpdk.eal import (
+    MAX_LCORES,
+    check_lcores,
+    check_queues,
+    combined_channels,
+)
 from ncina.proto import descriptor as desc
 from ncina_testlib import (
     Worker,
@@ -48,8 +53,8 @@ POOL = 16
 ROUNDS = 8
 
 
-def lane_work(io: dict[str, int]) -> int:
-    """Frames a lane handled itself: those it received and kept, and those handed to it."""
+def strand_work(io: dict[str, int]) -> int:
+    """Frames a strand handled itself: those it received and kept, and those handed to it."""
     return io["rx_frames"] - io["handoffs"] - io["handoff_full"] + io["handed_in"]
 
 
@@ -59,7 +64,7 @@ def two_queue_site(backend: str, arguments: Sequence[str]) -> list[str]:
 
 
 @needs_dpdk
-def test_two_lanes_sum_every_slot_exactly_and_share_the_work(tmp_path: Path) -> None:
+def test_two_strands_sum_every_slot_exactly_and_share_the_work(tmp_path: Path) -> None:
     agg = start_aggregator("dpdk", tmp_path, job=JOB, workers=WORKERS, k=K, result="int",
                            extra=["--pool-size", str(POOL), "--lcores", "2"])  # fmt: skip
     workers = [Worker(agg.address, timeout=10.0) for _ in range(WORKERS)]
@@ -96,25 +101,25 @@ def test_two_lanes_sum_every_slot_exactly_and_share_the_work(tmp_path: Path) -> 
     assert job["results_sent"] == job["packets_out"] == sent
     assert sum(job["drops"].values()) == 0 and stats["global"]["packets_in"] == 0
     io = stats["dpdk"]
-    lanes = io["lanes"]
-    assert len(lanes) == 2
+    strands = io["strands"]
+    assert len(strands) == 2
     assert io["handoff_full"] == 0
     # Every frame handed over was taken (the rings are empty: every result came back), and each
-    # lane aggregated its own half of the slots, whichever queue the kernel gave the flows.
+    # strand aggregated its own half of the slots, whichever queue the kernel gave the flows.
     assert io["handoffs"] == io["handed_in"] > 0
-    assert all(lane_work(lane) >= sent // 2 for lane in lanes), lanes
+    assert all(strand_work(strand) >= sent // 2 for strand in strands), strands
     for name in ("rx_frames", "handoffs", "handed_in", "tx_frames"):
-        assert io[name] == sum(lane[name] for lane in lanes)
+        assert io[name] == sum(strand[name] for strand in strands)
 
 
 @needs_dpdk
 @pytest.mark.timeout(180)
-def test_hellos_restart_and_a_job_is_removed_while_another_runs_on_two_lanes(
+def test_hellos_restart_and_a_job_is_removed_while_another_runs_on_two_strands(
     tmp_path: Path,
 ) -> None:
     """A static job reduces 300k elements in the background (its clients' hellos first) while a
     second job, added through the jobs directory, is run by three sets of workers in turn: each
-    set's hellos find it idle and restart its slots, lane 0 parking the other lane for every
+    set's hellos find it idle and restart its slots, strand 0 parking the other strand for every
     job datagram. The second job is then removed while the first still runs. Every sum exact."""
     jobs_dir = tmp_path / "jobs"
     jobs_dir.mkdir()
@@ -143,16 +148,16 @@ def test_hellos_restart_and_a_job_is_removed_while_another_runs_on_two_lanes(
     assert stats["jobs"]["21"]["slots_completed"] == -(-300_000 // 64)
     assert stats["dpdk"]["parks"] >= 2 + 3 * 2  # a hello per client at least
     assert stats["dpdk"]["handoff_full"] == 0
-    assert all(lane_work(lane) > 0 for lane in stats["dpdk"]["lanes"])
+    assert all(strand_work(strand) > 0 for strand in stats["dpdk"]["strands"])
 
 
 @needs_dpdk
-def test_only_a_hello_that_may_restart_its_job_parks_the_other_lanes(tmp_path: Path) -> None:
-    """Issue 27, finding 3: every job datagram parked every lane before its length, count, job
+def test_only_a_hello_that_may_restart_its_job_parks_the_other_strands(tmp_path: Path) -> None:
+    """Issue 27, finding 3: every job datagram parked every strand before its length, count, job
     and tag were checked, so unauthenticated 16-byte datagrams stopped the world one each. Now
-    lane 0 parks the others only for an authentic hello to a job quiet for --restart-idle; the
+    strand 0 parks the others only for an authentic hello to a job quiet for --restart-idle; the
     rest (malformed, unknown job, not authentic, a job in use) are answered or dropped with
-    the other lanes running."""
+    the other strands running."""
     agg = start_aggregator("dpdk", tmp_path, job=JOB, workers=WORKERS, k=K, result="int",
                            extra=["--pool-size", str(POOL), "--lcores", "2"])  # fmt: skip
     worker = Worker(agg.address, timeout=5.0)
@@ -191,7 +196,7 @@ def test_only_a_hello_that_may_restart_its_job_parks_the_other_lanes(tmp_path: P
         (3, [0, 1], "may use 2 CPUs (0,1), so at most --lcores 2"),
     ],
 )
-def test_lcores_beyond_the_lanes_or_the_cpus_are_refused(
+def test_lcores_beyond_the_strands_or_the_cpus_are_refused(
     lcores: int, cpus: list[int], said: str
 ) -> None:
     with pytest.raises(ValueError, match=said.replace("(", r"\(").replace(")", r"\)")):
@@ -238,7 +243,7 @@ Combined:\t2
 
 
 def test_af_xdp_needs_as_many_combined_channels_as_lcores() -> None:
-    """DPDK's af_xdp binds one queue per lane to the interface's combined channels; a veth has
+    """DPDK's af_xdp binds one queue per strand to the interface's combined channels; a veth has
     none (its two RX queues are not enough), a NIC set to two has two."""
     assert combined_channels(VETH_CHANNELS) == 1 and combined_channels(NIC_CHANNELS) == 2
     with pytest.raises(ValueError, match="needs 2 combined channels on veth0, it has 1"):
@@ -251,7 +256,7 @@ def test_af_xdp_needs_as_many_combined_channels_as_lcores() -> None:
 
 
 @needs_dpdk
-def test_af_xdp_on_two_lanes_is_refused_on_a_veth_before_eal_starts(tmp_path: Path) -> None:
+def test_af_xdp_on_two_strands_is_refused_on_a_veth_before_eal_starts(tmp_path: Path) -> None:
     agg = aggregators.launch_aggregator(
         "dpdk", tmp_path, command=two_queue_site, job=JOB, workers=2, k=K, result="int",
         extra=["--lcores", "2", "--dpdk-pmd", "af_xdp"],
@@ -275,15 +280,15 @@ def test_the_command_refuses_a_leaf_on_two_lcores(capsys: pytest.CaptureFixture[
     assert status == 1
     assert err == (
         "ncina aggregator: error: a dpdk leaf (--upstream) serves on one lcore, not --lcores 2: "
-        "its link to the spine (ARP, uplinks, the engine's upstream state) is one lane's"
+        "its link to the spine (ARP, uplinks, the engine's upstream state) is one strand's"
     )
 
 
 @pytest.mark.skipif(binding.missing() is not None, reason=f"dpdk: {binding.missing()}")
-def test_a_leaf_is_refused_on_more_than_one_lane() -> None:
-    """The engine's refusal (offline, no EAL): a leaf's upstream state is one lane's, so a
-    leaf job on two lanes is refused, and so are two lanes while a leaf is installed."""
-    from ncina.aggregator.dpdk.driver import DataPlane
+def test_a_leaf_is_refused_on_more_than_one_strand() -> None:
+    """The engine's refusal (offline, no EAL): a leaf's upstream state is one strand's, so a
+    leaf job on two strands is refused, and so are two strands while a leaf is installed."""
+    from ncina.aggregator.backends.dpdk.driver import DataPlane
     from ncina.aggregator.jobs import JobConfig
 
     dp = DataPlane(binding.load())
@@ -296,33 +301,34 @@ def test_a_leaf_is_refused_on_more_than_one_lane() -> None:
     try:
         dp.add_job(JobConfig.create(job=5, workers=2, k=32, pool_size=8, result_format="int",
                                     total_workers=4))  # fmt: skip
-        dp.set_lanes(2)
+        dp.set_strands(2)
         assert lib.nce_job_set_upstream(5, spine, 47000, 0, 1, hello, len(hello)) == -1
         reason = dp.ffi.string(lib.nce_error()).decode()
-        assert reason == "job 5: a leaf serves on one lane, not 2 (--lcores 1)"
-        dp.set_lanes(1)
+        assert reason == "job 5: a leaf serves on one strand, not 2 (--lcores 1)"
+        dp.set_strands(1)
         assert lib.nce_job_set_upstream(5, spine, 47000, 0, 1, hello, len(hello)) == 0
-        with pytest.raises(RuntimeError, match="job 5 is a leaf, which serves on one lane only"):
-            dp.set_lanes(2)
+        with pytest.raises(RuntimeError, match="job 5 is a leaf, which serves on one strand only"):
+            dp.set_strands(2)
     finally:
-        dp.set_lanes(1)
+        dp.set_strands(1)
         dp.reset()
 
 
 @needs_dpdk
-def test_a_reassembled_datagram_too_large_to_hand_over_stays_with_its_lane() -> None:
-    """Issue 27, finding 2 (offline: reassembly needs EAL and a port with several lanes, which a
-    veth cannot give af_xdp): a reassembled packet larger than an mbuf stays in lane 0's buffer;
-    a valid chunk sent as fragments with IPv4 options can be that large. Lane 0 hands it to the
+def test_a_reassembled_datagram_too_large_to_hand_over_stays_with_its_strand() -> None:
+    """Issue 27, finding 2 (offline: reassembly needs EAL and a port with several strands, which a
+    veth cannot give af_xdp): a reassembled packet larger than an mbuf stays in strand 0's buffer;
+    a valid chunk sent as fragments with IPv4 options can be that large. Strand 0 hands it to the
     engine only when it owns the chunk's slot (or it is a job datagram), so no slot is touched
-    by two lanes; the loop drops and counts the others (``ignored``)."""
+    by two strands; the loop drops and counts the others (``ignored``)."""
     lib = binding.load().lib
     emin = window_e_min(WORKERS)
-    for slot, lanes, lane0 in ((1, 2, False), (3, 2, False), (2, 2, True), (1, 1, True),
+    for slot, strands, strand0 in ((1, 2, False), (3, 2, False), (2, 2, True), (1, 1, True),
                                (4, 3, False), (6, 3, True)):  # fmt: skip
         chunk = uplink(job=JOB, rank=0, slot=slot, offset=slot, codes=[1] * K, emin=emin)
-        assert bool(lib.ncd_whole_on_lane0(chunk, len(chunk), lanes)) is lane0, (slot, lanes)
+        whole = bool(lib.ncd_whole_on_strand0(chunk, len(chunk), strands))
+        assert whole is strand0, (slot, strands)
     hello = desc.pack_job_datagram(
         desc.Descriptor(mode=1, workers=WORKERS, pool_size=POOL, k=K, e_max=10, e_min=emin,
                         keyed=False, compressor=0), job=JOB, rank=0)  # fmt: skip
-    assert lib.ncd_whole_on_lane0(hello, len(hello), 2) == 1
+    assert lib.ncd_whole_on_strand0(hello, len(hello), 2) == 1

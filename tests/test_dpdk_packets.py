@@ -1,5 +1,5 @@
 """The DPDK backend on the wire: a data plane per test in its own namespace, reached over a veth
-pair through a bridge (``ncina.aggregator.dpdk.netns``).
+pair through a bridge (``ncina.aggregator.backends.dpdk.netns``).
 
 - wire parity with the Python backend (``ncina_parity``): the same datagrams to every rank,
   notices included, and the same counters, also keyed and with packets of a previous generation;
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ncina.aggregator.dpdk import binding, eal, netns
+from ncina.aggregator.backends.dpdk import binding, eal, netns
 from ncina_parity import assert_wire_parity
 from ncina_testlib import launch_aggregator, start_aggregator, uplink, window_e_min, worker_host
 

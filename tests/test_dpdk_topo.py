@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ncina.aggregator.dpdk import binding
+from ncina.aggregator.backends.dpdk import binding
 
 pytestmark = [
     pytest.mark.root,

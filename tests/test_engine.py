@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ncina.aggregator.backends.python.handshake import RESTART_IDLE, job_descriptor
+from ncina.aggregator.backends.python.pipeline import Aggregator
+from ncina.aggregator.backends.python.slots import RESEND_BURST, RESEND_INTERVAL
 from ncina.aggregator.engine import Engine
-from ncina.aggregator.handshake import RESTART_IDLE, job_descriptor
 from ncina.aggregator.hierarchy import LeafAggregator, SpineSlots, Upstream
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.pipeline import Aggregator
-from ncina.aggregator.slots import RESEND_BURST, RESEND_INTERVAL
 from ncina.proto import nc8, tag
 from ncina.proto.descriptor import UPLINK_INT, Descriptor, pack_job_datagram
 from ncina.proto.header import ELEMENT_SIZE, FLAG_RESULT, FLAG_TAG, HEADER, Format
@@ -35,7 +35,7 @@ STRIDE = 2048
 @pytest.fixture
 def engine() -> Iterator[Engine]:
     """The process's engine of the socket extension, emptied; jobs are installed by the test."""
-    from ncina.aggregator.socket.binding import load
+    from ncina.aggregator.backends.socket.binding import load
 
     e = Engine(load())
     e.lib.nce_reset()

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ncina.aggregator.backends.python.handshake import job_descriptor
+from ncina.aggregator.backends.python.pipeline import Aggregator
 from ncina.aggregator.engine import Engine
-from ncina.aggregator.handshake import job_descriptor
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.pipeline import Aggregator
 from ncina.proto.descriptor import (
     FLAG_PROBE,
     OK,
@@ -449,7 +449,7 @@ def restartable(workers: int, generation: int, key: bytes | None = None,
     config = JobConfig.create(job=JOB, workers=workers, k=K, result_format="int", key=key)
     engine = None
     if backend == "socket":
-        from ncina.aggregator.socket.binding import load
+        from ncina.aggregator.backends.socket.binding import load
 
         engine = Engine(load())
     server = Restartable(config, generation, engine)

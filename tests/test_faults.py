@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ncina.aggregator.faults import FaultConfig, FaultyPath
+from ncina.aggregator.backends.python.faults import FaultConfig, FaultyPath
 from ncina.proto.nc8 import Window
 
 from ncina.harness.faults import JOB, SCENARIOS, allreduce_with_faults

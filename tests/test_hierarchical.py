@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ncina.aggregator.backends.python.pipeline import Aggregator
 from ncina.aggregator.hierarchy import LeafAggregator, SpineSlots, Upstream
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.pipeline import Aggregator
 from ncina.proto import nc8
 from ncina.proto.descriptor import JobMismatchError
 from ncina.worker.client import AllreduceClient
@@ -57,7 +57,8 @@ pytestmark = pytest.mark.timeout(120)
 
 LOSS = ["--drop-up", "0.05", "--drop-down", "0.05", "--duplicate", "0.05", "--reorder", "0.05"]
 # Besides the random loss, a fixed pattern: the 7th, 14th, ... datagram from and to each peer
-# (aggregator/faults.py), so that every peer of a lossy aggregator loses some, by construction.
+# (aggregator/backends/python/faults.py), so that every peer of a lossy aggregator loses some, by
+# construction.
 DROP_EVERY = ["--drop-every", "7"]
 SPINES = ["python", "socket", "dpdk"]  # the backends that serve as a spine
 LEAVES = ["python", "socket", "dpdk"]  # the backends that serve as a leaf
@@ -452,7 +453,7 @@ LEAF_OPTIONS = ["--upstream", "127.0.0.1:47000", "--upstream-rank", "0", "--tota
 def test_hierarchical_dpdk_leaf_needs_its_own_address(capsys: pytest.CaptureFixture[str]) -> None:
     """A dpdk leaf sends from its --listen address (no kernel picks one): 0.0.0.0 is refused
     before EAL starts."""
-    binding = pytest.importorskip("ncina.aggregator.dpdk.binding")
+    binding = pytest.importorskip("ncina.aggregator.backends.dpdk.binding")
     if binding.missing() is not None:
         pytest.skip(f"dpdk backend: {binding.missing()}")
     status = cli.main(["aggregator", "--backend", "dpdk", "--iface", "lo", "--job", "1",
@@ -695,11 +696,11 @@ def dpdk_leaf() -> Iterator[Any]:
     """The DPDK extension's data plane as the leaf of ``leaf_logic`` (rank 1 of ``SPINE``, the
     spine's generation learned) at ``LEAF_IP``, with ARP requests at most once an hour (so a
     second one within the test is never due)."""
-    binding = pytest.importorskip("ncina.aggregator.dpdk.binding")
+    binding = pytest.importorskip("ncina.aggregator.backends.dpdk.binding")
     reason = binding.missing()
     if reason is not None:
         pytest.skip(f"dpdk backend: {reason}")
-    from ncina.aggregator.dpdk.driver import DataPlane
+    from ncina.aggregator.backends.dpdk.driver import DataPlane
 
     plane = DataPlane(binding.load())
     plane.reset()

@@ -204,8 +204,9 @@ def test_modules_are_found() -> None:
     """The walk sees the tree as pyproject maps it (a guard against checking nothing)."""
     modules = find_modules()
     for name in ("ncina.cli", "ncina.proto.nc8", "ncina.proto.compressors.base",
-                 "ncina.worker.client", "ncina.aggregator.slots", "ncina.topo.runner",
-                 "ncina.harness.fuzzing", "ncina.bench.allreduce", "tests.ncina_testlib"):
+                 "ncina.worker.client", "ncina.aggregator.backends.python.slots",
+                 "ncina.topo.runner", "ncina.harness.fuzzing", "ncina.bench.allreduce",
+                 "tests.ncina_testlib"):
         assert name in modules, name
     assert not any(".__pycache__" in name for name in modules)
 

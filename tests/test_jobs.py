@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ncina.aggregator.backends import names
 from ncina.aggregator.control import JobsDirectory
 from ncina.aggregator.process import free_udp_port
 from ncina.worker.client import AllreduceClient
@@ -25,7 +26,7 @@ from ncina_testlib import Worker, start_aggregator, uplink, window_e_min, worker
 from ncina.harness.aggregators import RunningAggregator
 from ncina.harness.reference import powers_of_two
 
-BACKENDS = ("python", "socket", "dpdk")
+BACKENDS = names(jobs_dir=True)
 
 pytestmark = pytest.mark.timeout(120)
 

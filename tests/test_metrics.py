@@ -66,7 +66,7 @@ def expected(document: dict[str, Any]) -> dict[tuple[str, str, str], float]:
             if name == "drops":
                 for reason, count in value.items():
                     out[(f"ncina_{prefix}drops_total", job, reason)] = float(count)
-            elif not isinstance(value, bool | list):  # (dpdk's per-lane counters: their sums are)
+            elif not isinstance(value, bool | list):  # (dpdk's per-strand counters: their sums are)
                 out[(f"ncina_{prefix}{name}_total", job, "")] = float(value)
 
     section("", "global", document["global"])

@@ -1,8 +1,8 @@
 """Training across machines, emulated: one network namespace per node, each running its own
 torchrun agent (multi-node rendezvous: ``--nnodes 2 --rdzv-backend c10d --rdzv-endpoint``), and
 the aggregator in a namespace of its own, all joined by one bridge as hosts are by a switch
-(``ncina.aggregator.dpdk.netns``, kernel addresses on the veths). Nothing is shared between the
-nodes but the network: the rendezvous, gloo's broadcast of the initial parameters and the INA
+(``ncina.aggregator.backends.dpdk.netns``, kernel addresses on the veths). Nothing is shared between
+the nodes but the network: the rendezvous, gloo's broadcast of the initial parameters and the INA
 traffic all cross the bridge (docs/deploy.md describes the same run on real machines).
 
 Checks: both agents exit cleanly; the four ranks are spread over the two nodes (two each, as
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ncina.aggregator.dpdk import netns
+from ncina.aggregator.backends.dpdk import netns
 from ncina.topo import report
 
 from ncina.harness.aggregators import RunningAggregator, wait_ready

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ncina.aggregator.bmv2 import entries, gen, layout, toolchain
+from ncina.aggregator.backends.bmv2 import entries, gen, layout, toolchain
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GLOBAL_DROP_REASONS, JOB_DROP_REASONS
 from ncina.proto import nc8

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ncina.aggregator.bmv2 import gen, toolchain
+from ncina.aggregator.backends.bmv2 import gen, toolchain
 
 ROOT = Path(__file__).resolve().parents[1]
 # What pip needs from the checkout to build the distribution (tests and run outputs stay behind).
@@ -31,7 +31,7 @@ PROBE = """
 import json, sys
 from pathlib import Path
 import ncina
-from ncina.aggregator.bmv2 import gen, toolchain
+from ncina.aggregator.backends.bmv2 import gen, toolchain
 k = int(sys.argv[1])
 written = gen.write(k, Path("gen"))
 build = None

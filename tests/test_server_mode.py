@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ncina.aggregator.backends.python.pipeline import Aggregator
+from ncina.aggregator.backends.python.slots import ServerSlots
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.pipeline import Aggregator
-from ncina.aggregator.slots import ServerSlots
 from ncina.proto.compressors import State, create
 from ncina.proto.header import BAD_LENGTH, ProtocolError, flags_for, pack, parse
 from ncina_testlib import aggregator_command, dissect, start_aggregator

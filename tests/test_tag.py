@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ncina.aggregator.backends.python.pipeline import Aggregator
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.pipeline import Aggregator
 from ncina.proto import tag
 from ncina.proto.header import FLAG_RETX, FLAG_TAG, HEADER, INT_DTYPE, NOTICE, Header, pack, parse
 from ncina.proto.wire import HEADER_SIZE, TAG_SIZE

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ncina.aggregator.bmv2 import gen_tofino, layout, tofino
-from ncina.aggregator.bmv2.toolchain import ToolchainError
+from ncina.aggregator.backends.bmv2 import layout
+from ncina.aggregator.backends.bmv2.toolchain import ToolchainError
+from ncina.aggregator.backends.tofino import gen as gen_tofino
+from ncina.aggregator.backends.tofino import toolchain as tofino
 from ncina.proto import nc8
 
 SMALL_K = 4

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ncina.aggregator.bmv2.twin import limits
+from ncina.aggregator.backends.tofino.twin import limits
 from ncina.proto import descriptor as desc
 from ncina.proto.header import Format
 from ncina.worker.client import AllreduceClient
@@ -146,8 +146,9 @@ def test_the_twin_answers_job_handshakes_as_the_reference_does(tmp_path: Path) -
 
 def test_the_control_plane_installs_the_tna_contract() -> None:
     """Everywhere (no switch): a placed job's entries, as docs/tofino.md's contract lists them."""
-    from ncina.aggregator.bmv2 import entries, twin
-    from ncina.aggregator.bmv2.layout import JOB_EVENTS
+    from ncina.aggregator.backends.bmv2 import entries
+    from ncina.aggregator.backends.bmv2.layout import JOB_EVENTS
+    from ncina.aggregator.backends.tofino import twin
     from ncina.aggregator.jobs import JobConfig
 
     first = JobConfig.create(job=3, workers=2, k=K, result_format="int", pool_size=8)

@@ -35,9 +35,9 @@ C_EQUAL = {
 }
 # C buffer name -> the least it must hold.
 C_AT_LEAST = {
-    "RX_BYTES": wire.MAX_DATAGRAM,  # aggregator/socket: any datagram
+    "RX_BYTES": wire.MAX_DATAGRAM,  # backends/socket: any datagram
     "NCW_RX_SIZE": wire.MAX_DATAGRAM,  # worker fast path: any datagram
-    "TX_BYTES": wire.MAX_MTU - wire.IPV4_UDP_HEADERS,  # aggregator/socket: the largest result
+    "TX_BYTES": wire.MAX_MTU - wire.IPV4_UDP_HEADERS,  # backends/socket: the largest result
 }
 # P4 constant (p4/headers.p4) -> the Python value it must equal.
 P4_EQUAL = {

@@ -108,13 +108,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the Python data path gives up after half the deadline (its message still says 1 s)",
     ),
     Mutation(
-        "result-rounding-ignores-seed", "aggregator/slots.py",
+        "result-rounding-ignores-seed", "aggregator/backends/python/slots.py",
         "nc8.result_key(self._result_seed, ", "nc8.result_key(0, ",
         ("tests/test_aggregator_slots.py::test_nc8_results_are_seeded",),
         "the aggregator's nc8 result rounding draws the same bits whatever the job's seed",
     ),
     Mutation(
-        "faults-ignore-seed", "aggregator/faults.py",
+        "faults-ignore-seed", "aggregator/backends/python/faults.py",
         "np.random.default_rng(config.seed)", "np.random.default_rng(0)",
         ("tests/test_faults.py::test_same_seed_same_faults",),
         "the emulated faults draw the same decisions whatever their seed",

@@ -136,7 +136,7 @@ class Engine:
 
     def set_restart_idle(self, seconds: float) -> None:
         """How long a job must have been quiet before an authentic hello restarts it
-        (``ncina.aggregator.handshake.RESTART_IDLE``, ``--restart-idle``)."""
+        (``ncina.aggregator.backends.python.handshake.RESTART_IDLE``, ``--restart-idle``)."""
         self.lib.nce_set_restart_idle(round(seconds * 1e9))
 
     def set_resend_interval(self, seconds: float) -> None:

@@ -1,8 +1,9 @@
 /* Admission: the jobs (installed by the control plane), the engine's generation, and the
  * job-level checks a well-formed datagram passes before it reaches the slots, steps 8-15 of
- * docs/protocol.md "Order of checks" in that order, as ncina.aggregator.admission: flags,
- * format, membership (asked of members.c), window, slot and count bounds, generation, codes
- * (or a spine's int partial sums, nce_job_set_uplink). */
+ * docs/protocol.md "Order of checks" in that order, as
+ * ncina.aggregator.backends.python.admission: flags, format, membership (asked of members.c),
+ * window, slot and count bounds, generation, codes (or a spine's int partial sums,
+ * nce_job_set_uplink). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,7 +84,7 @@ static void job_free(struct nce_job *job)
  * key and members are set first, so that no datagram meets a half-configured job. */
 static struct nce_job *staged[65536];
 static int live;
-unsigned nce_lanes = 1;
+unsigned nce_strands = 1;
 static uint16_t leaf_job;       /* + 1: the leaf job's id, 0 when there is none */
 
 /* The job of an id for the control plane: published, or staged. */
@@ -105,13 +106,13 @@ void nce_set_live(int on)
     live = on;
 }
 
-int nce_set_lanes(unsigned lanes)
+int nce_set_strands(unsigned strands)
 {
-    if (lanes < 1 || lanes > NCE_MAX_LANES)
-        FAIL("%u lanes: an engine runs 1 to %d", lanes, NCE_MAX_LANES);
-    if (lanes > 1 && leaf_job != 0 && ctl_job((uint16_t)(leaf_job - 1)) != NULL)
-        FAIL("job %u is a leaf, which serves on one lane only, not %u", leaf_job - 1, lanes);
-    nce_lanes = lanes;
+    if (strands < 1 || strands > NCE_MAX_STRANDS)
+        FAIL("%u strands: an engine runs 1 to %d", strands, NCE_MAX_STRANDS);
+    if (strands > 1 && leaf_job != 0 && ctl_job((uint16_t)(leaf_job - 1)) != NULL)
+        FAIL("job %u is a leaf, which serves on one strand only, not %u", leaf_job - 1, strands);
+    nce_strands = strands;
     return 0;
 }
 
@@ -134,15 +135,15 @@ int nce_job_remove(uint16_t id)
         job_drop(id);
         return 0;
     }
-    /* Unpublish, then wait until every lane is outside the batch it may be in (its epoch is
+    /* Unpublish, then wait until every strand is outside the batch it may be in (its epoch is
      * odd inside one): every later batch reads the NULL (both sides fence, Dekker-style). A
-     * lane handing a datagram to another passes the frame, never the job's pointer. */
+     * strand handing a datagram to another passes the frame, never the job's pointer. */
     __atomic_store_n(&nce_jobs[id], NULL, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     const struct timespec nap = {0, 50000};
-    for (unsigned lane = 0; lane < NCE_MAX_LANES; lane++) {
-        const uint64_t epoch = __atomic_load_n(&nce_dp_epoch[lane].v, __ATOMIC_SEQ_CST);
-        while ((epoch & 1) && __atomic_load_n(&nce_dp_epoch[lane].v, __ATOMIC_ACQUIRE) == epoch)
+    for (unsigned strand = 0; strand < NCE_MAX_STRANDS; strand++) {
+        const uint64_t epoch = __atomic_load_n(&nce_dp_epoch[strand].v, __ATOMIC_SEQ_CST);
+        while ((epoch & 1) && __atomic_load_n(&nce_dp_epoch[strand].v, __ATOMIC_ACQUIRE) == epoch)
             nanosleep(&nap, NULL);
     }
     job_free(job);
@@ -171,7 +172,7 @@ int nce_job_add(uint16_t id, uint16_t workers, uint16_t k, uint16_t nslots, int 
         return -1;
     if (!fits_reply_room(id, k, result_format, 0))
         return -1;
-    /* Aligned for its per-lane counters (a multiple of the alignment, as aligned_alloc asks). */
+    /* Aligned for its per-strand counters (a multiple of the alignment, as aligned_alloc asks). */
     struct nce_job *job = aligned_alloc(_Alignof(struct nce_job), sizeof *job);
     if (job == NULL)
         FAIL("job %u: out of memory", id);
@@ -234,8 +235,8 @@ int nce_job_set_upstream(uint16_t id, const uint8_t *ip, uint16_t port, uint16_t
              rank, job->total, job->n);
     uint32_t ip_be;
     memcpy(&ip_be, ip, 4);
-    if (nce_lanes > 1)          /* its upstream state (upstream.c) is one lane's */
-        FAIL("job %u: a leaf serves on one lane, not %u (--lcores 1)", id, nce_lanes);
+    if (nce_strands > 1)          /* its upstream state (upstream.c) is one strand's */
+        FAIL("job %u: a leaf serves on one strand, not %u (--lcores 1)", id, nce_strands);
     if (nce_upstream_set(id, ip_be, port, rank, generation, hello, hello_len) != 0)
         FAIL("job %u: another job is the leaf, or the hello is not a job datagram", id);
     job->leaf = 1;
@@ -282,14 +283,14 @@ void nce_reset(void)
     leaf_job = 0;
 }
 
-/* Each lane's counters are written by that lane only; readers sum them word by word (64-bit
+/* Each strand's counters are written by that strand only; readers sum them word by word (64-bit
  * aligned loads are atomic on the targets we build for, so no value is torn). */
-static void sum_counters(struct nce_counters *out, const struct nce_lane_counters *lanes)
+static void sum_counters(struct nce_counters *out, const struct nce_strand_counters *strands)
 {
     uint64_t *dst = (uint64_t *)out;
     memset(out, 0, sizeof *out);
-    for (unsigned lane = 0; lane < NCE_MAX_LANES; lane++) {
-        const volatile uint64_t *src = (const volatile uint64_t *)&lanes[lane].c;
+    for (unsigned strand = 0; strand < NCE_MAX_STRANDS; strand++) {
+        const volatile uint64_t *src = (const volatile uint64_t *)&strands[strand].c;
         for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++)
             dst[i] += src[i];
     }

@@ -19,8 +19,8 @@
 /* The largest K: NC8 results (one byte an element) in one packet of the largest MTU, as
  * ncina.proto.wire.MAX_K = payload_room(MAX_MTU). tests/test_wire.py checks every name here. */
 #define NCE_MAX_K (NCE_MAX_MTU - NCE_IPV4_UDP_LEN - NCE_HDR_LEN)
-/* The most data-plane lanes (threads, each with its own share of the slots) an engine serves. */
-#define NCE_MAX_LANES 8
+/* The most data-plane strands (threads, each with its own share of the slots) an engine serves. */
+#define NCE_MAX_STRANDS 8
 
 /* Where a datagram came from; addresses and the port in network order. */
 struct nce_from {
@@ -39,7 +39,7 @@ struct nce_member {
     uint8_t has_link;
     uint8_t link[6];            /* learned from its first valid datagram (DPDK: the MAC) */
     uint32_t agg_ip;            /* the aggregator address this member sends to */
-    /* ip, port and bit 48 (known) as one word: lanes that learn a rank at the same moment
+    /* ip, port and bit 48 (known) as one word: strands that learn a rank at the same moment
      * agree on one address (compare-and-swap, members.c); 0 while unknown. */
     uint64_t addr;
 };
@@ -87,45 +87,46 @@ struct nce_action {
 #define NCE_UP_SUM 1
 #define NCE_UP_HELLO 2
 
-/* Lanes: an I/O layer may run up to NCE_MAX_LANES data-plane threads (lanes) on one engine, each
- * owning a share of the slots (nce_lane_of) so that no slot is touched by two lanes and the hot
- * path takes no lock. nce_lane is the calling thread's lane: which per-lane counters and epoch
- * it writes. A lane's thread sets it once at its start; it is 0 in every other thread, so a
- * one-lane I/O layer (the socket backend) and the offline entry points need nothing. */
-extern __thread unsigned nce_lane;
+/* Strands: an I/O layer may run up to NCE_MAX_STRANDS data-plane threads (strands) on one
+ * engine, each owning a share of the slots (nce_strand_of) so that no slot is touched by two
+ * strands and the hot path takes no lock. nce_strand is the calling thread's strand: which
+ * per-strand counters and epoch it writes. A strand's thread sets it once at its start; it is 0
+ * in every other thread, so a one-strand I/O layer (the socket backend) and the offline entry
+ * points need nothing. */
+extern __thread unsigned nce_strand;
 
-/* The lane (0..lanes-1) that owns a datagram when `lanes` lanes run: a chunk of (job, slot)
- * belongs to lane slot % lanes; a job datagram (the handshake, which may restart every slot of
- * its job) to lane 0; one whose header cannot be read (too short, another version) touches
- * no slot and stays where it arrived, lane `here`. */
-unsigned nce_lane_of(const uint8_t *dgram, uint32_t len, unsigned lanes, unsigned here);
+/* The strand (0..strands-1) that owns a datagram when `strands` strands run: a chunk of (job, slot)
+ * belongs to strand slot % strands; a job datagram (the handshake, which may restart every slot of
+ * its job) to strand 0; one whose header cannot be read (too short, another version) touches
+ * no slot and stays where it arrived, strand `here`. */
+unsigned nce_strand_of(const uint8_t *dgram, uint32_t len, unsigned strands, unsigned here);
 /* Whether a datagram is a job datagram (the handshake's). */
 int nce_is_job_datagram(const uint8_t *dgram, uint32_t len);
 /* Read-only and cheap: whether a job datagram may restart its job (a well-formed, authentic
- * hello to a job quiet for nce_set_restart_idle's time), so that lane 0 must park the others
+ * hello to a job quiet for nce_set_restart_idle's time), so that strand 0 must park the others
  * before nce_input; every other job datagram is handled with them running. */
 int nce_hello_may_restart(const uint8_t *dgram, uint32_t len);
-/* Set by an I/O layer around nce_input when it did not park the other lanes for a job
+/* Set by an I/O layer around nce_input when it did not park the other strands for a job
  * datagram: the handshake then restarts no job (the calling thread's; 0 by default). */
 extern __thread int nce_no_restart;
 
-/* Each lane's epoch: odd while it handles a batch (nce_dp_enter .. nce_dp_leave), so that
- * nce_job_remove knows when no batch of any lane holds a removed job's pointer any more. An I/O
- * layer brackets every batch it hands to nce_input with the two. One cache line per lane. */
+/* Each strand's epoch: odd while it handles a batch (nce_dp_enter .. nce_dp_leave), so that
+ * nce_job_remove knows when no batch of any strand holds a removed job's pointer any more. An I/O
+ * layer brackets every batch it hands to nce_input with the two. One cache line per strand. */
 struct nce_epoch {
     uint64_t v;
 } __attribute__((aligned(64)));
-extern struct nce_epoch nce_dp_epoch[NCE_MAX_LANES];
+extern struct nce_epoch nce_dp_epoch[NCE_MAX_STRANDS];
 
 static inline void nce_dp_enter(void)
 {
-    __atomic_add_fetch(&nce_dp_epoch[nce_lane].v, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&nce_dp_epoch[nce_strand].v, 1, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
 static inline void nce_dp_leave(void)
 {
-    __atomic_add_fetch(&nce_dp_epoch[nce_lane].v, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&nce_dp_epoch[nce_strand].v, 1, __ATOMIC_RELEASE);
 }
 
 /* The reason nce_error() reports; I/O layers write their setup errors here too. */

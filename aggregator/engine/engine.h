@@ -1,5 +1,6 @@
 /* ncina slot engine: the protocol of docs/protocol.md on UDP datagrams, shared by the I/O
- * layers (aggregator/socket: kernel UDP sockets; aggregator/dpdk: Ethernet frames on DPDK).
+ * layers (aggregator/backends/socket: kernel UDP sockets; aggregator/backends/dpdk: Ethernet
+ * frames on DPDK).
  *
  * This is the control-plane API every I/O layer's Python driver sees. Plain declarations only:
  * the bindings hand the lines of this file that are not preprocessor directives to cffi as part
@@ -96,10 +97,10 @@ struct nce_upstream_counters {
     uint64_t drops[16];
 };
 void nce_upstream_stats(struct nce_upstream_counters *out);
-/* How many data-plane lanes the I/O layer runs (1..NCE_MAX_LANES, 1 by default); set before
- * it starts. A leaf job (nce_job_set_upstream) serves on one lane only: refused with more, and
+/* How many data-plane strands the I/O layer runs (1..NCE_MAX_STRANDS, 1 by default); set before
+ * it starts. A leaf job (nce_job_set_upstream) serves on one strand only: refused with more, and
  * more refused while a leaf is installed. Returns 0, or -1 with nce_error(). */
-int nce_set_lanes(unsigned lanes);
+int nce_set_strands(unsigned strands);
 /* Jobs at run time. While live (a data plane runs) nce_job_add stages a job, invisible to the
  * data plane until nce_job_publish (after its key, members and key ring are set); otherwise it
  * is installed at once and nce_job_publish does nothing. nce_job_remove unpublishes a job,
@@ -129,7 +130,7 @@ int nce_blake2b(uint8_t *out, uint32_t outlen, const uint8_t *key, uint32_t keyl
 /* Configure a member's address (IPv4 network order, UDP port host order). Unconfigured members
  * are learned from their first valid datagram; a configured one only accepts its address. */
 int nce_member_set(uint16_t job, uint16_t rank, const uint8_t *ip, uint16_t port);
-/* Counters, every lane's summed, copied word by word (each lane writes its own; no value is
+/* Counters, every strand's summed, copied word by word (each strand writes its own; no value is
  * torn). */
 int nce_job_stats(uint16_t job, struct nce_counters *out);
 void nce_global_stats(struct nce_counters *out);

@@ -16,14 +16,14 @@ void nce_set_restart_idle(uint64_t ns)
     restart_idle_ns = ns;
 }
 
-/* Whether the job has been quiet long enough for a hello to restart it: no lane completed a
+/* Whether the job has been quiet long enough for a hello to restart it: no strand completed a
  * slot or sent a result again in the last restart_idle_ns (a worker of a job in use, between
  * two training steps or waiting for a lost result, keeps its results and its address). */
 static int quiet_long_enough(const struct nce_job *job)
 {
     const uint64_t now = nce_now_ns();
-    for (unsigned lane = 0; lane < NCE_MAX_LANES; lane++) {
-        const uint64_t at = __atomic_load_n(&job->c[lane].active_ns, __ATOMIC_RELAXED);
+    for (unsigned strand = 0; strand < NCE_MAX_STRANDS; strand++) {
+        const uint64_t at = __atomic_load_n(&job->c[strand].active_ns, __ATOMIC_RELAXED);
         if (at != 0 && now - at < restart_idle_ns)
             return 0;
     }

@@ -1,7 +1,7 @@
 /* Members: each job's ranks and their addresses (configured, or learned from a first valid
  * datagram), and the authentication tag every datagram of a keyed job carries (docs/protocol.md
  * "Members" and "Authentication tag"): steps 7, 10 and 16 of "Order of checks", as
- * ncina.aggregator.members. The contributors' bitmaps are the slots' (slots.c). */
+ * ncina.aggregator.backends.python.members. The contributors' bitmaps are the slots' (slots.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,14 +56,14 @@ int nce_member_accepts(const struct nce_job *job, uint16_t rank, const struct nc
 
 /* A valid datagram's rank gets (or keeps) its address; its link address is where results go.
  *
- * Several lanes (engine.h, nce_set_lanes) may learn the same rank at once: its chunks of other
- * slots go to other lanes. The address is claimed as one word by compare-and-swap, so the
- * first sender wins and a lane whose sender lost gets 0 (the datagram is a stranger's). A lane
+ * Several strands (engine.h, nce_set_strands) may learn the same rank at once: its chunks of other
+ * slots go to other strands. The address is claimed as one word by compare-and-swap, so the
+ * first sender wins and a strand whose sender lost gets 0 (the datagram is a stranger's). A strand
  * whose sender matches then makes sure it sees the member's fields (it builds the results of
- * its slots from them) and writes those it does not see yet: every lane writes the same values
+ * its slots from them) and writes those it does not see yet: every strand writes the same values
  * (one address; the link address and destination that one sender's frames carry), so two
- * lanes writing at once leave no mixed state (atomic stores, no torn word). Once learned, the
- * fields are only read: the member's cache line stays shared between lanes. */
+ * strands writing at once leave no mixed state (atomic stores, no torn word). Once learned, the
+ * fields are only read: the member's cache line stays shared between strands. */
 int nce_member_learn(struct nce_job *job, uint16_t rank, const struct nce_from *from)
 {
     struct nce_member *m = &job->members[rank];
@@ -73,7 +73,7 @@ int nce_member_learn(struct nce_job *job, uint16_t rank, const struct nce_from *
         if (!__atomic_compare_exchange_n(&m->addr, &seen, mine, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE) &&
             seen != mine)
-            return 0;           /* known under another address: another lane's sender won */
+            return 0;           /* known under another address: another strand's sender won */
     }
     if (!__atomic_load_n(&m->known, __ATOMIC_RELAXED) ||
         __atomic_load_n(&m->ip, __ATOMIC_RELAXED) != from->src_ip ||

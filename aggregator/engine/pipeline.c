@@ -1,16 +1,16 @@
 /* The pipeline: one datagram through the concepts in the order of docs/protocol.md "Order of
  * checks" (nce_input: parse, the job, the tag, admission, the member learned, the slot rules,
- * which replies go out), as ncina.aggregator.pipeline does; plus the engine's module state and
- * the offline entry point for tests. */
+ * which replies go out), as ncina.aggregator.backends.python.pipeline does; plus the engine's
+ * module state and the offline entry point for tests. */
 #include <string.h>
 
 #include "state.h"
 
 struct nce_job *nce_jobs[65536];
-struct nce_lane_counters nce_global[NCE_MAX_LANES];
+struct nce_strand_counters nce_global[NCE_MAX_STRANDS];
 uint8_t nce_generation;
-struct nce_epoch nce_dp_epoch[NCE_MAX_LANES];
-__thread unsigned nce_lane;
+struct nce_epoch nce_dp_epoch[NCE_MAX_STRANDS];
+__thread unsigned nce_strand;
 char nce_errbuf[256];
 
 const char *nce_error(void)
@@ -30,15 +30,15 @@ static void count_malformed(const struct nce_pkt *p, int reason)
     c->drops[reason]++;
 }
 
-unsigned nce_lane_of(const uint8_t *dgram, uint32_t len, unsigned lanes, unsigned here)
+unsigned nce_strand_of(const uint8_t *dgram, uint32_t len, unsigned strands, unsigned here)
 {
-    if (lanes <= 1)
+    if (strands <= 1)
         return 0;
     if (len < NCE_HDR_LEN || dgram[0] != NCE_VERSION)
         return here;
     if (dgram[2] == NCE_FMT_JOB)
         return 0;
-    return ((unsigned)dgram[8] << 8 | dgram[9]) % lanes;
+    return ((unsigned)dgram[8] << 8 | dgram[9]) % strands;
 }
 
 enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_from *from,
@@ -88,7 +88,7 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
         return NCE_V_NONE;
     }
     if (!nce_member_learn(job, p.rank, from)) { /* 16: a valid packet */
-        c->drops[NCE_NON_MEMBER]++;             /* another lane learned another sender */
+        c->drops[NCE_NON_MEMBER]++;             /* another strand learned another sender */
         return NCE_V_NONE;
     }
     c->retx_seen += (p.flags & NCE_FLAG_RETX) != 0;

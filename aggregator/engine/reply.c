@@ -2,7 +2,7 @@
  * (one per member: the emulated multicast; or one back to a member that lost it), the notices,
  * and, written by handshake.c, the job handshake's answer; each counted as it is decided. Every
  * result and notice carries the engine's generation, a keyed job's its tag. As
- * ncina.aggregator.reply. */
+ * ncina.aggregator.backends.python.reply. */
 #include <string.h>
 
 #include "state.h"

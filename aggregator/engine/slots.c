@@ -2,7 +2,7 @@
  * of docs/protocol.md ("Late and duplicate packets") and rule 1: a new contribution is added
  * into the slot version's 64-bit integer accumulators (NC8 codes, or a spine's int partial
  * sums); the last of N completes the slot, whose result is encoded once (re-compression) and
- * stored. As ncina.aggregator.slots (and hierarchy.SpineSlots). */
+ * stored. As ncina.aggregator.backends.python.slots (and hierarchy.SpineSlots). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -97,10 +97,10 @@ struct nce_slot {
  * time (slots.RESEND_INTERVAL), and otherwise rule 2 is a resend_limit drop. */
 #define NCE_RESEND_BURST 4
 
-/* One lane's counters, on cache lines of their own (lanes never share a written line), and
- * when (CLOCK_MONOTONIC ns, 0: never) the lane last completed a slot of the job or sent one of
+/* One strand's counters, on cache lines of their own (strands never share a written line), and
+ * when (CLOCK_MONOTONIC ns, 0: never) the strand last completed a slot of the job or sent one of
  * its results again: a hello restarts a job only after it was quiet (handshake.c). */
-struct nce_lane_counters {
+struct nce_strand_counters {
     struct nce_counters c;
     uint64_t active_ns;
 } __attribute__((aligned(64)));
@@ -125,19 +125,19 @@ struct nce_job {
     uint8_t tagged;             /* the job has an authentication key */
     struct ncd_b2b mac;         /* BLAKE2b state with the key block absorbed (copied per tag) */
     /* Bit r: rank r said an authentic hello to this start (handshake.c; set with an atomic or,
-     * read by every lane): a packet that carries the generation from a rank that did not is
+     * read by every strand): a packet that carries the generation from a rank that did not is
      * stale, sent to an earlier start that may have drawn the same generation (admission.c).
      * Only a new start clears it. */
     uint64_t joined;
-    struct nce_lane_counters c[NCE_MAX_LANES];    /* each lane's (summed by nce_job_stats) */
+    struct nce_strand_counters c[NCE_MAX_STRANDS];    /* each strand's (summed by nce_job_stats) */
     struct nce_member *members; /* n */
     struct nce_slot *slots;     /* 2 * nslots: slot s version v at [2 * s + v] */
 };
 
 /* Module state (pipeline.c). */
 extern struct nce_job *nce_jobs[65536];
-extern struct nce_lane_counters nce_global[NCE_MAX_LANES];
-extern unsigned nce_lanes;     /* lanes the I/O layer runs (nce_set_lanes) */
+extern struct nce_strand_counters nce_global[NCE_MAX_STRANDS];
+extern unsigned nce_strands;     /* strands the I/O layer runs (nce_set_strands) */
 
 /* CLOCK_MONOTONIC in ns. */
 static inline uint64_t nce_now_ns(void)
@@ -146,16 +146,16 @@ static inline uint64_t nce_now_ns(void)
     clock_gettime(CLOCK_MONOTONIC, &now);
     return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
-/* The job was active now, on the calling lane (a completion, or a result sent again). */
+/* The job was active now, on the calling strand (a completion, or a result sent again). */
 static inline void nce_mark_active(struct nce_job *job)
 {
-    __atomic_store_n(&job->c[nce_lane].active_ns, nce_now_ns(), __ATOMIC_RELAXED);
+    __atomic_store_n(&job->c[nce_strand].active_ns, nce_now_ns(), __ATOMIC_RELAXED);
 }
 
-/* The calling lane's counters of a job, or the global ones (job NULL). */
+/* The calling strand's counters of a job, or the global ones (job NULL). */
 static inline struct nce_counters *nce_counters_of(struct nce_job *job)
 {
-    return job != NULL ? &job->c[nce_lane].c : &nce_global[nce_lane].c;
+    return job != NULL ? &job->c[nce_strand].c : &nce_global[nce_strand].c;
 }
 extern uint8_t nce_generation;
 
@@ -168,7 +168,7 @@ void nce_members_free(struct nce_job *job);
 int nce_members_set(struct nce_job *job, uint16_t rank, uint32_t ip_be, uint16_t port);
 void nce_members_forget_learned(struct nce_job *job);     /* configured ones stay */
 int nce_member_accepts(const struct nce_job *job, uint16_t rank, const struct nce_from *from);
-/* 1: the rank has (or now has) this sender's address; 0: another lane just learned another. */
+/* 1: the rank has (or now has) this sender's address; 0: another strand just learned another. */
 int nce_member_learn(struct nce_job *job, uint16_t rank, const struct nce_from *from);
 void nce_tag_key(struct nce_job *job, const uint8_t *key, uint32_t keylen);
 void nce_tag(const struct nce_job *job, const uint8_t *msg, uint32_t len, uint8_t *tag);

@@ -14,7 +14,7 @@ each datagram (``--bmv2-mode forward``), and reports ``vs_forwarder``: how close
 program comes to what BMv2 itself forwards; ``--p4-profile tofino`` measures the Tofino program's
 v1model twin (p4/twin/: ``--result int``, K up to 12) instead of p4/, beside the same echo.
 
-``--lcores 1,2`` measures the DPDK aggregator and its forwarder at each lane count (docs/dpdk.md,
+``--lcores 1,2`` measures the DPDK aggregator and its forwarder at each strand count (docs/dpdk.md,
 "Several lcores") in the same run and reports ``lcores_scaling``: completed work at the last
 count over completed work at the first. ``--repeat R`` runs every measurement R times,
 interleaved, and reports the run of median completed work (all runs' rates are kept as
@@ -73,7 +73,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--idle-sleep-us", type=int, default=20,
                    help="the DPDK loop's idle sleep (0: poll flat out) (default: %(default)s)")
     p.add_argument("--lcores", type=_lcores, default=(1,), metavar="N[,N...]",
-                   help="dpdk: lane counts to measure the aggregator and forwarder at, e.g. 1,2 "
+                   help="dpdk: strand counts to measure the aggregator and forwarder at, e.g. 1,2 "
                    "(default: 1)")  # fmt: skip
     p.add_argument("--p4-profile", choices=("default", "tofino"), default="default",
                    help="bmv2: the program measured: default (p4/) or tofino (p4/twin/, the "
@@ -89,9 +89,9 @@ def _lcores(text: str) -> tuple[int, ...]:
     try:
         counts = tuple(int(n) for n in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list of lane counts") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of strand counts") from None
     if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: lane counts are 1 or more")
+        raise argparse.ArgumentTypeError(f"{text!r}: strand counts are 1 or more")
     return counts
 
 
@@ -100,8 +100,8 @@ def measure(
 ) -> dict[str, Any]:
     """One measurement of ``job`` (the options' ``JobSpec``): an aggregator of ``kind``
     (python, socket, dpdk, bmv2, forward: DPDK's no-op forwarder, socket_forward: the socket
-    backend's) on a new site; the DPDK ones on ``lcores`` lanes."""
-    from ncina.aggregator.dpdk.binding import load
+    backend's) on a new site; the DPDK ones on ``lcores`` strands."""
+    from ncina.aggregator.backends.dpdk.binding import load
 
     site = star.add_site()
     work = args.workdir / kind
@@ -174,7 +174,7 @@ def measure(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure the chosen backend, the Python backend and the no-op forwarder; return figures."""
-    from ncina.aggregator.dpdk import binding, netns
+    from ncina.aggregator.backends.dpdk import binding, netns
 
     if args.p4_profile != "default" and args.backend != "bmv2":
         raise ValueError("--p4-profile is the bmv2 backend's")
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if reason:
         raise RuntimeError(f"the aggregator benchmark needs root and DPDK: {reason}")
     if args.backend == "bmv2":
-        from ncina.aggregator.bmv2 import toolchain
+        from ncina.aggregator.backends.bmv2 import toolchain
 
         reason = toolchain.missing()
         if reason:
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     kinds = ["python", forward] + ([args.backend] if args.backend != "python" else [])
     if args.backend == "bmv2":  # the same switch running a program that only echoes
         kinds.append("bmv2_forward")
-    # Every (kind, lane count) measured once per repeat, interleaved: slow drifts of a shared
+    # Every (kind, strand count) measured once per repeat, interleaved: slow drifts of a shared
     # machine's load spread over all of them.
     plan = [(kind, n) for kind in kinds
             for n in (args.lcores if kind in dpdk_kinds else args.lcores[:1])]  # fmt: skip

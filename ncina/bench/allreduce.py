@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from ncina.aggregator import process as aggproc
-from ncina.aggregator.cli import positive_int
 from ncina.common import cpu
+from ncina.common.options import positive_int
 from ncina.common.progress import progress
 from ncina.harness.figures import (
     conditions,
@@ -58,10 +58,10 @@ DPDK_VDEV_OPTIONS = "framecnt=4096,qdisc_bypass=1"  # as in bench aggregator
 
 def backends() -> tuple[str, ...]:
     """The aggregator backends an all-reduce benchmark can drive: every ``ncina aggregator``
-    backend but bmv2 (a switch, which serves only Mininet's topologies)."""
-    from ncina.aggregator.cli import BACKENDS
+    backend but a switch (bmv2, which serves only Mininet's topologies)."""
+    from ncina.aggregator.backends import names
 
-    return tuple(b for b in BACKENDS if b != "bmv2")
+    return names(switch=False)
 
 
 def add_common_arguments(p: argparse.ArgumentParser, backend: str, workers: int) -> None:
@@ -165,7 +165,7 @@ def aggregator_arguments(args: argparse.Namespace, stats_path: Path) -> list[str
 
 def check_dpdk(mtu: int) -> None:
     """Raise with the reason when the dpdk backend cannot run here."""
-    from ncina.aggregator.dpdk import binding, netns
+    from ncina.aggregator.backends.dpdk import binding, netns
 
     reason = netns.missing() or binding.missing()
     if reason:
@@ -292,7 +292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with sigterm_interrupts(), tempfile.TemporaryDirectory(prefix="ncina-bench-") as tmp:
         try:
             if args.backend == "dpdk":
-                from ncina.aggregator.dpdk import netns
+                from ncina.aggregator.backends.dpdk import netns
 
                 star = netns.Star.create()
             site = star.add_site() if star else None

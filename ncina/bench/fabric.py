@@ -66,9 +66,9 @@ from typing import Any
 import numpy as np
 
 from ncina.aggregator import process as aggproc
-from ncina.aggregator.cli import positive_int
 from ncina.bench import allreduce as bench
 from ncina.common import cpu
+from ncina.common.options import positive_int
 from ncina.common.progress import progress
 from ncina.harness import echo
 from ncina.harness.figures import (
@@ -252,7 +252,7 @@ def fabric_limit(
     if "socket" not in bench.backends():
         return refused("the socket backend's no-op forwarder is not built here")
     try:
-        from ncina.aggregator.dpdk.binding import load
+        from ncina.aggregator.backends.dpdk.binding import load
 
         load()  # build the load generator once, before every host imports it
     except (RuntimeError, ImportError) as e:
@@ -303,7 +303,7 @@ def start_aggregators(
                 "--listen", f"{aggregator_ip(j)}:{PORT}",
                 *bench.aggregator_arguments(args, stats_path), *extra]  # fmt: skip
         if args.backend == "dpdk":  # the data plane serves the host's interface
-            from ncina.aggregator.dpdk import netns
+            from ncina.aggregator.backends.dpdk import netns
 
             argv += [*netns.prepare_host(host), "--vdev-options", bench.DPDK_VDEV_OPTIONS]
         proc = procs.start(host, argv, log_path)

@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ncina.aggregator.backends import names
 from ncina.proto.job import JobSpec
 from ncina.topo.cli import ROOT_NEEDED
 from ncina.topo.config import SoakConfig
-
-BACKENDS = ("socket", "python", "dpdk", "bmv2")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -38,7 +37,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "counted. Needs root.",
     )
     p.add_argument("--minutes", type=float, default=d.minutes, help="default: %(default)s")
-    p.add_argument("--backend", choices=BACKENDS, default=d.backend, help="default: %(default)s")
+    p.add_argument("--backend", choices=names(), default=d.backend, help="default: %(default)s")
     JobSpec.add_arguments(p, "workers", workers=d.workers)
     p.add_argument("--loss", type=float, default=d.loss,
                    help="percent lost per worker link direction (default: %(default)s)")

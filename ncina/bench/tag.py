@@ -4,8 +4,8 @@ The same recorded uplink schedule (``--workers`` ranks, chunks of ``--k`` NC8 co
 completing) goes through each backend's packet logic without any I/O, once for an untagged job
 and once for a keyed one, alternating, ``--repeat`` times; the figures are medians.
 
-- Python: ``ncina.aggregator.pipeline.Aggregator.handle`` on datagrams (hashlib's BLAKE2b
-  checks each uplink tag and tags every result);
+- Python: ``ncina.aggregator.backends.python.pipeline.Aggregator.handle`` on datagrams (hashlib's
+  BLAKE2b checks each uplink tag and tags every result);
 - DPDK: the C engine on Ethernet frames through ``ncd_process_frame`` (the data plane's own
   BLAKE2b). Each call crosses cffi, which costs more than the engine itself, so the packets/s
   here are far below the data plane's; the difference of the per-packet times, keyed minus
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ncina.aggregator.backends.python.pipeline import Aggregator
 from ncina.aggregator.jobs import JobConfig
-from ncina.aggregator.pipeline import Aggregator
 from ncina.common.options import deprecated_alias
 from ncina.common.progress import progress
 from ncina.proto import tag
@@ -81,14 +81,14 @@ def python_seconds(config: JobConfig, packets: Sequence[tuple[bytes, int]]) -> f
 
 def dpdk_seconds_factory() -> Callable[[JobConfig, Sequence[tuple[bytes, int]]], float] | None:
     """The C engine's timer, or None when the DPDK extension cannot be built here."""
-    from ncina.aggregator.dpdk import binding
+    from ncina.aggregator.backends.dpdk import binding
 
     if binding.missing() is not None:
         return None
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
-    from ncina.aggregator.dpdk.driver import DataPlane
+    from ncina.aggregator.backends.dpdk.driver import DataPlane
 
     plane = DataPlane(binding.load())
     ffi, lib = plane.ffi, plane.lib

@@ -49,9 +49,9 @@ import cffi
 EXTENSIONS: tuple[tuple[str, str, str | None], ...] = (
     ("NC8 codec", "ncina.proto.nc8:_build_c", None),
     ("worker data path", "ncina.worker.cpath:load", None),
-    ("socket data plane", "ncina.aggregator.socket.binding:load", None),
-    ("DPDK data plane", "ncina.aggregator.dpdk.binding:load",
-     "ncina.aggregator.dpdk.binding:missing"),
+    ("socket data plane", "ncina.aggregator.backends.socket.binding:load", None),
+    ("DPDK data plane", "ncina.aggregator.backends.dpdk.binding:load",
+     "ncina.aggregator.backends.dpdk.binding:missing"),
 )  # fmt: skip
 
 DEFAULT_COMPILE_ARGS: tuple[str, ...] = ("-O3", "-std=c11", "-Wall", "-Wextra")

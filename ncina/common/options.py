@@ -36,3 +36,14 @@ class DeprecatedAlias(argparse.Action):
 def deprecated_alias(parser: argparse.ArgumentParser, old: str, canonical: argparse.Action) -> None:
     """Accept ``old`` as a deprecated spelling of ``canonical`` (an action of ``parser``)."""
     parser.add_argument(old, action=DeprecatedAlias, canonical=canonical)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value

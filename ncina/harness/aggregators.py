@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator import process as aggproc
+from ncina.aggregator.backends import names
 from ncina.proto.job import job_args
 
 Address = tuple[str, int]
 Command = Callable[[str, Sequence[str]], list[str]]
 """The command line of ``ncina aggregator --backend BACKEND ARGUMENTS``, wherever it runs."""
 
-LOCAL_BACKENDS = ("python", "socket")
+LOCAL_BACKENDS = names(kernel_sockets=True)
 """Backends that serve a kernel UDP socket: reached on 127.0.0.1, no namespace."""
 
 START_TIMEOUT = 60.0  # generous: the first start may compile the NC8 C extension

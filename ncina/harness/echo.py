@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ncina.common.address import peer_address
 from ncina.common.ratios import put_ratio, ratio, refusal, spread
 from ncina.harness.figures import job_packets
 from ncina.proto.job import JobSpec
@@ -83,7 +84,7 @@ def run_load(target: tuple[str, int], bind: str, k: int, window: int, seconds: f
              retx_after: float, start_at: float) -> dict[str, Any]:  # fmt: skip
     """One host's echo load: wait until ``CLOCK_MONOTONIC`` reaches ``start_at`` (the same
     clock in every Mininet host), then run the closed loop for ``seconds``; its counters."""
-    from ncina.aggregator.dpdk.binding import load
+    from ncina.aggregator.backends.dpdk.binding import load
     from ncina.proto.nc8 import Window
 
     module = load()
@@ -110,7 +111,7 @@ def main(argv: list[str]) -> int:
     """``python -m ncina.harness.echo --target IP:PORT --bind IP --k K --window W --seconds S
     --retx-after S --start-at T --output FILE``: one host's echo load, its counters to FILE."""
     p = argparse.ArgumentParser(prog="ncina.harness.echo")
-    p.add_argument("--target", required=True)
+    p.add_argument("--target", type=peer_address, required=True)
     p.add_argument("--bind", required=True)
     JobSpec.add_arguments(p, "k", required=("k",))
     p.add_argument("--window", type=int, required=True)
@@ -119,8 +120,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--start-at", type=float, required=True)
     p.add_argument("--output", type=Path, required=True)
     args = p.parse_args(argv)
-    host, port = args.target.rsplit(":", 1)
-    counters = run_load((host, int(port)), args.bind, args.k, args.window, args.seconds,
+    counters = run_load(args.target, args.bind, args.k, args.window, args.seconds,
                         args.retx_after, args.start_at)  # fmt: skip
     args.output.write_text(json.dumps(counters))
     return 0

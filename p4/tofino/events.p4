@@ -1,9 +1,9 @@
 // The event counters the control plane turns into the stats document, numbered as p4/state.p4's
-// (ncina.aggregator.bmv2.layout): index job_index * NCINA_JOB_EVENTS + event. A Tofino counter
-// counts once per packet, so a packet's events are spread over one counter each: packets_in,
-// the verdict (or the failed check), a second event (slots_completed, notices_sent) and
-// retx_seen (results_sent is counted by egress, per copy); the control plane adds them up at
-// each index.
+// (ncina.aggregator.backends.bmv2.layout): index job_index * NCINA_JOB_EVENTS + event. A Tofino
+// counter counts once per packet, so a packet's events are spread over one counter each:
+// packets_in, the verdict (or the failed check), a second event (slots_completed, notices_sent)
+// and retx_seen (results_sent is counted by egress, per copy); the control plane adds them up
+// at each index.
 #ifndef NCINA_TOFINO_EVENTS_P4
 #define NCINA_TOFINO_EVENTS_P4
 

@@ -1,7 +1,7 @@
 // The event counters of p4/tofino/events.p4 as v1model counters, one per event kind with the
-// same names and indexes (ncina.aggregator.bmv2.layout): packets_in, the verdict (or the failed
-// check), a second event (slots_completed, notices_sent) and retx_seen; results_sent is counted
-// by egress (rewrite.p4), per copy. The control plane adds them up at each index.
+// same names and indexes (ncina.aggregator.backends.bmv2.layout): packets_in, the verdict (or the
+// failed check), a second event (slots_completed, notices_sent) and retx_seen; results_sent is
+// counted by egress (rewrite.p4), per copy. The control plane adds them up at each index.
 #ifndef NCINA_TWIN_EVENTS_P4
 #define NCINA_TWIN_EVENTS_P4
 

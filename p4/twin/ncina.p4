@@ -2,7 +2,7 @@
 // the TNA program computes, run on BMv2. It includes the TNA program's headers, admission
 // (verdict table), reply and switching controls as they are, behind the few TNA names they
 // use (shims below), and the generated config.p4 and lanes.p4 of the same generator
-// (ncina.aggregator.bmv2.gen_tofino); what a v1model program must write otherwise (parser,
+// (ncina.aggregator.backends.tofino.gen); what a v1model program must write otherwise (parser,
 // slot registers, counters, egress) is in this folder, one file per TNA file it stands for.
 #define V1MODEL_VERSION 20200408  // typedef PortId_t, as TNA names ports
 #include <core.p4>

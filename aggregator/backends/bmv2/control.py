@@ -1,0 +1,155 @@
+"""The P4Runtime control plane (p4runtime-shell): push the pipeline, install ``entries``, read
+counters. Registers are not readable over BMv2's P4Runtime server: read them with
+``simple_switch_CLI --thrift-port PORT`` for debugging (docs/bmv2.md).
+
+p4runtime-shell keeps one global session and calls ``sys.exit`` when ``setup`` fails; here every
+failure becomes a ``Bmv2Error`` naming the switch, so the caller decides what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ncina.aggregator.backends.bmv2.entries import Counts, Entry, Group
+from ncina.aggregator.backends.bmv2.toolchain import Build
+
+
+class Bmv2Error(RuntimeError):
+    """A P4Runtime operation on the switch failed; the message names the switch and the step."""
+
+
+class _ShellRecords(logging.Filter):
+    """Drops the records p4runtime-shell logs on the root logger (it logs every RPC error
+    there, and each failure reaches the caller as a ``Bmv2Error`` anyway); every other record
+    passes, and with the root logger at DEBUG (``ncina --debug``) so do the shell's."""
+
+    def __init__(self, package_dir: str) -> None:
+        super().__init__()
+        self.package_dir = package_dir
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.pathname.startswith(self.package_dir) or (
+            logging.getLogger().isEnabledFor(logging.DEBUG)
+        )
+
+
+def _shell() -> Any:
+    try:
+        import p4runtime_sh
+        import p4runtime_sh.shell as sh
+    except ImportError as exc:  # an optional dependency (pip install p4runtime-shell)
+        raise Bmv2Error(
+            f"p4runtime-shell is not installed ({exc}): pip install p4runtime-shell"
+        ) from None
+    root = logging.getLogger()
+    if not any(isinstance(f, _ShellRecords) for f in root.filters):
+        root.addFilter(_ShellRecords(str(Path(p4runtime_sh.__file__).parent)))
+    return sh
+
+
+@contextlib.contextmanager
+def _step(address: str, what: str) -> Iterator[None]:
+    """Turn every failure of a p4runtime-shell call, ``SystemExit`` included, into Bmv2Error."""
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output):
+            yield
+    except (Exception, SystemExit) as exc:
+        detail = str(exc).strip() if not isinstance(exc, SystemExit) else "p4runtime-shell gave up"
+        logged = output.getvalue().strip()
+        raise Bmv2Error(
+            f"P4Runtime at {address}: {what} failed: {detail}" + (f" ({logged})" if logged else "")
+        ) from None
+
+
+class Controller:
+    """One P4Runtime session with a switch (p4runtime-shell allows one per process)."""
+
+    def __init__(self, address: str, device_id: int = 1, election_id: tuple[int, int] = (0, 1)):
+        self.address = address
+        self.device_id = device_id
+        self.election_id = election_id
+        self._sh: Any = None
+
+    def connect(self, build: Build) -> Controller:
+        """Become primary controller and push ``build``'s pipeline (P4Info + BMv2 JSON)."""
+        sh = _shell()
+        try:
+            with _step(self.address, f"connecting to device {self.device_id} and pushing "
+                       f"{build.json}"):  # fmt: skip
+                sh.setup(
+                    device_id=self.device_id,
+                    grpc_addr=self.address,
+                    election_id=self.election_id,
+                    config=sh.FwdPipeConfig(str(build.p4info), str(build.json)),
+                    verbose=False,
+                )
+        except Bmv2Error:
+            # A half-made session keeps a stream thread waiting: end it, or the process hangs.
+            if getattr(sh, "client", None) is not None:
+                with contextlib.suppress(Exception):
+                    sh.client.tear_down()
+                sh.client = None
+            raise
+        self._sh = sh
+        return self
+
+    def _table_entry(self, entry: Entry) -> Any:
+        te = self._session().TableEntry(entry.table)(action=entry.action)
+        for name, value in entry.match.items():
+            te.match[name] = value
+        for name, value in entry.params.items():
+            te.action[name] = value
+        return te
+
+    def insert(self, entry: Entry) -> None:
+        with _step(self.address, f"inserting into {entry.table} {dict(entry.match)}"):
+            self._table_entry(entry).insert()
+
+    def insert_all(self, entries: Sequence[Entry]) -> None:
+        """Insert ``entries`` in one P4Runtime write (the lanes' thousands of table entries:
+        one write each took seconds)."""
+        from p4.v1 import p4runtime_pb2
+
+        sh = self._session()
+        with _step(self.address, f"inserting {len(entries)} entries"):
+            request = p4runtime_pb2.WriteRequest()
+            for entry in entries:
+                update = request.updates.add()
+                update.type = p4runtime_pb2.Update.INSERT
+                update.entity.table_entry.CopyFrom(self._table_entry(entry).msg())
+            sh.client.write(request)
+
+    def insert_group(self, group: Group) -> None:
+        sh = self._session()
+        with _step(self.address, f"creating multicast group {group.group}"):
+            mg = sh.MulticastGroupEntry(group.group)
+            for port, instance in group.replicas:
+                mg.add(port, instance)
+            mg.insert()
+
+    def read_counter(self, name: str) -> Counts:
+        """Every index of the counter ``name``: index -> (packets, bytes)."""
+        sh = self._session()
+        counts: dict[int, tuple[int, int]] = {}
+        with _step(self.address, f"reading counter {name}"):
+            for entry in sh.CounterEntry(name).read():
+                counts[entry.index] = (entry.packet_count, entry.byte_count)
+        return counts
+
+    def close(self) -> None:
+        if self._sh is not None:
+            with contextlib.suppress(Exception):
+                self._sh.teardown()
+            self._sh = None
+
+    def _session(self) -> Any:
+        if self._sh is None:
+            raise Bmv2Error(f"P4Runtime at {self.address}: not connected")
+        return self._sh
+

@@ -1,0 +1,42 @@
+"""The control plane of the Tofino program's design, driving its v1model twin ``p4/twin/`` on
+BMv2 (``ncina aggregator --backend bmv2 --p4-profile tofino``, docs/tofino.md): what the TNA
+program's contract ("What the control plane must install") asks, one module per P4 control it
+programs (``admission``, ``reply``, ``switching``, ``events``), and the design's limits in one
+place (``limits``). Egress's ``member_addresses`` gets no entry: a configured member's MAC
+address is not known here (a job names IPv4 address and port), so the twin learns it from the
+member's first valid packet, as it learns an unconfigured member (p4/twin/members.p4). The
+entries are plain data (``ncina.aggregator.backends.bmv2.entries``' ``Entry`` and ``Group``), pushed
+by ``ncina.aggregator.backends.bmv2.control``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ncina.aggregator.backends.bmv2.entries import (
+    Entry,
+    Group,
+    InstalledJob,
+    flood_group,
+    job_group,
+)
+from ncina.aggregator.backends.tofino.twin import admission, reply, switching
+
+
+def entries(job: InstalledJob, local: tuple[str, int, str]) -> list[Entry]:
+    """Every table entry for one job on a switch whose address is ``local`` (IPv4 address, UDP
+    port, MAC address): the aggregator's address and ARP, the job's two ``jobs`` entries, its
+    configured members and its handshake answer."""
+    ip, port, mac = local
+    return [
+        switching.local_entry(ip, port, mac, job.generation),
+        switching.arp_entry(ip, mac),
+        *admission.job_entries(job),
+        *admission.member_entries(job),
+        reply.answer_entry(job),
+    ]
+
+
+def groups(job: InstalledJob, rank_ports: Mapping[int, int], ports: list[int]) -> list[Group]:
+    """The job's multicast group (one replica per rank, instance = rank) and the flood group."""
+    return [job_group(job, rank_ports), flood_group(ports)]
