@@ -90,17 +90,18 @@ def test_an_int_allreduce_through_the_twin_is_the_reference_bit_for_bit(tmp_path
 def test_a_job_the_design_cannot_run_is_refused_in_one_sentence(
     options: list[str], says: str
 ) -> None:
-    """Refused before any switch starts (so this runs without BMv2 or root)."""
+    """Refused before any switch starts (so this runs without BMv2 or root), by the job's
+    validation (``JobSpec``: the profile is a job parameter), one line naming the sentence."""
     argv = ["--listen", "10.0.0.1:0", "--job", "1", "--workers", "2", "--iface", "lo", *options]
     proc = subprocess.run(
         [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", "bmv2",
-         "--p4-profile", "tofino", *argv],
+         "--profile", "tofino", *argv],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "tofino profile cannot run this job" in lines[0] and says in lines[0], lines[0]
+    assert lines[0] == "ncina aggregator: error: invalid job:" and len(lines) == 2, proc.stderr
+    assert lines[1].endswith(says), lines[1]
 
 
 def hellos() -> list[bytes]:

@@ -43,11 +43,6 @@ def add_arguments(parser: Any) -> Any:
     # fmt: off
     group.add_argument("--p4-k", type=int, metavar="K",
                        help="bmv2: lanes to compile the program for (default: the job's --k)")
-    group.add_argument("--p4-profile", choices=sorted(toolchain.PROFILES), default="default",
-                       help="bmv2: the program: default (p4/) or tofino (p4/twin/, the v1model "
-                       "twin of the Tofino program p4/tofino/: int results, K <= "
-                       f"{twin_limits.MAX_K}, {twin_limits.MAX_WORKERS} workers at most, "
-                       "docs/tofino.md) (default: %(default)s)")
     group.add_argument("--device-id", type=int, default=1, help="bmv2: P4Runtime device id "
                        "(default: %(default)s)")
     group.add_argument("--grpc-port", type=int, default=0, metavar="PORT",
@@ -125,7 +120,7 @@ def serve(config: JobConfig, args: Any, generation: int) -> int:
         raise ValueError("the bmv2 backend needs --listen with the address it answers for")
     port = port or PORT
     k = args.p4_k or config.k
-    profile = args.p4_profile
+    profile = config.profile  # --profile tofino runs p4/twin/, the Tofino program's twin
     if profile == "tofino":
         refusal = twin_limits.refusal(config, k)
         if refusal:
