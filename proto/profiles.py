@@ -69,7 +69,13 @@ def job_window(total_workers: int, e_max: int, result_format: int, profile: str)
     """The window of a job of ``profile``: docs/protocol.md's for ``total_workers``, ``e_max``
     and the result format; under ``tofino`` the same floor with its codes capped at
     :func:`tofino_max_code`. Raises ``ValueError`` as ``Window.for_job``."""
-    window = Window.for_job(total_workers, e_max, sum_bits(result_format))
+    return capped(Window.for_job(total_workers, e_max, sum_bits(result_format)), total_workers,
+                  profile)  # fmt: skip
+
+
+def capped(window: Window, total_workers: int, profile: str) -> Window:
+    """``window`` (docs/protocol.md's, for ``total_workers``) as a job of ``profile`` has it:
+    under ``tofino`` the same floor, its codes capped at :func:`tofino_max_code`."""
     if profile == TOFINO:
         return Window(e_min=window.e_min, span=min(window.span, tofino_max_code(total_workers) - 1))
     return window
