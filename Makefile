@@ -22,9 +22,11 @@ MODEL ?= mlp
 TOPO_ARGS ?=
 # make dissector: where Wireshark (and tshark) look for a user's Lua plugins.
 WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
-# make p4: lanes per packet the P4 program is generated and compiled for (BACKEND=bmv2 uses the
-# topology's K, 256 unless TOPO_ARGS says otherwise); PROFILE=tofino compiles the v1model twin
-# of the Tofino program instead (docs/tofino.md), K up to 12.
+# PROFILE: the job's profile (ncina --profile, docs/tofino.md). make topo PROFILE=tofino trains
+# once more under the Tofino design and prints both profiles side by side (BACKEND=bmv2: the
+# switch runs the Tofino program's twin, that run only); make p4 PROFILE=tofino compiles the
+# twin. make p4: lanes per packet the P4 program is generated and compiled for (BACKEND=bmv2 uses
+# the topology's K, 256 unless TOPO_ARGS says otherwise; the twin's K is up to 12).
 PROFILE ?= default
 K ?= $(if $(filter tofino,$(PROFILE)),12,64)
 # make p4-tofino: lanes per pass and device of the Tofino program (docs/tofino.md; 12 is the
@@ -38,7 +40,8 @@ TOFINO_DENSE ?=
 .PHONY: help setup apt venv test lint topo need-root p4 p4-tofino dissector stop clean
 
 help:
-	@echo "make topo    bring up the Mininet topology and train a model through the aggregator"
+	@echo "make topo    bring up the Mininet topology and train a model through the aggregator;"
+	@echo "             PROFILE=tofino: once more under the Tofino design, both in the table"
 	@echo "make test    run the whole test suite (sets up apt packages and .venv first)"
 	@echo "make lint    ruff"
 	@echo "make p4      generate and compile p4/ for K lanes into build/p4/k<K>/ (needs p4c-bm2-ss);"
@@ -90,7 +93,8 @@ need-root:
 
 topo: need-root setup
 	$(VENV)/bin/ncina topo --workers $(WORKERS) $(if $(BACKEND),--backend $(BACKEND)) $(if $(BW),--bw $(BW)) \
-	  --loss $(LOSS) --epochs $(EPOCHS) --model $(MODEL) $(TOPO_ARGS)
+	  --loss $(LOSS) --epochs $(EPOCHS) --model $(MODEL) $(if $(filter-out default,$(PROFILE)),--profile $(PROFILE)) \
+	  $(TOPO_ARGS)
 
 # The P4 program for BMv2: generated lanes + p4c-bm2-ss --p4runtime-files (docs/bmv2.md).
 p4: venv

@@ -31,7 +31,7 @@ from ncina.proto.wire import (
 )
 
 from ncina.common.address import bind_address
-from ncina.common.options import positive_int
+from ncina.common.options import deprecated_alias, positive_int
 
 DESCRIPTION = f"""\
 Run an in-network aggregator for a job (more with --jobs-dir): workers send NC8-coded chunks over
@@ -210,6 +210,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "deadline; 0: whenever no round is partly filled)",
     )
     JobSpec.add_arguments(parser, "mtu")
+    profile = JobSpec.add_arguments(parser, "profile")["profile"]
+    deprecated_alias(parser, "--p4-profile", profile)  # the bmv2 backend's, before --profile
     parser.add_argument(
         "--stats",
         type=Path,

@@ -17,6 +17,7 @@ from ncina.proto.descriptor import WORKERS_WHY, check_job, check_range
 from ncina.proto.header import ELEMENT_SIZE, UPLINK_FORMATS, Format
 from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, JobSpec
 from ncina.proto.nc8 import Window, int32_refusal, sum_bits
+from ncina.proto.profiles import DEFAULT, PROFILES, TOFINO, job_window, tofino_problems
 from ncina.proto.tag import check_key, key_from_hex
 from ncina.proto.wire import (
     ETH_IPV4_UDP_NCINA_HEADERS,
@@ -53,6 +54,10 @@ class JobConfig:
     job uses (None: ``workers``, a one-level job); ``uplink_format`` ``INT`` makes a spine, whose
     ``workers`` members are leaf aggregators sending exact partial sums of ``total_workers /
     workers`` workers each.
+
+    ``profile`` (``ncina.proto.profiles``): ``tofino`` runs the job as the Tofino design does,
+    on every backend: its window's codes capped so that sums fit 32-bit lanes, and its limits,
+    refused with the design's sentences.
     """
 
     job: int
@@ -67,6 +72,7 @@ class JobConfig:
     key: bytes | None = field(default=None, repr=False)
     total_workers: int | None = None
     uplink_format: Format = Format.NC8
+    profile: str = DEFAULT
 
     def __post_init__(self) -> None:
         check_job(job=self.job, workers=self.workers, k=self.k, pool_size=self.pool_size)
@@ -96,7 +102,18 @@ class JobConfig:
             refusal = int32_refusal(total, self.window.span)
             if refusal is not None:
                 raise ValueError(refusal)
-        expected = Window.for_job(total, self.window.e_max, sum_bits(self.result_format))
+        if self.profile not in PROFILES:
+            raise ValueError(f"a job's profile is one of {', '.join(PROFILES)}, not {self.profile}")
+        if self.profile == TOFINO:
+            problems = tofino_problems(
+                job=self.job, workers=self.workers, k=self.k, result=self.result_format,
+                uplink=self.uplink_format, keyed=self.key is not None)  # fmt: skip
+            if problems:
+                raise ValueError("the tofino profile cannot run this job: " + "; ".join(problems))
+        # The e_max the window derives from: its floor plus the full span (a tofino window
+        # caps its top code, docs/protocol.md's derivation keeps its floor).
+        window_max = self.window.e_min + Window.for_job(total, 0, sum_bits(self.result_format)).span
+        expected = job_window(total, window_max, self.result_format, self.profile)
         if self.window != expected:
             raise ValueError(
                 f"window {self.window} is not the one docs/protocol.md derives for "
@@ -127,6 +144,7 @@ class JobConfig:
         key: bytes | str | None = None,
         total_workers: int | None = None,
         uplink_format: Format | str = Format.NC8,
+        profile: str = DEFAULT,
     ) -> JobConfig:
         """Validate the parameters and build the job, deriving its window from ``workers`` and
         ``window_max`` (e_max) as docs/protocol.md specifies; ``key`` is the tag's secret, as
@@ -149,8 +167,7 @@ class JobConfig:
             check_range("total workers", total_workers, workers, MAX_TOTAL_WORKERS,
                         f" (at least the {workers} workers of this aggregator)")  # fmt: skip
         try:
-            window = Window.for_job(total_workers or workers, window_max,
-                                    sum_bits(result_format))  # fmt: skip
+            window = job_window(total_workers or workers, window_max, result_format, profile)
         except ValueError as exc:
             raise ValueError(f"no exponent window with e_max {window_max}: {exc}") from None
         by_rank: dict[int, Address] = {}
@@ -170,6 +187,7 @@ class JobConfig:
             key=key,
             total_workers=total_workers,
             uplink_format=uplink_format,
+            profile=profile,
         )
 
     @classmethod
@@ -183,6 +201,7 @@ class JobConfig:
             job=spec.job, workers=spec.workers, k=spec.k, result_format=spec.result,
             pool_size=spec.pool_size, window_max=spec.window_max, members=members, seed=seed,
             key=spec.key, total_workers=spec.total_workers, uplink_format=spec.uplink,
+            profile=spec.profile,
         )  # fmt: skip
 
     @property
@@ -203,6 +222,7 @@ class JobConfig:
             f"{results}, pool {self.pool_size}, "
             f"window 2^{window.e_min}..2^{window.e_max}"
             + (", tagged" if self.key is not None else "")
+            + (f", {self.profile} profile" if self.profile != DEFAULT else "")
         )
 
     def result_seed(self) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.proto.job import JobSpec, default_k
+from ncina.proto.profiles import DEFAULT, TOFINO_MAX_K
 from ncina.proto.tag import read_key_file
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.topo.config import BMV2_POOL_SIZE, FIXED_K, TopoConfig
@@ -86,6 +87,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "dozen frames",
         },
     )  # fmt: skip
+    JobSpec.add_arguments(p, "profile")  # tofino: a run under it beside the default's
     p.add_argument("--compressor", metavar="SPEC",
                    help="workers' gradient compressor [ef+]name[:key=value,...] "
                    "(docs/compressors.md; default: NC8 of the raw gradients)")
@@ -171,6 +173,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--repeat must be at least 1, not {args.repeat}")
     if args.key_file is not None:
         read_key_file(args.key_file)  # a clear error now, not in every host's log later
+    if args.profile != DEFAULT and (args.mode == "server" or args.compressor or args.key_file
+                                    or args.topo == "leafspine"):  # fmt: skip
+        raise ValueError(f"--profile {args.profile} trains with NC8 codes in INA mode on a star "
+                         "or multi topology: no --mode server, --compressor, --key-file or "
+                         "--topo leafspine (the design adds NC8 uplinks of workers only)")
     if os.geteuid() != 0:
         raise PermissionError(ROOT_NEEDED)
     if args.topo == "star" and args.aggregators not in (None, 1):
@@ -215,6 +222,9 @@ def run(args: argparse.Namespace) -> int:
             baseline=args.baseline,
             torch_backend=args.torch_backend,
             repeat=args.repeat,
+            profile=args.profile,
+            profile_pool_size=args.pool_size or topo_pool_size(
+                args.backend, min(k, TOFINO_MAX_K), args.bw),
         )
     )
     return 0

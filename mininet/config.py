@@ -10,6 +10,7 @@ from pathlib import Path
 from ncina.aggregator.backends import names
 from ncina.proto.header import Format, largest_k
 from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX
+from ncina.proto.profiles import DEFAULT
 from ncina.proto.wire import DEFAULT_MTU
 
 BMV2_POOL_SIZE = 8
@@ -88,6 +89,11 @@ class TopoConfig:
     timeout: float = 3600.0
     prefix: str = field(default_factory=lambda: f"n{os.getpid() % 100000}")
     offloads: bool = False
+    # The job's profile (ncina.proto.profiles): tofino trains once more under it, beside the
+    # default profile's run (BMv2: under it only, the switch runs the Tofino program's twin),
+    # with int results, K of at most the design's lanes and a pool of profile_pool_size.
+    profile: str = DEFAULT
+    profile_pool_size: int | None = None
 
     def __post_init__(self) -> None:
         # The C backends serve INA mode; server mode (decompress, average, re-compress) is the

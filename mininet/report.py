@@ -60,7 +60,7 @@ from typing import Any
 
 from ncina.common.ratios import put_ratio, refusal, spread
 
-LABELS = {"ina": "INA+NC8", "ncina": "ncina backend", "gloo": "gloo fp32"}
+LABELS = {"ina": "INA+NC8", "ncina": "ncina backend", "gloo": "gloo fp32", "tofino": "INA tofino"}
 RESULTS = "results.json"
 PLOT = "plot.png"
 
@@ -101,6 +101,7 @@ def summarize(
         "train_s": ends[0]["time"],
         "bytes_per_worker": sum(e["tx_bytes"] for e in lasts) / n,
         "packets_per_worker": sum(e["tx_packets"] for e in lasts) / n,
+        "packets_per_s": sum(e["tx_packets"] for e in lasts) / n / time_s,
         "rx_bytes_per_worker": sum(e["rx_bytes"] for e in lasts) / n,
         "final_accuracy": epochs[-1]["test_acc"],
         "final_test_loss": epochs[-1]["test_loss"],
@@ -202,18 +203,32 @@ def statistics(repeats: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, 
 
 
 RATIOS = ("bytes_ratio", "time_ratio", "speedup", "accuracy_delta", "backend_over_hook",
-          "backend_accuracy_delta")  # fmt: skip
+          "backend_accuracy_delta", "tofino_bytes_ratio", "tofino_speedup",
+          "tofino_accuracy_delta")  # fmt: skip
 """The comparison's figures, in order."""
 
 
 def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One repeat's INA against its baseline: ratios of bytes and time (``train_s``, the window
     of ``samples_per_s``), difference of accuracy, and the speedup in samples per second; a
-    ratio of a baseline that moved nothing is None with ``<name>_refused``."""
+    ratio of a baseline that moved nothing is None with ``<name>_refused``. A run of the
+    ``tofino`` profile (``make topo PROFILE=tofino``) gets its own against the same baseline,
+    ``tofino_*``; without a default-profile run (the twin on BMv2) it is the INA run."""
     if "gloo" not in runs:
         return {}
-    ina, gloo = runs["ina"], runs["gloo"]
+    gloo = runs["gloo"]
     comparison: dict[str, Any] = {}
+    tofino = runs.get("tofino")
+    if tofino is not None:
+        put_ratio(comparison, "tofino_bytes_ratio", tofino["bytes_per_worker"],
+                  gloo["bytes_per_worker"], refusal(gloo["bytes_per_worker"]))  # fmt: skip
+        gloo_rate = gloo.get("samples_per_s") or 0.0
+        put_ratio(comparison, "tofino_speedup", tofino.get("samples_per_s") or 0.0, gloo_rate,
+                  refusal(gloo_rate))  # fmt: skip
+        comparison["tofino_accuracy_delta"] = tofino["final_accuracy"] - gloo["final_accuracy"]
+    if "ina" not in runs:
+        return comparison
+    ina = runs["ina"]
     put_ratio(comparison, "bytes_ratio", ina["bytes_per_worker"], gloo["bytes_per_worker"],
               refusal(gloo["bytes_per_worker"]))  # fmt: skip
     put_ratio(comparison, "time_ratio", ina["train_s"], gloo["train_s"], refusal(gloo["train_s"]))
@@ -259,14 +274,14 @@ def table(runs: dict[str, dict[str, Any]], stats: dict[str, dict[str, Any]] | No
     """The final table: one line per run; with ``stats`` of several repeats, a line per run of
     medians and [min, max] of time, samples/s and accuracy follows."""
     head = f"{'run':<10} {'time s':>8} {'s/epoch':>8} {'MB/worker':>10} {'pkts/worker':>12} "
-    head += f"{'retx':>6} {'accuracy':>9} {'samples/s':>10}"
+    head += f"{'retx':>6} {'accuracy':>9} {'samples/s':>10} {'pkts/s':>8}"
     lines = [head]
     for run in runs.values():
         lines.append(
             f"{run['label']:<10} {run['time_s']:>8.2f} {run['time_per_epoch_s']:>8.3f} "
             f"{run['bytes_per_worker'] / 1e6:>10.3f} {run['packets_per_worker']:>12.0f} "
             f"{run['fabric'].get('retransmissions', 0):>6} {run['final_accuracy']:>8.2f}% "
-            f"{run.get('samples_per_s') or 0:>10.1f}"
+            f"{run.get('samples_per_s') or 0:>10.1f} {run.get('packets_per_s') or 0:>8.0f}"
         )
     for mode, fields in (stats or {}).items():
         parts = [f"{name} {fields[key]['median']:.{digits}f} "

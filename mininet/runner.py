@@ -35,6 +35,7 @@ from ncina.aggregator.backends.dpdk import netns as dpdk_netns
 from ncina.aggregator.jobs import check_mtu_range
 from ncina.proto.header import PORT
 from ncina.proto.job import JobSpec
+from ncina.proto.profiles import DEFAULT, TOFINO, TOFINO_MAX_K
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.topo import report
 from ncina.topo.config import UPLINK_LOSS_AT_WORKER, TopoConfig
@@ -57,7 +58,7 @@ from ncina.common.jsonlines import read_new_events
 NCINA = Path(sys.executable).with_name("ncina")  # the console script of this environment
 JOB = 1  # the job id of every run
 AGGREGATOR_JOB = ("job", "workers", "total_workers", "uplink", "k", "pool_size", "mtu",
-                  "window_max")  # fmt: skip
+                  "window_max", "profile")  # fmt: skip
 """The job fields every ``ncina aggregator`` of a topology is given (``--result`` in INA mode)."""
 
 
@@ -65,9 +66,17 @@ def job_spec(cfg: TopoConfig) -> JobSpec:
     """The run's job as every worker holds it (a star's aggregators too; a leaf-spine's differ
     in workers, total workers and uplink). Its key travels as ``cfg.key_file``, not in it."""
     return JobSpec(job=JOB, workers=cfg.workers, k=cfg.k, pool_size=cfg.pool_size,
-                   window_max=cfg.window_max, result=cfg.result, mtu=cfg.mtu)  # fmt: skip
+                   window_max=cfg.window_max, result=cfg.result, mtu=cfg.mtu,
+                   profile=cfg.profile)  # fmt: skip
+
+
+def profile_config(cfg: TopoConfig) -> TopoConfig:
+    """The run under ``cfg.profile`` (``tofino``): the design's int results, at most its lanes
+    per packet (``ncina.proto.profiles.TOFINO_MAX_K``) and the pool chosen for them."""
+    return replace(cfg, profile=TOFINO, result="int", k=min(cfg.k, TOFINO_MAX_K),
+                   pool_size=cfg.profile_pool_size or cfg.pool_size)  # fmt: skip
 # The rendezvous port of each mode (no TIME_WAIT clash).
-GLOO_PORTS = {"ina": 29500, "gloo": 29501, "ncina": 29502}
+GLOO_PORTS = {"ina": 29500, "gloo": 29501, "ncina": 29502, "tofino": 29503}
 STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
 CAPTURE_DRAIN = 0.5  # seconds tcpdump gets to write the last packets before its SIGTERM
 PID_FILE = Path("runs", "topo.pid")  # the running topology's PID, for `make stop`
@@ -336,7 +345,7 @@ def start_workers(
             str(NCINA), "train", "--rank", str(rank),
             # --mtu too: a worker checks that K fits its own MTU (JobSpec)
             *job_spec(cfg).to_args("job", "workers", "k", "pool_size", "window_max", "result",
-                                   "mtu"),
+                                   "mtu", "profile"),
             "--master", master, "--iface", host.defaultIntf().name, "--model", cfg.model,
             "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
             "--bucket-cap-mb", str(cfg.bucket_cap_mb),
@@ -430,11 +439,15 @@ def wait_workers(
 def run_mode(
     net: Mininet, topo: StarTopo, cfg: TopoConfig, procs: Processes, mode: str, repeat: int = 0
 ) -> dict[str, Any]:
-    """One training run (``ina``, ``ncina`` or ``gloo``) on the running network; its summary.
-    Repeats after the first go to ``<mode>-<repeat>/`` and train with seed ``cfg.seed +
-    repeat`` (the initial weights, the shuffles, the rounding), so that their spread is the
-    seed's."""
+    """One training run (``ina``, ``ncina``, ``tofino``: INA under the profile, or ``gloo``) on
+    the running network; its summary. Repeats after the first go to ``<mode>-<repeat>/`` and
+    train with seed ``cfg.seed + repeat`` (the initial weights, the shuffles, the rounding), so
+    that their spread is the seed's."""
     cfg = replace(cfg, seed=cfg.seed + repeat)
+    if mode == "tofino" or (cfg.profile != DEFAULT and cfg.backend == "bmv2"):
+        cfg = profile_config(cfg)  # BMv2: the switch runs the twin for every mode
+    else:
+        cfg = replace(cfg, profile=DEFAULT)
     run_dir = cfg.out / (f"{mode}-{repeat}" if repeat else mode)
     run_dir.mkdir(parents=True, exist_ok=True)
     label = report.LABELS[mode]
@@ -447,7 +460,7 @@ def run_mode(
     if mode == "ina" and cfg.pcaps and cfg.backend != "bmv2":
         captures = start_captures(net, topo, procs, run_dir)
     # The P4 switch is the network: it runs for the baseline too, whose workers it only switches.
-    if mode in ("ina", "ncina") or cfg.backend == "bmv2":
+    if mode in ("ina", "ncina", "tofino") or cfg.backend == "bmv2":
         aggregators, addresses = start_aggregators(net, topo, cfg, procs, run_dir)
     if mode == "gloo":
         addresses = []
@@ -482,7 +495,10 @@ def run_topology(cfg: TopoConfig) -> dict[str, Any]:
         net.start()
         if cfg.mtu != DEFAULT_MTU:
             set_mtu(net, cfg.mtu)
-        modes = ("ina", *(("ncina",) if cfg.torch_backend else ()),
+        # --profile tofino: a run under it beside the default profile's (BMv2: instead of it)
+        ina = ("ina",) if cfg.profile == DEFAULT or cfg.backend != "bmv2" else ()
+        modes = (*ina, *(("tofino",) if cfg.profile != DEFAULT else ()),
+                 *(("ncina",) if cfg.torch_backend else ()),
                  *(("gloo",) if cfg.baseline else ()))  # fmt: skip
         repeats: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         for i in range(cfg.repeat):

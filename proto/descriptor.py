@@ -27,6 +27,7 @@ from ncina.proto.header import (
     Format,
 )
 from ncina.proto.nc8 import sum_bits
+from ncina.proto.profiles import profile_of
 from ncina.proto.wire import (
     HEADER_SIZE,
     MAX_JOB_ID,
@@ -221,11 +222,17 @@ def mismatches(
     difference of the window (e_max and workers equal): then the two disagree on the total
     number of workers of a hierarchical job, which sets the window (docs/protocol.md,
     "Hierarchical aggregation"); not when the modes' windows keep sums within other bits
-    (int32 results against another mode: the mode is named). ``compressor_spec`` is the
-    worker's spec, named in the message beside its hash."""
+    (int32 results against another mode: the mode is named). Two INA jobs of different
+    profiles (``ncina.proto.profiles.profile_of``: the window tells) are named ``profile``,
+    last, in place of their windows. ``compressor_spec`` is the worker's spec, named in the
+    message beside its hash."""
     out = []
+    profiles = [profile_of(d.mode, d.e_max - d.e_min) if d.mode in RESULT_NAMES else None
+                for d in (worker, aggregator)]  # fmt: skip
     for attr, name in FIELDS:
         ours, theirs = getattr(worker, attr), getattr(aggregator, attr)
+        if attr in ("e_max", "e_min") and None not in profiles and profiles[0] != profiles[1]:
+            continue  # the profile is named instead
         if attr == "e_min" and (worker.e_max, worker.workers, sum_bits(worker.mode)) != (
             aggregator.e_max, aggregator.workers, sum_bits(aggregator.mode)
         ):
@@ -239,6 +246,8 @@ def mismatches(
         if ours != theirs:
             spec = compressor_spec if attr == "compressor" else None
             out.append((name, _show(attr, ours, spec), _show(attr, theirs, None)))
+    if None not in profiles and profiles[0] != profiles[1]:
+        out.append(("profile", *profiles))
     return out
 
 

@@ -10,8 +10,9 @@ writes the options with :meth:`JobSpec.to_args`.
 
 What is not here: server mode and its compressor (``ncina aggregator --mode server``: a server's
 K is bounded by its compressor's payloads, not by the result format), a job's members and seed
-(the aggregator's, ``ncina.aggregator.jobs.JobConfig``), and a hardware profile (the Tofino
-limits are the aggregator's, ``ncina.aggregator.backends.tofino``, which this layer may not import).
+(the aggregator's, ``ncina.aggregator.jobs.JobConfig``). A job's profile (``--profile
+tofino``: the Tofino design's limits and window) is a field; its numbers and sentences are
+``ncina.proto.profiles``'.
 """
 
 from __future__ import annotations
@@ -31,7 +32,17 @@ from ncina.proto.descriptor import (
     range_problem,
 )
 from ncina.proto.header import ELEMENT_SIZE, UPLINK_FORMATS, Format, largest_k
-from ncina.proto.nc8 import Window, sum_bits
+from ncina.proto.nc8 import Window
+from ncina.proto.profiles import (
+    CUT,
+    DEFAULT,
+    PROFILES,
+    TOFINO,
+    TOFINO_MAX_K,
+    job_window,
+    profile_of,
+    tofino_problems,
+)
 from ncina.proto.tag import check_key, key_file_argument
 from ncina.proto.wire import (
     DEFAULT_MTU,
@@ -81,8 +92,10 @@ class JobSpec:
 
     ``k`` None takes the default rule: the largest chunk whose datagrams fit ``mtu`` both ways
     (:func:`default_k`), for int lanes where int partial sums travel (a spine: ``uplink`` int;
-    under a leaf: ``total_workers`` above ``workers``), else for the result format. ``window``
-    follows from ``window_max`` (e_max) and the total workers (docs/protocol.md). Construction
+    under a leaf: ``total_workers`` above ``workers``), else for the result format; at most
+    the design's lanes under the ``tofino`` profile. ``window``
+    follows from ``window_max`` (e_max) and the total workers (docs/protocol.md), its top code
+    from ``profile`` too (``ncina.proto.profiles.job_window``). Construction
     validates every field and raises one ``ValueError`` naming every violation, one per line.
     """
 
@@ -96,12 +109,14 @@ class JobSpec:
     uplink: Format = Format.NC8
     key: bytes | None = field(default=None, repr=False)
     mtu: int = DEFAULT_MTU
+    profile: str = DEFAULT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "result", _format(self.result))
         object.__setattr__(self, "uplink", _format(self.uplink))
         if self.k is None and self._lanes_valid() and MIN_MTU <= self.mtu <= MAX_MTU:
-            object.__setattr__(self, "k", default_k(self.mtu, self._lane_format(), self.keyed))
+            k = default_k(self.mtu, self._lane_format(), self.keyed)
+            object.__setattr__(self, "k", min(k, TOFINO_MAX_K) if self.profile == TOFINO else k)
         problems = self.problems()
         if problems:
             raise ValueError("invalid job:\n  " + "\n  ".join(problems))
@@ -120,8 +135,8 @@ class JobSpec:
 
     @property
     def window(self) -> Window:
-        """The NC8 exponent window of the job (e_max and the total workers)."""
-        return Window.for_job(self.total, self.window_max, sum_bits(self.result))
+        """The NC8 exponent window of the job (e_max, the total workers and the profile)."""
+        return job_window(self.total, self.window_max, self.result, self.profile)
 
     def _lanes_valid(self) -> bool:
         return self.result in RESULT_NAMES and self.uplink in UPLINK_FORMATS
@@ -179,6 +194,11 @@ class JobSpec:
                 out.append(str(exc))
         if not any(out) and self.k > default_k(self.mtu, self._lane_format(), self.keyed):
             out.append(self._frame_problem())
+        if self.profile not in PROFILES:
+            out.append(f"a job's profile is one of {', '.join(PROFILES)}, not {self.profile}")
+        elif self.profile == TOFINO:
+            out += tofino_problems(job=self.job, workers=self.workers, k=self.k,
+                                   result=self.result, uplink=self.uplink, keyed=self.keyed)
         return [problem for problem in out if problem is not None]
 
     def _frame_problem(self) -> str:
@@ -213,7 +233,8 @@ class JobSpec:
         """The job a descriptor describes. The wire carries whether the job is keyed, not its
         key, nor the MTU: give them. It carries the window, not the total workers: a window
         other than ``workers``' own decodes to the fewest total workers that have it (a spine's:
-        a multiple of its leaves), which give the same descriptor. Raises ``ValueError`` for a
+        a multiple of its leaves), which give the same descriptor; nor the profile, which its
+        window tells (``ncina.proto.profiles.profile_of``). Raises ``ValueError`` for a
         server-mode descriptor or a key that does not match ``keyed``."""
         if descriptor.mode not in RESULT_NAMES:
             raise ValueError(f"descriptor mode {descriptor.mode} is not an INA job's")
@@ -221,8 +242,11 @@ class JobSpec:
             raise ValueError("the descriptor's job is keyed: give its key" if descriptor.keyed
                              else "the descriptor's job has no key")  # fmt: skip
         window = Window(e_min=descriptor.e_min, span=descriptor.e_max - descriptor.e_min)
+        profile = profile_of(descriptor.mode, window.span)
+        if profile == TOFINO:  # the floor of the window whose codes a tofino job caps
+            window = Window(e_min=window.e_min, span=window.span + CUT)
         total = None
-        if Window.for_job(descriptor.workers, descriptor.e_max) != window:
+        if Window.for_job(descriptor.workers, window.e_max) != window:
             # span = 62 - ceil(log2(total)): the fewest such totals is 2**(62 - span - 1) + 1,
             # for a spine the fewest multiple of its leaves from there.
             total = max(descriptor.workers, (1 << (62 - window.span - 1)) + 1)
@@ -230,9 +254,9 @@ class JobSpec:
                 total = -(-total // descriptor.workers) * descriptor.workers
         return cls(
             job=job, workers=descriptor.workers, k=descriptor.k, pool_size=descriptor.pool_size,
-            window_max=descriptor.e_max, total_workers=total, result=Format(descriptor.mode),
+            window_max=window.e_max, total_workers=total, result=Format(descriptor.mode),
             uplink=Format.INT if descriptor.uplink == UPLINK_INT else Format.NC8, key=key,
-            mtu=mtu,
+            mtu=mtu, profile=profile,
         )  # fmt: skip
 
     # ---- the command line ----
@@ -382,5 +406,10 @@ OPTIONS: dict[str, Option] = {
         "--mtu", "mtu", f"IP MTU of the links ({MIN_MTU}..{MAX_MTU}): every datagram of the "
         "job must fit it, and the default --k follows from it", DEFAULT_MTU,
         kwargs={"type": Ranged("--mtu", MIN_MTU, MAX_MTU, MTU_WHY)}),
+    "profile": Option(
+        "--profile", "profile", "the switch design the job's arithmetic and limits follow on "
+        "every backend: default (docs/protocol.md) or tofino (the Tofino program's: 32-bit "
+        "lanes, codes up to 31 - ceil(log2 N) above the window's e_min, K <= 12, 30 workers, "
+        "int results, no key: docs/tofino.md)", DEFAULT, kwargs={"choices": PROFILES}),
 }  # fmt: skip
 """Every job field's option, by field name: the one place an option is spelled."""

@@ -30,7 +30,7 @@ from ncina.harness.aggregators import LOCAL_BACKENDS, RunningAggregator, local_c
 Address = tuple[str, int]
 
 TWIN = "bmv2-tofino"
-"""The bmv2 backend running the v1model twin of the Tofino program (``--p4-profile tofino``,
+"""The bmv2 backend running the v1model twin of the Tofino program (``--profile tofino``,
 docs/tofino.md): a backend variant of its own in the cross-backend tests, where the design's
 limits (``twin_lacks``) allow."""
 
@@ -60,7 +60,7 @@ def aggregator_command(backend: str, arguments: Sequence[str]) -> list[str]:
     if backend not in AGGREGATOR_BACKENDS:
         raise ValueError(f"unknown aggregator backend {backend!r}")
     if backend == TWIN:
-        return aggregator_command("bmv2", [*arguments, "--p4-profile", "tofino"])
+        return aggregator_command("bmv2", [*arguments, "--profile", "tofino"])
     if backend not in LOCAL_BACKENDS:
         return _star(backend).add_site().aggregator_command(arguments, backend)
     return local_command(backend, arguments)

@@ -32,6 +32,7 @@ from ncina.aggregator.process import free_udp_port
 from ncina.proto.descriptor import FLAG_PROBE, pack_job_datagram
 from ncina.proto.header import FLAG_POOL, FLAG_RESULT, FLAG_TAG, INT_DTYPE
 from ncina.proto.layers import NcinaHeader
+from ncina.proto.profiles import LACKS
 from ncina_testlib import (
     AGGREGATOR_BACKENDS,
     TWIN,
@@ -670,8 +671,12 @@ def test_command_line_errors_are_one_clear_line(
     assert proc.returncode == status, proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
-    if status == 1:  # past argparse (whose usage lines come first): the job's one problem
-        assert proc.stderr.count("\n") == 2 and "error: invalid job:\n  " in proc.stderr
+    if status == 1:  # past argparse (whose usage lines come first): the job's one problem,
+        # and on the twin (--profile tofino) what the design lacks besides, a sentence each
+        head, problem, *design = proc.stderr.splitlines()
+        assert head.endswith("error: invalid job:") and message in problem
+        assert all(line.endswith(tuple(LACKS.values())) for line in design), design
+        assert bool(design) == (backend == TWIN)
 
 
 def test_python_backend_counts_an_internal_error_logs_it_once_and_keeps_serving() -> None:

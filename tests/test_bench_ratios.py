@@ -159,3 +159,18 @@ def test_put_ratio_refuses_a_baseline_of_nothing_even_unasked() -> None:
     put_ratio(figures, "x", 1.0, 0.0, None)
     assert figures == {"x": None, "x_refused": "the baseline completed nothing"}
     assert refusal(float("nan")) == "the baseline completed nothing"
+
+
+def test_topo_report_compares_the_tofino_profile_with_the_same_baseline() -> None:
+    """``make topo PROFILE=tofino``: the profile's run gets its own ratios against the gloo run
+    the default profile's are against; on BMv2 (the twin only) it has them alone."""
+    tofino = summary(150.0, 2.0) | {"bytes_per_worker": 3e6, "final_accuracy": 49.0}
+    runs = {"ina": summary(300.0, 1.0), "tofino": tofino, "gloo": summary(100.0, 3.0)}
+    both = report.compare(runs)
+    assert (both["speedup"], both["tofino_speedup"]) == (3.0, 1.5)
+    assert (both["bytes_ratio"], both["tofino_bytes_ratio"]) == (1.0, 3.0)
+    assert both["tofino_accuracy_delta"] == -1.0
+    alone = report.compare({"tofino": tofino, "gloo": summary(100.0, 3.0)})
+    assert alone == {"tofino_bytes_ratio": 3.0, "tofino_speedup": 1.5,
+                     "tofino_accuracy_delta": -1.0}  # fmt: skip
+    assert report.LABELS["tofino"] == "INA tofino"

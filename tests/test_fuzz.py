@@ -81,6 +81,7 @@ def test_hostile_datagrams_during_a_job(backend: str, tmp_path: Path) -> None:
     ports = [free_udp_port(host) for _ in range(WORKERS)]
     members = [f"--member={rank}={host}:{port}" for rank, port in enumerate(ports)]
     k, window_max = (TWIN_K, TWIN_WINDOW_MAX) if backend == TWIN else (K, 10)
+    profile = "tofino" if backend == TWIN else "default"  # the twin's: the client's too
     extra = [*members, "--pool-size", str(POOL), "--generation", "5",
              "--window-max", str(window_max)]  # fmt: skip
     agg = start_aggregator(backend, tmp_path, job=JOB, workers=WORKERS, k=k, result="int",
@@ -103,7 +104,8 @@ def test_hostile_datagrams_during_a_job(backend: str, tmp_path: Path) -> None:
     try:
         report = fuzz_during_allreduce(agg.address, host, ports, agg.stats, agg.process.pid,
                                        fuzzer, job=JOB, k=k, pool_size=POOL,
-                                       elements=30_000, window_max=window_max)  # fmt: skip
+                                       elements=30_000, window_max=window_max,
+                                       profile=profile)  # fmt: skip
         assert agg.process.poll() is None, agg.log()
         print(f"\n{backend}: {report}")
         assert report.exact

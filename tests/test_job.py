@@ -7,10 +7,11 @@ import argparse
 from dataclasses import fields
 
 import pytest
-from ncina.proto.descriptor import DESCRIPTOR_SIZE, Descriptor
+from ncina.proto.descriptor import DESCRIPTOR_SIZE, Descriptor, mismatches
 from ncina.proto.header import HEADER, Format
 from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, OPTIONS, JobSpec, default_k
 from ncina.proto.nc8 import Window
+from ncina.proto.profiles import LACKS, tofino_max_code
 from ncina.proto.wire import DEFAULT_MTU, MAX_K
 
 KEY = bytes(range(16))
@@ -105,6 +106,8 @@ def test_every_violation_is_named_at_once() -> None:
         JobSpec(job=7, workers=4),
         JobSpec(job=65535, workers=64, k=100, pool_size=65535, window_max=20, result="int"),
         JobSpec(job=0, workers=1, key=KEY, mtu=9000),
+        JobSpec(job=3, workers=30, result="int", window_max=40, profile="tofino"),
+        JobSpec(job=3, workers=1, k=5, result="int", profile="tofino"),
     ],
 )
 def test_the_handshake_encoding_round_trips(spec: JobSpec) -> None:
@@ -127,6 +130,10 @@ def test_a_hierarchical_job_decodes_to_the_same_descriptor() -> None:
     decoded = JobSpec.from_descriptor(1, spine.descriptor())
     assert decoded.total_workers == 12  # the fewest multiple of 4 leaves with that window
     assert decoded.descriptor() == spine.descriptor()
+    leaf = JobSpec(job=1, workers=4, total_workers=12, result="int", k=8, profile="tofino")
+    decoded = JobSpec.from_descriptor(1, leaf.descriptor())
+    assert (decoded.total_workers, decoded.profile) == (9, "tofino")
+    assert decoded.descriptor() == leaf.descriptor()
 
 
 def test_a_descriptor_that_is_no_ina_job_is_refused() -> None:
@@ -175,3 +182,51 @@ def test_a_bad_mtu_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         parser.parse_args(["--mtu", "9217"])
     assert "argument --mtu: --mtu must be in 68..9216" in capsys.readouterr().err
+
+
+def test_the_tofino_profile_caps_the_codes_above_the_window_floor() -> None:
+    """A tofino job keeps docs/protocol.md's e_min and takes codes up to 31 - ceil(log2 N),
+    the twin's ``code_offset``: N workers' sums of +-2^(code - 1) fit a signed 32-bit lane."""
+    for workers in (1, 2, 3, 4, 5, 16, 17, 30):
+        spec = JobSpec(job=1, workers=workers, result="int", profile="tofino", window_max=20)
+        full = Window.for_job(workers, 20)
+        assert spec.window.e_min == full.e_min
+        assert spec.window.max_code == tofino_max_code(workers) == 31 - (workers - 1).bit_length()
+        top = spec.window.max_code - 1  # the largest code's integer: 2^top
+        assert workers << top <= 1 << 30 < (2 * workers) << top  # the most that fits
+        assert spec.k == 12  # the design's lanes per pass, the default K under the profile
+
+
+def test_the_tofino_profile_refuses_what_the_design_lacks_one_sentence_each() -> None:
+    with pytest.raises(ValueError) as refused:
+        JobSpec(job=9, workers=31, k=13, key=KEY, profile="tofino")
+    assert str(refused.value).splitlines()[1:] == [
+        f"  job 9 asks for nc8 results: {LACKS['nc8']}",
+        f"  job 9 has a key: {LACKS['tag']}",
+        f"  job 9 has 31 workers: {LACKS['workers']}",
+        f"  K=13: {LACKS['k']}",
+    ]
+    assert JobSpec(job=9, workers=30, result="int", k=12, profile="tofino").problems() == []
+    assert JobSpec(job=9, workers=2, result="int", k=4, profile="tofino").problems() == []
+    with pytest.raises(ValueError) as refused:
+        JobSpec(job=9, workers=2, result="int32", k=4, profile="tofino")
+    assert str(refused.value).splitlines()[1:] == [
+        f"  job 9 asks for int32 results: {LACKS['int32']}"]
+    with pytest.raises(ValueError) as refused:
+        JobSpec(job=9, workers=2, total_workers=4, uplink="int", result="int", k=4,
+                profile="tofino")
+    assert str(refused.value).splitlines()[1:] == [f"  job 9 sends int uplinks: {LACKS['uplinks']}"]
+    with pytest.raises(ValueError, match="profile is one of default, tofino, not x"):
+        JobSpec(job=9, workers=2, profile="x")
+
+
+def test_a_profile_mismatch_is_named() -> None:
+    """The descriptor's window tells the profile: a worker and an aggregator that differ in it
+    are refused naming the profile, not the window that follows from it."""
+    tofino = JobSpec(job=1, workers=4, k=12, result="int", profile="tofino").descriptor()
+    default = JobSpec(job=1, workers=4, k=12, result="int").descriptor()
+    assert mismatches(tofino, default) == [("profile", "tofino", "default")]
+    assert mismatches(default, tofino) == [("profile", "default", "tofino")]
+    assert mismatches(tofino, tofino) == []
+    other = JobSpec(job=1, workers=4, k=12, result="int", profile="tofino", window_max=11)
+    assert mismatches(tofino, other.descriptor()) == [("window e_max", "-22", "-21")]

@@ -1,15 +1,18 @@
-"""The v1model twin of the Tofino program (``--backend bmv2 --p4-profile tofino``,
-docs/tofino.md) end to end: four ``AllreduceClient`` workers all-reduce through it and get,
-bit for bit, what they get from the Python reference with the same seeds; job handshakes get
-the reference's answers, byte for byte; a job the design cannot run (``nc8`` results, too many
-lanes or workers) is refused at configuration with one sentence. The cross-backend packet
-scenarios run it as backend ``bmv2-tofino`` (tests/test_aggregator_packets.py and the others
-parametrised over ``AGGREGATOR_BACKENDS``)."""
+"""The Tofino design as a job profile (``--profile tofino``, docs/tofino.md) across backends,
+and its v1model twin (``--backend bmv2 --profile tofino``) end to end: four ``AllreduceClient``
+workers of the profile all-reduce through socket, dpdk and the twin and get, bit for bit, what
+they get from the Python reference under the profile with the same seeds, inputs beyond the
+window's capped top and sums at the 32-bit lanes' limit included; a code above the cap is
+``bad_code`` on every backend; job handshakes get the reference's answers, byte for byte; a job
+the design cannot run (``nc8`` results, too many lanes or workers) is refused at configuration
+with one sentence. The cross-backend packet scenarios run the twin as backend ``bmv2-tofino``
+(tests/test_aggregator_packets.py and the others parametrised over ``AGGREGATOR_BACKENDS``)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,15 +22,28 @@ from ncina.aggregator.backends.tofino.twin import limits
 from ncina.proto import descriptor as desc
 from ncina.proto.header import Format
 from ncina.worker.client import AllreduceClient
-from ncina_testlib import TWIN, Worker, counters, start_aggregator, window_e_min, worker_host
+from ncina_testlib import (
+    TWIN,
+    Worker,
+    counters,
+    start_aggregator,
+    uplink,
+    window_e_min,
+    worker_host,
+)
 
 JOB = 12
 WORKERS = 4
 K = limits.MAX_K
-ELEMENTS = 6_000
-# The window's e_max: e_min = 38 - 60 = -22, and the twin takes codes up to
-# limits.max_code(4) = 29, i.e. 2^6: inputs and sums up to 2^6 stay inside it.
+ELEMENTS = 1_200  # 100 chunks a call
+# The window's e_max: e_min = 38 - 60 = -22, and the profile takes codes up to
+# limits.max_code(4) = 29, i.e. 2^6: larger inputs saturate there, and four of them sum to
+# 2^8 = 2^30 units of 2^e_min, the most a 32-bit lane holds under the cap.
 WINDOW_MAX = 38
+TOFINO = ["--profile", "tofino"]
+PROFILE_BACKENDS = ("socket", "dpdk", TWIN)
+"""Backends checked against the Python reference under the profile (the twin is
+``aggregator_command``'s bmv2 with ``--profile tofino``)."""
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,15 +52,18 @@ def allreduce(backend: str, workdir: Path, calls: list[list[np.ndarray]]) -> lis
     """Every call's inputs (one per rank) summed through a new aggregator of ``backend``;
     the outputs per call and rank. The aggregator must have completed each chunk once and
     dropped nothing but retransmissions that came late (a result was on its way)."""
+    profile = [] if backend == TWIN else TOFINO
     agg = start_aggregator(backend, workdir, job=JOB, workers=WORKERS, k=K, result="int",
-                           extra=["--window-max", str(WINDOW_MAX)])  # fmt: skip
+                           extra=["--window-max", str(WINDOW_MAX), *profile])  # fmt: skip
     try:
 
         def worker(rank: int) -> list[np.ndarray]:
             with AllreduceClient(agg.address, job=JOB, rank=rank, workers=WORKERS, k=K,
                                  result_format="int", seed=100 + rank, deadline=60.0,
-                                 window_max=WINDOW_MAX) as client:  # fmt: skip
-                return [client.allreduce(inputs[rank], op="sum") for inputs in calls]
+                                 window_max=WINDOW_MAX, profile="tofino") as client:  # fmt: skip
+                outputs = [client.allreduce(inputs[rank], op="sum") for inputs in calls]
+                assert client.stats["saturated"] > 0  # the capped top was hit
+                return outputs
 
         with ThreadPoolExecutor(WORKERS) as pool:
             done = list(pool.map(worker, range(WORKERS)))
@@ -58,24 +77,70 @@ def allreduce(backend: str, workdir: Path, calls: list[list[np.ndarray]]) -> lis
     return [[outputs[c] for outputs in done] for c in range(len(calls))]
 
 
-def test_an_int_allreduce_through_the_twin_is_the_reference_bit_for_bit(tmp_path: Path) -> None:
-    worker_host(TWIN)  # skips with the reason when BMv2, p4c or root is missing
+def profile_calls() -> tuple[np.ndarray, list[list[np.ndarray]]]:
+    """Three calls' inputs per rank: powers of two up to 2^9, the same on every rank (beyond
+    the capped top 2^6 they saturate there: four of them sum to 2^30 units, the 32-bit lanes'
+    limit, or -2^30); then standard normal inputs times 16 (codes drawn from the seeds, a few
+    saturated); then a chunk-aligned mix of both. The first call's expected sums with them."""
     rng = np.random.default_rng(26)
     sign = rng.choice([-1.0, 1.0], ELEMENTS)
-    power = np.ldexp(sign, rng.integers(-20, 5, ELEMENTS)).astype(np.float32)
+    power = np.ldexp(sign, rng.integers(-20, 10, ELEMENTS)).astype(np.float32)
     power[rng.random(ELEMENTS) < 0.05] = 0.0
-    # Powers of two whose sum (4 * 2^e) is exact; then standard normal inputs, whose codes
-    # (drawn from the seeds) sum exactly in 32-bit lanes.
     same = [power] * WORKERS
-    normal = [rng.standard_normal(ELEMENTS, dtype=np.float32) for _ in range(WORKERS)]
-    twin = allreduce(TWIN, tmp_path / "twin", [same, normal])
-    reference = allreduce("python", tmp_path / "python", [same, normal])
-    for output in twin[0]:
-        np.testing.assert_array_equal(output, 4 * power)
-    for ours, theirs in zip(twin, reference, strict=True):
-        for a, b in zip(ours, theirs, strict=True):
+    normal = [16 * rng.standard_normal(ELEMENTS, dtype=np.float32) for _ in range(WORKERS)]
+    mixed = [np.where(np.arange(ELEMENTS) // K % 2 == 0, a, b)
+             for a, b in zip(same, normal, strict=True)]  # fmt: skip
+    capped = np.sign(power) * np.minimum(np.abs(power), 2.0**6)
+    return (4 * capped).astype(np.float32), [same, normal, mixed]
+
+
+@pytest.fixture(scope="module")
+def profile_reference(tmp_path_factory: pytest.TempPathFactory) -> list[list[np.ndarray]]:
+    """The Python reference's outputs for ``profile_calls`` under the profile."""
+    expected, calls = profile_calls()
+    outputs = allreduce("python", tmp_path_factory.mktemp("python"), calls)
+    for output in outputs[0]:
+        np.testing.assert_array_equal(output, expected)
+    assert np.abs(expected).max() == 4 * 2.0**6  # 2^30 units of 2^-22: the lanes' limit
+    return outputs
+
+
+@pytest.mark.parametrize("backend", PROFILE_BACKENDS)
+def test_an_allreduce_under_the_tofino_profile_is_the_reference_bit_for_bit(
+    backend: str, profile_reference: list[list[np.ndarray]], tmp_path: Path
+) -> None:
+    worker_host(backend)  # skips with the reason when DPDK, BMv2, p4c or root is missing
+    ours = allreduce(backend, tmp_path, profile_calls()[1])
+    for call, reference_call in zip(ours, profile_reference, strict=True):
+        for a, b in zip(call, reference_call, strict=True):
             assert a.dtype == b.dtype == np.float32
             assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("backend", ("python", *PROFILE_BACKENDS))
+def test_a_code_above_the_profile_cap_is_bad_code_on_every_backend(
+    backend: str, tmp_path: Path
+) -> None:
+    """Code max_code(4) = 29 is added, 30 (in the default profile's window) is dropped and
+    counted as ``bad_code``, as the twin's ``code_offset`` does; nothing else is counted."""
+    worker_host(backend)
+    profile = [] if backend == TWIN else TOFINO
+    agg = start_aggregator(backend, tmp_path, job=JOB, workers=WORKERS, k=K, result="int",
+                           extra=["--window-max", str(WINDOW_MAX), *profile])  # fmt: skip
+    worker = Worker(agg.address, timeout=5.0)
+    top = limits.max_code(WORKERS)
+    try:
+        for slot, code in ((0, top + 1), (1, 0x80 | top + 1), (2, top), (3, 0x80 | top)):
+            worker.send(uplink(job=JOB, rank=0, slot=slot, offset=0, codes=[code] * K,
+                               emin=window_e_min(WORKERS, WINDOW_MAX)))  # fmt: skip
+        deadline = time.monotonic() + 10
+        while (found := counters(agg.stats(), JOB))["job.contributions"] < 2:
+            assert time.monotonic() < deadline, found  # the datagrams are handled in order
+        assert found["job.drops.bad_code"] == 2 and found["job.contributions"] == 2, found
+        assert sum(n for name, n in found.items() if ".drops." in name) == 2, found
+    finally:
+        worker.close()
+        assert agg.stop() == 0, agg.log()
 
 
 @pytest.mark.parametrize(
@@ -90,17 +155,18 @@ def test_an_int_allreduce_through_the_twin_is_the_reference_bit_for_bit(tmp_path
 def test_a_job_the_design_cannot_run_is_refused_in_one_sentence(
     options: list[str], says: str
 ) -> None:
-    """Refused before any switch starts (so this runs without BMv2 or root)."""
+    """Refused before any switch starts (so this runs without BMv2 or root), by the job's
+    validation (``JobSpec``: the profile is a job parameter), one line naming the sentence."""
     argv = ["--listen", "10.0.0.1:0", "--job", "1", "--workers", "2", "--iface", "lo", *options]
     proc = subprocess.run(
         [sys.executable, "-m", "ncina.cli", "aggregator", "--backend", "bmv2",
-         "--p4-profile", "tofino", *argv],
+         "--profile", "tofino", *argv],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "tofino profile cannot run this job" in lines[0] and says in lines[0], lines[0]
+    assert lines[0] == "ncina aggregator: error: invalid job:" and len(lines) == 2, proc.stderr
+    assert lines[1].endswith(says), lines[1]
 
 
 def hellos() -> list[bytes]:
@@ -122,8 +188,9 @@ def hellos() -> list[bytes]:
 
 def answers(backend: str, workdir: Path) -> tuple[list[bytes], dict[str, int]]:
     """What a new aggregator of ``backend`` answers to ``hellos``, and its counters after."""
+    profile = [] if backend == TWIN else TOFINO
     agg = start_aggregator(backend, workdir, job=JOB, workers=2, k=K, result="int",
-                           extra=["--pool-size", "16", "--generation", "5"])  # fmt: skip
+                           extra=["--pool-size", "16", "--generation", "5", *profile])  # fmt: skip
     worker = Worker(agg.address, timeout=5.0)
     try:
         for hello in hellos():

@@ -45,7 +45,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, required=True, metavar="Y.npy", help="float32 result")
     p.add_argument("--op", choices=OPS, default="mean", help="default: %(default)s")
     p.add_argument("--seed", type=int, default=None, help="seed of the stochastic rounding")
-    JobSpec.add_arguments(p, "pool_size", "window_max", "result")
+    JobSpec.add_arguments(p, "pool_size", "window_max", "result", "profile")
     p.add_argument(
         "--timeout", type=float, default=0.05, metavar="S",
         help="initial retransmission timeout in seconds (default: %(default)s)",

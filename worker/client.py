@@ -79,6 +79,7 @@ from ncina.proto.header import (
     pack_chunks,
 )
 from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, FORMATS, default_k
+from ncina.proto.profiles import DEFAULT, PROFILES, TOFINO, TOFINO_MAX_K, job_window
 from ncina.proto.wire import (
     DEFAULT_MTU,
     HEADER_SIZE,
@@ -206,6 +207,10 @@ class AllreduceClient:
     not speak it). The limits on ``job``, ``workers``, ``k`` and ``pool_size`` are the
     aggregator's (``ncina.proto.descriptor.check_job``).
 
+    ``profile`` is the job's (``ncina.proto.profiles``: ``tofino`` caps the window's codes as
+    the Tofino design does, and its default K is the design's), which must match the
+    aggregator's.
+
     ``restart_retries`` is how many restarts of the aggregator one INA call recovers from
     (:meth:`_ina_allreduce`; every rank of the job must recover, so give them all the same);
     0, server mode and hierarchical jobs fail the call at the first one.
@@ -237,6 +242,7 @@ class AllreduceClient:
         handshake_timeout: float | None = HANDSHAKE_TIMEOUT,
         total_workers: int | None = None,
         restart_retries: int = 3,
+        profile: str = DEFAULT,
     ) -> None:
         if result_format not in FORMATS:
             raise ValueError(f"result_format must be one of {sorted(FORMATS)}")
@@ -245,6 +251,7 @@ class AllreduceClient:
             under_leaf = total_workers is not None and total_workers > workers
             fmt = Format.INT if under_leaf else FORMATS[result_format]
             k = default_k(mtu, fmt, key is not None)
+            k = min(k, TOFINO_MAX_K) if profile == TOFINO else k
         desc.check_job(job=job, workers=workers, k=k, pool_size=pool_size)
         desc.check_range("rank", rank, 0, workers - 1, f" (job of {workers} workers)")
         if handshake_timeout is not None and not handshake_timeout > 0:
@@ -268,9 +275,15 @@ class AllreduceClient:
         self.total_workers = total_workers or workers
         self.k = k
         self.pool_size = pool_size
-        self.window = nc8.Window.for_job(
-            self.total_workers, e_max=window_max,
-            sum_bits=nc8.sum_bits(FORMATS[result_format] if mode == "ina" else Format.NC8),
+        if profile not in PROFILES:
+            raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+        if profile != DEFAULT and (mode != "ina" or compressor is not None):
+            raise ValueError(f"the {profile} profile adds the NC8 codes of its window only: "
+                             "INA mode, no compressor")  # fmt: skip
+        self.profile = profile
+        self.window = job_window(
+            self.total_workers, window_max,
+            FORMATS[result_format] if mode == "ina" else Format.NC8, profile,
         )
         self.result_format = result_format
         self.deadline = deadline

@@ -115,7 +115,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "--bucket-cap-mb (ncina topo and bench ddp give their --bw)")
     JobSpec.add_arguments(p, "k", "mtu")
     add_data_path_argument(p)
-    JobSpec.add_arguments(p, "pool_size", "window_max", "result")
+    JobSpec.add_arguments(p, "pool_size", "window_max", "result", "profile")
     p.add_argument("--compressor", metavar="SPEC",
                    help="gradient compressor [ef+]name[:key=value,...] (docs/compressors.md; "
                    "default: NC8 of the raw gradients, INA mode)")

@@ -11,7 +11,7 @@ limit of this machine): DPDK's on the af_packet path, for socket the socket back
 generator is in its extension); bmv2 needs p4c and BMv2 too (docs/bmv2.md). For bmv2 the run
 also measures the same simple_switch_grpc running p4/echo/echo.p4, a P4 program that only echoes
 each datagram (``--bmv2-mode forward``), and reports ``vs_forwarder``: how close the aggregator
-program comes to what BMv2 itself forwards; ``--p4-profile tofino`` measures the Tofino program's
+program comes to what BMv2 itself forwards; ``--profile tofino`` measures the Tofino program's
 v1model twin (p4/twin/: ``--result int``, K up to 12) instead of p4/, beside the same echo.
 
 ``--lcores 1,2`` measures the DPDK aggregator and its forwarder at each strand count (docs/dpdk.md,
@@ -75,9 +75,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--lcores", type=_lcores, default=(1,), metavar="N[,N...]",
                    help="dpdk: strand counts to measure the aggregator and forwarder at, e.g. 1,2 "
                    "(default: 1)")  # fmt: skip
-    p.add_argument("--p4-profile", choices=("default", "tofino"), default="default",
-                   help="bmv2: the program measured: default (p4/) or tofino (p4/twin/, the "
-                   "Tofino program's v1model twin: --result int, K <= 12) (default: %(default)s)")
+    profile = JobSpec.add_arguments(p, "profile")["profile"]
+    deprecated_alias(p, "--p4-profile", profile)  # the bmv2 program's, before --profile
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of each measurement; the median's figures are reported "
                    "(default: %(default)s)")  # fmt: skip
@@ -125,7 +124,7 @@ def measure(
         if kind == "bmv2_forward":
             cmd += ["--bmv2-mode", "forward"]
         else:
-            cmd += ["--p4-profile", args.p4_profile]
+            cmd += ["--profile", args.profile]
     else:
         cmd += ["--iface", site.iface, "--idle-sleep-us", str(args.idle_sleep_us),
                 "--dpdk-pmd", args.dpdk_pmd, "--lcores", str(lcores)]  # fmt: skip
@@ -176,8 +175,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure the chosen backend, the Python backend and the no-op forwarder; return figures."""
     from ncina.aggregator.backends.dpdk import binding, netns
 
-    if args.p4_profile != "default" and args.backend != "bmv2":
-        raise ValueError("--p4-profile is the bmv2 backend's")
+    if args.profile != "default" and args.backend != "bmv2":
+        raise ValueError("--profile tofino is measured on the bmv2 backend only (the Tofino "
+                         "program's twin beside the echo program)")
     job = JobSpec.from_args(args, job=JOB)  # the job's validation, before anything is set up
     reason = netns.missing() or binding.missing()
     if reason:
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "workers": job.workers, "k": job.k, "pool_size": job.pool_size, "result": args.result,
         "seconds": args.seconds, "backend": args.backend,
         "timeout": args.timeout, "dpdk_pmd": args.dpdk_pmd, "repeat": args.repeat,
-        "lcores": list(args.lcores), "p4_profile": args.p4_profile,
+        "lcores": list(args.lcores), "profile": args.profile,
     }  # fmt: skip
     forward = "socket_forward" if args.backend == "socket" else "forward"
     kinds = ["python", forward] + ([args.backend] if args.backend != "python" else [])

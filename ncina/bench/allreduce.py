@@ -71,7 +71,7 @@ def add_common_arguments(p: argparse.ArgumentParser, backend: str, workers: int)
     JobSpec.add_arguments(p, "workers", workers=workers)
     p.add_argument("--elements", type=positive_int, default=10_000_000,
                    help="float32 elements per worker (default: %(default)s)")  # fmt: skip
-    JobSpec.add_arguments(p, "mtu", "k", "pool_size", "result", "window_max")
+    JobSpec.add_arguments(p, "mtu", "k", "pool_size", "result", "window_max", "profile")
     p.add_argument("--repeat", type=positive_int, default=3,
                    help="runs; figures are their lower median (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="input and rounding seed")
@@ -110,7 +110,8 @@ def worker_spec(args: argparse.Namespace, mode: str, **extra: Any) -> dict[str, 
         "mode": mode, "job": JOB, "workers": args.workers, "elements": args.elements,
         "seed": args.seed, "k": args.k, "pool_size": args.pool_size,
         "window_max": args.window_max, "result": args.result, "timeout": args.timeout,
-        "deadline": args.deadline, "mtu": args.mtu, "start_timeout": START_TIMEOUT, **extra,
+        "deadline": args.deadline, "mtu": args.mtu, "start_timeout": START_TIMEOUT,
+        "profile": args.profile, **extra,
     }  # fmt: skip
 
 
@@ -119,7 +120,8 @@ def reference(args: argparse.Namespace) -> Reference:
     """The reference model of the run ``args`` describes (``ncina.harness.reference``)."""
     return build_reference(workers=args.workers, elements=args.elements, seed=args.seed,
                            window_max=args.window_max,
-                           sum_bits=nc8.sum_bits(FORMATS[args.result]))  # fmt: skip
+                           sum_bits=nc8.sum_bits(FORMATS[args.result]),
+                           profile=args.profile)  # fmt: skip
 
 
 def accuracy(ref: Reference, result: np.ndarray, result_format: str) -> dict[str, Any]:
@@ -158,7 +160,8 @@ def aggregator_arguments(args: argparse.Namespace, stats_path: Path) -> list[str
     """``ncina aggregator`` options of the benchmark's job (backend and address aside)."""
     return [
         *job_args(job=JOB, workers=args.workers, k=args.k, result=args.result,
-                  pool_size=args.pool_size, window_max=args.window_max, mtu=args.mtu),
+                  pool_size=args.pool_size, window_max=args.window_max, mtu=args.mtu,
+                  profile=args.profile),
         "--seed", str(args.seed), "--stats", str(stats_path),
     ]  # fmt: skip
 
@@ -308,7 +311,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "backend": args.backend, "workers": args.workers, "elements": args.elements,
         "k": args.k, "mtu": args.mtu, "pool_size": args.pool_size, "result": args.result,
-        "repeat": args.repeat,
+        "repeat": args.repeat, "profile": args.profile,
     }  # fmt: skip
     figures |= medians(repeats, workers=args.workers, elements=args.elements)
     figures |= per_packet(repeats)

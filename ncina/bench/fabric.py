@@ -402,6 +402,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         "backend": args.backend, "workers": args.workers, "elements": args.elements,
         "bw_mbit": args.bw, "k": args.k, "mtu": args.mtu, "pool_size": args.pool_size,
         "result": args.result, "repeat": args.repeat, "topo": args.topo,
+        "profile": args.profile,
         "link_fraction": median(r["extra"]["link_fraction"] for r in repeats),
         "wire_fraction": median(r["extra"]["wire_fraction"] for r in repeats),
         "gloo_link_fraction": median(r["extra"]["gloo_link_fraction"] for r in repeats),

@@ -153,20 +153,21 @@ def fuzz_during_allreduce(
     result: str = "int",
     seed: int = 0,
     window_max: int = 10,
+    profile: str = "default",
 ) -> FuzzReport:
     """Run ``fuzzer(send)``, where ``send(datagram)`` sends to the aggregator at ``address``
     from a stranger's socket on ``host``, while one worker per port of ``ports`` (the job's
     configured members, bound to ``host``) sums powers of two, call after call until the fuzzer
     returns; ``stats`` returns the aggregator's stats document now, ``pid`` is its process (for
-    its memory); ``window_max`` is the job's e_max. ``send`` paces the datagrams so that no
-    socket buffer overflows."""
+    its memory); ``window_max`` is the job's e_max, ``profile`` its profile. ``send`` paces the
+    datagrams so that no socket buffer overflows."""
     workers = len(ports)
     inputs = [powers_of_two(elements, seed + rank, lowest=-20) for rank in range(workers)]
     exact = np.sum(np.stack(inputs).astype(np.float64), axis=0).astype(np.float32)
     clients = [
         AllreduceClient(address, job=job, rank=r, workers=workers, k=k, pool_size=pool_size,
                         result_format=result, seed=r, bind=(host, port), deadline=30.0,
-                        window_max=window_max)
+                        window_max=window_max, profile=profile)
         for r, port in enumerate(ports)
     ]
     stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

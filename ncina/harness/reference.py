@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ncina.proto import nc8
+from ncina.proto.profiles import DEFAULT, capped
 
 BLOCK = 1 << 20  # elements per block of the reference computations (bounded temporaries)
 WARMUP = np.zeros(1, dtype=np.float32)
@@ -54,13 +55,14 @@ def sent_codes(seed: int, rank: int, x: np.ndarray, window: nc8.Window) -> np.nd
 
 
 def build_reference(
-    *, workers: int, elements: int, seed: int, window_max: int, sum_bits: int = nc8.SUM_BITS
+    *, workers: int, elements: int, seed: int, window_max: int, sum_bits: int = nc8.SUM_BITS,
+    profile: str = DEFAULT,
 ) -> Reference:
     """Recompute every worker's input and codes, and the exact sums of the codes, of a run of
     ``workers`` ranks all-reducing ``elements`` each (seed ``seed``, window up to
     ``2**window_max`` keeping sums within ``2**sum_bits``: ``nc8.sum_bits`` of the result
-    format)."""
-    window = nc8.Window.for_job(workers, window_max, sum_bits)
+    format; under ``profile`` ``tofino`` its codes capped: ``ncina.proto.profiles``)."""
+    window = capped(nc8.Window.for_job(workers, window_max, sum_bits), workers, profile)
     inputs = np.stack([worker_input(seed, r, elements) for r in range(workers)])
     sums = np.zeros(elements, dtype=np.int64)
     for rank in range(workers):

@@ -112,7 +112,7 @@ def run_ina(spec: dict[str, Any], rank: int, x: np.ndarray, directory: Path) -> 
         pool_size=spec["pool_size"], window_max=spec["window_max"],
         result_format=spec["result"], seed=client_seed(spec["seed"], rank),
         timeout=spec["timeout"], deadline=spec["deadline"], mtu=spec["mtu"],
-        total_workers=total,
+        total_workers=total, profile=spec.get("profile", "default"),
     ) as client:  # fmt: skip
         client.allreduce(WARMUP)
         before = client.stats

@@ -48,8 +48,6 @@ class Bmv2Options:
     """``--iface``: the switch's interfaces, comma-separated (ports 1, 2, ...)."""
     p4_k: int | None
     """``--p4-k``: the lanes to compile the program for (None: the job's K)."""
-    p4_profile: str
-    """``--p4-profile``: default (p4/) or tofino (the twin p4/twin/)."""
     device_id: int
     """``--device-id``: the P4Runtime device id."""
     grpc_port: int
@@ -77,11 +75,6 @@ def add_arguments(parser: Any) -> list[Any]:
     # fmt: off
     group.add_argument("--p4-k", type=int, metavar="K",
                        help="bmv2: lanes to compile the program for (default: the job's --k)")
-    group.add_argument("--p4-profile", choices=sorted(toolchain.PROFILES), default="default",
-                       help="bmv2: the program: default (p4/) or tofino (p4/twin/, the v1model "
-                       "twin of the Tofino program p4/tofino/: int results, K <= "
-                       f"{twin_limits.MAX_K}, {twin_limits.MAX_WORKERS} workers at most, "
-                       "docs/tofino.md) (default: %(default)s)")
     group.add_argument("--device-id", type=int, default=1, help="bmv2: P4Runtime device id "
                        "(default: %(default)s)")
     group.add_argument("--grpc-port", type=int, default=0, metavar="PORT",
@@ -119,8 +112,8 @@ def options(args: Any, serving: Serving) -> Bmv2Options:
             "plane; run one job per switch, or the python, socket or dpdk backend"
         )
     return Bmv2Options(
-        serving, iface=args.iface, p4_k=args.p4_k, p4_profile=args.p4_profile,
-        device_id=args.device_id, grpc_port=args.grpc_port, thrift_port=args.thrift_port,
+        serving, iface=args.iface, p4_k=args.p4_k, device_id=args.device_id,
+        grpc_port=args.grpc_port, thrift_port=args.thrift_port,
         switch_log=args.switch_log, pcap_dir=args.pcap_dir, mode=args.bmv2_mode,
         switch_debug=args.switch_debug, rank_ports=dict(args.rank_port),
         l2_hosts=tuple(args.l2_host),
@@ -179,7 +172,7 @@ def serve(config: JobConfig, options: Bmv2Options) -> int:
         raise ValueError("the bmv2 backend needs --listen with the address it answers for")
     port = port or PORT
     k = options.p4_k or config.k
-    profile = options.p4_profile
+    profile = config.profile  # --profile tofino runs p4/twin/, the Tofino program's twin
     if profile == "tofino":
         refusal = twin_limits.refusal(config, k)
         if refusal:

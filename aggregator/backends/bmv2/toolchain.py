@@ -41,7 +41,8 @@ MAIN = "ncina.p4"
 ECHO = "echo/echo.p4"  # the no-op forwarder that the benchmark measures the program against
 TWIN = "twin/ncina.p4"  # the v1model twin of the Tofino program p4/tofino/ (docs/tofino.md)
 PROFILES = {"default": MAIN, "tofino": TWIN}
-"""``--p4-profile``: the program the bmv2 backend runs, ``p4/`` or the Tofino program's twin."""
+"""The program the bmv2 backend runs for a job's ``--profile``: ``p4/`` or the Tofino program's
+twin."""
 
 INSTALL_HINT = (
     "install p4lang's p4c (p4c-bm2-ss) and behavioral-model built with PI "

@@ -1,5 +1,5 @@
 """The control plane of the Tofino program's design, driving its v1model twin ``p4/twin/`` on
-BMv2 (``ncina aggregator --backend bmv2 --p4-profile tofino``, docs/tofino.md): what the TNA
+BMv2 (``ncina aggregator --backend bmv2 --profile tofino``, docs/tofino.md): what the TNA
 program's contract ("What the control plane must install") asks, one module per P4 control it
 programs (``admission``, ``reply``, ``switching``, ``events``), and the design's limits in one
 place (``limits``). Egress's ``member_addresses`` gets no entry: a configured member's MAC

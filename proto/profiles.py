@@ -1,0 +1,117 @@
+"""A job's profile: the switch design whose arithmetic and limits every backend follows for it.
+
+``default`` is the protocol as docs/protocol.md defines it (64-bit lanes, up to ``MAX_WORKERS``
+workers and ``MAX_K`` elements). ``tofino`` is the Tofino program's design (``p4/tofino/``,
+docs/tofino.md): 32-bit lanes, at most ``TOFINO_MAX_K`` lanes per pass and
+``TOFINO_MAX_WORKERS`` workers, int results of NC8 uplinks, no key. The Tofino design's numbers
+and what it lacks (``LACKS``) are defined here, once: the Tofino generator, the twin's control
+plane (``ncina.aggregator.backends.bmv2``), ``JobSpec`` and ``JobConfig`` import them (this layer may not
+import the aggregator's).
+
+**Its window.** A tofino job keeps the protocol's window floor (``e_min`` of its ``--window-max``
+and total workers) and caps its codes at :func:`tofino_max_code` (``31 - ceil(log2 N)``), so that
+N workers' sums of ``+-2^(code - 1)`` stay within a signed 32-bit lane: the window's top is
+``e_min + 30 - ceil(log2 N)``, 32 powers of two below the default profile's. A code above it is
+``bad_code`` on every backend, as on the switch. The handshake's descriptor carries the window,
+so it carries the profile (:func:`profile_of`): a worker and an aggregator of different
+profiles are refused, naming it (docs/protocol.md, "Job handshake").
+"""
+
+from __future__ import annotations
+
+from ncina.proto.header import Format
+from ncina.proto.nc8 import INT32_SUM_BITS, Window, sum_bits
+
+DEFAULT = "default"
+TOFINO = "tofino"
+PROFILES = (DEFAULT, TOFINO)
+"""Every profile's name (``--profile``)."""
+
+TOFINO_MAX_K = 12
+"""Lanes one pass of the Tofino pipeline holds (docs/tofino.md, "Resources")."""
+TOFINO_MAX_WORKERS = 30
+"""Ranks per job on Tofino: a round's contributors are a 32-bit register word, bit 30 marks a
+version never used and bit 31 is the sign of ``held - full``."""
+TOFINO_MAX_CODE = 31
+"""Largest NC8 code a 32-bit lane can decode: +-2^30."""
+
+LACKS = {
+    "nc8": "the Tofino design returns int results only (its NC8 rounding needs 64-bit "
+    "multiplies and a highest set bit per lane: docs/tofino.md)",
+    "int32": "the Tofino design widens its 32-bit lanes to the wire's 64-bit int results: "
+    "it returns no int32 results yet (docs/tofino.md)",
+    "tag": "the Tofino design has no keyed hash: a tagged datagram is dropped as bad_tag",
+    "restart": "the Tofino design keeps no job epochs: a hello never restarts a job",
+    "joined": "the Tofino design keeps no record of the ranks' hellos: a restart that draws the "
+    "same generation is not detected (docs/protocol.md, Generations and notices)",
+    "resend_limit": "the Tofino design keeps no per-rank resend budget (rule 2's resend_limit)",
+    "transport": "the Tofino program checks no IPv4 header checksum, options or fragments "
+    "beyond its parser's (ihl 5, offset 0, UDP), and answers frames from group sources",
+    "claim": "the Tofino design lets a chunk newer than a slot version's claim it at once and "
+    "identifies a chunk by its offset only (the reference refuses such non-conforming chunks "
+    "as chunk_mismatch and keeps the held round: docs/tofino.md, Slots)",
+    "wide_codes": "the Tofino design decodes codes up to 31 - ceil(log2 N) only, so that N "
+    "workers' sums fit its 32-bit lanes",
+    "k": f"the Tofino design holds at most {TOFINO_MAX_K} lanes per pass",
+    "workers": f"the Tofino design holds at most {TOFINO_MAX_WORKERS} workers per job",
+    "uplinks": "the Tofino design adds NC8 uplinks only",
+}
+"""Each feature the Tofino design lacks, and why: a refusal's or a skipped test's one sentence."""
+
+
+def tofino_max_code(total_workers: int) -> int:
+    """The largest code a tofino job of ``total_workers`` takes: codes whose sums over every
+    worker fit a signed 32-bit lane (``N * 2^(c - 1) <= 2^30``)."""
+    return min(TOFINO_MAX_CODE, TOFINO_MAX_CODE - (total_workers - 1).bit_length())
+
+
+def job_window(total_workers: int, e_max: int, result_format: int, profile: str) -> Window:
+    """The window of a job of ``profile``: docs/protocol.md's for ``total_workers``, ``e_max``
+    and the result format; under ``tofino`` the same floor with its codes capped at
+    :func:`tofino_max_code`. Raises ``ValueError`` as ``Window.for_job``."""
+    return capped(Window.for_job(total_workers, e_max, sum_bits(result_format)), total_workers,
+                  profile)  # fmt: skip
+
+
+def capped(window: Window, total_workers: int, profile: str) -> Window:
+    """``window`` (docs/protocol.md's, for ``total_workers``) as a job of ``profile`` has it:
+    under ``tofino`` the same floor, its codes capped at :func:`tofino_max_code`."""
+    if profile == TOFINO:
+        return Window(e_min=window.e_min, span=min(window.span, tofino_max_code(total_workers) - 1))
+    return window
+
+
+CUT = sum_bits(Format.NC8) - INT32_SUM_BITS
+"""Powers of two a tofino job's window has fewer than the default profile's (32)."""
+
+
+def profile_of(mode: int, span: int) -> str:
+    """The profile of a job whose descriptor has ``mode`` (a result format) and a window of
+    ``span`` (``e_max - e_min``): a window of 64-bit lanes spans at least 62 - 12 powers (4,096
+    workers), a tofino one at most 30; int32 results have 32-bit windows in the default profile
+    (the Tofino design returns none)."""
+    return TOFINO if mode != Format.INT32 and span <= INT32_SUM_BITS else DEFAULT
+
+
+def tofino_problems(
+    *, job: int, workers: int, k: int, result: Format | str, uplink: Format | str, keyed: bool
+) -> list[str]:
+    """Why the Tofino design cannot run a job, one sentence per violation (``LACKS``), in the
+    order result, key, uplink, workers, K; empty when it can."""
+    out = []
+    job_name = f"job {job}"
+    name = result.name.lower() if isinstance(result, Format) else str(result)
+    if result == Format.INT32:
+        out.append(f"{job_name} asks for int32 results: {LACKS['int32']}")
+    elif result != Format.INT:
+        out.append(f"{job_name} asks for {name} results: {LACKS['nc8']}")
+    if keyed:
+        out.append(f"{job_name} has a key: {LACKS['tag']}")
+    if uplink != Format.NC8:
+        up = uplink.name.lower() if isinstance(uplink, Format) else str(uplink)
+        out.append(f"{job_name} sends {up} uplinks: {LACKS['uplinks']}")
+    if isinstance(workers, int) and workers > TOFINO_MAX_WORKERS:
+        out.append(f"{job_name} has {workers} workers: {LACKS['workers']}")
+    if isinstance(k, int) and k > TOFINO_MAX_K:
+        out.append(f"K={k}: {LACKS['k']}")
+    return out
