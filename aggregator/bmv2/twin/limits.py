@@ -22,7 +22,8 @@ LACKS = {
     "int32": "the Tofino design widens its 32-bit lanes to the wire's 64-bit int results: "
     "it returns no int32 results yet (docs/tofino.md)",
     "tag": "the Tofino design has no keyed hash: a tagged datagram is dropped as bad_tag",
-    "restart": "the Tofino design keeps no job epochs: a hello never restarts a job",
+    "restart": "the Tofino design keeps no job epochs: a hello never restarts a job (neither "
+    "after --restart-idle nor for a new set of workers' nonce)",
     "joined": "the Tofino design keeps no record of the ranks' hellos: a restart that draws the "
     "same generation is not detected (docs/protocol.md, Generations and notices)",
     "resend_limit": "the Tofino design keeps no per-rank resend budget (rule 2's resend_limit)",
