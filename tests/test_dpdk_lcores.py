@@ -115,7 +115,8 @@ def test_hellos_restart_and_a_job_is_removed_while_another_runs_on_two_lanes(
     """A static job reduces 300k elements in the background (its clients' hellos first) while a
     second job, added through the jobs directory, is run by three sets of workers in turn: each
     set's hellos find it idle and restart its slots, lane 0 parking the other lane for every
-    hello that may restart it. The second job is then removed while the first still runs. Every sum exact."""
+    hello that may restart it. The second job is then removed while the first still runs.
+    Every sum exact."""
     jobs_dir = tmp_path / "jobs"
     jobs_dir.mkdir()
     agg = start_aggregator("dpdk", tmp_path, job=21, workers=2, k=64, result="int",
