@@ -39,8 +39,6 @@ def test_two_sets_of_workers_one_after_the_other_get_exact_sums(
     backend: str, tmp_path: Path
 ) -> None:
     twin_lacks(backend, "restart")
-    if backend == "bmv2":
-        pytest.xfail("p4/: the hello's nonce is not read yet (issue 38, case 8, open on BMv2)")
     agg = start_aggregator(backend, tmp_path / "agg", job=JOB, workers=2, k=K, result="int",
                            extra=["--pool-size", "8", "--generation", "5",
                                   "--restart-idle", "3600"])  # fmt: skip
