@@ -46,12 +46,10 @@ from ncina.proto.descriptor import (
     UPLINK_INT,
     Descriptor,
     JobMismatchError,
-    draw_nonce,
     is_job_datagram,
     job_datagram_length,
     key_mismatch,
     mismatches,
-    nonce_after,
     pack_job_datagram,
 )
 from ncina.proto.header import (
@@ -289,9 +287,6 @@ class LeafAggregator(Aggregator):
         self.upstream = upstream
         self.handshake_timeout = handshake_timeout
         self.leaf: LeafSlots | None = None
-        # The leaf's incarnation nonce in the spine's job; each restart of its job (a new set
-        # of workers) says hello with the next one, so the spine starts afresh at once too.
-        self.nonce = draw_nonce()
 
     def add_leaf(self, config: JobConfig) -> LeafSlots:
         """Install the leaf's job; ``config.total`` must be a multiple of its workers."""
@@ -335,15 +330,13 @@ class LeafAggregator(Aggregator):
         return hello
 
     def hello_datagram(self) -> bytes:
-        """The leaf's hello to the spine, its descriptor of the spine's job as member ``R``,
-        with its nonce after as many steps as its job restarted (the C engine's leaf sends it
-        too, the next nonce at each restart: ``Engine.set_upstream``)."""
+        """The leaf's hello to the spine, its descriptor of the spine's job as member ``R``
+        (the C engine's leaf sends it too: ``Engine.set_upstream``)."""
         leaf = self.leaf
         assert leaf is not None
         config = leaf.config
         return pack_job_datagram(self.spine_descriptor(), job=config.job,
-                                 rank=self.upstream.rank, key=config.key,
-                                 nonce=nonce_after(self.nonce, leaf.restarts))  # fmt: skip
+                                 rank=self.upstream.rank, key=config.key)  # fmt: skip
 
     def spine_descriptor(self) -> Descriptor:
         """The spine's job as this leaf holds it: ``N / W`` members sending int partial sums,

@@ -168,12 +168,6 @@ def draw_nonce() -> int:
     return 1 + secrets.randbelow((1 << NONCE_BITS) - 1)
 
 
-def nonce_after(nonce: int, steps: int) -> int:
-    """The nonce ``steps`` incarnations after ``nonce``, in 1..2**32-1 (a leaf aggregator's hello
-    to its spine after its job's ``steps``-th restart; the C engine's upstream.c counts alike)."""
-    return (nonce - 1 + steps) % ((1 << NONCE_BITS) - 1) + 1
-
-
 def hello_nonce(datagram: bytes | bytearray | memoryview) -> int:
     """The incarnation nonce of a ``job`` datagram (0: none)."""
     return int.from_bytes(datagram[12:16], "big")

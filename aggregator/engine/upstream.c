@@ -18,8 +18,6 @@ static struct {
     uint8_t generation;         /* the spine's (its results and notices carry it) */
     uint8_t hello[NCE_JOB_LEN + NCE_TAG_LEN];
     uint32_t hello_len;
-    uint32_t nonce;             /* the first hello's incarnation nonce (its offset field) */
-    uint32_t restarts;          /* of the leaf's job: its hello carries the nonce that many after */
     struct nce_upstream_counters c;
 } up;
 
@@ -36,9 +34,6 @@ int nce_upstream_set(uint16_t job, uint32_t ip_be, uint16_t port, uint16_t rank,
     up.generation = generation & (NCE_GEN_MASK >> NCE_GEN_SHIFT);
     memcpy(up.hello, hello, hello_len);
     up.hello_len = hello_len;
-    up.nonce = (uint32_t)hello[12] << 24 | (uint32_t)hello[13] << 16 | (uint32_t)hello[14] << 8 |
-               hello[15];
-    up.restarts = 0;
     up.active = 1;
     return 0;
 }
@@ -86,23 +81,8 @@ void nce_upstream_forward(const struct nce_job *job, const struct nce_slot *s, i
     count_out(sum_len(job, s), act);
 }
 
-/* The nonce steps incarnations after nonce, in 1..2^32-1 (ncina.proto.descriptor.nonce_after). */
-static uint32_t nonce_after(uint32_t nonce, uint32_t steps)
-{
-    return (uint32_t)(((uint64_t)nonce - 1 + steps) % 0xFFFFFFFFu + 1);
-}
-
 void nce_upstream_hello(struct nce_action *act)
 {
-    /* A new set of workers restarted the leaf's job: its hello says the leaf's next nonce, so
-     * that the spine starts afresh at once too (tagged again with the job's key). */
-    const uint32_t nonce = nonce_after(up.nonce, ++up.restarts);
-    up.hello[12] = (uint8_t)(nonce >> 24);
-    up.hello[13] = (uint8_t)(nonce >> 16);
-    up.hello[14] = (uint8_t)(nonce >> 8);
-    up.hello[15] = (uint8_t)nonce;
-    if (up.hello_len == NCE_JOB_LEN + NCE_TAG_LEN && act->job->tagged)
-        nce_tag(act->job, up.hello, NCE_JOB_LEN, up.hello + NCE_JOB_LEN);
     up.c.hellos++;
     act->up = NCE_UP_HELLO;
     count_out(up.hello_len, act);
