@@ -204,10 +204,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=RESTART_IDLE,
         metavar="SECONDS",
         help="how long a job must have been quiet (no slot completed, no result sent again) "
-        "before a worker's hello starts it afresh for a new set of workers: longer than the "
-        "workers' deadline, so that a rank of a job in use keeps its results and its address "
-        "(docs/protocol.md, 'A new set of workers'; default: %(default)s, the workers' default "
-        "deadline; 0: whenever no round is partly filled)",
+        "before a worker's hello without a new incarnation nonce (an older client's, a leaf's) "
+        "starts it afresh for a new set of workers: longer than the workers' deadline, so that "
+        "a rank of a job in use keeps its results and its address; a rank's new client (a new "
+        "nonce) starts it at once (docs/protocol.md, 'A new set of workers'; default: "
+        "%(default)s, the workers' default deadline; 0: whenever no round is partly filled)",
     )
     JobSpec.add_arguments(parser, "mtu")
     profile = JobSpec.add_arguments(parser, "profile")["profile"]

@@ -37,6 +37,7 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
     apply {
         bit<32> fault = 0;  // the first check that failed: its event number (0: none yet)
         bool is_member = false;
+        bool same_host = false;
         meta.verdict = VERDICT_DROP;
         if (!hdr.nc.isValid() || hdr.udp.len < UDP_HEADER_BYTES + NCINA_HEADER_BYTES) {
             global_events.count(EV_G_TRUNCATED);
@@ -102,6 +103,11 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
         }
         job_events.count(meta.events + EV_PACKETS_IN);
         job_epoch.read(meta.epoch, (bit<32>)meta.job_index);
+        // The rank's address check (applied once: a hello asks whether it comes from the
+        // rank's known host, a chunk whether it is the member's).
+        if (hdr.nc.rank < (bit<16>)meta.workers) {
+            members.apply(hdr, meta, is_member, same_host);
+        }
         if (fault != 0) {
             job_events.count(meta.events + fault);
             return;
@@ -115,25 +121,73 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
             if (hdr.nc.tag == 1) {
                 meta.status = STATUS_NOT_AUTHENTIC;
             } else {
-                // docs/protocol.md, "A new set of workers": a hello that finds the job idle
-                // (no round partly filled) and quiet (nothing completed or resent for its
-                // restart_idle) starts it afresh: a new epoch, every round and learned member
-                // forgotten.
+                // docs/protocol.md, "A new set of workers": a hello that says a new set has
+                // come (ncina.aggregator.members.Members.new_set_comes: a rank of the set with
+                // another incarnation nonce, from its known host; or, the job quiet for its
+                // restart_idle, a hello without a nonce or a first one while no rank said one)
+                // and finds the job idle (no round partly filled) starts it afresh: a new
+                // epoch, every round, learned member and nonce forgotten.
+                bit<32> nonce = hdr.nc.offset;
+                bool in_range = hdr.nc.rank < (bit<16>)meta.workers;
+                bit<32> held = 0;
+                bit<32> said = 0;
+                if (in_range) {
+                    member_nonce_epoch.read(said, meta.member);
+                    if (said == meta.epoch + 1) {
+                        member_nonce.read(held, meta.member);
+                    }
+                }
                 bit<32> open;
                 bit<48> busy_at;
+                bit<32> nonced;
                 job_open.read(open, (bit<32>)meta.job_index);
                 job_busy_at.read(busy_at, (bit<32>)meta.job_index);
-                if (open == 0 && sm.ingress_global_timestamp - busy_at >= meta.restart_idle) {
-                    job_epoch.write((bit<32>)meta.job_index, meta.epoch + 1);
+                job_nonced.read(nonced, (bit<32>)meta.job_index);
+                bit<2> comes = 0;  // 1: the quiet rule; 2: a rank's new incarnation
+                if (nonce == 0 || nonce != held) {
+                    if (nonce != 0 && held != 0 && hdr.nc.retx == 0 && same_host) {
+                        comes = 2;
+                    }
+                    if (comes == 0 && sm.ingress_global_timestamp - busy_at >= meta.restart_idle
+                            && (nonce == 0 || nonced != meta.epoch + 1)) {
+                        comes = 1;
+                    }
+                }
+                if (comes != 0 && open == 0) {
+                    meta.epoch = meta.epoch + 1;
+                    job_epoch.write((bit<32>)meta.job_index, meta.epoch);
+                    held = 0;
+                    if (comes == 2) {
+                        job_gated.write((bit<32>)meta.job_index, meta.epoch + 1);
+                    }
                 }
                 // A hello joins its rank to this start; a probe (RETX) asks and does not join.
-                if (hdr.nc.rank < (bit<16>)meta.workers) {
+                if (in_range) {
                     if (hdr.nc.retx == 1) {
                         bit<1> joined;
                         member_joined.read(joined, meta.member);
                         meta.unjoined = ~joined;
                     } else {
                         member_joined.write(meta.member, 1);
+                        // The rank's first nonce in the set; in a gated set, its address too.
+                        if (nonce != 0 && held == 0) {
+                            member_nonce.write(meta.member, nonce);
+                            member_nonce_epoch.write(meta.member, meta.epoch + 1);
+                            job_nonced.write((bit<32>)meta.job_index, meta.epoch + 1);
+                            bit<32> gated;
+                            bit<1> known;
+                            bit<32> learned;
+                            job_gated.read(gated, (bit<32>)meta.job_index);
+                            member_known.read(known, meta.member);
+                            member_epoch.read(learned, meta.member);
+                            if (gated == meta.epoch + 1 && (known == 0 || learned != meta.epoch)) {
+                                member_known.write(meta.member, 1);
+                                member_epoch.write(meta.member, meta.epoch);
+                                member_ip.write(meta.member, hdr.ipv4.src);
+                                member_port.write(meta.member, hdr.udp.src_port);
+                                member_mac.write(meta.member, hdr.eth.src);
+                            }
+                        }
                     }
                 }
             }
@@ -154,7 +208,14 @@ control Admission(inout headers_t hdr, inout meta_t meta, in standard_metadata_t
         } else {
             bit<1> joined;
             member_joined.read(joined, meta.member);
-            members.apply(hdr, meta, is_member);
+            // In a gated set, only a rank that said its hello in it is a member.
+            bit<32> gated;
+            bit<32> said;
+            job_gated.read(gated, (bit<32>)meta.job_index);
+            member_nonce_epoch.read(said, meta.member);
+            if (gated == meta.epoch + 1 && said != meta.epoch + 1) {
+                is_member = false;
+            }
             if (!is_member) {
                 fault = EV_NON_MEMBER;
             } else if (hdr.nc.emin != meta.emin) {

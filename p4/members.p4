@@ -4,7 +4,7 @@
 #ifndef NCINA_MEMBERS_P4
 #define NCINA_MEMBERS_P4
 
-control Members(in headers_t hdr, in meta_t meta, out bool is_member) {
+control Members(in headers_t hdr, in meta_t meta, out bool is_member, out bool same_host) {
     ip4_t want_ip = 0;
     bit<16> want_port = 0;
 
@@ -25,6 +25,7 @@ control Members(in headers_t hdr, in meta_t meta, out bool is_member) {
 
     apply {
         is_member = true;
+        same_host = true;  // the rank's known address, if any, has the sender's IPv4 address
         if (!members.apply().hit) {
             bit<1> known;
             bit<32> epoch;
@@ -39,6 +40,9 @@ control Members(in headers_t hdr, in meta_t meta, out bool is_member) {
         }
         if (hdr.ipv4.src != want_ip || hdr.udp.src_port != want_port) {
             is_member = false;
+        }
+        if (hdr.ipv4.src != want_ip) {
+            same_host = false;
         }
     }
 }

@@ -22,6 +22,15 @@ register<bit<32>>(NCINA_JOBS) job_open;
 // When the job was last in use (a slot completed or a result sent again; BMv2's ingress clock,
 // microseconds): a hello restarts it only once it has been quiet for its restart_idle.
 register<bit<48>>(NCINA_JOBS) job_busy_at;
+// The current set of workers (docs/protocol.md, "A new set of workers"): the incarnation nonce
+// of each rank's first hello in the set, valid when member_nonce_epoch holds the job's epoch
+// plus one (so a restart, a new epoch, forgets every nonce at once); job_nonced, the epoch plus
+// one when some rank said a nonce in it; job_gated, the epoch plus one when a rank's new nonce
+// started it (only the ranks that said their hello in it are members then).
+register<bit<32>>(NCINA_JOBS * NCINA_MAX_WORKERS) member_nonce;
+register<bit<32>>(NCINA_JOBS * NCINA_MAX_WORKERS) member_nonce_epoch;
+register<bit<32>>(NCINA_JOBS) job_nonced;
+register<bit<32>>(NCINA_JOBS) job_gated;
 
 // Per job: NCINA_JOB_EVENTS counters from index job_index * NCINA_JOB_EVENTS. Byte counts are
 // the frames that caused the event, as BMv2 counts them (the ingress frame's length).

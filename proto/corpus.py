@@ -201,13 +201,14 @@ def _basics(slots: _Slots) -> Iterator[Case]:
                tuple(_reduction(slot, [_codes(rnd) for _ in range(3)], flags=gen)))
 
 
-def _hello(rank: int, probe: bool = False) -> bytes:
-    """Rank's hello to the corpus job (a ``probe``: one that does not join the rank)."""
+def _hello(rank: int, probe: bool = False, nonce: int = 0) -> bytes:
+    """Rank's hello to the corpus job (a ``probe``: one that does not join the rank) with its
+    incarnation ``nonce`` (0: none)."""
     from ncina.proto.descriptor import Descriptor, pack_job_datagram
 
     mine = Descriptor(mode=int(Format.NC8), workers=WORKERS, pool_size=POOL, k=K, e_max=E_MAX,
                       e_min=E_MIN, keyed=False, compressor=0)  # fmt: skip
-    return pack_job_datagram(mine, job=JOB, rank=rank, probe=probe)
+    return pack_job_datagram(mine, job=JOB, rank=rank, probe=probe, nonce=nonce)
 
 
 def _single(name: str, about: str, data: bytes, sender: int = 0) -> Case:
@@ -432,10 +433,27 @@ def _schedule(base: int, seed: int, rounds: int = 8) -> Iterator[Step]:
         previous = packets
 
 
+def _new_sets(slots: _Slots) -> Iterator[Case]:
+    """Issue 38, case 8: hellos with incarnation nonces (docs/protocol.md, "A new set of
+    workers"). The barrier slots hold rounds partly filled, so even a rank's new nonce restarts
+    nothing here (test_engine and test_reinit check the restart itself): every backend must keep
+    the rounds and take the ranks' chunks."""
+    rnd = random.Random(38)
+    nonces = [Step(r, _hello(r, nonce=0x1000 + r)) for r in range(WORKERS)]
+    yield Case("hello_nonces", "hellos with nonces, one said again (the same nonce), a probe and "
+               "a stranger's hello with other nonces, a rank's new nonce while rounds are partly "
+               "filled: nothing restarts, the ranks' chunks still count",
+               (*nonces, nonces[1], Step(0, _hello(0, probe=True, nonce=0x2000)),
+                Step(STRANGER, _hello(0, nonce=0x3000)), Step(0, _hello(0, nonce=0x4000)),
+                *_reduction(slots.take(), [_codes(rnd) for _ in range(WORKERS)],
+                            flags=GENERATION << GENERATION_SHIFT)))  # fmt: skip
+
+
 def generate() -> list[Case]:
     """The corpus, in replay order (the opening reduction first)."""
     slots = _Slots()
-    cases = [*_basics(slots), *_header_edges(slots), *_transport(slots), *_recovery(slots)]
+    cases = [*_basics(slots), *_header_edges(slots), *_transport(slots), *_recovery(slots),
+             *_new_sets(slots)]
     names = [c.name for c in cases]
     if len(set(names)) != len(names):
         raise RuntimeError("corpus case names must be unique")

@@ -14,6 +14,7 @@ configured with a job no aggregator accepts.
 from __future__ import annotations
 
 import hashlib
+import secrets
 import struct
 from typing import NamedTuple
 
@@ -140,21 +141,37 @@ have drawn the same generation)."""
 
 def pack_job_datagram(
     descriptor: Descriptor, *, job: int, rank: int, status: int = OK, answer: bool = False,
-    generation: int = 0, key: bytes | None = None, probe: bool = False,
+    generation: int = 0, key: bytes | None = None, probe: bool = False, nonce: int = 0,
 ) -> bytes:
-    """A ``job`` datagram: the header (format ``job``, count 1, slot and offset 0; ``RESULT``
-    and the generation on an answer; ``FLAG_PROBE`` when ``probe``) and the descriptor, tagged
-    with ``key`` when given."""
+    """A ``job`` datagram: the header (format ``job``, count 1, slot 0, the ``offset`` field the
+    hello's ``nonce``; ``RESULT`` and the generation on an answer; ``FLAG_PROBE`` when
+    ``probe``) and the descriptor, tagged with ``key`` when given."""
     flags = (FLAG_RESULT | generation << GENERATION_SHIFT if answer else 0) | (
         FLAG_TAG if key is not None else 0
     ) | (FLAG_PROBE if probe else 0)
-    datagram = HEADER.pack(VERSION, flags, Format.JOB, descriptor.e_min, job, rank, 0, 1, 0)
+    datagram = HEADER.pack(VERSION, flags, Format.JOB, descriptor.e_min, job, rank, 0, 1, nonce)
     datagram += descriptor.pack(status)
     if key is not None:
         from ncina.proto.tag import sign
 
         datagram = sign(key, datagram)
     return datagram
+
+
+NONCE_BITS = 32
+"""A hello's incarnation nonce (docs/protocol.md, "A new set of workers"): the header's
+``offset`` field, which a ``job`` datagram leaves unused; 0 is a hello without one."""
+
+
+def draw_nonce() -> int:
+    """A fresh incarnation nonce, 1..2**32-1 from the operating system's entropy: one per
+    client, carried by every hello of it (retransmissions, probes and recoveries alike)."""
+    return 1 + secrets.randbelow((1 << NONCE_BITS) - 1)
+
+
+def hello_nonce(datagram: bytes | bytearray | memoryview) -> int:
+    """The incarnation nonce of a ``job`` datagram (0: none)."""
+    return int.from_bytes(datagram[12:16], "big")
 
 
 def is_job_datagram(datagram: bytes | bytearray | memoryview) -> bool:

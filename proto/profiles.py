@@ -5,8 +5,8 @@ workers and ``MAX_K`` elements). ``tofino`` is the Tofino program's design (``p4
 docs/tofino.md): 32-bit lanes, at most ``TOFINO_MAX_K`` lanes per pass and
 ``TOFINO_MAX_WORKERS`` workers, int results of NC8 uplinks, no key. The Tofino design's numbers
 and what it lacks (``LACKS``) are defined here, once: the Tofino generator, the twin's control
-plane (``ncina.aggregator.backends.bmv2``), ``JobSpec`` and ``JobConfig`` import them (this layer may not
-import the aggregator's).
+plane (``ncina.aggregator.backends.tofino``), ``JobSpec`` and ``JobConfig`` import them (this
+layer may not import the aggregator's).
 
 **Its window.** A tofino job keeps the protocol's window floor (``e_min`` of its ``--window-max``
 and total workers) and caps its codes at :func:`tofino_max_code` (``31 - ceil(log2 N)``), so that
@@ -41,7 +41,8 @@ LACKS = {
     "int32": "the Tofino design widens its 32-bit lanes to the wire's 64-bit int results: "
     "it returns no int32 results yet (docs/tofino.md)",
     "tag": "the Tofino design has no keyed hash: a tagged datagram is dropped as bad_tag",
-    "restart": "the Tofino design keeps no job epochs: a hello never restarts a job",
+    "restart": "the Tofino design keeps no job epochs: a hello never restarts a job (neither "
+    "after --restart-idle nor for a new set of workers' nonce)",
     "joined": "the Tofino design keeps no record of the ranks' hellos: a restart that draws the "
     "same generation is not detected (docs/protocol.md, Generations and notices)",
     "resend_limit": "the Tofino design keeps no per-rank resend budget (rule 2's resend_limit)",

@@ -120,7 +120,8 @@ def test_hellos_restart_and_a_job_is_removed_while_another_runs_on_two_strands(
     """A static job reduces 300k elements in the background (its clients' hellos first) while a
     second job, added through the jobs directory, is run by three sets of workers in turn: each
     set's hellos find it idle and restart its slots, strand 0 parking the other strand for every
-    job datagram. The second job is then removed while the first still runs. Every sum exact."""
+    hello that may restart it. The second job is then removed while the first still runs.
+    Every sum exact."""
     jobs_dir = tmp_path / "jobs"
     jobs_dir.mkdir()
     agg = start_aggregator("dpdk", tmp_path, job=21, workers=2, k=64, result="int",
@@ -146,7 +147,9 @@ def test_hellos_restart_and_a_job_is_removed_while_another_runs_on_two_strands(
         assert agg.stop() == 0
     assert list(stats["jobs"]) == ["21"]
     assert stats["jobs"]["21"]["slots_completed"] == -(-300_000 // 64)
-    assert stats["dpdk"]["parks"] >= 2 + 3 * 2  # a hello per client at least
+    # The first hello of each set at least: job 21's, and one per set of job 22 (a new nonce, or
+    # the first set's on a quiet job); a set's later hellos restart nothing and park nothing.
+    assert stats["dpdk"]["parks"] >= 1 + 3
     assert stats["dpdk"]["handoff_full"] == 0
     assert all(strand_work(strand) > 0 for strand in stats["dpdk"]["strands"])
 

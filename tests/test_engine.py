@@ -22,7 +22,7 @@ from ncina.aggregator.hierarchy import LeafAggregator, SpineSlots, Upstream
 from ncina.aggregator.jobs import JobConfig
 from ncina.proto import nc8, tag
 from ncina.proto.descriptor import UPLINK_INT, Descriptor, pack_job_datagram
-from ncina.proto.header import ELEMENT_SIZE, FLAG_RESULT, FLAG_TAG, HEADER, Format
+from ncina.proto.header import ELEMENT_SIZE, FLAG_RESULT, FLAG_RETX, FLAG_TAG, HEADER, Format
 from ncina.proto.nc8 import sum_bits
 from ncina.proto.wire import MAX_K, TAG_SIZE
 from ncina_parity import GENERATION, KEY, K, schedule
@@ -688,3 +688,59 @@ def test_hierarchical_c_leaf_datagram_for_datagram_like_the_reference(
     assert engine.upstream_stats().to_json() == up
     assert engine.job_stats(9).to_json() == reference.jobs[9].stats.to_json()
     assert engine.global_stats().to_json() == reference.stats.to_json()
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed"])
+def test_a_new_set_of_workers_starts_at_once_and_shuts_the_last_one_out(
+    engine: Engine, keyed: bool
+) -> None:
+    # Issue 38, case 8: a new client of a rank (another incarnation nonce in its hello) starts
+    # the job afresh at once, not after --restart-idle (an hour here); a retransmitted hello
+    # (the same nonce) or a probe restarts nothing; the last set's late datagrams are
+    # non_member, never a contribution; a hello from another host, or without the key, resets
+    # nothing. Before the nonce, the second set's chunks were late and its sums never came.
+    key = KEY if keyed else None
+    config = JobConfig.create(job=3, workers=2, k=8, result_format="int", seed=1, key=key)
+    engine.add_job(config)
+    engine.set_restart_idle(3600)
+    reference = Aggregator(restart_idle=3600)
+    reference.add_job(config)
+    emin, mine = window_e_min(2), job_descriptor(config)
+    first = [("10.9.1.1", 5000), ("10.9.1.2", 5000)]
+    second = [("10.9.1.1", 5001), ("10.9.1.2", 5001)]  # the same hosts, new ports
+
+    def chunk(rank: int, slot: int, value: int, retx: bool = False) -> bytes:
+        flags = (FLAG_TAG if key else 0) | (FLAG_RETX if retx else 0)
+        datagram = uplink(job=3, rank=rank, slot=slot, offset=slot, codes=[value] * 8, emin=emin,
+                          flags=flags)  # fmt: skip
+        return tag.sign(key, datagram) if key else datagram
+
+    def hello(rank: int, nonce: int, **fields: Any) -> bytes:
+        return pack_job_datagram(mine, job=3, rank=rank, nonce=nonce, key=key, **fields)
+
+    def result(replies: list[tuple[bytes, Any]]) -> list[int]:
+        (datagram, _), *_ = replies
+        return list(struct.unpack_from(">8q", datagram, 16))
+
+    for rank in range(2):
+        replay_one(engine, reference, hello(rank, 11 + rank), first[rank])
+    replay_one(engine, reference, chunk(0, 0, 3), first[0])  # 2^2 + 2^1: exact int sums
+    replay_one(engine, reference, hello(1, 12), first[1])  # rank 1's hello again: no restart
+    assert result(replay_one(engine, reference, chunk(1, 0, 2), first[1])) == [6] * 8
+    replay_one(engine, reference, chunk(0, 1, 1), first[0])
+    replay_one(engine, reference, hello(0, 99, probe=True), first[0])  # a probe: nothing
+    assert result(replay_one(engine, reference, chunk(1, 1, 1), first[1])) == [2] * 8
+    replay_one(engine, reference, hello(0, 77), ("10.9.1.66", 6000))  # another host: nothing
+    if keyed:  # an unkeyed hello to a keyed job: not authentic, nothing
+        replay_one(engine, reference, pack_job_datagram(mine, job=3, rank=0, nonce=21), second[0])
+    assert reference.jobs[3].members == first
+    # The second set: rank 0's new client says hello (nonce 21), the job starts afresh.
+    replay_one(engine, reference, hello(0, 21), second[0])
+    assert replay_one(engine, reference, chunk(0, 0, 3), second[0]) == []
+    assert replay_one(engine, reference, chunk(1, 0, 3, retx=True), first[1]) == []  # late: old set
+    replay_one(engine, reference, hello(1, 22), second[1])
+    assert replay_one(engine, reference, chunk(1, 0, 1), first[1]) == []  # old port: not its
+    assert result(replay_one(engine, reference, chunk(1, 0, 1), second[1])) == [5] * 8
+    drops = engine.job_stats(3).drops
+    assert drops["non_member"] == 2 == reference.jobs[3].stats.drops["non_member"]
+    assert engine.job_stats(3).contributions == 6 == reference.jobs[3].stats.contributions

@@ -49,10 +49,12 @@ def job_env(address: tuple[str, int], **extra: str) -> dict[str, str]:
 
 
 def run_ranks(
-    tmp_path: Path, backend: str, result: str, world: int = WORLD, **env: str
+    tmp_path: Path, backend: str, result: str, world: int = WORLD, reinit: bool = False,
+    **env: str,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Start the aggregator (a job of ``WORLD`` workers) and ``world`` ranks; return what each
-    rank wrote and the aggregator's job stats."""
+    rank wrote and the aggregator's job stats. ``reinit``: the ranks run ``reinit`` instead of
+    the collectives."""
     agg = start_aggregator(backend, tmp_path / "agg", job=1, workers=WORLD, k=K, result=result,
                            extra=["--pool-size", str(POOL), "--seed", "1"])  # fmt: skip
     procs: list[subprocess.Popen[bytes]] = []
@@ -60,7 +62,7 @@ def run_ranks(
         for rank in range(world):
             spec = {"rank": rank, "world": world, "result": result,
                     "rendezvous": str(tmp_path / "rendezvous"),
-                    "out": str(tmp_path / f"{rank}.json")}  # fmt: skip
+                    "out": str(tmp_path / f"{rank}.json"), "reinit": reinit}  # fmt: skip
             environ = job_env(agg.address, NCINA_RESULT=result, **env)
             procs.append(subprocess.Popen([sys.executable, __file__, json.dumps(spec)],
                                           env=environ))  # fmt: skip
@@ -105,6 +107,21 @@ def test_nc8_results_within_nc_bounds(tmp_path: Path) -> None:
     for seen in ranks:
         assert seen["error"] is None
         assert seen["nc8_max_error"] > 0 and seen["nc8_worst_ratio"] <= 1.0
+
+
+def test_reinitialising_at_once_gives_the_exact_sum(tmp_path: Path) -> None:
+    """Issue 38, case 8: ``init, all_reduce, destroy, init, all_reduce`` at once. The second
+    group's clients are a new set of workers (new nonces in their hellos): the aggregator starts
+    the job afresh for them, so their sums are exact (before, the second all_reduce timed out:
+    the job restarted only after --restart-idle, 10 s)."""
+    ranks, stats = run_ranks(tmp_path, "socket", "int", reinit=True)
+    import torch
+
+    n = torch.arange(3 * K + 5) % 20 - 10
+    want = (torch.ldexp(torch.ones(n.numel()), n) * 3).tolist()  # 2^n (rank 0) + 2^(n+1)
+    for seen in ranks:
+        assert seen["error"] is None and seen["sums"] == [want, want]
+    assert stats["slots_completed"] == 2 * (1 + 4)  # per group: its init call, 4 chunks of 64
 
 
 def test_no_aggregator_fails_init(tmp_path: Path) -> None:
@@ -183,6 +200,10 @@ def rank_main(spec: dict[str, Any]) -> None:
         return
     from ncina.worker import torch_backend
 
+    if spec.get("reinit"):
+        seen["sums"] = reinit(spec, rank, world)
+        Path(spec["out"]).write_text(json.dumps(seen))
+        return
     gloo = dist.new_group(backend="gloo")
     if spec["result"] == "nc8":
         seen.update(nc8_bounds(rank, world, gloo))
@@ -191,6 +212,24 @@ def rank_main(spec: dict[str, Any]) -> None:
         seen["paths"] = torch_backend.paths()
     Path(spec["out"]).write_text(json.dumps(seen))
     dist.destroy_process_group()
+
+
+def reinit(spec: dict[str, Any], rank: int, world: int) -> list[list[float]]:
+    """``all_reduce``, ``destroy_process_group``, ``init_process_group`` and ``all_reduce`` again
+    at once (the group already joined by ``rank_main``): both sums as lists."""
+    import torch
+    import torch.distributed as dist
+
+    sums = []
+    for again in (False, True):
+        if again:
+            dist.init_process_group("ncina", init_method=f"file://{spec['rendezvous']}-again",
+                                    rank=rank, world_size=world)  # fmt: skip
+        tensor = torch.ldexp(torch.ones(3 * K + 5), torch.arange(3 * K + 5) % 20 - 10 + rank)
+        dist.all_reduce(tensor)
+        sums.append(tensor.tolist())
+        dist.destroy_process_group()
+    return sums
 
 
 def exact_cases(rank: int, world: int, gloo: Any) -> list[dict[str, Any]]:

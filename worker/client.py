@@ -299,6 +299,9 @@ class AllreduceClient:
         self.compressor_spec = compressor
         self.handshake_timeout = handshake_timeout
         self._handshaken = handshake_timeout is None
+        # This client's incarnation nonce, in every hello it sends (docs/protocol.md, "A new set
+        # of workers"): a new client of a rank starts a new set of workers at once.
+        self._nonce = desc.draw_nonce()
         self.mode = mode
         if self.compressor is None and mode != "ina":
             raise ValueError(f"mode {mode!r} needs a compressor")
@@ -458,7 +461,7 @@ class AllreduceClient:
         (``desc.FLAG_PROBE``)."""
         self._stats["handshakes"] += 1
         hello = desc.pack_job_datagram(self.descriptor, job=self.job, rank=self.rank, key=self.key,
-                                       probe=probe)  # fmt: skip
+                                       probe=probe, nonce=self._nonce)  # fmt: skip
         with contextlib.suppress(BlockingIOError, PermissionError):  # lost: hellos repeat
             self._sock.sendto(hello, self.aggregator)
 

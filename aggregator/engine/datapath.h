@@ -42,6 +42,9 @@ struct nce_member {
     /* ip, port and bit 48 (known) as one word: strands that learn a rank at the same moment
      * agree on one address (compare-and-swap, members.c); 0 while unknown. */
     uint64_t addr;
+    /* The incarnation nonce of the rank's first hello in the job's current set of workers (0:
+     * none yet; docs/protocol.md "A new set of workers"): written by strand 0's handshake only. */
+    uint32_t nonce;
 };
 
 struct nce_job;

@@ -1,8 +1,11 @@
 /* The job handshake (docs/protocol.md "Job handshake"): a worker's `job` datagram (format 3,
  * its job descriptor) is answered with the descriptor of the job of that id as the engine holds
  * it, "no such job", or "not authentic" when the hello's authentication is not what the job
- * asks for. No member is learned; an authentic hello to an idle job that has been quiet for
- * nce_set_restart_idle's time starts it afresh (its slots and learned members). The answer is written by nce_build_reply. */
+ * asks for. An authentic hello that says a new set of workers has come (a rank of the current
+ * set with a new incarnation nonce, or any hello to a job quiet for nce_set_restart_idle's
+ * time) and finds the job idle starts it afresh (its slots and learned members, and a new set:
+ * members.c); a retransmitted hello, a recovery's or a probe carries its client's nonce and
+ * changes nothing. The answer is written by nce_build_reply. */
 #include "state.h"
 
 #define STATUS_OK 0
@@ -37,6 +40,13 @@ int nce_is_job_datagram(const uint8_t *dgram, uint32_t len)
 
 __thread int nce_no_restart;
 
+/* A hello's incarnation nonce: the header's offset field (0: none). */
+static uint32_t hello_nonce(const uint8_t *dgram)
+{
+    return (uint32_t)dgram[12] << 24 | (uint32_t)dgram[13] << 16 | (uint32_t)dgram[14] << 8 |
+           dgram[15];
+}
+
 /* A job datagram's length and count checks: -1 when they pass, else the drop reason. */
 static int malformed(const uint8_t *dgram, uint32_t len)
 {
@@ -52,10 +62,15 @@ int nce_hello_may_restart(const uint8_t *dgram, uint32_t len)
         return 0;
     const struct nce_job *job = nce_job_at((uint16_t)(dgram[4] << 8 | dgram[5]));
     const struct nce_pkt p = {.dgram = dgram, .dgram_len = len, .flags = dgram[1]};
-    return job != NULL && nce_authentic(job, &p) && quiet_long_enough(job);
+    /* Any address: a superset of the hellos that restart (nce_handshake checks it). */
+    return job != NULL && nce_authentic(job, &p) &&
+           nce_members_new_set_comes(job, (uint16_t)(dgram[6] << 8 | dgram[7]), hello_nonce(dgram),
+                                     NULL, (dgram[1] & NCE_FLAG_PROBE) != 0,
+                                     quiet_long_enough(job));
 }
 
-enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_action *act)
+enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, const struct nce_from *from,
+                               struct nce_action *act)
 {
     struct nce_pkt p = {.dgram = dgram, .dgram_len = len, .flags = dgram[1]};
     const uint16_t id = (uint16_t)(dgram[4] << 8 | dgram[5]);
@@ -85,14 +100,20 @@ enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_ac
         return NCE_V_DESCRIPTOR;
     }
     act->status = nce_authentic(job, &p) ? STATUS_OK : STATUS_NOT_AUTHENTIC;
-    /* A hello that finds the job idle (no round partly filled) and quiet for restart_idle_ns
+    /* A hello that says a new set of workers has come (a rank of the set with a new nonce, or
+     * the job quiet for restart_idle_ns) and finds the job idle (no round partly filled)
      * starts it afresh: a new set of workers comes from new ports and counts its offsets from
      * 0 again, which the member check and the slot rules would take for strangers and late
      * packets. */
-    act->restarted = act->status == STATUS_OK && !nce_no_restart && quiet_long_enough(job) &&
-                     nce_pool_restart_if_idle(job);
+    const uint32_t nonce = hello_nonce(dgram);
+    const int probe = (p.flags & NCE_FLAG_PROBE) != 0;
+    const int comes = act->status == STATUS_OK && !nce_no_restart
+                          ? nce_members_new_set_comes(job, act->rank, nonce, from, probe,
+                                                      quiet_long_enough(job))
+                          : 0;
+    act->restarted = comes != 0 && nce_pool_restart_if_idle(job);
     if (act->restarted)
-        nce_members_forget_learned(job);
+        nce_members_new_set(job, comes == NCE_NEW_INCARNATION);
     /* An authentic hello joins its rank to this start; a probe (FLAG_PROBE, the RETX bit)
      * asks whether it did, and does not join. */
     act->unjoined = 0;
@@ -102,6 +123,8 @@ enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_ac
             act->unjoined = !(__atomic_load_n(&job->joined, __ATOMIC_RELAXED) & bit);
         else
             __atomic_fetch_or(&job->joined, bit, __ATOMIC_RELAXED);
+        if (!probe && nonce != 0)
+            nce_member_said_hello(job, act->rank, nonce, from);
     }
     c->handshakes++;
     c->packets_out++;

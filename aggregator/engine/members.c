@@ -46,10 +46,54 @@ void nce_members_forget_learned(struct nce_job *job)
             memset(&job->members[r], 0, sizeof job->members[r]);
 }
 
+void nce_members_new_set(struct nce_job *job, int gated)
+{
+    nce_members_forget_learned(job);
+    for (uint16_t r = 0; r < job->n; r++)
+        __atomic_store_n(&job->members[r].nonce, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&job->gated, (uint8_t)(gated != 0), __ATOMIC_RELEASE);
+}
+
+void nce_member_said_hello(struct nce_job *job, uint16_t rank, uint32_t nonce,
+                           const struct nce_from *from)
+{
+    if (rank >= job->n || __atomic_load_n(&job->members[rank].nonce, __ATOMIC_RELAXED) != 0)
+        return;
+    /* The address first, then the nonce that admits the rank: a strand that sees the nonce sees
+     * the address, so a late datagram of the last set's client is not learned in between. */
+    if (__atomic_load_n(&job->gated, __ATOMIC_ACQUIRE))
+        nce_member_learn(job, rank, from);
+    __atomic_store_n(&job->members[rank].nonce, nonce, __ATOMIC_RELEASE);
+}
+
+int nce_members_new_set_comes(const struct nce_job *job, uint16_t rank, uint32_t nonce,
+                              const struct nce_from *from, int probe, int quiet)
+{
+    const uint32_t held =
+        rank < job->n ? __atomic_load_n(&job->members[rank].nonce, __ATOMIC_RELAXED) : 0;
+    if (nonce != 0 && nonce == held)
+        return 0;               /* the same client: its hello again */
+    if (nonce != 0 && held != 0 && !probe) {
+        const uint64_t addr = __atomic_load_n(&job->members[rank].addr, __ATOMIC_ACQUIRE);
+        if (from == NULL || addr == 0 || (uint32_t)addr == from->src_ip)
+            return NCE_NEW_INCARNATION;
+    }
+    if (!quiet)
+        return 0;
+    if (nonce != 0)
+        for (uint16_t r = 0; r < job->n; r++)
+            if (__atomic_load_n(&job->members[r].nonce, __ATOMIC_RELAXED) != 0)
+                return 0;       /* a set with nonces: only a nonce starts another */
+    return NCE_QUIET;
+}
+
 /* Whether rank may send from this address: an unknown rank may (and is learned), a known one
- * only from its own address. */
+ * only from its own address; in a gated set, only a rank that said its hello in it. */
 int nce_member_accepts(const struct nce_job *job, uint16_t rank, const struct nce_from *from)
 {
+    if (__atomic_load_n(&job->gated, __ATOMIC_ACQUIRE) &&
+        __atomic_load_n(&job->members[rank].nonce, __ATOMIC_ACQUIRE) == 0)
+        return 0;
     const uint64_t addr = __atomic_load_n(&job->members[rank].addr, __ATOMIC_ACQUIRE);
     return addr == 0 || addr == addr_word(from->src_ip, from->src_port);
 }

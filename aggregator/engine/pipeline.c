@@ -50,7 +50,7 @@ enum nce_verdict nce_input(const uint8_t *dgram, uint32_t len, const struct nce_
     if (nce_upstream_from(from))                /* a leaf's spine (upstream.c) */
         return nce_upstream_input(dgram, len, act);
     if (nce_is_job_datagram(dgram, len)) {
-        const enum nce_verdict v = nce_handshake(dgram, len, act);
+        const enum nce_verdict v = nce_handshake(dgram, len, from, act);
         if (act->restarted && act->job->leaf)   /* the spine starts afresh too, if idle */
             nce_upstream_hello(act);
         return v;

@@ -129,6 +129,10 @@ struct nce_job {
      * stale, sent to an earlier start that may have drawn the same generation (admission.c).
      * Only a new start clears it. */
     uint64_t joined;
+    /* 1: a rank's new incarnation started the current set of workers (handshake.c), so only a
+     * rank that said its hello in it (a member's nonce) is a member (members.c). Written with
+     * the other strands parked (a restart), read by every strand. */
+    uint8_t gated;
     struct nce_strand_counters c[NCE_MAX_STRANDS];    /* each strand's (summed by nce_job_stats) */
     struct nce_member *members; /* n */
     struct nce_slot *slots;     /* 2 * nslots: slot s version v at [2 * s + v] */
@@ -167,6 +171,22 @@ int nce_members_alloc(struct nce_job *job);
 void nce_members_free(struct nce_job *job);
 int nce_members_set(struct nce_job *job, uint16_t rank, uint32_t ip_be, uint16_t port);
 void nce_members_forget_learned(struct nce_job *job);     /* configured ones stay */
+/* A new set of workers: learned addresses and every rank's nonce forgotten; gated (a rank's
+ * new incarnation started it), only the ranks that say hello in the set are members. */
+void nce_members_new_set(struct nce_job *job, int gated);
+/* An authentic hello (no probe) of rank with a nonce (not 0): the rank's first in the set is
+ * its incarnation; in a gated set it also learns the rank's address (strand 0 only). */
+void nce_member_said_hello(struct nce_job *job, uint16_t rank, uint32_t nonce,
+                           const struct nce_from *from);
+/* Whether an authentic hello of rank with nonce (0: none) says a new set of workers has come:
+ * NCE_NEW_INCARNATION for a rank of the set with another nonce (no probe) from its known IPv4
+ * address, if it has one (from NULL: from any address); NCE_QUIET, the job quiet, for a hello
+ * without a nonce or a first hello while no rank has said one with a nonce; else 0
+ * (ncina.aggregator.backends.python.members.Members.new_set_comes). */
+#define NCE_QUIET 1
+#define NCE_NEW_INCARNATION 2
+int nce_members_new_set_comes(const struct nce_job *job, uint16_t rank, uint32_t nonce,
+                              const struct nce_from *from, int probe, int quiet);
 int nce_member_accepts(const struct nce_job *job, uint16_t rank, const struct nce_from *from);
 /* 1: the rank has (or now has) this sender's address; 0: another strand just learned another. */
 int nce_member_learn(struct nce_job *job, uint16_t rank, const struct nce_from *from);
@@ -211,7 +231,8 @@ enum nce_verdict nce_notice(struct nce_job *job, const struct nce_pkt *p, uint64
 
 /* handshake.c: the job handshake (answered by nce_build_reply); nce_is_job_datagram is
  * datapath.h's. */
-enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, struct nce_action *act);
+enum nce_verdict nce_handshake(const uint8_t *dgram, uint32_t len, const struct nce_from *from,
+                               struct nce_action *act);
 uint32_t nce_descriptor_len(const struct nce_action *a);
 uint32_t nce_build_descriptor(uint8_t *buf, uint32_t cap, const struct nce_action *a);
 

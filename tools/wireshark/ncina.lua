@@ -63,6 +63,7 @@ local f = {
     slot = ProtoField.uint16("ncina.slot", "Slot", base.DEC),
     count = ProtoField.uint16("ncina.count", "Count (elements)", base.DEC),
     offset = ProtoField.uint32("ncina.offset", "Offset (the chunk's identity)", base.DEC),
+    nonce = ProtoField.uint32("ncina.nonce", "Incarnation nonce (a hello's offset)", base.HEX),
     kind = ProtoField.string("ncina.kind", "Kind"),
     drop = ProtoField.string("ncina.drop", "Drop reason"),
     payload = ProtoField.bytes("ncina.payload", "Payload"),
@@ -360,6 +361,9 @@ local function dissect_datagram(tvb, pinfo, tree)
     header:add(f.slot, tvb(8, 2))
     local count_item = header:add(f.count, tvb(10, 2))
     header:add(f.offset, tvb(12, 4))
+    if fmt == FORMAT_JOB and not is_result and offset ~= 0 then
+        header:add(f.nonce, tvb(12, 4))
+    end
     if bit_set(flags, FLAG_RETX) then
         flags_item:add_proto_expert_info(e.retx)
     end

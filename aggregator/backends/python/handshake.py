@@ -4,12 +4,15 @@ A worker sends a ``job`` datagram (its descriptor, ``ncina.proto.descriptor``) b
 chunk; the aggregator answers with the descriptor of the job of that id as it holds it, or with
 "no such job", or, when the hello's authentication is not what the job asks for, with "not
 authentic" (the descriptor all the same: a job's parameters are no secret, and the worker then
-names the key as the mismatch). No member is learned; an authentic hello that finds the job
-idle (no round partly filled) and quiet for ``RESTART_IDLE`` seconds (no completion and no
-result sent again: longer than a worker waits for a lost result) starts its slots afresh
-(``JobSlots.restart_if_idle``) and forgets the members' learned addresses, so that a new set of
-workers, from new ports and counting offsets from 0 again, is not taken for strangers and late
-packets, while a rank of a job in use keeps its stored results and its address.
+names the key as the mismatch). An authentic hello that says a new set of workers has come
+(``Members.new_set_comes``: a rank of this set with a new incarnation nonce, or a hello to a job
+quiet for ``RESTART_IDLE`` seconds) and finds the job idle (no round partly filled) starts its
+slots afresh (``JobSlots.restart_if_idle``) and a new set (``Members.new_set``), so that a new
+set of workers, from new ports and counting offsets from 0 again, is not taken for strangers
+and late packets; a retransmitted hello, a recovery's or a probe carries its client's nonce and
+changes nothing, so a rank of a job in use keeps its stored results and its address. A set
+started by a new nonce (gated) learns each rank's address from its first hello in it and takes
+no other rank (``Members.said_hello``).
 
 An authentic hello joins its rank to this start of the aggregator (``JobSlots.joined``); a
 probe (``FLAG_PROBE``) does not, and its answer carries ``FLAG_PROBE`` when the rank has not
@@ -23,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ncina.aggregator.backends.python.admission import UNKNOWN_JOB
-from ncina.aggregator.backends.python.members import authentic
+from ncina.aggregator.backends.python.members import NEW_INCARNATION, authentic
 from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GlobalStats, count_drop
 from ncina.proto.descriptor import (
@@ -35,6 +38,7 @@ from ncina.proto.descriptor import (
     OK,
     Descriptor,
     compressor_hash,
+    hello_nonce,
     job_datagram_length,
     pack_job_datagram,
 )
@@ -103,14 +107,21 @@ def answer(
     key = slots.key
     is_authentic = authentic(key, flags, datagram)
     now, restart_idle = quiet
-    if is_authentic and now - slots.active_at >= restart_idle and slots.restart_if_idle():
-        slots.members.forget_learned()
+    nonce = hello_nonce(datagram)
+    probe = bool(flags & FLAG_PROBE)
+    members = slots.members
+    comes = members.new_set_comes(rank, nonce, source, probe=probe,
+                                  quiet=now - slots.active_at >= restart_idle)  # fmt: skip
+    if is_authentic and comes and slots.restart_if_idle():
+        members.new_set(gated=comes == NEW_INCARNATION)
     unjoined = False
     if is_authentic and rank < slots.workers:
-        if flags & FLAG_PROBE:  # a probe asks and does not join
+        if probe:  # a probe asks and does not join
             unjoined = not slots.joined >> rank & 1
         else:
             slots.joined |= 1 << rank
+            if nonce:
+                members.said_hello(rank, nonce, source)
     descriptor = job_descriptor(slots.config, getattr(slots, "compressor", None))
     reply = pack_job_datagram(
         descriptor, job=job_id, rank=rank, status=OK if is_authentic else NOT_AUTHENTIC,
