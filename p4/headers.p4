@@ -193,7 +193,7 @@ struct meta_t {
     bit<8> verdict;           // VERDICT_*: what admission decided
     bit<8> lane_op;           // LANE_*: what the lanes do with the slot
     bit<32> result_use;       // completions of the slot version before this one
-    bit<64> result_key;       // the nc8 result's key (docs/protocol.md, "Re-compression")
+    bit<32> result_key;       // the nc8 result's key (docs/protocol.md, "Re-compression")
     bit<1> notice;            // the reply is a notice, not a result
     bit<1> descriptor;        // the reply is the job handshake's answer
     bit<8> status;            // its status (STATUS_*)
@@ -201,12 +201,12 @@ struct meta_t {
     // One lane at a time (the generated LaneSums): its sum and the NC8 re-compression's steps.
     bit<64> lane_sum;
     bit<64> lane_magnitude;
-    bit<64> lane_draw;
     bit<8> lane_code;
     bit<2> lanes_form;        // LANES_* (lanes.p4): how the parser took the codes
     bit<64> code_room;        // 127 - max_code in each byte (the groups' window check)
     bit<NCINA_CELL_BITS> cell;     // a group's cell of lane sums
     bit<NCINA_LANE_BITS> unbias;   // workers * 2^62: a lane's bias in a complete cell
+    bit<8> result_version;    // the slot version (hdr.nc.pool) as the result key's byte
 }
 
 // Admission's verdict on an ncina datagram.

@@ -31,12 +31,54 @@ static inline uint64_t splitmix64(uint64_t z)
     return z;
 }
 
-uint64_t nc8_result_key(uint64_t seed, uint16_t job, uint16_t slot, unsigned version,
+/* The reflected CRC-32 (polynomial 0x04C11DB7: zlib's, BMv2's and Tofino's crc32), a byte at a
+ * time; the table is filled once, when the library is loaded. */
+static uint32_t crc32_table[256];
+
+__attribute__((constructor)) static void crc32_fill(void)
+{
+    for (uint32_t b = 0; b < 256; b++) {
+        uint32_t reg = b;
+        for (int bit = 0; bit < 8; bit++)
+            reg = (reg >> 1) ^ (0xEDB88320u & (0u - (reg & 1)));
+        crc32_table[b] = reg;
+    }
+}
+
+static inline uint32_t crc32_byte(uint32_t reg, uint8_t byte)
+{
+    return crc32_table[(reg ^ byte) & 0xFF] ^ (reg >> 8);
+}
+
+/* The CRC's linear part (zero register, no final xor) of lane's 4 big-endian bytes: lane i's
+ * rounding word is lane 0's xor this. */
+static inline uint32_t lane_term(uint32_t lane)
+{
+    uint32_t reg = crc32_byte(0, (uint8_t)(lane >> 24));
+    reg = crc32_byte(reg, (uint8_t)(lane >> 16));
+    reg = crc32_byte(reg, (uint8_t)(lane >> 8));
+    return crc32_byte(reg, (uint8_t)lane);
+}
+
+uint32_t nc8_result_key(uint64_t seed, uint16_t job, uint16_t slot, unsigned version,
                         uint32_t offset, uint32_t use)
 {
-    const uint64_t s = splitmix64(seed + NC8_GAMMA);
-    const uint64_t chunk = (uint64_t)job << 48 | (uint64_t)slot << 32 | offset;
-    return splitmix64(splitmix64(s ^ chunk) ^ ((uint64_t)use << 1 | (version & 1)));
+    uint8_t bytes[25] = {0}; /* seed 8 | job 2 | slot 2 | offset 4 | use 4 | version 1 | lane 4 */
+    for (int b = 0; b < 8; b++)
+        bytes[b] = (uint8_t)(seed >> (56 - 8 * b));
+    bytes[8] = (uint8_t)(job >> 8);
+    bytes[9] = (uint8_t)job;
+    bytes[10] = (uint8_t)(slot >> 8);
+    bytes[11] = (uint8_t)slot;
+    for (int b = 0; b < 4; b++) {
+        bytes[12 + b] = (uint8_t)(offset >> (24 - 8 * b));
+        bytes[16 + b] = (uint8_t)(use >> (24 - 8 * b));
+    }
+    bytes[20] = (uint8_t)(version & 1);
+    uint32_t reg = 0xFFFFFFFFu;
+    for (size_t b = 0; b < sizeof bytes; b++)
+        reg = crc32_byte(reg, bytes[b]);
+    return ~reg;
 }
 
 NC8_CPU_CLONES
@@ -135,7 +177,7 @@ void nc8_accumulate(int64_t *acc, const uint8_t *codes, size_t n)
  * vectorise): |S| - 2^h is |S| under the mask of the bits below its top one, smeared down. With
  * the CPU clones the loop runs in AVX-512 (vplzcntq, vpsrlvq): 2.2 -> 1.0 ns an element. */
 NC8_CPU_CLONES
-void nc8_int_to_codes(const int64_t *sums, uint8_t *codes, size_t n, uint64_t key)
+void nc8_int_to_codes(const int64_t *sums, uint8_t *codes, size_t n, uint32_t key)
 {
     for (size_t i = 0; i < n; i++) {
         const uint64_t v = (uint64_t)sums[i];
@@ -149,8 +191,8 @@ void nc8_int_to_codes(const int64_t *sums, uint8_t *codes, size_t n, uint64_t ke
         ones |= ones >> 8;
         ones |= ones >> 16;
         ones |= ones >> 32;
-        const uint64_t z = splitmix64(key + (uint64_t)(i + 1) * NC8_GAMMA);
-        const uint64_t r = (z >> 1) >> (63 - h); /* top h bits of z: uniform below 2^h */
+        const uint64_t z = (uint64_t)(key ^ lane_term((uint32_t)i)) << 32;
+        const uint64_t r = (z >> 1) >> (63 - h); /* top h bits of z = word << 32 */
         const uint64_t c = (h + 1) + (r < (mag & (ones >> 1))); /* up w.p. (|S| - 2^h) / 2^h */
         codes[i] = (uint8_t)((c | neg << 7) & (0 - (uint64_t)(mag != 0)));
     }
