@@ -17,12 +17,13 @@ const bit<8> FORMAT_NC8 = 0;
 const bit<8> FORMAT_INT = 1;
 const bit<8> FORMAT_BLOB = 2;
 const bit<8> FORMAT_JOB = 3;
+const bit<8> NC8_ROUNDING = 1;  // the revision of the nc8 results' rounding word: CRC-32
 // Bytes before the ncina header (Ethernet 14, IPv4 20, UDP 8) and of the header itself.
 const bit<16> UDP_HEADER_BYTES = 8;
 const bit<16> NCINA_HEADER_BYTES = 16;
 const bit<16> NOTICE_BYTES = 8;
 const bit<16> TAG_BYTES = 8;
-const bit<16> DESCRIPTOR_BYTES = 16;
+const bit<16> DESCRIPTOR_BYTES = 17;
 // The job handshake's answer (docs/protocol.md "Job handshake", ncina.proto.descriptor).
 const bit<8> STATUS_OK = 0;
 const bit<8> STATUS_NO_SUCH_JOB = 1;
@@ -133,6 +134,7 @@ header descriptor_h {
     bit<8> keyed;
     bit<8> reserved;
     bit<32> compressor;
+    bit<8> rounding;          // the nc8 results' rounding word (ncina.proto.nc8.ROUNDING)
 }
 
 struct headers_t {

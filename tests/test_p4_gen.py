@@ -498,15 +498,19 @@ def test_the_p4_descriptor_is_the_protocols_and_its_fields_come_from_the_entries
     assert "EV_HANDSHAKES" in text["admission.p4"] and "hdr.desc.e_max = meta.e_max;" in (
         text["reply.p4"]
     )
+    assert "hdr.desc.rounding = NC8_ROUNDING;" in text["reply.p4"]
+    assert f"const bit<8> NC8_ROUNDING = {nc8.ROUNDING};" in text["headers.p4"]
+    assert f"const bit<16> DESCRIPTOR_BYTES = {descriptor.DESCRIPTOR_SIZE};" in text["headers.p4"]
     [job] = entries.place([_job(window_max=12)], generation=9, k=64)
     assert entries.job_entries(job)[0].params["e_max"] == "12"
     assert entries.local_entry("10.0.0.9", 47000, "02:00:00:00:00:09", 9).params == {
         "mac": "02:00:00:00:00:09", "port": "47000", "generation": "9"}
     base = job.index * len(layout.JOB_EVENTS)
     handshakes = base + layout.JOB_EVENTS.index("handshakes")
-    stats = entries.job_stats(job, {base: (2, 2 * (ETH_IPV4_UDP_HEADERS + 32)),
+    answer = descriptor.JOB_DATAGRAM_SIZE
+    stats = entries.job_stats(job, {base: (2, 2 * (ETH_IPV4_UDP_HEADERS + answer)),
                                     handshakes: (2, 0)})  # fmt: skip
-    assert (stats.handshakes, stats.packets_out, stats.bytes_out) == (2, 2, 64)
+    assert (stats.handshakes, stats.packets_out, stats.bytes_out) == (2, 2, 2 * answer)
 
 
 def _p4_ternary(text: str) -> str:
