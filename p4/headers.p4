@@ -17,12 +17,13 @@ const bit<8> FORMAT_NC8 = 0;
 const bit<8> FORMAT_INT = 1;
 const bit<8> FORMAT_BLOB = 2;
 const bit<8> FORMAT_JOB = 3;
+const bit<8> NC8_ROUNDING = 1;  // the revision of the nc8 results' rounding word: CRC-32
 // Bytes before the ncina header (Ethernet 14, IPv4 20, UDP 8) and of the header itself.
 const bit<16> UDP_HEADER_BYTES = 8;
 const bit<16> NCINA_HEADER_BYTES = 16;
 const bit<16> NOTICE_BYTES = 8;
 const bit<16> TAG_BYTES = 8;
-const bit<16> DESCRIPTOR_BYTES = 16;
+const bit<16> DESCRIPTOR_BYTES = 17;
 // The job handshake's answer (docs/protocol.md "Job handshake", ncina.proto.descriptor).
 const bit<8> STATUS_OK = 0;
 const bit<8> STATUS_NO_SUCH_JOB = 1;
@@ -133,6 +134,7 @@ header descriptor_h {
     bit<8> keyed;
     bit<8> reserved;
     bit<32> compressor;
+    bit<8> rounding;          // the nc8 results' rounding word (ncina.proto.nc8.ROUNDING)
 }
 
 struct headers_t {
@@ -193,7 +195,7 @@ struct meta_t {
     bit<8> verdict;           // VERDICT_*: what admission decided
     bit<8> lane_op;           // LANE_*: what the lanes do with the slot
     bit<32> result_use;       // completions of the slot version before this one
-    bit<64> result_key;       // the nc8 result's key (docs/protocol.md, "Re-compression")
+    bit<32> result_key;       // the nc8 result's key (docs/protocol.md, "Re-compression")
     bit<1> notice;            // the reply is a notice, not a result
     bit<1> descriptor;        // the reply is the job handshake's answer
     bit<8> status;            // its status (STATUS_*)
@@ -201,12 +203,12 @@ struct meta_t {
     // One lane at a time (the generated LaneSums): its sum and the NC8 re-compression's steps.
     bit<64> lane_sum;
     bit<64> lane_magnitude;
-    bit<64> lane_draw;
     bit<8> lane_code;
     bit<2> lanes_form;        // LANES_* (lanes.p4): how the parser took the codes
     bit<64> code_room;        // 127 - max_code in each byte (the groups' window check)
     bit<NCINA_CELL_BITS> cell;     // a group's cell of lane sums
     bit<NCINA_LANE_BITS> unbias;   // workers * 2^62: a lane's bias in a complete cell
+    bit<8> result_version;    // the slot version (hdr.nc.pool) as the result key's byte
 }
 
 // Admission's verdict on an ncina datagram.

@@ -26,6 +26,7 @@ control Reply(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t 
             hdr.desc.keyed = 0;
             hdr.desc.reserved = 0;
             hdr.desc.compressor = 0;
+            hdr.desc.rounding = NC8_ROUNDING;
             hdr.nc.tag = 0;
             hdr.nc.pool = 0;
             hdr.nc.slot = 0;

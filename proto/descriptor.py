@@ -27,7 +27,7 @@ from ncina.proto.header import (
     VERSION,
     Format,
 )
-from ncina.proto.nc8 import sum_bits
+from ncina.proto.nc8 import ROUNDING, ROUNDING_NAMES, sum_bits
 from ncina.proto.profiles import profile_of
 from ncina.proto.wire import (
     HEADER_SIZE,
@@ -71,10 +71,10 @@ def check_job(*, job: int, workers: int, k: int, pool_size: int) -> None:
 
 # ---- the descriptor and its datagram ----
 
-# status, mode, e_max, e_min, workers, pool size, k, keyed, uplink, compressor hash.
-DESCRIPTOR = struct.Struct("!BBbbHHHBBI")
-DESCRIPTOR_SIZE = DESCRIPTOR.size  # 16
-JOB_DATAGRAM_SIZE = HEADER_SIZE + DESCRIPTOR_SIZE  # 32, before a tag
+# status, mode, e_max, e_min, workers, pool size, k, keyed, uplink, compressor hash, rounding.
+DESCRIPTOR = struct.Struct("!BBbbHHHBBIB")
+DESCRIPTOR_SIZE = DESCRIPTOR.size  # 17
+JOB_DATAGRAM_SIZE = HEADER_SIZE + DESCRIPTOR_SIZE  # 33, before a tag
 
 # status: what an answer says (a worker's hello always carries OK).
 OK = 0  # the job's descriptor
@@ -107,18 +107,20 @@ class Descriptor(NamedTuple):
     keyed: bool
     compressor: int  # server mode: compressor_hash of the job's compressor; INA: 0
     uplink: int = UPLINK_MODE  # UPLINK_NAMES: what the job's members send
+    rounding: int = ROUNDING  # ncina.proto.nc8.ROUNDING_NAMES: the nc8 results' rounding word
 
     def pack(self, status: int = OK) -> bytes:
-        """The 16-byte descriptor payload."""
+        """The 17-byte descriptor payload."""
         return DESCRIPTOR.pack(status, self.mode, self.e_max, self.e_min, self.workers,
                                self.pool_size, self.k, int(self.keyed), self.uplink,
-                               self.compressor)  # fmt: skip
+                               self.compressor, self.rounding)  # fmt: skip
 
     @classmethod
     def unpack(cls, payload: bytes | memoryview) -> tuple[int, Descriptor]:
-        """``(status, descriptor)`` of a 16-byte descriptor payload."""
-        status, mode, e_max, e_min, workers, pool, k, keyed, up, comp = DESCRIPTOR.unpack(payload)
-        return status, cls(mode, workers, pool, k, e_max, e_min, bool(keyed), comp, up)
+        """``(status, descriptor)`` of a 17-byte descriptor payload."""
+        (status, mode, e_max, e_min, workers, pool, k, keyed, up, comp,
+         rounding) = DESCRIPTOR.unpack(payload)  # fmt: skip
+        return status, cls(mode, workers, pool, k, e_max, e_min, bool(keyed), comp, up, rounding)
 
 
 NOWHERE = Descriptor(0, 0, 0, 0, 0, 0, False, 0)
@@ -196,6 +198,7 @@ FIELDS = (
     ("e_min", "window e_min (total workers)"),
     ("uplink", "uplink"),
     ("compressor", "compressor"),
+    ("rounding", "nc8 rounding"),
 )
 
 
@@ -223,6 +226,8 @@ def _show(name: str, value: int, compressor_spec: str | None) -> str:
         return RESULT_NAMES[value]
     if name == "uplink":
         return UPLINK_NAMES.get(value, f"uplink {value}")
+    if name == "rounding":
+        return ROUNDING_NAMES.get(value, f"revision {value}")
     if name == "compressor":
         hashed = f"hash 0x{value:08x}"
         return f"{compressor_spec} ({hashed})" if compressor_spec else hashed
@@ -233,7 +238,8 @@ def mismatches(
     worker: Descriptor, aggregator: Descriptor, compressor_spec: str | None = None
 ) -> list[tuple[str, str, str]]:
     """Every parameter on which the two descriptors disagree, as ``(name, worker's value,
-    aggregator's value)`` in the order of ``FIELDS``; the compressor is compared in server mode
+    aggregator's value)`` in the order of ``FIELDS``; the rounding word's revision is compared
+    for nc8 results only (no other mode rounds on the aggregator), the compressor in server mode
     only (an INA aggregator adds NC8 codes whatever produced them), where a worker's ``k`` (its
     chunk) may also be smaller than the aggregator's. ``e_min`` is named only when it is the one
     difference of the window (e_max and workers equal): then the two disagree on the total
@@ -255,6 +261,8 @@ def mismatches(
         ):
             continue  # follows from the fields already named
         if attr == "compressor" and not (worker.mode == aggregator.mode == MODE_SERVER):
+            continue
+        if attr == "rounding" and not (worker.mode == aggregator.mode == int(Format.NC8)):
             continue
         if attr == "mode" and ours in RESULT_NAMES and theirs in RESULT_NAMES:
             attr = name = "result format"  # both INA: only the result format differs

@@ -15,18 +15,21 @@ Encoding: ``r23 = z & 0x7FFFFF`` decides the rounding up (``r23 < mantissa``, pr
 ``mantissa / 2**23``); below the window, after a gap of ``g = e_min - e`` powers, ``2**e_min`` is
 kept iff the top ``g`` bits of ``z`` are zero (``z >> (64 - g) == 0``, probability ``2**-g``; these
 are the top bits of the 41 bits ``z >> 23``, disjoint from ``r23``, hence independent), and
-``g > 41`` gives zero. Re-compression of an integer sum ``S`` with ``2**h <= |S| < 2**(h + 1)``
-rounds up iff the top ``h`` bits of ``z`` (a uniform integer below ``2**h``) are below
-``|S| - 2**h``.
+``g > 41`` gives zero.
 
-An aggregator does not draw the key of a result: :func:`result_key` derives it from the job's seed,
-the chunk's job, slot, pool version and offset, and the slot version's ``use`` (how many times it
-completed before; ``mix`` is the splitmix64 finalizer)::
+Re-compression of an integer sum ``S`` with ``2**h <= |S| < 2**(h + 1)`` rounds up iff the top
+``h`` bits of ``z = w << 32`` are below ``|S| - 2**h``, where ``w`` is the element's 32-bit
+*rounding word*: a CRC-32 a switch computes in one primitive (docs/protocol.md,
+"Re-compression"). A result's words are those of its chunk: :func:`result_key` is the CRC-32
+(zlib's, BMv2's and Tofino's ``crc32``) of the 25 bytes::
 
-    key = mix(mix(mix(seed + GAMMA) ^ (job << 48 | slot << 32 | offset)) ^ (use << 1 | version))
+    seed (8) | job (2) | slot (2) | offset (4) | use (4) | version (1) | lane (4)
 
-so a result does not depend on the order in which packets arrive or slots complete, and every
-backend (Python, the C engine, the P4 program) sends the same bytes; :func:`recompress` takes it.
+(big-endian, lane 0), with ``use`` the completions of the slot version before this one, so the
+result does not depend on the order in which packets arrive or slots complete. Lane ``i``'s word
+is the CRC-32 of the same bytes with lane ``i``, which CRC's linearity makes ``key ^ lane_term(i)``
+(:func:`lane_terms`); every backend (Python, the C engine, the P4 program) sends the same bytes,
+and :func:`recompress` takes the key.
 
 Implementations: a C fast path (``proto/nc8.c``, built with cffi on first import by
 :mod:`ncina.common.cbuild`) and a vectorised numpy reference processing 64K-element blocks. The
@@ -40,7 +43,9 @@ from __future__ import annotations
 import math
 import operator
 import os
+import struct
 import warnings
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -69,7 +74,17 @@ INT32_SUM_BITS = 30
 Tofino design's rule; docs/protocol.md, "int32 results"). The C engine's copy is
 ``NCE_INT32_SUM_BITS``."""
 
+ROUNDING = 1
+"""The revision of the nc8 results' rounding word this code computes, named in the job handshake
+(docs/protocol.md, "Re-compression"): 1, the CRC-32 word; 0 was the SplitMix64 word of earlier
+releases, which no backend computes any more (a peer that names it is refused)."""
+ROUNDING_NAMES = {0: "splitmix64 (revision 0)", 1: "crc32 (revision 1)"}
+RESULT_WORD = struct.Struct("!QHHIIBI")
+"""The bytes whose CRC-32 is a result element's rounding word: seed, job, slot, offset, use,
+version, lane (docs/protocol.md, "Re-compression")."""
+
 _MASK64 = (1 << 64) - 1
+_MASK32 = (1 << 32) - 1
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _BLOCK = 1 << 16
@@ -205,23 +220,40 @@ class _Kernels(Protocol):
         ...
 
     def int_to_codes(self, sums: np.ndarray, codes: np.ndarray, key: int) -> None:
-        """Write the stochastic re-compression of int64 ``sums``."""
+        """Write the stochastic re-compression of int64 ``sums`` with lane words
+        ``key ^ lane_term(i)``."""
         ...
 
     def result_key(
         self, seed: int, job: int, slot: int, version: int, offset: int, use: int
     ) -> int:
-        """The key of an aggregator's result for the chunk (module doc)."""
+        """The rounding word of lane 0 of an aggregator's result for the chunk (module doc)."""
         ...
 
 
-def _mix64(z: int) -> int:
-    """The splitmix64 finalizer on a Python int below 2**64 (``_stream`` is its numpy form)."""
-    z ^= z >> 30
-    z = z * 0xBF58476D1CE4E5B9 & _MASK64
-    z ^= z >> 27
-    z = z * 0x94D049BB133111EB & _MASK64
-    return z ^ z >> 31
+def _crc_table() -> np.ndarray:
+    """The byte table of the reflected CRC-32 (polynomial 0x04C11DB7, zlib's): entry ``b`` is the
+    register after shifting the byte ``b`` through a zero register."""
+    reg = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        reg = (reg >> np.uint32(1)) ^ np.where(reg & 1, np.uint32(0xEDB88320), np.uint32(0))
+    return reg
+
+
+_CRC_TABLE = _crc_table()
+
+
+def lane_terms(start: int, n: int) -> np.ndarray:
+    """``lane_term(i)`` for lanes ``start .. start + n - 1`` (uint32): the linear part of CRC-32
+    (zero register, no final xor) of the 4 big-endian bytes of ``i mod 2**32``, so that the
+    rounding word of lane ``i`` is ``key ^ lane_term(i)`` when ``key`` is lane 0's word of the
+    same bytes (CRC-32 of equal-length inputs is affine over GF(2); docs/protocol.md)."""
+    lanes = (np.arange(n, dtype=np.uint64) + np.uint64(start)).astype(np.uint32)
+    reg = np.zeros(n, dtype=np.uint32)
+    for shift in (24, 16, 8, 0):
+        byte = (lanes >> np.uint32(shift)) & np.uint32(0xFF)
+        reg = _CRC_TABLE[(reg ^ byte) & np.uint32(0xFF)] ^ (reg >> np.uint32(8))
+    return reg
 
 
 def _stream(key: int, start: int, n: int) -> np.ndarray:
@@ -292,16 +324,15 @@ class _NumpyKernels:
             lg = mag | one
             h = (np.frexp(lg.astype(np.float64))[1] - 1).astype(np.uint64)
             h -= (one << h) > lg
-            z = _stream(key, start, s.size)
-            r = (z >> one) >> (np.uint64(63) - h)  # top h bits of z: uniform below 2**h
+            z = (lane_terms(start, s.size) ^ np.uint32(key)).astype(np.uint64) << np.uint64(32)
+            r = (z >> one) >> (np.uint64(63) - h)  # top h bits of z = word << 32
             c = h + one + (r < mag - (one << h))
             codes[start : start + s.size] = np.where(mag != 0, c | (neg.astype(np.uint64) << 7), 0)
 
     def result_key(
         self, seed: int, job: int, slot: int, version: int, offset: int, use: int
     ) -> int:
-        s = _mix64((seed + GAMMA) & _MASK64)
-        return _mix64(_mix64(s ^ (job << 48 | slot << 32 | offset)) ^ (use << 1 | version))
+        return zlib.crc32(RESULT_WORD.pack(seed, job, slot, offset, use, version, 0))
 
 
 class _CKernels:
@@ -518,15 +549,16 @@ class Codec:
 
         ``S`` with ``2**h <= |S| < 2**(h + 1)`` becomes code ``h + 1`` or ``h + 2`` (values
         ``2**h``, ``2**(h + 1)``), up with probability exactly ``(|S| - 2**h) / 2**h``, sign
-        kept; 0 stays 0. Codes are at most 64. One key is drawn from ``rng`` per call.
+        kept; 0 stays 0. Codes are at most 64. One 32-bit key is drawn from ``rng`` per call:
+        element ``i``'s rounding word is ``key ^ lane_term(i)`` (:func:`lane_terms`).
         """
-        return self.recompress(sums, _draw_key(rng), out)
+        return self.recompress(sums, int(rng.integers(0, 2**32, dtype=np.uint64)), out)
 
     def recompress(self, sums: np.ndarray, key: int, out: np.ndarray | None = None) -> np.ndarray:
-        """:meth:`int_to_codes` with the stream's ``key`` given (an aggregator's result:
-        ``key = result_key(seed, job, slot, version, offset, use)``), 0 <= key < 2**64."""
-        if not 0 <= key <= _MASK64:
-            raise ValueError(f"key {key} is not a 64-bit unsigned integer")
+        """:meth:`int_to_codes` with the ``key`` given (an aggregator's result:
+        ``key = result_key(seed, job, slot, version, offset, use)``), 0 <= key < 2**32."""
+        if not 0 <= key <= _MASK32:
+            raise ValueError(f"key {key} is not a 32-bit unsigned integer")
         src = _ints_arg(sums)
         res = _result(out, src.shape, np.uint8)
         self._k.int_to_codes(_flat(src), res.reshape(-1), key)
@@ -535,10 +567,12 @@ class Codec:
     def result_key(
         self, seed: int, job: int, slot: int, version: int, offset: int, use: int
     ) -> int:
-        """The key of an aggregator's nc8 result for a chunk (module doc; docs/protocol.md,
-        "Re-compression"): a function of the job's ``seed`` (0..2**64 - 1), the chunk's ``job``,
+        """The key of an aggregator's nc8 result for a chunk, the rounding word of its lane 0
+        (module doc; docs/protocol.md, "Re-compression"): the CRC-32 of the job's ``seed``
+        (0..2**64 - 1), the chunk's ``job``,
         ``slot`` (0..65535 each), pool ``version`` (0 or 1) and ``offset`` (0..2**32 - 1), and
-        ``use``, the completions of that slot version before this one (0..2**32 - 1), only."""
+        ``use``, the completions of that slot version before this one (0..2**32 - 1), and the
+        lane 0 (:data:`RESULT_WORD`)."""
         for name, value, top in (("seed", seed, _MASK64), ("job", job, 0xFFFF),
                                  ("slot", slot, 0xFFFF), ("version", version, 1),
                                  ("offset", offset, 0xFFFFFFFF),

@@ -36,8 +36,8 @@ TOFINO_MAX_CODE = 31
 """Largest NC8 code a 32-bit lane can decode: +-2^30."""
 
 LACKS = {
-    "nc8": "the Tofino design returns int results only (its NC8 rounding needs 64-bit "
-    "multiplies and a highest set bit per lane: docs/tofino.md)",
+    "nc8": "the Tofino design returns int results only (NC8 results need the CRC-32 rounding "
+    "word and a highest set bit per lane there, not built yet: docs/tofino.md)",
     "int32": "the Tofino design widens its 32-bit lanes to the wire's 64-bit int results: "
     "it returns no int32 results yet (docs/tofino.md)",
     "tag": "the Tofino design has no keyed hash: a tagged datagram is dropped as bad_tag",

@@ -49,7 +49,7 @@ TSHARK = shutil.which("tshark")
 HEADER_FIELDS = ("version", "flags", "format", "emin", "job", "rank", "slot", "count", "offset")
 FLAG_BITS = {"result": FLAG_RESULT, "retx": FLAG_RETX, "pool": FLAG_POOL, "tag": FLAG_TAG}
 DESCRIPTOR_FIELDS = ("status", "mode", "e_max", "e_min", "workers", "pool_size", "k", "keyed",
-                     "uplink", "compressor")  # fmt: skip
+                     "uplink", "compressor", "rounding")  # fmt: skip
 # Every field the dissector has, as tshark names them: what each frame's line holds.
 FIELDS = (
     *(f"ncina.{name}" for name in HEADER_FIELDS),

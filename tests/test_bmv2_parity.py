@@ -4,9 +4,10 @@ One recorded session (complete slots, a short chunk, both pool versions, duplica
 notices, retransmissions after completion and for the previous version, a stale generation, and
 one packet for each drop reason a member or a stranger can cause) is sent to a Python aggregator
 and to the P4 program on BMv2. Every worker must receive the same datagrams in the same order,
-byte for byte (`nc8` results too: every backend draws the rounding bits from the same hash of the
-seed and the chunk), each `nc8` code one of the two powers of two around the exact sum. The
-counters must agree to the byte.
+byte for byte (`nc8` results too: every backend rounds with the same CRC-32 word of the seed and
+the chunk, so this is where BMv2's own `HashAlgorithm.crc32` is checked against the zlib CRC-32
+of ``ncina.proto.nc8.result_key``), each `nc8` code one of the two powers of two around the exact
+sum. The counters must agree to the byte.
 """
 
 from __future__ import annotations

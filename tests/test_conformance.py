@@ -31,6 +31,7 @@ import pytest
 from ncina.aggregator.backends.bmv2.entries import NO_INT32
 from ncina.aggregator.backends.dpdk import netns
 from ncina.proto import corpus
+from ncina.proto.descriptor import JOB_DATAGRAM_SIZE
 from ncina.proto.header import FLAG_RESULT, FLAG_RETX, HEADER, SUM_DTYPES, Format
 from ncina_testlib import AGGREGATOR_BACKENDS, counters, is_nc8_rounding, twin_lacks
 
@@ -369,7 +370,7 @@ def test_reference_is_pinned_by_hand(result: str, reference: Replay) -> None:
     notice, answer, again = reference.replies["generation_not_joined"][0][:3]
     assert notice == again and len(notice) == 16
     assert HEADER.unpack(notice)[:5] == (1, flags, fmt, corpus.E_MIN, corpus.JOB)
-    assert HEADER.unpack_from(answer)[1] == flags | FLAG_RETX and len(answer) == 32
+    assert HEADER.unpack_from(answer)[1] == flags | FLAG_RETX and len(answer) == JOB_DATAGRAM_SIZE
     change = reference.counters["generation_not_joined"]
     assert change["job.drops.stale_generation"] == 2 and change["job.handshakes"] == 1
     assert reference.counters["generation_stamped"]["job.slots_completed"] == 1

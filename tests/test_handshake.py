@@ -210,7 +210,7 @@ def test_answers_are_the_descriptors_byte_for_byte(aggregator: RunningAggregator
         worker.send(_hello()[:1] + b"\x01" + _hello()[2:])  # RESULT set by a worker
         worker.send(_hello(job=99) + b"\x00")  # long, no such job
         worker.send(pack(job=JOB, rank=1, slot=0, offset=0, count=1, emin=-51,
-                         fmt=Format.JOB, payload=bytes(16)))  # a well-formed hello
+                         fmt=Format.JOB, payload=bytes(desc.DESCRIPTOR_SIZE)))  # well-formed
         # Answered (status 0, the job's descriptor): everything before it was handled.
         answer = worker.receive()
         assert answer[2] == Format.JOB and answer[16] == desc.OK

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,27 @@ def oracle_encode(x: np.ndarray, key: int, w: Window) -> list[int]:
     return codes
 
 
+def int_key_of(seed: int) -> int:
+    """The 32-bit key ``int_to_codes`` draws from ``default_rng(seed)`` (documented)."""
+    return int(np.random.default_rng(seed).integers(0, 2**32, dtype=np.uint64))
+
+
+def crc32_linear(data: bytes) -> int:
+    """CRC-32's linear part (zero register, no final xor), bit by bit from the polynomial: a
+    transcription separate from the package's byte tables."""
+    reg = 0
+    for byte in data:
+        reg ^= byte
+        for _ in range(8):
+            reg = reg >> 1 ^ (0xEDB88320 if reg & 1 else 0)
+    return reg
+
+
+def rounding_word(key: int, i: int) -> int:
+    """Element ``i``'s rounding word of a re-compression keyed ``key`` (lane 0's word)."""
+    return key ^ crc32_linear(i.to_bytes(4, "big"))
+
+
 def oracle_int_to_codes(sums: np.ndarray, key: int) -> list[int]:
     codes = []
     for i, s in enumerate(sums.tolist()):
@@ -114,7 +136,7 @@ def oracle_int_to_codes(sums: np.ndarray, key: int) -> list[int]:
             continue
         mag = abs(s)
         h = mag.bit_length() - 1
-        below = stream_word(key, i) >> (64 - h)  # uniform below 2**h
+        below = (rounding_word(key, i) << 32) >> (64 - h)  # the top h bits of word << 32
         c = h + 1 + (below < mag - 2**h)
         codes.append(c | (0x80 if s < 0 else 0))
     return codes
@@ -136,7 +158,7 @@ class KeyedRng:
         self.key = key
 
     def integers(self, low: int, high: int, dtype: type) -> np.uint64:
-        assert (low, high, dtype) == (0, 2**64, np.uint64)
+        assert (low, dtype) == (0, np.uint64) and high in (2**32, 2**64) and self.key < high
         return np.uint64(self.key)
 
 
@@ -506,8 +528,9 @@ def test_encode_random_word_boundaries(
     ("s", "code"), [(2**10 + 300, 11), (2**10 + 301, 12), (-(2**10 + 301), 0x8C)]
 )
 def test_int_to_codes_random_word_boundary(codec: nc8.Codec, s: int, code: int) -> None:
-    """The top 10 bits of the word are 300: |S| = 2**10 + r rounds up iff 300 < r."""
-    rng = rng_giving_word(300 << 54 | 12345)
+    """The top 10 bits of element 0's rounding word (the key: lane_term(0) is 0) are 300:
+    |S| = 2**10 + r rounds up iff 300 < r."""
+    rng = KeyedRng(300 << 22 | 12345)
     assert codec.int_to_codes(np.array([s], np.int64), rng).tolist() == [code]
 
 
@@ -533,7 +556,7 @@ def test_int_to_codes_matches_spec_oracle(codec: nc8.Codec) -> None:
     ]).astype(np.int64)  # fmt: skip
     for seed in range(2):
         got = codec.int_to_codes(sums, np.random.default_rng(seed)).tolist()
-        assert got == oracle_int_to_codes(sums, key_of(seed))
+        assert got == oracle_int_to_codes(sums, int_key_of(seed))
         assert max(c & 0x7F for c in got) <= 64
 
 
@@ -709,32 +732,52 @@ def test_splitmix64_is_the_published_generator() -> None:
     ]  # fmt: skip
 
 
-# (seed, job, slot, version, offset, use) -> key, and the first words of its stream: computed with
-# a separate C transcription of docs/protocol.md (not this package's code).
+# (seed, job, slot, version, offset, use) -> key and lane 1's word: zlib's CRC-32 of the bytes
+# of docs/protocol.md (seed 8, job 2, slot 2, offset 4, use 4, version 1, lane 4; big-endian).
 PINNED_KEYS = [
-    ((0, 0, 0, 0, 0, 0), 0x33FE8BD4F9C57863, [0x2CE809AE01CAB7D7, 0x7924AC0FED68CB52]),
-    ((42, 9, 3, 1, 4096, 0), 0x65299C4CFDDE8013, [0xF1FAADF5CE997FA5, 0xEB9660203415D579]),
-    ((42, 9, 3, 1, 4096, 5), 0xDFF90B93CE5103AF, [0x894A481815C4298D, 0xBD6A433EA932E2E3]),
-    ((0xC0FFEE, 12, 5, 1, 176, 0), 0x6B8FD12CF2C3F082, [0xD6F55C36A363252B, 0xE833BFF262705C6F]),
-    ((2**64 - 1, 65535, 65535, 1, 2**32 - 1, 2**32 - 1), 0x96CAE573A18218A8,
-     [0xF4E6FD3C58ED0B2B, 0x97DF827671F930BF]),
+    ((0, 0, 0, 0, 0, 0), 0xE9CF0E8F, 0x9EC83E19),
+    ((42, 9, 3, 1, 4096, 0), 0x9480B54E, 0xE38785D8),
+    ((42, 9, 3, 1, 4096, 5), 0xC44D24FD, 0xB34A146B),
+    ((0xC0FFEE, 12, 5, 1, 176, 0), 0xD61C2269, 0xA11B12FF),
+    ((2**64 - 1, 65535, 65535, 1, 2**32 - 1, 2**32 - 1), 0xA309B055, 0xD40E80C3),
 ]
 
 
-@pytest.mark.parametrize(("chunk", "key", "words"), PINNED_KEYS)
+def result_bytes(seed: int, job: int, slot: int, version: int, offset: int, use: int,
+                 lane: int) -> bytes:  # fmt: skip
+    """The bytes whose CRC-32 is a result's rounding word, as docs/protocol.md lists them."""
+    return (seed.to_bytes(8, "big") + job.to_bytes(2, "big") + slot.to_bytes(2, "big")
+            + offset.to_bytes(4, "big") + use.to_bytes(4, "big") + bytes([version])
+            + lane.to_bytes(4, "big"))  # fmt: skip
+
+
+@pytest.mark.parametrize(("chunk", "key", "word1"), PINNED_KEYS)
 def test_result_key_pinned(codec: nc8.Codec, chunk: tuple[int, ...], key: int,
-                           words: list[int]) -> None:  # fmt: skip
-    assert codec.result_key(*chunk) == key
-    assert [stream_word(key, i) for i in range(2)] == words
+                           word1: int) -> None:  # fmt: skip
+    assert codec.result_key(*chunk) == key == zlib.crc32(result_bytes(*chunk, 0))
+    assert rounding_word(key, 1) == word1 == zlib.crc32(result_bytes(*chunk, 1))
+
+
+def test_rounding_words_are_the_crc32_of_each_lane(codec: nc8.Codec) -> None:
+    """``key ^ lane_term(i)`` is the CRC-32 of the chunk's bytes with lane i, for lanes a chunk
+    has (up to 1,456) and beyond (2**16 and 2**32 - 1): CRC-32 of equal-length inputs is affine
+    over GF(2), which lets every backend hash once per result and xor a constant per lane."""
+    chunk = (0xC0FFEE, 12, 5, 1, 176, 3)
+    key = codec.result_key(*chunk)
+    lanes = [*range(1500), 2**16 - 1, 2**16, 2**31, 2**32 - 1]
+    want = [zlib.crc32(result_bytes(*chunk, i)) for i in lanes]
+    terms = np.concatenate([nc8.lane_terms(0, 1500), *(nc8.lane_terms(i, 1) for i in lanes[1500:])])
+    assert (terms ^ np.uint32(key)).tolist() == want
+    assert [rounding_word(key, i) for i in lanes] == want
 
 
 def test_recompress_pinned(codec: nc8.Codec) -> None:
     """Element i of the chunk (seed 42, job 9, slot 3, version 1, offset 4096, use 0): the top h
-    bits of its word against |S| - 2**h, computed with the same separate transcription."""
+    bits of its word << 32 against |S| - 2**h, from zlib's CRC-32 of its bytes."""
     key = codec.result_key(42, 9, 3, 1, 4096, 0)
     sums = np.array([5, -7, 1000003, 3 << 40 | 12345], np.int64)
-    # top h bits 3 vs excess 1 (down), 3 vs 3 (down), 41786 < 475715 (up),
-    # 464218215992 < 2**40 + 12345 (up)
+    # top h bits 2 vs excess 1 (down), 3 vs 3 (down), 250998 < 475715 (up),
+    # 116296116224 < 2**40 + 12345 (up)
     assert codec.recompress(sums, key).tolist() == [0x03, 0x83, 0x15, 0x2B]
     assert oracle_int_to_codes(sums, key) == [0x03, 0x83, 0x15, 0x2B]
 
@@ -744,8 +787,8 @@ def test_result_key_rejects_fields_out_of_range(codec: nc8.Codec) -> None:
                 (0, 0, 0, 0, 2**32, 0), (0, 0, 0, 0, 0, -1)):  # fmt: skip
         with pytest.raises(ValueError, match="result key"):
             codec.result_key(*bad)
-    with pytest.raises(ValueError, match="64-bit"):
-        codec.recompress(np.array([3]), 2**64)
+    with pytest.raises(ValueError, match="32-bit"):
+        codec.recompress(np.array([3]), 2**32)
 
 
 def chunk_keys(n: int, seed: int = 9) -> list[int]:
@@ -801,3 +844,45 @@ def test_c_and_numpy_result_bits_identical() -> None:
     sums[:, :100] >>= rng.integers(0, 63, (1300, 100))  # every magnitude
     for row, key in zip(sums, chunk_keys(len(sums)), strict=True):
         assert np.array_equal(ref.recompress(row, key), fast.recompress(row, key))
+
+
+def element_keys(uses: int, pool: int, slot: int = 3, version: int = 1,
+                 offset: int | None = None) -> list[int]:  # fmt: skip
+    """Result keys of one slot version over its first ``uses`` uses, each use's INA offset
+    ``u * pool + slot`` (or a fixed ``offset``): the same elements, round after round."""
+    return [nc8.result_key(0xC0FFEE, 12, slot, version,
+                           u * pool + slot if offset is None else offset, u)
+            for u in range(uses)]  # fmt: skip
+
+
+@pytest.mark.parametrize("offset", [None, 176], ids=["ina-offsets", "fixed-offset"])
+def test_result_rounding_of_one_element_is_unbiased_over_its_uses(offset: int | None) -> None:
+    """The same elements of one slot version, use after use (a training job's chunk every
+    step): each element's mean over the uses is its sum within 5.5 standard errors, also when
+    the offset stays the same, so the word changes with the use alone. A word of (job, offset,
+    lane) only would repeat every step: one fixed rounding per element, the mean a code."""
+    rng = np.random.default_rng(35)
+    sums = np.concatenate([
+        np.array([0, 1, 5, -7, 3, 6, 1000003, -(2**31 + 2**29), 2**40 + 2**38]),
+        rng.integers(-1000, 1000, 40),
+        rng.choice([-1, 1], 15) * rng.integers(0, 2**62, 15),
+    ]).astype(np.int64)  # fmt: skip
+    keys = element_keys(4000, 48, offset=offset)
+    values = np.array([nc8.codes_to_int(nc8.recompress(sums, k)) for k in keys], np.float64)
+    low = np.array([1 << (abs(s).bit_length() - 1) if s else 0 for s in sums.tolist()], np.float64)
+    mag = np.abs(sums.astype(np.float64))
+    assert_unbiased(values.mean(axis=0), sums.astype(np.float64), (mag - low) * (2 * low - mag),
+                    len(keys))  # fmt: skip
+
+
+def test_rounding_words_of_one_element_are_uniform() -> None:
+    """The top 8 bits of one element's word over 2**16 uses (offsets of a pool of 48) pass a
+    chi-square test (255 degrees of freedom, 5 standard deviations). A pool of 64 makes the
+    offsets linear in the use's bits too: the words then cover the top bits exactly evenly."""
+    term = int(nc8.lane_terms(5, 1)[0])
+    for pool, exact in ((48, False), (64, True)):
+        words = np.array(element_keys(2**16, pool), np.uint32) ^ np.uint32(term)
+        counts = np.bincount(words >> np.uint32(24), minlength=256)
+        chi2 = float(((counts - 256.0) ** 2 / 256.0).sum())
+        assert chi2 < 255 + 5 * math.sqrt(2 * 255), (pool, chi2)
+        assert (chi2 == 0) == exact, (pool, chi2)

@@ -11,6 +11,7 @@ import functools
 import io
 import re
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -118,7 +119,7 @@ def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> 
     # one per bit), its action rounds it with one random word into the lane's byte, and after
     # a group's last lane its codes are stored.
     apply = text[text.index("    apply {", text.index("control LaneSums")):]
-    encode = apply[apply.index("key_use();"):apply.index("load_nc8();")]
+    encode = apply[apply.index("key();"):apply.index("load_nc8();")]
     calls = re.findall(r"(prepare|high|keep)_(\d+)(?:\.apply)?\(\);", encode)
     expected = []
     for i in every:
@@ -136,9 +137,9 @@ def test_generated_program_has_k_lanes_in_every_step(k: int, tmp_path: Path) -> 
     assert [int(g) for g in re.findall(r"results_(\d+)\.write\(meta\.slot_index, hdr\.codes",
                                        text)] == groups  # fmt: skip
     assert "random(" not in text  # the rounding bits are the chunk's hash (docs/protocol.md)
-    assert [apply.count(f"{name}();") for name in ("key_seed", "key_chunk", "key_use")] == [1] * 3
-    steps = re.findall(r"meta\.lane_draw = \(meta\.result_key \+ 64w0x([0-9A-F]{16})\)", text)
-    assert [int(d, 16) for d in steps] == [(i + 1) * nc8.GAMMA % 2**64 for i in every]
+    assert apply.count("key();") == 1 and text.count("hash(") == 1  # one CRC-32 per result
+    terms = re.findall(r"\(\(meta\.result_key \^ 32w0x([0-9A-F]{8})\) \+\+ 32w0\)", text)
+    assert [int(t, 16) for t in terms] == nc8.lane_terms(0, k).tolist()
     # int results: each lane i < count becomes a 64-bit lane, a full group's 8 as one 512-bit
     # header (lane 8g the most significant), the last count % 8 each in the tail stack.
     assert [int(g) for g in re.findall(r"hdr\.wide_groups\[(\d+)\]\.setValid\(\)", text)] == full
@@ -343,16 +344,27 @@ class _Fields(dict):
         self[name] = value
 
 
-def _run_p4(statements: str, fields: _Fields) -> None:
-    """Execute generated P4 assignments on ``fields``: every target is a ``bit<64>`` (masked
-    after each one, as p4c makes BMv2 do), operands are unsigned, casts widen."""
-    text = re.sub(r"\(bit<\d+>\)", "", statements)
-    text = re.sub(r"\b\d+w(0x[0-9A-Fa-f]+|\d+)", r"\1", text)
-    for statement in " ".join(text.split()).split(";"):
-        if statement.strip():
-            target, expr = (s.strip() for s in statement.split("=", 1))
-            owner, name = target.rsplit(".", 1)
-            setattr(eval(owner, {}, fields), name, eval(expr, {}, fields) % 2**64)
+# Widths of the fields the key's hash reads (p4/headers.p4), to pack them as BMv2 does.
+_HASHED_BITS = {"meta.seed": 64, "hdr.nc.job": 16, "hdr.nc.slot": 16, "hdr.nc.offset": 32,
+                "meta.result_use": 32, "meta.result_version": 8}  # fmt: skip
+
+
+def _run_key(statements: str, fields: _Fields) -> None:
+    """Execute the generated ``key`` action on ``fields``: the version's widening assignment,
+    then the ``hash(..., HashAlgorithm.crc32, 32w0, {fields}, 64w0x100000000)`` as zlib's CRC-32
+    of the listed fields packed big-endian at their P4 widths (BMv2's crc32 is zlib's: checked
+    on BMv2 itself by test_bmv2_parity's nc8 results)."""
+    text = " ".join(statements.split())
+    assert text.startswith("meta.result_version = (bit<8>)hdr.nc.pool;")
+    fields.meta.result_version = fields.hdr.nc.pool
+    call = re.fullmatch(r".*hash\(meta\.result_key, HashAlgorithm\.crc32, 32w0, \{ (.*) \}, "
+                        r"64w0x100000000\);", text)  # fmt: skip
+    assert call is not None, text
+    *names, lane = call[1].split(", ")
+    assert lane == "32w0"
+    packed = b"".join(int(eval(name, {}, fields)).to_bytes(_HASHED_BITS[name] // 8, "big")
+                      for name in names) + bytes(4)  # fmt: skip
+    fields.meta.result_key = zlib.crc32(packed)
 
 
 def _slices(text: str) -> str:
@@ -363,10 +375,10 @@ def _slices(text: str) -> str:
 
 def _p4_expr(text: str) -> str:
     """A generated P4 expression as Python: bit slices of one bit, the ternaries the lanes write
-    (``C ? A : B`` as a whole statement or ``(C ? 7w1 : 7w0)``), the word's wrapping sum."""
+    (``C ? A : B`` as a whole statement or ``(C ? 7w1 : 7w0)``), the word's concatenation
+    with 32 zero bits."""
     text = _slices(text)
-    # a bit<64> sum wraps before it is shifted (p4c masks it on BMv2)
-    text = re.sub(r"\((meta\.result_key \+ \w+)\)", r"((\1) % 2**64)", text)
+    text = re.sub(r" \+\+ 32w0\)", r" << 32)", text)
     text = re.sub(r"\((.*) \? 7w1 : 7w0\)$", r"(1 if (\1) else 0)", text)
     if " ? " in text:
         cond, rest = text.split(" ? ", 1)
@@ -460,8 +472,7 @@ def test_generated_rounding_bits_are_the_protocols() -> None:
         fields.meta.seed, fields.meta.result_use = seed, use
         fields.hdr.nc.job, fields.hdr.nc.slot, fields.hdr.nc.offset = job, slot, offset
         fields.hdr.nc.pool = version
-        for action in ("key_seed", "key_chunk", "key_use"):
-            _run_p4(_action(text, action), fields)
+        _run_key(_action(text, "key"), fields)
         key = nc8.result_key(seed, job, slot, version, offset, use)
         assert fields.meta.result_key == key
         for start in range(0, len(edges), k):
@@ -487,15 +498,19 @@ def test_the_p4_descriptor_is_the_protocols_and_its_fields_come_from_the_entries
     assert "EV_HANDSHAKES" in text["admission.p4"] and "hdr.desc.e_max = meta.e_max;" in (
         text["reply.p4"]
     )
+    assert "hdr.desc.rounding = NC8_ROUNDING;" in text["reply.p4"]
+    assert f"const bit<8> NC8_ROUNDING = {nc8.ROUNDING};" in text["headers.p4"]
+    assert f"const bit<16> DESCRIPTOR_BYTES = {descriptor.DESCRIPTOR_SIZE};" in text["headers.p4"]
     [job] = entries.place([_job(window_max=12)], generation=9, k=64)
     assert entries.job_entries(job)[0].params["e_max"] == "12"
     assert entries.local_entry("10.0.0.9", 47000, "02:00:00:00:00:09", 9).params == {
         "mac": "02:00:00:00:00:09", "port": "47000", "generation": "9"}
     base = job.index * len(layout.JOB_EVENTS)
     handshakes = base + layout.JOB_EVENTS.index("handshakes")
-    stats = entries.job_stats(job, {base: (2, 2 * (ETH_IPV4_UDP_HEADERS + 32)),
+    answer = descriptor.JOB_DATAGRAM_SIZE
+    stats = entries.job_stats(job, {base: (2, 2 * (ETH_IPV4_UDP_HEADERS + answer)),
                                     handshakes: (2, 0)})  # fmt: skip
-    assert (stats.handshakes, stats.packets_out, stats.bytes_out) == (2, 2, 64)
+    assert (stats.handshakes, stats.packets_out, stats.bytes_out) == (2, 2, 2 * answer)
 
 
 def _p4_ternary(text: str) -> str:

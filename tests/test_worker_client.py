@@ -74,6 +74,7 @@ class FakeAggregator(threading.Thread):
         hold: int = 0,
         forger: bool = False,
         wait: float = 0.0,
+        rounding: int = nc8.ROUNDING,
     ) -> None:
         super().__init__(daemon=True)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -90,6 +91,7 @@ class FakeAggregator(threading.Thread):
         self.seen: set[tuple[int, int, int]] = set()
         self.junk_sent = 0
         self.key = key
+        self.rounding = rounding  # the nc8 rounding word's revision its handshake names
         self.bad_code_at = bad_code_at  # flat index whose NC8 result code is 0x45 (69 > 64)
         self.mutants = mutants  # damaged copies sent before each result
         self.rng = np.random.default_rng(17)
@@ -153,13 +155,14 @@ class FakeAggregator(threading.Thread):
         """The answer to a worker's hello: its own descriptor, or "not authentic" (with the
         worker's descriptor, keyed) when the hello's tag does not verify with the fake's key."""
         hdr = Header._make(HEADER.unpack_from(hello))
-        _, theirs = descriptor.Descriptor.unpack(hello[16:32])
+        _, theirs = descriptor.Descriptor.unpack(hello[16:descriptor.JOB_DATAGRAM_SIZE])
         authentic = (self.key is None and not hdr.is_tagged) or (
             self.key is not None and hdr.is_tagged and tag.verify(self.key, hello)
         )
         self.hellos += 1
         return descriptor.pack_job_datagram(
-            theirs._replace(keyed=self.key is not None), job=hdr.job, rank=hdr.rank,
+            theirs._replace(keyed=self.key is not None, rounding=self.rounding), job=hdr.job,
+            rank=hdr.rank,
             status=descriptor.OK if authentic else descriptor.NOT_AUTHENTIC, answer=True,
             key=self.key if authentic else None,
         )
@@ -389,6 +392,24 @@ def test_untagged_client_of_a_keyed_job_fails_its_handshake_naming_the_key() -> 
         host, port = agg.address
         assert str(error.value) == f"key: worker no key, aggregator keyed (job 7 at {host}:{port})"
         assert client.stats["packets_sent"] == 0 and not agg.uplink
+
+
+def test_a_client_fails_its_handshake_with_an_aggregator_of_another_nc8_rounding() -> None:
+    """An aggregator that names the SplitMix64 rounding word (revision 0) in its descriptor
+    would send nc8 results no other backend sends for the same packets: refused, naming both
+    revisions; for int results the rounding does not matter and the job runs."""
+    with fake(rounding=0) as agg, client_for(agg.address, deadline=0.3) as client:
+        with pytest.raises(descriptor.JobMismatchError) as error:
+            client.allreduce(np.ones(10, dtype=np.float32))
+        host, port = agg.address
+        assert str(error.value) == ("nc8 rounding: worker crc32 (revision 1), aggregator "
+                                    f"splitmix64 (revision 0) (job 7 at {host}:{port})")
+        assert client.stats["packets_sent"] == 0 and not agg.uplink
+    with (
+        fake(rounding=0, result=Format.INT) as agg,
+        client_for(agg.address, result_format="int") as client,
+    ):
+        np.testing.assert_array_equal(client.allreduce(np.ones(10, np.float32)), np.ones(10))
 
 
 def test_untagged_client_gets_no_answer_from_a_keyed_job() -> None:

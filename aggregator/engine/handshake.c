@@ -173,6 +173,7 @@ uint32_t nce_build_descriptor(uint8_t *buf, uint32_t cap, const struct nce_actio
         d[11] = job->uplink_format;             /* UPLINK_MODE 0 (nc8), UPLINK_INT 1 (a spine) */
         /* d[12..15]: no compressor */
     }
+    d[16] = NCE_ROUNDING;                       /* the descriptor's last byte */
     if (tagged)
         nce_tag(job, buf, NCE_JOB_LEN, buf + NCE_JOB_LEN);
     return len;

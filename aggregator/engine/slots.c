@@ -93,7 +93,7 @@ static void encode_result(const struct nce_job *job, struct nce_slot *s)
     const unsigned n = s->count;
     if (job->result_format == NCE_FMT_NC8) {
         const size_t at = (size_t)(s - job->slots);     /* slot at / 2, version at % 2 */
-        const uint64_t key = nc8_result_key(job->seed, job->id, (uint16_t)(at >> 1),
+        const uint32_t key = nc8_result_key(job->seed, job->id, (uint16_t)(at >> 1),
                                             (unsigned)(at & 1), s->offset, s->uses);
         nc8_int_to_codes(s->acc, s->result, n, key);
     } else if (job->result_format == NCE_FMT_INT) {

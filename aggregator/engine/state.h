@@ -31,7 +31,8 @@
 /* An int32 job's window keeps its sums within +-2^NCE_INT32_SUM_BITS (ncina.proto.nc8.
  * INT32_SUM_BITS): N workers' codes up to 2^span need N * 2^span <= 2^30 (admission.c). */
 #define NCE_INT32_SUM_BITS 30
-#define NCE_JOB_LEN (NCE_HDR_LEN + 16)      /* a job datagram: header and descriptor */
+#define NCE_JOB_LEN (NCE_HDR_LEN + 17)      /* a job datagram: header and descriptor */
+#define NCE_ROUNDING 1  /* the nc8 results' rounding word (ncina.proto.nc8.ROUNDING): CRC-32 */
 
 /* A port number between host order and network order (byte by byte: any host). */
 static inline uint16_t nce_port_be(uint16_t port)

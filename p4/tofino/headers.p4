@@ -24,6 +24,7 @@ const bit<8> FORMAT_NC8 = 0;
 const bit<8> FORMAT_INT = 1;
 const bit<8> FORMAT_BLOB = 2;
 const bit<8> FORMAT_JOB = 3;
+const bit<8> NC8_ROUNDING = 1;  // the revision of the nc8 results' rounding word: CRC-32
 #ifdef NCINA_DENSE
 const bit<8> FORMAT_INT32 = 4;  // provisional: issue 33 item 2's int32 results (not yet a protocol format)
 #endif
@@ -31,7 +32,7 @@ const bit<16> UDP_HEADER_BYTES = 8;
 const bit<16> NCINA_HEADER_BYTES = 16;
 const bit<16> NOTICE_BYTES = 8;
 const bit<16> TAG_BYTES = 8;
-const bit<16> DESCRIPTOR_BYTES = 16;
+const bit<16> DESCRIPTOR_BYTES = 17;
 const bit<8> STATUS_OK = 0;
 const bit<8> STATUS_NO_SUCH_JOB = 1;
 const bit<8> STATUS_NOT_AUTHENTIC = 2;
@@ -144,6 +145,7 @@ header descriptor_h {
     bit<8> keyed;
     bit<8> reserved;
     bit<32> compressor;
+    bit<8> rounding;          // the nc8 results' rounding word (ncina.proto.nc8.ROUNDING)
 }
 
 // What ingress tells egress about a frame (the traffic manager carries it in front of the

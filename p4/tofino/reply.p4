@@ -33,6 +33,7 @@ control Reply(inout headers_t hdr, inout meta_t meta, in ingress_intrinsic_metad
 
     action as_answer() {
         hdr.desc.status = meta.status;
+        hdr.desc.rounding = NC8_ROUNDING;
         hdr.nc.flags = meta.local_flags;
         hdr.nc.format = FORMAT_JOB;
         hdr.nc.emin = meta.emin;

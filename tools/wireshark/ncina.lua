@@ -18,7 +18,7 @@ local PORT = 47000
 local HEADER_SIZE = 16
 local TAG_SIZE = 8
 local NOTICE_SIZE = 8 -- the bitmap after a notice's header
-local DESCRIPTOR_SIZE = 16 -- the job descriptor after a job datagram's header
+local DESCRIPTOR_SIZE = 17 -- the job descriptor after a job datagram's header
 local VERSION = 1
 
 local FLAG_RESULT = 0x01
@@ -37,6 +37,8 @@ local MODES = { [0] = "ina (nc8 results)", [1] = "ina (int results)", [2] = "ser
 -- What a job's members send (docs/protocol.md, "Hierarchical aggregation").
 local UPLINKS = { [0] = "the mode's (nc8 codes; blobs in server mode)",
                   [1] = "int partial sums (a spine's leaves)" }
+-- The nc8 results' rounding word (ncina.proto.nc8.ROUNDING_NAMES).
+local ROUNDINGS = { [0] = "splitmix64 (revision 0)", [1] = "crc32 (revision 1)" }
 -- The compressors' method tags (ncina.proto.compressors: each class's `tag`, the first byte of
 -- a blob).
 local METHODS = { [1] = "nc", [2] = "natdither", [3] = "qsgd", [4] = "terngrad", [5] = "topk",
@@ -88,6 +90,7 @@ local f = {
     keyed = ProtoField.uint8("ncina.descriptor.keyed", "Keyed", base.DEC),
     uplink = ProtoField.uint8("ncina.descriptor.uplink", "Uplink", base.DEC, UPLINKS),
     compressor = ProtoField.uint32("ncina.descriptor.compressor", "Compressor hash", base.HEX),
+    rounding = ProtoField.uint8("ncina.descriptor.rounding", "NC8 rounding", base.DEC, ROUNDINGS),
     tag = ProtoField.bytes("ncina.tag", "Authentication tag"),
     tag_valid = ProtoField.bool("ncina.tag.valid", "Tag verifies with the key preference"),
     segments = ProtoField.uint16("ncina.segments", "Datagrams in this UDP GSO packet", base.DEC),
@@ -227,6 +230,7 @@ local function add_descriptor(tree, tvb, start)
     d:add(f.keyed, tvb(start + 10, 1))
     d:add(f.uplink, tvb(start + 11, 1))
     d:add(f.compressor, tvb(start + 12, 4))
+    d:add(f.rounding, tvb(start + 16, 1))
     return tvb(start, 1):uint()
 end
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ncina.aggregator.backends.bmv2.layout import defines
 from ncina.proto.job import JobSpec
-from ncina.proto.nc8 import GAMMA
+from ncina.proto.nc8 import lane_terms
 from ncina.proto.wire import MAX_WORKERS
 
 GENERATED = ("config.p4", "lanes.p4")
@@ -150,24 +150,10 @@ def _registers(g: int) -> Iterator[str]:
     yield f"register<bit<64>>(NCINA_SLOTS) results_{g};"
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def _mix(var: str) -> list[str]:
-    """The splitmix64 finalizer on the ``bit<64>`` field ``var``, in place (docs/protocol.md):
-    BMv2 computes it exactly, p4c masking each product to 64 bits."""
-    return [
-        f"{var} = {var} ^ ({var} >> 30);",
-        f"{var} = {var} * 64w0xBF58476D1CE4E5B9;",
-        f"{var} = {var} ^ ({var} >> 27);",
-        f"{var} = {var} * 64w0x94D049BB133111EB;",
-        f"{var} = {var} ^ ({var} >> 31);",
-    ]
-
-
-def _step(i: int) -> str:
-    """``(i + 1) * G`` modulo 2^64: lane ``i``'s place in the result's SplitMix64 stream."""
-    return f"64w0x{(i + 1) * GAMMA & _MASK64:016X}"
+def _lane_term(i: int) -> str:
+    """Lane ``i``'s constant of the CRC-32 rounding word: its word is the key's xor this
+    (``ncina.proto.nc8.lane_terms``; docs/protocol.md, "Re-compression")."""
+    return f"32w0x{int(lane_terms(i, 1)[0]):08X}"
 
 
 def high_bit_rows() -> list[tuple[int, int, dict[str, int]]]:
@@ -184,10 +170,11 @@ def high_bit_rows() -> list[tuple[int, int, dict[str, int]]]:
 def _lane_round(k: int) -> Callable[[int], Iterator[str]]:
     """Lane ``i``'s re-compression (docs/protocol.md): its sum taken from its group's cell and
     made a magnitude (``prepare_i``; the group's first lane reads the cell), the highest set bit
-    of that from one LPM table apply (``high_i``, rows ``high_bit_rows``), whose action draws
-    the lane's word ``mix(key + (i + 1) * G)``, rounds up to ``2^(high+1)`` when the word's top
-    ``high`` bits are below ``|sum| - 2^high``, and writes sign and code into the lane's byte of
-    its group; the group's last lane stores the group's codes (``keep_g``)."""
+    of that from one LPM table apply (``high_i``, rows ``high_bit_rows``), whose action rounds up
+    to ``2^(high+1)`` when the top ``high`` bits of the lane's word ``key ^ lane_term(i)``, shifted
+    up by 32, are below ``|sum| - 2^high`` (the word inside the one assignment: no primitive of
+    its own), and writes sign and code into the lane's byte of its group; the group's last lane
+    stores the group's codes (``keep_g``)."""
 
     def lane_round(i: int) -> Iterator[str]:
         group = i // GROUP
@@ -199,15 +186,9 @@ def _lane_round(k: int) -> Callable[[int], Iterator[str]]:
         yield f"    {M}_magnitude = {M}_sum[63:63] == 1 ? -{M}_sum : {M}_sum;"
         yield "}"
         yield f"action round_{i}(bit<8> shift, bit<64> power, bit<7> code) {{"
-        # The word's mix with its first step on `key + step` and its last inside the
-        # comparison: two assignments fewer per lane (each primitive is a few hundred ns).
-        first, *middle, last = _mix(f"{M}_draw")
-        word = f"(meta.result_key + {_step(i)})"
-        first = first.replace(f"{M}_draw ^", f"{word} ^").replace(f"({M}_draw >>", f"({word} >>")
-        yield f"    {first}"
-        yield from (f"    {line}" for line in middle)
-        yield (f"    {lane} = {M}_sum[63:63] ++ (code + ((({last.split(' = ', 1)[1].rstrip(';')})"
-               f" >> shift) < ({M}_magnitude - power) ? 7w1 : 7w0));")  # fmt: skip
+        word = f"((meta.result_key ^ {_lane_term(i)}) ++ 32w0)"
+        yield (f"    {lane} = {M}_sum[63:63] ++ (code + (({word} >> shift)"
+               f" < ({M}_magnitude - power) ? 7w1 : 7w0));")  # fmt: skip
         yield "}"
         yield f"action zero_{i}() {{"
         yield f"    {lane} = 0;"
@@ -470,24 +451,14 @@ def lanes_p4(k: int) -> str:
         *_each(n, _add(k), 8),
         "    }",
         "",
-        "    // The nc8 result's key (docs/protocol.md, 'Re-compression'): a hash of the job's",
-        "    // seed, the chunk's job, slot and offset, and the slot version's use and version;",
-        "    // one mix per action, so that p4c does not nest one into the next.",
-        "    action key_seed() {",
-        f"        meta.result_key = meta.seed + {_step(0)};",
-        *(f"        {line}" for line in _mix("meta.result_key")),
-        "    }",
-        "",
-        "    action key_chunk() {",
-        "        meta.result_key = meta.result_key ^ ((bit<64>)hdr.nc.job << 48",
-        "            | (bit<64>)hdr.nc.slot << 32 | (bit<64>)hdr.nc.offset);",
-        *(f"        {line}" for line in _mix("meta.result_key")),
-        "    }",
-        "",
-        "    action key_use() {",
-        "        meta.result_key = meta.result_key ^ ((bit<64>)meta.result_use << 1",
-        "            | (bit<64>)hdr.nc.pool);",
-        *(f"        {line}" for line in _mix("meta.result_key")),
+        "    // The nc8 result's key, the rounding word of its lane 0 (docs/protocol.md,",
+        "    // 'Re-compression'): the CRC-32 of the job's seed, the chunk's job, slot and offset,",
+        "    // the slot version's use and version, and the lane 0 (ncina.proto.nc8.RESULT_WORD).",
+        "    action key() {",
+        "        meta.result_version = (bit<8>)hdr.nc.pool;",
+        "        hash(meta.result_key, HashAlgorithm.crc32, 32w0, { meta.seed, hdr.nc.job,",
+        "            hdr.nc.slot, hdr.nc.offset, meta.result_use, meta.result_version, 32w0 },",
+        "            64w0x100000000);",
         "    }",
         "",
         "    // Re-compression, lane by lane (docs/protocol.md): per lane one action, one table",
@@ -523,9 +494,7 @@ def lanes_p4(k: int) -> str:
         "                if (meta.lane_op == LANE_COMPLETE) {",
         "                    uses.read(meta.result_use, meta.slot_index);",
         "                    uses.write(meta.slot_index, meta.result_use + 1);",
-        "                    key_seed();",
-        "                    key_chunk();",
-        "                    key_use();",
+        "                    key();",
         *_each(k, _encode(k), 20),
         "                } else {",
         "                    load_nc8();",
