@@ -53,7 +53,7 @@ def test_star_trains_through_the_dpdk_aggregator(
     stats = json.loads((cfg.out / "ina" / "aggregator0.json").read_text())
     assert stats["backend"] == "dpdk"
     chunks = math.ceil(17226 / cfg.k)  # the MLP's one bucket
-    assert stats["jobs"]["1"]["slots_completed"] == 2 * chunks
+    assert stats["jobs"]["1"]["slots_completed"] == 2 * chunks + 1  # +1: the agreement
     assert ina["steps"] == 2
     assert seen["unreachables"] == 0
     assert "dpt:47000" in seen["iptables"]

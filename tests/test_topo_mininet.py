@@ -76,8 +76,8 @@ def test_star_three_workers_two_steps_through_the_python_aggregator(tmp_path: Pa
     # Two steps of one bucket of ceil(17226 / 256) chunks, all through the aggregator.
     chunks = math.ceil(PARAMETERS / cfg.k)
     job = ina["aggregators"][0]["jobs"]["1"]
-    assert job["slots_completed"] == 2 * chunks
-    assert_sent_once_plus_retransmissions(ina["fabric"], 3 * 2 * chunks)
+    assert job["slots_completed"] == 2 * chunks + 1  # +1: the agreement
+    assert_sent_once_plus_retransmissions(ina["fabric"], 3 * (2 * chunks + 1))
     assert ina["fabric"]["saturated"] == 0
     assert results["runs"]["gloo"]["verify"] is None
     assert results["runs"]["gloo"]["aggregator_cpu_s"] == 0  # gloo's ring has no aggregator
@@ -104,7 +104,8 @@ def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
     assert ina["steps"] == LOSSY_STEPS
     assert ina["fabric"]["retransmissions"] > 0
     job = ina["aggregators"][0]["jobs"]["1"]
-    assert job["slots_completed"] == LOSSY_STEPS * math.ceil(PARAMETERS / cfg.k)
+    # +1: the agreement the clients make after their handshake
+    assert job["slots_completed"] == LOSSY_STEPS * math.ceil(PARAMETERS / cfg.k) + 1
     assert job["drops"]["bad_tag"] == 0 and ina["fabric"]["bad_tag"] == 0
     assert "tagged" in (cfg.out / "ina" / "aggregator0.log").read_text()  # the job has a key
     if TSHARK is None:  # the checks above passed; the capture's decoding was not checked
