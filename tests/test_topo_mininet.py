@@ -149,11 +149,12 @@ def test_multi_shards_each_bucket_across_the_aggregators(tmp_path: Path) -> None
     results = run_topology(cfg)
     ina = results["runs"]["ina"]
     chunks = math.ceil(PARAMETERS / cfg.k)
-    # Each step's one bucket: chunks [0, 34) to the first aggregator, [34, 68) to the second.
+    # Each step's one bucket: chunks [0, 34) to the first aggregator, [34, 68) to the second;
+    # + 1 at each: the agreement each client makes after its handshake.
     assert [a["jobs"]["1"]["slots_completed"] for a in ina["aggregators"]] == [
-        2 * (chunks // 2), 2 * (chunks - chunks // 2)
+        2 * (chunks // 2) + 1, 2 * (chunks - chunks // 2) + 1
     ]
-    assert_sent_once_plus_retransmissions(ina["fabric"], 2 * 2 * chunks)
+    assert_sent_once_plus_retransmissions(ina["fabric"], 2 * (2 * chunks + 2))
 
 
 @pytest.mark.parametrize("backend", ["python", "socket"])
@@ -169,20 +170,21 @@ def test_leafspine_hierarchical_training_through_leaves_and_spine(
                      baseline=False, prefix=PREFIX)  # fmt: skip
     results = run_topology(cfg)
     ina = results["runs"]["ina"]
-    chunks = math.ceil(PARAMETERS / cfg.k)
+    # + 1: the workers' first call (zeros, as a flat job's agreement)
+    slots = 2 * math.ceil(PARAMETERS / cfg.k) + 1
     leaves, spine = ina["aggregators"][:2], ina["aggregators"][2]
     assert len(ina["aggregators"]) == 3
     for leaf in leaves:
         job = leaf["jobs"]["1"]
-        assert job["slots_completed"] == 2 * chunks
-        assert leaf["upstream"]["sent"] == 2 * chunks
-        assert leaf["upstream"]["results"] == 2 * chunks
+        assert job["slots_completed"] == slots
+        assert leaf["upstream"]["sent"] == slots
+        assert leaf["upstream"]["results"] == slots
         assert leaf["global"]["drops"]["internal_error"] == 0
-    assert spine["jobs"]["1"]["slots_completed"] == 2 * chunks
-    assert spine["jobs"]["1"]["contributions"] == 2 * 2 * chunks
+    assert spine["jobs"]["1"]["slots_completed"] == slots
+    assert spine["jobs"]["1"]["contributions"] == 2 * slots
     assert ina["verify"]["buckets"] == 2 * 4
     assert ina["verify"]["worst_ratio"] <= 1.0
-    assert_sent_once_plus_retransmissions(ina["fabric"], 4 * 2 * chunks)
+    assert_sent_once_plus_retransmissions(ina["fabric"], 4 * slots)
 
 
 @pytest.fixture
