@@ -76,10 +76,11 @@ def allreduce_all(
 
 
 def check_aggregator_clean(job: Job, calls: int, elements: int) -> None:
-    """The aggregator completed every slot once per chunk and dropped nothing."""
+    """The aggregator completed every slot once per chunk, and the agreement's (the clients
+    make it after their handshake), and dropped nothing."""
     counters = job.aggregator.stats()["jobs"][str(JOB)]
     chunks = -(-elements // K[job.result])
-    assert counters["slots_completed"] == calls * chunks
+    assert counters["slots_completed"] == calls * chunks + 1
     assert not any(counters["drops"].values()), counters["drops"]
 
 
@@ -226,11 +227,12 @@ def test_cli_int32_sums_are_exact_on_both_data_paths(tmp_path: Path, backend: st
     assert list(exact[:4]) == [2048.0, -2048.0, -(2.0**-19), 0.0]
     for rank in range(2):
         np.testing.assert_array_equal(np.load(tmp_path / f"y{rank}.npy"), exact)
-    # 16 chunks of at most 64 elements (15 of 64, one of 40), each result 16 + 4 * count bytes,
-    # to both workers; besides them the handshake answers (32 bytes), a notice (24) for each
+    # 16 chunks of at most 64 elements (15 of 64, one of 40), and the agreement's one of 2
+    # (the clients make it after their handshake), each result 16 + 4 * count bytes, to both
+    # workers; besides them the handshake answers (32 bytes), a notice (24) for each
     # retransmission that found its slot waiting for the other rank, and any result sent again
     answers = counters["handshakes"] * 32 + counters["notices_sent"] * (16 + NOTICE.size)
-    again = counters["bytes_out"] - 2 * (16 * 16 + 4 * 1000) - answers
+    again = counters["bytes_out"] - 2 * (17 * 16 + 4 * 1002) - answers
     resent = counters["results_resent"]
     assert resent * (16 + 4 * 40) <= again <= resent * (16 + 4 * 64), counters
     assert not any(counters["drops"].values()), counters["drops"]

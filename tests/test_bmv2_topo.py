@@ -32,9 +32,10 @@ def test_star_trains_through_the_p4_switch(tmp_path: Path) -> None:
     stats = json.loads((cfg.out / "ina" / "aggregator0.json").read_text())
     assert stats["backend"] == "bmv2"
     job = stats["jobs"]["1"]
-    chunks = math.ceil(17226 / cfg.k)  # the MLP's one bucket
-    assert job["slots_completed"] == 2 * chunks
-    assert job["results_sent"] == 3 * 2 * chunks
+    # The MLP's one bucket, two steps, and the agreement the clients make after their handshake
+    slots = 2 * math.ceil(17226 / cfg.k) + 1
+    assert job["slots_completed"] == slots
+    assert job["results_sent"] == 3 * slots
     assert sum(job["drops"].values()) == 0 and sum(stats["global"]["drops"].values()) == 0
     assert results["runs"]["ina"]["steps"] == results["runs"]["gloo"]["steps"] == 2
     assert list((cfg.out / "ina" / "logs").glob("bmv2-*.log"))  # the switch's own output
@@ -61,7 +62,7 @@ def test_lossy_links_through_the_p4_switch_recover_and_its_pcaps_decode(tmp_path
     assert ina["steps"] == 2
     assert ina["fabric"]["send_refused"] > 0 and ina["fabric"]["retransmissions"] > 0
     job = json.loads((cfg.out / "ina" / "aggregator0.json").read_text())["jobs"]["1"]
-    assert job["slots_completed"] == 2 * math.ceil(17226 / cfg.k)
+    assert job["slots_completed"] == 2 * math.ceil(17226 / cfg.k) + 1  # + 1: the agreement
     pcaps = sorted((cfg.out / "ina" / "pcaps").glob("*.pcap"))
     assert len(pcaps) == 2 * cfg.workers  # a port per rank, in and out
     if TSHARK is None:  # the checks above passed; the capture's decoding was not checked

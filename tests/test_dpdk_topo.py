@@ -53,7 +53,7 @@ def test_star_trains_through_the_dpdk_aggregator(
     stats = json.loads((cfg.out / "ina" / "aggregator0.json").read_text())
     assert stats["backend"] == "dpdk"
     chunks = math.ceil(17226 / cfg.k)  # the MLP's one bucket
-    assert stats["jobs"]["1"]["slots_completed"] == 2 * chunks
+    assert stats["jobs"]["1"]["slots_completed"] == 2 * chunks + 1  # +1: the agreement
     assert ina["steps"] == 2
     assert seen["unreachables"] == 0
     assert "dpt:47000" in seen["iptables"]
@@ -72,16 +72,18 @@ def test_hierarchical_leafspine_trains_through_dpdk_leaves_and_spine(tmp_path: P
                      prefix=f"d{os.getpid() % 100000}")  # fmt: skip
     runner.run_topology(cfg)
     ina = json.loads((cfg.out / RESULTS).read_text())["runs"]["ina"]
-    chunks = math.ceil(17226 / cfg.k)  # the MLP's one bucket
+    # The MLP's one bucket, two steps; + 1: the workers' first call (zeros, as a flat job's
+    # agreement)
+    slots = 2 * math.ceil(17226 / cfg.k) + 1
     leaves = [json.loads((cfg.out / "ina" / f"aggregator{i}.json").read_text()) for i in (0, 1)]
     spine = json.loads((cfg.out / "ina" / "aggregator2.json").read_text())
     assert ina["steps"] == 2
     for leaf in leaves:
         assert leaf["backend"] == "dpdk"
-        assert leaf["jobs"]["1"]["slots_completed"] == 2 * chunks
-        assert leaf["upstream"]["results"] == 2 * chunks
+        assert leaf["jobs"]["1"]["slots_completed"] == slots
+        assert leaf["upstream"]["results"] == slots
         io = leaf["dpdk"]
         assert io["spine_mac_learned"] >= 1
-        assert io["uplink_frames"] >= leaf["upstream"]["sent"] == 2 * chunks
+        assert io["uplink_frames"] >= leaf["upstream"]["sent"] == slots
     assert spine["backend"] == "dpdk"
-    assert spine["jobs"]["1"]["slots_completed"] == 2 * chunks
+    assert spine["jobs"]["1"]["slots_completed"] == slots

@@ -12,12 +12,17 @@ on both worker data paths.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,6 +44,7 @@ from ncina.worker.client import (
     AggregatorRestartedError,
     AllreduceClient,
 )
+from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.torch_hook import wait_between_calls
 from ncina_testlib import engine_process, start_aggregator, uplink
 
@@ -518,20 +524,20 @@ def test_a_restart_that_drew_the_same_generation_mid_call_is_recovered(
                 client.close()
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason="issue 38, case 4, open: rank 1's "
-                   "first call meets rank 0's recovery agreement in slot 0 (chunk_mismatch)")
 @pytest.mark.usefixtures("data_path")
+@pytest.mark.parametrize("backend", ["python", "socket"])
 @pytest.mark.parametrize("drawn", [5, 3])  # 3: the restart drew the same generation
-def test_a_restart_between_two_ranks_handshakes_is_recovered(drawn: int) -> None:
+def test_a_restart_between_two_ranks_handshakes_is_recovered(drawn: int, backend: str) -> None:
     # Issue 38, case 4: rank 0 is answered by generation 3, the aggregator restarts, rank 1 is
     # answered by the new start. Rank 0's recovery agreement and rank 1's first call met in
-    # slot 0 at offset 0, one was dropped as chunk_mismatch, and both ranks timed out.
+    # slot 0 at offset 0, one was dropped as chunk_mismatch, and both ranks timed out. Every
+    # client now makes the recovery's agreement once after its handshake, where they meet.
     x = np.full(3 * K, 2.0, dtype=np.float32)
 
     def rank_1s_hello(datagram: bytes) -> bool:
         return is_job_datagram(datagram) and Header._make(HEADER.unpack_from(datagram)).rank == 1
 
-    with restartable(2, 3) as server:
+    with restartable(2, 3, backend=backend) as server:
         server.restart_at.append((rank_1s_hello, drawn))
         first = AllreduceClient(server.address, job=JOB, rank=0, workers=2, k=K,
                                 result_format="int", deadline=4.0)  # fmt: skip
@@ -545,6 +551,7 @@ def test_a_restart_between_two_ranks_handshakes_is_recovered(drawn: int) -> None
                 assert ahead.result().tolist() == behind.tolist() == (2 * x).tolist()
             assert not server.restart_at
             assert [c.generation for c in clients] == [drawn, drawn]
+            assert [c.stats["restarts"] for c in clients] == [1, 0]
             assert [o.tolist() for o in allreduce_all(clients, x)] == [(2 * x).tolist()] * 2
         finally:
             for client in clients:
@@ -684,3 +691,133 @@ def test_a_forged_result_met_while_asking_for_the_generation_is_counted_as_bad_t
         finally:
             for client in clients:
                 client.close()
+
+
+# --- DDP with buffers through a restart (issue 38, case 5) --------------------------------------
+
+BUCKET = 4 * 8 + 8 + 2 * 8 + 8 + 1  # the parameters of ddp_rank's model: one bucket, one chunk
+DDP_STEPS = 4
+DDP_DEADLINE = 4.0
+DDP_MODES = ("ncina", "hook")  # the ncina backend; the INA hook on a gloo group
+
+
+def lose_a_ranks_result_of_step_2(server: Restartable) -> None:
+    """Make ``server`` drop rank 0's result of step 2's bucket, and restart (generation 5) at
+    rank 0's retransmission of it once rank 1 has it."""
+    buckets: list[int] = []  # the offsets of the bucket's chunks, in order
+    rank_1_has_it = threading.Event()
+
+    def target(header: Header) -> bool:  # step 2's bucket
+        return header.count == BUCKET and buckets[1:2] == [header.offset]
+
+    def restart_now(datagram: bytes) -> bool:
+        if not is_chunk(datagram):
+            return False
+        header = Header._make(HEADER.unpack_from(datagram))
+        if header.count == BUCKET and header.offset not in buckets:
+            buckets.append(header.offset)
+        return rank_1_has_it.is_set() and header.rank == 0 and target(header)
+
+    def lost(reply: bytes, to: tuple[str, int]) -> bool:  # until the restart
+        header = Header._make(HEADER.unpack_from(reply))
+        if not server.restart_at or not header.is_result or not target(header):
+            return False
+        if header.rank == 1:
+            rank_1_has_it.set()
+        return header.rank == 0
+
+    server.restart_at.append((restart_now, 5))
+    server.drop_reply = lost
+
+
+def test_ddp_broadcasting_buffers_recovers_a_restart_that_lost_a_ranks_last_result(
+    tmp_path: Path,
+) -> None:
+    # Issue 38, case 5: rank 1 has step 2's bucket, rank 0's result of it is lost, and the
+    # aggregator restarts. Rank 0 recovers inside the call and needs rank 1 in the recovery's
+    # calls, but rank 1 has gone on to step 3's forward, where DDP broadcasts the BatchNorm
+    # buffers from rank 0 through gloo: before, nothing asked the aggregator there, so rank 0
+    # gave up at its deadline (both modes failed). On the ncina backend (the broadcast is its
+    # delegated gloo one) and with the DDP hook on a gloo group (gloo's own), one after the
+    # other in the same two rank processes (torch's import and start-up paid once).
+    with restartable(2, 3) as first, restartable(2, 3) as second:
+        servers = dict(zip(DDP_MODES, (first, second), strict=True))
+        for server in servers.values():
+            lose_a_ranks_result_of_step_2(server)
+        spec = {"aggregators": {m: list(s.address) for m, s in servers.items()},
+                "rendezvous": str(tmp_path / "rendezvous")}  # fmt: skip
+        procs = [subprocess.Popen([sys.executable, __file__, json.dumps(
+            {**spec, "rank": rank, "out": str(tmp_path / f"{rank}.json")})],
+            env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"}) for rank in range(2)]  # fmt: skip
+        try:
+            assert [p.wait(timeout=60) for p in procs] == [0, 0]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        assert not first.restart_at and not second.restart_at
+    ranks = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
+    for mode in DDP_MODES:
+        assert [r[mode]["restarts"] for r in ranks] == [1, 1], mode
+        assert ranks[0][mode]["parameters"] == ranks[1][mode]["parameters"], mode  # same bits
+
+
+def ddp_rank(spec: dict[str, Any]) -> None:
+    """One rank of the DDP test above, in each of ``DDP_MODES``: a model with BatchNorm
+    (buffers, broadcast before every forward), ``DDP_STEPS`` steps, its gradients through the
+    mode's aggregator; writes, per mode, the restarts its client counted and its parameters'
+    bytes."""
+    import gc
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from ncina.worker.torch_backend import NcinaOptions
+    from ncina.worker.torch_hook import InaHookState, ina_hook
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank = spec["rank"]
+    seen = {}
+    for mode in DDP_MODES:
+        address = tuple(spec["aggregators"][mode])
+        join = {"init_method": f"file://{spec['rendezvous']}-{mode}", "rank": rank,
+                "world_size": 2, "timeout": timedelta(seconds=30)}  # fmt: skip
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+        state = None
+        if mode == "ncina":
+            dist.init_process_group("ncina", pg_options=NcinaOptions(
+                aggregators=[address], job=JOB, k=K, result_format="int", deadline=DDP_DEADLINE,
+                exact_below=0), **join)  # fmt: skip
+            ddp = DistributedDataParallel(model)
+            fabric = dist.distributed_c10d._get_default_group().state.fabric
+        else:
+            dist.init_process_group("gloo", **join)
+            ddp = DistributedDataParallel(model)
+            fabric = ShardedAllreduce([AllreduceClient(
+                address, job=JOB, rank=rank, workers=2, k=K, result_format="int",
+                deadline=DDP_DEADLINE)])  # fmt: skip
+            state = InaHookState(fabric)
+            ddp.register_comm_hook(state, ina_hook)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        generator = torch.Generator().manual_seed(rank)
+        for _ in range(DDP_STEPS):
+            optimizer.zero_grad()
+            ddp(torch.randn(16, 4, generator=generator)).square().mean().backward()
+            optimizer.step()
+        seen[mode] = {"restarts": fabric.clients[0].stats["restarts"],
+                      "parameters": [p.detach().numpy().tobytes().hex()
+                                     for p in model.parameters()]}  # fmt: skip
+        if state is not None:
+            state.close()
+            fabric.close()
+        del ddp
+        gc.collect()  # DDP's reducer before the process group (as ncina.worker.training's
+        dist.destroy_process_group()  # release_ddp, whose module's imports cost seconds)
+    Path(spec["out"]).write_text(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    ddp_rank(json.loads(sys.argv[1]))

@@ -162,8 +162,8 @@ def lossless_sums(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
     # completed once, nothing dropped, and each retransmission the aggregator saw accounted for.
     job = stats["jobs"][str(JOB)]
     chunks = -(-ELEMENTS // K)
-    assert job["contributions"] == WORKERS * chunks
-    assert job["slots_completed"] == chunks
+    assert job["contributions"] == WORKERS * (chunks + 1)  # + 1: the agreement after the handshake
+    assert job["slots_completed"] == chunks + 1
     assert sum(job["drops"].values()) == 0
     assert job["results_resent"] + job["duplicates"] <= job["retx_seen"]
     assert job["retx_seen"] <= sum(c["retransmissions"] for c in clients)
@@ -184,7 +184,7 @@ def test_int_results_are_identical_to_the_lossless_run(
     counted = stats["faults"]
     job = stats["jobs"][str(JOB)]
     chunks = -(-ELEMENTS // K)
-    assert job["slots_completed"] == chunks  # every slot completed exactly once
+    assert job["slots_completed"] == chunks + 1  # every slot once, and the agreement's
     assert sum(job["drops"].values()) == 0
     if "drop_up" in faults or "drop_down" in faults:
         lost = counted["dropped_up"] + counted["dropped_down"]

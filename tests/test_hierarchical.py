@@ -266,8 +266,8 @@ def test_hierarchical_int_results_are_the_exact_sum(
     check_accounting(tree)
     served = tree.spine.stats()["jobs"][str(JOB)]
     chunks = sum(-(-n // K) for n in SIZES)
-    assert served["slots_completed"] == chunks
-    assert served["contributions"] == chunks * leaves
+    assert served["slots_completed"] == chunks + 1  # + 1: the workers' first call (zeros)
+    assert served["contributions"] == (chunks + 1) * leaves
 
 
 @pytest.mark.parametrize(("spine", "leaf"), [("python", "socket"), ("socket", "python")])
@@ -313,9 +313,9 @@ def test_hierarchical_a_new_set_of_workers_restarts_the_tree(
         for c in range(len(calls)):
             assert all(got[c][g].tobytes() == want[c].tobytes() for g in range(tree.total))
     check_accounting(tree)
-    assert tree.spine.stats()["jobs"][str(JOB)]["slots_completed"] == 2 * sum(
+    assert tree.spine.stats()["jobs"][str(JOB)]["slots_completed"] == 2 * (sum(
         -(-n // K) for n in SIZES
-    )
+    ) + 1)  # + 1: the workers' first call (zeros, as a flat job's agreement)
     assert all(running.stats()["upstream"]["hellos"] >= 2 for running in tree.leaves)
 
 

@@ -99,6 +99,6 @@ def test_multinode_training_through_one_aggregator(tmp_path: Path) -> None:
     assert all(len(r) == PER_NODE for r in ranks.values()), ranks
     assert set().union(*ranks.values()) == set(range(WORKERS))
     assert [e["steps"] for e in ends] == [STEPS] * WORKERS
-    assert stats["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS
+    assert stats["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS + 1  # +1: the agreement
     # Same parameters on every rank: the same test set gives the same loss, bit for bit.
     assert len({(e["test_loss"], e["test_acc"]) for e in ends}) == 1, ends

@@ -76,8 +76,8 @@ def test_star_three_workers_two_steps_through_the_python_aggregator(tmp_path: Pa
     # Two steps of one bucket of ceil(17226 / 256) chunks, all through the aggregator.
     chunks = math.ceil(PARAMETERS / cfg.k)
     job = ina["aggregators"][0]["jobs"]["1"]
-    assert job["slots_completed"] == 2 * chunks
-    assert_sent_once_plus_retransmissions(ina["fabric"], 3 * 2 * chunks)
+    assert job["slots_completed"] == 2 * chunks + 1  # +1: the agreement
+    assert_sent_once_plus_retransmissions(ina["fabric"], 3 * (2 * chunks + 1))
     assert ina["fabric"]["saturated"] == 0
     assert results["runs"]["gloo"]["verify"] is None
     assert results["runs"]["gloo"]["aggregator_cpu_s"] == 0  # gloo's ring has no aggregator
@@ -104,7 +104,8 @@ def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
     assert ina["steps"] == LOSSY_STEPS
     assert ina["fabric"]["retransmissions"] > 0
     job = ina["aggregators"][0]["jobs"]["1"]
-    assert job["slots_completed"] == LOSSY_STEPS * math.ceil(PARAMETERS / cfg.k)
+    # +1: the agreement the clients make after their handshake
+    assert job["slots_completed"] == LOSSY_STEPS * math.ceil(PARAMETERS / cfg.k) + 1
     assert job["drops"]["bad_tag"] == 0 and ina["fabric"]["bad_tag"] == 0
     assert "tagged" in (cfg.out / "ina" / "aggregator0.log").read_text()  # the job has a key
     if TSHARK is None:  # the checks above passed; the capture's decoding was not checked
@@ -148,11 +149,12 @@ def test_multi_shards_each_bucket_across_the_aggregators(tmp_path: Path) -> None
     results = run_topology(cfg)
     ina = results["runs"]["ina"]
     chunks = math.ceil(PARAMETERS / cfg.k)
-    # Each step's one bucket: chunks [0, 34) to the first aggregator, [34, 68) to the second.
+    # Each step's one bucket: chunks [0, 34) to the first aggregator, [34, 68) to the second;
+    # + 1 at each: the agreement each client makes after its handshake.
     assert [a["jobs"]["1"]["slots_completed"] for a in ina["aggregators"]] == [
-        2 * (chunks // 2), 2 * (chunks - chunks // 2)
+        2 * (chunks // 2) + 1, 2 * (chunks - chunks // 2) + 1
     ]
-    assert_sent_once_plus_retransmissions(ina["fabric"], 2 * 2 * chunks)
+    assert_sent_once_plus_retransmissions(ina["fabric"], 2 * (2 * chunks + 2))
 
 
 @pytest.mark.parametrize("backend", ["python", "socket"])
@@ -168,20 +170,21 @@ def test_leafspine_hierarchical_training_through_leaves_and_spine(
                      baseline=False, prefix=PREFIX)  # fmt: skip
     results = run_topology(cfg)
     ina = results["runs"]["ina"]
-    chunks = math.ceil(PARAMETERS / cfg.k)
+    # + 1: the workers' first call (zeros, as a flat job's agreement)
+    slots = 2 * math.ceil(PARAMETERS / cfg.k) + 1
     leaves, spine = ina["aggregators"][:2], ina["aggregators"][2]
     assert len(ina["aggregators"]) == 3
     for leaf in leaves:
         job = leaf["jobs"]["1"]
-        assert job["slots_completed"] == 2 * chunks
-        assert leaf["upstream"]["sent"] == 2 * chunks
-        assert leaf["upstream"]["results"] == 2 * chunks
+        assert job["slots_completed"] == slots
+        assert leaf["upstream"]["sent"] == slots
+        assert leaf["upstream"]["results"] == slots
         assert leaf["global"]["drops"]["internal_error"] == 0
-    assert spine["jobs"]["1"]["slots_completed"] == 2 * chunks
-    assert spine["jobs"]["1"]["contributions"] == 2 * 2 * chunks
+    assert spine["jobs"]["1"]["slots_completed"] == slots
+    assert spine["jobs"]["1"]["contributions"] == 2 * slots
     assert ina["verify"]["buckets"] == 2 * 4
     assert ina["verify"]["worst_ratio"] <= 1.0
-    assert_sent_once_plus_retransmissions(ina["fabric"], 4 * 2 * chunks)
+    assert_sent_once_plus_retransmissions(ina["fabric"], 4 * slots)
 
 
 @pytest.fixture

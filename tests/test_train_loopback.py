@@ -93,8 +93,9 @@ def test_ina_and_gloo_runs_and_their_summary(
     assert runs["ina"]["bytes_per_worker"] > 0 and runs["gloo"]["bytes_per_worker"] > 0
     fabric = runs["ina"]["fabric"]
     assert fabric["bytes_sent"] / WORLD < 2 * (WORLD - 1) / WORLD * 4 * PARAMETERS * STEPS
-    assert_sent_once_plus_retransmissions(fabric, WORLD * STEPS * CHUNKS)
-    assert runs["ina"]["aggregators"][0]["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS
+    # + 1: the agreement the clients make after their handshake
+    assert_sent_once_plus_retransmissions(fabric, WORLD * (STEPS * CHUNKS + 1))
+    assert runs["ina"]["aggregators"][0]["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS + 1
     # Four repeats of INA, the run and three copies with every statistic's field scaled (so
     # that median, min and max differ, and four makes the median the mean of the middle two),
     # one of gloo (each statistic its own value): compared with the standard library's median.
@@ -122,7 +123,8 @@ def test_ina_and_gloo_runs_and_their_summary(
 
 def test_the_ncina_backend_trains_without_a_hook(tmp_path: Path) -> None:
     """``--backend ncina``: DDP with no comm hook on the ncina process group; the gradients go
-    through the aggregator (the handshake's one-element all-reduce, then one bucket a step),
+    through the aggregator (the agreement after the handshake, the handshake's one-element
+    all-reduce, then one bucket a step),
     DDP's broadcast and the barriers through gloo, and the summary compares it with the hook."""
     agg = start_aggregator("python", tmp_path / "aggregator", job=1, workers=WORLD, k=256,
                            result="nc8", extra=["--seed", "0"])
@@ -133,7 +135,7 @@ def test_the_ncina_backend_trains_without_a_hook(tmp_path: Path) -> None:
         assert agg.stop() == 0
     run = report.summarize("ncina", backend, [agg.stats_path])
     assert run["steps"] == STEPS and run["exposed_comm_s"] is None
-    assert run["aggregators"][0]["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS + 1
+    assert run["aggregators"][0]["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS + 2
     for metrics in backend:
         end = report.read_events(metrics)[-1]
         assert end["paths"]["allreduce/ina"] == STEPS
@@ -165,9 +167,10 @@ def test_hierarchical_training_through_a_leaf_and_its_spine(tmp_path: Path) -> N
     finally:
         assert spine.stop() == 0, spine.log()
     chunks = -(-PARAMETERS // 128)
-    assert leaf_stats["jobs"]["1"]["slots_completed"] == STEPS * chunks
-    assert leaf_stats["upstream"]["results"] == STEPS * chunks
-    assert spine_stats["slots_completed"] == STEPS * chunks
+    slots = STEPS * chunks + 1  # + 1: the workers' first call (zeros, as a flat job's agreement)
+    assert leaf_stats["jobs"]["1"]["slots_completed"] == slots
+    assert leaf_stats["upstream"]["results"] == slots
+    assert spine_stats["slots_completed"] == slots
 
 
 def test_unknown_model_is_refused(tmp_path: Path) -> None:
@@ -207,7 +210,7 @@ def test_torchrun_starts_the_ranks_against_an_aggregator(tmp_path: Path) -> None
         assert events[0]["rank"] == rank and events[0]["world_size"] == WORLD
         ends.append(events[-1])
     assert [e["steps"] for e in ends] == [STEPS] * WORLD
-    assert stats["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS
+    assert stats["jobs"]["1"]["slots_completed"] == STEPS * CHUNKS + 1  # + 1: the agreement
     for rank, end in enumerate(ends):  # the hook timed its all-reduces and each step's wait
         steps = [e for e in report.read_events(tmp_path / f"rank{rank}.jsonl")
                  if e["event"] == "step"]  # fmt: skip

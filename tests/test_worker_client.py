@@ -3,7 +3,9 @@
 The fake is a thread with a UDP socket that plays a whole job: it answers the job handshake with
 the worker's own descriptor (a job that agrees with the worker), and each uplink chunk at
 once with the result the real aggregator would send if every one of ``workers`` workers had sent
-the same chunk (so the mean is the input, exactly, for power-of-two inputs). It can drop the first
+the same chunk (so the mean is the input, exactly, for power-of-two inputs), except the restart
+recovery's agreement that a client of two workers or more makes first (``agreement``). It can
+drop the first
 copy of chunks of chosen slots, duplicate its results, precede each result by stale, foreign
 and malformed datagrams, and play a keyed job (checking uplink tags, tagging its results, and
 preceding each result by a forgery: the same header with another payload and a wrong tag).
@@ -174,7 +176,8 @@ class FakeAggregator(threading.Thread):
             job=hdr.job, rank=hdr.rank, slot=hdr.slot, offset=hdr.offset, count=hdr.count,
             emin=hdr.emin, flags=FLAG_RESULT | (hdr.flags & FLAG_POOL), fmt=self.result,
         )
-        body = self.sum_payload(np.frombuffer(payload, dtype=np.uint8))
+        codes = np.frombuffer(payload, dtype=np.uint8)
+        body = self.agreement(hdr, codes) or self.sum_payload(codes)
         at = self.bad_code_at
         start = hdr.offset * hdr.count  # its first element's flat index (a full first-call chunk)
         if at is not None and start <= at < start + hdr.count:
@@ -238,14 +241,25 @@ class FakeAggregator(threading.Thread):
                 self.answer(*held[chunk])
         return True
 
-    def sum_payload(self, codes: np.ndarray) -> bytes:
-        """The result payload for ``workers`` copies of ``codes``."""
+    def agreement(self, hdr: Header, codes: np.ndarray) -> bytes | None:
+        """The result of the restart recovery's agreement (a client of ``workers`` > 1 makes
+        it once, before its first call: the chunk at offset 0, one element per worker, only
+        its own rank's lane set) as identical workers make it: every lane holds that count;
+        None for any other chunk."""
+        if self.shift == 0 or hdr.offset != 0 or hdr.count != 1 << self.shift:
+            return None
+        assert np.count_nonzero(codes) == 1
+        return self.sum_payload(np.full_like(codes, codes.max()), shift=0)
+
+    def sum_payload(self, codes: np.ndarray, shift: int | None = None) -> bytes:
+        """The result payload for ``workers`` copies of ``codes`` (``2**shift`` copies)."""
+        shift = self.shift if shift is None else shift
         magnitude = (codes & 0x7F).astype(np.int64)
         negative = (codes & 0x80) != 0
         if self.result == Format.NC8:
-            summed = np.where(magnitude > 0, magnitude + self.shift, 0)
+            summed = np.where(magnitude > 0, magnitude + shift, 0)
             return (summed | np.where(negative, 0x80, 0)).astype(np.uint8).tobytes()
-        power = np.left_shift(1, np.maximum(magnitude - 1, 0) + self.shift)
+        power = np.left_shift(1, np.maximum(magnitude - 1, 0) + shift)
         ints = np.where(magnitude > 0, power, 0)
         return np.where(negative, -ints, ints).astype(SUM_DTYPES[self.result]).tobytes()
 
@@ -322,10 +336,11 @@ def test_mean_and_sum_of_powers_of_two_are_exact(result: str) -> None:
     np.testing.assert_array_equal(mean, x)
     np.testing.assert_array_equal(total, 4 * x)
     chunks = -(-x.size // 64)
-    # Each chunk sent once, plus what a timer outrun by a busy machine re-sent: the fake answers
-    # every copy, and a second answer is ignored (the last ones may still be in flight).
-    assert stats["packets_sent"] == 2 * chunks + stats["retransmissions"]
-    assert stats["packets_received"] == 2 * chunks + stats["results_ignored"]
+    # Each chunk sent once (and the agreement's, before the first call), plus what a timer
+    # outrun by a busy machine re-sent: the fake answers every copy, and a second answer is
+    # ignored (the last ones may still be in flight).
+    assert stats["packets_sent"] == 2 * chunks + 1 + stats["retransmissions"]
+    assert stats["packets_received"] == 2 * chunks + 1 + stats["results_ignored"]
     assert stats["results_ignored"] <= stats["retransmissions"]
     assert stats["allreduce_calls"] == 2 and stats["elements"] == 2 * x.size
 
@@ -382,7 +397,7 @@ def test_keyed_job_tags_every_packet_and_ignores_forged_results() -> None:
     # A forgery came before each chunk's result, and each was ignored for its tag (more if a
     # slow machine made a retransmission spurious: the fake answers every copy).
     assert stats["bad_tag"] >= chunks and stats["results_ignored"] >= stats["bad_tag"]
-    assert stats["packets_sent"] == chunks + stats["retransmissions"]
+    assert stats["packets_sent"] == chunks + 1 + stats["retransmissions"]  # 1: the agreement
 
 
 def test_untagged_client_of_a_keyed_job_fails_its_handshake_naming_the_key() -> None:
@@ -769,7 +784,8 @@ def test_short_last_chunk_and_a_tensor_smaller_than_k() -> None:
         assert empty.shape == (0, 3) and empty.dtype == np.float32
         stats = client.stats
         assert stats["allreduce_calls"] == 5
-        assert stats["packets_sent"] == 1 + 1 + 2 + 4 + stats["retransmissions"]
+        # The agreement's chunk first (two workers), then each call's.
+        assert stats["packets_sent"] == 1 + 1 + 1 + 2 + 4 + stats["retransmissions"]
 
 
 def test_a_result_code_above_the_nc8_range_is_an_error_naming_its_index() -> None:

@@ -213,7 +213,10 @@ class AllreduceClient:
 
     ``restart_retries`` is how many restarts of the aggregator one INA call recovers from
     (:meth:`_ina_allreduce`; every rank of the job must recover, so give them all the same);
-    0, server mode and hierarchical jobs fail the call at the first one.
+    0, server mode and hierarchical jobs fail the call at the first one. An INA client of a job
+    of two workers or more with the handshake makes the recovery's agreement once after its
+    first handshake, before its first call (:meth:`_agree_first`: one chunk of ``workers``
+    elements, whatever ``restart_retries``, since every rank of the job must make it).
     """
 
     def __init__(
@@ -328,6 +331,14 @@ class AllreduceClient:
         # client completed, the sum of the last one (what a rank behind it may need served)
         # and a buffer the C path decodes into when the caller's ``out`` is its input.
         self._completed = 0
+        # Whether this client made the recovery's agreement in its aggregator's start: once
+        # after its first handshake (``_agree_first``), so that a rank recovering from a start it
+        # completed no call in meets a fresh rank there (issue 38, case 4). Every rank of a job
+        # must make it, so it depends on the job only: INA, a handshake, two workers or more in
+        # the tree (a one-worker job has nobody to meet).
+        self._agreed = not (
+            mode == "ina" and handshake_timeout is not None and self.total_workers > 1
+        )
         self._kept = [np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.uint8)]
         self._last_kept = 0  # the buffer of _kept that holds the last call's results
         self._last: tuple[str, int, np.ndarray | None] = ("kept", 0, None)
@@ -653,6 +664,8 @@ class AllreduceClient:
                         if divisor != 1:
                             total /= np.float32(divisor)
                         break
+                elif not self._agreed:
+                    self._agree_first()
                 total = self._transfer(flat, prepared, out, divisor, keep)
                 if self.recovers:
                     self._last_kept = 1 - self._last_kept
@@ -732,18 +745,20 @@ class AllreduceClient:
             return nc8.decode(kept[:n], self.window)
         return kept[: 4 * n].view(np.float32)
 
-    def _prepare(self, flat: np.ndarray) -> object:
+    def _prepare(self, flat: np.ndarray, rng: np.random.Generator | None = None) -> object:
         """What a transfer of ``flat`` needs that must not change when it is redone: the NC8
-        codes (Python path) or the key of the C path's fused encode, drawn from the client's
-        random stream as ``nc8.encode`` draws it. Raises ``ValueError`` for NaN or infinity."""
+        codes (Python path) or the key of the C path's fused encode, drawn from ``rng`` (default
+        the client's random stream) as ``nc8.encode`` draws it. Raises ``ValueError`` for NaN or
+        infinity."""
         n = flat.size
+        rng = self._rng if rng is None else rng
         if self._c is None:
-            encoded = nc8.encode(flat, self.window, self._rng)
+            encoded = nc8.encode(flat, self.window, rng)
             if encoded.saturated:
                 self._stats["saturated"] += encoded.saturated
                 self._warn_saturated(encoded.saturated, n)
             return encoded.codes
-        key = nc8._draw_key(self._rng)  # nc8.encode's key for the same call
+        key = nc8._draw_key(rng)  # nc8.encode's key for the same call
         bad = self._c.first_nonfinite(flat)
         if bad < n:
             raise ValueError(f"cannot encode {float(flat[bad])} at flat index {bad}")
@@ -792,8 +807,10 @@ class AllreduceClient:
 
     def _sum_internal(self, values: np.ndarray) -> np.ndarray:
         """The sum of ``values`` (float32 powers of two, exact in NC8) over the workers, for the
-        recovery's own calls: not counted as a call, no compressor, the input kept."""
-        prepared = self._prepare(values)
+        recovery's own calls: not counted as a call, no compressor, the input kept, and no key
+        drawn from the client's random stream (exact values round the same with any key), so
+        the agreement after the handshake leaves the calls' rounding as it was."""
+        prepared = self._prepare(values, np.random.default_rng(0))
         return self._transfer(values, prepared, None)
 
     def _recovered(self, n: int) -> np.ndarray | None:
@@ -810,9 +827,9 @@ class AllreduceClient:
     def _recover(self, n: int) -> np.ndarray | None:
         """After a restart: handshake with the new aggregator, agree with every rank on where
         each one is, and serve or receive the sum of a call that some ranks completed and
-        others did not. Returns that sum when this rank was behind (its current call, of ``n``
-        elements, is then complete), None when this rank must (re)do its current call. Raises
-        ``_Restart`` if the aggregator restarts again meanwhile."""
+        others did not (:meth:`_agree`). Returns that sum when this rank was behind (its current
+        call, of ``n`` elements, is then complete), None when this rank must (re)do its current
+        call. Raises ``_Restart`` if the aggregator restarts again meanwhile."""
         self._stats["restarts"] += 1
         log.warning("job %d rank %d: aggregator %s:%d restarted; recovering", self.job,
                     self.rank, *self.aggregator)  # fmt: skip
@@ -821,12 +838,44 @@ class AllreduceClient:
         if self.handshake_timeout is not None:
             self._handshaken = False
             self._handshake(max(self.handshake_timeout, self.deadline))
+        return self._agree(n)
+
+    def _agree_first(self) -> None:
+        """The recovery's agreement, made once after this client's first handshake, before its
+        first call (every count 0, so nobody serves): a rank whose first handshake a start of the
+        aggregator answered, and which recovers when that start is replaced before it completed
+        a call there, makes the same agreement in the new start's slot 0, where a rank that
+        handshook only with the new start meets it (issue 38, case 4). A restart during it is
+        recovered as during a call, and the recovery's agreement takes its place. A failed
+        handshake is tried again by the next call; any other failure makes the client unusable.
+
+        A worker under a leaf (no recovery: the leaf sees the spine restart) sends zeros of the
+        same size instead, so that a tree's slot sequence, and so its results, stay a one-level
+        job's of all its workers (the aggregators' rounding keys follow the slot sequence)."""
+        self._handshake()
+        try:
+            if self.total_workers != self.workers:
+                self._sum_internal(np.zeros(self.total_workers, dtype=np.float32))
+                self._agreed = True
+            elif self._agree(0) is not None:  # a rank ahead needs this rank's first call
+                raise RuntimeError("restart recovery: another rank completed a call before "
+                                   "this rank's first")  # fmt: skip
+        except _Restart:
+            raise
+        except BaseException as exc:
+            self._broken = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def _agree(self, n: int) -> np.ndarray | None:
+        """The recovery's agreement (and serve call, when the ranks are one call apart) with
+        every rank, in this client's aggregator's start: see :meth:`_recover`."""
         one = np.float32(2.0**self.window.e_min)
         # Each rank's number of completed calls, mod 4, in a lane of its own: a lane has one
         # contributor, so its sum is one power of two, exact in either result format.
         lanes = np.zeros(self.workers, dtype=np.float32)
         lanes[self.rank] = one * np.float32(2 ** (self._completed % 4))
         seen = _exponents(self._sum_internal(lanes) / one)
+        self._agreed = True
         residues = set(seen.tolist())
         if len(residues) == 1:
             return None  # nobody has more than this rank: everyone (re)does the current call

@@ -30,7 +30,13 @@ every rank. The agreement sits between two INA calls, so a rank waiting in it co
 whose last result an aggregator restart lost, and which waits in that call's recovery for every
 rank: while the agreement stalls (:data:`PROBE_AFTER_S`), each waiting rank asks its aggregators
 whether they restarted and, if one did, joins the recovery from there
-(:meth:`AllreduceClient.recover_if_restarted`; issue 38, case 5).
+(:meth:`AllreduceClient.recover_if_restarted`; issue 38, case 5). A rank can wait for the others
+anywhere else between two calls too: in a gloo collective of the program's own (DDP's
+``broadcast_buffers`` before each forward of a model with buffers, a barrier, the ``ncina``
+backend's delegated collectives) or in its own computation. So whenever the communication thread
+has had nothing to do for :data:`PROBE_AFTER_S`, the state's prober queues the same question on
+it (on that thread, so that it never races a call): one hello per aggregator per period while
+idle.
 
 A bucket in host memory is all-reduced in place (the fabric writes the mean into it). A CUDA bucket
 goes through :mod:`ncina.worker.staging`: the hook queues its copy into a pinned buffer of its
@@ -55,6 +61,7 @@ error bounds of natural compression (:mod:`ncina.proto.nc_bounds`).
 
 # No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's annotations
 # with the real dist.GradBucket and torch.futures.Future[torch.Tensor] objects, not strings.
+import logging
 import math
 import threading
 import time
@@ -70,6 +77,8 @@ from ncina.proto.nc_bounds import bounds_from_sums
 from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.staging import BucketStaging, Slot
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+log = logging.getLogger(__name__)
 
 # Relative slack for float32 rounding of the decoded mean (decode, divide by N).
 FLOAT_SLACK = 2.0**-20
@@ -128,9 +137,18 @@ class InaHookState:
         repr=False,
     )
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Tasks queued on the communication thread and not ended, when the last one ended, and the
+    # prober that asks the aggregators while there are none (module doc).
+    _busy: int = field(default=0, repr=False)
+    _idle_since: float = field(default_factory=time.monotonic, repr=False)
+    _prober: threading.Thread | None = field(default=None, repr=False)
+    _closing: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def close(self) -> None:
-        """Stop the communication thread."""
+        """Stop the prober and the communication thread."""
+        self._closing.set()
+        if self._prober is not None:
+            self._prober.join()
         self._thread.shutdown(wait=True)
 
     def drain(self) -> None:
@@ -148,7 +166,7 @@ class InaHookState:
         both hand their tensors over here."""
         if not self.staging.handles(buffer):
             future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-            self._thread.submit(self.reduce, buffer, index, future, None, op)
+            self._queue(self.reduce, buffer, index, future, None, op)
             return future
         future = self.staging.future(buffer)
         try:
@@ -156,8 +174,52 @@ class InaHookState:
         except Exception as exc:  # fail like an all-reduce: the future's consumer raises it
             self._fail(future, exc, None)
             return future
-        self._thread.submit(self.reduce, buffer, index, future, slot, op)
+        self._queue(self.reduce, buffer, index, future, slot, op)
         return future
+
+    def _queue(self, task: Any, *args: Any) -> None:
+        """Run ``task(*args)`` on the communication thread, busy until it ends; the first task
+        of a fabric with INA clients starts the prober."""
+        with self._lock:
+            self._busy += 1
+            if self._prober is None and self.clients():
+                self._prober = threading.Thread(target=self._probe_while_idle, daemon=True,
+                                                name="ncina-probe")  # fmt: skip
+                self._prober.start()
+        self._thread.submit(self._run, task, *args)
+
+    def _run(self, task: Any, *args: Any) -> None:
+        """On the communication thread: ``task(*args)``, then idle from now unless more is
+        queued."""
+        try:
+            task(*args)
+        finally:
+            with self._lock:
+                self._busy -= 1
+                self._idle_since = time.monotonic()
+
+    def _probe_while_idle(self) -> None:
+        """The prober (module doc): each time the communication thread has been idle for
+        :data:`PROBE_AFTER_S`, queue :meth:`_probe` on it, until :meth:`close`."""
+        while not self._closing.wait(PROBE_AFTER_S / 4):
+            with self._lock:
+                idle = self._busy == 0 and time.monotonic() - self._idle_since >= PROBE_AFTER_S
+            if idle:
+                self._queue(self._probe)
+
+    def _probe(self) -> None:
+        """On the communication thread, between two calls: ask every client whether its
+        aggregator restarted, and recover now if it did (serving a rank behind its last
+        result). A failed recovery leaves the client unusable, and its next call raises why.
+        Nothing once the hook has fallen back to gloo."""
+        if self.fallen_back:
+            return
+        for client in self.clients():
+            try:
+                client.recover_if_restarted()
+            except Exception as exc:  # the client keeps it; its next call says it
+                log.warning("restart recovery between calls failed: %s: %s",
+                            type(exc).__name__, exc)  # fmt: skip
 
     def reduce(
         self,

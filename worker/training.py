@@ -33,7 +33,6 @@ from ncina.worker.torch_hook import (
     gloo_hook,
     ina_hook,
     verifying_hook,
-    wait_between_calls,
 )
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -437,11 +436,9 @@ def steps(
         )
         if step == args.max_steps:
             break
-    if isinstance(hook, InaHookState):  # a restart that lost a rank's last bucket: the others
-        # ask the aggregators while they wait and serve it (docs/reliability.md)
-        wait_between_calls(dist.barrier(async_op=True), hook.clients())
-    else:
-        dist.barrier()
+    # A restart that lost a rank's last bucket: the others' hook probers ask the aggregators
+    # while they wait here, and serve it (docs/reliability.md, "A rank that waits between calls").
+    dist.barrier()
     elapsed = clock()
     timing = step_timing(step, step_total, compute_s, comm_wait, hook)
     backend_fabric, backend_paths = backend_stats()
