@@ -18,8 +18,18 @@ case it reproduces (the "Why" list); every one failed on the code before the fix
 - GradScaler (CPU autocast bfloat16) skips the steps gloo skips, with the same scale;
 - a seeded random sequence of calls (sizes on both sides of the threshold, three dtypes,
   infinities and NaNs on random ranks, async calls and barriers) on ``ncina`` and gloo side by
-  side: bit-equal on the exact path, within NC8's deterministic bound on the lossy one, the
-  same bits on both ranks.
+  side, through three aggregator restarts: bit-equal on the exact path, within NC8's
+  deterministic bound on the lossy one, the same bits on both ranks, and every rank's client
+  of the restarted aggregator counted each restart.
+
+The restarts (``RESTARTS``) are the parent's: rank 0 asks for one with a file in a control
+folder, the parent SIGKILLs that aggregator and starts another on its address with a new
+``--generation``, and acknowledges with another file (``restart_aggregators``). Two come during
+an INA call, rank 1 held back before its fabric call until the acknowledgement, so that rank
+0's half of the call is in flight in the killed aggregator (the parent waits until its stats show
+it); one comes between two calls while both ranks wait in a gloo barrier. Nothing waits on a
+guessed sleep. With ``restart_retries=0`` in the clients the property case fails: rank 0's
+call raises ``AggregatorRestartedError``.
 """
 
 from __future__ import annotations
@@ -96,9 +106,14 @@ def _aggregator(workdir: Path, generation: int, listen: str = "127.0.0.1:0") -> 
                                                   "--generation", str(generation)])  # fmt: skip
 
 
-def restart_aggregators(procs: list[subprocess.Popen[bytes]], aggs: list[RunningAggregator],
-                        control: Path, completed: list[int], restarts: list[tuple[int, int]],
-                        tmp_path: Path) -> None:
+def restart_aggregators(
+    procs: list[subprocess.Popen[bytes]],
+    aggs: list[RunningAggregator],
+    control: Path,
+    completed: list[int],
+    restarts: list[tuple[int, int]],
+    tmp_path: Path,
+) -> None:
     """Until the ranks exit: serve rank 0's restart requests (``request-N.json`` in
     ``control``, ``_ask_restart``) in order. Each SIGKILLs the aggregator it names and starts
     a new one on the same address with the next generation, then acknowledges (``ack-N``).
@@ -540,9 +555,9 @@ def case_property(rank: int, gloo: Any, control: Path) -> dict[str, Any]:
 
 
 def _ask_restart(control: Path, number: int, aggregator: int, in_flight: bool) -> None:
-    """Rank 0 asks the parent for restart ``number`` (``restart_aggregators``) and, unless
-    the call it takes is ``in_flight`` (held until every rank is in it), waits until it is
-    done."""
+    """Rank 0 asks the parent for restart ``number`` of ``aggregator`` (``restart_aggregators``;
+    ``in_flight``: during the call rank 0 has just started); the parent acknowledges with
+    ``ack-NUMBER`` (``_wait_for``)."""
     _write(control / f"request-{number}.json",
            json.dumps({"aggregator": aggregator, "in_flight": in_flight}))  # fmt: skip
 
