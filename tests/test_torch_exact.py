@@ -465,7 +465,7 @@ def case_grad_scaler(rank: int, gloo: Any) -> dict[str, Any]:
 def case_property(rank: int, gloo: Any, control: Path) -> dict[str, Any]:
     """A seeded random sequence of calls (the same on both ranks, each rank its own values):
     sizes on both sides of the threshold, three dtypes, infinities and NaNs on random ranks,
-    SUM and AVG, async calls waited late, barriers; each on ``ncina`` and on gloo. At seeded
+    SUM and AVG, async calls waited late, barriers; each on ``ncina`` and on gloo. At fixed
     points (``RESTARTS``) rank 0 has the parent restart an aggregator (``_ask_restart``):
     during the next INA call (rank 1 held back before its fabric call until the restart is
     done, so rank 0's call is in flight there) or after a call while rank 1 waits in a gloo
@@ -497,7 +497,8 @@ def case_property(rank: int, gloo: Any, control: Path) -> dict[str, Any]:
         mine, theirs = x.clone(), x.clone()
         op = dist.ReduceOp.AVG if average else dist.ReduceOp.SUM
         # An INA call (lossy: above the threshold, finite everywhere) takes a due restart in
-        # flight: 2000 elements are 16 chunks an aggregator, a pool's worth (K, POOL).
+        # flight: its 512 or 2000 elements are 4 or 16 chunks an aggregator, all sent at once
+        # (K, POOL); the parent kills the aggregator once the first has reached it.
         in_flight = bool(schedule) and schedule[0][1] and schedule[0][0] <= index \
             and n >= EXACT_BELOW and poison < 0  # fmt: skip
         restart = schedule.pop(0) if in_flight else None
