@@ -18,17 +18,29 @@ case it reproduces (the "Why" list); every one failed on the code before the fix
 - GradScaler (CPU autocast bfloat16) skips the steps gloo skips, with the same scale;
 - a seeded random sequence of calls (sizes on both sides of the threshold, three dtypes,
   infinities and NaNs on random ranks, async calls and barriers) on ``ncina`` and gloo side by
-  side: bit-equal on the exact path, within NC8's deterministic bound on the lossy one, the
-  same bits on both ranks.
+  side, through three aggregator restarts: bit-equal on the exact path, within NC8's
+  deterministic bound on the lossy one, the same bits on both ranks, and every rank's client
+  of the restarted aggregator counted each restart.
+
+The restarts (``RESTARTS``) are the parent's: rank 0 asks for one with a file in a control
+folder, the parent SIGKILLs that aggregator and starts another on its address with a new
+``--generation``, and acknowledges with another file (``restart_aggregators``). Two come during
+an INA call, rank 1 held back before its fabric call until the acknowledgement, so that rank
+0's half of the call is in flight in the killed aggregator (the parent waits until its stats show
+it); one comes between two calls while both ranks wait in a gloo barrier. Nothing waits on a
+guessed sleep. With ``restart_retries=0`` in the clients the property case fails: rank 0's
+call raises ``AggregatorRestartedError``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,20 +48,30 @@ from typing import Any
 import pytest
 from ncina_testlib import start_aggregator
 
+from ncina.harness.aggregators import RunningAggregator
+
 WORLD = 2
 K = 64
 POOL = 16
 EXACT_BELOW = 512  # the job's threshold here: small enough that the lossy cases stay small
 PROPERTY_CALLS = 40
+# The property test's aggregator restarts: (call, in flight, aggregator). In flight: during
+# the first INA call from that one on; else between that call and the next, while the ranks
+# wait in a gloo barrier. Fixed points, spread over the sequence, on both aggregators.
+RESTARTS = ((6, True, 0), (17, False, 1), (29, True, 1))
 
 
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Run the two ranks once; return what they saw and the aggregators' job stats."""
+    """Run the two ranks once, restarting an aggregator whenever rank 0 asks
+    (``restart_aggregators``); return what the ranks saw, the restarts made (aggregator and
+    new generation, in order) and each aggregator's completed slots over all its starts."""
     tmp_path = tmp_path_factory.mktemp("exact")
-    aggs = [start_aggregator("socket", tmp_path / f"agg{i}", job=1, workers=WORLD, k=K,
-                             result="nc8", extra=["--pool-size", str(POOL), "--seed", "1"])
-            for i in range(2)]  # fmt: skip
+    control = tmp_path / "control"
+    control.mkdir()
+    aggs = [_aggregator(tmp_path / f"agg{i}", i + 1) for i in range(2)]
+    completed = [0, 0]
+    restarts: list[tuple[int, int]] = []
     procs: list[subprocess.Popen[bytes]] = []
     try:
         env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
@@ -59,11 +81,13 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                "NCINA_EXACT_BELOW": str(EXACT_BELOW)}  # fmt: skip
         for rank in range(WORLD):
             spec = {"rank": rank, "rendezvous": str(tmp_path / "rendezvous"),
-                    "out": str(tmp_path / f"{rank}.json")}  # fmt: skip
+                    "out": str(tmp_path / f"{rank}.json"), "control": str(control)}  # fmt: skip
             procs.append(subprocess.Popen([sys.executable, __file__, json.dumps(spec)], env=env))
+        restart_aggregators(procs, aggs, control, completed, restarts, tmp_path)
         for proc in procs:
             assert proc.wait(timeout=240) == 0
-        stats = [a.stats()["jobs"]["1"] for a in aggs]
+        for i, agg in enumerate(aggs):
+            completed[i] += agg.stats()["jobs"]["1"]["slots_completed"]
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -72,7 +96,60 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         for agg in aggs:
             agg.stop()
     ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
-    return {"ranks": ranks, "stats": stats}
+    return {"ranks": ranks, "restarts": restarts, "slots_completed": completed}
+
+
+def _aggregator(workdir: Path, generation: int, listen: str = "127.0.0.1:0") -> RunningAggregator:
+    """A socket aggregator of the job, of ``generation``, listening on ``listen``."""
+    return start_aggregator("socket", workdir, job=1, workers=WORLD, k=K, result="nc8",
+                            listen=listen, extra=["--pool-size", str(POOL), "--seed", "1",
+                                                  "--generation", str(generation)])  # fmt: skip
+
+
+def restart_aggregators(
+    procs: list[subprocess.Popen[bytes]],
+    aggs: list[RunningAggregator],
+    control: Path,
+    completed: list[int],
+    restarts: list[tuple[int, int]],
+    tmp_path: Path,
+) -> None:
+    """Until the ranks exit: serve rank 0's restart requests (``request-N.json`` in
+    ``control``, ``_ask_restart``) in order. Each SIGKILLs the aggregator it names and starts
+    a new one on the same address with the next generation, then acknowledges (``ack-N``).
+    For a request ``in_flight`` it first waits until that aggregator holds a slot that only
+    some ranks contributed to (the call rank 0 started is in flight there, rank 1 held back):
+    the kill loses it. ``completed`` adds the completed slots of each start killed."""
+    deadline = time.monotonic() + 240
+    while any(proc.poll() is None for proc in procs):
+        assert time.monotonic() < deadline, "the ranks did not finish"
+        request = control / f"request-{len(restarts)}.json"
+        if not request.exists():
+            time.sleep(0.005)  # polling the ranks' files; nothing waits on this period
+            continue
+        asked = json.loads(request.read_text())
+        index, old = asked["aggregator"], aggs[asked["aggregator"]]
+        stats = old.stats()["jobs"]["1"]
+        while asked["in_flight"] and stats["contributions"] <= WORLD * stats["slots_completed"]:
+            assert time.monotonic() < deadline, "rank 0's call never reached the aggregator"
+            stats = old.stats()["jobs"]["1"]
+        completed[index] += stats["slots_completed"]
+        old.process.kill()
+        old.process.wait()
+        generation = 3 + len(restarts)  # 1 and 2 are the first starts'; up to MAX_GENERATION
+        host, port = old.address
+        aggs[index] = _aggregator(tmp_path / f"agg{index}-{generation}", generation,
+                                  f"{host}:{port}")  # fmt: skip
+        restarts.append((index, generation))
+        _write(control / f"ack-{len(restarts) - 1}", "")
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``path`` whole at once (a rename), so that a reader polling for it never reads
+    it half-written."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def cases(seen: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -118,7 +195,7 @@ def test_shaped_and_0_dim_tensors_shard_over_both_aggregators(seen: dict[str, An
         assert case["scalar"] == case["scalar_gloo"]  # below the threshold: exact
         assert case["shaped_ok"]
         assert case["shares"] == [32000, 32000]  # 1000 chunks, 500 each (all on one before)
-    assert all(s["slots_completed"] > 500 for s in seen["stats"])
+    assert all(completed > 500 for completed in seen["slots_completed"])
 
 
 def test_sparse_tensors_go_to_gloo(seen: dict[str, Any]) -> None:
@@ -144,6 +221,13 @@ def test_grad_scaler_skips_the_steps_gloo_skips(seen: dict[str, Any]) -> None:
 def test_random_call_sequences_match_gloo(seen: dict[str, Any]) -> None:
     ranks = cases(seen, "property")
     assert ranks[0]["results"] == ranks[1]["results"]  # never desynchronised: the same bits
+    # Every restart was made, and every rank's client of that aggregator recovered from it.
+    assert [index for index, _ in seen["restarts"]] == [a for _, _, a in RESTARTS]
+    for case in ranks:
+        assert case["restarts"] == [[a for _, _, a in RESTARTS].count(i) for i in range(2)]
+        assert case["generations"] == [max(g for a, g in seen["restarts"] if a == i)
+                                       for i in range(2)]  # fmt: skip
+    assert [c["kind"] for c in ranks[0]["calls"] if c["restart"]] == ["lossy", "lossy"]
     kinds = {c["kind"] for c in ranks[0]["calls"]}
     assert kinds == {"exact", "lossy", "nonfinite"}, kinds
     for call in ranks[0]["calls"]:
@@ -204,7 +288,8 @@ def rank_main(spec: dict[str, Any]) -> None:
     gloo = dist.new_group(backend="gloo", timeout=timeout)
     seen: dict[str, Any] = {}
     only = os.environ.get("TORCH_EXACT_CASES")  # a comma-separated few (to try the old code)
-    for name, case in CASES.items():
+    runs = {**CASES, "property": functools.partial(case_property, control=Path(spec["control"]))}
+    for name, case in runs.items():
         if only and name not in only.split(","):
             continue
         try:
@@ -377,10 +462,14 @@ def case_grad_scaler(rank: int, gloo: Any) -> dict[str, Any]:
             "finite": all(bool(p.isfinite().all()) for p in module.parameters())}  # fmt: skip
 
 
-def case_property(rank: int, gloo: Any) -> dict[str, Any]:
+def case_property(rank: int, gloo: Any, control: Path) -> dict[str, Any]:
     """A seeded random sequence of calls (the same on both ranks, each rank its own values):
     sizes on both sides of the threshold, three dtypes, infinities and NaNs on random ranks,
-    SUM and AVG, async calls waited late, barriers; each on ``ncina`` and on gloo."""
+    SUM and AVG, async calls waited late, barriers; each on ``ncina`` and on gloo. At fixed
+    points (``RESTARTS``) rank 0 has the parent restart an aggregator (``_ask_restart``):
+    during the next INA call (rank 1 held back before its fabric call until the restart is
+    done, so rank 0's call is in flight there) or after a call while rank 1 waits in a gloo
+    barrier. Returns the calls, their results, and each client's restarts and generation."""
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -390,8 +479,10 @@ def case_property(rank: int, gloo: Any) -> dict[str, Any]:
     values = torch.Generator().manual_seed(1000 + rank)
     state = dist.distributed_c10d._get_default_group().state
     window = state.fabric.clients[0].window
+    held = _hold_fabric(state.fabric, control) if rank == 1 else None
+    schedule = list(RESTARTS)  # (before call, in flight, aggregator), in call order
     calls, results, pending = [], [], []
-    for _ in range(PROPERTY_CALLS):
+    for index in range(PROPERTY_CALLS):
         n = int(plan.choice([1, 7, EXACT_BELOW - 1, EXACT_BELOW, 3 * K + 5, 2000]))
         dtype = [torch.float32, torch.float16, torch.bfloat16][int(plan.integers(3))]
         average = bool(plan.integers(2))
@@ -405,8 +496,19 @@ def case_property(rank: int, gloo: Any) -> dict[str, Any]:
             plan.integers(n), plan.integers(3)  # keep the plan in step with the poisoned rank
         mine, theirs = x.clone(), x.clone()
         op = dist.ReduceOp.AVG if average else dist.ReduceOp.SUM
-        if plan.integers(3) == 0:  # async, waited after the next call or barrier
+        # An INA call (lossy: above the threshold, finite everywhere) takes a due restart in
+        # flight: its 512 or 2000 elements are 4 or 16 chunks an aggregator, all sent at once
+        # (K, POOL); the parent kills the aggregator once the first has reached it.
+        in_flight = bool(schedule) and schedule[0][1] and schedule[0][0] <= index \
+            and n >= EXACT_BELOW and poison < 0  # fmt: skip
+        restart = schedule.pop(0) if in_flight else None
+        if held is not None and restart is not None:
+            held.append(len(RESTARTS) - len(schedule) - 1)  # wait for its ack, then the call
+        asynchronous = plan.integers(3) == 0  # waited after the next call or barrier
+        if asynchronous or (restart is not None and rank == 0):
             pending.append((dist.all_reduce(mine, op, async_op=True), mine))
+            if restart is not None and rank == 0:
+                _ask_restart(control, len(RESTARTS) - len(schedule) - 1, restart[2], True)
         else:
             dist.all_reduce(mine, op)
         if plan.integers(4) == 0:
@@ -422,7 +524,8 @@ def case_property(rank: int, gloo: Any) -> dict[str, Any]:
         flags = torch.tensor([float(not x.isfinite().all())])
         dist.all_reduce(flags, group=gloo)
         kind = "nonfinite" if flags.item() else "exact" if n < EXACT_BELOW else "lossy"
-        record: dict[str, Any] = {"kind": kind, "n": n, "dtype": str(dtype), "avg": average}
+        record: dict[str, Any] = {"kind": kind, "n": n, "dtype": str(dtype), "avg": average,
+                                  "restart": restart is not None}  # fmt: skip
         if kind == "lossy":  # NC8's deterministic bound for this call's window
             x64 = x.double()
             moments = torch.stack([x64, x64.abs(), x64**2])
@@ -438,7 +541,48 @@ def case_property(rank: int, gloo: Any) -> dict[str, Any]:
             record["equal"] = _values(mine) == _values(theirs)
         calls.append(record)
         results.append(_values(mine))
-    return {"calls": calls, "results": results}
+        if schedule and schedule[0][:2] == (index, False):  # between this call and the next
+            number = len(RESTARTS) - len(schedule)
+            if rank == 0:
+                _ask_restart(control, number, schedule[0][2], False)
+                _wait_for(control / f"ack-{number}")
+            dist.barrier(group=gloo)  # rank 1 waits here, in gloo, through the restart
+            schedule.pop(0)
+    assert not schedule, f"restarts never made: {schedule}"
+    clients = state.fabric.clients
+    return {"calls": calls, "results": results,
+            "restarts": [c.stats["restarts"] for c in clients],
+            "generations": [c.generation for c in clients]}  # fmt: skip
+
+
+def _ask_restart(control: Path, number: int, aggregator: int, in_flight: bool) -> None:
+    """Rank 0 asks the parent for restart ``number`` of ``aggregator`` (``restart_aggregators``;
+    ``in_flight``: during the call rank 0 has just started); the parent acknowledges with
+    ``ack-NUMBER`` (``_wait_for``)."""
+    _write(control / f"request-{number}.json",
+           json.dumps({"aggregator": aggregator, "in_flight": in_flight}))  # fmt: skip
+
+
+def _wait_for(path: Path) -> None:
+    """Return once ``path`` exists (the parent's acknowledgement; it writes it whole)."""
+    while not path.exists():
+        time.sleep(0.001)
+
+
+def _hold_fabric(fabric: Any, control: Path) -> list[int]:
+    """Hold rank 1's next fabric call (after the call's agreement, on the communication
+    thread) until the parent acknowledges restart ``N``, for each ``N`` appended to the
+    returned list: rank 0's half of that call is then in flight when the aggregator dies."""
+    holds: list[int] = []
+    allreduce = fabric.allreduce
+
+    def held_allreduce(*args: Any, **kwargs: Any) -> Any:
+        if holds:
+            _wait_for(control / f"ack-{holds.pop(0)}")
+        return allreduce(*args, **kwargs)
+
+    fabric.allreduce = held_allreduce
+    return holds
 
 
 def case_nonfinite(rank: int, gloo: Any) -> dict[str, Any]:
