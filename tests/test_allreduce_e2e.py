@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+from ncina.proto.descriptor import JOB_DATAGRAM_SIZE
 from ncina.proto.header import NOTICE
 from ncina.proto.nc_bounds import bounds_from_inputs
 from ncina.worker.client import AllreduceClient
@@ -229,9 +230,10 @@ def test_cli_int32_sums_are_exact_on_both_data_paths(tmp_path: Path, backend: st
         np.testing.assert_array_equal(np.load(tmp_path / f"y{rank}.npy"), exact)
     # 16 chunks of at most 64 elements (15 of 64, one of 40), and the agreement's one of 2
     # (the clients make it after their handshake), each result 16 + 4 * count bytes, to both
-    # workers; besides them the handshake answers (32 bytes), a notice (24) for each
+    # workers; besides them the handshake answers (JOB_DATAGRAM_SIZE), a notice (24) for each
     # retransmission that found its slot waiting for the other rank, and any result sent again
-    answers = counters["handshakes"] * 32 + counters["notices_sent"] * (16 + NOTICE.size)
+    answers = counters["handshakes"] * JOB_DATAGRAM_SIZE + counters["notices_sent"] * (
+        16 + NOTICE.size)
     again = counters["bytes_out"] - 2 * (17 * 16 + 4 * 1002) - answers
     resent = counters["results_resent"]
     assert resent * (16 + 4 * 40) <= again <= resent * (16 + 4 * 64), counters

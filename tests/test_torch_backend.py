@@ -122,7 +122,8 @@ def test_reinitialising_at_once_gives_the_exact_sum(tmp_path: Path) -> None:
     want = (torch.ldexp(torch.ones(n.numel()), n) * 3).tolist()  # 2^n (rank 0) + 2^(n+1)
     for seen in ranks:
         assert seen["error"] is None and seen["sums"] == [want, want]
-    assert stats["slots_completed"] == 2 * (1 + 4)  # per group: its init call, 4 chunks of 64
+    # Per group: the agreement its clients make after their handshake, its init call, 4 chunks.
+    assert stats["slots_completed"] == 2 * (1 + 1 + 4)
 
 
 def test_no_aggregator_fails_init(tmp_path: Path) -> None:
