@@ -41,6 +41,7 @@ from ncina.aggregator.backends.tofino.twin import limits as twin_limits
 from ncina.harness.fuzzing import resident_kib
 from ncina.harness.soak_checks import (
     RankLog,
+    changed,
     checkpoints,
     drawn_generation,
     handshakes_of,
@@ -206,6 +207,8 @@ class Soak:
         to_aggregator = sent["fuzzed"] + sent["hellos"] + sent["spoofed"]
         round_ = {**sent, "dropped": counted, "answered": handshakes,
                   "uncounted": max(0, to_aggregator - counted - handshakes)}  # fmt: skip
+        if round_["uncounted"]:
+            round_["counters"] = changed(before, after)  # where the uncounted ones went
         self.hostile.append(round_)
         return round_
 
@@ -393,6 +396,7 @@ class Soak:
             "drops": dict(sorted((k, v) for k, v in self.drops.items() if v)),
             "hostile": hostile,
             "rss": rss_summary(self.rss, self.cfg.warmup_s),
+            "uncounted_rounds": [r for r in self.hostile if r["uncounted"]],
         }
         summary["targets_failed"] = judge(summary)
         return summary
