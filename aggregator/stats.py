@@ -157,17 +157,22 @@ def snapshot(
     jobs: Mapping[int, JobStats],
     faults: Mapping[str, int] | None = None,
     limits: LimitStats | None = None,
+    taken: float | None = None,
 ) -> dict[str, Any]:
     """The whole stats document at this moment; ``started`` is the backend's start (Unix time).
 
     ``faults``: the emulated faults' counts, present only when fault injection is on;
-    ``limits``: what the memory caps refused, from the backends that have them.
+    ``limits``: what the memory caps refused, from the backends that have them;
+    ``taken``: when reading the counters began (default: now), for a backend whose reads take
+    long enough for counts to change meanwhile: ``time`` must not be later than any read, as a
+    reader trusts a document of a later ``time`` to hold every count made before that time
+    (``ncina.aggregator.process.request_stats``).
     """
     document = {
         "schema": SCHEMA,
         "backend": backend,
         "started": started,
-        "time": time.time(),
+        "time": time.time() if taken is None else taken,
         "global": global_stats.to_json(),
         "jobs": {str(job): stats.to_json() for job, stats in sorted(jobs.items())},
     }

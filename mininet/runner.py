@@ -285,8 +285,9 @@ def start_captures(
 
 def switch_arguments(net: Mininet, topo: StarTopo, cfg: TopoConfig, run_dir: Path) -> list[str]:
     """``ncina aggregator --backend bmv2`` arguments for the P4 switch: its worker-facing
-    interfaces in rank order (rank r on switch port r + 1), each worker's MAC address on its
-    port (the gloo baseline's frames are switched, not flooded), its log and pcaps."""
+    interfaces in rank order (rank r on switch port r + 1), then any other host's on the switch
+    (``ncina soak``'s stranger: a port of its own, switched, in no job), each host's MAC address
+    on its port (the gloo baseline's frames are switched, not flooded), its log and pcaps."""
     switch = net.get(topo.switch_name)
     ifaces, argv = [], []
     for rank, name in enumerate(topo.worker_names):
@@ -294,6 +295,11 @@ def switch_arguments(net: Mininet, topo: StarTopo, cfg: TopoConfig, run_dir: Pat
         [link] = net.linksBetween(host, switch)
         ifaces.append((link.intf1 if link.intf1.node is switch else link.intf2).name)
         argv += ["--rank-port", f"{rank}={rank + 1}", "--l2-host", f"{host.MAC()}={rank + 1}"]
+    for host in net.hosts:
+        links = net.linksBetween(host, switch) if host.name not in topo.worker_names else []
+        for link in links:
+            ifaces.append((link.intf1 if link.intf1.node is switch else link.intf2).name)
+            argv += ["--l2-host", f"{host.MAC()}={len(ifaces)}"]
     argv += ["--iface", ",".join(ifaces), "--device-id", "1",
              "--switch-log", str(run_dir / "logs" / f"bmv2-{topo.switch_name}.log")]  # fmt: skip
     if cfg.pcaps:

@@ -165,3 +165,34 @@ def test_switch_ports_lose_their_segmentation_offloads() -> None:
         segmentation_offloads_off("ncnosuchif0")  # no such interface: nothing to do
     finally:
         subprocess.run(["ip", "link", "del", name], check=False)
+
+
+@pytest.mark.parametrize("profile", ["default", "tofino"])
+def test_a_stats_document_is_stamped_before_its_counters_are_read(profile: str) -> None:
+    """Each counter read is a P4Runtime round trip (tens of ms under load): a document stamped
+    after its reads could hold counts older than its ``time``, and ``request_stats`` (which
+    takes the first document stamped after its SIGUSR1) then returned a periodic write begun
+    before the request. That made the twin's packet tests see one ping too many or too few
+    under load (issue 37: ``results_resent`` 13 or 11 against 12). Failed before the fix: the
+    document's time was later than every read."""
+    import time
+
+    from ncina.aggregator.backends.bmv2 import entries
+    from ncina.aggregator.backends.bmv2.driver import _Server
+    from ncina.aggregator.jobs import JobConfig
+
+    reads: list[float] = []
+
+    class Counters:
+        def read_counter(self, name: str) -> dict[int, tuple[int, int]]:
+            reads.append(time.time())
+            time.sleep(0.002)  # a round trip: the clock moves on while the switch answers
+            return {}
+
+    [job] = entries.place([JobConfig.create(job=21, workers=2, k=12, result_format="int")],
+                          generation=1, k=12)  # fmt: skip
+    server = _Server(Counters(), None, job, None, ("10.0.0.1", 9000), "02:00:00:00:00:01", 12,
+                     profile=profile)  # type: ignore[arg-type]  # fmt: skip
+    document = server.stats_document()
+    assert len(reads) >= 3  # global and job counters (the twin's job counters are several)
+    assert document["time"] <= min(reads)

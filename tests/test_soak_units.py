@@ -13,6 +13,7 @@ import pytest
 from ncina.cli import main
 from ncina.harness.soak_checks import (
     RankLog,
+    changed,
     checkpoints,
     drawn_generation,
     hostile_counted,
@@ -104,6 +105,19 @@ def test_an_honest_workers_drops_are_not_counted_as_hostile() -> None:
                 "jobs": {"1": {"drops": {"bad_tag": 5, "late": 7, "stale_generation": 11,
                                          "resend_limit": 13}}}}  # fmt: skip
     assert hostile_counted(document) == 3 + 1 + 5
+
+
+def test_a_rounds_uncounted_datagrams_are_traced_to_every_count_that_grew() -> None:
+    """An uncounted round's ``counters``: each count that grew, in every section (the bmv2
+    backend's transport section included), the document's time and flags left out."""
+    before = {"time": 1.0, "global": {"packets_in": 4, "drops": {"truncated": 3}},
+              "jobs": {"1": {"results_resent": 2, "drops": {"bad_tag": 5}}},
+              "bmv2": {"ignored": 1, "fragments": 0}}  # fmt: skip
+    after = {"time": 2.0, "global": {"packets_in": 6, "drops": {"truncated": 3}},
+             "jobs": {"1": {"results_resent": 9, "drops": {"bad_tag": 6}}},
+             "bmv2": {"ignored": 4, "fragments": 0}}  # fmt: skip
+    assert changed(before, after) == {"global.packets_in": 2, "jobs.1.results_resent": 7,
+                                      "jobs.1.drops.bad_tag": 1, "bmv2.ignored": 3}  # fmt: skip
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="checks the refusal a non-root user gets")

@@ -19,7 +19,7 @@ from ncina.proto.header import FLAG_RESULT, FLAG_TAG
 from ncina.topo.config import TopoConfig
 from ncina.topo.report import PLOT, RESULTS
 from ncina.topo.runner import build_net, run_topology, switch_arguments
-from ncina.topo.topos import InaLink, P4Switch, StarTopo
+from ncina.topo.topos import InaHost, InaLink, P4Switch, StarTopo
 from ncina_testlib import assert_sent_once_plus_retransmissions
 from ncina_wireshark import TSHARK, check_capture, kind, segments
 
@@ -230,20 +230,26 @@ def test_netem_options_fail_loudly(net: Mininet) -> None:
 def test_p4_switch_node_leaves_its_ports_to_bmv2_in_rank_order(tmp_path: Path) -> None:
     """BACKEND=bmv2 without BMv2: the network the runner builds has no bridge and no aggregator
     node, the switch's ports are up with IPv6 off, and the bmv2 aggregator is told each rank's
-    port and each worker's MAC address."""
+    port and each worker's MAC address; another host on the switch (``ncina soak``'s stranger)
+    gets the next port, switched by its MAC, and no rank."""
     cfg = TopoConfig(out=tmp_path, workers=3, backend="bmv2", bw=50, prefix=PREFIX, pcaps=True)
     network, topo = build_net(cfg)
+    stranger = f"{PREFIX}x0"
+    topo.addHost(stranger, cls=InaHost, ip="10.0.2.1/16")
+    topo.addLink(stranger, topo.switch_name, cls=InaLink)
     try:
         network.start()
         switch = network.get(topo.switch_name)
         assert isinstance(switch, P4Switch) and topo.aggregator_names == []
         argv = switch_arguments(network, topo, cfg, tmp_path)
-        ifaces = [f"{topo.switch_name}-eth{port}" for port in (1, 2, 3)]
+        ifaces = [f"{topo.switch_name}-eth{port}" for port in (1, 2, 3, 4)]
         assert argv[argv.index("--iface") + 1] == ",".join(ifaces)
         for rank, name in enumerate(topo.worker_names):
             mac = network.get(name).MAC()
             assert argv[argv.index(f"{rank}={rank + 1}") - 1] == "--rank-port"
             assert argv[argv.index(f"{mac}={rank + 1}") - 1] == "--l2-host"
+        assert argv[argv.index(f"{network.get(stranger).MAC()}=4") - 1] == "--l2-host"
+        assert argv.count("--rank-port") == 3
         assert argv[argv.index("--pcap-dir") + 1] == str(tmp_path / "pcaps")
         for iface in ifaces:
             assert int(Path(f"/sys/class/net/{iface}/flags").read_text(), 16) & IFF_UP

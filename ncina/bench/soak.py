@@ -6,7 +6,11 @@ The topology runner's network (:func:`ncina.topo.runner.build_net`, the star) ge
 host, the stranger (``<prefix>x0``, ``STRANGER_IP``), whose frames the loss rules let through
 (the loss is the workers' links'; what the stranger sends is accounted for exactly). Training is
 a sequence of runs of ``ncina train`` (:func:`ncina.topo.runner.start_workers`), each of
-``steps_per_run`` steps of the default model through a keyed job, until ``minutes`` have passed.
+``steps_per_run`` steps of the default model through a keyed job (unkeyed on a backend without
+the tag, bmv2: no forged results then, as nothing tells a worker one from a real one), until
+``minutes`` have passed. On bmv2 the stranger has a switch port of its own in no job
+(``ncina.topo.runner.switch_arguments``); ``p4_profile`` tofino runs the Tofino design's twin
+(int results, its K).
 One thread drives everything, so nothing overlaps that would blur a count: it polls every
 rank's metrics file, kills the aggregator at seeded random times (and once per
 ``last_bucket_every`` runs when rank 0 enters the run's last step), starts it again and times
@@ -32,9 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator import process as aggproc
+from ncina.aggregator.backends import names
+from ncina.aggregator.backends.tofino.twin import limits as twin_limits
 from ncina.harness.fuzzing import resident_kib
 from ncina.harness.soak_checks import (
     RankLog,
+    changed,
     checkpoints,
     drawn_generation,
     handshakes_of,
@@ -70,12 +77,15 @@ class Soak:
         key = cfg.out / "job.key"
         cfg.out.mkdir(parents=True, exist_ok=True)
         key.write_text(self.rnd.randbytes(16).hex())
-        k = topo_k(cfg.backend, "ina", "nc8", True)
+        self.keyed = cfg.backend in names(keyed=True)
+        twin = cfg.p4_profile == "tofino"
+        k = twin_limits.MAX_K if twin else topo_k(cfg.backend, "ina", "nc8", self.keyed)
         self.topo_cfg = TopoConfig(
             out=cfg.out, workers=cfg.workers, backend=cfg.backend, bw=cfg.bw, loss=cfg.loss,
             epochs=10_000, max_steps=cfg.steps_per_run, seed=cfg.seed, k=k,
-            pool_size=topo_pool_size(cfg.backend, k, cfg.bw), key_file=key, baseline=False,
-            prefix=cfg.prefix,
+            pool_size=topo_pool_size(cfg.backend, k, cfg.bw),
+            key_file=key if self.keyed else None, baseline=False, prefix=cfg.prefix,
+            result="int" if twin else "nc8",
         )  # fmt: skip
         self.procs = Processes()
         self.generation = 0
@@ -106,6 +116,8 @@ class Soak:
             self.generation = self.rnd.choice(
                 [g for g in range(1, MAX_GENERATION + 1) if g != self.generation])
             extra = ["--generation", str(self.generation)]
+        if self.cfg.p4_profile != "default":
+            extra += ["--p4-profile", self.cfg.p4_profile]
         [proc], _ = start_aggregators(net, topo, self.topo_cfg, self.procs, self.agg_dir, extra)
         self.aggregator = proc
         self.generation = drawn_generation(self.agg_dir / "aggregator0.log")
@@ -181,7 +193,7 @@ class Soak:
                 *job_args(job=1, k=self.topo_cfg.k, pool_size=self.topo_cfg.pool_size),
                 "--seed", str(self.rnd.getrandbits(32)), "--fuzz", str(cfg.fuzz),
                 "--hellos", str(cfg.hellos), "--spoofed", str(cfg.spoofed),
-                "--forged", str(cfg.forged if members else 0)]  # fmt: skip
+                "--forged", str(cfg.forged if members and self.keyed else 0)]  # fmt: skip
         argv += [a for m in members for a in ("--member", m)]
         out = net.get(f"{cfg.prefix}x0").cmd(" ".join(argv))
         try:
@@ -195,6 +207,8 @@ class Soak:
         to_aggregator = sent["fuzzed"] + sent["hellos"] + sent["spoofed"]
         round_ = {**sent, "dropped": counted, "answered": handshakes,
                   "uncounted": max(0, to_aggregator - counted - handshakes)}  # fmt: skip
+        if round_["uncounted"]:
+            round_["counters"] = changed(before, after)  # where the uncounted ones went
         self.hostile.append(round_)
         return round_
 
@@ -323,9 +337,6 @@ class Soak:
 
         cfg = self.cfg
         check_backend(cfg.backend)
-        if cfg.backend == "bmv2":
-            raise ValueError("ncina soak --backend bmv2: the P4 switch serves its ranks' ports "
-                             "only, so the stranger has no port yet (not built)")  # fmt: skip
         net, topo = build_net(self.topo_cfg)
         stranger = f"{cfg.prefix}x0"
         topo.addHost(stranger, cls=InaHost, ip=f"{STRANGER_IP}/{PREFIX_LEN}")
@@ -385,6 +396,7 @@ class Soak:
             "drops": dict(sorted((k, v) for k, v in self.drops.items() if v)),
             "hostile": hostile,
             "rss": rss_summary(self.rss, self.cfg.warmup_s),
+            "uncounted_rounds": [r for r in self.hostile if r["uncounted"]],
         }
         summary["targets_failed"] = judge(summary)
         return summary

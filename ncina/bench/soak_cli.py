@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator.backends import names
+from ncina.aggregator.backends.bmv2 import toolchain
 from ncina.proto.job import JobSpec
 from ncina.topo.cli import ROOT_NEEDED
 from ncina.topo.config import SoakConfig
@@ -67,6 +68,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--deadline", type=float, default=d.deadline,
                    help="the workers' --deadline (default: %(default)s)")
     p.add_argument("--workdir", type=Path, help="run directory (default: runs/soak-<timestamp>)")
+    p.add_argument("--p4-profile", choices=sorted(toolchain.PROFILES), default=d.p4_profile,
+                   help="bmv2: the P4 program, tofino the Tofino design's twin (int results, "
+                   "its K, no key: docs/tofino.md; default: %(default)s)")
     return p
 
 
@@ -77,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
                               .replace(", or make topo,", ""))  # fmt: skip
     if args.minutes <= 0:
         raise ValueError(f"--minutes must be positive, not {args.minutes}")
+    if args.p4_profile != SoakConfig.p4_profile and args.backend != "bmv2":
+        raise ValueError(f"--p4-profile {args.p4_profile} needs --backend bmv2")
     from ncina.bench.soak import SUMMARY, Soak
 
     cfg = SoakConfig(
@@ -86,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         restart_s=tuple(args.restart_s), last_bucket_every=args.last_bucket_every,
         generations=args.generations, stranger_every=args.stranger_every, fuzz=args.fuzz,
         hellos=args.hellos, spoofed=args.spoofed, forged=args.forged, hang_s=args.hang_s,
-        deadline=args.deadline,
+        deadline=args.deadline, p4_profile=args.p4_profile,
     )  # fmt: skip
     summary = Soak(cfg).run()
     brief = {k: summary[k] for k in ("seconds", "steps", "recovery_s", "unrecovered_restarts",

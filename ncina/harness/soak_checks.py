@@ -53,6 +53,21 @@ def hostile_counted(document: dict[str, Any]) -> int:
                for reason, count in section["drops"].items() if reason not in HONEST_REASONS)
 
 
+def changed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    """Every count of two stats documents that grew, ``section.name`` (``jobs.1.drops.late``,
+    ``bmv2.ignored``): what a stranger's round left that its drops and handshakes do not say."""
+
+    def flat(value: Any, name: str) -> dict[str, int]:
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items()
+                    for k, v in flat(item, f"{name}.{key}").items()}  # fmt: skip
+        return {name: value} if isinstance(value, int) and not isinstance(value, bool) else {}
+
+    b = flat({k: v for k, v in before.items() if isinstance(v, dict)}, "")
+    a = flat({k: v for k, v in after.items() if isinstance(v, dict)}, "")
+    return {name[1:]: a[name] - b.get(name, 0) for name in a if a[name] > b.get(name, 0)}
+
+
 def handshakes_of(document: dict[str, Any]) -> int:
     return sum(section["handshakes"] for section in document["jobs"].values())
 

@@ -288,9 +288,12 @@ class _Server:
         self._stats_requested = True
 
     def stats_document(self) -> dict[str, Any]:
+        # Stamped before the first read: each read is a P4Runtime round trip (tens of ms under
+        # load), so a document stamped after them could hold counts older than its time.
+        taken = time.time()
         if self.forward:
             return snapshot(backend=NAME, started=self.started, global_stats=GlobalStats(),
-                            jobs={self.job.config.job: JobStats()})  # fmt: skip
+                            jobs={self.job.config.job: JobStats()}, taken=taken)  # fmt: skip
         if self.profile == "tofino":  # the twin: one counter per event kind, no transport section
             return snapshot(
                 backend=NAME,
@@ -299,6 +302,7 @@ class _Server:
                     self.controller.read_counter(twin_events.GLOBAL_COUNTER)),
                 jobs={self.job.config.job: entries.job_stats(
                     self.job, twin_events.job_counts(self.controller.read_counter))},
+                taken=taken,
             )  # fmt: skip
         document = snapshot(
             backend=NAME,
@@ -306,6 +310,7 @@ class _Server:
             global_stats=entries.global_stats(self.controller.read_counter(entries.GLOBAL_COUNTER)),
             jobs={self.job.config.job: entries.job_stats(
                 self.job, self.controller.read_counter(entries.JOB_COUNTER))},
+            taken=taken,
         )  # fmt: skip
         document[NAME] = entries.transport_stats(
             self.controller.read_counter(entries.TRANSPORT_COUNTER))
