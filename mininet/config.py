@@ -145,8 +145,8 @@ class SoakConfig:
     ``random`` (the aggregator draws: 1 in 15 repeats); stranger_every: seconds between two
     stranger rounds (0: no stranger); fuzz, hellos, spoofed, forged: datagrams of each kind per
     round; hang_s: a stall of every rank's steps this long is a hang; sample_s: period of the
-    memory samples; warmup_s: a process's memory is judged after this long; p4_profile: with
-    bmv2, the P4 program (``tofino``: the Tofino design's twin).
+    memory samples; warmup_s: a process's memory is judged after this long; profile: the job's
+    profile (bmv2 only: ``tofino`` runs the Tofino design's twin, ``ncina.proto.profiles``).
     """
 
     out: Path
@@ -170,4 +170,4 @@ class SoakConfig:
     warmup_s: float = 10.0
     deadline: float = 30.0
     prefix: str = field(default_factory=lambda: f"k{os.getpid() % 100000}")
-    p4_profile: str = "default"
+    profile: str = DEFAULT

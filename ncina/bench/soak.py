@@ -9,7 +9,7 @@ a sequence of runs of ``ncina train`` (:func:`ncina.topo.runner.start_workers`),
 ``steps_per_run`` steps of the default model through a keyed job (unkeyed on a backend without
 the tag, bmv2: no forged results then, as nothing tells a worker one from a real one), until
 ``minutes`` have passed. On bmv2 the stranger has a switch port of its own in no job
-(``ncina.topo.runner.switch_arguments``); ``p4_profile`` tofino runs the Tofino design's twin
+(``ncina.topo.runner.switch_arguments``); ``profile`` tofino runs the Tofino design's twin
 (int results, its K).
 One thread drives everything, so nothing overlaps that would blur a count: it polls every
 rank's metrics file, kills the aggregator at seeded random times (and once per
@@ -52,6 +52,7 @@ from ncina.harness.soak_checks import (
 )
 from ncina.proto.header import MAX_GENERATION, PORT
 from ncina.proto.job import job_args
+from ncina.proto.profiles import TOFINO
 from ncina.topo.config import SoakConfig, TopoConfig
 from ncina.topo.runner import Processes, build_net, check_backend, start_aggregators, start_workers
 from ncina.topo.topos import PREFIX_LEN, InaHost, InaLink, aggregator_ip, worker_ip
@@ -78,14 +79,14 @@ class Soak:
         cfg.out.mkdir(parents=True, exist_ok=True)
         key.write_text(self.rnd.randbytes(16).hex())
         self.keyed = cfg.backend in names(keyed=True)
-        twin = cfg.p4_profile == "tofino"
+        twin = cfg.profile == TOFINO
         k = twin_limits.MAX_K if twin else topo_k(cfg.backend, "ina", "nc8", self.keyed)
         self.topo_cfg = TopoConfig(
             out=cfg.out, workers=cfg.workers, backend=cfg.backend, bw=cfg.bw, loss=cfg.loss,
             epochs=10_000, max_steps=cfg.steps_per_run, seed=cfg.seed, k=k,
             pool_size=topo_pool_size(cfg.backend, k, cfg.bw),
             key_file=key if self.keyed else None, baseline=False, prefix=cfg.prefix,
-            result="int" if twin else "nc8",
+            result="int" if twin else "nc8", profile=cfg.profile,
         )  # fmt: skip
         self.procs = Processes()
         self.generation = 0
@@ -116,8 +117,6 @@ class Soak:
             self.generation = self.rnd.choice(
                 [g for g in range(1, MAX_GENERATION + 1) if g != self.generation])
             extra = ["--generation", str(self.generation)]
-        if self.cfg.p4_profile != "default":
-            extra += ["--p4-profile", self.cfg.p4_profile]
         [proc], _ = start_aggregators(net, topo, self.topo_cfg, self.procs, self.agg_dir, extra)
         self.aggregator = proc
         self.generation = drawn_generation(self.agg_dir / "aggregator0.log")

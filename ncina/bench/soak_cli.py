@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator.backends import names
-from ncina.aggregator.backends.bmv2 import toolchain
+from ncina.common.options import deprecated_alias
 from ncina.proto.job import JobSpec
 from ncina.topo.cli import ROOT_NEEDED
 from ncina.topo.config import SoakConfig
@@ -68,9 +68,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--deadline", type=float, default=d.deadline,
                    help="the workers' --deadline (default: %(default)s)")
     p.add_argument("--workdir", type=Path, help="run directory (default: runs/soak-<timestamp>)")
-    p.add_argument("--p4-profile", choices=sorted(toolchain.PROFILES), default=d.p4_profile,
-                   help="bmv2: the P4 program, tofino the Tofino design's twin (int results, "
-                   "its K, no key: docs/tofino.md; default: %(default)s)")
+    profile = JobSpec.add_arguments(p, "profile")["profile"]  # bmv2 only: tofino runs the twin
+    deprecated_alias(p, "--p4-profile", profile)
     return p
 
 
@@ -81,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
                               .replace(", or make topo,", ""))  # fmt: skip
     if args.minutes <= 0:
         raise ValueError(f"--minutes must be positive, not {args.minutes}")
-    if args.p4_profile != SoakConfig.p4_profile and args.backend != "bmv2":
-        raise ValueError(f"--p4-profile {args.p4_profile} needs --backend bmv2")
+    if args.profile != SoakConfig.profile and args.backend != "bmv2":
+        raise ValueError(f"--profile {args.profile} needs --backend bmv2 (the soak runs the "
+                         "Tofino design as its twin)")
     from ncina.bench.soak import SUMMARY, Soak
 
     cfg = SoakConfig(
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         restart_s=tuple(args.restart_s), last_bucket_every=args.last_bucket_every,
         generations=args.generations, stranger_every=args.stranger_every, fuzz=args.fuzz,
         hellos=args.hellos, spoofed=args.spoofed, forged=args.forged, hang_s=args.hang_s,
-        deadline=args.deadline, p4_profile=args.p4_profile,
+        deadline=args.deadline, profile=args.profile,
     )  # fmt: skip
     summary = Soak(cfg).run()
     brief = {k: summary[k] for k in ("seconds", "steps", "recovery_s", "unrecovered_restarts",
