@@ -203,7 +203,9 @@ class EngineBackend:
         self._stop.set()
 
     def stats_document(self) -> dict[str, Any]:
-        """The stats document (``ncina.aggregator.stats`` schema) plus the I/O section."""
+        """The stats document (``ncina.aggregator.stats`` schema) plus the I/O section, stamped
+        before its counters are read: the strands count on while they are (``snapshot``)."""
+        taken = time.time()
         send_errors, io = self.io_stats()
         global_stats = self.plane.global_stats()
         global_stats.send_errors = send_errors
@@ -213,6 +215,7 @@ class EngineBackend:
             global_stats=global_stats,
             jobs={job: self.plane.job_stats(job) for job in self.configs},
             limits=self.limits,
+            taken=taken,
         )
         upstream = self.upstream_document()
         if upstream is not None:
