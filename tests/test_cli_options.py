@@ -58,6 +58,7 @@ ALIASES: list[tuple[tuple[str, ...], str, str, str]] = [
     (("bench", "training"), "--timeout", "--run-timeout", "60"),
     (("aggregator",), "--p4-profile", "--profile", "tofino"),
     (("bench", "aggregator"), "--p4-profile", "--profile", "tofino"),
+    (("soak",), "--p4-profile", "--profile", "tofino"),
 ]
 REQUIRED = {("aggregator",): ["--job", "1", "--workers", "2"]}
 """The options a command cannot parse without."""

@@ -31,7 +31,8 @@ pytestmark = [
 PARAMETERS = 17226  # the MLP: one DDP bucket
 SUMMARY_KEYS = {
     "mode", "label", "epochs", "steps", "time_s", "time_per_epoch_s", "bytes_per_worker",
-    "packets_per_worker", "rx_bytes_per_worker", "final_accuracy", "final_test_loss", "workers",
+    "packets_per_worker", "packets_per_s", "rx_bytes_per_worker", "final_accuracy",
+    "final_test_loss", "workers",
     "fabric", "aggregators", "verify", "curve", "samples_per_s", "train_s", "step_s",
     "compute_step_s",
     "comm_total_s", "exposed_comm_s", "exposed_comm_fraction", "parameters", "cpu_s",
