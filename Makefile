@@ -85,7 +85,7 @@ lint: venv
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	NCINA_P4_WARMUP=1 $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Mininet needs root: a non-root user gets one sentence, before anything is installed.
 need-root:
