@@ -55,6 +55,7 @@ from __future__ import annotations
 import os
 from collections.abc import Hashable
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 from ncina.proto import descriptor as desc
@@ -62,7 +63,7 @@ from ncina.proto import tag
 from ncina.proto.compressors import Compressor, create
 from ncina.proto.compressors.base import largest_fitting
 from ncina.proto.header import Format
-from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, FORMATS, default_k
+from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, FORMATS, JobSpec, default_k
 from ncina.proto.profiles import DEFAULT, PROFILES, TOFINO, TOFINO_MAX_K, job_window
 from ncina.proto.wire import DEFAULT_MTU, MAX_TOTAL_WORKERS, payload_room
 from ncina.worker.client.datapath import DATA_PATH_ENV, DATA_PATHS, DataPath
@@ -289,6 +290,23 @@ class AllreduceClient:
             deadline=deadline, stats=self._stats,
         )
         self._hello.start()
+
+    @classmethod
+    def for_job(
+        cls, aggregator: tuple[str, int], spec: JobSpec, *, rank: int, **settings: Any
+    ) -> AllreduceClient:
+        """The client of rank ``rank`` of the job ``spec`` (``ncina.proto.job``: every job
+        parameter comes from it, the one place that maps a ``JobSpec`` to the keywords above);
+        ``settings`` are the client's own keywords (seed, timeouts, deadline, bind, compressor,
+        mode, data path, window, handshake, restart retries). Server mode takes ``k`` from
+        ``settings`` when given there (its compressor's payloads bound it, not the MTU)."""
+        job = {
+            "job": spec.job, "workers": spec.workers, "total_workers": spec.total_workers,
+            "k": spec.k, "pool_size": spec.pool_size, "window_max": spec.window_max,
+            "result_format": spec.result.name.lower(), "key": spec.key, "mtu": spec.mtu,
+            "profile": spec.profile,
+        }  # fmt: skip
+        return cls(aggregator, rank=rank, **{**job, **settings})
 
     @property
     def descriptor(self) -> desc.Descriptor:
