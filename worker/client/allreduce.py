@@ -97,6 +97,7 @@ STAT_KEYS = (
     "restarts",
 )
 
+
 def check_mode(compressor: Compressor, mode: str) -> None:
     """Raise ``ValueError`` unless ``compressor`` can run in ``mode`` (``ina`` or ``server``)."""
     if mode not in MODES:
