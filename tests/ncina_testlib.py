@@ -40,12 +40,12 @@ AGGREGATOR_BACKENDS = (*names(), TWIN)
 
 def twin_lacks(backend: str, *features: str) -> None:
     """Skip the test on the twin when it needs one of ``features`` that the Tofino design lacks
-    (``ncina.aggregator.backends.tofino.twin.limits.LACKS``: the reason is the design's one
+    (``ncina.proto.profiles.LACKS``: the reason is the design's one
     sentence)."""
     if backend != TWIN:
         return
     import pytest
-    from ncina.aggregator.backends.tofino.twin.limits import LACKS
+    from ncina.proto.profiles import LACKS
 
     pytest.skip(f"{TWIN}: " + "; ".join(LACKS[feature] for feature in features))
 

@@ -57,7 +57,7 @@ from ncina.harness.aggregators import wait_ready
 K = 12  # within every backend's limits, the Tofino design's twin (bmv2-tofino) included
 TOP = 29
 """Largest code of the random chunks: what every backend takes from 3 workers (the Tofino
-design decodes up to limits.max_code(3) = 29; the window's own top is covered by
+design decodes up to tofino_max_code(3) = 29; the window's own top is covered by
 test_int_results_are_exact_sums_at_the_edges_of_the_window)."""
 POOL = 64  # the aggregators' default --pool-size
 PAIR_JOB = 21

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ncina.aggregator.backends.tofino.twin import limits
+from ncina.proto.profiles import tofino_max_code
 from ncina_testlib import (
     TWIN,
     Worker,
@@ -132,9 +132,9 @@ def replay(backend: str, workdir: Path, result: str,
 @pytest.mark.parametrize(("backend", "result"), [("bmv2", "int"), ("bmv2", "nc8"), (TWIN, "int")])
 def test_bmv2_answers_like_the_python_reference(backend: str, result: str, tmp_path: Path) -> None:
     """The Tofino design's twin gets a session whose codes its 32-bit lanes take (at most
-    limits.max_code(3)), the reference the same session."""
+    tofino_max_code(3)), the reference the same session."""
     worker_host(backend)  # skips with the reason when BMv2, p4c or root is missing
-    top = limits.max_code(WORKERS) if backend == TWIN else WINDOW_TOP
+    top = tofino_max_code(WORKERS) if backend == TWIN else WINDOW_TOP
     reference, ref_stats = replay("python", tmp_path / "python", result, top)
     switch, sw_stats = replay(backend, tmp_path / "bmv2", result, top)
     _, sums = session(window_e_min(WORKERS), top)

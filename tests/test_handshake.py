@@ -267,7 +267,7 @@ def test_server_mode_compares_the_compressor_with_the_jobs_window(tmp_path: Path
                         f"0x{theirs:08x} (job {JOB} at {host}:{port})")  # fmt: skip
         # "nc" is the job's window on both sides (workers 2, e_max 10), whatever its defaults.
         with _client(agg.address, rank=0, compressor="nc", **server) as client:
-            client._handshake()
+            client._path.handshake()
             assert client.generation != 0
     finally:
         agg.stop()

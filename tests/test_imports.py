@@ -70,6 +70,12 @@ RULES = (
          "the harness drives workers from outside; a helper both use belongs in ncina.common"),
     Rule("ncina", "ncina.cli",
          "ncina.cli is the console script only (tests run it); shared helpers are ncina.common's"),
+    Rule("ncina.worker.client.handshake", "ncina.worker.client.datapath",
+         "the client's concepts call one way: the data paths make the handshake, not it them"),
+    Rule("ncina.worker.client.datapath", "ncina.worker.client.recovery",
+         "the data paths raise errors.Restart; the recovery above them recovers from it"),
+    Rule("ncina.worker.client.recovery", "ncina.worker.client.allreduce",
+         "the public call (AllreduceClient) runs the recovery, not the other way"),
 )
 
 

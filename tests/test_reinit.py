@@ -50,7 +50,7 @@ def test_two_sets_of_workers_one_after_the_other_get_exact_sums(
             clients = _clients(agg.address)
             try:
                 outs = _allreduce_all(clients, xs)
-                clients[1]._send_hello()  # said again mid-job (the same nonce): restarts nothing
+                clients[1]._hello.send()  # said again mid-job (the same nonce): restarts nothing
                 outs += _allreduce_all(clients, xs)
             finally:
                 for client in clients:

@@ -125,8 +125,8 @@ def allreduce_twice(tmp_path: Path, name: str) -> tuple[list[np.ndarray], list[d
             for _ in range(2):
                 results += list(pool.map(lambda c, x: c.allreduce(x), clients, xs))
         for client in clients:  # off between calls: Python reads one datagram a buffer
-            assert client._sock.getsockopt(socket.SOL_UDP, UDP_GRO) == 0
-        buffers = [int(c._c.state.rx_buffers) for c in clients]
+            assert client._link.sock.getsockopt(socket.SOL_UDP, UDP_GRO) == 0
+        buffers = [int(c._path.c.state.rx_buffers) for c in clients]
         return results, [c.stats for c in clients], buffers
     finally:
         for client in clients:

@@ -17,6 +17,7 @@ from ncina.aggregator.backends.bmv2.toolchain import ToolchainError
 from ncina.aggregator.backends.tofino import gen as gen_tofino
 from ncina.aggregator.backends.tofino import toolchain as tofino
 from ncina.proto import nc8
+from ncina.proto.profiles import TOFINO_MAX_CODE, TOFINO_MAX_K, TOFINO_MAX_WORKERS
 
 SMALL_K = 4
 
@@ -29,7 +30,7 @@ def test_decode_entries_are_the_codes_integers() -> None:
     want = nc8.codec("numpy").codes_to_int(codes)
     got = [value - (1 << 32) if value >> 31 else value for _, _, value in entries]
     assert got == want.tolist()
-    assert len(entries) == 2 * (gen_tofino.MAX_CODE + 1)
+    assert len(entries) == 2 * (TOFINO_MAX_CODE + 1)
 
 
 def _first_match(flags: dict[str, int]) -> str:
@@ -66,7 +67,7 @@ def test_generated_program_has_k_lanes_and_the_layouts_counters(tmp_path: Path) 
     text = config.read_text()
     defines = dict(re.findall(r"#define (\w+) (\S+)\n", text))
     assert int(defines["NCINA_K"]) == k
-    assert int(defines["NCINA_MAX_WORKERS"]) == gen_tofino.MAX_WORKERS
+    assert int(defines["NCINA_MAX_WORKERS"]) == TOFINO_MAX_WORKERS
     for i, name in enumerate(layout.JOB_EVENTS):
         assert int(defines[f"EV_{name.upper()}"]) == i
     body = lanes.read_text()
@@ -89,7 +90,7 @@ def test_dense_window_rows_refuse_codes_above_the_window_as_the_default_check_do
     for offset in range(256):
         for code in range(128):
             hit = any(offset & om == ov and code & cm == cv for (ov, om), (cv, cm) in rows)
-            if code > gen_tofino.MAX_CODE:
+            if code > TOFINO_MAX_CODE:
                 want = True
             elif offset >= 128:
                 want = code != 0
@@ -231,6 +232,6 @@ def test_the_twin_generates_the_tna_programs_tables(k: int) -> None:
     tna, twin = gen_tofino.lanes_p4(k), gen_tofino.twin_lanes_p4(k)
     assert check_codes(twin) == check_codes(tna)
     assert len(re.findall(r"register<bit<32>, bit<32>>\(NCINA_SLOTS\) sums_\d+;", twin)) == k
-    gen_tofino.check_twin_k(gen_tofino.MAX_K)
+    gen_tofino.check_twin_k(TOFINO_MAX_K)
     with pytest.raises(ValueError, match="at most 12"):
-        gen_tofino.check_twin_k(gen_tofino.MAX_K + 1)
+        gen_tofino.check_twin_k(TOFINO_MAX_K + 1)

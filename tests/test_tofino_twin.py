@@ -21,6 +21,7 @@ import pytest
 from ncina.aggregator.backends.tofino.twin import limits
 from ncina.proto import descriptor as desc
 from ncina.proto.header import Format
+from ncina.proto.profiles import TOFINO_MAX_K, TOFINO_MAX_WORKERS, tofino_max_code
 from ncina.worker.client import AllreduceClient
 from ncina_testlib import (
     TWIN,
@@ -34,10 +35,10 @@ from ncina_testlib import (
 
 JOB = 12
 WORKERS = 4
-K = limits.MAX_K
+K = TOFINO_MAX_K
 ELEMENTS = 1_200  # 100 chunks a call
 # The window's e_max: e_min = 38 - 60 = -22, and the profile takes codes up to
-# limits.max_code(4) = 29, i.e. 2^6: larger inputs saturate there, and four of them sum to
+# tofino_max_code(4) = 29, i.e. 2^6: larger inputs saturate there, and four of them sum to
 # 2^8 = 2^30 units of 2^e_min, the most a 32-bit lane holds under the cap.
 WINDOW_MAX = 38
 TOFINO = ["--profile", "tofino"]
@@ -128,7 +129,7 @@ def test_a_code_above_the_profile_cap_is_bad_code_on_every_backend(
     agg = start_aggregator(backend, tmp_path, job=JOB, workers=WORKERS, k=K, result="int",
                            extra=["--window-max", str(WINDOW_MAX), *profile])  # fmt: skip
     worker = Worker(agg.address, timeout=5.0)
-    top = limits.max_code(WORKERS)
+    top = tofino_max_code(WORKERS)
     try:
         for slot, code in ((0, top + 1), (1, 0x80 | top + 1), (2, top), (3, 0x80 | top)):
             worker.send(uplink(job=JOB, rank=0, slot=slot, offset=0, codes=[code] * K,
@@ -237,7 +238,7 @@ def test_the_control_plane_installs_the_tna_contract() -> None:
         assert params["full"] == str(0b11111) and params["flags"] == str(6 << 3 | 1)
         assert params["events"] == str(len(JOB_EVENTS))
         # 5 workers: codes up to 31 - ceil(log2 5) = 28
-        assert params["code_offset"] == str(127 - 28) and limits.max_code(5) == 28
+        assert params["code_offset"] == str(127 - 28) and tofino_max_code(5) == 28
     assert [e.match for e in by_table["ranks"]] == [{"hdr.nc.job": "9", "hdr.nc.rank": "1"}]
     assert by_table["members"][0].match == {"hdr.nc.job": "9", "hdr.nc.rank": "1",
                                             "hdr.ipv4.src": "10.0.0.7",
@@ -245,4 +246,4 @@ def test_the_control_plane_installs_the_tna_contract() -> None:
     [answer] = by_table["answers"]
     assert answer.params["mode"] == str(int(Format.INT)) and answer.params["k"] == str(K)
     # Every job's sums fit a signed 32-bit lane: N * 2^(max_code - 1) <= 2^30.
-    assert all(n << limits.max_code(n) - 1 <= 1 << 30 for n in range(1, limits.MAX_WORKERS + 1))
+    assert all(n << tofino_max_code(n) - 1 <= 1 << 30 for n in range(1, TOFINO_MAX_WORKERS + 1))

@@ -41,6 +41,7 @@ from ncina.proto.header import (
     pack,
     parse,
 )
+from ncina.proto.job import JobSpec
 from ncina.worker import cpath
 from ncina.worker.client import DATA_PATH_ENV, DATA_PATHS, AllreduceClient
 from ncina.worker.sharding import ShardedAllreduce
@@ -839,3 +840,20 @@ def test_a_signal_taken_by_another_thread_still_interrupts_a_waiting_call() -> N
                 helper.join()
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+@pytest.mark.parametrize("spec", [
+    JobSpec(job=JOB, workers=3),
+    JobSpec(job=JOB, workers=2, total_workers=6, result="int", key=bytes(16), mtu=9000),
+    JobSpec(job=JOB, workers=4, result="int", window_max=12, pool_size=16, profile="tofino"),
+    JobSpec(job=JOB, workers=2, result="int32", k=100),
+], ids=["defaults", "leaf-keyed-jumbo", "tofino", "int32"])  # fmt: skip
+def test_a_client_for_a_job_holds_every_field_of_it(spec: JobSpec) -> None:
+    # AllreduceClient.for_job is the one place a JobSpec becomes the client's keywords: the
+    # client's handshake must say the job's own descriptor (K, window, format, pool, keyed),
+    # whatever the field, so a field it drops or maps wrong is caught here.
+    with AllreduceClient.for_job(("127.0.0.1", 9), spec, rank=1, handshake_timeout=None,
+                                 data_path="python") as client:  # fmt: skip
+        assert client.descriptor == spec.descriptor()
+        assert (client.job, client.workers, client.total_workers, client.profile) == (
+            spec.job, spec.workers, spec.total, spec.profile)

@@ -121,7 +121,7 @@ def run_job(
 
                     for rank, out in enumerate(pool.map(work, range(workers))):
                         results[rank].append(out)
-                        clients[rank]._sock.sendto(MARK, relay.address(rank))
+                        clients[rank]._link.sock.sendto(MARK, relay.address(rank))
             stats = [c.stats for c in clients]
         finally:
             for c in clients:

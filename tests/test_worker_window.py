@@ -158,7 +158,7 @@ def test_a_client_keeps_the_whole_pool_unless_asked_for_the_adaptive_window(
 ) -> None:
     """The default is the fixed window (docs/reliability.md's A/B); ``cwnd`` or
     ``$NCINA_CWND`` choose, the argument first; anything else is refused by name."""
-    from ncina.worker.client import _choose_window
+    from ncina.worker.client.allreduce import _choose_window
     from ncina.worker.window import WINDOW_ENV
 
     monkeypatch.delenv(WINDOW_ENV, raising=False)

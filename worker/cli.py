@@ -23,7 +23,6 @@ from ncina.worker.client import (
     OPS,
     AllreduceClient,
 )
-from ncina.worker.job import client_job
 from ncina.worker.window import WINDOW_ENV, WINDOW_MODES
 
 from ncina.common.address import peer_address
@@ -104,13 +103,13 @@ def load_tensor(path: Path) -> np.ndarray:
 
 def run(args: argparse.Namespace) -> int:
     """All-reduce ``--input`` and write ``--output``; returns the exit status."""
-    job = client_job(JobSpec.from_args(args))  # the job's validation, before any I/O
+    job = JobSpec.from_args(args)  # the job's validation, before any I/O
     x = load_tensor(args.input)
     began = time.monotonic()
-    with AllreduceClient(
+    with AllreduceClient.for_job(
         args.aggregator,
+        job,
         rank=args.rank,
-        **job,
         seed=args.seed,
         timeout=args.timeout,
         max_timeout=args.max_timeout,

@@ -63,7 +63,6 @@ from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, FORMATS, JobS
 from ncina.proto.tag import read_key_file
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.worker.client import AllreduceClient
-from ncina.worker.job import client_job
 from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.torch_hook import InaHookState
 from torch._C._distributed_c10d import Work
@@ -155,14 +154,14 @@ class NcinaOptions:
 def make_fabric(options: NcinaOptions, rank: int, workers: int) -> ShardedAllreduce:
     """One client per aggregator of ``options`` for ``rank`` of ``workers``; the job is
     validated, and its K defaulted, as ``JobSpec`` does (``ValueError`` naming every problem)."""
-    job = client_job(JobSpec(
+    job = JobSpec(
         job=options.job, workers=workers, k=options.k, pool_size=options.pool_size,
         window_max=options.window_max, result=options.result_format, key=options.key,
         mtu=options.mtu,
-    ))
+    )
     return ShardedAllreduce([
-        AllreduceClient(
-            address, rank=rank, **job, seed=(options.seed << 16) + rank,
+        AllreduceClient.for_job(
+            address, job, rank=rank, seed=(options.seed << 16) + rank,
             deadline=options.deadline,
         )
         for address in options.aggregators

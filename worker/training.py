@@ -24,7 +24,6 @@ import torch.distributed as dist
 from ncina.proto.job import JobSpec
 from ncina.worker import data, models, tuning
 from ncina.worker.client import AllreduceClient
-from ncina.worker.job import client_job
 from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.torch_hook import (
     GlooHookState,
@@ -214,13 +213,11 @@ def make_fabric(args: argparse.Namespace, job: JobSpec) -> ShardedAllreduce:
     ``RANK mod W``, and the job's total the world size. Server mode: ``--k`` as given (the
     compressor's payloads bound it)."""
     leaf = args.leaf_workers
-    options = client_job(job)
-    if args.mode == "server":
-        options["k"] = args.k
+    server_k = {"k": args.k} if args.mode == "server" else {}
     return ShardedAllreduce(
         [
-            AllreduceClient(
-                agg, rank=args.rank % leaf if leaf else args.rank, **options,
+            AllreduceClient.for_job(
+                agg, job, rank=args.rank % leaf if leaf else args.rank, **server_k,
                 seed=(args.seed << 16) + args.rank, deadline=args.deadline,
                 compressor=args.compressor, mode=args.mode, data_path=args.data_path,
                 cwnd=args.cwnd, handshake_timeout=args.handshake_timeout or None,

@@ -49,7 +49,7 @@ from ncina.harness.reference import BLOCK, Reference, build_reference, exact_mis
 from ncina.harness.workers import START_TIMEOUT, local_launch, run_workers, wall_time
 from ncina.proto import nc8
 from ncina.proto.header import PORT
-from ncina.proto.job import FORMATS, JobSpec, job_args
+from ncina.proto.job import FORMATS, JobSpec
 from ncina.proto.nc_bounds import bounds_from_inputs
 from ncina.proto.wire import DEFAULT_MTU
 
@@ -105,13 +105,16 @@ def check_arguments(args: argparse.Namespace, **job: Any) -> None:
 # Worker processes (ncina.harness.workers) and the reference model (ncina.harness.reference)
 
 def worker_spec(args: argparse.Namespace, mode: str, **extra: Any) -> dict[str, Any]:
-    """What every worker process of a run reads (``ncina.harness.workers``)."""
+    """What every worker process of a run reads (``ncina.harness.workers``): the job as its
+    options (``JobSpec.to_args``), so that every field of it reaches the workers; under a leaf
+    (``leaf_workers`` in ``extra``) the leaf's job, whose total is the run's workers."""
+    leaf = extra.get("leaf_workers")
+    tree = {"workers": leaf, "total_workers": args.workers} if leaf else {}
     return {
-        "mode": mode, "job": JOB, "workers": args.workers, "elements": args.elements,
-        "seed": args.seed, "k": args.k, "pool_size": args.pool_size,
-        "window_max": args.window_max, "result": args.result, "timeout": args.timeout,
-        "deadline": args.deadline, "mtu": args.mtu, "start_timeout": START_TIMEOUT,
-        "profile": args.profile, **extra,
+        "mode": mode, "job_args": JobSpec.from_args(args, job=JOB, **tree).to_args(),
+        "workers": args.workers, "elements": args.elements, "seed": args.seed,
+        "timeout": args.timeout, "deadline": args.deadline, "start_timeout": START_TIMEOUT,
+        **extra,
     }  # fmt: skip
 
 
@@ -157,11 +160,10 @@ def accuracy(ref: Reference, result: np.ndarray, result_format: str) -> dict[str
 # Aggregators
 
 def aggregator_arguments(args: argparse.Namespace, stats_path: Path) -> list[str]:
-    """``ncina aggregator`` options of the benchmark's job (backend and address aside)."""
+    """``ncina aggregator`` options of the benchmark's job (backend and address aside): every
+    field of it (``JobSpec.to_args``)."""
     return [
-        *job_args(job=JOB, workers=args.workers, k=args.k, result=args.result,
-                  pool_size=args.pool_size, window_max=args.window_max, mtu=args.mtu,
-                  profile=args.profile),
+        *JobSpec.from_args(args, job=JOB).to_args(),
         "--seed", str(args.seed), "--stats", str(stats_path),
     ]  # fmt: skip
 

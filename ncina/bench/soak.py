@@ -37,7 +37,6 @@ from typing import Any
 
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.backends import names
-from ncina.aggregator.backends.tofino.twin import limits as twin_limits
 from ncina.harness.fuzzing import resident_kib
 from ncina.harness.soak_checks import (
     RankLog,
@@ -52,7 +51,7 @@ from ncina.harness.soak_checks import (
 )
 from ncina.proto.header import MAX_GENERATION, PORT
 from ncina.proto.job import job_args
-from ncina.proto.profiles import TOFINO
+from ncina.proto.profiles import TOFINO, TOFINO_MAX_K
 from ncina.topo.config import SoakConfig, TopoConfig
 from ncina.topo.runner import Processes, build_net, check_backend, start_aggregators, start_workers
 from ncina.topo.topos import PREFIX_LEN, InaHost, InaLink, aggregator_ip, worker_ip
@@ -80,7 +79,7 @@ class Soak:
         key.write_text(self.rnd.randbytes(16).hex())
         self.keyed = cfg.backend in names(keyed=True)
         twin = cfg.profile == TOFINO
-        k = twin_limits.MAX_K if twin else topo_k(cfg.backend, "ina", "nc8", self.keyed)
+        k = TOFINO_MAX_K if twin else topo_k(cfg.backend, "ina", "nc8", self.keyed)
         self.topo_cfg = TopoConfig(
             out=cfg.out, workers=cfg.workers, backend=cfg.backend, bw=cfg.bw, loss=cfg.loss,
             epochs=10_000, max_steps=cfg.steps_per_run, seed=cfg.seed, k=k,

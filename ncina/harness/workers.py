@@ -26,6 +26,7 @@ before :func:`run_workers` returns or raises.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -41,6 +42,7 @@ import numpy as np
 from ncina.aggregator import process as aggproc
 from ncina.common import cpu
 from ncina.harness.reference import WARMUP, client_seed, worker_input
+from ncina.proto.job import JobSpec
 
 T = TypeVar("T")
 
@@ -97,22 +99,26 @@ def timed(call: Callable[[], T]) -> tuple[dict[str, Any], T]:
     return {"began": began, "ended": ended, "cpu": spent, "machine_at": machine_at}, result
 
 
+def job_of(spec: dict[str, Any]) -> JobSpec:
+    """The job of a worker spec: its ``job_args``, the options ``JobSpec.to_args`` wrote."""
+    parser = argparse.ArgumentParser(prog="ncina.harness.workers", add_help=False)
+    JobSpec.add_arguments(parser)
+    return JobSpec.from_args(parser.parse_args(spec["job_args"]))
+
+
 def run_ina(spec: dict[str, Any], rank: int, x: np.ndarray, directory: Path) -> dict[str, Any]:
     """Warm up, wait for the go instant, time one ``AllreduceClient.allreduce``."""
     from ncina.worker.client import AllreduceClient
 
     host, port = spec["aggregator"]
-    local_rank, workers, total = rank, spec["workers"], None
+    local_rank = rank
     if spec.get("leaf_workers"):  # leaf-spine: the rank's leaf, as one of its W workers
         width = spec["leaf_workers"]
         host, port = spec["leaves"][rank // width]
-        local_rank, workers, total = rank % width, width, spec["workers"]
-    with AllreduceClient(
-        (host, port), job=spec["job"], rank=local_rank, workers=workers, k=spec["k"],
-        pool_size=spec["pool_size"], window_max=spec["window_max"],
-        result_format=spec["result"], seed=client_seed(spec["seed"], rank),
-        timeout=spec["timeout"], deadline=spec["deadline"], mtu=spec["mtu"],
-        total_workers=total, profile=spec.get("profile", "default"),
+        local_rank = rank % width
+    with AllreduceClient.for_job(
+        (host, port), job_of(spec), rank=local_rank, seed=client_seed(spec["seed"], rank),
+        timeout=spec["timeout"], deadline=spec["deadline"],
     ) as client:  # fmt: skip
         client.allreduce(WARMUP)
         before = client.stats

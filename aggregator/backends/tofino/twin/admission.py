@@ -7,7 +7,7 @@ import ipaddress
 
 from ncina.aggregator.backends.bmv2.entries import Entry, InstalledJob
 from ncina.aggregator.backends.bmv2.layout import JOB_EVENTS
-from ncina.aggregator.backends.tofino.twin import limits
+from ncina.proto.profiles import tofino_max_code
 
 JOBS_TABLE = "NcinaIngress.admission.jobs"
 JOB_ACTION = "NcinaIngress.admission.set_job"
@@ -18,7 +18,7 @@ MEMBERS_TABLE = "NcinaIngress.admission.members"
 def job_entries(job: InstalledJob) -> list[Entry]:
     """The job's ``jobs`` entries: version ``v``'s slots from ``slot_base + v * pool``, each
     slot's pair of versions at ``slot_base / 2 + slot``, the window's codes cut to
-    ``limits.max_code`` (N workers' sums in 32 bits), replies' flags ``generation << 3 | 1``."""
+    ``tofino_max_code`` (N workers' sums in 32 bits), replies' flags ``generation << 3 | 1``."""
     c = job.config
     params = {
         "index": job.index,
@@ -28,7 +28,7 @@ def job_entries(job: InstalledJob) -> list[Entry]:
         "pool": c.pool_size,
         "pair_base": job.slot_base // 2,
         "emin": c.window.e_min & 0xFF,
-        "code_offset": 127 - min(c.window.max_code, limits.max_code(c.total)),
+        "code_offset": 127 - min(c.window.max_code, tofino_max_code(c.total)),
         "result_format": int(c.result_format),
         "generation": job.generation,
         "flags": job.generation << 3 | 1,

@@ -9,22 +9,10 @@ from __future__ import annotations
 from ncina.aggregator.jobs import JobConfig
 from ncina.proto.profiles import (
     LACKS,
-    TOFINO_MAX_CODE,
-    TOFINO_MAX_K,
-    TOFINO_MAX_WORKERS,
-    tofino_max_code,
     tofino_problems,
 )
 
-__all__ = ["LACKS", "MAX_CODE", "MAX_K", "MAX_WORKERS", "max_code", "refusal"]
-
-MAX_K = TOFINO_MAX_K
-"""Lanes per pass (no recirculation)."""
-MAX_WORKERS = TOFINO_MAX_WORKERS
-"""Ranks per job: a round's contributors are one 32-bit register word."""
-MAX_CODE = TOFINO_MAX_CODE
-"""Largest code the per-lane decode tables know (+-2^30)."""
-max_code = tofino_max_code
+__all__ = ["LACKS", "refusal"]
 
 
 def refusal(config: JobConfig, k: int) -> str | None:
