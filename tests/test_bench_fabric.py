@@ -43,7 +43,9 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(backends, "BACKENDS", no_socket)
     assert parse().backend == "python"
     assert parse("--backend", "dpdk", "--mtu", "9000").mtu == [9000]
-    assert (args.offloads, parse("--offloads").offloads) == (False, True)
+    # None: on where the fabric allows them (TopoConfig resolves it), --no-offloads: off
+    assert (args.offloads, parse("--offloads").offloads, parse("--no-offloads").offloads) == (
+        None, True, False)
     many = parse("--bw", "100,200,500.5", "--mtu", "1500,9000")
     assert (many.bw, many.mtu) == ([100.0, 200.0, 500.5], [1500, 9000])
 
