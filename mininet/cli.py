@@ -113,6 +113,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "ncina train --backend ncina; docs/pytorch.md) after the hook's run")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip the gloo fp32 run")
+    p.add_argument("--offloads", action=argparse.BooleanOptionalAction, default=None,
+                   help="the links' checksum offloads, so that the workers' and the "
+                   "aggregator's UDP GSO runs (and gloo's TSO segments) cross the fabric whole "
+                   "(default: on for a star without --loss on a kernel-socket backend, socket "
+                   "or python; off elsewhere, where --offloads is refused)")  # fmt: skip
     workdir = p.add_argument("--workdir", type=Path,
                              help="run directory (default: runs/<timestamp>)")
     deprecated_alias(p, "--out", workdir)
@@ -225,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
             profile=args.profile,
             profile_pool_size=args.pool_size or topo_pool_size(
                 args.backend, min(k, TOFINO_MAX_K), args.bw),
+            offloads=args.offloads,
         )
     )
     return 0

@@ -32,6 +32,13 @@ UPLINK_LOSS_AT_WORKER = ("dpdk", "bmv2")
 OFFLOAD_BACKENDS = names(kernel_sockets=True)
 
 
+def offloads_allowed(topo: str, loss: float, backend: str | None) -> bool:
+    """Whether a topology's links may have their checksum offloads on (TopoConfig's offloads):
+    a star without loss (an iptables rule would drop a whole GSO run) whose aggregator reads a
+    kernel UDP socket (DPDK's af_packet and BMv2 take frames, not GSO runs)."""
+    return topo == "star" and not loss and backend in OFFLOAD_BACKENDS
+
+
 @dataclass
 class TopoConfig:
     """Everything a topology run depends on (recorded in results.json as ``config``).
@@ -54,7 +61,9 @@ class TopoConfig:
     same network (medians and spread reported);
     timeout: seconds one training run may take; prefix: of node and interface names (unique per
     process); offloads: the links' checksum offloads on, so that UDP GSO runs cross the fabric
-    whole (``ncina.topo.topos.link_options``: a star on kernel sockets without loss only).
+    whole (``ncina.topo.topos.link_options``: a star on kernel sockets without loss only,
+    :func:`offloads_allowed`); None: on where allowed (``ncina topo``'s and ``ncina bench
+    fabric``'s default), off elsewhere.
     """
 
     out: Path
@@ -88,7 +97,7 @@ class TopoConfig:
     repeat: int = 1
     timeout: float = 3600.0
     prefix: str = field(default_factory=lambda: f"n{os.getpid() % 100000}")
-    offloads: bool = False
+    offloads: bool | None = False
     # The job's profile (ncina.proto.profiles): tofino trains once more under it, beside the
     # default profile's run (BMv2: under it only, the switch runs the Tofino program's twin),
     # with int results, K of at most the design's lanes and a pool of profile_pool_size.
@@ -104,8 +113,10 @@ class TopoConfig:
             )
         if self.topo == "leafspine":
             self.check_leafspine()
-        if self.offloads and (self.topo != "star" or self.loss
-                              or self.backend not in OFFLOAD_BACKENDS):
+        allowed = offloads_allowed(self.topo, self.loss, self.backend)
+        if self.offloads is None:
+            self.offloads = allowed
+        if self.offloads and not allowed:
             raise ValueError("offloads: a star without loss on kernel sockets only (backends "
                              f"{', '.join(OFFLOAD_BACKENDS)}): DPDK's af_packet and BMv2 take "
                              "frames, not GSO runs")  # fmt: skip

@@ -22,7 +22,7 @@ A run's summary is built from the JSON events ``ncina train`` wrote per worker (
 and each summary::
 
     mode, label, epochs, steps, time_s, time_per_epoch_s,
-    bytes_per_worker, packets_per_worker, rx_bytes_per_worker   (interface counters, mean of ranks)
+    bytes_per_worker, packets_per_worker, rx_bytes_per_worker   (link counters, mean of ranks)
     final_accuracy, final_test_loss                              (rank 0, percent / nats)
     samples_per_s   the run's training samples per second (all ranks; rank 0's end event)
     step_s, compute_step_s, comm_total_s
@@ -47,8 +47,10 @@ and each summary::
     verify       with --verify: buckets checked, max_abs_error, worst_ratio, variance_ratio (max)
     curve        rank 0: steps [[time_s, tx_bytes, loss]], epochs [[time_s, tx_bytes, acc, loss]]
 
-Time is training time (evaluation excluded); bytes are what a worker's interface transmitted
-during training, all protocols included.
+Time is training time (evaluation excluded); bytes are what a worker's link transmitted during
+training, all protocols included: its HTB class's count, every GSO or TSO segment with its
+headers (``ncina.common.htb.LinkCounters``; received bytes, and an unshaped link's, are the
+interface's counters).
 """
 
 from __future__ import annotations

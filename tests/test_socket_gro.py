@@ -148,3 +148,32 @@ def test_the_c_worker_takes_runs_of_results_with_gro(
     # One a buffer: 2 calls of 40 chunks, and the agreement the clients make after their handshake
     assert alone_buffers == [s["packets_received"] for s in stats] == [81, 81]
     assert sum(buffers) < sum(alone_buffers)  # the aggregator's GSO runs arrive whole
+
+
+def test_the_fabric_echo_sends_gso_runs_and_takes_gro_buffers_as_the_workers_do(
+    tmp_path: Path,
+) -> None:
+    """The fabric's echo load (``ncina.harness.echo``, issue 36) against the socket backend's
+    no-op forwarder on loopback: its refills reach the forwarder as UDP GSO runs (coalesced
+    buffers, as a worker's C transfer sends them: one datagram a send before), and it splits the
+    forwarder's runs, which its GRO socket takes whole, into every echo: each echo completes one
+    chunk and refills its slot, so exactly a window more datagrams went out than came back."""
+    from ncina.aggregator.backends.dpdk import binding
+
+    from ncina.harness.echo import run_load
+
+    if binding.missing():
+        pytest.skip(f"the echo's load generator is in the dpdk extension: {binding.missing()}")
+    agg = start_aggregator("socket", tmp_path, job=1, workers=1, k=64, result="nc8",
+                           extra=["--socket-mode", "forward"])  # fmt: skip
+    try:
+        counters = run_load(agg.address, "127.0.0.1", k=64, window=64, seconds=0.3,
+                            retx_after=1.0, start_at=0.0)  # fmt: skip
+        io = agg.stats()["socket"]
+    finally:
+        assert agg.stop() == 0, agg.log()
+    assert counters["retransmit_rounds"] == 0 and counters["send_errors"] == 0, counters
+    assert counters["completed"] == counters["received"] > 1000, counters
+    assert counters["sent"] == counters["received"] + 64, counters
+    assert counters["received"] <= io["rx_datagrams"] <= counters["sent"], io  # last in flight
+    assert io["rx_coalesced"] > 0 and io["rx_buffers"] < io["rx_datagrams"] // 4, io

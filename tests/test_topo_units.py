@@ -84,6 +84,9 @@ def test_offloads_config_is_a_lossless_star_on_kernel_sockets(
             TopoConfig(out=tmp_path, offloads=True, **options)
     else:
         assert TopoConfig(out=tmp_path, offloads=True, **options).offloads
+    # ncina topo's and bench fabric's default (None): on wherever they are allowed, off elsewhere
+    assert TopoConfig(out=tmp_path, offloads=None, **options).offloads is not refused
+    assert TopoConfig(out=tmp_path, **options).offloads is False  # soak's and bench ddp's
 
 
 def test_loss_becomes_input_drop_rules_per_worker_link_direction() -> None:
@@ -429,3 +432,21 @@ def test_a_run_beyond_the_machines_headroom_is_warned_about() -> None:
         'the 400 Mbit/s that 2 cores emulate faithfully (docs/performance.md, "Headroom"): '
         "times will measure this machine's CPU more than the links")
     assert warn(4, 200.0, 4) is None
+
+
+@pytest.mark.parametrize(
+    ("options", "offloads"),
+    [([], True), (["--no-offloads"], False), (["--loss", "1"], False),
+     (["--backend", "dpdk"], False)],
+)
+def test_topo_turns_the_offloads_on_where_the_star_allows_them(
+    monkeypatch: pytest.MonkeyPatch, options: list[str], offloads: bool
+) -> None:
+    """``ncina topo``'s links carry GSO runs whole by default (issue 36), where allowed."""
+    given: list[TopoConfig] = []
+    monkeypatch.setattr(topo_cli.os, "geteuid", lambda: 0)
+    monkeypatch.setattr("ncina.topo.runner.run_topology", given.append)
+    parser = argparse.ArgumentParser()
+    topo_cli.add_parser(parser.add_subparsers())
+    assert topo_cli.run(parser.parse_args(["topo", "--workdir", "/nonexistent", *options])) == 0
+    assert [cfg.offloads for cfg in given] == [offloads]

@@ -49,6 +49,12 @@ DONE, AGAIN, TIMEOUT, RESTARTED = 0, 1, 2, 3
 _CONSTANT = re.compile(r"#define NCW_[A-Z]+ -?\d+\b")  # integer constants cffi can take
 
 
+def udp_batching() -> tuple[bool, bool]:
+    """Whether a C data path sends runs as UDP GSO and receives UDP GRO buffers: both unless
+    ``NCINA_UDP_GSO=0`` / ``NCINA_UDP_GRO=0`` (the workers' transfer, the fabric's echo)."""
+    return os.environ.get(GSO_ENV, "1") != "0", os.environ.get(GRO_ENV, "1") != "0"
+
+
 class Timer(Protocol):
     """The RTO state the C timer copies in and out (``timing.RtoEstimator``'s attributes)."""
 
@@ -179,8 +185,7 @@ class CTransfer:
         cfg.e_min, cfg.span, cfg.result_format = e_min, span, result_format
         cfg.key, cfg.key_size = self._key, len(key) if key else 0
         cfg.slot_uses = ffi.from_buffer("int64_t[]", slot_uses, require_writable=True)
-        cfg.gso = os.environ.get(GSO_ENV, "1") != "0"
-        cfg.gro = os.environ.get(GRO_ENV, "1") != "0"
+        cfg.gso, cfg.gro = udp_batching()
         self._cfg = cfg
         state = self.lib.ncw_open(cfg)
         if state == ffi.NULL:

@@ -38,27 +38,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ncina.common import cpu
+from ncina.common.htb import LinkCounters
 
-COUNTERS = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
 # Client counters worth a line of progress (the rest go to the end event).
 FABRIC_PROGRESS = ("packets_sent", "retransmissions", "timeouts", "saturated")
-
-
-class Counters:
-    """Deltas of an interface's counters since construction (zeros when no interface is given)."""
-
-    def __init__(self, iface: str | None) -> None:
-        self.paths = (
-            {k: Path("/sys/class/net", iface, "statistics", k) for k in COUNTERS} if iface else {}
-        )
-        self.base = self._read()
-
-    def _read(self) -> dict[str, int]:
-        return {k: int(p.read_text()) for k, p in self.paths.items()}
-
-    def delta(self) -> dict[str, int]:
-        now = self._read()
-        return {k: now[k] - self.base[k] for k in now}
 
 
 class Clock:
@@ -365,7 +348,7 @@ def steps(
     test_loss, test_acc = evaluate(model.module, test_set, device)
     compute_s = compute_step_time(model, loader, device)
     dist.barrier()  # every rank starts its counters and clock together
-    counters, clock = Counters(args.iface), Clock()
+    counters, clock = LinkCounters(args.iface), Clock()
     events.emit(
         "start", f"{tag} {args.model} on {data_name}, {params} parameters, "
         f"{len(loader)} steps/epoch, compute {compute_s * 1e3:.1f} ms/step",
@@ -405,7 +388,9 @@ def steps(
             schedule.step()
             step_total += time.perf_counter() - started
             step += 1
-            now, wire, value = clock(), counters.delta(), loss.item()
+            now, value = clock(), loss.item()
+            with clock.pause():  # a tc process: the counters' time is not training's
+                wire = counters.delta()
             progress = {k: v for k, v in (fabric.stats if fabric else {}).items()
                         if k in FABRIC_PROGRESS}
             line = None

@@ -27,11 +27,12 @@ closed-loop echo load on every worker host, for ``--limit-seconds``): ``fabric_l
 ``vs_fabric_limit``, INA's datagrams per second over it (refused with the reason when the echo
 answered nothing, retransmitted or could not run).
 
-``--offloads`` turns the links' checksum offloads on (``ncina.topo.topos.link_options``): the
-workers' and the socket aggregator's UDP GSO runs then cross the fabric whole instead of being
-cut into datagrams at the sender's veth (docs/performance.md, "The workers' packet path at
-K = 64"); HTB still counts and charges every datagram. The echo sends one datagram at a time
-and is no ceiling for such a job.
+The links' checksum offloads are on where the fabric allows them (a star, python or socket
+backend; ``--no-offloads`` turns them off; ``ncina.topo.topos.link_options``): the workers' and
+the socket aggregator's UDP GSO runs then cross the fabric whole instead of being cut into
+datagrams at the sender's veth (docs/performance.md, "The workers' packet path at K = 64");
+HTB still counts and charges every datagram. The echo batches as the workers do (GSO runs out,
+GRO buffers in), so that its runs cross whole too.
 
 ``--bw`` and ``--mtu`` take comma-separated lists (``--bw 100,200,500,1000 --mtu 1500,9000``):
 then every pair runs on a fabric of its own, in one invocation, and the figures are ``rows``
@@ -137,10 +138,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="star: seconds of the no-op echo at the job's packet size that "
                    "measures the fabric's own packet limit after each repeat (vs_fabric_limit; "
                    "0: none) (default: %(default)s)")  # fmt: skip
-    p.add_argument("--offloads", action="store_true",
-                   help="star, python or socket backend: the links' checksum offloads on, so "
-                   "that the workers' and the aggregator's UDP GSO runs (and gloo's TSO "
-                   "segments) cross the fabric whole")  # fmt: skip
+    p.add_argument("--offloads", action=argparse.BooleanOptionalAction, default=None,
+                   help="the links' checksum offloads, so that the workers' and the "
+                   "aggregator's UDP GSO runs (and gloo's TSO segments) cross the fabric whole "
+                   "(default: on for a star with the python or socket backend; off elsewhere, "
+                   "where --offloads is refused)")  # fmt: skip
     p.add_argument("--workdir", type=Path, default=None,
                    help="keep the logs and stats here (default: a temporary directory)")
     return p
@@ -383,6 +385,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         cfg = TopoConfig(out=workdir, workers=args.workers, backend=args.backend, bw=args.bw,
                          topo=args.topo, leaves=args.leaves, k=args.k,
                          prefix=f"b{os.getpid() % 100000}", offloads=args.offloads)  # fmt: skip
+        args.offloads = cfg.offloads  # the default resolved: on where the fabric allows it
         ref = bench.reference(args)
         net, topo = build_net(cfg)
         procs = Processes()

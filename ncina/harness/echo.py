@@ -4,12 +4,17 @@ packet size, the yardstick of ``bench fabric``'s ``vs_fabric_limit``.
 The socket backend's no-op forwarder (``ncina aggregator --backend socket --socket-mode
 forward``: every datagram back to its sender, in C) serves on the aggregator's host; on every
 worker host one process of this module (``python -m ncina.harness.echo``) runs the C closed
-loop of ``bench aggregator`` (``ncd_gen_run``: a window of K-element NC8 chunks outstanding, the
-next into a slot when its echo is back) through one connected UDP socket, from one instant for
-a fixed time, and writes its counters as JSON. What came back answered is the work:
-:func:`limit_figures` turns the hosts' counters into packets per second (each echo is two
-datagrams: the chunk up and its copy down, as a job's chunk and its result), and the yardstick
-is refused (``ncina.harness.figures.refusal``) when the echo answered nothing or retransmitted.
+loop of ``bench aggregator`` (a window of K-element NC8 chunks outstanding, the next into a slot
+when its echo is back) through one connected UDP socket, from one instant for a fixed time, and
+writes its counters as JSON. It batches as the workers' C transfer does
+(``ncd_gen_run_batched``): each refill's chunks go out as UDP GSO runs and the echoes come in as
+UDP GRO buffers, each switched off by the same ``NCINA_UDP_GSO=0`` / ``NCINA_UDP_GRO=0`` as the
+workers' (``ncina.worker.cpath``), so that with the links' offloads on its runs cross the veths,
+the bridge and HTB whole as a job's do (one datagram a send would be no ceiling for such a job).
+What came back answered is the work: :func:`limit_figures` turns the hosts' counters into
+packets per second (each echo is two datagrams: the chunk up and its copy down, as a job's
+chunk and its result), and the yardstick is refused (``ncina.harness.figures.refusal``) when
+the echo answered nothing or retransmitted.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ def run_load(target: tuple[str, int], bind: str, k: int, window: int, seconds: f
     clock in every Mininet host), then run the closed loop for ``seconds``; its counters."""
     from ncina.aggregator.backends.dpdk.binding import load
     from ncina.proto.nc8 import Window
+    from ncina.worker.cpath import udp_batching
 
     module = load()
     ffi, lib = module.ffi, module.lib
@@ -98,8 +104,9 @@ def run_load(target: tuple[str, int], bind: str, k: int, window: int, seconds: f
         s.connect(target)
         fds = ffi.new("int[]", [s.fileno()])
         time.sleep(max(0.0, start_at - time.monotonic()))
-        rc = lib.ncd_gen_run(fds, 1, JOB, Window.for_job(1).e_min, k, window, seconds,
-                             retx_after, ffi.from_buffer(codes), st)  # fmt: skip
+        gso, gro = udp_batching()
+        rc = lib.ncd_gen_run_batched(fds, 1, JOB, Window.for_job(1).e_min, k, window, seconds,
+                                     retx_after, ffi.from_buffer(codes), gso, gro, st)  # fmt: skip
     if rc != 0:
         raise ValueError(f"bad echo load parameters: k {k}, window {window}")
     return {"sent": int(st.sent), "received": int(st.received), "completed": int(st.completed),

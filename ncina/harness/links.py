@@ -1,7 +1,8 @@
 """The links of a Mininet fabric as a benchmark measures them (``ncina bench fabric``): the
 sending end of each worker's uplink, the frames and bytes its tc HTB class sent, and the share
 of the link's bandwidth the bytes counted over a run took; and how long an all-reduce may take
-on such links.
+on such links. ``ncina topo``'s workers count their bytes the same way
+(``ncina.common.htb.LinkCounters``).
 
 The count is HTB's, not the interfaces' (``/sys/class/net/*/statistics``): with the links'
 checksum offloads on (``ncina bench fabric --offloads``) a UDP GSO run or a TCP TSO segment
@@ -13,18 +14,13 @@ included (``qdisc_pkt_len``), with the offloads on or off.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 from typing import Any
 
+from ncina.common.htb import htb_command, parse_sent
 from ncina.proto.wire import ETH_IPV4_UDP_NCINA_HEADERS
 
 MIN_TIME_LIMIT = 120.0  # seconds one all-reduce may take at least (see time_limit)
-
-
-HTB_CLASS = "5:1"
-"""The class Mininet's ``TCIntf`` shapes a link's end with (``bw``): everything it sends."""
-_SENT = re.compile(r"Sent (\d+) bytes (\d+) pkt")
 
 
 def uplinks(net: Any, topo: Any) -> list[Any]:
@@ -36,11 +32,11 @@ def uplinks(net: Any, topo: Any) -> list[Any]:
 def htb_sent(intf: Any) -> tuple[int, int]:
     """The bytes and frames the shaped interface ``intf`` (a Mininet ``Intf``) has sent through
     its HTB class, each GSO or TSO segment counted: read in the interface's node."""
-    out = intf.node.cmd(f"tc -s class show dev {intf.name} classid {HTB_CLASS}")
-    found = _SENT.search(out)
-    if found is None:
-        raise RuntimeError(f"{intf}: no HTB class {HTB_CLASS} (an unshaped link?): {out!r}")
-    return int(found[1]), int(found[2])
+    out = intf.node.cmd(" ".join(htb_command(intf.name)))
+    sent = parse_sent(out)
+    if sent is None:
+        raise RuntimeError(f"{intf}: no HTB class (an unshaped link?): {out!r}")
+    return sent
 
 
 def sent_bytes(intfs: list[Any]) -> list[int]:

@@ -136,4 +136,13 @@ int ncd_gen_run(const int *fds, unsigned nranks, uint16_t job, int emin, unsigne
                 unsigned window, double seconds, double retx_after, const uint8_t *codes,
                 struct ncd_gen_stats *st);
 
+/* ncd_gen_run batched as the workers' C transfer batches (worker/transfer.c): with gso each
+ * flush sends its chunks as UDP_SEGMENT runs (up to 64 datagrams in 65,000 bytes; a kernel
+ * that refuses one turns it off), with gro the sockets take UDP GRO buffers and split them into
+ * their datagrams (a kernel without UDP_GRO: one datagram a buffer). The fabric's echo
+ * (ncina.harness.echo) runs it, so that its runs cross the links as a job's do. */
+int ncd_gen_run_batched(const int *fds, unsigned nranks, uint16_t job, int emin, unsigned k,
+                        unsigned window, double seconds, double retx_after,
+                        const uint8_t *codes, int gso, int gro, struct ncd_gen_stats *st);
+
 #endif
