@@ -83,8 +83,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "pool_size": "from --bw and K, ncina.worker.tuning.pool_size: 4 ms of the link, 34 "
             f"at 100 Mbit/s and MTU 1500, 8 at --mtu 9000; unshaped {d.pool_size}, fewer for a "
             f"larger K, so that about {d.pool_size} MTU-1500 chunks are in flight: 10 at --mtu "
-            f"9000; {BMV2_POOL_SIZE} with --backend bmv2, whose libpcap input ring holds a few "
-            "dozen frames",
+            f"9000; {BMV2_POOL_SIZE} with --backend bmv2, measured best through the switch "
+            "(docs/bmv2.md)",
         },
     )  # fmt: skip
     JobSpec.add_arguments(p, "profile")  # tofino: a run under it beside the default's

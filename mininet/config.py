@@ -14,13 +14,16 @@ from ncina.proto.profiles import DEFAULT
 from ncina.proto.wire import DEFAULT_MTU
 
 BMV2_POOL_SIZE = 8
-"""The bmv2 backend's default pool: with 4 workers, 32 frames in flight, what libpcap's ring in
-front of BMv2 holds without loss (measured: a pool of 64 loses half the packets)."""
+"""The bmv2 backend's default pool: the best of the pools measured in training through the
+switch (8 and 16 at K = 64, 128 and 256: docs/bmv2.md, "The topology's K and pool"); a larger
+one only queues more frames behind the switch and times more of them out."""
 
 FIXED_K = 256
-"""K where the MTU does not decide it: on BMv2, whose P4 lanes are compiled per K (K = 256 took
-2 min 41 s and 6.7 GB: docs/bmv2.md), and in server mode, where a compressor's payload of K
-elements must fit a frame. Elsewhere ``ncina topo`` takes the largest K for MTU 1500."""
+"""K where the MTU does not decide it: on BMv2, whose P4 lanes are compiled per K, the best
+measured in training through the switch (64, 128 and 256: docs/bmv2.md, "The topology's K and
+pool"; K = 256 compiles in about 2 minutes of CPU and 1.1 GB once), and in server mode, where a
+compressor's payload of K elements must fit a frame. Elsewhere ``ncina topo`` takes the largest
+K for MTU 1500."""
 
 
 # Backends whose frames the aggregator host's netfilter never sees (the DPDK port takes them

@@ -3,9 +3,19 @@ everywhere)."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from ncina.proto.header import Format
+from ncina.proto.profiles import TOFINO, TOFINO_MAX_K
+
+from ncina.bench import aggregator
+from ncina.harness.load_figures import load_figures
 
 
 def bench_aggregator(*options: str) -> subprocess.CompletedProcess[str]:
@@ -45,3 +55,40 @@ def test_a_bad_job_is_refused_before_anything_is_set_up(tmp_path: Path) -> None:
         "64-bit register word in every backend), not 65\n"
     )
     assert not output.exists()
+
+
+def parsed(*options: str) -> argparse.Namespace:
+    """``ncina bench aggregator OPTIONS`` as its parser reads them."""
+    parser = argparse.ArgumentParser()
+    aggregator.add_parser(parser.add_subparsers())
+    return parser.parse_args(["aggregator", *options])
+
+
+def one_second(sent: int, received: int, rounds: int = 0) -> dict[str, Any]:
+    """One measurement's figures of a 1-second load whose every reply completed a chunk."""
+    st = SimpleNamespace(sent=sent, received=received, completed=received, send_errors=0,
+                         retransmit_rounds=rounds, seconds=1.0)  # fmt: skip
+    return load_figures(st, slots_completed=received // 4, k=TOFINO_MAX_K, lcores=1)
+
+
+def test_the_twin_is_measured_at_its_k_with_int_results_beside_the_echo() -> None:
+    """``--profile tofino`` without ``--k`` or ``--result`` measures the twin's job (the
+    Tofino design's K, int results; what is given stays given, and a K above the design's is
+    refused), and its ``vs_forwarder`` is its completed work over the echo program's; an
+    echo that answered nothing leaves no ratio but the reason."""
+    twin = aggregator.bench_job(parsed("--backend", "bmv2", "--p4-profile", "tofino"))
+    assert (twin.k, twin.result, twin.profile) == (TOFINO_MAX_K, Format.INT, TOFINO)
+    assert aggregator.bench_job(parsed("--profile", "tofino", "--k", "8")).k == 8
+    default = aggregator.bench_job(parsed("--backend", "bmv2"))
+    assert (default.k, default.result) == (aggregator.K, Format.NC8)
+    with pytest.raises(ValueError, match="at most 12 lanes per pass"):
+        aggregator.bench_job(parsed("--profile", "tofino", "--k", "64"))
+    figures = {"python": one_second(40_000, 40_000), "forward": one_second(90_000, 90_000),
+               "bmv2": one_second(11_000, 11_000), "bmv2_forward": one_second(77_000, 77_000)}
+    aggregator.put_ratios(figures, "bmv2", (1,))
+    assert figures["vs_forwarder"] == 0.143 and "vs_forwarder_refused" not in figures
+    figures["bmv2_forward"] = one_second(5_117, 0, rounds=39)
+    aggregator.put_ratios(figures, "bmv2", (1,))
+    assert figures["vs_forwarder"] is None
+    assert figures["vs_forwarder_refused"] == "the baseline completed nothing"
+    assert figures["vs_python"] == 0.275

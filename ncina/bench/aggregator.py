@@ -12,7 +12,8 @@ generator is in its extension); bmv2 needs p4c and BMv2 too (docs/bmv2.md). For 
 also measures the same simple_switch_grpc running p4/echo/echo.p4, a P4 program that only echoes
 each datagram (``--bmv2-mode forward``), and reports ``vs_forwarder``: how close the aggregator
 program comes to what BMv2 itself forwards; ``--profile tofino`` measures the Tofino program's
-v1model twin (p4/twin/: ``--result int``, K up to 12) instead of p4/, beside the same echo.
+v1model twin (p4/twin/) instead of p4/, beside the same echo, at the twin's K and with int
+results unless ``--k`` and ``--result`` say otherwise (``ncina.proto.profiles``).
 
 ``--lcores 1,2`` measures the DPDK aggregator and its forwarder at each strand count (docs/dpdk.md,
 "Several lcores") in the same run and reports ``lcores_scaling``: completed work at the last
@@ -44,8 +45,11 @@ from ncina.common.progress import progress
 from ncina.harness.load_figures import load_figures, median_run, put_work_ratio
 from ncina.proto.header import PORT
 from ncina.proto.job import JobSpec
+from ncina.proto.profiles import TOFINO, TOFINO_MAX_K
 
 JOB = 1
+K = 256
+"""The benchmark's K without ``--k`` (the default profile)."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -58,11 +62,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--backend", choices=("dpdk", "socket", "python", "bmv2"), default="dpdk",
                    help="the backend measured (default: %(default)s)")  # fmt: skip
-    job = JobSpec.add_arguments(p, "workers", "k", "pool_size", workers=4, k=256)
+    job = JobSpec.add_arguments(p, "workers", "k", "pool_size", workers=4, k=None, rules={
+        "k": f"{K}; the Tofino design's {TOFINO_MAX_K} with --profile tofino"})  # fmt: skip
     deprecated_alias(p, "--window", job["pool_size"])
     p.add_argument("--seconds", type=float, default=5.0,
                    help="duration of each measurement (default: %(default)s)")  # fmt: skip
-    JobSpec.add_arguments(p, "result")
+    JobSpec.add_arguments(p, "result", result=None,
+                          rules={"result": "nc8; int with --profile tofino"})  # fmt: skip
     timeout = p.add_argument("--timeout", type=float, default=0.05, metavar="S",
                              help="the load generator re-sends a slot unanswered this long; raise "
                              "it for a slow switch (bmv2 at K=256: 1) (default: %(default)s)")
@@ -171,6 +177,15 @@ def measure(
                         k=job.k, lcores=lcores)  # fmt: skip
 
 
+def bench_job(args: argparse.Namespace) -> JobSpec:
+    """The measured job of the options: K and the result format as given, else ``K`` and nc8,
+    or under ``--profile tofino`` the Tofino design's K and int results (what the twin
+    returns). Raises ``ValueError`` for a job no backend runs (``JobSpec``)."""
+    twin = args.profile == TOFINO
+    return JobSpec.from_args(args, job=JOB, k=args.k or (TOFINO_MAX_K if twin else K),
+                             result=args.result or ("int" if twin else "nc8"))  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure the chosen backend, the Python backend and the no-op forwarder; return figures."""
     from ncina.aggregator.backends.dpdk import binding, netns
@@ -178,7 +193,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.profile != "default" and args.backend != "bmv2":
         raise ValueError("--profile tofino is measured on the bmv2 backend only (the Tofino "
                          "program's twin beside the echo program)")
-    job = JobSpec.from_args(args, job=JOB)  # the job's validation, before anything is set up
+    job = bench_job(args)  # the job's validation, before anything is set up
     reason = netns.missing() or binding.missing()
     if reason:
         raise RuntimeError(f"the aggregator benchmark needs root and DPDK: {reason}")
@@ -195,7 +210,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("--lcores is the dpdk backend's")
     star = netns.Star.create()
     figures: dict[str, Any] = {
-        "workers": job.workers, "k": job.k, "pool_size": job.pool_size, "result": args.result,
+        "workers": job.workers, "k": job.k, "pool_size": job.pool_size,
+        "result": job.result.name.lower(),
         "seconds": args.seconds, "backend": args.backend,
         "timeout": args.timeout, "dpdk_pmd": args.dpdk_pmd, "repeat": args.repeat,
         "lcores": list(args.lcores), "profile": args.profile,
@@ -221,18 +237,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for (kind, n), results in runs.items():
         name = kind if n == args.lcores[0] else f"{kind}_lcores{n}"
         figures[name] = median_run(results)
-    measured = figures[args.backend]
-    figures["noop_forwarder"] = forward
-    ratios = [("vs_python", "python"), ("vs_noop_forwarder", forward)]
-    if args.backend == "bmv2":  # how close it comes to what BMv2 itself forwards
-        ratios.append(("vs_forwarder", "bmv2_forward"))
-    for name, other in ratios:
-        put_work_ratio(figures, name, measured, figures[other])
-    if len(args.lcores) > 1:
-        first, last = args.lcores[0], args.lcores[-1]
-        for kind, key in (("dpdk", "lcores_scaling"), ("forward", "forwarder_lcores_scaling")):
-            put_work_ratio(figures, key, figures[f"{kind}_lcores{last}"], figures[kind])
-        figures["lcores_scaling_of"] = f"{last} vs {first}"
+    put_ratios(figures, args.backend, args.lcores)
     return figures
 
 
+def put_ratios(figures: dict[str, Any], backend: str, lcores: tuple[int, ...]) -> None:
+    """The run's ratios into ``figures`` (which holds each kind's median run): the measured
+    ``backend``'s completed work over the Python backend's, the no-op forwarder's and, for
+    bmv2, the echo program's on the same switch (``vs_forwarder``); with several ``lcores``,
+    each DPDK kind's scaling. A dead baseline's ratio is None and ``<ratio>_refused``."""
+    forward = "socket_forward" if backend == "socket" else "forward"
+    measured = figures[backend]
+    figures["noop_forwarder"] = forward
+    ratios = [("vs_python", "python"), ("vs_noop_forwarder", forward)]
+    if backend == "bmv2":  # how close it comes to what BMv2 itself forwards
+        ratios.append(("vs_forwarder", "bmv2_forward"))
+    for name, other in ratios:
+        put_work_ratio(figures, name, measured, figures[other])
+    if len(lcores) > 1:
+        first, last = lcores[0], lcores[-1]
+        for kind, key in (("dpdk", "lcores_scaling"), ("forward", "forwarder_lcores_scaling")):
+            put_work_ratio(figures, key, figures[f"{kind}_lcores{last}"], figures[kind])
+        figures["lcores_scaling_of"] = f"{last} vs {first}"
