@@ -34,8 +34,6 @@ from ncina_testlib import (
 
 from ncina.harness.fuzzing import FUZZ_DATAGRAM, fuzz_during_allreduce, hostile_datagrams
 
-pytestmark = pytest.mark.timeout(300)
-
 JOB = 33
 WORKERS = 3
 K = 64
@@ -47,6 +45,9 @@ TWIN_WINDOW_MAX = 40
 PACKETS = int(os.environ.get("NCINA_FUZZ_PACKETS", "1500"))
 BATCH = 25  # datagrams per hypothesis example
 RSS_GROWTH_KIB = 4096  # "flat": what a few buffers may add, far below one byte per datagram
+
+# The long settings run at a few thousand datagrams a second (BMv2's: a few hundred).
+pytestmark = pytest.mark.timeout(300 + PACKETS // 100)
 
 
 def datagrams(emin: int) -> st.SearchStrategy[bytes]:
