@@ -34,8 +34,6 @@ from ncina_testlib import (
 
 from ncina.harness.fuzzing import FUZZ_DATAGRAM, fuzz_during_allreduce, hostile_datagrams
 
-pytestmark = pytest.mark.timeout(300)
-
 JOB = 33
 WORKERS = 3
 K = 64
@@ -47,6 +45,9 @@ TWIN_WINDOW_MAX = 40
 PACKETS = int(os.environ.get("NCINA_FUZZ_PACKETS", "1500"))
 BATCH = 25  # datagrams per hypothesis example
 RSS_GROWTH_KIB = 4096  # "flat": what a few buffers may add, far below one byte per datagram
+
+# The long settings run at a few thousand datagrams a second (BMv2's: a few hundred).
+pytestmark = pytest.mark.timeout(300 + PACKETS // 100)
 
 
 def datagrams(emin: int) -> st.SearchStrategy[bytes]:
@@ -117,3 +118,25 @@ def test_hostile_datagrams_during_a_job(backend: str, tmp_path: Path) -> None:
         assert report.rss_kib[1] - report.rss_kib[0] < RSS_GROWTH_KIB
     finally:
         assert agg.stop() == 0, agg.log()
+
+
+def test_hostile_datagrams_are_one_seeded_sequence_however_they_are_drawn() -> None:
+    """Made one at a time (the long settings' million would not fit at once), the mix is the
+    same for the same seed even when the random module is used between two datagrams (scapy's
+    ``fuzz()`` draws from it), and another seed gives another mix."""
+    import random
+
+    def draw(seed: int, meddle: bool) -> list[bytes]:
+        out = []
+        for datagram in hostile_datagrams(300, seed=seed, job=JOB, workers=WORKERS, k=K,
+                                          emin=-52, pool_size=POOL):  # fmt: skip
+            out.append(datagram)
+            if meddle:
+                random.seed(len(out))
+                random.random()
+        return out
+
+    first = draw(7, meddle=False)
+    assert len(first) == 300 and all(len(d) <= FUZZ_DATAGRAM for d in first)
+    assert draw(7, meddle=True) == first
+    assert draw(8, meddle=False) != first

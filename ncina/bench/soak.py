@@ -181,11 +181,25 @@ class Soak:
             members.append(f"{worker_ip(rank)}:{ports[0]}")
         return members
 
+    def stranger_link(self, net: Any) -> dict[str, int]:
+        """The counters of the stranger's link: what its interface sent and dropped, what the
+        other end (a port of the switch or bridge, in this namespace) received and dropped."""
+        node = net.get(f"{self.cfg.prefix}x0")
+        own = node.defaultIntf()
+        port = own.link.intf2 if own.link.intf1 is own else own.link.intf1
+        sent = node.cmd(f"cat /sys/class/net/{own.name}/statistics/tx_packets "
+                        f"/sys/class/net/{own.name}/statistics/tx_dropped").split()  # fmt: skip
+        got = [int((Path("/sys/class/net") / port.name / "statistics" / name).read_text())
+               for name in ("rx_packets", "rx_dropped")]  # fmt: skip
+        return {"stranger_tx_packets": int(sent[0]), "stranger_tx_dropped": int(sent[1]),
+                "port_rx_packets": got[0], "port_rx_dropped": got[1]}  # fmt: skip
+
     def stranger_round(self, net: Any, members: list[str]) -> dict[str, Any]:
         """One round of the stranger's datagrams between two reads of the aggregator's
         counters: how many of each kind were sent and how many the aggregator counted."""
         cfg = self.cfg
         before = self.read_stats()
+        link_before = self.stranger_link(net)
         argv = [sys.executable, "-m", "ncina.harness.stranger",
                 "--aggregator", f"{aggregator_ip(0)}:{PORT}",
                 *job_args(job=1, k=self.topo_cfg.k, pool_size=self.topo_cfg.pool_size),
@@ -205,8 +219,9 @@ class Soak:
         to_aggregator = sent["fuzzed"] + sent["hellos"] + sent["spoofed"]
         round_ = {**sent, "dropped": counted, "answered": handshakes,
                   "uncounted": max(0, to_aggregator - counted - handshakes)}  # fmt: skip
-        if round_["uncounted"]:
-            round_["counters"] = changed(before, after)  # where the uncounted ones went
+        if round_["uncounted"]:  # where the uncounted ones went (the link's frames: every kind)
+            round_["counters"] = changed({**before, "link": link_before},
+                                         {**after, "link": self.stranger_link(net)})  # fmt: skip
         self.hostile.append(round_)
         return round_
 
