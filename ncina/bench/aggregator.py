@@ -42,7 +42,7 @@ import numpy as np
 from ncina.aggregator import process as aggproc
 from ncina.common.options import deprecated_alias
 from ncina.common.progress import progress
-from ncina.harness.load_figures import load_figures, median_run, put_work_ratio
+from ncina.harness.load_figures import load_figures, median_run, put_ratios
 from ncina.proto.header import PORT
 from ncina.proto.job import JobSpec
 from ncina.proto.profiles import TOFINO, TOFINO_MAX_K
@@ -239,23 +239,3 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         figures[name] = median_run(results)
     put_ratios(figures, args.backend, args.lcores)
     return figures
-
-
-def put_ratios(figures: dict[str, Any], backend: str, lcores: tuple[int, ...]) -> None:
-    """The run's ratios into ``figures`` (which holds each kind's median run): the measured
-    ``backend``'s completed work over the Python backend's, the no-op forwarder's and, for
-    bmv2, the echo program's on the same switch (``vs_forwarder``); with several ``lcores``,
-    each DPDK kind's scaling. A dead baseline's ratio is None and ``<ratio>_refused``."""
-    forward = "socket_forward" if backend == "socket" else "forward"
-    measured = figures[backend]
-    figures["noop_forwarder"] = forward
-    ratios = [("vs_python", "python"), ("vs_noop_forwarder", forward)]
-    if backend == "bmv2":  # how close it comes to what BMv2 itself forwards
-        ratios.append(("vs_forwarder", "bmv2_forward"))
-    for name, other in ratios:
-        put_work_ratio(figures, name, measured, figures[other])
-    if len(lcores) > 1:
-        first, last = lcores[0], lcores[-1]
-        for kind, key in (("dpdk", "lcores_scaling"), ("forward", "forwarder_lcores_scaling")):
-            put_work_ratio(figures, key, figures[f"{kind}_lcores{last}"], figures[kind])
-        figures["lcores_scaling_of"] = f"{last} vs {first}"

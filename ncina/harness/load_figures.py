@@ -56,3 +56,23 @@ def median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {**median_repeat(results, "completed_per_s"),
             "completed_per_s_runs": [r["completed_per_s"] for r in results],
             "packets_per_s_runs": [r["packets_per_s"] for r in results]}  # fmt: skip
+
+
+def put_ratios(figures: dict[str, Any], backend: str, lcores: tuple[int, ...]) -> None:
+    """The run's ratios into ``figures`` (which holds each kind's median run): the measured
+    ``backend``'s completed work over the Python backend's, the no-op forwarder's and, for
+    bmv2, the echo program's on the same switch (``vs_forwarder``); with several ``lcores``,
+    each DPDK kind's scaling. A dead baseline's ratio is None and ``<ratio>_refused``."""
+    forward = "socket_forward" if backend == "socket" else "forward"
+    measured = figures[backend]
+    figures["noop_forwarder"] = forward
+    ratios = [("vs_python", "python"), ("vs_noop_forwarder", forward)]
+    if backend == "bmv2":  # how close it comes to what BMv2 itself forwards
+        ratios.append(("vs_forwarder", "bmv2_forward"))
+    for name, other in ratios:
+        put_work_ratio(figures, name, measured, figures[other])
+    if len(lcores) > 1:
+        first, last = lcores[0], lcores[-1]
+        for kind, key in (("dpdk", "lcores_scaling"), ("forward", "forwarder_lcores_scaling")):
+            put_work_ratio(figures, key, figures[f"{kind}_lcores{last}"], figures[kind])
+        figures["lcores_scaling_of"] = f"{last} vs {first}"
