@@ -25,7 +25,7 @@ const bit<8> FORMAT_INT = 1;
 const bit<8> FORMAT_BLOB = 2;
 const bit<8> FORMAT_JOB = 3;
 const bit<8> NC8_ROUNDING = 1;  // the revision of the nc8 results' rounding word: CRC-32
-#ifdef NCINA_DENSE
+#if defined(NCINA_DENSE) || defined(NCINA_TWIN)
 const bit<8> FORMAT_INT32 = 4;  // provisional: issue 33 item 2's int32 results (not yet a protocol format)
 #endif
 const bit<16> UDP_HEADER_BYTES = 8;
@@ -103,11 +103,14 @@ header wide_lane_h {
     bit<32> low;
 }
 
-#ifdef NCINA_DENSE
+#if defined(NCINA_DENSE) || defined(NCINA_TWIN)
 // One element of an int32 result: a lane's 32-bit sum (before it, the lane's decoded code).
 header sum_lane_h {
     bit<32> value;
 }
+#endif
+
+#ifdef NCINA_DENSE
 
 // A pair register's cell: the sums of lanes j and j + K/2.
 struct lane_pair_t {
@@ -181,6 +184,9 @@ struct headers_t {
     sum_lane_h[NCINA_K] sums;
 #else
     wide_lane_h[NCINA_K] wide;
+#ifdef NCINA_TWIN
+    sum_lane_h[NCINA_K] sums;  // the twin's int32 results (docs/tofino.md, "The v1model twin")
+#endif
 #endif
 }
 
@@ -288,8 +294,8 @@ struct meta_t {
     bit<1> unknown_rank;      // no address for the rank yet: this packet's is learned
     bit<16> room;             // UDP payload bytes after the ncina header
     bit<16> int_bytes;        // count * 8
-#ifdef NCINA_DENSE
-    bit<16> result_bytes;     // count * 4: an int32 result's payload
+#if defined(NCINA_DENSE) || defined(NCINA_TWIN)
+    bit<16> result_bytes;     // count * 4: an int32 result's payload (the twin: or count * 8)
 #endif
 #ifdef NCINA_HARVEST
     bit<8> then;              // a result sent to the harvest pass: how it leaves after it

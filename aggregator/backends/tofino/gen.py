@@ -660,13 +660,51 @@ def _twin_sums(i: int) -> Iterator[str]:
     yield "}"
     yield f"hdr.wide[{i}].low = sum;"
     yield f"hdr.wide[{i}].high = (bit<32>)((int<32>)sum >> 31);"
+    yield f"hdr.sums[{i}].value = sum;"
+
+
+def _twin_result(c: int) -> Iterator[str]:
+    # A result of `c` lanes as int (8 bytes a lane, sign-extended) or int32 (4 bytes a lane,
+    # as the dense layout's sums): the lanes' codes give way to the chosen stack.
+    for name, stack, size in (("widen", "wide", 8), ("narrow", "sums", 4)):
+        yield f"action {name}_{c}() {{"
+        for i in range(c):
+            yield f"    hdr.lanes[{i}].setInvalid();"
+            yield f"    hdr.{stack}[{i}].setValid();"
+        yield f"    meta.result_bytes = {size * c};"
+        yield "}"
+
+
+def _twin_result_table(k: int) -> list[str]:
+    """The twin's ``widen`` table: a result's first ``count`` lanes become int lanes, or int32
+    lanes for a job of int32 results (``meta.result_format``), and its payload's size."""
+    rows = [(c, "FORMAT_INT", "widen") for c in range(1, k + 1)]
+    rows += [(c, "FORMAT_INT32", "narrow") for c in range(1, k + 1)]
+    actions = " ".join(f"{name}_{c};" for name in ("widen", "narrow") for c in range(1, k + 1))
+    return [
+        *_each(k, lambda i: _twin_result(i + 1), 4),
+        "",
+        "    table widen {",
+        "        key = {",
+        "            hdr.nc.count: exact;",
+        "            meta.result_format: exact;",
+        "        }",
+        f"        actions = {{ {actions} NoAction; }}",
+        "        default_action = NoAction();",
+        f"        size = {2 * k};",
+        "        const entries = {",
+        *(f"            ({c}, {fmt}): {name}_{c}();" for c, fmt, name in rows),
+        "        }",
+        "    }",
+    ]
 
 
 def twin_lanes_p4(k: int) -> str:
     """``lanes.p4`` of the v1model twin (``p4/twin/``): the same ``CheckCodes`` as the TNA
     program, and a ``LaneSums`` whose registers hold the same 32-bit sums, read and written once
     per packet as the TNA register actions do; every lane's sign is written in ingress (the TNA
-    program writes the first EGRESS_LANES' in egress: the same bytes)."""
+    program writes the first EGRESS_LANES' in egress: the same bytes). A job of int32 results
+    gets its lanes' 32-bit sums, 4 bytes a lane, as the dense layout returns them."""
     out = [
         TWIN_BANNER.format(k=k),
         "#ifndef NCINA_LANES_P4",
@@ -674,13 +712,14 @@ def twin_lanes_p4(k: int) -> str:
         "",
         *_check_codes(k, twin=True),
         "// The slot's lanes: a 32-bit sum register per lane, indexed by slot version, and what",
-        "// meta.lane_op asks of it (LANE_*); a result's lanes become their sign-extended sums",
-        "// (the wide lanes are made valid first: BMv2 zeroes a header that becomes valid).",
+        "// meta.lane_op asks of it (LANE_*); a result's lanes become their sign-extended sums,",
+        "// or their 32-bit sums for int32 results (the result's lanes are made valid first: BMv2",
+        "// zeroes a header that becomes valid; an invalid header is not emitted).",
         "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
         *(f"    register<bit<32>, bit<32>>(NCINA_SLOTS) sums_{i};" for i in range(k)),
         "",
-        "    // A result's first `count` lanes become int lanes.",
-        *_widen_table(k),
+        "    // A result's first `count` lanes become int or int32 lanes.",
+        *_twin_result_table(k),
         "",
         "    apply {",
         "        bit<32> index = (bit<32>)meta.slot_index;",
