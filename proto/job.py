@@ -198,7 +198,7 @@ class JobSpec:
             out.append(f"a job's profile is one of {', '.join(PROFILES)}, not {self.profile}")
         elif self.profile == TOFINO:
             out += tofino_problems(job=self.job, workers=self.workers, k=self.k,
-                                   result=self.result, uplink=self.uplink, keyed=self.keyed)
+                                   uplink=self.uplink, keyed=self.keyed)
         return [problem for problem in out if problem is not None]
 
     def _frame_problem(self) -> str:

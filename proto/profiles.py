@@ -3,10 +3,10 @@
 ``default`` is the protocol as docs/protocol.md defines it (64-bit lanes, up to ``MAX_WORKERS``
 workers and ``MAX_K`` elements). ``tofino`` is the Tofino program's design (``p4/tofino/``,
 docs/tofino.md): 32-bit lanes, at most ``TOFINO_MAX_K`` lanes per pass and
-``TOFINO_MAX_WORKERS`` workers, int results of NC8 uplinks, no key. The Tofino design's numbers
-and what it lacks (``LACKS``) are defined here, once: the Tofino generator, the twin's control
-plane (``ncina.aggregator.backends.tofino``), ``JobSpec`` and ``JobConfig`` import them (this
-layer may not import the aggregator's).
+``TOFINO_MAX_WORKERS`` workers, int32, int or nc8 results of NC8 uplinks, no key. The Tofino
+design's numbers and what it lacks (``LACKS``) are defined here, once: the Tofino generator, the
+twin's control plane (``ncina.aggregator.backends.tofino``), ``JobSpec`` and ``JobConfig``
+import them (this layer may not import the aggregator's).
 
 **Its window.** A tofino job keeps the protocol's window floor (``e_min`` of its ``--window-max``
 and total workers) and caps its codes at :func:`tofino_max_code` (``31 - ceil(log2 N)``), so that
@@ -36,8 +36,6 @@ TOFINO_MAX_CODE = 31
 """Largest NC8 code a 32-bit lane can decode: +-2^30."""
 
 LACKS = {
-    "nc8": "the Tofino design returns int results only (NC8 results need the CRC-32 rounding "
-    "word and a highest set bit per lane there, not built yet: docs/tofino.md)",
     "tag": "the Tofino design has no keyed hash: a tagged datagram is dropped as bad_tag",
     "restart": "the Tofino design keeps no job epochs: a hello never restarts a job (neither "
     "after --restart-idle nor for a new set of workers' nonce)",
@@ -94,15 +92,13 @@ def profile_of(mode: int, span: int) -> str:
 
 
 def tofino_problems(
-    *, job: int, workers: int, k: int, result: Format | str, uplink: Format | str, keyed: bool
+    *, job: int, workers: int, k: int, uplink: Format | str, keyed: bool
 ) -> list[str]:
     """Why the Tofino design cannot run a job, one sentence per violation (``LACKS``), in the
-    order result, key, uplink, workers, K; empty when it can."""
+    order key, uplink, workers, K; empty when it can (every INA result format runs: int32, int
+    and nc8, re-compressed in egress by the build with nc8 results, docs/tofino.md)."""
     out = []
     job_name = f"job {job}"
-    name = result.name.lower() if isinstance(result, Format) else str(result)
-    if result not in (Format.INT32, Format.INT, "int32", "int"):
-        out.append(f"{job_name} asks for {name} results: {LACKS['nc8']}")
     if keyed:
         out.append(f"{job_name} has a key: {LACKS['tag']}")
     if uplink != Format.NC8:

@@ -165,6 +165,9 @@ header bridge_h {
     bit<16> slot;
     MulticastGroupId_t group;
 #endif
+#ifdef NCINA_NC8_RESULTS
+    bit<32> use;              // the slot version's use of a result (egress's Recompress)
+#endif
 }
 
 struct headers_t {
@@ -202,6 +205,9 @@ struct egress_headers_t {
 #endif
 #ifndef NCINA_DENSE
     wide_lane_h[NCINA_K] wide;
+#endif
+#ifdef NCINA_NC8_RESULTS
+    lane_h[NCINA_K] lanes;    // an nc8 result's codes, re-compressed from `wide`
 #endif
 }
 
@@ -341,10 +347,20 @@ struct meta_t {
     lane_values_t values;     // each lane's code as an integer (generated)
 #endif
     lane_checks_t checks;     // each lane's code + code_offset (generated)
+#ifdef NCINA_NC8_RESULTS
+    bit<32> use;              // completions of the slot version before this result (uses)
+#endif
 }
 
 struct egress_meta_t {
     bit<1> unused;
+#ifdef NCINA_NC8_RESULTS
+    bit<1> nc8;               // a result of a job of nc8 results (Recompress.results)
+    bit<32> seed_hi;          // the job's seed
+    bit<32> seed_lo;
+    bit<8> version;           // the result's pool version
+    bit<32> key;              // lane 0's rounding word
+#endif
 }
 
 #endif
