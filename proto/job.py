@@ -410,6 +410,7 @@ OPTIONS: dict[str, Option] = {
         "--profile", "profile", "the switch design the job's arithmetic and limits follow on "
         "every backend: default (docs/protocol.md) or tofino (the Tofino program's: 32-bit "
         "lanes, codes up to 31 - ceil(log2 N) above the window's e_min, K <= 12, 30 workers, "
-        "int results, no key: docs/tofino.md)", DEFAULT, kwargs={"choices": PROFILES}),
+        "int32, int or nc8 results, no key: docs/tofino.md)", DEFAULT,
+        kwargs={"choices": PROFILES}),
 }  # fmt: skip
 """Every job field's option, by field name: the one place an option is spelled."""
