@@ -35,7 +35,7 @@ from ncina.aggregator.backends.dpdk import netns as dpdk_netns
 from ncina.aggregator.jobs import check_mtu_range
 from ncina.proto.header import PORT
 from ncina.proto.job import JobSpec
-from ncina.proto.profiles import DEFAULT, TOFINO, TOFINO_MAX_K
+from ncina.proto.profiles import DEFAULT, DEFAULT_RESULTS, TOFINO, TOFINO_MAX_K
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.topo import report
 from ncina.topo.config import UPLINK_LOSS_AT_WORKER, TopoConfig
@@ -71,9 +71,9 @@ def job_spec(cfg: TopoConfig) -> JobSpec:
 
 
 def profile_config(cfg: TopoConfig) -> TopoConfig:
-    """The run under ``cfg.profile`` (``tofino``): the design's int results, at most its lanes
+    """The run under ``cfg.profile`` (``tofino``): the design's int32 results, at most its lanes
     per packet (``ncina.proto.profiles.TOFINO_MAX_K``) and the pool chosen for them."""
-    return replace(cfg, profile=TOFINO, result="int", k=min(cfg.k, TOFINO_MAX_K),
+    return replace(cfg, profile=TOFINO, result=DEFAULT_RESULTS[TOFINO], k=min(cfg.k, TOFINO_MAX_K),
                    pool_size=cfg.profile_pool_size or cfg.pool_size)  # fmt: skip
 # The rendezvous port of each mode (no TIME_WAIT clash).
 GLOO_PORTS = {"ina": 29500, "gloo": 29501, "ncina": 29502, "tofino": 29503}

@@ -198,7 +198,7 @@ class JobSpec:
             out.append(f"a job's profile is one of {', '.join(PROFILES)}, not {self.profile}")
         elif self.profile == TOFINO:
             out += tofino_problems(job=self.job, workers=self.workers, k=self.k,
-                                   result=self.result, uplink=self.uplink, keyed=self.keyed)
+                                   uplink=self.uplink, keyed=self.keyed)
         return [problem for problem in out if problem is not None]
 
     def _frame_problem(self) -> str:
@@ -410,6 +410,7 @@ OPTIONS: dict[str, Option] = {
         "--profile", "profile", "the switch design the job's arithmetic and limits follow on "
         "every backend: default (docs/protocol.md) or tofino (the Tofino program's: 32-bit "
         "lanes, codes up to 31 - ceil(log2 N) above the window's e_min, K <= 12, 30 workers, "
-        "int results, no key: docs/tofino.md)", DEFAULT, kwargs={"choices": PROFILES}),
+        "int32, int or nc8 results, no key: docs/tofino.md)", DEFAULT,
+        kwargs={"choices": PROFILES}),
 }  # fmt: skip
 """Every job field's option, by field name: the one place an option is spelled."""

@@ -3,10 +3,10 @@
 ``default`` is the protocol as docs/protocol.md defines it (64-bit lanes, up to ``MAX_WORKERS``
 workers and ``MAX_K`` elements). ``tofino`` is the Tofino program's design (``p4/tofino/``,
 docs/tofino.md): 32-bit lanes, at most ``TOFINO_MAX_K`` lanes per pass and
-``TOFINO_MAX_WORKERS`` workers, int results of NC8 uplinks, no key. The Tofino design's numbers
-and what it lacks (``LACKS``) are defined here, once: the Tofino generator, the twin's control
-plane (``ncina.aggregator.backends.tofino``), ``JobSpec`` and ``JobConfig`` import them (this
-layer may not import the aggregator's).
+``TOFINO_MAX_WORKERS`` workers, int32, int or nc8 results of NC8 uplinks, no key. The Tofino
+design's numbers and what it lacks (``LACKS``) are defined here, once: the Tofino generator, the
+twin's control plane (``ncina.aggregator.backends.tofino``), ``JobSpec`` and ``JobConfig``
+import them (this layer may not import the aggregator's).
 
 **Its window.** A tofino job keeps the protocol's window floor (``e_min`` of its ``--window-max``
 and total workers) and caps its codes at :func:`tofino_max_code` (``31 - ceil(log2 N)``), so that
@@ -36,10 +36,6 @@ TOFINO_MAX_CODE = 31
 """Largest NC8 code a 32-bit lane can decode: +-2^30."""
 
 LACKS = {
-    "nc8": "the Tofino design returns int results only (NC8 results need the CRC-32 rounding "
-    "word and a highest set bit per lane there, not built yet: docs/tofino.md)",
-    "int32": "the Tofino design widens its 32-bit lanes to the wire's 64-bit int results: "
-    "it returns no int32 results yet (docs/tofino.md)",
     "tag": "the Tofino design has no keyed hash: a tagged datagram is dropped as bad_tag",
     "restart": "the Tofino design keeps no job epochs: a hello never restarts a job (neither "
     "after --restart-idle nor for a new set of workers' nonce)",
@@ -89,23 +85,20 @@ CUT = sum_bits(Format.NC8) - INT32_SUM_BITS
 def profile_of(mode: int, span: int) -> str:
     """The profile of a job whose descriptor has ``mode`` (a result format) and a window of
     ``span`` (``e_max - e_min``): a window of 64-bit lanes spans at least 62 - 12 powers (4,096
-    workers), a tofino one at most 30; int32 results have 32-bit windows in the default profile
-    (the Tofino design returns none)."""
+    workers), a tofino one at most 30. int32 results have the same window in both profiles (the
+    int32 rule is the design's code cap): their descriptor tells ``default``, and both profiles
+    aggregate them alike."""
     return TOFINO if mode != Format.INT32 and span <= INT32_SUM_BITS else DEFAULT
 
 
 def tofino_problems(
-    *, job: int, workers: int, k: int, result: Format | str, uplink: Format | str, keyed: bool
+    *, job: int, workers: int, k: int, uplink: Format | str, keyed: bool
 ) -> list[str]:
     """Why the Tofino design cannot run a job, one sentence per violation (``LACKS``), in the
-    order result, key, uplink, workers, K; empty when it can."""
+    order key, uplink, workers, K; empty when it can (every INA result format runs: int32, int
+    and nc8, re-compressed in egress by the build with nc8 results, docs/tofino.md)."""
     out = []
     job_name = f"job {job}"
-    name = result.name.lower() if isinstance(result, Format) else str(result)
-    if result == Format.INT32:
-        out.append(f"{job_name} asks for int32 results: {LACKS['int32']}")
-    elif result != Format.INT:
-        out.append(f"{job_name} asks for {name} results: {LACKS['nc8']}")
     if keyed:
         out.append(f"{job_name} has a key: {LACKS['tag']}")
     if uplink != Format.NC8:
@@ -116,3 +109,9 @@ def tofino_problems(
     if isinstance(k, int) and k > TOFINO_MAX_K:
         out.append(f"K={k}: {LACKS['k']}")
     return out
+
+
+DEFAULT_RESULTS = {DEFAULT: "nc8", TOFINO: "int32"}
+"""Each profile's result format where a command is given none (``ncina bench allreduce|fabric``,
+``make topo``'s profile run): the tofino design's is int32, its lanes' 32-bit sums as they are
+(4 bytes an element; docs/tofino.md, "The tofino profile")."""

@@ -235,3 +235,44 @@ def test_the_twin_generates_the_tna_programs_tables(k: int) -> None:
     gen_tofino.check_twin_k(TOFINO_MAX_K)
     with pytest.raises(ValueError, match="at most 12"):
         gen_tofino.check_twin_k(TOFINO_MAX_K + 1)
+
+
+def test_the_generated_nc8_recompression_is_the_reference_codecs() -> None:
+    """NC8 results of the Tofino design (``lanes_p4(nc8=True)``, egress ``Recompress``) and its
+    twin: the generated highest-set-bit rows and shifts, the lane constants xored into the
+    rounding word and the saturating compare, run here step by step on 32-bit sums, give
+    ``ncina.proto.nc8``'s codes for every lane, key and sum within +-2^31 (the twin's tables
+    are the TNA program's text)."""
+    k = 8
+    tna, twin = gen_tofino.lanes_p4(k, nc8=True), gen_tofino.twin_lanes_p4(k)
+    table = re.compile(r"table high_\d+ \{.*?\n    \}", re.S)
+    generic = re.sub(r"hdr\.wide\[\d+\]\.low", "magnitude", tna)
+    tables = {m.group(0) for m in table.finditer(generic)}
+    assert tables == {m.group(0) for m in table.finditer(twin)} and len(tables) == k
+    rows = [(int(value, 16), int(mask, 16), int(h)) for value, mask, h in re.findall(
+        r"32w0x([0-9A-F]{8}) &&& 32w0x([0-9A-F]{8}): high_0_(\d+)\(\)", tna)]  # fmt: skip
+    assert len(rows) == 32
+    terms = {int(i): int(c, 16) for i, c in re.findall(
+        r"hdr\.wide\[(\d+)\]\.high = meta\.key \^ 32w0x([0-9A-F]{8});", tna)}  # fmt: skip
+    assert sorted(terms) == list(range(k))
+
+    def switch_code(total: int, lane: int, key: int) -> int:
+        sign = 0x80 if total < 0 else 0
+        magnitude = abs(total)
+        hits = [h for value, mask, h in rows if magnitude & mask == value]
+        if not hits:
+            return sign  # |S| = 0 (0x00)
+        [h] = hits
+        threshold = 0 if h == 0 else (magnitude << (32 - h)) & 0xFFFFFFFF
+        word = key ^ terms[lane]
+        return sign | (h + 1 + (max(threshold - word, 0) != 0))
+
+    rng = np.random.default_rng(33)
+    codec = nc8.codec("numpy")
+    for _ in range(40):
+        key = int(rng.integers(0, 2**32))
+        bits = rng.integers(0, 32, k)
+        sums = np.array([int(rng.integers(-(1 << b), 1 << b)) for b in bits], dtype=np.int64)
+        sums[0], sums[1] = (1 << 30) if _ % 2 else -(1 << 30), 0  # the cap, and zero
+        want = codec.recompress(sums, key)
+        assert [switch_code(int(s), i, key) for i, s in enumerate(sums)] == list(want)

@@ -41,27 +41,39 @@ ELEMENTS = 1_200  # 100 chunks a call
 # tofino_max_code(4) = 29, i.e. 2^6: larger inputs saturate there, and four of them sum to
 # 2^8 = 2^30 units of 2^e_min, the most a 32-bit lane holds under the cap.
 WINDOW_MAX = 38
+TOP = {"int": WINDOW_MAX, "nc8": WINDOW_MAX, "int32": WINDOW_MAX - 32}
+"""Each result format's --window-max for that window: an int32 window's e_max is its top
+(docs/protocol.md, "int32 results"), an int one's the top of 64-bit lanes, 32 powers above the
+profile's cap."""
 TOFINO = ["--profile", "tofino"]
 PROFILE_BACKENDS = ("socket", "dpdk", TWIN)
 """Backends checked against the Python reference under the profile (the twin is
 ``aggregator_command``'s bmv2 with ``--profile tofino``)."""
+PROFILE_RUNS = [("python", "int"),
+                *((b, r) for b in PROFILE_BACKENDS[:2] for r in ("int32", "int")), (TWIN, "int32")]
+"""(backend, result) pairs checked against the reference's int32 results: both formats carry the
+same sums. The twin runs int32, the profile's result (its int results are checked by the
+packet scenarios and tests/test_bmv2_parity.py: a second twin all-reduce would cost a minute)."""
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def allreduce(backend: str, workdir: Path, calls: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
-    """Every call's inputs (one per rank) summed through a new aggregator of ``backend``;
-    the outputs per call and rank. The aggregator must have completed each chunk once and
-    dropped nothing but retransmissions that came late (a result was on its way)."""
+def allreduce(
+    backend: str, workdir: Path, calls: list[list[np.ndarray]], result: str = "int32"
+) -> list[list[np.ndarray]]:
+    """Every call's inputs (one per rank) summed through a new aggregator of ``backend`` with
+    ``result`` results; the outputs per call and rank. The aggregator must have completed each
+    chunk once and dropped nothing but retransmissions that came late (a result was on its
+    way)."""
     profile = [] if backend == TWIN else TOFINO
-    agg = start_aggregator(backend, workdir, job=JOB, workers=WORKERS, k=K, result="int",
-                           extra=["--window-max", str(WINDOW_MAX), *profile])  # fmt: skip
+    agg = start_aggregator(backend, workdir, job=JOB, workers=WORKERS, k=K, result=result,
+                           extra=["--window-max", str(TOP[result]), "--seed", "7", *profile])
     try:
 
         def worker(rank: int) -> list[np.ndarray]:
             with AllreduceClient(agg.address, job=JOB, rank=rank, workers=WORKERS, k=K,
-                                 result_format="int", seed=100 + rank, deadline=60.0,
-                                 window_max=WINDOW_MAX, profile="tofino") as client:  # fmt: skip
+                                 result_format=result, seed=100 + rank, deadline=60.0,
+                                 window_max=TOP[result], profile="tofino") as client:  # fmt: skip
                 outputs = [client.allreduce(inputs[rank], op="sum") for inputs in calls]
                 assert client.stats["saturated"] > 0  # the capped top was hit
                 return outputs
@@ -97,7 +109,7 @@ def profile_calls() -> tuple[np.ndarray, list[list[np.ndarray]]]:
 
 @pytest.fixture(scope="module")
 def profile_reference(tmp_path_factory: pytest.TempPathFactory) -> list[list[np.ndarray]]:
-    """The Python reference's outputs for ``profile_calls`` under the profile."""
+    """The Python reference's outputs for ``profile_calls`` under the profile, int32 results."""
     expected, calls = profile_calls()
     outputs = allreduce("python", tmp_path_factory.mktemp("python"), calls)
     for output in outputs[0]:
@@ -106,28 +118,58 @@ def profile_reference(tmp_path_factory: pytest.TempPathFactory) -> list[list[np.
     return outputs
 
 
-@pytest.mark.parametrize("backend", PROFILE_BACKENDS)
+@pytest.mark.parametrize(("backend", "result"), PROFILE_RUNS)
 def test_an_allreduce_under_the_tofino_profile_is_the_reference_bit_for_bit(
-    backend: str, profile_reference: list[list[np.ndarray]], tmp_path: Path
+    backend: str, result: str, profile_reference: list[list[np.ndarray]], tmp_path: Path
 ) -> None:
     worker_host(backend)  # skips with the reason when DPDK, BMv2, p4c or root is missing
-    ours = allreduce(backend, tmp_path, profile_calls()[1])
+    ours = allreduce(backend, tmp_path, profile_calls()[1], result)
     for call, reference_call in zip(ours, profile_reference, strict=True):
         for a, b in zip(call, reference_call, strict=True):
             assert a.dtype == b.dtype == np.float32
             assert a.tobytes() == b.tobytes()
 
 
-@pytest.mark.parametrize("backend", ("python", *PROFILE_BACKENDS))
+@pytest.fixture(scope="module")
+def nc8_reference(tmp_path_factory: pytest.TempPathFactory) -> list[list[np.ndarray]]:
+    """The Python reference's outputs for ``profile_calls`` under the profile, nc8 results
+    (seed 7): every rank gets the same re-compressed sums, within a power of two of the exact
+    ones."""
+    expected, calls = profile_calls()
+    outputs = allreduce("python", tmp_path_factory.mktemp("python-nc8"), calls, "nc8")
+    for output in outputs[0]:
+        assert output.tobytes() == outputs[0][0].tobytes()
+        near = expected != 0
+        assert np.all(np.abs(output[near] / expected[near]) <= 2)
+    return outputs
+
+
+@pytest.mark.parametrize("backend", PROFILE_BACKENDS)
+def test_nc8_results_under_the_tofino_profile_are_the_reference_bit_for_bit(
+    backend: str, nc8_reference: list[list[np.ndarray]], tmp_path: Path
+) -> None:
+    """The design's NC8 results (the TNA build with nc8 results, mirrored by the twin): every
+    lane's highest set bit, the CRC-32 rounding word and the compare give the reference's codes
+    for the same seed, byte for byte, on socket, dpdk and the twin."""
+    worker_host(backend)
+    ours = allreduce(backend, tmp_path, profile_calls()[1], "nc8")
+    for call, reference_call in zip(ours, nc8_reference, strict=True):
+        for a, b in zip(call, reference_call, strict=True):
+            assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize(("backend", "result"), [("python", "int32"), ("python", "int"),
+                                                  *PROFILE_RUNS[1:]])
 def test_a_code_above_the_profile_cap_is_bad_code_on_every_backend(
-    backend: str, tmp_path: Path
+    backend: str, result: str, tmp_path: Path
 ) -> None:
     """Code max_code(4) = 29 is added, 30 (in the default profile's window) is dropped and
-    counted as ``bad_code``, as the twin's ``code_offset`` does; nothing else is counted."""
+    counted as ``bad_code``, as the twin's ``code_offset`` does; nothing else is counted. The
+    cap is one rule for int and int32 results: N workers' sums stay within 2^30."""
     worker_host(backend)
     profile = [] if backend == TWIN else TOFINO
-    agg = start_aggregator(backend, tmp_path, job=JOB, workers=WORKERS, k=K, result="int",
-                           extra=["--window-max", str(WINDOW_MAX), *profile])  # fmt: skip
+    agg = start_aggregator(backend, tmp_path, job=JOB, workers=WORKERS, k=K, result=result,
+                           extra=["--window-max", str(TOP[result]), *profile])  # fmt: skip
     worker = Worker(agg.address, timeout=5.0)
     top = tofino_max_code(WORKERS)
     try:
@@ -147,8 +189,6 @@ def test_a_code_above_the_profile_cap_is_bad_code_on_every_backend(
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        (["--result", "nc8", "--k", "8"], limits.LACKS["nc8"]),
-        (["--result", "int32", "--k", "8"], limits.LACKS["int32"]),
         (["--result", "int", "--k", "16"], limits.LACKS["k"]),
         (["--result", "int", "--k", "8", "--workers", "31"], limits.LACKS["workers"]),
     ],

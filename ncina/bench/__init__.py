@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ncina.proto.profiles import DEFAULT_RESULTS
+
 BENCHMARKS: dict[str, str] = {
     "codec": "ncina.bench.codec",
     "allreduce": "ncina.bench.allreduce",
@@ -59,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         "cpus": os.cpu_count(),
         "loadavg_1m": os.getloadavg()[0],
     }
+    if getattr(args, "result", "") is None:  # the job's profile decides (bench allreduce, fabric)
+        args.result = DEFAULT_RESULTS[args.profile]
     figures.update(args._bench(args))
     line = json.dumps(figures, sort_keys=False)
     print(line)

@@ -71,7 +71,8 @@ def add_common_arguments(p: argparse.ArgumentParser, backend: str, workers: int)
     JobSpec.add_arguments(p, "workers", workers=workers)
     p.add_argument("--elements", type=positive_int, default=10_000_000,
                    help="float32 elements per worker (default: %(default)s)")  # fmt: skip
-    JobSpec.add_arguments(p, "mtu", "k", "pool_size", "result", "window_max", "profile")
+    JobSpec.add_arguments(p, "mtu", "k", "pool_size", "result", "window_max", "profile",
+                          result=None, rules={"result": "nc8; int32 under --profile tofino"})
     p.add_argument("--repeat", type=positive_int, default=3,
                    help="runs; figures are their lower median (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="input and rounding seed")

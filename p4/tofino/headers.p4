@@ -25,7 +25,7 @@ const bit<8> FORMAT_INT = 1;
 const bit<8> FORMAT_BLOB = 2;
 const bit<8> FORMAT_JOB = 3;
 const bit<8> NC8_ROUNDING = 1;  // the revision of the nc8 results' rounding word: CRC-32
-#ifdef NCINA_DENSE
+#if defined(NCINA_DENSE) || defined(NCINA_TWIN)
 const bit<8> FORMAT_INT32 = 4;  // provisional: issue 33 item 2's int32 results (not yet a protocol format)
 #endif
 const bit<16> UDP_HEADER_BYTES = 8;
@@ -103,11 +103,14 @@ header wide_lane_h {
     bit<32> low;
 }
 
-#ifdef NCINA_DENSE
+#if defined(NCINA_DENSE) || defined(NCINA_TWIN)
 // One element of an int32 result: a lane's 32-bit sum (before it, the lane's decoded code).
 header sum_lane_h {
     bit<32> value;
 }
+#endif
+
+#ifdef NCINA_DENSE
 
 // A pair register's cell: the sums of lanes j and j + K/2.
 struct lane_pair_t {
@@ -162,6 +165,9 @@ header bridge_h {
     bit<16> slot;
     MulticastGroupId_t group;
 #endif
+#ifdef NCINA_NC8_RESULTS
+    bit<32> use;              // the slot version's use of a result (egress's Recompress)
+#endif
 }
 
 struct headers_t {
@@ -181,6 +187,9 @@ struct headers_t {
     sum_lane_h[NCINA_K] sums;
 #else
     wide_lane_h[NCINA_K] wide;
+#ifdef NCINA_TWIN
+    sum_lane_h[NCINA_K] sums;  // the twin's int32 results (docs/tofino.md, "The v1model twin")
+#endif
 #endif
 }
 
@@ -196,6 +205,9 @@ struct egress_headers_t {
 #endif
 #ifndef NCINA_DENSE
     wide_lane_h[NCINA_K] wide;
+#endif
+#ifdef NCINA_NC8_RESULTS
+    lane_h[NCINA_K] lanes;    // an nc8 result's codes, re-compressed from `wide`
 #endif
 }
 
@@ -288,8 +300,8 @@ struct meta_t {
     bit<1> unknown_rank;      // no address for the rank yet: this packet's is learned
     bit<16> room;             // UDP payload bytes after the ncina header
     bit<16> int_bytes;        // count * 8
-#ifdef NCINA_DENSE
-    bit<16> result_bytes;     // count * 4: an int32 result's payload
+#if defined(NCINA_DENSE) || defined(NCINA_TWIN)
+    bit<16> result_bytes;     // count * 4: an int32 result's payload (the twin: or count * 8)
 #endif
 #ifdef NCINA_HARVEST
     bit<8> then;              // a result sent to the harvest pass: how it leaves after it
@@ -335,10 +347,20 @@ struct meta_t {
     lane_values_t values;     // each lane's code as an integer (generated)
 #endif
     lane_checks_t checks;     // each lane's code + code_offset (generated)
+#ifdef NCINA_NC8_RESULTS
+    bit<32> use;              // completions of the slot version before this result (uses)
+#endif
 }
 
 struct egress_meta_t {
     bit<1> unused;
+#ifdef NCINA_NC8_RESULTS
+    bit<1> nc8;               // a result of a job of nc8 results (Recompress.results)
+    bit<32> seed_hi;          // the job's seed
+    bit<32> seed_lo;
+    bit<8> version;           // the result's pool version
+    bit<32> key;              // lane 0's rounding word
+#endif
 }
 
 #endif

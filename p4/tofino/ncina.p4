@@ -172,6 +172,9 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         hdr.bridge.slot = meta.slot_index;
         hdr.bridge.group = meta.group;
 #endif
+#ifdef NCINA_NC8_RESULTS
+        hdr.bridge.use = meta.use;
+#endif
     }
 }
 
@@ -185,9 +188,20 @@ control NcinaEgress(inout egress_headers_t hdr, inout egress_meta_t meta,
     Widen() widen;
 #endif
 
+#ifdef NCINA_NC8_RESULTS
+    Recompress() recompress;
+#endif
+
     apply {
+#ifdef NCINA_NC8_RESULTS
+        recompress.apply(hdr, meta);  // (reads the bridge header, which rewrite removes)
+#endif
         rewrite.apply(hdr, eg_md, dprsr);
-#ifndef NCINA_DENSE
+#ifdef NCINA_NC8_RESULTS
+        if (meta.nc8 == 0) {
+            widen.apply(hdr);
+        }
+#elif !defined(NCINA_DENSE)
         widen.apply(hdr);
 #endif
     }

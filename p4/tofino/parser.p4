@@ -220,6 +220,9 @@ control NcinaEgressDeparser(packet_out pkt, inout egress_headers_t hdr, in egres
         pkt.emit(hdr.udp);
         pkt.emit(hdr.nc);
         pkt.emit(hdr.notice);
+#ifdef NCINA_NC8_RESULTS
+        pkt.emit(hdr.lanes);
+#endif
 #ifndef NCINA_DENSE
         pkt.emit(hdr.wide);
 #endif

@@ -59,7 +59,7 @@ control Reply(inout headers_t hdr, inout meta_t meta, in ingress_intrinsic_metad
         hdr.nc.flags[1:0] = meta.flags[1:0];
         hdr.nc.format = meta.result_format;
         hdr.nc.emin = meta.emin;
-#ifdef NCINA_DENSE
+#if defined(NCINA_DENSE) || defined(NCINA_TWIN)
         hdr.udp.len = meta.result_bytes + (UDP_HEADER_BYTES + NCINA_HEADER_BYTES);
         hdr.ipv4.total_len = meta.result_bytes + (20 + UDP_HEADER_BYTES + NCINA_HEADER_BYTES);
 #else

@@ -119,6 +119,7 @@ control NcinaDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.desc);
         pkt.emit(hdr.lanes);
         pkt.emit(hdr.wide);
+        pkt.emit(hdr.sums);  // int32 results
     }
 }
 

@@ -26,6 +26,7 @@ from ncina.aggregator.jobs import JobConfig
 from ncina.aggregator.stats import GlobalStats, JobStats
 from ncina.proto.descriptor import JOB_DATAGRAM_SIZE
 from ncina.proto.header import ELEMENT_SIZE, NOTICE, Format
+from ncina.proto.profiles import TOFINO
 from ncina.proto.wire import (
     ETH_IPV4_UDP_HEADERS,
     ETH_IPV4_UDP_NCINA_HEADERS,
@@ -93,7 +94,7 @@ def check_job(config: JobConfig) -> None:
         raise ValueError("the bmv2 backend does not implement the authentication tag (--key-file)")
     if config.workers > MAX_WORKERS:
         raise ValueError(f"the bmv2 backend holds at most {MAX_WORKERS} workers per job")
-    if config.result_format == Format.INT32:
+    if config.result_format == Format.INT32 and config.profile != TOFINO:  # the twin returns them
         raise ValueError(NO_INT32)
 
 

@@ -45,9 +45,10 @@ HELD_UNUSED = 0x40000000
 """A slot version's contributors before its first round (counts as complete)."""
 
 
-def config_p4(k: int, dense: bool = False) -> str:
+def config_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
     """``config.p4``: the ``#define``s and the per-lane metadata structs for ``k`` lanes
-    (``dense``: the pair-register layout with int32 results, ``lanes_p4``)."""
+    (``dense``: the pair-register layout with int32 results, ``lanes_p4``; ``nc8``: NC8 results
+    re-compressed in egress, ``recompress_p4``)."""
     values = defines(k)
     values["NCINA_MAX_WORKERS"] = TOFINO_MAX_WORKERS
     values["NCINA_PAIRS"] = SLOTS // 2
@@ -57,6 +58,8 @@ def config_p4(k: int, dense: bool = False) -> str:
     if dense:
         values["NCINA_DENSE"] = 1
         values["NCINA_LANE_PAIRS"] = k // 2
+    if nc8:
+        values["NCINA_NC8_RESULTS"] = 1
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
     lines += [f"#define {name} {value}" for name, value in values.items()]
     lines += [f"#define RANK_BIT_ENTRIES {ranks}", ""]
@@ -80,7 +83,7 @@ def config_p4(k: int, dense: bool = False) -> str:
     else:
         lines += ["// Egress: a result's int lanes.",
                   "#define NCINA_WIDE_STATES \\",
-                  *_lane_states(min(k, EGRESS_LANES), "wide", "parse_wide"), "",
+                  *_lane_states(k if nc8 else min(k, EGRESS_LANES), "wide", "parse_wide"), "",
                   "// Each lane's code as an integer (its decode table's answer).",
                   "struct lane_values_t {", *(f"    bit<32> v{i};" for i in range(k)), "}", ""]
     if dense:  # the window is checked by the decode tables themselves (_dense_decode)
@@ -357,9 +360,208 @@ WIDEN_RESULT = (
 table (the TNA program and the twin: the same text, at their own place in the block)."""
 
 
-def lanes_p4(k: int, dense: bool = False) -> str:
+USES = (
+    "",
+    "    // Completions of each slot version: the `use` of its nc8 results' rounding words",
+    "    // (docs/protocol.md, 'Re-compression'): a completion's is the count before it, a",
+    "    // result read again for a worker that lost it has the last completion's.",
+    "    Register<bit<32>, bit<16>>(NCINA_SLOTS, 0) uses;",
+    "    RegisterAction<bit<32>, bit<16>, bit<32>>(uses) use_next = {",
+    "        void apply(inout bit<32> value, out bit<32> rv) {",
+    "            rv = value;",
+    "            value = value + 1;",
+    "        }",
+    "    };",
+    "    RegisterAction<bit<32>, bit<16>, bit<32>>(uses) use_last = {",
+    "        void apply(inout bit<32> value, out bit<32> rv) {",
+    "            rv = value - 1;",
+    "        }",
+    "    };",
+)
+"""LaneSums' ``uses`` register of the NC8-results build (``lanes_p4(nc8=True)``)."""
+
+APPLY_USES = (
+    "        if (meta.send == OUT_MULTICAST) {",
+    "            meta.use = use_next.execute(meta.slot_index);",
+    "        } else if (meta.lane_op == LANE_READ) {",
+    "            meta.use = use_last.execute(meta.slot_index);",
+    "        }",
+)
+
+
+def lane_term(i: int) -> int:
+    """``ncina.proto.nc8.lane_terms``' word of lane ``i``: lane ``i``'s rounding word is lane 0's
+    xor this constant."""
+    from ncina.proto.nc8 import lane_terms
+
+    return int(lane_terms(i, 1)[0])
+
+
+def _recompress_lane(i: int) -> Iterator[str]:
+    # Sign into the code byte, the sum made a magnitude (in place, in the int lane's low word).
+    yield f"action negative_{i}() {{"
+    yield f"    hdr.lanes[{i}].code = 0x80;"
+    yield f"    hdr.wide[{i}].low = 0 - hdr.wide[{i}].low;"
+    yield "}"
+    yield f"action positive_{i}() {{"
+    yield f"    hdr.lanes[{i}].code = 0;"
+    yield "}"
+    # Tables, not `if`s: Tofino 1 places a conditional block after everything before it, so a
+    # lane's conditionals would wait for the previous lane's (measured: 3 stages per lane); and
+    # the lanes' validity is written once, by `codes` (one header stack's validity bits: a
+    # table per lane writing them took a stage each).
+    yield f"table sign_{i} {{"
+    # (the whole word as the key: a key on its bit 31 split it into two PHV slices, and the
+    # negation, a constant minus the word, may then read only one: the compiler refused it)
+    yield f"    key = {{ hdr.wide[{i}].isValid(): exact; hdr.wide[{i}].low: ternary; }}"
+    yield f"    actions = {{ negative_{i}; positive_{i}; NoAction; }}"
+    yield "    default_action = NoAction();"
+    yield "    size = 2;"
+    yield "    const entries = {"
+    yield f"        (true, 32w0x80000000 &&& 32w0x80000000): negative_{i}();"
+    yield f"        (true, 32w0 &&& 32w0x80000000): positive_{i}();"
+    yield "    }"
+    yield "}"
+    yield from _high_table(i, f"hdr.wide[{i}].low")
+    yield f"action word_{i}() {{"
+    yield f"    hdr.wide[{i}].high = meta.key ^ 32w0x{lane_term(i):08X};"
+    yield "}"
+    yield f"action compare_{i}() {{"
+    yield f"    hdr.wide[{i}].low = hdr.wide[{i}].low |-| hdr.wide[{i}].high;"
+    yield "}"
+    yield from _up(i)
+    yield from _round_table(i, f"hdr.wide[{i}].low")
+
+
+def _high_table(i: int, magnitude: str) -> Iterator[str]:
+    """Lane ``i``'s table ``high_i`` on its sum's ``magnitude`` |S|: the highest set bit h
+    gives code h + 1 (or'ed into the lane's code byte, which holds the sign) and |S| shifted up
+    so that bit h leaves the word, (|S| - 2^h) << (32 - h): the threshold the rounding word is
+    compared with (Tofino shifts by constants only: an action per h). |S| = 0 matches no row:
+    code 0."""
+    for h in range(32):
+        yield f"action high_{i}_{h}() {{"
+        yield f"    hdr.lanes[{i}].code = hdr.lanes[{i}].code | {h + 1};"
+        yield f"    {magnitude} = " + ("0;" if h == 0 else f"{magnitude} << {32 - h};")
+        yield "}"
+    yield f"table high_{i} {{"
+    yield f"    key = {{ {magnitude}: ternary; }}"
+    yield f"    actions = {{ {' '.join(f'high_{i}_{h};' for h in range(32))} NoAction; }}"
+    yield "    default_action = NoAction();"
+    yield "    size = 32;"
+    yield "    const entries = {"
+    for h in range(31, -1, -1):
+        mask = (0xFFFFFFFF << h) & 0xFFFFFFFF
+        yield f"        32w0x{1 << h:08X} &&& 32w0x{mask:08X}: high_{i}_{h}();"
+    yield "    }"
+    yield "}"
+
+
+def _up(i: int) -> Iterator[str]:
+    yield f"action up_{i}() {{"
+    yield f"    hdr.lanes[{i}].code = hdr.lanes[{i}].code + 1;"
+    yield "}"
+
+
+def _round_table(i: int, difference: str) -> Iterator[str]:
+    """Lane ``i``'s table ``round_i``: the threshold minus the word, saturated (``difference``),
+    is not 0 when the word is below the threshold: round up (code + 1)."""
+    yield f"table round_{i} {{"
+    yield f"    key = {{ {difference}: ternary; }}"
+    yield f"    actions = {{ up_{i}; NoAction; }}"
+    yield f"    default_action = up_{i}();"
+    yield "    size = 1;"
+    yield "    const entries = {"
+    yield "        32w0 &&& 32w0xFFFFFFFF: NoAction();"
+    yield "    }"
+    yield "}"
+
+
+def _recompress_apply(i: int) -> Iterator[str]:
+    # (an invalid lane's tables write an invalid header: nothing of it leaves)
+    yield f"sign_{i}.apply();"
+    yield f"high_{i}.apply();"
+    yield f"word_{i}();"
+    yield f"compare_{i}();"
+    yield f"round_{i}.apply();"
+
+
+def _as_codes(c: int) -> Iterator[str]:
+    yield f"action as_codes_{c}() {{"
+    yield "    hdr.udp.len = hdr.nc.count + (UDP_HEADER_BYTES + NCINA_HEADER_BYTES);"
+    yield "    hdr.ipv4.total_len = hdr.nc.count + (20 + UDP_HEADER_BYTES + NCINA_HEADER_BYTES);"
+    for i in range(c):
+        yield f"    hdr.lanes[{i}].setValid();"
+        yield f"    hdr.wide[{i}].setInvalid();"
+    yield "}"
+
+
+def recompress_p4(k: int) -> list[str]:
+    """Egress's ``Recompress`` (``lanes_p4(nc8=True)``): a result of a job of nc8 results leaves
+    as NC8 codes, re-compressed from its lanes' 32-bit sums as docs/protocol.md's
+    "Re-compression" defines (rounding revision 1): the word of lane 0 from one ``Hash`` (CRC-32)
+    over the job's seed, job, slot, offset, the slot version's use and version and lane 0,
+    lane ``i``'s word that xor ``lane_term(i)``; per lane the highest set bit from a ternary
+    table and the threshold compare by a saturating subtraction."""
+    return [
+        "// Egress: a result of a job of nc8 results becomes NC8 codes (docs/protocol.md,",
+        "// 'Re-compression'); the int lanes' low words hold the 32-bit sums.",
+        "control Recompress(inout egress_headers_t hdr, inout egress_meta_t meta) {",
+        "    Hash<bit<32>>(HashAlgorithm_t.CRC32) crc;",
+        "",
+        "    // The jobs of nc8 results and their 64-bit seeds (one entry per job).",
+        "    action nc8_job(bit<32> seed_hi, bit<32> seed_lo) {",
+        "        meta.nc8 = 1;",
+        "        meta.seed_hi = seed_hi;",
+        "        meta.seed_lo = seed_lo;",
+        "        meta.version = (bit<8>)hdr.nc.flags[2:2];",
+        "    }",
+        "",
+        "    table results {",
+        "        key = { hdr.bridge.job_index: exact; }",
+        "        actions = { nc8_job; NoAction; }",
+        "        default_action = NoAction();",
+        "        size = NCINA_JOBS;",
+        "    }",
+        "",
+        "    action key() {",
+        "        meta.key = crc.get({ meta.seed_hi, meta.seed_lo, hdr.nc.job, hdr.nc.slot,",
+        "                             hdr.nc.offset, hdr.bridge.use, meta.version, 32w0 });",
+        "    }",
+        "",
+        *_each(k, _recompress_lane, 4),
+        "",
+        "    // The datagram's payload: a byte per element, the codes of its `count` lanes.",
+        *_each(k, lambda i: _as_codes(i + 1), 4),
+        "    table codes {",
+        "        key = { hdr.nc.count: exact; }",
+        f"        actions = {{ {' '.join(f'as_codes_{c};' for c in range(1, k + 1))} NoAction; }}",
+        "        default_action = NoAction();",
+        f"        size = {k};",
+        "        const entries = {",
+        *(f"            {c}: as_codes_{c}();" for c in range(1, k + 1)),
+        "        }",
+        "    }",
+        "",
+        "    apply {",
+        "        meta.nc8 = 0;",
+        "        if (hdr.bridge.wide == 1) {",
+        "            results.apply();",
+        "        }",
+        "        if (meta.nc8 == 1) {",
+        "            key();",
+        *_each(k, _recompress_apply, 12),
+        "            codes.apply();",
+        "        }",
+        "    }",
+        "}",
+        "",
+    ]
+
+
+def lanes_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
     """``lanes.p4``: the controls ``CheckCodes`` and ``LaneSums`` for ``k`` lanes (``dense``:
-    ``dense_lanes_p4``)."""
+    ``dense_lanes_p4``; ``nc8``: with the slot versions' uses and egress's ``Recompress``)."""
     if dense:
         return dense_lanes_p4(k)
     out = [
@@ -372,6 +574,7 @@ def lanes_p4(k: int, dense: bool = False) -> str:
         "// meta.lane_op asks of it (LANE_*); a result's lanes become their sign-extended sums.",
         "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
         *_each(k, _sums, 4),
+        *(USES if nc8 else ()),
         "",
         "    // A result's first `count` lanes become int lanes.",
         *_widen_table(k),
@@ -379,10 +582,12 @@ def lanes_p4(k: int, dense: bool = False) -> str:
         "    apply {",
         *_each(k, _apply_sums, 8),
         *_each(k, _ingress_sign, 8),
+        *(APPLY_USES if nc8 else ()),
         *WIDEN_RESULT,
         "    }",
         "}",
         "",
+        *(recompress_p4(k) if nc8 else ()),
         "// Egress: a result's first lanes carry their 32-bit sums in `low`; `high` is the sign",
         "// (the ingress stages are spent on the lanes' registers).",
         "control Widen(inout egress_headers_t hdr) {",
@@ -651,13 +856,115 @@ def _twin_sums(i: int) -> Iterator[str]:
     yield "}"
     yield f"hdr.wide[{i}].low = sum;"
     yield f"hdr.wide[{i}].high = (bit<32>)((int<32>)sum >> 31);"
+    yield f"hdr.sums[{i}].value = sum;"
+    # NC8 results: Recompress's steps (egress's in the TNA build with nc8 results, gen.lanes_p4)
+    yield f"if (nc8 == 1 && hdr.lanes[{i}].isValid()) {{"
+    yield f"    hdr.lanes[{i}].code = sum[31:31] ++ 7w0;"
+    yield "    magnitude = sum[31:31] == 1 ? -sum : sum;"
+    yield f"    high_{i}.apply();"
+    yield f"    magnitude = magnitude |-| (word0 ^ 32w0x{lane_term(i):08X});"
+    yield f"    round_{i}.apply();"
+    yield "}"
+
+
+def _twin_nc8_lane(i: int) -> Iterator[str]:
+    yield from _high_table(i, "magnitude")
+    yield from _up(i)
+    yield from _round_table(i, "magnitude")
+
+
+def _twin_result(c: int) -> Iterator[str]:
+    # A result of `c` lanes as int (8 bytes a lane, sign-extended) or int32 (4 bytes a lane,
+    # as the dense layout's sums): the lanes' codes give way to the chosen stack.
+    for name, stack, size in (("widen", "wide", 8), ("narrow", "sums", 4)):
+        yield f"action {name}_{c}() {{"
+        for i in range(c):
+            yield f"    hdr.lanes[{i}].setInvalid();"
+            yield f"    hdr.{stack}[{i}].setValid();"
+        yield f"    meta.result_bytes = {size * c};"
+        yield "}"
+    yield f"action codes_{c}() {{  // nc8 results: the lanes carry the result's codes"
+    yield f"    meta.result_bytes = {c};"
+    yield "}"
+
+
+def _twin_result_table(k: int) -> list[str]:
+    """The twin's ``widen`` table: a result's first ``count`` lanes become int lanes, or int32
+    lanes for a job of int32 results (``meta.result_format``), and its payload's size."""
+    rows = [(c, "FORMAT_INT", "widen") for c in range(1, k + 1)]
+    rows += [(c, "FORMAT_INT32", "narrow") for c in range(1, k + 1)]
+    rows += [(c, "FORMAT_NC8", "codes") for c in range(1, k + 1)]
+    actions = " ".join(f"{name}_{c};" for name in ("widen", "narrow", "codes")
+                       for c in range(1, k + 1))  # fmt: skip
+    return [
+        *_each(k, lambda i: _twin_result(i + 1), 4),
+        "",
+        "    table widen {",
+        "        key = {",
+        "            hdr.nc.count: exact;",
+        "            meta.result_format: exact;",
+        "        }",
+        f"        actions = {{ {actions} NoAction; }}",
+        "        default_action = NoAction();",
+        f"        size = {3 * k};",
+        "        const entries = {",
+        *(f"            ({c}, {fmt}): {name}_{c}();" for c, fmt, name in rows),
+        "        }",
+        "    }",
+    ]
+
+
+TWIN_NC8 = (
+    "    // NC8 results (docs/protocol.md, 'Re-compression'), as the TNA build with nc8 results",
+    "    // computes them (its `uses` register and egress Recompress): the jobs of nc8 results",
+    "    // and their seeds, the slot versions' completions, lane 0's rounding word.",
+    "    register<bit<32>, bit<32>>(NCINA_SLOTS) uses;",
+    "    bit<1> nc8 = 0;",
+    "    bit<64> seed;",
+    "    bit<32> use;",
+    "    bit<8> version;",
+    "    bit<32> word0;",
+    "    bit<32> magnitude;",
+    "",
+    "    action nc8_job(bit<64> job_seed) {",
+    "        nc8 = 1;",
+    "        seed = job_seed;",
+    "    }",
+    "",
+    "    table results {",
+    "        key = { meta.job_index: exact; }",
+    "        actions = { nc8_job; NoAction; }",
+    "        default_action = NoAction();",
+    "        size = NCINA_JOBS;",
+    "    }",
+    "",
+)
+
+TWIN_KEY = (
+    "        nc8 = 0;",
+    "        if (meta.send != OUT_NONE) {",
+    "            results.apply();",
+    "        }",
+    "        if (nc8 == 1) {",
+    "            uses.read(use, index);",
+    "            if (meta.send == OUT_MULTICAST) {  // a completion: the next use",
+    "                uses.write(index, use + 1);",
+    "            } else {  // the result again: the last completion's",
+    "                use = use - 1;",
+    "            }",
+    "            version = (bit<8>)hdr.nc.flags[2:2];",
+    "            hash(word0, HashAlgorithm.crc32, 32w0, { seed, hdr.nc.job, hdr.nc.slot,",
+    "                hdr.nc.offset, use, version, 32w0 }, 64w0x100000000);",
+    "        }",
+)
 
 
 def twin_lanes_p4(k: int) -> str:
     """``lanes.p4`` of the v1model twin (``p4/twin/``): the same ``CheckCodes`` as the TNA
     program, and a ``LaneSums`` whose registers hold the same 32-bit sums, read and written once
     per packet as the TNA register actions do; every lane's sign is written in ingress (the TNA
-    program writes the first EGRESS_LANES' in egress: the same bytes)."""
+    program writes the first EGRESS_LANES' in egress: the same bytes). A job of int32 results
+    gets its lanes' 32-bit sums, 4 bytes a lane, as the dense layout returns them."""
     out = [
         TWIN_BANNER.format(k=k),
         "#ifndef NCINA_LANES_P4",
@@ -665,18 +972,23 @@ def twin_lanes_p4(k: int) -> str:
         "",
         *_check_codes(k, twin=True),
         "// The slot's lanes: a 32-bit sum register per lane, indexed by slot version, and what",
-        "// meta.lane_op asks of it (LANE_*); a result's lanes become their sign-extended sums",
-        "// (the wide lanes are made valid first: BMv2 zeroes a header that becomes valid).",
+        "// meta.lane_op asks of it (LANE_*); a result's lanes become their sign-extended sums,",
+        "// or their 32-bit sums for int32 results (the result's lanes are made valid first: BMv2",
+        "// zeroes a header that becomes valid; an invalid header is not emitted).",
         "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
         *(f"    register<bit<32>, bit<32>>(NCINA_SLOTS) sums_{i};" for i in range(k)),
         "",
-        "    // A result's first `count` lanes become int lanes.",
-        *_widen_table(k),
+        "    // A result's first `count` lanes become int or int32 lanes (nc8: they stay codes).",
+        *_twin_result_table(k),
+        "",
+        *TWIN_NC8,
+        *_each(k, _twin_nc8_lane, 4),
         "",
         "    apply {",
         "        bit<32> index = (bit<32>)meta.slot_index;",
         "        bit<32> sum;",
         *WIDEN_RESULT,
+        *TWIN_KEY,
         *_each(k, _twin_sums, 8),
         "    }",
         "}",
@@ -687,12 +999,12 @@ def twin_lanes_p4(k: int) -> str:
     return "\n".join(out)
 
 
-def write(k: int, out: Path, dense: bool = False) -> list[Path]:
+def write(k: int, out: Path, dense: bool = False, nc8: bool = False) -> list[Path]:
     """Write ``config.p4`` and ``lanes.p4`` for ``k`` lanes into ``out``; return their paths."""
     check_k(k)
     if dense:
         check_dense_k(k)
-    return write_generated(out, config_p4(k, dense), lanes_p4(k, dense))
+    return write_generated(out, config_p4(k, dense, nc8), lanes_p4(k, dense, nc8))
 
 
 def check_dense_k(k: int) -> None:

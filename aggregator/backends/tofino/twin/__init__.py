@@ -34,6 +34,7 @@ def entries(job: InstalledJob, local: tuple[str, int, str]) -> list[Entry]:
         *admission.job_entries(job),
         *admission.member_entries(job),
         reply.answer_entry(job),
+        *reply.result_entries(job),
     ]
 
 

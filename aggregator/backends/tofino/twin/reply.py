@@ -1,11 +1,16 @@
-"""Entries of the Reply control (p4/tofino/reply.p4): the job handshake's answer."""
+"""Entries of the Reply control (p4/tofino/reply.p4): the job handshake's answer; and the
+seed of a job of nc8 results (the twin's ``LaneSums.results``, the TNA build's egress
+``Recompress.results``)."""
 
 from __future__ import annotations
 
 from ncina.aggregator.backends.bmv2.entries import Entry, InstalledJob
+from ncina.proto.header import Format
 
 ANSWERS_TABLE = "NcinaIngress.reply.answers"
 ANSWER_ACTION = "NcinaIngress.reply.answer"
+RESULTS_TABLE = "NcinaIngress.slots.sums.results"
+NC8_JOB_ACTION = "NcinaIngress.slots.sums.nc8_job"
 
 
 def answer_entry(job: InstalledJob) -> Entry:
@@ -21,3 +26,12 @@ def answer_entry(job: InstalledJob) -> Entry:
     }
     return Entry(ANSWERS_TABLE, {"hdr.nc.job": str(c.job)}, ANSWER_ACTION,
                  {name: str(value) for name, value in params.items()})  # fmt: skip
+
+
+def result_entries(job: InstalledJob) -> list[Entry]:
+    """A job of nc8 results: its index and the 64-bit seed of its results' rounding words
+    (docs/protocol.md, "Re-compression"); none for int or int32 results."""
+    if job.config.result_format != Format.NC8:
+        return []
+    return [Entry(RESULTS_TABLE, {"meta.job_index": str(job.index)}, NC8_JOB_ACTION,
+                  {"job_seed": str(job.seed)})]  # fmt: skip
