@@ -39,7 +39,7 @@ WORKERS = 3
 K = 64
 POOL = 16
 # The Tofino design's twin: its lane count, and a window (e_max 40, e_min -20 for 3 workers)
-# whose codes for the inputs (2^-20 .. 2^7: 1 .. 28) its decode tables take (ncina.proto.profiles.tofino_max_code).
+# whose codes for the inputs (2^-20 .. 2^7: 1 .. 28) its decode tables take (tofino_max_code).
 TWIN_K = 12
 TWIN_WINDOW_MAX = 40
 PACKETS = int(os.environ.get("NCINA_FUZZ_PACKETS", "1500"))
