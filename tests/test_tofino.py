@@ -124,10 +124,10 @@ def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
         assert add and f"value.lo + hdr.sums[{j}].value" in add.group(0)
         assert f"value.hi + hdr.sums[{j + k // 2}].value" in add.group(0)
         assert f"hdr.sums[{j + k // 2}].value = harvest_{j}.execute(meta.slot_index);" in body
-        assert f"LANE_HARVEST: do_harvest_{j}();" in body
-        # Tofino 1: four pairs per stage (its stateful ALUs), from the stage after the decision.
-        stage = gen_tofino.PAIR_FIRST_STAGE + j // gen_tofino.PAIRS_PER_STAGE
-        assert re.search(rf"@stage\({stage}\)\n    #endif\n    table pair_{j} {{", body), j
+        assert f"(VERDICT_HARVEST, _, _, _, _, _): do_harvest_{j}();" in body
+        # No pins (they made the compile run for hours): placed before the replies.
+        assert f"@placement_priority(1)\n    table pair_{j} {{" in body
+    assert "@stage(" not in body
     # The window check: a ternary table per GROUP lanes, each its own bad_code flag, each a
     # verdict row of its own (bad_code, after every other check).
     groups = -(-k // gen_tofino.GROUP)
@@ -136,6 +136,64 @@ def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
     assert verdicts.count("EV_BAD_CODE") == groups
     with pytest.raises(ValueError, match="even"):
         gen_tofino.write(5, tmp_path, dense=True)
+
+
+
+def _p4_constants() -> dict[str, int]:
+    text = (Path(__file__).parent.parent / "p4" / "tofino" / "headers.p4").read_text()
+    return {name: int(value, 0) for name, value in
+            re.findall(r"const bit<\d+> (\w+) = (\w+);", text)}  # fmt: skip
+
+
+def _slot_decision(relation: int, there_incomplete: int, here_incomplete: int,
+                   seen_there: int, seen_here: int) -> str | None:  # fmt: skip
+    """The lanes' work that Slots' decision (p4/tofino/slots.p4) sets, for the tallies."""
+    c = _p4_constants()
+    if relation == c["OFFSET_NEWER"]:
+        return None if there_incomplete else "first"
+    if relation == c["OFFSET_SAME"]:
+        if not here_incomplete:
+            return None if seen_there else "read"  # late (L3), or the result again
+        return None if seen_here else "add"  # a duplicate, or a contribution
+    return None  # older (late), or the slot rules never ran (relation 0)
+
+
+def test_dense_pair_rows_do_what_the_slot_decision_decides(tmp_path: Path) -> None:
+    """Each pair's table is keyed on the decision's inputs (so that the pairs need not wait a
+    stage for its answer): for every verdict, relation, completeness of both versions and
+    rank seen or not, the generated const entries (first match) pick the operation the
+    decision's lane_op names, the harvest row the upper sums, and nothing otherwise."""
+    c = _p4_constants()
+    _, lanes = gen_tofino.write(4, tmp_path, dense=True)
+    table = re.search(r"table pair_1 \{.*?\n    \}\n", lanes.read_text(), re.S).group(0)
+    keys = re.findall(r"(\S+): ternary @name", table)
+    assert keys == [field for field, _, _ in gen_tofino.PAIR_KEY]
+    assert "meta.lane_op" not in keys  # the decision's answer: a stage later
+    entries = re.findall(r"\(([^()]*)\): do_(\w+)_1\(\);", table)
+    assert len(entries) == len(gen_tofino.PAIR_ROWS) + 1
+    rows = [([None if v == "_" else c.get(v, None) if v in c else int(v)
+              for v in values.split(", ")], op) for values, op in entries]  # fmt: skip
+    rank_bit = 1 << 7
+    verdicts = (c["VERDICT_ACCEPT"], c["VERDICT_DROP"], c["VERDICT_STALE"], c["VERDICT_HARVEST"])
+    relations = (0, c["OFFSET_OLDER"], c["OFFSET_NEWER"], c["OFFSET_SAME"])
+    seen = (0, rank_bit)
+    checked = 0
+    for verdict in verdicts:
+        for relation in relations:
+            if verdict != c["VERDICT_ACCEPT"] and relation:
+                continue  # the slot rules run for accepted packets only
+            for there, here, seen_there, seen_here in np.ndindex(2, 2, 2, 2):
+                key = (verdict, relation, there, here, seen[seen_there], seen[seen_here])
+                got = next((op for values, op in rows if all(
+                    v is None or v == x for v, x in zip(values, key, strict=True))), None)
+                if verdict == c["VERDICT_HARVEST"]:
+                    want = "harvest"
+                else:
+                    want = _slot_decision(relation, there, here, seen[seen_there],
+                                          seen[seen_here])  # fmt: skip
+                assert got == want, key
+                checked += 1
+    assert checked == (len(relations) + len(verdicts) - 1) * 16
 
 
 @pytest.fixture(scope="session")

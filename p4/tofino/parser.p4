@@ -47,6 +47,7 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
         meta.unknown_rank = 0;
 #ifdef NCINA_DENSE
         meta.ours = 0;
+        meta.relation = 0;  // the pairs' key: 0, the slot rules never saw the packet
 #endif
 #ifdef NCINA_HARVEST
         meta.then = OUT_NONE;

@@ -553,20 +553,48 @@ def _pair_sums(j: int, pairs: int) -> Iterator[str]:
     yield "#endif"
 
 
-PAIR_FIRST_STAGE = 8
-"""Tofino 1's first stage after the slot decision (stage 7 in the compiler's placement of the
-dense layout: jobs 0, window check 1, flags 2, verdict 3, offsets 4, contributors 5, tallies 6,
-decision 7), where the pair registers start."""
-
 PAIRS_PER_STAGE = 4
 """Stateful ALUs per Tofino stage: pair registers a stage holds."""
 
 _PAIR_OPS = (("LANE_FIRST", "first"), ("LANE_ADD", "add"), ("LANE_READ", "read"))
 
+PAIR_KEY = (
+    ("meta.verdict", "verdict", 8),
+    ("meta.relation", "relation", 4),
+    ("meta.room_there[31:31]", "there_incomplete", 1),
+    ("meta.room_here[31:31]", "here_incomplete", 1),
+    ("meta.seen_there", "seen_there", 32),
+    ("meta.seen_here", "seen_here", 32),
+)
+"""The key of each pair's table (``pair_rows``): the slot decision's inputs, not its answer
+``lane_op``, so that the pairs wait for the tallies only and start a stage earlier
+(docs/tofino.md, "Density"); ``verdict`` tells the harvest pass. ``(field, name, bits)``."""
+
+PAIR_ROWS: tuple[tuple[dict[str, str], str], ...] = (
+    ({"relation": "OFFSET_NEWER", "there_incomplete": "0"}, "first"),
+    ({"relation": "OFFSET_SAME", "here_incomplete": "0", "seen_there": "0"}, "read"),
+    ({"relation": "OFFSET_SAME", "here_incomplete": "1", "seen_here": "0"}, "add"),
+)
+"""A pair's rows, as ``Slots``' decision (p4/tofino/slots.p4) sets ``lane_op``: a newer chunk
+whose other version's round is complete is the round's first contribution; the held chunk of a
+complete round, from a rank not in the other version's, reads the sums again (a lost result);
+the held chunk of an incomplete round, from a rank not in it yet, adds. Anything else (a late
+or refused chunk, a duplicate, a packet the slot rules never saw: ``relation`` 0) matches no
+row and leaves the pair alone."""
+
+
+def pair_rows(harvest: bool = False) -> list[tuple[tuple[str, ...], str]]:
+    """The const entries of a pair's table: ``(key values in PAIR_KEY's order, "_" for any,
+    operation)``; ``harvest``: the harvest pass's row first (``verdict`` VERDICT_HARVEST)."""
+    rows = [({"verdict": "VERDICT_HARVEST"}, "harvest")] if harvest else []
+    rows += list(PAIR_ROWS)
+    return [(tuple(fields.get(name, "_") for _, name, _ in PAIR_KEY), op) for fields, op in rows]
+
 
 def _pair_table(j: int, pairs: int) -> Iterator[str]:
-    # One table per pair register, its action chosen by lane_op: a logical table per register
-    # (a stage holds 16), not one per register action.
+    # One table per pair register, its action chosen by the decision's inputs (PAIR_ROWS): a
+    # logical table per register (a stage holds 16), not one per register action. Placed in
+    # preference to the replies and counters, which need the decision's answer a stage later.
     lo, hi = j, j + pairs
     for _, name in _PAIR_OPS:
         yield f"action do_{name}_{j}() {{"
@@ -582,14 +610,12 @@ def _pair_table(j: int, pairs: int) -> Iterator[str]:
     yield f"    hdr.sums[{hi}].value = harvest_{j}.execute(meta.slot_index);"
     yield "}"
     yield "#endif"
-    # Tofino 1: pinned, 4 per stage, to the stages after the slot decision. Left to itself the
-    # compiler filled stage 8 with the replies' tables and kept stage 9 for the counters'
-    # index, and the pairs took stages 8 to 13 (docs/tofino.md, "Density").
-    yield "#if __TARGET_TOFINO__ == 1"
-    yield f"@stage({PAIR_FIRST_STAGE + j // PAIRS_PER_STAGE})"
-    yield "#endif"
+    yield "@placement_priority(1)"
     yield f"table pair_{j} {{"
-    yield "    key = { meta.lane_op: exact; }"
+    yield "    key = {"
+    for field, name, _ in PAIR_KEY:
+        yield f'        {field}: ternary @name("{name}");'
+    yield "    }"
     names = [name for _, name in _PAIR_OPS]
     yield f"    actions = {{ {' '.join(f'do_{n}_{j};' for n in names)}"
     yield "#ifdef NCINA_HARVEST"
@@ -597,13 +623,16 @@ def _pair_table(j: int, pairs: int) -> Iterator[str]:
     yield "#endif"
     yield "        NoAction; }"
     yield "    const default_action = NoAction();"
-    yield "    size = 4;"
+    yield f"    size = {len(PAIR_ROWS) + 1};"
     yield "    const entries = {"
-    for op, name in _PAIR_OPS:
-        yield f"        {op}: do_{name}_{j}();"
-    yield "#ifdef NCINA_HARVEST"
-    yield f"        LANE_HARVEST: do_harvest_{j}();"
-    yield "#endif"
+    for harvest in (True, False):
+        rows = pair_rows(harvest)[:1] if harvest else pair_rows()
+        if harvest:
+            yield "#ifdef NCINA_HARVEST"
+        for values, op in rows:
+            yield f"        ({', '.join(values)}): do_{op}_{j}();"
+        if harvest:
+            yield "#endif"
     yield "    }"
     yield "}"
 
