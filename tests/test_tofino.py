@@ -7,6 +7,7 @@ more than once), in a temporary folder.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -252,6 +253,34 @@ def test_missing_compiler_is_one_sentence(
     assert tofino.main(["--k", "4", "--force"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "p4c-barefoot is not installed" in err
+
+
+def test_make_p4_tofino_builds_the_dense_layout_whose_fit_is_committed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make p4-tofino`` (the toolchain without a layout or K) builds the dense layout at
+    DENSE_K lanes, ``--one-per-lane`` at 12; the committed fit report of that build fits
+    Tofino's 12 stages with a stateful ALU per pair (K/2 + 3), every pair after the tallies."""
+    calls = []
+
+    def build(k: int, target: str, **kwargs: bool) -> tofino.Resources:
+        calls.append((k, target, kwargs["dense"]))
+        raise ToolchainError("not compiled here")
+
+    monkeypatch.setattr(tofino, "build", build)
+    assert tofino.main([]) == 1 and tofino.main(["--one-per-lane"]) == 1
+    assert calls == [(tofino.DENSE_K, "tofino", True), (tofino.DEFAULT_K, "tofino", False)]
+    capsys.readouterr()
+    k = tofino.DENSE_K
+    report = json.loads((tofino.REPORTS / tofino.report_name(k, "tofino", True)).read_text())
+    res = report["resources"]
+    assert report["fits"] and res["k"] == k and res["dense"]
+    assert res["stages"] <= res["device_stages"] == tofino.STAGES["tofino"]
+    assert res["stateful_alus"] == k // 2 + 3
+    tallies = next(s["stage"] for s in report["stages"] if "slots.tallies" in s["tables"])
+    pairs = {t: s["stage"] for s in report["stages"] for t in s["tables"] if "pair_" in t}
+    assert sorted(pairs) == sorted(f"sums.pair_{j}" for j in range(k // 2))
+    assert min(pairs.values()) > tallies
 
 
 # --- the v1model twin (p4/twin/, docs/tofino.md "The v1model twin") ---------------------------
