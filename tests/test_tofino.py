@@ -140,6 +140,25 @@ def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
 
 
 
+def test_dense_result_lanes_are_header_stacks_of_at_most_32(tmp_path: Path) -> None:
+    """A header stack's validity bits take one PHV container (32 bits): K = 40 in one stack
+    did not compile, so lanes from 32 on are further stacks, parsed, written and emitted in
+    lane order."""
+    k = 40
+    config, lanes = gen_tofino.write(k, tmp_path, dense=True)
+    text, body = config.read_text(), lanes.read_text()
+    assert "#define NCINA_SUM_HEADERS sum_lane_h[32] sums; sum_lane_h[8] sums1;" in text
+    assert "#define NCINA_EMIT_SUMS pkt.emit(hdr.sums); pkt.emit(hdr.sums1);" in text
+    for i in range(k):
+        stack, index = ("sums", i) if i < 32 else ("sums1", i - 32)
+        assert gen_tofino.sum_lane(i) == f"hdr.{stack}[{index}]"
+        assert f"pkt.extract(hdr.lanes[{i}]); hdr.{stack}[{index}].setValid();" in text
+        assert f"state parse_sum_{i} {{ pkt.extract(hdr.{stack}[{index}]);" in text
+        assert f"hdr.{stack}[{index}].value = v;" in body
+    assert "value.hi + hdr.sums1[4].value" in body  # pair 16: lanes 16 and 36
+    assert not re.search(r"sums1?\[(3[2-9]|[4-9]\d)\]", text + body)
+
+
 def _p4_constants() -> dict[str, int]:
     text = (Path(__file__).parent.parent / "p4" / "tofino" / "headers.p4").read_text()
     return {name: int(value, 0) for name, value in

@@ -178,7 +178,7 @@ struct headers_t {
 #ifdef NCINA_HARVEST
     harvest_h harvest;
 #endif
-    sum_lane_h[NCINA_K] sums;
+    NCINA_SUM_HEADERS  // sum_lane_h stacks of up to 32 (generated: config.p4)
 #else
     wide_lane_h[NCINA_K] wide;
 #endif

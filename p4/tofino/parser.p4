@@ -140,7 +140,7 @@ control NcinaIngressDeparser(packet_out pkt, inout headers_t hdr, in meta_t meta
         pkt.emit(hdr.desc);
         pkt.emit(hdr.lanes);
 #ifdef NCINA_DENSE
-        pkt.emit(hdr.sums);
+        NCINA_EMIT_SUMS
 #else
         pkt.emit(hdr.wide);
 #endif

@@ -55,6 +55,23 @@ TWIN_BANNER = (
 HELD_UNUSED = 0x40000000
 """A slot version's contributors before its first round (counts as complete)."""
 
+SUMS_PER_STACK = 32
+"""The dense layout's int32 result lanes per header stack (``sum_lane``): a stack's validity
+bits must sit in one PHV container (at K = 40 the compiler refused one stack: "a slice list of
+33 bits ... no_split"), so lanes from 32 on go to further stacks."""
+
+
+def sum_stacks(k: int) -> list[tuple[str, int]]:
+    """``(name, size)`` of the header stacks that hold ``k`` int32 result lanes."""
+    return [("sums" if s == 0 else f"sums{s}", min(SUMS_PER_STACK, k - s * SUMS_PER_STACK))
+            for s in range(-(-k // SUMS_PER_STACK))]  # fmt: skip
+
+
+def sum_lane(i: int) -> str:
+    """The header of lane ``i``'s int32 result (``sum_stacks``)."""
+    name = sum_stacks(i + 1)[-1][0]
+    return f"hdr.{name}[{i % SUMS_PER_STACK}]"
+
 
 def config_p4(k: int, dense: bool = False) -> str:
     """``config.p4``: the ``#define``s and the per-lane metadata structs for ``k`` lanes
@@ -68,6 +85,9 @@ def config_p4(k: int, dense: bool = False) -> str:
     if dense:
         values["NCINA_DENSE"] = 1
         values["NCINA_LANE_PAIRS"] = k // 2
+        values["NCINA_SUM_HEADERS"] = " ".join(f"sum_lane_h[{n}] {name};"
+                                               for name, n in sum_stacks(k))  # fmt: skip
+        values["NCINA_EMIT_SUMS"] = " ".join(f"pkt.emit(hdr.{name});" for name, _ in sum_stacks(k))
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
     lines += [f"#define {name} {value}" for name, value in values.items()]
     lines += [f"#define RANK_BIT_ENTRIES {ranks}", ""]
@@ -189,10 +209,14 @@ def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane",
                  also_valid: str = "") -> list[str]:  # fmt: skip
     # A parser counter loop trips the compiler (a bug in its parser state merging): unrolled.
     # also_valid: a second stack whose element i the parser makes valid with lane i.
+    # (The dense layout's int32 results, "sums", are several stacks: sum_lane.)
+    def element(name: str, i: int) -> str:
+        return sum_lane(i) if name == "sums" else f"hdr.{name}[{i}]"
+
     out = []
     for i in range(k):
-        valid = f" hdr.{also_valid}[{i}].setValid();" if also_valid else ""
-        out.append(f"    state {state}_{i} {{ pkt.extract(hdr.{stack}[{i}]);{valid} \\")
+        valid = f" {element(also_valid, i)}.setValid();" if also_valid else ""
+        out.append(f"    state {state}_{i} {{ pkt.extract({element(stack, i)});{valid} \\")
         if i + 1 < k:
             out.append(
                 f"        transition select(hdr.nc.count) {{ {i + 1}: accept; "
@@ -453,7 +477,7 @@ def _dense_decode(i: int) -> Iterator[str]:
     # made that header valid with the lane. A code no row holds (above MAX_CODE) leaves 0:
     # the window check drops its packet.
     yield f"action set_v{i}(bit<32> v) {{"
-    yield f"    hdr.sums[{i}].value = v;"
+    yield f"    {sum_lane(i)}.value = v;"
     yield "}"
     yield from _decode_table(i, "0", lambda value, code: f"32w0x{value:08X}")
 
@@ -513,15 +537,14 @@ def _dense_check_codes(k: int) -> list[str]:
 
 
 _PAIR_BODIES = (
-    ("first", "value.lo = hdr.sums[{lo}].value;", "value.hi = hdr.sums[{hi}].value;"),
-    ("add", "value.lo = value.lo + hdr.sums[{lo}].value;",
-     "value.hi = value.hi + hdr.sums[{hi}].value;"),
+    ("first", "value.lo = {lo}.value;", "value.hi = {hi}.value;"),
+    ("add", "value.lo = value.lo + {lo}.value;", "value.hi = value.hi + {hi}.value;"),
     ("read", "", ""),
 )  # fmt: skip
 
 
 def _pair_sums(j: int, pairs: int) -> Iterator[str]:
-    lo, hi = j, j + pairs
+    lo, hi = sum_lane(j), sum_lane(j + pairs)
     yield f"Register<lane_pair_t, bit<16>>(NCINA_SLOTS, {{0, 0}}) sums_{j};"
     actions = [(name, a.format(lo=lo, hi=hi), b.format(lo=lo, hi=hi))
                for name, a, b in _PAIR_BODIES]  # fmt: skip
@@ -595,19 +618,19 @@ def _pair_table(j: int, pairs: int) -> Iterator[str]:
     # One table per pair register, its action chosen by the decision's inputs (PAIR_ROWS): a
     # logical table per register (a stage holds 16), not one per register action. Placed in
     # preference to the replies and counters, which need the decision's answer a stage later.
-    lo, hi = j, j + pairs
+    lo, hi = sum_lane(j), sum_lane(j + pairs)
     for _, name in _PAIR_OPS:
         yield f"action do_{name}_{j}() {{"
         yield "#if __TARGET_TOFINO__ == 2"
-        yield (f"    hdr.sums[{lo}].value = {name}_{j}.execute(index=meta.slot_index, "
-               f"rv2=hdr.sums[{hi}].value);")  # fmt: skip
+        yield (f"    {lo}.value = {name}_{j}.execute(index=meta.slot_index, "
+               f"rv2={hi}.value);")  # fmt: skip
         yield "#else"
-        yield f"    hdr.sums[{lo}].value = {name}_{j}.execute(meta.slot_index);"
+        yield f"    {lo}.value = {name}_{j}.execute(meta.slot_index);"
         yield "#endif"
         yield "}"
     yield "#ifdef NCINA_HARVEST"
     yield f"action do_harvest_{j}() {{"
-    yield f"    hdr.sums[{hi}].value = harvest_{j}.execute(meta.slot_index);"
+    yield f"    {hi}.value = harvest_{j}.execute(meta.slot_index);"
     yield "}"
     yield "#endif"
     yield "@placement_priority(1)"
