@@ -140,23 +140,30 @@ def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
 
 
 
-def test_dense_result_lanes_are_header_stacks_of_at_most_32(tmp_path: Path) -> None:
+def test_lanes_are_header_stacks_of_at_most_32(tmp_path: Path) -> None:
     """A header stack's validity bits take one PHV container (32 bits): K = 40 in one stack
-    did not compile, so lanes from 32 on are further stacks, parsed, written and emitted in
-    lane order."""
+    did not compile (codes, and the dense layout's int32 results), so lanes from 32 on are
+    further stacks, parsed, read, written and emitted in lane order; up to 32, one stack."""
     k = 40
     config, lanes = gen_tofino.write(k, tmp_path, dense=True)
     text, body = config.read_text(), lanes.read_text()
+    assert "#define NCINA_LANE_HEADERS lane_h[32] lanes; lane_h[8] lanes1;" in text
+    assert "#define NCINA_EMIT_LANES pkt.emit(hdr.lanes); pkt.emit(hdr.lanes1);" in text
     assert "#define NCINA_SUM_HEADERS sum_lane_h[32] sums; sum_lane_h[8] sums1;" in text
     assert "#define NCINA_EMIT_SUMS pkt.emit(hdr.sums); pkt.emit(hdr.sums1);" in text
     for i in range(k):
-        stack, index = ("sums", i) if i < 32 else ("sums1", i - 32)
-        assert gen_tofino.sum_lane(i) == f"hdr.{stack}[{index}]"
-        assert f"pkt.extract(hdr.lanes[{i}]); hdr.{stack}[{index}].setValid();" in text
-        assert f"state parse_sum_{i} {{ pkt.extract(hdr.{stack}[{index}]);" in text
-        assert f"hdr.{stack}[{index}].value = v;" in body
+        s, n = ("", i) if i < 32 else ("1", i - 32)
+        assert gen_tofino.sum_lane(i) == f"hdr.sums{s}[{n}]"
+        assert gen_tofino.code_lane(i) == f"hdr.lanes{s}[{n}]"
+        assert f"pkt.extract(hdr.lanes{s}[{n}]); hdr.sums{s}[{n}].setValid();" in text
+        assert f"state parse_sum_{i} {{ pkt.extract(hdr.sums{s}[{n}]);" in text
+        assert f"hdr.sums{s}[{n}].value = v;" in body
+        assert f"key = {{ hdr.lanes{s}[{n}].code: exact; }}" in body
+        assert f'hdr.lanes{s}[{n}].code[6:0]: ternary @name("code_{i}");' in body
     assert "value.hi + hdr.sums1[4].value" in body  # pair 16: lanes 16 and 36
-    assert not re.search(r"sums1?\[(3[2-9]|[4-9]\d)\]", text + body)
+    assert not re.search(r"(lanes|sums)1?\[(3[2-9]|[4-9]\d)\]", text + body)
+    one = gen_tofino.config_p4(32, dense=True)
+    assert "#define NCINA_LANE_HEADERS lane_h[32] lanes;\n" in one and "lanes1" not in one
 
 
 def _p4_constants() -> dict[str, int]:

@@ -173,7 +173,7 @@ struct headers_t {
     ncina_h nc;
     notice_h notice;
     descriptor_h desc;
-    lane_h[NCINA_K] lanes;
+    NCINA_LANE_HEADERS  // lane_h stacks of up to 32 (generated: config.p4)
 #ifdef NCINA_DENSE
 #ifdef NCINA_HARVEST
     harvest_h harvest;

@@ -138,7 +138,7 @@ control NcinaIngressDeparser(packet_out pkt, inout headers_t hdr, in meta_t meta
         pkt.emit(hdr.nc);
         pkt.emit(hdr.notice);
         pkt.emit(hdr.desc);
-        pkt.emit(hdr.lanes);
+        NCINA_EMIT_LANES
 #ifdef NCINA_DENSE
         NCINA_EMIT_SUMS
 #else

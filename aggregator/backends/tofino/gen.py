@@ -55,22 +55,38 @@ TWIN_BANNER = (
 HELD_UNUSED = 0x40000000
 """A slot version's contributors before its first round (counts as complete)."""
 
-SUMS_PER_STACK = 32
-"""The dense layout's int32 result lanes per header stack (``sum_lane``): a stack's validity
-bits must sit in one PHV container (at K = 40 the compiler refused one stack: "a slice list of
+LANES_PER_STACK = 32
+"""Lanes per header stack (``stacks``): a stack's validity bits must sit in one PHV container
+(at K = 40 the compiler refused one stack of codes, and one of int32 results: "a slice list of
 33 bits ... no_split"), so lanes from 32 on go to further stacks."""
 
 
-def sum_stacks(k: int) -> list[tuple[str, int]]:
-    """``(name, size)`` of the header stacks that hold ``k`` int32 result lanes."""
-    return [("sums" if s == 0 else f"sums{s}", min(SUMS_PER_STACK, k - s * SUMS_PER_STACK))
-            for s in range(-(-k // SUMS_PER_STACK))]  # fmt: skip
+def stacks(name: str, k: int) -> list[tuple[str, int]]:
+    """``(name, size)`` of the header stacks that hold ``k`` lanes: ``name``, ``name1``, ..."""
+    return [(name if s == 0 else f"{name}{s}", min(LANES_PER_STACK, k - s * LANES_PER_STACK))
+            for s in range(-(-k // LANES_PER_STACK))]  # fmt: skip
+
+
+def lane(name: str, i: int) -> str:
+    """The header of lane ``i`` in the stacks ``name`` (``stacks``), e.g. ``hdr.lanes1[3]``."""
+    return f"hdr.{stacks(name, i + 1)[-1][0]}[{i % LANES_PER_STACK}]"
 
 
 def sum_lane(i: int) -> str:
-    """The header of lane ``i``'s int32 result (``sum_stacks``)."""
-    name = sum_stacks(i + 1)[-1][0]
-    return f"hdr.{name}[{i % SUMS_PER_STACK}]"
+    """The header of lane ``i``'s int32 result (the dense layout)."""
+    return lane("sums", i)
+
+
+def code_lane(i: int) -> str:
+    """The header of lane ``i``'s NC8 code."""
+    return lane("lanes", i)
+
+
+def _stack_defines(header: str, name: str, macro: str, k: int) -> dict[str, str]:
+    # The stacks' declarations (headers.p4) and their emits in lane order (the deparser).
+    parts = stacks(name, k)
+    return {f"NCINA_{macro}_HEADERS": " ".join(f"{header}[{n}] {s};" for s, n in parts),
+            f"NCINA_EMIT_{macro}S": " ".join(f"pkt.emit(hdr.{s});" for s, _ in parts)}
 
 
 def config_p4(k: int, dense: bool = False) -> str:
@@ -82,12 +98,11 @@ def config_p4(k: int, dense: bool = False) -> str:
     values["OFFSET_UNUSED"] = f"0x{OFFSET_UNUSED:08X}"
     values["HELD_UNUSED"] = f"0x{HELD_UNUSED:08X}"
     ranks = " ".join(f"{r}: set_rank_bit(32w{1 << r});" for r in range(MAX_WORKERS))
+    values.update(_stack_defines("lane_h", "lanes", "LANE", k))
     if dense:
         values["NCINA_DENSE"] = 1
         values["NCINA_LANE_PAIRS"] = k // 2
-        values["NCINA_SUM_HEADERS"] = " ".join(f"sum_lane_h[{n}] {name};"
-                                               for name, n in sum_stacks(k))  # fmt: skip
-        values["NCINA_EMIT_SUMS"] = " ".join(f"pkt.emit(hdr.{name});" for name, _ in sum_stacks(k))
+        values.update(_stack_defines("sum_lane_h", "sums", "SUM", k))
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
     lines += [f"#define {name} {value}" for name, value in values.items()]
     lines += [f"#define RANK_BIT_ENTRIES {ranks}", ""]
@@ -209,9 +224,9 @@ def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane",
                  also_valid: str = "") -> list[str]:  # fmt: skip
     # A parser counter loop trips the compiler (a bug in its parser state merging): unrolled.
     # also_valid: a second stack whose element i the parser makes valid with lane i.
-    # (The dense layout's int32 results, "sums", are several stacks: sum_lane.)
+    # (Codes and the dense layout's int32 results are stacks of at most 32: lane.)
     def element(name: str, i: int) -> str:
-        return sum_lane(i) if name == "sums" else f"hdr.{name}[{i}]"
+        return lane(name, i) if name in ("lanes", "sums") else f"hdr.{name}[{i}]"
 
     out = []
     for i in range(k):
@@ -258,7 +273,7 @@ def _decode_table(i: int, default: str, data: Callable[[int, int], str]) -> Iter
     ``set_v{i}`` with ``data(value, code)`` (its 32-bit integer and the code's magnitude), a
     code no row holds calling it with ``default``."""
     yield f"table decode_{i} {{"
-    yield f"    key = {{ hdr.lanes[{i}].code: exact; }}"
+    yield f"    key = {{ {code_lane(i)}.code: exact; }}"
     yield f"    actions = {{ set_v{i}; }}"
     yield f"    default_action = set_v{i}({default});"
     yield f"    size = {2 * (MAX_CODE + 1)};"
@@ -273,9 +288,9 @@ def _check_key(i: int, twin: bool = False) -> Iterator[str]:
     # BMv2 takes no ternary match on a validity bit: the twin's key is it as a bit<1> (p4c
     # moves the expression into a temporary).
     if twin:
-        yield f'(bit<1>)hdr.lanes[{i}].isValid(): ternary @name("valid_{i}");'
+        yield f'(bit<1>){code_lane(i)}.isValid(): ternary @name("valid_{i}");'
     else:
-        yield f"hdr.lanes[{i}].isValid(): ternary;"
+        yield f"{code_lane(i)}.isValid(): ternary;"
     yield f'meta.checks.c{i}[7:7]: ternary @name("above_{i}");'
 
 
@@ -319,7 +334,7 @@ def _widen(c: int) -> Iterator[str]:
     # own, all writing one container, one stage after another.
     yield f"action widen_{c}() {{"
     for i in range(c):
-        yield f"    hdr.lanes[{i}].setInvalid();"
+        yield f"    {code_lane(i)}.setInvalid();"
         yield f"    hdr.wide[{i}].setValid();"
     yield "}"
 
@@ -497,8 +512,8 @@ def _window_table(k: int, g: int) -> Iterator[str]:
     yield "    key = {"
     yield '        meta.code_offset: ternary @name("code_offset");'
     for i in lanes:
-        yield f"        hdr.lanes[{i}].isValid(): ternary;"
-        yield f'        hdr.lanes[{i}].code[6:0]: ternary @name("code_{i}");'
+        yield f"        {code_lane(i)}.isValid(): ternary;"
+        yield f'        {code_lane(i)}.code[6:0]: ternary @name("code_{i}");'
     yield "    }"
     yield f"    actions = {{ above_{g}; NoAction; }}"
     yield "    default_action = NoAction();"
@@ -683,7 +698,7 @@ def dense_lanes_p4(k: int) -> str:
         "",
         "    // A result carries the sums, not the codes.",
         "    action as_sums() {",
-        *(f"        hdr.lanes[{i}].setInvalid();" for i in range(k)),
+        *(f"        {code_lane(i)}.setInvalid();" for i in range(k)),
         "    }",
         "",
         "    apply {",
