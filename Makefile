@@ -29,13 +29,13 @@ WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
 # the topology's K, 256 unless TOPO_ARGS says otherwise; the twin's K is up to 12).
 PROFILE ?= default
 K ?= $(if $(filter tofino,$(PROFILE)),12,64)
-# make p4-tofino: lanes per pass and device of the Tofino program (docs/tofino.md; 12 is the
-# largest K that fits Tofino's 12 stages with one register per lane). TOFINO_DENSE=1: the dense
-# layout (pair registers, int32 results, a harvest pass on Tofino 1; docs/tofino.md, "Density"),
-# e.g. make p4-tofino TOFINO_DENSE=1 TOFINO_K=32 (about 15 minutes).
-TOFINO_K ?= 12
+# make p4-tofino: lanes per pass and device of the Tofino program (docs/tofino.md). By default the
+# dense layout (pair registers, int32 results, a harvest pass on Tofino 1; docs/tofino.md,
+# "Density") at 32 lanes, which fits Tofino's 12 stages (about 2 minutes of CPU); TOFINO_DENSE=
+# (empty): one register per lane, 12 lanes (the largest K of that layout that fits).
+TOFINO_DENSE ?= 1
+TOFINO_K ?= $(if $(TOFINO_DENSE),32,12)
 TOFINO_TARGET ?= tofino
-TOFINO_DENSE ?=
 
 .PHONY: help setup apt venv test lint topo need-root p4 p4-tofino dissector stop clean
 
@@ -47,7 +47,8 @@ help:
 	@echo "make p4      generate and compile p4/ for K lanes into build/p4/k<K>/ (needs p4c-bm2-ss);"
 	@echo "             PROFILE=tofino: the Tofino program's v1model twin p4/twin/, K<=12"
 	@echo "make p4-tofino  compile p4/tofino/ for TOFINO_K lanes with p4c-barefoot, print its resources;"
-	@echo "             TOFINO_DENSE=1: the dense layout (pair registers, int32 results)"
+	@echo "             (default: the dense layout, pair registers, int32 results, 32 lanes;"
+	@echo "             TOFINO_DENSE= : one register per lane, 12 lanes)"
 	@echo "make dissector  install the Wireshark dissector (tools/wireshark/ncina.lua) for this user"
 	@echo "make stop    stop a running make topo (by the PID it recorded in runs/topo.pid)"
 	@echo "make clean   remove build products (keeps runs/)"

@@ -7,6 +7,7 @@ more than once), in a temporary folder.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -125,10 +126,10 @@ def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
         assert add and f"value.lo + hdr.sums[{j}].value" in add.group(0)
         assert f"value.hi + hdr.sums[{j + k // 2}].value" in add.group(0)
         assert f"hdr.sums[{j + k // 2}].value = harvest_{j}.execute(meta.slot_index);" in body
-        assert f"LANE_HARVEST: do_harvest_{j}();" in body
-        # Tofino 1: four pairs per stage (its stateful ALUs), from the stage after the decision.
-        stage = gen_tofino.PAIR_FIRST_STAGE + j // gen_tofino.PAIRS_PER_STAGE
-        assert re.search(rf"@stage\({stage}\)\n    #endif\n    table pair_{j} {{", body), j
+        assert f"(VERDICT_HARVEST, _, _, _, _, _): do_harvest_{j}();" in body
+        # No pins (they made the compile run for hours): placed before the replies.
+        assert f"@placement_priority(1)\n    table pair_{j} {{" in body
+    assert "@stage(" not in body
     # The window check: a ternary table per GROUP lanes, each its own bad_code flag, each a
     # verdict row of its own (bad_code, after every other check).
     groups = -(-k // gen_tofino.GROUP)
@@ -137,6 +138,90 @@ def test_dense_layout_adds_lane_pairs_in_one_register(tmp_path: Path) -> None:
     assert verdicts.count("EV_BAD_CODE") == groups
     with pytest.raises(ValueError, match="even"):
         gen_tofino.write(5, tmp_path, dense=True)
+
+
+
+def test_lanes_are_header_stacks_of_at_most_32(tmp_path: Path) -> None:
+    """A header stack's validity bits take one PHV container (32 bits): K = 40 in one stack
+    did not compile (codes, and the dense layout's int32 results), so lanes from 32 on are
+    further stacks, parsed, read, written and emitted in lane order; up to 32, one stack."""
+    k = 40
+    config, lanes = gen_tofino.write(k, tmp_path, dense=True)
+    text, body = config.read_text(), lanes.read_text()
+    assert "#define NCINA_LANE_HEADERS lane_h[32] lanes; lane_h[8] lanes1;" in text
+    assert "#define NCINA_EMIT_LANES pkt.emit(hdr.lanes); pkt.emit(hdr.lanes1);" in text
+    assert "#define NCINA_SUM_HEADERS sum_lane_h[32] sums; sum_lane_h[8] sums1;" in text
+    assert "#define NCINA_EMIT_SUMS pkt.emit(hdr.sums); pkt.emit(hdr.sums1);" in text
+    for i in range(k):
+        s, n = ("", i) if i < 32 else ("1", i - 32)
+        assert gen_tofino.sum_lane(i) == f"hdr.sums{s}[{n}]"
+        assert gen_tofino.code_lane(i) == f"hdr.lanes{s}[{n}]"
+        assert f"pkt.extract(hdr.lanes{s}[{n}]); hdr.sums{s}[{n}].setValid();" in text
+        assert f"state parse_sum_{i} {{ pkt.extract(hdr.sums{s}[{n}]);" in text
+        assert f"hdr.sums{s}[{n}].value = v;" in body
+        assert f"key = {{ hdr.lanes{s}[{n}].code: exact; }}" in body
+        assert f'hdr.lanes{s}[{n}].code[6:0]: ternary @name("code_{i}");' in body
+    assert "value.hi + hdr.sums1[4].value" in body  # pair 16: lanes 16 and 36
+    assert not re.search(r"(lanes|sums)1?\[(3[2-9]|[4-9]\d)\]", text + body)
+    one = gen_tofino.config_p4(32, dense=True)
+    assert "#define NCINA_LANE_HEADERS lane_h[32] lanes;\n" in one and "lanes1" not in one
+
+
+def _p4_constants() -> dict[str, int]:
+    text = (Path(__file__).parent.parent / "p4" / "tofino" / "headers.p4").read_text()
+    return {name: int(value, 0) for name, value in
+            re.findall(r"const bit<\d+> (\w+) = (\w+);", text)}  # fmt: skip
+
+
+def _slot_decision(relation: int, there_incomplete: int, here_incomplete: int,
+                   seen_there: int, seen_here: int) -> str | None:  # fmt: skip
+    """The lanes' work that Slots' decision (p4/tofino/slots.p4) sets, for the tallies."""
+    c = _p4_constants()
+    if relation == c["OFFSET_NEWER"]:
+        return None if there_incomplete else "first"
+    if relation == c["OFFSET_SAME"]:
+        if not here_incomplete:
+            return None if seen_there else "read"  # late (L3), or the result again
+        return None if seen_here else "add"  # a duplicate, or a contribution
+    return None  # older (late), or the slot rules never ran (relation 0)
+
+
+def test_dense_pair_rows_do_what_the_slot_decision_decides(tmp_path: Path) -> None:
+    """Each pair's table is keyed on the decision's inputs (so that the pairs need not wait a
+    stage for its answer): for every verdict, relation, completeness of both versions and
+    rank seen or not, the generated const entries (first match) pick the operation the
+    decision's lane_op names, the harvest row the upper sums, and nothing otherwise."""
+    c = _p4_constants()
+    _, lanes = gen_tofino.write(4, tmp_path, dense=True)
+    table = re.search(r"table pair_1 \{.*?\n    \}\n", lanes.read_text(), re.S).group(0)
+    keys = re.findall(r"(\S+): ternary @name", table)
+    assert keys == [field for field, _, _ in gen_tofino.PAIR_KEY]
+    assert "meta.lane_op" not in keys  # the decision's answer: a stage later
+    entries = re.findall(r"\(([^()]*)\): do_(\w+)_1\(\);", table)
+    assert len(entries) == len(gen_tofino.PAIR_ROWS) + 1
+    rows = [([None if v == "_" else c.get(v, None) if v in c else int(v)
+              for v in values.split(", ")], op) for values, op in entries]  # fmt: skip
+    rank_bit = 1 << 7
+    verdicts = (c["VERDICT_ACCEPT"], c["VERDICT_DROP"], c["VERDICT_STALE"], c["VERDICT_HARVEST"])
+    relations = (0, c["OFFSET_OLDER"], c["OFFSET_NEWER"], c["OFFSET_SAME"])
+    seen = (0, rank_bit)
+    checked = 0
+    for verdict in verdicts:
+        for relation in relations:
+            if verdict != c["VERDICT_ACCEPT"] and relation:
+                continue  # the slot rules run for accepted packets only
+            for there, here, seen_there, seen_here in np.ndindex(2, 2, 2, 2):
+                key = (verdict, relation, there, here, seen[seen_there], seen[seen_here])
+                got = next((op for values, op in rows if all(
+                    v is None or v == x for v, x in zip(values, key, strict=True))), None)
+                if verdict == c["VERDICT_HARVEST"]:
+                    want = "harvest"
+                else:
+                    want = _slot_decision(relation, there, here, seen[seen_there],
+                                          seen[seen_here])  # fmt: skip
+                assert got == want, key
+                checked += 1
+    assert checked == (len(relations) + len(verdicts) - 1) * 16
 
 
 @pytest.fixture(scope="session")
@@ -197,6 +282,34 @@ def test_missing_compiler_is_one_sentence(
     assert tofino.main(["--k", "4", "--force"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "p4c-barefoot is not installed" in err
+
+
+def test_make_p4_tofino_builds_the_dense_layout_whose_fit_is_committed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make p4-tofino`` (the toolchain without a layout or K) builds the dense layout at
+    DENSE_K lanes, ``--one-per-lane`` at 12; the committed fit report of that build fits
+    Tofino's 12 stages with a stateful ALU per pair (K/2 + 3), every pair after the tallies."""
+    calls = []
+
+    def build(k: int, target: str, **kwargs: bool) -> tofino.Resources:
+        calls.append((k, target, kwargs["dense"]))
+        raise ToolchainError("not compiled here")
+
+    monkeypatch.setattr(tofino, "build", build)
+    assert tofino.main([]) == 1 and tofino.main(["--one-per-lane"]) == 1
+    assert calls == [(tofino.DENSE_K, "tofino", True), (tofino.DEFAULT_K, "tofino", False)]
+    capsys.readouterr()
+    k = tofino.DENSE_K
+    report = json.loads((tofino.REPORTS / tofino.report_name(k, "tofino", True)).read_text())
+    res = report["resources"]
+    assert report["fits"] and res["k"] == k and res["dense"]
+    assert res["stages"] <= res["device_stages"] == tofino.STAGES["tofino"]
+    assert res["stateful_alus"] == k // 2 + 3
+    tallies = next(s["stage"] for s in report["stages"] if "slots.tallies" in s["tables"])
+    pairs = {t: s["stage"] for s in report["stages"] for t in s["tables"] if "pair_" in t}
+    assert sorted(pairs) == sorted(f"sums.pair_{j}" for j in range(k // 2))
+    assert min(pairs.values()) > tallies
 
 
 # --- the v1model twin (p4/twin/, docs/tofino.md "The v1model twin") ---------------------------

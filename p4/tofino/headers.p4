@@ -179,12 +179,12 @@ struct headers_t {
     ncina_h nc;
     notice_h notice;
     descriptor_h desc;
-    lane_h[NCINA_K] lanes;
+    NCINA_LANE_HEADERS  // lane_h stacks of up to 32 (generated: config.p4)
 #ifdef NCINA_DENSE
 #ifdef NCINA_HARVEST
     harvest_h harvest;
 #endif
-    sum_lane_h[NCINA_K] sums;
+    NCINA_SUM_HEADERS  // sum_lane_h stacks of up to 32 (generated: config.p4)
 #else
     wide_lane_h[NCINA_K] wide;
 #ifdef NCINA_TWIN

@@ -134,7 +134,8 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         // depend on the slot decision above, the counters and replies too, but not on each
         // other, so the compiler places them side by side after the decision. (The counters and
         // replies in the decision's block made the pairs wait for that whole block: 14 stages
-        // at K = 32, docs/tofino.md "Density".) A pair's table does nothing for LANE_NONE.
+        // at K = 32, docs/tofino.md "Density".) A pair's table does nothing where the decision
+        // sets LANE_NONE (its rows read the decision's inputs: they do not wait for it).
         sums.apply(hdr, meta);
         if (meta.ours == 1) {
             events.apply(hdr, meta);

@@ -47,6 +47,7 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
         meta.unknown_rank = 0;
 #ifdef NCINA_DENSE
         meta.ours = 0;
+        meta.relation = 0;  // the pairs' key: 0, the slot rules never saw the packet
 #endif
 #ifdef NCINA_HARVEST
         meta.then = OUT_NONE;
@@ -137,9 +138,9 @@ control NcinaIngressDeparser(packet_out pkt, inout headers_t hdr, in meta_t meta
         pkt.emit(hdr.nc);
         pkt.emit(hdr.notice);
         pkt.emit(hdr.desc);
-        pkt.emit(hdr.lanes);
+        NCINA_EMIT_LANES
 #ifdef NCINA_DENSE
-        pkt.emit(hdr.sums);
+        NCINA_EMIT_SUMS
 #else
         pkt.emit(hdr.wide);
 #endif

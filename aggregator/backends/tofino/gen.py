@@ -44,6 +44,39 @@ TWIN_BANNER = (
 HELD_UNUSED = 0x40000000
 """A slot version's contributors before its first round (counts as complete)."""
 
+LANES_PER_STACK = 32
+"""Lanes per header stack (``stacks``): a stack's validity bits must sit in one PHV container
+(at K = 40 the compiler refused one stack of codes, and one of int32 results: "a slice list of
+33 bits ... no_split"), so lanes from 32 on go to further stacks."""
+
+
+def stacks(name: str, k: int) -> list[tuple[str, int]]:
+    """``(name, size)`` of the header stacks that hold ``k`` lanes: ``name``, ``name1``, ..."""
+    return [(name if s == 0 else f"{name}{s}", min(LANES_PER_STACK, k - s * LANES_PER_STACK))
+            for s in range(-(-k // LANES_PER_STACK))]  # fmt: skip
+
+
+def lane(name: str, i: int) -> str:
+    """The header of lane ``i`` in the stacks ``name`` (``stacks``), e.g. ``hdr.lanes1[3]``."""
+    return f"hdr.{stacks(name, i + 1)[-1][0]}[{i % LANES_PER_STACK}]"
+
+
+def sum_lane(i: int) -> str:
+    """The header of lane ``i``'s int32 result (the dense layout)."""
+    return lane("sums", i)
+
+
+def code_lane(i: int) -> str:
+    """The header of lane ``i``'s NC8 code."""
+    return lane("lanes", i)
+
+
+def _stack_defines(header: str, name: str, macro: str, k: int) -> dict[str, str]:
+    # The stacks' declarations (headers.p4) and their emits in lane order (the deparser).
+    parts = stacks(name, k)
+    return {f"NCINA_{macro}_HEADERS": " ".join(f"{header}[{n}] {s};" for s, n in parts),
+            f"NCINA_EMIT_{macro}S": " ".join(f"pkt.emit(hdr.{s});" for s, _ in parts)}
+
 
 def config_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
     """``config.p4``: the ``#define``s and the per-lane metadata structs for ``k`` lanes
@@ -55,9 +88,11 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
     values["OFFSET_UNUSED"] = f"0x{OFFSET_UNUSED:08X}"
     values["HELD_UNUSED"] = f"0x{HELD_UNUSED:08X}"
     ranks = " ".join(f"{r}: set_rank_bit(32w{1 << r});" for r in range(TOFINO_MAX_WORKERS))
+    values.update(_stack_defines("lane_h", "lanes", "LANE", k))
     if dense:
         values["NCINA_DENSE"] = 1
         values["NCINA_LANE_PAIRS"] = k // 2
+        values.update(_stack_defines("sum_lane_h", "sums", "SUM", k))
     if nc8:
         values["NCINA_NC8_RESULTS"] = 1
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
@@ -181,10 +216,14 @@ def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane",
                  also_valid: str = "") -> list[str]:  # fmt: skip
     # A parser counter loop trips the compiler (a bug in its parser state merging): unrolled.
     # also_valid: a second stack whose element i the parser makes valid with lane i.
+    # (Codes and the dense layout's int32 results are stacks of at most 32: lane.)
+    def element(name: str, i: int) -> str:
+        return lane(name, i) if name in ("lanes", "sums") else f"hdr.{name}[{i}]"
+
     out = []
     for i in range(k):
-        valid = f" hdr.{also_valid}[{i}].setValid();" if also_valid else ""
-        out.append(f"    state {state}_{i} {{ pkt.extract(hdr.{stack}[{i}]);{valid} \\")
+        valid = f" {element(also_valid, i)}.setValid();" if also_valid else ""
+        out.append(f"    state {state}_{i} {{ pkt.extract({element(stack, i)});{valid} \\")
         if i + 1 < k:
             out.append(
                 f"        transition select(hdr.nc.count) {{ {i + 1}: accept; "
@@ -226,7 +265,7 @@ def _decode_table(i: int, default: str, data: Callable[[int, int], str]) -> Iter
     ``set_v{i}`` with ``data(value, code)`` (its 32-bit integer and the code's magnitude), a
     code no row holds calling it with ``default``."""
     yield f"table decode_{i} {{"
-    yield f"    key = {{ hdr.lanes[{i}].code: exact; }}"
+    yield f"    key = {{ {code_lane(i)}.code: exact; }}"
     yield f"    actions = {{ set_v{i}; }}"
     yield f"    default_action = set_v{i}({default});"
     yield f"    size = {2 * (TOFINO_MAX_CODE + 1)};"
@@ -241,9 +280,9 @@ def _check_key(i: int, twin: bool = False) -> Iterator[str]:
     # BMv2 takes no ternary match on a validity bit: the twin's key is it as a bit<1> (p4c
     # moves the expression into a temporary).
     if twin:
-        yield f'(bit<1>)hdr.lanes[{i}].isValid(): ternary @name("valid_{i}");'
+        yield f'(bit<1>){code_lane(i)}.isValid(): ternary @name("valid_{i}");'
     else:
-        yield f"hdr.lanes[{i}].isValid(): ternary;"
+        yield f"{code_lane(i)}.isValid(): ternary;"
     yield f'meta.checks.c{i}[7:7]: ternary @name("above_{i}");'
 
 
@@ -287,7 +326,7 @@ def _widen(c: int) -> Iterator[str]:
     # own, all writing one container, one stage after another.
     yield f"action widen_{c}() {{"
     for i in range(c):
-        yield f"    hdr.lanes[{i}].setInvalid();"
+        yield f"    {code_lane(i)}.setInvalid();"
         yield f"    hdr.wide[{i}].setValid();"
     yield "}"
 
@@ -649,7 +688,7 @@ def _dense_decode(i: int) -> Iterator[str]:
     # made that header valid with the lane. A code no row holds (above TOFINO_MAX_CODE) leaves 0:
     # the window check drops its packet.
     yield f"action set_v{i}(bit<32> v) {{"
-    yield f"    hdr.sums[{i}].value = v;"
+    yield f"    {sum_lane(i)}.value = v;"
     yield "}"
     yield from _decode_table(i, "0", lambda value, code: f"32w0x{value:08X}")
 
@@ -669,8 +708,8 @@ def _window_table(k: int, g: int) -> Iterator[str]:
     yield "    key = {"
     yield '        meta.code_offset: ternary @name("code_offset");'
     for i in lanes:
-        yield f"        hdr.lanes[{i}].isValid(): ternary;"
-        yield f'        hdr.lanes[{i}].code[6:0]: ternary @name("code_{i}");'
+        yield f"        {code_lane(i)}.isValid(): ternary;"
+        yield f'        {code_lane(i)}.code[6:0]: ternary @name("code_{i}");'
     yield "    }"
     yield f"    actions = {{ above_{g}; NoAction; }}"
     yield "    default_action = NoAction();"
@@ -709,15 +748,14 @@ def _dense_check_codes(k: int) -> list[str]:
 
 
 _PAIR_BODIES = (
-    ("first", "value.lo = hdr.sums[{lo}].value;", "value.hi = hdr.sums[{hi}].value;"),
-    ("add", "value.lo = value.lo + hdr.sums[{lo}].value;",
-     "value.hi = value.hi + hdr.sums[{hi}].value;"),
+    ("first", "value.lo = {lo}.value;", "value.hi = {hi}.value;"),
+    ("add", "value.lo = value.lo + {lo}.value;", "value.hi = value.hi + {hi}.value;"),
     ("read", "", ""),
 )  # fmt: skip
 
 
 def _pair_sums(j: int, pairs: int) -> Iterator[str]:
-    lo, hi = j, j + pairs
+    lo, hi = sum_lane(j), sum_lane(j + pairs)
     yield f"Register<lane_pair_t, bit<16>>(NCINA_SLOTS, {{0, 0}}) sums_{j};"
     actions = [(name, a.format(lo=lo, hi=hi), b.format(lo=lo, hi=hi))
                for name, a, b in _PAIR_BODIES]  # fmt: skip
@@ -749,43 +787,69 @@ def _pair_sums(j: int, pairs: int) -> Iterator[str]:
     yield "#endif"
 
 
-PAIR_FIRST_STAGE = 8
-"""Tofino 1's first stage after the slot decision (stage 7 in the compiler's placement of the
-dense layout: jobs 0, window check 1, flags 2, verdict 3, offsets 4, contributors 5, tallies 6,
-decision 7), where the pair registers start."""
-
 PAIRS_PER_STAGE = 4
 """Stateful ALUs per Tofino stage: pair registers a stage holds."""
 
 _PAIR_OPS = (("LANE_FIRST", "first"), ("LANE_ADD", "add"), ("LANE_READ", "read"))
 
+PAIR_KEY = (
+    ("meta.verdict", "verdict", 8),
+    ("meta.relation", "relation", 4),
+    ("meta.room_there[31:31]", "there_incomplete", 1),
+    ("meta.room_here[31:31]", "here_incomplete", 1),
+    ("meta.seen_there", "seen_there", 32),
+    ("meta.seen_here", "seen_here", 32),
+)
+"""The key of each pair's table (``pair_rows``): the slot decision's inputs, not its answer
+``lane_op``, so that the pairs wait for the tallies only and start a stage earlier
+(docs/tofino.md, "Density"); ``verdict`` tells the harvest pass. ``(field, name, bits)``."""
+
+PAIR_ROWS: tuple[tuple[dict[str, str], str], ...] = (
+    ({"relation": "OFFSET_NEWER", "there_incomplete": "0"}, "first"),
+    ({"relation": "OFFSET_SAME", "here_incomplete": "0", "seen_there": "0"}, "read"),
+    ({"relation": "OFFSET_SAME", "here_incomplete": "1", "seen_here": "0"}, "add"),
+)
+"""A pair's rows, as ``Slots``' decision (p4/tofino/slots.p4) sets ``lane_op``: a newer chunk
+whose other version's round is complete is the round's first contribution; the held chunk of a
+complete round, from a rank not in the other version's, reads the sums again (a lost result);
+the held chunk of an incomplete round, from a rank not in it yet, adds. Anything else (a late
+or refused chunk, a duplicate, a packet the slot rules never saw: ``relation`` 0) matches no
+row and leaves the pair alone."""
+
+
+def pair_rows(harvest: bool = False) -> list[tuple[tuple[str, ...], str]]:
+    """The const entries of a pair's table: ``(key values in PAIR_KEY's order, "_" for any,
+    operation)``; ``harvest``: the harvest pass's row first (``verdict`` VERDICT_HARVEST)."""
+    rows = [({"verdict": "VERDICT_HARVEST"}, "harvest")] if harvest else []
+    rows += list(PAIR_ROWS)
+    return [(tuple(fields.get(name, "_") for _, name, _ in PAIR_KEY), op) for fields, op in rows]
+
 
 def _pair_table(j: int, pairs: int) -> Iterator[str]:
-    # One table per pair register, its action chosen by lane_op: a logical table per register
-    # (a stage holds 16), not one per register action.
-    lo, hi = j, j + pairs
+    # One table per pair register, its action chosen by the decision's inputs (PAIR_ROWS): a
+    # logical table per register (a stage holds 16), not one per register action. Placed in
+    # preference to the replies and counters, which need the decision's answer a stage later.
+    lo, hi = sum_lane(j), sum_lane(j + pairs)
     for _, name in _PAIR_OPS:
         yield f"action do_{name}_{j}() {{"
         yield "#if __TARGET_TOFINO__ == 2"
-        yield (f"    hdr.sums[{lo}].value = {name}_{j}.execute(index=meta.slot_index, "
-               f"rv2=hdr.sums[{hi}].value);")  # fmt: skip
+        yield (f"    {lo}.value = {name}_{j}.execute(index=meta.slot_index, "
+               f"rv2={hi}.value);")  # fmt: skip
         yield "#else"
-        yield f"    hdr.sums[{lo}].value = {name}_{j}.execute(meta.slot_index);"
+        yield f"    {lo}.value = {name}_{j}.execute(meta.slot_index);"
         yield "#endif"
         yield "}"
     yield "#ifdef NCINA_HARVEST"
     yield f"action do_harvest_{j}() {{"
-    yield f"    hdr.sums[{hi}].value = harvest_{j}.execute(meta.slot_index);"
+    yield f"    {hi}.value = harvest_{j}.execute(meta.slot_index);"
     yield "}"
     yield "#endif"
-    # Tofino 1: pinned, 4 per stage, to the stages after the slot decision. Left to itself the
-    # compiler filled stage 8 with the replies' tables and kept stage 9 for the counters'
-    # index, and the pairs took stages 8 to 13 (docs/tofino.md, "Density").
-    yield "#if __TARGET_TOFINO__ == 1"
-    yield f"@stage({PAIR_FIRST_STAGE + j // PAIRS_PER_STAGE})"
-    yield "#endif"
+    yield "@placement_priority(1)"
     yield f"table pair_{j} {{"
-    yield "    key = { meta.lane_op: exact; }"
+    yield "    key = {"
+    for field, name, _ in PAIR_KEY:
+        yield f'        {field}: ternary @name("{name}");'
+    yield "    }"
     names = [name for _, name in _PAIR_OPS]
     yield f"    actions = {{ {' '.join(f'do_{n}_{j};' for n in names)}"
     yield "#ifdef NCINA_HARVEST"
@@ -793,13 +857,16 @@ def _pair_table(j: int, pairs: int) -> Iterator[str]:
     yield "#endif"
     yield "        NoAction; }"
     yield "    const default_action = NoAction();"
-    yield "    size = 4;"
+    yield f"    size = {len(PAIR_ROWS) + 1};"
     yield "    const entries = {"
-    for op, name in _PAIR_OPS:
-        yield f"        {op}: do_{name}_{j}();"
-    yield "#ifdef NCINA_HARVEST"
-    yield f"        LANE_HARVEST: do_harvest_{j}();"
-    yield "#endif"
+    for harvest in (True, False):
+        rows = pair_rows(harvest)[:1] if harvest else pair_rows()
+        if harvest:
+            yield "#ifdef NCINA_HARVEST"
+        for values, op in rows:
+            yield f"        ({', '.join(values)}): do_{op}_{j}();"
+        if harvest:
+            yield "#endif"
     yield "    }"
     yield "}"
 
@@ -819,14 +886,15 @@ def dense_lanes_p4(k: int) -> str:
         "",
         *_dense_check_codes(k),
         "// The slot's lanes in pair registers: pair j holds the sums of lanes j (lo) and",
-        f"// j + {pairs} (hi), indexed by slot version; meta.lane_op says what to do (LANE_*).",
+        f"// j + {pairs} (hi), indexed by slot version; what to do, the slot decision's inputs",
+        "// say (the rows of each pair's table: the decision's lane_op, a stage earlier).",
         "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
         *_each(pairs, lambda j: _pair_sums(j, pairs), 4),
         *_each(pairs, lambda j: _pair_table(j, pairs), 4),
         "",
         "    // A result carries the sums, not the codes.",
         "    action as_sums() {",
-        *(f"        hdr.lanes[{i}].setInvalid();" for i in range(k)),
+        *(f"        {code_lane(i)}.setInvalid();" for i in range(k)),
         "    }",
         "",
         "    apply {",

@@ -44,10 +44,12 @@ STAGES = {"tofino": 12, "tofino2": 20}
 """Match-action stages per pipeline of each device."""
 ARCH = {"tofino": "tna", "tofino2": "t2na"}
 DEFAULT_K = 12
-"""Lanes per pass of the documented fit (docs/tofino.md): the one-register-per-lane layout's."""
-DEFAULT_DENSE = False
-"""``make p4-tofino`` builds the one-register-per-lane layout (the dense one does not fit
-Tofino 1 at 32 lanes yet: docs/tofino.md, "Density")."""
+"""Lanes per pass of the one-register-per-lane layout's documented fit (docs/tofino.md)."""
+DENSE_K = 32
+"""Lanes per pass of the dense layout's documented fit (docs/tofino.md, "Density"; its report
+is ``docs/tofino-resources/tofino-k32-dense.json``)."""
+DEFAULT_DENSE = True
+"""``make p4-tofino`` builds the dense layout (DENSE_K lanes per pass fit Tofino 1)."""
 REPORTS = ROOT / "docs" / "tofino-resources"
 """The committed fit reports (``--report``): one JSON file per variant (``report_name``)."""
 
@@ -232,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         description=f"Generate p4/tofino/{MAIN} for K lanes, compile it with p4c-barefoot into "
         f"{BUILD_DIR}/<target>-k<K>/ and print the pipeline resources it takes.",
     )
-    JobSpec.add_arguments(parser, "k", k=DEFAULT_K)  # DEFAULT_K: the most that fit Tofino
+    JobSpec.add_arguments(parser, "k", k=None,
+                          rules={"k": f"{DENSE_K} dense, {DEFAULT_K} one per lane"})  # fmt: skip
     parser.add_argument("--target", choices=sorted(STAGES), default="tofino")
     layout = parser.add_mutually_exclusive_group()
     layout.add_argument("--dense", action="store_true", default=DEFAULT_DENSE,
@@ -244,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help=f"copy the fit report (stages "
                         f"and tables, resources, the inputs' digest) into {REPORTS}/")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.k is None:
+        args.k = DENSE_K if args.dense else DEFAULT_K
     try:
         res = build(args.k, args.target, force=args.force, dense=args.dense)
     except (ToolchainError, ValueError) as exc:
