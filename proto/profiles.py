@@ -4,10 +4,10 @@
 workers and ``MAX_K`` elements). ``tofino`` is the Tofino program's design (``p4/tofino/``,
 docs/tofino.md): 32-bit lanes, at most ``TOFINO_MAX_K`` lanes per pass and
 ``TOFINO_MAX_WORKERS`` workers, int32, int or nc8 results (nc8 at most ``TOFINO_NC8_MAX_K``
-lanes) of NC8 uplinks, no key. The Tofino
-design's numbers and what it lacks (``LACKS``) are defined here, once: the Tofino generator, the
-twin's control plane (``ncina.aggregator.backends.tofino``), ``JobSpec`` and ``JobConfig``
-import them (this layer may not import the aggregator's).
+lanes) of NC8 uplinks, no key. The Tofino design's numbers and what it lacks (``LACKS``) are
+defined here, once: the Tofino generator, the twin's control plane
+(``ncina.aggregator.backends.tofino``), ``JobSpec`` and ``JobConfig`` import them (this layer may
+not import the aggregator's).
 
 **Its window.** A tofino job keeps the protocol's window floor (``e_min`` of its ``--window-max``
 and total workers) and caps its codes at :func:`tofino_max_code` (``31 - ceil(log2 N)``), so that
