@@ -32,9 +32,11 @@ K ?= $(if $(filter tofino,$(PROFILE)),12,64)
 # make p4-tofino: lanes per pass and device of the Tofino program (docs/tofino.md). By default the
 # dense layout (pair registers, int32 results, a harvest pass on Tofino 1; docs/tofino.md,
 # "Density") at 32 lanes, which fits Tofino's 12 stages (about 2 minutes of CPU); TOFINO_DENSE=
-# (empty): one register per lane, 12 lanes (the largest K of that layout that fits).
+# (empty): one register per lane, 12 lanes (the largest K of that layout that fits); TOFINO_NC8=1:
+# one register per lane with NC8 results re-compressed in egress, 7 lanes (the largest that fits).
 TOFINO_DENSE ?= 1
-TOFINO_K ?= $(if $(TOFINO_DENSE),32,12)
+TOFINO_NC8 ?=
+TOFINO_K ?= $(if $(TOFINO_NC8),7,$(if $(TOFINO_DENSE),32,12))
 TOFINO_TARGET ?= tofino
 
 .PHONY: help setup apt venv test lint topo need-root p4 p4-tofino dissector stop clean
@@ -48,7 +50,8 @@ help:
 	@echo "             PROFILE=tofino: the Tofino program's v1model twin p4/twin/, K<=12"
 	@echo "make p4-tofino  compile p4/tofino/ for TOFINO_K lanes with p4c-barefoot, print its resources;"
 	@echo "             (default: the dense layout, pair registers, int32 results, 32 lanes;"
-	@echo "             TOFINO_DENSE= : one register per lane, 12 lanes)"
+	@echo "             TOFINO_DENSE= : one register per lane, 12 lanes;"
+	@echo "             TOFINO_NC8=1 : one register per lane with NC8 results, 7 lanes)"
 	@echo "make dissector  install the Wireshark dissector (tools/wireshark/ncina.lua) for this user"
 	@echo "make stop    stop a running make topo (by the PID it recorded in runs/topo.pid)"
 	@echo "make clean   remove build products (keeps runs/)"
@@ -104,7 +107,7 @@ p4: venv
 # The Tofino program: generated lanes + p4c-barefoot, and the pipeline resources it takes
 # (docs/tofino.md); TOFINO_TARGET=tofino2 for Tofino 2.
 p4-tofino: venv
-	$(PY) -m ncina.aggregator.backends.tofino.toolchain --k $(TOFINO_K) --target $(TOFINO_TARGET) $(if $(TOFINO_DENSE),--dense,--one-per-lane)
+	$(PY) -m ncina.aggregator.backends.tofino.toolchain --k $(TOFINO_K) --target $(TOFINO_TARGET) $(if $(TOFINO_NC8),--nc8,$(if $(TOFINO_DENSE),--dense,--one-per-lane))
 
 # The Wireshark dissector: Wireshark and tshark load every .lua in this folder at start
 # (docs/wireshark.md).

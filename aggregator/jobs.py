@@ -106,8 +106,8 @@ class JobConfig:
             raise ValueError(f"a job's profile is one of {', '.join(PROFILES)}, not {self.profile}")
         if self.profile == TOFINO:
             problems = tofino_problems(
-                job=self.job, workers=self.workers, k=self.k, uplink=self.uplink_format,
-                keyed=self.key is not None)  # fmt: skip
+                job=self.job, workers=self.workers, k=self.k, result=self.result_format,
+                uplink=self.uplink_format, keyed=self.key is not None)  # fmt: skip
             if problems:
                 raise ValueError("the tofino profile cannot run this job: " + "; ".join(problems))
         # The e_max the window derives from: its floor plus the full span (a tofino window

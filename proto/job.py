@@ -38,9 +38,9 @@ from ncina.proto.profiles import (
     DEFAULT,
     PROFILES,
     TOFINO,
-    TOFINO_MAX_K,
     job_window,
     profile_of,
+    tofino_max_k,
     tofino_problems,
 )
 from ncina.proto.tag import check_key, key_file_argument
@@ -116,7 +116,9 @@ class JobSpec:
         object.__setattr__(self, "uplink", _format(self.uplink))
         if self.k is None and self._lanes_valid() and MIN_MTU <= self.mtu <= MAX_MTU:
             k = default_k(self.mtu, self._lane_format(), self.keyed)
-            object.__setattr__(self, "k", min(k, TOFINO_MAX_K) if self.profile == TOFINO else k)
+            if self.profile == TOFINO:  # the design's lanes per pass for its results
+                k = min(k, tofino_max_k(self.result))
+            object.__setattr__(self, "k", k)
         problems = self.problems()
         if problems:
             raise ValueError("invalid job:\n  " + "\n  ".join(problems))
@@ -198,7 +200,7 @@ class JobSpec:
             out.append(f"a job's profile is one of {', '.join(PROFILES)}, not {self.profile}")
         elif self.profile == TOFINO:
             out += tofino_problems(job=self.job, workers=self.workers, k=self.k,
-                                   uplink=self.uplink, keyed=self.keyed)
+                                   result=self.result, uplink=self.uplink, keyed=self.keyed)
         return [problem for problem in out if problem is not None]
 
     def _frame_problem(self) -> str:

@@ -3,10 +3,11 @@
 ``default`` is the protocol as docs/protocol.md defines it (64-bit lanes, up to ``MAX_WORKERS``
 workers and ``MAX_K`` elements). ``tofino`` is the Tofino program's design (``p4/tofino/``,
 docs/tofino.md): 32-bit lanes, at most ``TOFINO_MAX_K`` lanes per pass and
-``TOFINO_MAX_WORKERS`` workers, int32, int or nc8 results of NC8 uplinks, no key. The Tofino
-design's numbers and what it lacks (``LACKS``) are defined here, once: the Tofino generator, the
-twin's control plane (``ncina.aggregator.backends.tofino``), ``JobSpec`` and ``JobConfig``
-import them (this layer may not import the aggregator's).
+``TOFINO_MAX_WORKERS`` workers, int32, int or nc8 results (nc8 at most ``TOFINO_NC8_MAX_K``
+lanes) of NC8 uplinks, no key. The Tofino design's numbers and what it lacks (``LACKS``) are
+defined here, once: the Tofino generator, the twin's control plane
+(``ncina.aggregator.backends.tofino``), ``JobSpec`` and ``JobConfig`` import them (this layer may
+not import the aggregator's).
 
 **Its window.** A tofino job keeps the protocol's window floor (``e_min`` of its ``--window-max``
 and total workers) and caps its codes at :func:`tofino_max_code` (``31 - ceil(log2 N)``), so that
@@ -34,6 +35,11 @@ TOFINO_MAX_WORKERS = 30
 version never used and bit 31 is the sign of ``held - full``."""
 TOFINO_MAX_CODE = 31
 """Largest NC8 code a 32-bit lane can decode: +-2^30."""
+TOFINO_NC8_MAX_K = 7
+"""Lanes one pass holds in the build with NC8 results (``gen.lanes_p4(k, nc8=True)``): it fits
+at K = 7 (12 of 12 stages, 2,984 of 4,096 PHV bits: docs/tofino-resources/tofino-k7-nc8.json);
+at K = 8 egress runs out of 32-bit PHV containers, from K = 9 the egress parser passes its 160
+bytes (docs/tofino.md, "NC8 results on the switch")."""
 
 LACKS = {
     "tag": "the Tofino design has no keyed hash: a tagged datagram is dropped as bad_tag",
@@ -52,6 +58,8 @@ LACKS = {
     "k": f"the Tofino design holds at most {TOFINO_MAX_K} lanes per pass",
     "workers": f"the Tofino design holds at most {TOFINO_MAX_WORKERS} workers per job",
     "uplinks": "the Tofino design adds NC8 uplinks only",
+    "nc8_k": f"the Tofino design re-compresses NC8 results for at most {TOFINO_NC8_MAX_K} lanes "
+    "per pass (egress PHV and parse depth; docs/tofino.md)",
 }
 """Each feature the Tofino design lacks, and why: a refusal's or a skipped test's one sentence."""
 
@@ -91,12 +99,20 @@ def profile_of(mode: int, span: int) -> str:
     return TOFINO if mode != Format.INT32 and span <= INT32_SUM_BITS else DEFAULT
 
 
+def tofino_max_k(result: Format | str) -> int:
+    """Lanes per pass the Tofino design holds for a job of ``result`` results:
+    ``TOFINO_NC8_MAX_K`` for nc8 (the build that re-compresses them in egress), else
+    ``TOFINO_MAX_K``."""
+    return TOFINO_NC8_MAX_K if result in (Format.NC8, "nc8") else TOFINO_MAX_K
+
+
 def tofino_problems(
-    *, job: int, workers: int, k: int, uplink: Format | str, keyed: bool
+    *, job: int, workers: int, k: int, result: Format | str, uplink: Format | str, keyed: bool
 ) -> list[str]:
     """Why the Tofino design cannot run a job, one sentence per violation (``LACKS``), in the
     order key, uplink, workers, K; empty when it can (every INA result format runs: int32, int
-    and nc8, re-compressed in egress by the build with nc8 results, docs/tofino.md)."""
+    and nc8, re-compressed in egress by the build with nc8 results, docs/tofino.md, at most
+    ``TOFINO_NC8_MAX_K`` lanes)."""
     out = []
     job_name = f"job {job}"
     if keyed:
@@ -108,6 +124,8 @@ def tofino_problems(
         out.append(f"{job_name} has {workers} workers: {LACKS['workers']}")
     if isinstance(k, int) and k > TOFINO_MAX_K:
         out.append(f"K={k}: {LACKS['k']}")
+    elif isinstance(k, int) and k > tofino_max_k(result):
+        out.append(f"K={k} with nc8 results: {LACKS['nc8_k']}")
     return out
 
 

@@ -11,7 +11,7 @@ from ncina.proto.descriptor import DESCRIPTOR_SIZE, Descriptor, mismatches
 from ncina.proto.header import HEADER, Format
 from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, OPTIONS, JobSpec, default_k
 from ncina.proto.nc8 import Window
-from ncina.proto.profiles import LACKS, tofino_max_code
+from ncina.proto.profiles import LACKS, TOFINO_NC8_MAX_K, tofino_max_code
 from ncina.proto.wire import DEFAULT_MTU, MAX_K
 
 KEY = bytes(range(16))
@@ -245,3 +245,27 @@ def test_every_field_is_an_option_of_ncina_aggregator() -> None:
                    profile="tofino")  # fmt: skip
     args = parser.parse_args(["aggregator", *spec.to_args()])
     assert JobSpec.from_args(args) == spec
+
+
+def test_the_tofino_profile_re_compresses_nc8_results_for_at_most_7_lanes() -> None:
+    """The build with NC8 results fits 7 lanes (``TOFINO_NC8_MAX_K``): a nc8 job of 8 is refused
+    with the design's sentence by ``JobSpec``, ``JobConfig`` and the twin's control plane, one
+    of 7 runs, int and int32 results keep 12; a nc8 job's default K under the profile is 7."""
+    from ncina.aggregator.backends.tofino.twin import limits
+    from ncina.aggregator.jobs import JobConfig
+
+    with pytest.raises(ValueError) as refused:
+        JobSpec(job=9, workers=4, result="nc8", k=8, profile="tofino")
+    assert str(refused.value).splitlines()[1:] == [f"  K=8 with nc8 results: {LACKS['nc8_k']}"]
+    assert JobSpec(job=9, workers=4, result="nc8", k=7, profile="tofino").problems() == []
+    assert JobSpec(job=9, workers=4, result="nc8", profile="tofino").k == TOFINO_NC8_MAX_K == 7
+    for result in ("int", "int32"):
+        assert JobSpec(job=9, workers=4, result=result, k=12, profile="tofino").problems() == []
+        assert JobSpec(job=9, workers=4, result=result, profile="tofino").k == 12
+    assert JobSpec(job=9, workers=4, result="nc8", k=12).problems() == []  # default profile
+    with pytest.raises(ValueError) as refused:
+        JobConfig.create(job=9, workers=4, k=8, result_format="nc8", profile="tofino")
+    assert str(refused.value).endswith(f": K=8 with nc8 results: {LACKS['nc8_k']}")
+    config = JobConfig.create(job=9, workers=4, k=7, result_format="nc8", profile="tofino")
+    assert limits.refusal(config, 7) is None
+    assert limits.refusal(config, 8) == f"K=8 with nc8 results: {LACKS['nc8_k']}"

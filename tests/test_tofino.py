@@ -18,7 +18,7 @@ from ncina.aggregator.backends.bmv2.toolchain import ToolchainError
 from ncina.aggregator.backends.tofino import gen as gen_tofino
 from ncina.aggregator.backends.tofino import toolchain as tofino
 from ncina.proto import nc8
-from ncina.proto.profiles import TOFINO_MAX_CODE, TOFINO_MAX_K, TOFINO_MAX_WORKERS
+from ncina.proto.profiles import TOFINO_MAX_CODE, TOFINO_MAX_K, TOFINO_MAX_WORKERS, TOFINO_NC8_MAX_K
 
 SMALL_K = 4
 
@@ -389,3 +389,34 @@ def test_the_generated_nc8_recompression_is_the_reference_codecs() -> None:
         sums[0], sums[1] = (1 << 30) if _ % 2 else -(1 << 30), 0  # the cap, and zero
         want = codec.recompress(sums, key)
         assert [switch_code(int(s), i, key) for i, s in enumerate(sums)] == list(want)
+
+
+def test_make_p4_tofino_nc8_builds_the_nc8_results_variant_whose_fit_is_committed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make p4-tofino TOFINO_NC8=1`` (the toolchain's ``--nc8``) builds one register per lane
+    with NC8 results at TOFINO_NC8_MAX_K lanes, not the dense layout; its committed fit report
+    (``tofino-k7-nc8.json``) fits Tofino's 12 stages with egress's per-lane tables for every
+    lane (highest set bit, round-up bit)."""
+    calls = []
+
+    def build(k: int, target: str, **kwargs: bool) -> tofino.Resources:
+        calls.append((k, target, kwargs["dense"], kwargs["nc8"]))
+        raise ToolchainError("not compiled here")
+
+    monkeypatch.setattr(tofino, "build", build)
+    assert tofino.main(["--nc8"]) == 1 and tofino.main(["--nc8", "--k", "8"]) == 1
+    assert calls == [(TOFINO_NC8_MAX_K, "tofino", False, True), (8, "tofino", False, True)]
+    with pytest.raises(SystemExit):
+        tofino.main(["--nc8", "--dense"])
+    capsys.readouterr()
+    name = tofino.report_name(TOFINO_NC8_MAX_K, "tofino", False, nc8=True)
+    assert name == "tofino-k7-nc8.json"
+    report = json.loads((tofino.REPORTS / name).read_text())
+    res = report["resources"]
+    assert report["fits"] and res["nc8"] and not res["dense"] and res["k"] == TOFINO_NC8_MAX_K
+    assert res["stages"] <= res["device_stages"] == tofino.STAGES["tofino"]
+    tables = {t for s in report["stages"] for t in s["tables"]}
+    for step in ("high", "round"):
+        assert {t for t in tables if t.startswith(f"recompress.{step}_")} == {
+            f"recompress.{step}_{i}" for i in range(TOFINO_NC8_MAX_K)}

@@ -4,9 +4,10 @@ workers of the profile all-reduce through socket, dpdk and the twin and get, bit
 they get from the Python reference under the profile with the same seeds, inputs beyond the
 window's capped top and sums at the 32-bit lanes' limit included; a code above the cap is
 ``bad_code`` on every backend; job handshakes get the reference's answers, byte for byte; a job
-the design cannot run (``nc8`` results, too many lanes or workers) is refused at configuration
-with one sentence. The cross-backend packet scenarios run the twin as backend ``bmv2-tofino``
-(tests/test_aggregator_packets.py and the others parametrised over ``AGGREGATOR_BACKENDS``)."""
+the design cannot run (too many lanes, for nc8 results more than 7, or workers) is refused at
+configuration with one sentence. The cross-backend packet scenarios run the twin as backend
+``bmv2-tofino`` (tests/test_aggregator_packets.py and the others parametrised over
+``AGGREGATOR_BACKENDS``)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 from ncina.aggregator.backends.tofino.twin import limits
 from ncina.proto import descriptor as desc
 from ncina.proto.header import Format
-from ncina.proto.profiles import TOFINO_MAX_K, TOFINO_MAX_WORKERS, tofino_max_code
+from ncina.proto.profiles import TOFINO_MAX_K, TOFINO_MAX_WORKERS, tofino_max_code, tofino_max_k
 from ncina.worker.client import AllreduceClient
 from ncina_testlib import (
     TWIN,
@@ -64,14 +65,15 @@ def allreduce(
     """Every call's inputs (one per rank) summed through a new aggregator of ``backend`` with
     ``result`` results; the outputs per call and rank. The aggregator must have completed each
     chunk once and dropped nothing but retransmissions that came late (a result was on its
-    way)."""
+    way). K is the design's for the result format (``tofino_max_k``: 7 for nc8)."""
     profile = [] if backend == TWIN else TOFINO
-    agg = start_aggregator(backend, workdir, job=JOB, workers=WORKERS, k=K, result=result,
+    k = tofino_max_k(result)
+    agg = start_aggregator(backend, workdir, job=JOB, workers=WORKERS, k=k, result=result,
                            extra=["--window-max", str(TOP[result]), "--seed", "7", *profile])
     try:
 
         def worker(rank: int) -> list[np.ndarray]:
-            with AllreduceClient(agg.address, job=JOB, rank=rank, workers=WORKERS, k=K,
+            with AllreduceClient(agg.address, job=JOB, rank=rank, workers=WORKERS, k=k,
                                  result_format=result, seed=100 + rank, deadline=60.0,
                                  window_max=TOP[result], profile="tofino") as client:  # fmt: skip
                 outputs = [client.allreduce(inputs[rank], op="sum") for inputs in calls]
@@ -84,24 +86,25 @@ def allreduce(
         late = stats["drops"].pop("late")
         assert not any(stats["drops"].values()), stats
         assert late + stats["results_resent"] <= stats["retx_seen"], stats
-        assert stats["slots_completed"] == len(calls) * -(-ELEMENTS // K) + 1  # +1: the agreement
+        assert stats["slots_completed"] == len(calls) * -(-ELEMENTS // k) + 1  # +1: the agreement
     finally:
         assert agg.stop() == 0, agg.log()
     return [[outputs[c] for outputs in done] for c in range(len(calls))]
 
 
-def profile_calls() -> tuple[np.ndarray, list[list[np.ndarray]]]:
+def profile_calls(k: int = K) -> tuple[np.ndarray, list[list[np.ndarray]]]:
     """Three calls' inputs per rank: powers of two up to 2^9, the same on every rank (beyond
     the capped top 2^6 they saturate there: four of them sum to 2^30 units, the 32-bit lanes'
     limit, or -2^30); then standard normal inputs times 16 (codes drawn from the seeds, a few
-    saturated); then a chunk-aligned mix of both. The first call's expected sums with them."""
+    saturated); then a mix of both aligned to chunks of ``k``. The first call's expected sums
+    with them."""
     rng = np.random.default_rng(26)
     sign = rng.choice([-1.0, 1.0], ELEMENTS)
     power = np.ldexp(sign, rng.integers(-20, 10, ELEMENTS)).astype(np.float32)
     power[rng.random(ELEMENTS) < 0.05] = 0.0
     same = [power] * WORKERS
     normal = [16 * rng.standard_normal(ELEMENTS, dtype=np.float32) for _ in range(WORKERS)]
-    mixed = [np.where(np.arange(ELEMENTS) // K % 2 == 0, a, b)
+    mixed = [np.where(np.arange(ELEMENTS) // k % 2 == 0, a, b)
              for a, b in zip(same, normal, strict=True)]  # fmt: skip
     capped = np.sign(power) * np.minimum(np.abs(power), 2.0**6)
     return (4 * capped).astype(np.float32), [same, normal, mixed]
@@ -133,9 +136,9 @@ def test_an_allreduce_under_the_tofino_profile_is_the_reference_bit_for_bit(
 @pytest.fixture(scope="module")
 def nc8_reference(tmp_path_factory: pytest.TempPathFactory) -> list[list[np.ndarray]]:
     """The Python reference's outputs for ``profile_calls`` under the profile, nc8 results
-    (seed 7): every rank gets the same re-compressed sums, within a power of two of the exact
-    ones."""
-    expected, calls = profile_calls()
+    (seed 7, K 7: the build with NC8 results fits 7 lanes): every rank gets the same
+    re-compressed sums, within a power of two of the exact ones."""
+    expected, calls = profile_calls(tofino_max_k("nc8"))
     outputs = allreduce("python", tmp_path_factory.mktemp("python-nc8"), calls, "nc8")
     for output in outputs[0]:
         assert output.tobytes() == outputs[0][0].tobytes()
@@ -150,9 +153,10 @@ def test_nc8_results_under_the_tofino_profile_are_the_reference_bit_for_bit(
 ) -> None:
     """The design's NC8 results (the TNA build with nc8 results, mirrored by the twin): every
     lane's highest set bit, the CRC-32 rounding word and the compare give the reference's codes
-    for the same seed, byte for byte, on socket, dpdk and the twin."""
+    for the same seed, byte for byte, on socket, dpdk and the twin, at K 7 (a nc8 job of more
+    lanes is refused: test_a_job_the_design_cannot_run_is_refused_in_one_sentence)."""
     worker_host(backend)
-    ours = allreduce(backend, tmp_path, profile_calls()[1], "nc8")
+    ours = allreduce(backend, tmp_path, profile_calls(tofino_max_k("nc8"))[1], "nc8")
     for call, reference_call in zip(ours, nc8_reference, strict=True):
         for a, b in zip(call, reference_call, strict=True):
             assert a.tobytes() == b.tobytes()
@@ -191,6 +195,7 @@ def test_a_code_above_the_profile_cap_is_bad_code_on_every_backend(
     [
         (["--result", "int", "--k", "16"], limits.LACKS["k"]),
         (["--result", "int", "--k", "8", "--workers", "31"], limits.LACKS["workers"]),
+        (["--result", "nc8", "--k", "8"], limits.LACKS["nc8_k"]),
     ],
 )
 def test_a_job_the_design_cannot_run_is_refused_in_one_sentence(

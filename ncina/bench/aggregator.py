@@ -45,7 +45,7 @@ from ncina.common.progress import progress
 from ncina.harness.load_figures import load_figures, median_run, put_ratios
 from ncina.proto.header import PORT
 from ncina.proto.job import JobSpec
-from ncina.proto.profiles import TOFINO, TOFINO_MAX_K
+from ncina.proto.profiles import TOFINO, TOFINO_MAX_K, TOFINO_NC8_MAX_K, tofino_max_k
 
 JOB = 1
 K = 256
@@ -63,7 +63,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("dpdk", "socket", "python", "bmv2"), default="dpdk",
                    help="the backend measured (default: %(default)s)")  # fmt: skip
     job = JobSpec.add_arguments(p, "workers", "k", "pool_size", workers=4, k=None, rules={
-        "k": f"{K}; the Tofino design's {TOFINO_MAX_K} with --profile tofino"})  # fmt: skip
+        "k": f"{K}; the Tofino design's {TOFINO_MAX_K} with --profile tofino "
+        f"({TOFINO_NC8_MAX_K} with --result nc8)"})  # fmt: skip
     deprecated_alias(p, "--window", job["pool_size"])
     p.add_argument("--seconds", type=float, default=5.0,
                    help="duration of each measurement (default: %(default)s)")  # fmt: skip
@@ -182,8 +183,9 @@ def bench_job(args: argparse.Namespace) -> JobSpec:
     or under ``--profile tofino`` the Tofino design's K and int results (what the twin
     returns). Raises ``ValueError`` for a job no backend runs (``JobSpec``)."""
     twin = args.profile == TOFINO
-    return JobSpec.from_args(args, job=JOB, k=args.k or (TOFINO_MAX_K if twin else K),
-                             result=args.result or ("int" if twin else "nc8"))  # fmt: skip
+    result = args.result or ("int" if twin else "nc8")
+    return JobSpec.from_args(args, job=JOB, k=args.k or (tofino_max_k(result) if twin else K),
+                             result=result)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

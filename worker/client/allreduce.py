@@ -64,7 +64,7 @@ from ncina.proto.compressors import Compressor, create
 from ncina.proto.compressors.base import largest_fitting
 from ncina.proto.header import Format
 from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, FORMATS, JobSpec, default_k
-from ncina.proto.profiles import DEFAULT, PROFILES, TOFINO, TOFINO_MAX_K, job_window
+from ncina.proto.profiles import DEFAULT, PROFILES, TOFINO, job_window, tofino_max_k
 from ncina.proto.wire import DEFAULT_MTU, MAX_TOTAL_WORKERS, payload_room
 from ncina.worker.client.datapath import DATA_PATH_ENV, DATA_PATHS, DataPath
 from ncina.worker.client.errors import Restart
@@ -207,7 +207,7 @@ class AllreduceClient:
             under_leaf = total_workers is not None and total_workers > workers
             fmt = Format.INT if under_leaf else FORMATS[result_format]
             k = default_k(mtu, fmt, key is not None)
-            k = min(k, TOFINO_MAX_K) if profile == TOFINO else k
+            k = min(k, tofino_max_k(result_format)) if profile == TOFINO else k
         desc.check_job(job=job, workers=workers, k=k, pool_size=pool_size)
         desc.check_range("rank", rank, 0, workers - 1, f" (job of {workers} workers)")
         if handshake_timeout is not None and not handshake_timeout > 0:

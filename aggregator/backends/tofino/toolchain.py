@@ -34,6 +34,7 @@ from ncina.aggregator.backends.bmv2.toolchain import (
 )
 from ncina.aggregator.backends.tofino import gen
 from ncina.proto.job import JobSpec
+from ncina.proto.profiles import TOFINO_NC8_MAX_K
 
 from ncina.common.cbuild import cache_root
 
@@ -87,6 +88,9 @@ class Resources:
     phv_capacity: int
     dense: bool = False
     """The pair-register layout with int32 results (``gen.dense_lanes_p4``)."""
+    nc8: bool = False
+    """One register per lane with NC8 results re-compressed in egress (``gen.lanes_p4(k,
+    nc8=True)``)."""
 
     @property
     def fits(self) -> bool:
@@ -96,6 +100,7 @@ class Resources:
         """One table row of docs/tofino.md."""
         fits = "yes" if self.fits else "no"
         target = f"{self.target} dense" if self.dense else self.target
+        target = f"{target} nc8" if self.nc8 else target
         return (
             f"| {target} | {self.k} | {self.stages} of {self.device_stages} | "
             f"{self.sram_blocks} | {self.tcam_blocks} | {self.stateful_alus} | "
@@ -103,7 +108,9 @@ class Resources:
         )
 
 
-def read_resources(out: Path, target: str, k: int, dense: bool = False) -> Resources:
+def read_resources(
+    out: Path, target: str, k: int, dense: bool = False, nc8: bool = False
+) -> Resources:
     """Sum the compiler's per-stage report in ``out/pipe/logs`` (compiled with ``-g``)."""
     logs = out / "pipe" / "logs"
     try:
@@ -126,6 +133,7 @@ def read_resources(out: Path, target: str, k: int, dense: bool = False) -> Resou
         phv_bits=used,
         phv_capacity=capacity,
         dense=dense,
+        nc8=nc8,
     )
 
 
@@ -148,9 +156,10 @@ def stages_of(out: Path) -> list[dict[str, object]]:
     return sorted(out_stages, key=lambda st: int(st["stage"]))  # type: ignore[call-overload]
 
 
-def report_name(k: int, target: str, dense: bool) -> str:
-    """The file name of a variant's fit report, e.g. ``tofino-k32-dense.json``."""
-    return f"{target}-k{k}{'-dense' if dense else ''}.json"
+def report_name(k: int, target: str, dense: bool, nc8: bool = False) -> str:
+    """The file name of a variant's fit report, e.g. ``tofino-k32-dense.json``,
+    ``tofino-k7-nc8.json``."""
+    return f"{target}-k{k}{'-dense' if dense else ''}{'-nc8' if nc8 else ''}.json"
 
 
 def sources() -> list[Path]:
@@ -164,41 +173,44 @@ def compile_command(k: int, target: str, directory: Path) -> list[str]:
             "-I", str(directory), "-o", str(directory / "out"), str(SOURCE_DIR / MAIN)]  # fmt: skip
 
 
-def inputs_digest(k: int, target: str, dense: bool) -> str:
+def inputs_digest(k: int, target: str, dense: bool, nc8: bool = False) -> str:
     """What a build is compiled from: K, the target, the compiler's name, ``p4/tofino/*.p4`` and
     the generated ``config.p4`` and ``lanes.p4`` (a build, and a fit report, is of this)."""
     h = hashlib.sha256(f"k={k}\ntarget={target}\n{compiler()}\n".encode())
     for path in sources():
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    h.update(gen.config_p4(k, dense).encode() + gen.lanes_p4(k, dense).encode())
+    h.update(gen.config_p4(k, dense, nc8).encode() + gen.lanes_p4(k, dense, nc8).encode())
     return h.hexdigest()
 
 
 def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = None, *,
-          force: bool = False, dense: bool = False) -> Resources:  # fmt: skip
+          force: bool = False, dense: bool = False, nc8: bool = False) -> Resources:  # fmt: skip
     """Generate and compile the program for ``k`` lanes (unless an up-to-date build exists);
     return its resources. ``dense``: the pair-register layout with int32 results
-    (docs/tofino.md, "Density"). A compile error is a ``ToolchainError`` with the compiler's
+    (docs/tofino.md, "Density"); ``nc8``: one register per lane with NC8 results (docs/tofino.md,
+    "NC8 results on the switch"). A compile error is a ``ToolchainError`` with the compiler's
     words."""
     if target not in STAGES:
         raise ValueError(f"target must be one of {', '.join(STAGES)}, not {target}")
     gen.check_k(k)
     if dense:
         gen.check_dense_k(k)
-    directory = directory or BUILD_DIR / f"{target}-k{k}{'-dense' if dense else ''}"
+    if dense and nc8:
+        raise ValueError("NC8 results are built on the one-register-per-lane layout only")
+    directory = directory or BUILD_DIR / report_name(k, target, dense, nc8).removesuffix(".json")
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         stamp = directory / "inputs.sha256"
         summary = directory / "resources.json"
-        digest = inputs_digest(k, target, dense)
+        digest = inputs_digest(k, target, dense, nc8)
         if (not force and summary.exists() and stamp.exists()
                 and stamp.read_text().strip() == digest):  # fmt: skip
             return Resources(**json.loads(summary.read_text()))
         reason = missing()
         if reason:
             raise ToolchainError(f"cannot compile p4/tofino/{MAIN}: {reason}")
-        gen.write(k, directory, dense)
+        gen.write(k, directory, dense, nc8)
         command = compile_command(k, target, directory)
         started = time.monotonic()
         proc = _run_with_progress(command, f"p4c-barefoot {target} K={k}")
@@ -209,7 +221,7 @@ def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = N
                 f"{' '.join(command)} failed with status {proc.returncode}:\n"
                 + "\n".join(errors[:20] or [(proc.stderr or proc.stdout).strip()])
             )
-        resources = read_resources(directory / "out", target, k, dense)
+        resources = read_resources(directory / "out", target, k, dense, nc8)
         summary.write_text(json.dumps(asdict(resources), indent=1) + "\n")
         report = {
             "resources": asdict(resources),
@@ -234,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         description=f"Generate p4/tofino/{MAIN} for K lanes, compile it with p4c-barefoot into "
         f"{BUILD_DIR}/<target>-k<K>/ and print the pipeline resources it takes.",
     )
-    JobSpec.add_arguments(parser, "k", k=None,
-                          rules={"k": f"{DENSE_K} dense, {DEFAULT_K} one per lane"})  # fmt: skip
+    JobSpec.add_arguments(parser, "k", k=None, rules={
+        "k": f"{DENSE_K} dense, {DEFAULT_K} one per lane, {TOFINO_NC8_MAX_K} nc8"})  # fmt: skip
     parser.add_argument("--target", choices=sorted(STAGES), default="tofino")
     layout = parser.add_mutually_exclusive_group()
     layout.add_argument("--dense", action="store_true", default=DEFAULT_DENSE,
@@ -243,19 +255,23 @@ def main(argv: list[str] | None = None) -> int:
                         "\"Density\"; the default)")  # fmt: skip
     layout.add_argument("--one-per-lane", dest="dense", action="store_false",
                         help="one 32-bit register per lane, int results (at most 12 lanes)")
+    layout.add_argument("--nc8", action="store_true",
+                        help="one register per lane with NC8 results re-compressed in egress "
+                        "(docs/tofino.md, \"NC8 results on the switch\"; fits 7 lanes)")
     parser.add_argument("--force", action="store_true", help="compile even if up to date")
     parser.add_argument("--report", action="store_true", help=f"copy the fit report (stages "
                         f"and tables, resources, the inputs' digest) into {REPORTS}/")  # fmt: skip
     args = parser.parse_args(argv)
+    args.dense = args.dense and not args.nc8
     if args.k is None:
-        args.k = DENSE_K if args.dense else DEFAULT_K
+        args.k = TOFINO_NC8_MAX_K if args.nc8 else DENSE_K if args.dense else DEFAULT_K
     try:
-        res = build(args.k, args.target, force=args.force, dense=args.dense)
+        res = build(args.k, args.target, force=args.force, dense=args.dense, nc8=args.nc8)
     except (ToolchainError, ValueError) as exc:
         print(f"make p4-tofino: {exc}", file=sys.stderr)
         return 1
     if args.report:
-        name = report_name(args.k, args.target, args.dense)
+        name = report_name(args.k, args.target, args.dense, args.nc8)
         REPORTS.mkdir(parents=True, exist_ok=True)
         directory = BUILD_DIR / name.removesuffix(".json")
         shutil.copyfile(directory / "report.json", REPORTS / name)

@@ -19,7 +19,7 @@ def refusal(config: JobConfig, k: int) -> str | None:
     """Why the design cannot run ``config`` on a twin built for ``k`` lanes, or None (the first
     of ``ncina.proto.profiles.tofino_problems``)."""
     problems = tofino_problems(
-        job=config.job, workers=config.workers, k=max(k, config.k), uplink=config.uplink_format,
-        keyed=config.key is not None,
+        job=config.job, workers=config.workers, k=max(k, config.k), result=config.result_format,
+        uplink=config.uplink_format, keyed=config.key is not None,
     )  # fmt: skip
     return problems[0] if problems else None
