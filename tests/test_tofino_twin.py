@@ -269,6 +269,8 @@ def test_the_control_plane_installs_the_tna_contract() -> None:
                               members=[(1, ("10.0.0.7", 4000))])  # fmt: skip
     job = entries.place([first, config], 6, K)[1]
     made = twin.entries(job, ("10.0.0.1", 47000, "02:00:00:00:00:01"))
+    # The aggregator's address last: the switch takes nothing for it before the job is whole.
+    assert made[-1].table.endswith("local_address")
     by_table: dict[str, list[entries.Entry]] = {}
     for entry in made:
         by_table.setdefault(entry.table.rsplit(".", 1)[1], []).append(entry)

@@ -205,21 +205,26 @@ def serve(config: JobConfig, options: Bmv2Options) -> int:
         if forward:  # the echo program has no tables
             return _Server(controller, switch, job, options, (host, port), mac, k, True).run()
         rank_port = {rank: rank_ports.get(rank, FIRST_PORT) for rank in range(config.workers)}
+        # The job's group first and the aggregator's own address after every entry of the job:
+        # until it is in, nothing addressed to the aggregator is taken, so no hello is answered
+        # and no round completes on a job half installed (twin.entries); the flood group last,
+        # so that meanwhile such a datagram is dropped (the sender resends it), not flooded.
         if profile == "tofino":
-            for entry in [*twin.entries(job, (host, port, mac)),
-                          *twin_switching.l2_entries(dict(options.l2_hosts))]:  # fmt: skip
+            job_group, flood_group = twin.groups(job, rank_port, list(ports))
+            controller.insert_group(job_group)
+            for entry in [*twin_switching.l2_entries(dict(options.l2_hosts)),
+                          *twin.entries(job, (host, port, mac))]:  # fmt: skip
                 controller.insert(entry)
-            for group in twin.groups(job, rank_port, list(ports)):
-                controller.insert_group(group)
+            controller.insert_group(flood_group)
             return _Server(controller, switch, job, options, (host, port), mac, k,
                            profile=profile).run()  # fmt: skip
-        controller.insert_all(entries.lane_entries(k))
-        controller.insert(entries.local_entry(host, port, mac, generation))
-        for entry in entries.job_entries(job, serving.restart_idle):
-            controller.insert(entry)
+        controller.insert_group(entries.job_group(job, rank_port))
         for entry in entries.l2_entries(dict(options.l2_hosts)):
             controller.insert(entry)
-        controller.insert_group(entries.job_group(job, rank_port))
+        controller.insert_all(entries.lane_entries(k))
+        for entry in entries.job_entries(job, serving.restart_idle):
+            controller.insert(entry)
+        controller.insert(entries.local_entry(host, port, mac, generation))
         controller.insert_group(entries.flood_group(list(ports)))
         return _Server(controller, switch, job, options, (host, port), mac, k).run()
     finally:
