@@ -361,8 +361,8 @@ def test_a_restart_between_calls_is_detected_on_the_next_call(tmp_path: Path) ->
             stats = second.stats()["jobs"][str(JOB)]
             assert stats["drops"]["stale_generation"] >= 1
             assert stats["notices_sent"] >= 1 and stats["contributions"] == 0
-            clients[1].deadline = 0.5
-            with pytest.raises(TimeoutError, match="rank 1"):
+            clients[1].deadline = 0.5  # reaches the recovery and the data path: not 30 s
+            with pytest.raises(TimeoutError, match=r"for 0\.5 s .*rank 1|rank 1.*for 0\.5 s"):
                 clients[1].allreduce(x, op="sum")
             assert clients[1].stats["restarts"] == 1
         finally:

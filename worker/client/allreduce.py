@@ -242,7 +242,6 @@ class AllreduceClient:
             FORMATS[result_format] if mode == "ina" else Format.NC8, profile,
         )
         self.result_format = result_format
-        self.deadline = deadline
         self.timer = RtoEstimator(timeout, max_timeout, min_timeout)
         self.congestion = CongestionWindow(pool_size, _choose_window(cwnd))
         self._format = FORMATS[result_format]
@@ -291,6 +290,18 @@ class AllreduceClient:
             deadline=deadline, stats=self._stats,
         )
         self._hello.start()
+
+    @property
+    def deadline(self) -> float:
+        """The longest wait, in seconds, for a call's valid result before it times out (and for
+        a recovery's handshake): the data path's and the recovery's, which read it per call."""
+        return self._path.deadline
+
+    @deadline.setter
+    def deadline(self, seconds: float) -> None:
+        if seconds <= 0:
+            raise ValueError(f"deadline must be positive, got {seconds}")
+        self._path.deadline = self._recovery.deadline = seconds
 
     @classmethod
     def for_job(
