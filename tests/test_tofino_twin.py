@@ -215,33 +215,40 @@ def test_a_job_the_design_cannot_run_is_refused_in_one_sentence(
     assert lines[1].endswith(says), lines[1]
 
 
-def hellos() -> list[bytes]:
-    """Job handshakes to a 2-worker int job (K, pool 16, e_max 10): the job's, another job's, a
-    tagged one, a short one, one with RESULT set, a long one for no job, a well-formed last."""
+def hellos() -> list[tuple[bytes, bool]]:
+    """Job handshakes to a 2-worker int job (K, pool 16, e_max 10), each with whether an
+    aggregator answers it: the job's, another job's, a tagged one, a short one, one with RESULT
+    set, a long one for no job, a well-formed last."""
     mine = desc.Descriptor(mode=int(Format.INT), workers=2, pool_size=16, k=K, e_max=10,
                            e_min=window_e_min(2), keyed=False, compressor=0)  # fmt: skip
     hello = desc.pack_job_datagram(mine, job=JOB, rank=1)
     return [
-        hello,
-        desc.pack_job_datagram(mine, job=99, rank=1),
-        desc.pack_job_datagram(mine, job=JOB, rank=1, key=bytes(range(32))),
-        hello[:-1],
-        hello[:1] + b"\x01" + hello[2:],
-        desc.pack_job_datagram(mine, job=99, rank=1) + b"\x00",
-        hello,
+        (hello, True),
+        (desc.pack_job_datagram(mine, job=99, rank=1), True),
+        (desc.pack_job_datagram(mine, job=JOB, rank=1, key=bytes(range(32))), True),
+        (hello[:-1], False),
+        (hello[:1] + b"\x01" + hello[2:], False),
+        (desc.pack_job_datagram(mine, job=99, rank=1) + b"\x00", False),
+        (hello, True),
     ]
 
 
 def answers(backend: str, workdir: Path) -> tuple[list[bytes], dict[str, int]]:
-    """What a new aggregator of ``backend`` answers to ``hellos``, and its counters after."""
+    """What a new aggregator of ``backend`` answers to ``hellos``, and its counters after.
+
+    Each answered hello waits for its answer before the next is sent: datagrams over the veths
+    may be reordered (each CPU has its own backlog queue), which CI saw once with a burst. An
+    answer to a silent hello takes the last hello's place, or shows in the counters."""
     profile = [] if backend == TWIN else TOFINO
     agg = start_aggregator(backend, workdir, job=JOB, workers=2, k=K, result="int",
                            extra=["--pool-size", "16", "--generation", "5", *profile])  # fmt: skip
     worker = Worker(agg.address, timeout=5.0)
     try:
-        for hello in hellos():
+        got = []
+        for hello, answered in hellos():
             worker.send(hello)
-        got = [worker.receive() for _ in range(4)]  # job, no job, not authentic, the last
+            if answered:
+                got.append(worker.receive())
         return got, dict(counters(agg.stats(), JOB))
     finally:
         worker.close()
