@@ -133,3 +133,21 @@ def test_the_generation_a_start_drew_is_read_from_its_readiness_line(tmp_path: P
     assert drawn_generation(log) == 3
     log.write_text("ncina aggregator: listening on 10.0.1.1:47000 (udp), backend python\n")
     assert drawn_generation(log) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusals come after the root check")
+def test_the_soak_refuses_what_cannot_pass_before_it_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A twin soak whose generations may repeat (the design detects no repeat: it ended in a
+    worker deadline), and a workdir holding a previous soak (whose metrics files were read as
+    this one's: a false stall 60 s into the first run)."""
+    from ncina.proto.profiles import LACKS
+
+    twin = ["soak", "--backend", "bmv2", "--profile", "tofino", "--workdir", str(tmp_path / "a")]
+    assert main([*twin, "--generations", "random"]) == 1
+    assert LACKS["joined"] in capsys.readouterr().err
+    used = tmp_path / "used"
+    (used / "run-0").mkdir(parents=True)
+    assert main(["soak", "--workdir", str(used)]) == 1
+    assert f"--workdir {used} is not empty" in capsys.readouterr().err

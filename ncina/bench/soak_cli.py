@@ -15,6 +15,7 @@ from typing import Any
 from ncina.aggregator.backends import names
 from ncina.common.options import deprecated_alias
 from ncina.proto.job import JobSpec
+from ncina.proto.profiles import LACKS, TOFINO
 from ncina.topo.cli import ROOT_NEEDED
 from ncina.topo.config import SoakConfig
 
@@ -53,9 +54,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--last-bucket-every", type=int, default=d.last_bucket_every, metavar="N",
                    help="every Nth run, a kill when rank 0 enters the last step (0: never; "
                    "default: %(default)s)")
-    p.add_argument("--generations", choices=("random", "distinct"), default=d.generations,
+    p.add_argument("--generations", choices=("random", "distinct"), default=None,
                    help="random: each aggregator start draws its generation (1 in 15 repeats "
-                   "the last); distinct: a seeded one other than the last (default: %(default)s)")
+                   "the last); distinct: a seeded one other than the last (default: random; "
+                   "distinct under --profile tofino, whose design detects no repeat)")
     p.add_argument("--stranger-every", type=float, default=d.stranger_every, metavar="S",
                    help="seconds between the stranger's rounds (0: no stranger; default: "
                    "%(default)s)")
@@ -83,14 +85,22 @@ def run(args: argparse.Namespace) -> int:
     if args.profile != SoakConfig.profile and args.backend != "bmv2":
         raise ValueError(f"--profile {args.profile} needs --backend bmv2 (the soak runs the "
                          "Tofino design as its twin)")
+    generations = args.generations or ("distinct" if args.profile == TOFINO else "random")
+    if generations == "random" and args.profile == TOFINO:
+        raise ValueError(f"--generations random under --profile {TOFINO}: {LACKS['joined']}, "
+                         "so the workers would end at their deadline: use distinct")
+    out = args.workdir or Path("runs", time.strftime("soak-%Y%m%d-%H%M%S"))
+    if out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"--workdir {out} is not empty: the workers append to their metrics "
+                         "files, so a previous soak's would be read as this one's")
     from ncina.bench.soak import SUMMARY, Soak
 
     cfg = SoakConfig(
-        out=args.workdir or Path("runs", time.strftime("soak-%Y%m%d-%H%M%S")),
+        out=out,
         minutes=args.minutes, backend=args.backend, workers=args.workers, loss=args.loss,
         bw=args.bw, seed=args.seed, steps_per_run=args.steps_per_run,
         restart_s=tuple(args.restart_s), last_bucket_every=args.last_bucket_every,
-        generations=args.generations, stranger_every=args.stranger_every, fuzz=args.fuzz,
+        generations=generations, stranger_every=args.stranger_every, fuzz=args.fuzz,
         hellos=args.hellos, spoofed=args.spoofed, forged=args.forged, hang_s=args.hang_s,
         deadline=args.deadline, profile=args.profile,
     )  # fmt: skip
