@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from ncina.proto import nc8
@@ -108,6 +109,18 @@ class DataPath:
         """Make the client unusable for ``error`` and raise it."""
         self.broken = f"{type(error).__name__}: {error}"
         raise error
+
+    @contextmanager
+    def broken_unless_restart(self) -> Iterator[None]:
+        """Any failure inside but a ``Restart`` makes the client unusable (the other ranks are
+        in calls this rank left); a restart propagates to be recovered from."""
+        try:
+            yield
+        except Restart:
+            raise
+        except BaseException as exc:
+            self.broken = f"{type(exc).__name__}: {exc}"
+            raise
 
     def _timed_out(self, outstanding: list[int], waiting: list[tuple[int, int | None]]
                    ) -> TimeoutError:  # fmt: skip

@@ -172,13 +172,8 @@ class Recovery:
     def _recovered(self, n: int) -> np.ndarray | None:
         """:meth:`_recover`; a failure other than another restart makes the client unusable
         (the other ranks are in the recovery's calls)."""
-        try:
+        with self.path.broken_unless_restart():
             return self._recover(n)
-        except Restart:
-            raise
-        except BaseException as exc:
-            self.path.broken = f"{type(exc).__name__}: {exc}"
-            raise
 
     def _recover(self, n: int) -> np.ndarray | None:
         """After a restart: handshake with the new aggregator, agree with every rank on where
@@ -208,18 +203,13 @@ class Recovery:
         same size instead, so that a tree's slot sequence, and so its results, stay a one-level
         job's of all its workers (the aggregators' rounding keys follow the slot sequence)."""
         self.path.handshake()
-        try:
+        with self.path.broken_unless_restart():
             if self.total_workers != self.workers:
                 self.path.sum_internal(np.zeros(self.total_workers, dtype=np.float32))
                 self.agreed = True
             elif self._agree(0) is not None:  # a rank ahead needs this rank's first call
                 raise RuntimeError("restart recovery: another rank completed a call before "
                                    "this rank's first")  # fmt: skip
-        except Restart:
-            raise
-        except BaseException as exc:
-            self.path.broken = f"{type(exc).__name__}: {exc}"
-            raise
 
     def _agree(self, n: int) -> np.ndarray | None:
         """The recovery's agreement (and serve call, when the ranks are one call apart) with
