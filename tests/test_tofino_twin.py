@@ -417,3 +417,52 @@ def test_the_twin_learns_a_rank_from_a_digest_into_three_tables(tmp_path: Path) 
     final = json.loads(agg.stats_path.read_text())["learning"]
     assert final["digests"] == 2 and final["duplicates"] == 0, final  # rank 1's own
     assert final["entries_removed"] == final["entries_installed"] == 8, final
+
+
+def test_the_control_plane_learns_each_rank_once_in_the_tna_order() -> None:
+    """Everywhere (no switch): what ``twin.learning`` installs for each digest. An unknown
+    rank: its copies' address first, ``ranks`` last (until then its packets are accepted, not
+    ``non_member``); a configured member: its copies' address only (its MAC address, which
+    the job does not name); a second digest for a rank, from another address too: nothing;
+    when the job goes, every entry, in the reverse order."""
+    from ncina.aggregator.backends.bmv2 import entries
+    from ncina.aggregator.backends.tofino.twin import learning
+    from ncina.aggregator.jobs import JobConfig
+    from p4.v1 import p4data_pb2
+
+    config = JobConfig.create(job=9, workers=3, k=K, result_format="int", pool_size=16,
+                              members=[(1, ("10.0.0.7", 4000))])  # fmt: skip
+    [job] = entries.place([config], 6, K)
+
+    def digest(rank: int, ip: bytes, port: int) -> learning.Member:
+        data = p4data_pb2.P4Data()
+        for value in (b"\x09", bytes([rank]), bytes.fromhex("020000000003"), ip,
+                      port.to_bytes(2, "big")):  # fmt: skip
+            data.struct.members.add().bitstring = value
+        return learning.decode(data)
+
+    member = digest(0, bytes([10, 0, 0, 5]), 4001)
+    assert member == learning.Member(9, 0, "02:00:00:00:00:03", "10.0.0.5", 4001)
+    learned = learning.Learning(job)
+    made = learned.entries(member)
+    key = {"hdr.nc.job": "9", "hdr.nc.rank": "0"}
+    assert made == [
+        entries.Entry(learning.ADDRESSES_TABLE, {"hdr.bridge.job_index": "0",
+                                                 "eg_md.egress_rid": "0"},
+                      learning.ADDRESS_ACTION,
+                      {"mac": "02:00:00:00:00:03", "ip": "10.0.0.5", "port": "4001"}),
+        entries.Entry(learning.ADDRESSED_TABLE, key, "NoAction"),
+        entries.Entry(learning.MEMBERS_TABLE, {**key, "hdr.ipv4.src": "10.0.0.5",
+                                               "hdr.udp.src_port": "4001"}, "NoAction"),
+        entries.Entry(learning.RANKS_TABLE, key, "NoAction"),
+    ]  # fmt: skip
+    assert learned.entries(digest(0, bytes([10, 0, 0, 6]), 4001)) == []  # another address
+    assert learned.entries(member) == []
+    configured = learned.entries(digest(1, bytes([10, 0, 0, 7]), 4000))
+    assert [e.table for e in configured] == [learning.ADDRESSES_TABLE, learning.ADDRESSED_TABLE]
+    assert learned.to_json() == {"digests": 4, "lists": 0, "members": 2, "entries_installed": 6,
+                                 "duplicates": 2, "entries_removed": 0}  # fmt: skip
+    forgotten = learned.forget()
+    assert forgotten == (made + configured)[::-1]
+    assert learned.to_json()["members"] == 0 and learned.to_json()["entries_removed"] == 6
+    assert learned.entries(member) == made  # learned again, as a new start would
