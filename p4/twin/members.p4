@@ -28,8 +28,8 @@ control Learn(in headers_t hdr, in meta_t meta) {
     }
 
     apply {
-        // A copy, taken before Reply overwrites the addresses: BMv2 reads a digest's fields
-        // at the end of ingress.
+        // A copy, taken here: Reply then rewrites the source addresses of a packet that is
+        // answered (the one that completes a slot), and the digest must carry the rank's.
         member_digest_t member = {hdr.nc.job, hdr.nc.rank, hdr.eth.src, hdr.ipv4.src,
                                   hdr.udp.src_port};
         if (!addressed.apply().hit || meta.unknown_rank == 1) {
