@@ -16,6 +16,7 @@ import collections
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -221,9 +222,22 @@ class Cluster:
         self._pings = [0] * workers
 
     def open(self) -> Cluster:
-        """Complete the ping slots; returns self."""
+        """Complete the ping slots; returns self. Every rank's first packet completes no slot
+        (the last rank's is slot 1's, the others' slot 0's) and the aggregator learns every
+        rank (``wait_learned``) before the first result: a copy of a result for a rank whose
+        entries the twin's control plane has not installed yet is lost."""
         ones = [[1] * self.k] * len(self.workers)
-        results = [self.reduce(slot, ones) for slot in range(self.PING_SLOTS)]
+        last = len(self.workers) - 1
+        for rank in range(last):
+            self.send(rank, 0, ones[rank])
+        self.send(last, 1, ones[last])
+        wait_learned(self.aggregator, len(self.workers))
+        self.send(last, 0, ones[last])
+        results = [[self.receive(rank)[:2] for rank in range(last + 1)]]
+        for rank in range(last):
+            self.send(rank, 1, ones[rank])
+        results.append([self.receive(rank)[:2] for rank in range(last + 1)])
+        results += [self.reduce(slot, ones) for slot in range(2, self.PING_SLOTS)]
         # Per rank, per ping slot: the stored result a ping gets.
         self._ping_replies = [[slot[rank][0] for slot in results]
                               for rank in range(len(self.workers))]  # fmt: skip
@@ -275,6 +289,19 @@ class Cluster:
     def close(self) -> None:
         for worker in self.workers:
             worker.close()
+
+
+def wait_learned(aggregator: RunningAggregator, members: int, timeout: float = 10.0) -> None:
+    """Wait until ``aggregator`` addresses ``members`` ranks' copies of a result. The twin
+    learns a rank through a digest and its control plane's entries (its stats' ``learning``
+    section, docs/tofino.md "How the twin learns members"); every other backend at the rank's
+    first valid packet, which a later datagram's answer proves handled."""
+    deadline = time.monotonic() + timeout
+    while (learning := aggregator.stats().get("learning")) is not None:
+        if learning["members"] >= members:
+            return
+        assert time.monotonic() < deadline, f"{members} members not learned: {learning}"
+        time.sleep(0.01)
 
 
 def counters(stats: dict[str, Any], job: int) -> collections.Counter[str]:

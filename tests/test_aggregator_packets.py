@@ -46,6 +46,7 @@ from ncina_testlib import (
     start_aggregator,
     twin_lacks,
     uplink,
+    wait_learned,
     window_e_min,
     worker_host,
 )
@@ -626,8 +627,13 @@ def test_configured_members_final_stats_and_clean_exit(backend: str, tmp_path: P
     try:
         packet = {"job": 5, "slot": 1, "offset": 0, "emin": window_e_min(2)}
         stranger.send(uplink(rank=1, codes=[1] * 4, **packet))  # rank 1 is configured elsewhere
-        for rank, s in enumerate(workers):
-            s.sendto(uplink(rank=rank, codes=[3, 0x83, 1, 0], **packet), aggregator.address)
+        # Rank 1 first in slot 0, which stays incomplete: the twin learns a configured member's
+        # MAC address from a digest, and a copy for a rank not learned yet is lost.
+        workers[1].sendto(uplink(rank=1, codes=[1] * 4, **{**packet, "slot": 0}),
+                          aggregator.address)  # fmt: skip
+        workers[0].sendto(uplink(rank=0, codes=[3, 0x83, 1, 0], **packet), aggregator.address)
+        wait_learned(aggregator, 2)
+        workers[1].sendto(uplink(rank=1, codes=[3, 0x83, 1, 0], **packet), aggregator.address)
         for rank, s in enumerate(workers):
             data, source = s.recvfrom(0xFFFF)
             assert source == aggregator.address
@@ -643,7 +649,7 @@ def test_configured_members_final_stats_and_clean_exit(backend: str, tmp_path: P
     assert document["schema"] == 1 and document["backend"] == backend.partition("-")[0]
     job = document["jobs"]["5"]
     assert job["drops"]["non_member"] == 1 and job["slots_completed"] == 1
-    assert job["results_sent"] == 2 and job["packets_in"] == 3
+    assert job["results_sent"] == 2 and job["packets_in"] == 4
     assert "Traceback" not in aggregator.log()
 
 

@@ -28,6 +28,7 @@ from ncina_testlib import (
     is_nc8_rounding,
     start_aggregator,
     uplink,
+    wait_learned,
     window_e_min,
     worker_host,
 )
@@ -102,6 +103,16 @@ def session(emin: int, top: int = WINDOW_TOP) -> tuple[list[Send], dict[tuple[in
     return sends, sums
 
 
+def introductions(emin: int) -> list[Send]:
+    """Every rank's first packet, completing no slot: ranks 0 and 1 in slot 7, rank 2 in slot 5
+    (whose packets in the session are all dropped before the slot is read). The twin learns a
+    rank through a digest and its control plane's entries, and a copy of a result for a rank
+    not learned yet is lost: the session starts once they are in (``wait_learned``)."""
+    slots = [POOL - 1] * (WORKERS - 1) + [5]
+    return [(r, uplink(job=JOB, rank=r, slot=slot, offset=slot * K, codes=[1] * K, emin=emin))
+            for r, slot in enumerate(slots)]  # fmt: skip
+
+
 def replay(backend: str, workdir: Path, result: str,
            top: int = WINDOW_TOP) -> tuple[list[list[bytes]], dict[str, Any]]:  # fmt: skip
     """Send the session to a new aggregator of ``backend``; what each rank received, and the
@@ -111,6 +122,9 @@ def replay(backend: str, workdir: Path, result: str,
                                   "--seed", "3"])  # fmt: skip
     workers = [Worker(agg.address, timeout=5.0) for _ in range(WORKERS)]
     try:
+        for rank, datagram in introductions(window_e_min(WORKERS)):
+            workers[rank].send(datagram)
+        wait_learned(agg, WORKERS)
         sends, _ = session(window_e_min(WORKERS), top)
         for rank, datagram in sends:
             workers[rank].send(datagram)

@@ -11,25 +11,30 @@ configuration with one sentence. The cross-backend packet scenarios run the twin
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from ncina.aggregator.backends.tofino.twin import limits
 from ncina.proto import descriptor as desc
-from ncina.proto.header import Format
+from ncina.proto.header import INT_DTYPE, Format
 from ncina.proto.profiles import TOFINO_MAX_K, TOFINO_MAX_WORKERS, tofino_max_code, tofino_max_k
 from ncina.worker.client import AllreduceClient
 from ncina_testlib import (
     TWIN,
     Worker,
     counters,
+    dissect,
     start_aggregator,
     uplink,
+    wait_learned,
     window_e_min,
     worker_host,
 )
@@ -301,3 +306,163 @@ def test_the_control_plane_installs_the_tna_contract() -> None:
     assert answer.params["mode"] == str(int(Format.INT)) and answer.params["k"] == str(K)
     # Every job's sums fit a signed 32-bit lane: N * 2^(max_code - 1) <= 2^30.
     assert all(n << tofino_max_code(n) - 1 <= 1 << 30 for n in range(1, TOFINO_MAX_WORKERS + 1))
+
+
+READ_ENTRIES = """
+import json, sys
+import grpc
+from google.protobuf import text_format
+from p4.config.v1 import p4info_pb2
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+address, p4info, *names = sys.argv[1:]
+with open(p4info) as f:
+    info = text_format.Parse(f.read(), p4info_pb2.P4Info(), allow_unknown_field=True)
+tables = {t.preamble.id: t for t in info.tables if t.preamble.name in names}
+actions = {a.preamble.id: a for a in info.actions}
+request = p4runtime_pb2.ReadRequest(device_id=1)
+for table in tables:
+    request.entities.add().table_entry.table_id = table
+found = {name: [] for name in names}
+for response in p4runtime_pb2_grpc.P4RuntimeStub(grpc.insecure_channel(address)).Read(request):
+    for entity in response.entities:
+        entry, table = entity.table_entry, tables[entity.table_entry.table_id]
+        keys = {f.id: f.name for f in table.match_fields}
+        action = actions[entry.action.action.action_id]
+        params = {p.id: p.name for p in action.params}
+        found[table.preamble.name].append({
+            "match": {keys[m.field_id]: int.from_bytes(m.exact.value, "big") for m in entry.match},
+            "params": {params[p.param_id]: int.from_bytes(p.value, "big")
+                       for p in entry.action.action.params}})
+print(json.dumps(found))
+"""
+"""Every entry of the tables named, read over P4Runtime (a Read needs no session): run in the
+switch's namespace with its gRPC address and P4Info."""
+GRPC_PORT = 9559  # in the aggregator's own namespace
+
+
+def switch_entries(agg: Any, tables: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The twin's entries in ``tables``, read back from its switch over P4Runtime."""
+    from ncina.aggregator.backends.bmv2 import toolchain
+
+    namespace = agg.process.args[:4]  # ip netns exec NS
+    assert namespace[:3] == ["ip", "netns", "exec"], agg.process.args
+    p4info = toolchain.build(K, profile="tofino").p4info
+    proc = subprocess.run([*namespace, sys.executable, "-c", READ_ENTRIES,
+                           f"127.0.0.1:{GRPC_PORT}", str(p4info), *tables],
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    return json.loads(proc.stdout)
+
+
+def test_the_twin_learns_a_rank_from_a_digest_into_three_tables(tmp_path: Path) -> None:
+    """docs/tofino.md, "How the twin learns members": a rank's first valid packet gives one
+    digest, and the control plane installs the rank's entries in ``ranks``, ``members`` and
+    egress ``member_addresses`` (read back over P4Runtime; the twin's ``addressed`` too); the
+    rank's next packet no second digest; a packet claiming the rank from another address after
+    that is ``non_member``, as on the reference; the rank's copy of a result is addressed to
+    it; and when the job goes, the entries are deleted."""
+    from ncina.aggregator.backends.dpdk import netns
+    from ncina.aggregator.backends.tofino.twin import learning
+
+    worker_host(TWIN)
+    agg = start_aggregator(TWIN, tmp_path, job=JOB, workers=2, k=K, result="int",
+                           extra=["--grpc-port", str(GRPC_PORT)])  # fmt: skip
+    rank0, other, rank1 = (Worker(agg.address, timeout=5.0) for _ in range(3))
+    emin = window_e_min(2)
+
+    def packet(rank: int, slot: int) -> bytes:
+        return uplink(job=JOB, rank=rank, slot=slot, offset=slot * K, codes=[1] * K, emin=emin)
+
+    tables = [learning.RANKS_TABLE, learning.MEMBERS_TABLE, learning.ADDRESSES_TABLE,
+              learning.ADDRESSED_TABLE]  # fmt: skip
+    try:
+        assert switch_entries(agg, tables) == {table: [] for table in tables}
+        sent = time.time()
+        rank0.send(packet(0, 0))
+        wait_learned(agg, 1)
+        [line] = [x for x in agg.log().splitlines() if "learned job" in x]
+        installed = float(line.partition("entries in at ")[2].partition(",")[0])
+        print(f"\nrank 0's entries in {(installed - sent) * 1e3:.1f} ms after its packet: {line}")
+        host, port = rank0.address
+        ip = int(ipaddress.IPv4Address(host))
+        mac = int(Path(f"/sys/class/net/{netns.shared_star().bridge}/address").read_text()
+                  .replace(":", "").strip(), 16)  # fmt: skip
+        key = {"hdr.nc.job": JOB, "hdr.nc.rank": 0}
+        assert switch_entries(agg, tables) == {
+            learning.RANKS_TABLE: [{"match": key, "params": {}}],
+            learning.MEMBERS_TABLE: [{"match": {**key, "hdr.ipv4.src": ip,
+                                                "hdr.udp.src_port": port}, "params": {}}],
+            learning.ADDRESSES_TABLE: [{"match": {"hdr.bridge.job_index": 0,
+                                                  "eg_md.egress_rid": 0},
+                                        "params": {"mac": mac, "ip": ip, "port": port}}],
+            learning.ADDRESSED_TABLE: [{"match": key, "params": {}}],
+        }  # fmt: skip
+        rank0.send(packet(0, 1))
+        other.send(packet(0, 2))  # rank 0 from another address
+        deadline = time.monotonic() + 10
+        while (found := counters(stats := agg.stats(), JOB))["job.contributions"] < 2 or (
+                found["job.drops.non_member"] < 1):  # fmt: skip
+            assert time.monotonic() < deadline, found
+        assert found["job.drops.non_member"] == 1 and found["job.contributions"] == 2, found
+        assert stats["learning"] == {"digests": 1, "lists": 1, "members": 1,
+                                     "entries_installed": 4, "duplicates": 0,
+                                     "entries_removed": 0}  # fmt: skip
+        rank1.send(packet(1, 0))  # completes slot 0: rank 0's copy is addressed to it
+        fields, payload = dissect(rank0.receive())
+        assert (fields["rank"], fields["slot"]) == (0, 0)
+        assert np.frombuffer(payload, dtype=INT_DTYPE).tolist() == [2] * K
+    finally:
+        for worker in (rank0, other, rank1):
+            worker.close()
+        assert agg.stop() == 0, agg.log()
+    final = json.loads(agg.stats_path.read_text())["learning"]
+    assert final["digests"] == 2 and final["duplicates"] == 0, final  # rank 1's own
+    assert final["entries_removed"] == final["entries_installed"] == 8, final
+
+
+def test_the_control_plane_learns_each_rank_once_in_the_tna_order() -> None:
+    """Everywhere (no switch): what ``twin.learning`` installs for each digest. An unknown
+    rank: its copies' address first, ``ranks`` last (until then its packets are accepted, not
+    ``non_member``); a configured member: its copies' address only (its MAC address, which
+    the job does not name); a second digest for a rank, from another address too: nothing;
+    when the job goes, every entry, in the reverse order."""
+    from ncina.aggregator.backends.bmv2 import entries
+    from ncina.aggregator.backends.tofino.twin import learning
+    from ncina.aggregator.jobs import JobConfig
+    from p4.v1 import p4data_pb2
+
+    config = JobConfig.create(job=9, workers=3, k=K, result_format="int", pool_size=16,
+                              members=[(1, ("10.0.0.7", 4000))])  # fmt: skip
+    [job] = entries.place([config], 6, K)
+
+    def digest(rank: int, ip: bytes, port: int) -> learning.Member:
+        data = p4data_pb2.P4Data()
+        for value in (b"\x09", bytes([rank]), bytes.fromhex("020000000003"), ip,
+                      port.to_bytes(2, "big")):  # fmt: skip
+            data.struct.members.add().bitstring = value
+        return learning.decode(data)
+
+    member = digest(0, bytes([10, 0, 0, 5]), 4001)
+    assert member == learning.Member(9, 0, "02:00:00:00:00:03", "10.0.0.5", 4001)
+    learned = learning.Learning(job)
+    made = learned.entries(member)
+    key = {"hdr.nc.job": "9", "hdr.nc.rank": "0"}
+    assert made == [
+        entries.Entry(learning.ADDRESSES_TABLE, {"hdr.bridge.job_index": "0",
+                                                 "eg_md.egress_rid": "0"},
+                      learning.ADDRESS_ACTION,
+                      {"mac": "02:00:00:00:00:03", "ip": "10.0.0.5", "port": "4001"}),
+        entries.Entry(learning.ADDRESSED_TABLE, key, "NoAction"),
+        entries.Entry(learning.MEMBERS_TABLE, {**key, "hdr.ipv4.src": "10.0.0.5",
+                                               "hdr.udp.src_port": "4001"}, "NoAction"),
+        entries.Entry(learning.RANKS_TABLE, key, "NoAction"),
+    ]  # fmt: skip
+    assert learned.entries(digest(0, bytes([10, 0, 0, 6]), 4001)) == []  # another address
+    assert learned.entries(member) == []
+    configured = learned.entries(digest(1, bytes([10, 0, 0, 7]), 4000))
+    assert [e.table for e in configured] == [learning.ADDRESSES_TABLE, learning.ADDRESSED_TABLE]
+    assert learned.to_json() == {"digests": 4, "lists": 0, "members": 2, "entries_installed": 6,
+                                 "duplicates": 2, "entries_removed": 0}  # fmt: skip
+    forgotten = learned.forget()
+    assert forgotten == (made + configured)[::-1]
+    assert learned.to_json()["members"] == 0 and learned.to_json()["entries_removed"] == 6
+    assert learned.entries(member) == made  # learned again, as a new start would

@@ -10,9 +10,6 @@
 control Admission(inout headers_t hdr, inout meta_t meta,
                   in ingress_intrinsic_metadata_from_parser_t prsr) {
     CheckCodes() check_codes;
-#ifdef NCINA_TWIN
-    Learned() learned;  // the v1model twin's members learned into registers (p4/twin/members.p4)
-#endif
 
     action set_job(bit<8> index, MulticastGroupId_t group, bit<16> workers, bit<16> k, bit<16> pool, bit<16> slot_base,
                    bit<16> pair_base, bit<8> emin, bit<8> code_offset, bit<8> result_format,
@@ -148,9 +145,6 @@ control Admission(inout headers_t hdr, inout meta_t meta,
         bool rank_known = rank_bits.apply().hit;
         bool has_address = ranks.apply().hit;
         bool is_member = members.apply().hit;
-#ifdef NCINA_TWIN
-        learned.apply(hdr, meta, has_address, is_member);
-#endif
         check_codes.apply(hdr, meta);
         measures.apply();
         bool tagged = hdr.nc.flags[7:7] == 1;

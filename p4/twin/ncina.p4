@@ -38,8 +38,7 @@ struct ingress_intrinsic_metadata_for_tm_t {
 #include "rewrite.p4"
 
 // NcinaIngress of p4/tofino/ncina.p4, statement for statement; where the TNA program sets a
-// digest for the control plane, the twin writes the member's address into registers
-// (members.p4).
+// digest for the control plane, the twin sends v1model's (members.p4).
 control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
     Arp() arp;
     Forward() forward;
@@ -103,8 +102,8 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
             } else if (meta.verdict != VERDICT_DROP) {
                 slots.apply(hdr, meta);
                 if (meta.verdict == VERDICT_ACCEPT) {
-                    // TNA: a digest for the control plane when meta.unknown_rank; the twin
-                    // learns every rank's first valid packet (a configured one's MAC address)
+                    // TNA: a digest for the control plane when meta.unknown_rank; the twin's
+                    // also when a configured member's MAC address is not installed yet
                     learn.apply(hdr, meta);
                 }
             }

@@ -1,6 +1,7 @@
 // Egress (p4/tofino/rewrite.p4): each multicast copy of a result goes to one member (the
-// replica id is its rank), addressed by the control plane's entry for (job, rank), else by the
-// address the twin learned (members.p4); a flooded frame never goes back out of its ingress
+// replica id is its rank), addressed by the control plane's entry for (job, rank) (configured,
+// or installed from a digest: members.p4), else unaddressed (lost, as on Tofino: the rank's
+// retransmission gets the result back); a flooded frame never goes back out of its ingress
 // port. The bridge header ingress wrote is read here and removed, as in the TNA program.
 #ifndef NCINA_TWIN_REWRITE_P4
 #define NCINA_TWIN_REWRITE_P4
@@ -26,17 +27,7 @@ control Rewrite(inout headers_t hdr, inout standard_metadata_t eg_md) {
 
     apply {
         if (hdr.bridge.send == OUT_MULTICAST) {
-            if (!member_addresses.apply().hit) {
-                bit<32> cell = (bit<32>)hdr.bridge.job_index * NCINA_MAX_WORKERS
-                    + (bit<32>)eg_md.egress_rid;
-                bit<1> known;
-                member_known.read(known, cell);
-                if (known == 1) {
-                    member_mac.read(hdr.eth.dst, cell);
-                    member_ip.read(hdr.ipv4.dst, cell);
-                    member_port.read(hdr.udp.dst_port, cell);
-                }
-            }
+            member_addresses.apply();
             hdr.nc.rank = eg_md.egress_rid;
             job_sent.count((bit<32>)hdr.bridge.sent);
         } else if (hdr.bridge.send == OUT_FLOOD && eg_md.egress_port == hdr.bridge.ingress_port) {

@@ -1,6 +1,7 @@
 """The P4Runtime control plane (p4runtime-shell): push the pipeline, install ``entries``, read
-counters. Registers are not readable over BMv2's P4Runtime server: read them with
-``simple_switch_CLI --thrift-port PORT`` for debugging (docs/bmv2.md).
+counters, take the switch's digests (a thread of its own may, while another reads counters:
+every call holds the controller's lock). Registers are not readable over BMv2's P4Runtime
+server: read them with ``simple_switch_CLI --thrift-port PORT`` for debugging (docs/bmv2.md).
 
 p4runtime-shell keeps one global session and calls ``sys.exit`` when ``setup`` fails; here every
 failure becomes a ``Bmv2Error`` naming the switch, so the caller decides what to do.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,7 @@ class Controller:
         self.device_id = device_id
         self.election_id = election_id
         self._sh: Any = None
+        self._lock = threading.Lock()  # the shell's session, and _step's stdout, are global
 
     def connect(self, build: Build) -> Controller:
         """Become primary controller and push ``build``'s pipeline (P4Info + BMv2 JSON)."""
@@ -108,26 +111,33 @@ class Controller:
         return te
 
     def insert(self, entry: Entry) -> None:
-        with _step(self.address, f"inserting into {entry.table} {dict(entry.match)}"):
+        with self._lock, _step(self.address, f"inserting into {entry.table} {dict(entry.match)}"):
             self._table_entry(entry).insert()
 
     def insert_all(self, entries: Sequence[Entry]) -> None:
         """Insert ``entries`` in one P4Runtime write (the lanes' thousands of table entries:
         one write each took seconds)."""
+        self._write(entries, "INSERT")
+
+    def delete_all(self, entries: Sequence[Entry]) -> None:
+        """Delete ``entries`` in one P4Runtime write, in their order."""
+        self._write(entries, "DELETE")
+
+    def _write(self, entries: Sequence[Entry], kind: str) -> None:
         from p4.v1 import p4runtime_pb2
 
         sh = self._session()
-        with _step(self.address, f"inserting {len(entries)} entries"):
+        with self._lock, _step(self.address, f"{kind.lower()} of {len(entries)} entries"):
             request = p4runtime_pb2.WriteRequest()
             for entry in entries:
                 update = request.updates.add()
-                update.type = p4runtime_pb2.Update.INSERT
+                update.type = p4runtime_pb2.Update.Type.Value(kind)
                 update.entity.table_entry.CopyFrom(self._table_entry(entry).msg())
             sh.client.write(request)
 
     def insert_group(self, group: Group) -> None:
         sh = self._session()
-        with _step(self.address, f"creating multicast group {group.group}"):
+        with self._lock, _step(self.address, f"creating multicast group {group.group}"):
             mg = sh.MulticastGroupEntry(group.group)
             for port, instance in group.replicas:
                 mg.add(port, instance)
@@ -137,10 +147,37 @@ class Controller:
         """Every index of the counter ``name``: index -> (packets, bytes)."""
         sh = self._session()
         counts: dict[int, tuple[int, int]] = {}
-        with _step(self.address, f"reading counter {name}"):
+        with self._lock, _step(self.address, f"reading counter {name}"):
             for entry in sh.CounterEntry(name).read():
                 counts[entry.index] = (entry.packet_count, entry.byte_count)
         return counts
+
+    def subscribe(self, digest: str) -> None:
+        """Have the switch send the digest ``digest`` (its P4Info name) at once, one per list
+        (``DigestEntry``: no batching, no waiting); until a list is acknowledged, the switch
+        holds back the same data (for at most a second)."""
+        sh = self._session()
+        with self._lock, _step(self.address, f"subscribing to digest {digest}"):
+            entry = sh.DigestEntry(digest)
+            entry.max_timeout_ns = 0
+            entry.max_list_size = 1
+            entry.ack_timeout_ns = 1_000_000_000
+            entry.insert()
+
+    def digest_list(self, timeout: float) -> Any:
+        """The next ``DigestList`` from the stream channel (p4.v1's message), or None within
+        ``timeout`` seconds (or once the session is closed)."""
+        message = self._session().client.get_stream_packet("digest", timeout=timeout)
+        return None if message is None else message.digest
+
+    def acknowledge(self, digests: Any) -> None:
+        """Acknowledge a ``DigestList`` (``DigestListAck`` on the stream channel)."""
+        from p4.v1 import p4runtime_pb2
+
+        ack = p4runtime_pb2.StreamMessageRequest()
+        ack.digest_ack.digest_id = digests.digest_id
+        ack.digest_ack.list_id = digests.list_id
+        self._session().client.stream_out_q.put(ack)
 
     def close(self) -> None:
         if self._sh is not None:

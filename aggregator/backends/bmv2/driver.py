@@ -28,6 +28,7 @@ from ncina.aggregator.backends.bmv2.control import Controller
 from ncina.aggregator.backends.bmv2.switch import Switch, SwitchConfig
 from ncina.aggregator.backends.tofino import twin
 from ncina.aggregator.backends.tofino.twin import events as twin_events
+from ncina.aggregator.backends.tofino.twin import learning as twin_learning
 from ncina.aggregator.backends.tofino.twin import limits as twin_limits
 from ncina.aggregator.backends.tofino.twin import switching as twin_switching
 from ncina.aggregator.jobs import JobConfig
@@ -210,14 +211,18 @@ def serve(config: JobConfig, options: Bmv2Options) -> int:
         # and no round completes on a job half installed (twin.entries); the flood group last,
         # so that meanwhile such a datagram is dropped (the sender resends it), not flooded.
         if profile == "tofino":
+            # Members are learned from the switch's digests (twin.learning), by a thread that
+            # runs while the job does: subscribed before the job's first packet can come.
+            controller.subscribe(twin_learning.DIGEST)
             job_group, flood_group = twin.groups(job, rank_port, list(ports))
             controller.insert_group(job_group)
             for entry in [*twin_switching.l2_entries(dict(options.l2_hosts)),
                           *twin.entries(job, (host, port, mac))]:  # fmt: skip
                 controller.insert(entry)
             controller.insert_group(flood_group)
+            listener = twin_learning.Listener(controller, twin_learning.Learning(job))
             return _Server(controller, switch, job, options, (host, port), mac, k,
-                           profile=profile).run()  # fmt: skip
+                           profile=profile, listener=listener).run()  # fmt: skip
         controller.insert_group(entries.job_group(job, rank_port))
         for entry in entries.l2_entries(dict(options.l2_hosts)):
             controller.insert(entry)
@@ -237,7 +242,8 @@ class _Server:
 
     def __init__(self, controller: Controller, switch: Switch, job: entries.InstalledJob,
                  options: Bmv2Options, listen: tuple[str, int], mac: str, k: int,
-                 forward: bool = False, profile: str = "default") -> None:  # fmt: skip
+                 forward: bool = False, profile: str = "default",
+                 listener: twin_learning.Listener | None = None) -> None:  # fmt: skip
         self.controller = controller
         self.switch = switch
         self.job = job
@@ -247,6 +253,7 @@ class _Server:
         self.k = k
         self.forward = forward  # the no-op forwarder: no counters, the document stays zero
         self.profile = profile
+        self.listener = listener  # the twin's: members learned from digests
         self.started = time.time()
         self._stop = False
         self._stats_requested = False
@@ -255,6 +262,8 @@ class _Server:
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGUSR1, self._on_stats)
+        if self.listener is not None:
+            self.listener.start()
         self.write_stats()
         cfg = self.switch.config
         program = (f"no-op forwarder p4/{toolchain.ECHO}" if self.forward else
@@ -277,12 +286,18 @@ class _Server:
                       f"{self.switch.process.returncode} (log {cfg.log_path})",
                       file=sys.stderr, flush=True)  # fmt: skip
                 return 1
+            if self.listener is not None and self.listener.error is not None:
+                print(f"ncina aggregator: learning members failed: {self.listener.error}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                return 1
             now = time.monotonic()
             requested = self._stats_requested
             if requested or (periodic and now >= next_write):
                 self._stats_requested = False
                 next_write = now + self.options.serving.stats_interval
                 self.write_stats(periodic=not requested)
+        if self.listener is not None:  # the job goes: its learned members are forgotten
+            self.listener.stop()
         self.write_stats()
         return 0
 
@@ -300,7 +315,7 @@ class _Server:
             return snapshot(backend=NAME, started=self.started, global_stats=GlobalStats(),
                             jobs={self.job.config.job: JobStats()}, taken=taken)  # fmt: skip
         if self.profile == "tofino":  # the twin: one counter per event kind, no transport section
-            return snapshot(
+            document = snapshot(
                 backend=NAME,
                 started=self.started,
                 global_stats=entries.global_stats(
@@ -309,6 +324,9 @@ class _Server:
                     self.job, twin_events.job_counts(self.controller.read_counter))},
                 taken=taken,
             )  # fmt: skip
+            if self.listener is not None:
+                document["learning"] = self.listener.learning.to_json()
+            return document
         document = snapshot(
             backend=NAME,
             started=self.started,

@@ -1,12 +1,11 @@
 """The control plane of the Tofino program's design, driving its v1model twin ``p4/twin/`` on
 BMv2 (``ncina aggregator --backend bmv2 --profile tofino``, docs/tofino.md): what the TNA
 program's contract ("What the control plane must install") asks, one module per P4 control it
-programs (``admission``, ``reply``, ``switching``, ``events``), and the design's limits in one
-place (``limits``). Egress's ``member_addresses`` gets no entry: a configured member's MAC
-address is not known here (a job names IPv4 address and port), so the twin learns it from the
-member's first valid packet, as it learns an unconfigured member (p4/twin/members.p4). The
-entries are plain data (``ncina.aggregator.backends.bmv2.entries``' ``Entry`` and ``Group``), pushed
-by ``ncina.aggregator.backends.bmv2.control``.
+programs (``admission``, ``reply``, ``switching``, ``events``), the members it learns from the
+switch's digests (``learning``: egress ``member_addresses`` among them, also for a configured
+member, whose MAC address a job does not name), and the design's limits in one place
+(``limits``). The entries are plain data (``ncina.aggregator.backends.bmv2.entries``'
+``Entry`` and ``Group``), pushed by ``ncina.aggregator.backends.bmv2.control``.
 """
 
 from __future__ import annotations
