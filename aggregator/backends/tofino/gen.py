@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from ncina.aggregator.backends.bmv2.gen import check_k, generator_main, write_generated
 from ncina.aggregator.backends.bmv2.layout import SLOTS, defines
@@ -276,19 +277,22 @@ def _decode_table(i: int, default: str, data: Callable[[int, int], str]) -> Iter
     yield "}"
 
 
-def _check_key(i: int, twin: bool = False) -> Iterator[str]:
+def _valid_key(i: int, twin: bool = False) -> str:
     # BMv2 takes no ternary match on a validity bit: the twin's key is it as a bit<1> (p4c
     # moves the expression into a temporary).
     if twin:
-        yield f'(bit<1>){code_lane(i)}.isValid(): ternary @name("valid_{i}");'
-    else:
-        yield f"{code_lane(i)}.isValid(): ternary;"
+        return f'(bit<1>){code_lane(i)}.isValid(): ternary @name("valid_{i}");'
+    return f"{code_lane(i)}.isValid(): ternary;"
+
+
+def _check_key(i: int) -> Iterator[str]:
+    yield _valid_key(i)
     yield f'meta.checks.c{i}[7:7]: ternary @name("above_{i}");'
 
 
-def _check_entry(k: int, i: int, twin: bool = False) -> str:
+def _check_entry(k: int, i: int) -> str:
     fields = ["_"] * (2 * k)
-    fields[2 * i], fields[2 * i + 1] = "1w1" if twin else "true", "1w1"
+    fields[2 * i], fields[2 * i + 1] = "true", "1w1"
     return f"({', '.join(fields)}): above();"
 
 
@@ -337,9 +341,8 @@ def _sign(i: int) -> Iterator[str]:
     yield "}"
 
 
-def _check_codes(k: int, twin: bool = False) -> list[str]:
-    """The control ``CheckCodes``: one text for the TNA program and its v1model twin (but for
-    the validity bits' type in the key of ``codes``)."""
+def _check_codes(k: int) -> list[str]:
+    """The control ``CheckCodes`` of the one-register-per-lane layout."""
     return [
         "// Admission: each lane's code as an integer (a table per lane), and whether any code",
         "// is above the job's window (bad_code): code + code_offset has bit 7 set.",
@@ -352,13 +355,13 @@ def _check_codes(k: int, twin: bool = False) -> list[str]:
         "",
         "    table codes {",
         "        key = {",
-        *_each(k, lambda i: _check_key(i, twin), 12),
+        *_each(k, _check_key, 12),
         "        }",
         "        actions = { above; NoAction; }",
         "        default_action = NoAction();",
         f"        size = {k};",
         "        const entries = {",
-        *(f"            {_check_entry(k, i, twin)}" for i in range(k)),
+        *(f"            {_check_entry(k, i)}" for i in range(k)),
         "        }",
         "    }",
         "",
@@ -535,10 +538,39 @@ def _as_codes(c: int) -> Iterator[str]:
     yield "}"
 
 
+class CrcPolynomial(NamedTuple):
+    """A ``CRCPolynomial<bit<32>>`` of TNA, its constructor's arguments in the order of the
+    installed headers (``tofino1_base.p4``, ``tofino2_base.p4``: coeff, reversed, msb,
+    extended, init, xor)."""
+
+    coeff: int
+    reversed: bool
+    msb: bool
+    extended: bool
+    init: int
+    xor: int
+
+    def p4(self, name: str) -> str:
+        """The declaration of this polynomial as the extern instance ``name``."""
+        flags = ", ".join("true" if f else "false" for f in (self.reversed, self.msb,
+                                                               self.extended))  # fmt: skip
+        return (f"CRCPolynomial<bit<32>>(32w0x{self.coeff:08X}, {flags}, "
+                f"32w0x{self.init:08X}, 32w0x{self.xor:08X}) {name};")  # fmt: skip
+
+
+ROUNDING_CRC = CrcPolynomial(0x04C11DB7, True, False, False, 0xFFFFFFFF, 0xFFFFFFFF)
+"""The nc8 results' rounding word's CRC-32 (docs/protocol.md, "Re-compression"), declared
+explicitly in the TNA program (``HashAlgorithm_t.CUSTOM``) so that it is zlib's by construction:
+polynomial 0x04C11DB7 (x^32 implied: msb false, not extended), reflected input and output,
+register initialised to 0xFFFFFFFF and the result xored with 0xFFFFFFFF. The installed headers
+do not say which of the compiler's CRC-32s ``HashAlgorithm_t.CRC32`` is."""
+
+
 def recompress_p4(k: int) -> list[str]:
     """Egress's ``Recompress`` (``lanes_p4(nc8=True)``): a result of a job of nc8 results leaves
     as NC8 codes, re-compressed from its lanes' 32-bit sums as docs/protocol.md's
-    "Re-compression" defines (rounding revision 1): the word of lane 0 from one ``Hash`` (CRC-32)
+    "Re-compression" defines (rounding revision 1): the word of lane 0 from one ``Hash``
+    (zlib's CRC-32, declared as ``ROUNDING_CRC``)
     over the job's seed, job, slot, offset, the slot version's use and version and lane 0,
     lane ``i``'s word that xor ``lane_term(i)``; per lane the highest set bit from a ternary
     table and the threshold compare by a saturating subtraction."""
@@ -546,7 +578,8 @@ def recompress_p4(k: int) -> list[str]:
         "// Egress: a result of a job of nc8 results becomes NC8 codes (docs/protocol.md,",
         "// 'Re-compression'); the int lanes' low words hold the 32-bit sums.",
         "control Recompress(inout egress_headers_t hdr, inout egress_meta_t meta) {",
-        "    Hash<bit<32>>(HashAlgorithm_t.CRC32) crc;",
+        f"    {ROUNDING_CRC.p4('crc32')}  // zlib's CRC-32 (ROUNDING_CRC)",
+        "    Hash<bit<32>>(HashAlgorithm_t.CUSTOM, crc32) crc;",
         "",
         "    // The jobs of nc8 results and their 64-bit seeds (one entry per job).",
         "    action nc8_job(bit<32> seed_hi, bit<32> seed_lo) {",
@@ -693,7 +726,7 @@ def _dense_decode(i: int) -> Iterator[str]:
     yield from _decode_table(i, "0", lambda value, code: f"32w0x{value:08X}")
 
 
-def _window_table(k: int, g: int) -> Iterator[str]:
+def _window_table(k: int, g: int, twin: bool = False) -> Iterator[str]:
     # A ternary table per GROUP lanes over the codes themselves and the job's code_offset
     # (window_rows): it needs only the job lookup, so admission's verdict is not delayed by the
     # decode tables. One table over every lane's key does not fit a stage's ternary input
@@ -708,7 +741,7 @@ def _window_table(k: int, g: int) -> Iterator[str]:
     yield "    key = {"
     yield '        meta.code_offset: ternary @name("code_offset");'
     for i in lanes:
-        yield f"        {code_lane(i)}.isValid(): ternary;"
+        yield f"        {_valid_key(i, twin)}"
         yield f'        {code_lane(i)}.code[6:0]: ternary @name("code_{i}");'
     yield "    }"
     yield f"    actions = {{ above_{g}; NoAction; }}"
@@ -718,23 +751,25 @@ def _window_table(k: int, g: int) -> Iterator[str]:
     for n in range(len(lanes)):
         for (offset, omask), (code, cmask) in rows:
             fields = ["_"] * (2 * len(lanes))
-            fields[2 * n], fields[2 * n + 1] = "true", f"7w0x{code:02X} &&& 7w0x{cmask:02X}"
+            fields[2 * n] = "1w1" if twin else "true"
+            fields[2 * n + 1] = f"7w0x{code:02X} &&& 7w0x{cmask:02X}"
             key = f"8w0x{offset:02X} &&& 8w0x{omask:02X}"
             yield f"        ({key}, {', '.join(fields)}): above_{g}();"
     yield "    }"
     yield "}"
 
 
-def _dense_check_codes(k: int) -> list[str]:
+def _dense_check_codes(k: int, twin: bool = False) -> list[str]:
     """``CheckCodes`` of the dense layout: a lane's decode table runs for a parsed lane only and
-    writes the integer into the lane's int32 result header."""
+    writes the integer into the lane's int32 result header (``twin``: the window check's
+    validity keys as ``_check_key`` writes them for BMv2)."""
     return [
         "// Admission: each parsed lane's code as an integer in its result header (a table per",
         "// lane), and whether any code is above the job's window (bad_code).",
         "control CheckCodes(inout headers_t hdr, inout meta_t meta) {",
         *_each(k, _dense_decode, 4),
         "",
-        *_each(_groups(k), lambda g: _window_table(k, g), 4),
+        *_each(_groups(k), lambda g: _window_table(k, g, twin), 4),
         "",
         "    apply {",
         "        meta.codes_bad = 0;",
@@ -910,22 +945,48 @@ def dense_lanes_p4(k: int) -> str:
     ])
 
 
-def _twin_sums(i: int) -> Iterator[str]:
-    # The TNA register actions first_i / add_i / read_i as one read-modify-write of the cell.
-    yield "if (meta.lane_op == LANE_FIRST) {"
-    yield f"    sum = meta.values.v{i};"
-    yield f"    sums_{i}.write(index, sum);"
-    yield "} else {"
-    yield f"    sums_{i}.read(sum, index);"
-    yield "    if (meta.lane_op == LANE_ADD) {"
-    yield f"        sum = sum + meta.values.v{i};"
-    yield f"        sums_{i}.write(index, sum);"
+def _twin_pair(j: int, pairs: int) -> Iterator[str]:
+    """Pair ``j``'s register (v1model: a ``bit<64>`` cell, hi ++ lo) and the dense layout's
+    register actions (``_PAIR_BODIES``, the TNA text) as one read-modify-write each, handing
+    back both sums (a v1model read returns the whole cell: no harvest pass), and its table
+    keyed on the slot decision's inputs (``PAIR_KEY``, ``pair_rows``) as the TNA program's."""
+    lo, hi = sum_lane(j), sum_lane(j + pairs)
+    index = "(bit<32>)meta.slot_index"
+    yield f"register<bit<64>, bit<32>>(NCINA_SLOTS) sums_{j};"
+    for name, body_lo, body_hi in _PAIR_BODIES:
+        yield f"action do_{name}_{j}() {{"
+        yield "    bit<64> cell;"
+        yield f"    sums_{j}.read(cell, {index});"
+        yield "    lane_pair_t value = { cell[31:0], cell[63:32] };"
+        for body in (body_lo, body_hi):
+            if body:
+                yield f"    {body.format(lo=lo, hi=hi)}"
+        if body_lo:
+            yield f"    sums_{j}.write({index}, value.hi ++ value.lo);"
+        yield f"    {lo}.value = value.lo;"
+        yield f"    {hi}.value = value.hi;"
+        yield "}"
+    yield f"table pair_{j} {{"
+    yield "    key = {"
+    for field, name, _ in PAIR_KEY:
+        yield f'        {field}: ternary @name("{name}");'
+    yield "    }"
+    yield f"    actions = {{ {' '.join(f'do_{n}_{j};' for _, n in _PAIR_OPS)} NoAction; }}"
+    yield "    const default_action = NoAction();"
+    yield f"    size = {len(PAIR_ROWS) + 1};"
+    yield "    const entries = {"
+    for values, op in pair_rows():
+        yield f"        ({', '.join(values)}): do_{op}_{j}();"
     yield "    }"
     yield "}"
+
+
+def _twin_lane(i: int) -> Iterator[str]:
+    # A result's lane: its 32-bit sum (the pair's answer) as an int lane, and as NC8 codes
+    # (Recompress's steps: egress's in the TNA build with nc8 results, gen.lanes_p4).
+    yield f"sum = {sum_lane(i)}.value;"
     yield f"hdr.wide[{i}].low = sum;"
     yield f"hdr.wide[{i}].high = (bit<32>)((int<32>)sum >> 31);"
-    yield f"hdr.sums[{i}].value = sum;"
-    # NC8 results: Recompress's steps (egress's in the TNA build with nc8 results, gen.lanes_p4)
     yield f"if (nc8 == 1 && hdr.lanes[{i}].isValid()) {{"
     yield f"    hdr.lanes[{i}].code = sum[31:31] ++ 7w0;"
     yield "    magnitude = sum[31:31] == 1 ? -sum : sum;"
@@ -942,13 +1003,15 @@ def _twin_nc8_lane(i: int) -> Iterator[str]:
 
 
 def _twin_result(c: int) -> Iterator[str]:
-    # A result of `c` lanes as int (8 bytes a lane, sign-extended) or int32 (4 bytes a lane,
-    # as the dense layout's sums): the lanes' codes give way to the chosen stack.
-    for name, stack, size in (("widen", "wide", 8), ("narrow", "sums", 4)):
+    # A result of `c` lanes as int (8 bytes a lane, sign-extended) or int32 (4 bytes a lane:
+    # the dense layout's sums, which the parser made valid with the codes): the lanes' codes
+    # give way to the chosen stack.
+    for name, stack, size in (("widen", "wide", 8), ("narrow", "", 4)):
         yield f"action {name}_{c}() {{"
         for i in range(c):
             yield f"    hdr.lanes[{i}].setInvalid();"
-            yield f"    hdr.{stack}[{i}].setValid();"
+            if stack:
+                yield f"    hdr.{stack}[{i}].setValid();"
         yield f"    meta.result_bytes = {size * c};"
         yield "}"
     yield f"action codes_{c}() {{  // nc8 results: the lanes carry the result's codes"
@@ -1028,23 +1091,29 @@ TWIN_KEY = (
 
 
 def twin_lanes_p4(k: int) -> str:
-    """``lanes.p4`` of the v1model twin (``p4/twin/``): the same ``CheckCodes`` as the TNA
-    program, and a ``LaneSums`` whose registers hold the same 32-bit sums, read and written once
-    per packet as the TNA register actions do; every lane's sign is written in ingress (the TNA
-    program writes the first EGRESS_LANES' in egress: the same bytes). A job of int32 results
-    gets its lanes' 32-bit sums, 4 bytes a lane, as the dense layout returns them."""
+    """``lanes.p4`` of the v1model twin (``p4/twin/``) of the dense layout (``k`` even): the
+    same ``CheckCodes`` as ``dense_lanes_p4`` (exact decode tables into the int32 result
+    headers, the window check per GROUP lanes), and a ``LaneSums`` of ``k / 2`` pair registers,
+    pair j holding lanes j (lo) and j + k/2 (hi), each chosen by the same rows on the slot
+    decision's inputs and written by the same register action bodies, read and written once
+    per packet. A v1model register read hands back both sums: no harvest pass. A result
+    leaves as int32 lanes (the sums in place), int lanes (sign-extended) or NC8 codes
+    (re-compressed), by the job's result format."""
+    check_dense_k(k)
+    pairs = k // 2
     out = [
         TWIN_BANNER.format(k=k),
         "#ifndef NCINA_LANES_P4",
         "#define NCINA_LANES_P4",
         "",
-        *_check_codes(k, twin=True),
-        "// The slot's lanes: a 32-bit sum register per lane, indexed by slot version, and what",
-        "// meta.lane_op asks of it (LANE_*); a result's lanes become their sign-extended sums,",
-        "// or their 32-bit sums for int32 results (the result's lanes are made valid first: BMv2",
-        "// zeroes a header that becomes valid; an invalid header is not emitted).",
+        *_dense_check_codes(k, twin=True),
+        "// The slot's lanes in pair registers (bit<64>: hi ++ lo): pair j holds the sums of",
+        f"// lanes j (lo) and j + {pairs} (hi), indexed by slot version; what to do, the slot",
+        "// decision's inputs say (the TNA program's rows). A result's lanes become its int32",
+        "// sums, int lanes (sign-extended) or codes (the result's lanes are made valid first:",
+        "// BMv2 zeroes a header that becomes valid; an invalid header is not emitted).",
         "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
-        *(f"    register<bit<32>, bit<32>>(NCINA_SLOTS) sums_{i};" for i in range(k)),
+        *_each(pairs, lambda j: _twin_pair(j, pairs), 4),
         "",
         "    // A result's first `count` lanes become int or int32 lanes (nc8: they stay codes).",
         *_twin_result_table(k),
@@ -1052,12 +1121,25 @@ def twin_lanes_p4(k: int) -> str:
         *TWIN_NC8,
         *_each(k, _twin_nc8_lane, 4),
         "",
+        "    // The int32 lanes leave only as an int32 result (the parser made them valid with",
+        "    // the codes, for the decode tables and the pairs).",
+        "    action no_sums() {",
+        *(f"        {sum_lane(i)}.setInvalid();" for i in range(k)),
+        "    }",
+        "",
         "    apply {",
-        "        bit<32> index = (bit<32>)meta.slot_index;",
-        "        bit<32> sum;",
+        *(f"        pair_{j}.apply();" for j in range(pairs)),
+        "        if (meta.lane_op != LANE_NONE && meta.send != OUT_NONE) {  // a result",
+        "            bit<32> index = (bit<32>)meta.slot_index;",
+        "            bit<32> sum;",
         *WIDEN_RESULT,
         *TWIN_KEY,
-        *_each(k, _twin_sums, 8),
+        *_each(k, _twin_lane, 12),
+        "        }",
+        "        if (meta.lane_op == LANE_NONE || meta.send == OUT_NONE",
+        "                || meta.result_format != FORMAT_INT32) {",
+        "            no_sums();",
+        "        }",
         "    }",
         "}",
         "",
@@ -1082,10 +1164,17 @@ def check_dense_k(k: int) -> None:
 
 
 def write_twin(k: int, out: Path) -> list[Path]:
-    """Write the v1model twin's ``config.p4`` (the TNA program's) and ``lanes.p4`` for ``k``
-    lanes into ``out``; return their paths."""
+    """Write the v1model twin's ``config.p4`` (the dense TNA program's) and ``lanes.p4`` for
+    jobs of ``k`` lanes (``twin_k``) into ``out``; return their paths."""
+    k = twin_k(k)
+    return write_generated(out, config_p4(k, dense=True), twin_lanes_p4(k))
+
+
+def twin_k(k: int) -> int:
+    """The lanes of the twin build that holds jobs of ``k`` lanes: ``k`` rounded up to even
+    (the dense layout's pairs). Raises ``ValueError`` as ``check_twin_k``."""
     check_twin_k(k)
-    return write_generated(out, config_p4(k), twin_lanes_p4(k))
+    return k + k % 2
 
 
 def check_twin_k(k: int) -> None:
