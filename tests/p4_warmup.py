@@ -26,7 +26,7 @@ from ncina.aggregator.backends.tofino import toolchain as tofino
 # program and the Tofino twin, then the K of the fuzz, bench, torch and hierarchical tests (64),
 # the reinit and server tests' 32, the DPDK lcores' 16, the twin's nc8 results' 7 (the twin's
 # build for 8: its lanes are pairs) (test_tofino_twin), the GRO test's 4, the twin's smallest
-# build (4), and the twin at the design's 32 lanes (test_tofino_twin's all-reduces: about 3
+# build (4), and the twin at the design's 32 lanes (test_tofino_twin's all-reduces: about 2
 # minutes of CPU, the longest of these).
 BMV2_BUILDS = ((12, "default"), (12, "tofino"), (64, "default"), (32, "default"),
                (16, "default"), (7, "tofino"), (4, "default"), (4, "tofino"),
