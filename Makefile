@@ -26,9 +26,10 @@ WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
 # once more under the Tofino design and prints both profiles side by side (BACKEND=bmv2: the
 # switch runs the Tofino program's twin, that run only); make p4 PROFILE=tofino compiles the
 # twin. make p4: lanes per packet the P4 program is generated and compiled for (BACKEND=bmv2 uses
-# the topology's K, 256 unless TOPO_ARGS says otherwise; the twin's K is up to 12).
+# the topology's K, 256 unless TOPO_ARGS says otherwise; the twin's K is up to 32, the dense
+# layout's).
 PROFILE ?= default
-K ?= $(if $(filter tofino,$(PROFILE)),12,64)
+K ?= $(if $(filter tofino,$(PROFILE)),32,64)
 # make p4-tofino: lanes per pass and device of the Tofino program (docs/tofino.md). By default the
 # dense layout (pair registers, int32 results, a harvest pass on Tofino 1; docs/tofino.md,
 # "Density") at 32 lanes, which fits Tofino's 12 stages (about 2 minutes of CPU); TOFINO_DENSE=
@@ -47,7 +48,7 @@ help:
 	@echo "make test    run the whole test suite (sets up apt packages and .venv first)"
 	@echo "make lint    ruff"
 	@echo "make p4      generate and compile p4/ for K lanes into build/p4/k<K>/ (needs p4c-bm2-ss);"
-	@echo "             PROFILE=tofino: the Tofino program's v1model twin p4/twin/, K<=12"
+	@echo "             PROFILE=tofino: the Tofino program's dense layout's v1model twin p4/twin/, K<=32"
 	@echo "make p4-tofino  compile p4/tofino/ for TOFINO_K lanes with p4c-barefoot, print its resources;"
 	@echo "             (default: the dense layout, pair registers, int32 results, 32 lanes;"
 	@echo "             TOFINO_DENSE= : one register per lane, 12 lanes;"

@@ -28,8 +28,11 @@ TOFINO = "tofino"
 PROFILES = (DEFAULT, TOFINO)
 """Every profile's name (``--profile``)."""
 
-TOFINO_MAX_K = 12
-"""Lanes one pass of the Tofino pipeline holds (docs/tofino.md, "Resources")."""
+TOFINO_MAX_K = 32
+"""Lanes one pass of the Tofino pipeline holds: the dense layout's K, 16 pair registers in 12
+of 12 stages (``make p4-tofino``; docs/tofino-resources/tofino-k32-dense.json, docs/tofino.md
+"Density"), which the v1model twin mirrors. The one-register-per-lane layout holds 12
+(``make p4-tofino TOFINO_DENSE=``, docs/tofino.md "Resources")."""
 TOFINO_MAX_WORKERS = 30
 """Ranks per job on Tofino: a round's contributors are a 32-bit register word, bit 30 marks a
 version never used and bit 31 is the sign of ``held - full``."""

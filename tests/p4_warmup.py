@@ -24,10 +24,13 @@ from ncina.aggregator.backends.tofino import toolchain as tofino
 
 # (K, profile) of the BMv2 programs the tests run: the packet tests' K = 12 on the default
 # program and the Tofino twin, then the K of the fuzz, bench, torch and hierarchical tests (64),
-# the reinit and server tests' 32, the DPDK lcores' 16, the twin's nc8 results' 7
-# (test_tofino_twin), the GRO test's 4 and the twin's smallest build (4).
+# the reinit and server tests' 32, the DPDK lcores' 16, the twin's nc8 results' 7 (the twin's
+# build for 8: its lanes are pairs) (test_tofino_twin), the GRO test's 4, the twin's smallest
+# build (4), and the twin at the design's 32 lanes (test_tofino_twin's all-reduces: about 2
+# minutes of CPU, the longest of these).
 BMV2_BUILDS = ((12, "default"), (12, "tofino"), (64, "default"), (32, "default"),
-               (16, "default"), (7, "tofino"), (4, "default"), (4, "tofino"))  # fmt: skip
+               (16, "default"), (7, "tofino"), (4, "default"), (4, "tofino"),
+               (32, "tofino"))  # fmt: skip
 # K of the Tofino builds tests/test_tofino.py checks: the default layout and the dense one.
 TOFINO_BUILDS = ((4, False), (4, True))
 

@@ -75,7 +75,8 @@ def test_the_twin_is_measured_at_its_k_beside_the_echo(tmp_path: Path) -> None:
     given_k = bench_aggregator("--backend", "bmv2", "--profile", "tofino", "--workers", "65",
                                "--k", "64", "--output", str(output))  # fmt: skip
     assert given_k.returncode == 1
-    assert given_k.stderr.endswith("K=64: the Tofino design holds at most 12 lanes per pass\n")
+    assert given_k.stderr.endswith(f"K=64: the Tofino design holds at most {TOFINO_MAX_K} lanes "
+                                   "per pass\n")
     assert not output.exists()
     figures = {"python": one_second(40_000, 40_000), "forward": one_second(90_000, 90_000),
                "bmv2": one_second(11_000, 11_000), "bmv2_forward": one_second(77_000, 77_000)}

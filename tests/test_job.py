@@ -11,7 +11,7 @@ from ncina.proto.descriptor import DESCRIPTOR_SIZE, Descriptor, mismatches
 from ncina.proto.header import HEADER, Format
 from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, OPTIONS, JobSpec, default_k
 from ncina.proto.nc8 import Window
-from ncina.proto.profiles import LACKS, TOFINO_NC8_MAX_K, tofino_max_code
+from ncina.proto.profiles import LACKS, TOFINO_MAX_K, TOFINO_NC8_MAX_K, tofino_max_code
 from ncina.proto.wire import DEFAULT_MTU, MAX_K
 
 KEY = bytes(range(16))
@@ -194,16 +194,16 @@ def test_the_tofino_profile_caps_the_codes_above_the_window_floor() -> None:
         assert spec.window.max_code == tofino_max_code(workers) == 31 - (workers - 1).bit_length()
         top = spec.window.max_code - 1  # the largest code's integer: 2^top
         assert workers << top <= 1 << 30 < (2 * workers) << top  # the most that fits
-        assert spec.k == 12  # the design's lanes per pass, the default K under the profile
+        assert spec.k == TOFINO_MAX_K  # the design's lanes per pass, the default K under it
 
 
 def test_the_tofino_profile_refuses_what_the_design_lacks_one_sentence_each() -> None:
     with pytest.raises(ValueError) as refused:
-        JobSpec(job=9, workers=31, k=13, key=KEY, profile="tofino")
+        JobSpec(job=9, workers=31, k=TOFINO_MAX_K + 1, key=KEY, profile="tofino")
     assert str(refused.value).splitlines()[1:] == [
         f"  job 9 has a key: {LACKS['tag']}",
         f"  job 9 has 31 workers: {LACKS['workers']}",
-        f"  K=13: {LACKS['k']}",
+        f"  K={TOFINO_MAX_K + 1}: {LACKS['k']}",
     ]
     assert JobSpec(job=9, workers=30, result="int", k=12, profile="tofino").problems() == []
     assert JobSpec(job=9, workers=2, result="int", k=4, profile="tofino").problems() == []
@@ -250,7 +250,8 @@ def test_every_field_is_an_option_of_ncina_aggregator() -> None:
 def test_the_tofino_profile_re_compresses_nc8_results_for_at_most_7_lanes() -> None:
     """The build with NC8 results fits 7 lanes (``TOFINO_NC8_MAX_K``): a nc8 job of 8 is refused
     with the design's sentence by ``JobSpec``, ``JobConfig`` and the twin's control plane, one
-    of 7 runs, int and int32 results keep 12; a nc8 job's default K under the profile is 7."""
+    of 7 runs, int and int32 results keep TOFINO_MAX_K (32); a nc8 job's default K under the
+    profile is 7."""
     from ncina.aggregator.backends.tofino.twin import limits
     from ncina.aggregator.jobs import JobConfig
 
@@ -260,8 +261,9 @@ def test_the_tofino_profile_re_compresses_nc8_results_for_at_most_7_lanes() -> N
     assert JobSpec(job=9, workers=4, result="nc8", k=7, profile="tofino").problems() == []
     assert JobSpec(job=9, workers=4, result="nc8", profile="tofino").k == TOFINO_NC8_MAX_K == 7
     for result in ("int", "int32"):
-        assert JobSpec(job=9, workers=4, result=result, k=12, profile="tofino").problems() == []
-        assert JobSpec(job=9, workers=4, result=result, profile="tofino").k == 12
+        assert JobSpec(job=9, workers=4, result=result, k=TOFINO_MAX_K,
+                       profile="tofino").problems() == []  # fmt: skip
+        assert JobSpec(job=9, workers=4, result=result, profile="tofino").k == TOFINO_MAX_K
     assert JobSpec(job=9, workers=4, result="nc8", k=12).problems() == []  # default profile
     with pytest.raises(ValueError) as refused:
         JobConfig.create(job=9, workers=4, k=8, result_format="nc8", profile="tofino")

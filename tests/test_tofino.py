@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -186,19 +187,24 @@ def _slot_decision(relation: int, there_incomplete: int, here_incomplete: int,
     return None  # older (late), or the slot rules never ran (relation 0)
 
 
-def test_dense_pair_rows_do_what_the_slot_decision_decides(tmp_path: Path) -> None:
+@pytest.mark.parametrize("twin", [False, True], ids=["tna", "twin"])
+def test_dense_pair_rows_do_what_the_slot_decision_decides(twin: bool, tmp_path: Path) -> None:
     """Each pair's table is keyed on the decision's inputs (so that the pairs need not wait a
     stage for its answer): for every verdict, relation, completeness of both versions and
     rank seen or not, the generated const entries (first match) pick the operation the
-    decision's lane_op names, the harvest row the upper sums, and nothing otherwise."""
+    decision's lane_op names, the harvest row the upper sums (the TNA program on Tofino 1; the
+    v1model twin has no harvest pass), and nothing otherwise."""
     c = _p4_constants()
-    _, lanes = gen_tofino.write(4, tmp_path, dense=True)
-    table = re.search(r"table pair_1 \{.*?\n    \}\n", lanes.read_text(), re.S).group(0)
+    if twin:
+        text = gen_tofino.twin_lanes_p4(4)
+    else:
+        text = gen_tofino.write(4, tmp_path, dense=True)[1].read_text()
+    table = re.search(r"table pair_1 \{.*?\n    \}\n", text, re.S).group(0)
     keys = re.findall(r"(\S+): ternary @name", table)
     assert keys == [field for field, _, _ in gen_tofino.PAIR_KEY]
     assert "meta.lane_op" not in keys  # the decision's answer: a stage later
     entries = re.findall(r"\(([^()]*)\): do_(\w+)_1\(\);", table)
-    assert len(entries) == len(gen_tofino.PAIR_ROWS) + 1
+    assert len(entries) == len(gen_tofino.PAIR_ROWS) + (not twin)
     rows = [([None if v == "_" else c.get(v, None) if v in c else int(v)
               for v in values.split(", ")], op) for values, op in entries]  # fmt: skip
     rank_bit = 1 << 7
@@ -215,7 +221,7 @@ def test_dense_pair_rows_do_what_the_slot_decision_decides(tmp_path: Path) -> No
                 got = next((op for values, op in rows if all(
                     v is None or v == x for v, x in zip(values, key, strict=True))), None)
                 if verdict == c["VERDICT_HARVEST"]:
-                    want = "harvest"
+                    want = None if twin else "harvest"
                 else:
                     want = _slot_decision(relation, there, here, seen[seen_there],
                                           seen[seen_here])  # fmt: skip
@@ -331,22 +337,42 @@ def test_the_twins_slot_rules_are_the_tna_programs_text() -> None:
     assert _between(tna, *rules) == _between(twin, *rules)
 
 
-@pytest.mark.parametrize("k", [1, 4, 12])
-def test_the_twin_generates_the_tna_programs_tables(k: int) -> None:
-    """The twin's config.p4 is the TNA program's, and its CheckCodes (decode tables, window
-    check) too but for the validity key, which BMv2 takes as a bit<1>; a lane register per lane;
-    the twin takes K up to the lanes one Tofino pass holds."""
+@pytest.mark.parametrize("k", [2, 8, TOFINO_MAX_K])
+def test_the_twin_generates_the_dense_tna_programs_tables(k: int) -> None:
+    """The twin's config.p4 is the dense TNA program's, and its CheckCodes (exact decode tables
+    into the int32 lanes, the window check per 8 lanes) too but for the validity keys, which
+    BMv2 takes as a bit<1>; its pair registers are k/2 64-bit cells, each pair's table has the
+    TNA program's key and rows (but for the harvest pass's) and its actions the TNA register
+    actions' bodies, lanes j (lo) and j + k/2 (hi); the twin takes K up to the lanes one
+    Tofino pass holds, an odd K's jobs on the build for K + 1."""
     def check_codes(text: str) -> str:
         body = _between(text, "control CheckCodes", "\n}\n")
-        return re.sub(r"\(bit<1>\)(hdr\.lanes\[\d+\]\.isValid\(\)): ternary @name\(\"valid_\d+\"\)",
-                      r"\1: ternary", body).replace("(1w1, 1w1", "(true, 1w1").replace(
-                          ", 1w1, 1w1", ", true, 1w1")  # fmt: skip
+        body = re.sub(r"\(bit<1>\)(hdr\.lanes\[\d+\]\.isValid\(\)): ternary @name\(\"valid_\d+\"\)",
+                      r"\1: ternary", body)  # fmt: skip
+        return body.replace("1w1, 7w0x", "true, 7w0x")
 
-    tna, twin = gen_tofino.lanes_p4(k), gen_tofino.twin_lanes_p4(k)
-    assert check_codes(twin) == check_codes(tna)
-    assert len(re.findall(r"register<bit<32>, bit<32>>\(NCINA_SLOTS\) sums_\d+;", twin)) == k
-    gen_tofino.check_twin_k(TOFINO_MAX_K)
-    with pytest.raises(ValueError, match="at most 12"):
+    tna, twin = gen_tofino.lanes_p4(k, dense=True), gen_tofino.twin_lanes_p4(k)
+    assert check_codes(twin) == check_codes(tna) and "1w1, 7w0x" in twin
+    pairs = k // 2
+    assert len(re.findall(r"register<bit<64>, bit<32>>\(NCINA_SLOTS\) sums_\d+;", twin)) == pairs
+    def table(text: str, j: int) -> tuple[list[str], list[tuple[str, str]]]:
+        body = re.search(rf"table pair_{j} \{{.*?\n    \}}\n", text, re.S).group(0)
+        return (re.findall(r"(\S+): ternary @name", body),
+                re.findall(rf"\(([^()]*)\): do_(\w+)_{j}\(\);", body))  # fmt: skip
+
+    for j in range(pairs):
+        (tna_keys, tna_rows), (twin_keys, twin_rows) = table(tna, j), table(twin, j)
+        assert twin_keys == tna_keys and twin_rows == [r for r in tna_rows if r[1] != "harvest"]
+        for name in ("first", "add", "read"):
+            tna_body = re.search(rf"\) {name}_{j} = {{.*?\n    }};", tna, re.S).group(0)
+            twin_body = re.search(rf"action do_{name}_{j}\(\) {{.*?\n    }}", twin, re.S).group(0)
+            for line in re.findall(r"value\.(?:lo|hi) = .*;", tna_body):
+                assert line in twin_body
+            assert f"hdr.sums[{j}].value = value.lo;" in twin_body
+            assert f"hdr.sums[{j + pairs}].value = value.hi;" in twin_body
+    assert f"value.hi + hdr.sums[{pairs}].value" in twin
+    assert gen_tofino.twin_k(7) == 8 and gen_tofino.twin_k(TOFINO_MAX_K) == TOFINO_MAX_K
+    with pytest.raises(ValueError, match=f"at most {TOFINO_MAX_K}"):
         gen_tofino.check_twin_k(TOFINO_MAX_K + 1)
 
 
@@ -355,13 +381,17 @@ def test_the_generated_nc8_recompression_is_the_reference_codecs() -> None:
     twin: the generated highest-set-bit rows and shifts, the lane constants xored into the
     rounding word and the saturating compare, run here step by step on 32-bit sums, give
     ``ncina.proto.nc8``'s codes for every lane, key and sum within +-2^31 (the twin's tables
-    are the TNA program's text)."""
+    are the TNA program's text, for the TOFINO_NC8_MAX_K lanes a nc8 job may have)."""
     k = 8
     tna, twin = gen_tofino.lanes_p4(k, nc8=True), gen_tofino.twin_lanes_p4(k)
     table = re.compile(r"table high_\d+ \{.*?\n    \}", re.S)
     generic = re.sub(r"hdr\.wide\[\d+\]\.low", "magnitude", tna)
     tables = {m.group(0) for m in table.finditer(generic)}
-    assert tables == {m.group(0) for m in table.finditer(twin)} and len(tables) == k
+    assert len(tables) == k
+    # the twin re-compresses TOFINO_NC8_MAX_K lanes (a nc8 job of more is refused)
+    assert {t for t in tables if int(re.match(r"table high_(\d+)", t).group(1))
+            < TOFINO_NC8_MAX_K} == {m.group(0) for m in table.finditer(twin)}  # fmt: skip
+    assert k > TOFINO_NC8_MAX_K and "high_7" not in twin
     rows = [(int(value, 16), int(mask, 16), int(h)) for value, mask, h in re.findall(
         r"32w0x([0-9A-F]{8}) &&& 32w0x([0-9A-F]{8}): high_0_(\d+)\(\)", tna)]  # fmt: skip
     assert len(rows) == 32
@@ -389,6 +419,45 @@ def test_the_generated_nc8_recompression_is_the_reference_codecs() -> None:
         sums[0], sums[1] = (1 << 30) if _ % 2 else -(1 << 30), 0  # the cap, and zero
         want = codec.recompress(sums, key)
         assert [switch_code(int(s), i, key) for i, s in enumerate(sums)] == list(want)
+
+
+def _crc(poly: gen_tofino.CrcPolynomial, data: bytes) -> int:
+    """The CRC of ``data`` that ``poly``'s parameters define, bit by bit (most significant bit
+    first; ``reversed``: each input byte and the result reflected)."""
+    def reflect(value: int, bits: int) -> int:
+        return int(f"{value:0{bits}b}"[::-1], 2)
+
+    assert not poly.msb and not poly.extended  # a 32-bit coefficient, x^32 implied
+    register = poly.init
+    for byte in data:
+        register ^= (reflect(byte, 8) if poly.reversed else byte) << 24
+        for _ in range(8):
+            top = register & 0x80000000
+            register = (register << 1) & 0xFFFFFFFF
+            if top:
+                register ^= poly.coeff
+    return (reflect(register, 32) if poly.reversed else register) ^ poly.xor
+
+
+def test_the_nc8_rounding_word_is_zlibs_crc32_by_construction() -> None:
+    """The build with NC8 results declares its CRC-32 (``HashAlgorithm_t.CUSTOM`` with an
+    explicit ``CRCPolynomial``, the installed headers' argument order), and those parameters
+    compute zlib's CRC-32: what every backend's rounding word is (``ncina.proto.nc8``)."""
+    poly = gen_tofino.ROUNDING_CRC
+    text = "\n".join(gen_tofino.recompress_p4(2))
+    declared = re.search(r"CRCPolynomial<bit<32>>\((32w0x\w+), (\w+), (\w+), (\w+), "
+                         r"(32w0x\w+), (32w0x\w+)\) crc32;", text)  # fmt: skip
+    assert declared, text
+    values = [int(v[3:], 16) if v.startswith("32w") else v == "true" for v in declared.groups()]
+    assert gen_tofino.CrcPolynomial(*values) == poly
+    assert "Hash<bit<32>>(HashAlgorithm_t.CUSTOM, crc32) crc;" in text
+    assert "HashAlgorithm_t.CRC32" not in text
+    rng = np.random.default_rng(4)
+    for n in (0, 1, 4, 25, 100):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert _crc(poly, data) == zlib.crc32(data)
+    assert _crc(poly, b"123456789") == 0xCBF43926  # CRC-32's check value
+    assert _crc(poly._replace(reversed=False), b"123456789") == 0xFC891918  # not BZIP2's
 
 
 def test_make_p4_tofino_nc8_builds_the_nc8_results_variant_whose_fit_is_committed(

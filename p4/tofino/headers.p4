@@ -185,11 +185,11 @@ struct headers_t {
     harvest_h harvest;
 #endif
     NCINA_SUM_HEADERS  // sum_lane_h stacks of up to 32 (generated: config.p4)
+#ifdef NCINA_TWIN
+    wide_lane_h[NCINA_K] wide;  // the twin's int results (docs/tofino.md, "The v1model twin")
+#endif
 #else
     wide_lane_h[NCINA_K] wide;
-#ifdef NCINA_TWIN
-    sum_lane_h[NCINA_K] sums;  // the twin's int32 results (docs/tofino.md, "The v1model twin")
-#endif
 #endif
 }
 

@@ -37,8 +37,10 @@ struct ingress_intrinsic_metadata_for_tm_t {
 #include "events.p4"
 #include "rewrite.p4"
 
-// NcinaIngress of p4/tofino/ncina.p4, statement for statement; where the TNA program sets a
-// digest for the control plane, the twin sends v1model's (members.p4).
+// NcinaIngress of p4/tofino/ncina.p4's dense layout (config.p4's NCINA_DENSE), statement for
+// statement but for the harvest pass (none: a v1model register read hands back both sums of
+// a pair); where the TNA program sets a digest for the control plane, the twin sends
+// v1model's (members.p4).
 control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
     Arp() arp;
     Forward() forward;
@@ -47,6 +49,7 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
     Reply() reply;
     Events() events;
     Learn() learn;
+    LaneSums() sums;
 
     ingress_intrinsic_metadata_t ig_md;
     ingress_intrinsic_metadata_from_parser_t prsr;
@@ -72,6 +75,7 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
     action sizes() {
         meta.room = hdr.udp.len - (UDP_HEADER_BYTES + NCINA_HEADER_BYTES);
         meta.int_bytes = hdr.nc.count << 3;
+        meta.result_bytes = hdr.nc.count << 2;
     }
 
     table prepare {
@@ -107,12 +111,19 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
                     learn.apply(hdr, meta);
                 }
             }
+            meta.ours = 1;  // counted and answered below, after the lanes' pairs
+        } else if (meta.local == 0 && hdr.eth.isValid()) {
+            forward.apply(hdr, meta, tm);
+        }
+        // The dense layout's order: the lanes' pairs (their rows read the slot decision's
+        // inputs), then the counters and the replies (no harvest pass: a v1model register
+        // read hands back both sums of a pair).
+        sums.apply(hdr, meta);
+        if (meta.ours == 1) {
             events.apply(hdr, meta);
             if (meta.send != OUT_NONE) {
                 reply.apply(hdr, meta, ig_md, tm);
             }
-        } else if (meta.local == 0 && hdr.eth.isValid()) {
-            forward.apply(hdr, meta, tm);
         }
         hdr.bridge.setValid();
         hdr.bridge.send = meta.send;

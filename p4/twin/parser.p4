@@ -44,6 +44,8 @@ parser NcinaParser(packet_in pkt, out headers_t hdr, inout meta_t meta,
         meta.f_generation = 0;
         meta.codes_bad = 0;
         meta.unknown_rank = 0;
+        meta.ours = 0;
+        meta.relation = 0;  // the pairs' key: 0, the slot rules never saw the packet
         pkt.extract(hdr.eth);
         transition select(hdr.eth.ether_type) {
             ETHERTYPE_IPV4: parse_ipv4;
@@ -119,7 +121,7 @@ control NcinaDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.desc);
         pkt.emit(hdr.lanes);
         pkt.emit(hdr.wide);
-        pkt.emit(hdr.sums);  // int32 results
+        pkt.emit(hdr.sums);  // int32 results (the dense layout's lanes: K <= 32, one stack)
     }
 }
 

@@ -15,7 +15,9 @@
 const bit<64> HELD_UNUSED2 = (bit<32>)HELD_UNUSED ++ (bit<32>)HELD_UNUSED;
 
 control Slots(inout headers_t hdr, inout meta_t meta) {
+#ifndef NCINA_DENSE
     LaneSums() sums;
+#endif
 
     // The offset of each slot version's chunk (xor OFFSET_UNUSED).
     register<bit<32>, bit<32>>(NCINA_SLOTS) offsets;

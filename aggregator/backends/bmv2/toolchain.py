@@ -130,7 +130,7 @@ def _digest(build: Build) -> str:
 def _generated(build: Build) -> tuple[str, str]:
     """The generated ``config.p4`` and ``lanes.p4`` of ``build``'s program."""
     if build.program == TWIN:
-        return gen_tofino.config_p4(build.k), gen_tofino.twin_lanes_p4(build.k)
+        return gen_tofino.config_p4(build.k, dense=True), gen_tofino.twin_lanes_p4(build.k)
     return gen.config_p4(build.k), gen.lanes_p4(build.k)
 
 
@@ -140,7 +140,7 @@ def build(k: int, directory: Path | None = None, *, force: bool = False,
     an up-to-date build exists): ``build/p4/k<K>/``, the twin's ``build/p4/tofino-k<K>/``."""
     program = PROFILES[profile]
     if program == TWIN:
-        gen_tofino.check_twin_k(k)
+        k = gen_tofino.twin_k(k)  # (pairs: an odd K's jobs run on the build for K + 1)
     else:
         gen.check_k(k)
     name = f"k{k}" if program == MAIN else f"{profile}-k{k}"

@@ -9,8 +9,8 @@ from ncina.proto.header import Format
 
 ANSWERS_TABLE = "NcinaIngress.reply.answers"
 ANSWER_ACTION = "NcinaIngress.reply.answer"
-RESULTS_TABLE = "NcinaIngress.slots.sums.results"
-NC8_JOB_ACTION = "NcinaIngress.slots.sums.nc8_job"
+RESULTS_TABLE = "NcinaIngress.sums.results"
+NC8_JOB_ACTION = "NcinaIngress.sums.nc8_job"
 
 
 def answer_entry(job: InstalledJob) -> Entry:
