@@ -133,7 +133,7 @@ def topo_k(
     leaves send int partial sums, for int)."""
     if backend == "bmv2" or mode == "server":
         return FIXED_K
-    return default_k(mtu, "int" if topo == "leafspine" else result, tagged)
+    return default_k(mtu, result, tagged, partial_sums=topo == "leafspine")
 
 
 def topo_pool_size(backend: str | None, k: int, bw: float | None = None) -> int:

@@ -67,12 +67,22 @@ MTU_WHY = " (IPv4's minimum to a jumbo frame)"
 TOTAL_WHY = f" (a tree of {MAX_WORKERS} leaves of {MAX_WORKERS}: one aggregator serves at most 64)"
 
 
-def default_k(mtu: int, result_format: Format | str, tagged: bool = False) -> int:
-    """The chunk size a job gets when none is given: the largest whose datagrams both ways fit
-    one packet of ``mtu`` (``ncina.proto.header.largest_k``; 1456 for NC8 at MTU 1500)."""
+def default_k(
+    mtu: int, result_format: Format | str, tagged: bool = False, *, partial_sums: bool = False,
+    profile: str = DEFAULT,
+) -> int:  # fmt: skip
+    """The chunk size a job gets when none is given, the one rule every command and the client
+    use: the largest whose datagrams both ways fit one packet of ``mtu``
+    (``ncina.proto.header.largest_k``; 1456 for NC8 at MTU 1500), for int lanes where
+    ``partial_sums`` travel (a spine's uplink, the workers under a leaf), else for the result
+    format; at most the design's lanes under the ``tofino`` profile."""
     if isinstance(result_format, str):
         result_format = FORMATS[result_format]
-    return min(MAX_K, largest_k(mtu, result_format, tagged))
+    lanes = Format.INT if partial_sums else result_format
+    k = min(MAX_K, largest_k(mtu, lanes, tagged))
+    if profile == TOFINO:  # the design's lanes per pass for its results
+        k = min(k, tofino_max_k(result_format))
+    return k
 
 
 def _format(value: Format | str | int) -> Format | str:
@@ -115,9 +125,8 @@ class JobSpec:
         object.__setattr__(self, "result", _format(self.result))
         object.__setattr__(self, "uplink", _format(self.uplink))
         if self.k is None and self._lanes_valid() and MIN_MTU <= self.mtu <= MAX_MTU:
-            k = default_k(self.mtu, self._lane_format(), self.keyed)
-            if self.profile == TOFINO:  # the design's lanes per pass for its results
-                k = min(k, tofino_max_k(self.result))
+            k = default_k(self.mtu, self.result, self.keyed,
+                          partial_sums=self._partial_sums(), profile=self.profile)  # fmt: skip
             object.__setattr__(self, "k", k)
         problems = self.problems()
         if problems:
@@ -143,14 +152,18 @@ class JobSpec:
     def _lanes_valid(self) -> bool:
         return self.result in RESULT_NAMES and self.uplink in UPLINK_FORMATS
 
-    def _lane_format(self) -> Format:
-        """The widest element a datagram of the job carries: int where int partial sums travel
-        (a spine's uplink, or the workers under a leaf), else the result format's."""
-        partial_sums = self.uplink == Format.INT or (
+    def _partial_sums(self) -> bool:
+        """Whether int partial sums travel in the job: a spine's uplink, or the workers under a
+        leaf."""
+        return self.uplink == Format.INT or (
             self.total_workers is not None and self.workers is not None
             and self.total_workers > self.workers
         )  # fmt: skip
-        return Format.INT if partial_sums else Format(self.result)
+
+    def _lane_format(self) -> Format:
+        """The widest element a datagram of the job carries: int where int partial sums travel
+        (a spine's uplink, or the workers under a leaf), else the result format's."""
+        return Format.INT if self._partial_sums() else Format(self.result)
 
     # ---- validation ----
 

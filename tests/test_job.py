@@ -269,3 +269,20 @@ def test_the_tofino_profile_re_compresses_nc8_results_for_at_most_7_lanes() -> N
     config = JobConfig.create(job=9, workers=4, k=7, result_format="nc8", profile="tofino")
     assert limits.refusal(config, 7) is None
     assert limits.refusal(config, 8) == f"K=8 with nc8 results: {LACKS['nc8_k']}"
+
+
+@pytest.mark.parametrize(
+    "given",
+    [{}, {"key": KEY}, {"result": "int"}, {"mtu": 9000}, {"total_workers": 8},
+     {"result": "int32", "profile": "tofino"}, {"result": "nc8", "profile": "tofino"}],
+)  # fmt: skip
+def test_the_client_takes_the_jobs_default_k(given: dict) -> None:
+    """One default-K rule (``default_k``): a client given no K takes the K its job's
+    ``JobSpec`` has (int lanes under a leaf, the design's lanes under the tofino profile)."""
+    from ncina.worker.client import AllreduceClient
+
+    client_keywords = {"result_format" if name == "result" else name: value
+                       for name, value in given.items()}  # fmt: skip
+    with AllreduceClient(("127.0.0.1", 9), job=1, rank=0, workers=4, handshake_timeout=None,
+                         **client_keywords) as client:  # fmt: skip
+        assert client.k == JobSpec(job=1, workers=4, **given).k

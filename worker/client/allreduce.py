@@ -64,7 +64,7 @@ from ncina.proto.compressors import Compressor, create
 from ncina.proto.compressors.base import largest_fitting
 from ncina.proto.header import Format
 from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, FORMATS, JobSpec, default_k
-from ncina.proto.profiles import DEFAULT, PROFILES, TOFINO, job_window, tofino_max_k
+from ncina.proto.profiles import DEFAULT, PROFILES, job_window
 from ncina.proto.wire import DEFAULT_MTU, MAX_TOTAL_WORKERS, payload_room
 from ncina.worker.client.datapath import DATA_PATH_ENV, DATA_PATHS, DataPath
 from ncina.worker.client.errors import Restart
@@ -205,9 +205,8 @@ class AllreduceClient:
         if k is None:
             # Under a leaf the tree's K is the leaf's: its partial sums go up as int lanes.
             under_leaf = total_workers is not None and total_workers > workers
-            fmt = Format.INT if under_leaf else FORMATS[result_format]
-            k = default_k(mtu, fmt, key is not None)
-            k = min(k, tofino_max_k(result_format)) if profile == TOFINO else k
+            k = default_k(mtu, result_format, key is not None, partial_sums=under_leaf,
+                          profile=profile)  # fmt: skip
         desc.check_job(job=job, workers=workers, k=k, pool_size=pool_size)
         desc.check_range("rank", rank, 0, workers - 1, f" (job of {workers} workers)")
         if handshake_timeout is not None and not handshake_timeout > 0:
