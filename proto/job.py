@@ -283,12 +283,31 @@ class JobSpec:
         *names: str,
         required: Iterable[str] = (),
         rules: Mapping[str, str] | None = None,
+        role: str | None = None,
+        lacks: Iterable[str] = (),
         **defaults: Any,
     ) -> dict[str, argparse.Action]:
         """Register the options of the fields ``names`` (all when none is named) on ``parser``
         and return their actions by field name. ``required`` names the fields a command must be
         given; ``defaults`` gives a command's own default for a field (``k=256``); ``rules``
-        says in the help what a default of None means where it is not the field's rule."""
+        says in the help what a default of None means where it is not the field's rule.
+
+        ``role`` instead of ``names`` (``ROLE_LACKS``: ``aggregator``, ``worker`` or ``run``)
+        registers every field of the role that ``parser`` has no option for yet, but those the
+        command ``lacks`` (it derives them): a command names fields only to place them or to
+        give them a default of its own, and ends with its role's call, through which a new
+        field becomes an option of every command of its role."""
+        if role is not None:
+            if names:
+                raise ValueError("give the fields by name or by role, not both")
+            taken = parser._option_string_actions  # a group shares its parser's
+            names = tuple(name for name in role_fields(role)
+                          if name not in set(lacks) and OPTIONS[name].flag not in taken)
+            given = set(required) | set(defaults) | set(rules or {})
+            if not given <= set(names):
+                raise ValueError(f"not a field left to the role: {', '.join(sorted(given))}")
+            if not names:
+                return {}
         unknown = (set(names) | set(required) | set(defaults) | set(rules or {})) - OPTIONS.keys()
         if unknown:
             raise ValueError(f"not a job option: {', '.join(sorted(unknown))}")
@@ -429,3 +448,24 @@ OPTIONS: dict[str, Option] = {
         kwargs={"choices": PROFILES}),
 }  # fmt: skip
 """Every job field's option, by field name: the one place an option is spelled."""
+
+
+ROLE_LACKS: dict[str, tuple[str, ...]] = {
+    "aggregator": (),
+    "worker": ("uplink",),
+    "run": ("job", "total_workers", "uplink", "key"),
+}
+"""The job fields each role of command does not offer (``JobSpec.add_arguments(parser,
+role=...)``); it offers every other, a new field included. ``aggregator``: ``ncina aggregator``,
+every field. ``worker``: ``ncina allreduce`` and ``ncina train``; a worker sends NC8 codes,
+only a leaf aggregator sends int uplinks. ``run``: a command that runs a whole job, its
+aggregators and workers (``ncina topo``, ``ncina bench allreduce|fabric|ddp``): the run picks
+its one job's id and its tree's shape, and a key travels as a file (``ncina topo --key-file``,
+its own option)."""
+
+
+def role_fields(role: str) -> tuple[str, ...]:
+    """The job fields a command of ``role`` offers (``ROLE_LACKS``), in ``OPTIONS``' order."""
+    if role not in ROLE_LACKS:
+        raise ValueError(f"a command's role is one of {', '.join(ROLE_LACKS)}, not {role}")
+    return tuple(name for name in OPTIONS if name not in ROLE_LACKS[role])

@@ -65,6 +65,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     JobSpec.add_arguments(p, "key")
     add_data_path_argument(p)
     p.add_argument("--stats", type=Path, default=None, metavar="FILE", help="counters as JSON")
+    JobSpec.add_arguments(p, role="worker")  # every field not placed above
     return p
 
 

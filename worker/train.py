@@ -141,6 +141,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="JSON-lines file the events are appended to; {rank} in it is replaced "
                    "by the rank (one file per rank under torchrun)")
     p.add_argument("--log-every", type=int, default=1, help="print every Nth step")
+    # every field not placed above; --workers and --leaf-workers give the total
+    JobSpec.add_arguments(p, role="worker", lacks=("total_workers",))
     return p
 
 

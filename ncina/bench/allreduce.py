@@ -78,6 +78,7 @@ def add_common_arguments(p: argparse.ArgumentParser, backend: str, workers: int)
     p.add_argument("--seed", type=int, default=0, help="input and rounding seed")
     p.add_argument("--timeout", type=float, default=0.05, help="initial RTO (s)")
     p.add_argument("--deadline", type=float, default=30.0, help="worker deadline (s)")
+    JobSpec.add_arguments(p, role="run")  # every field not placed above
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
