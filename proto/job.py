@@ -396,6 +396,19 @@ class Option:
     rule: str | None = None
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
+    def parse(self, text: str) -> Any:
+        """The option's value of ``text``, as the command line parses it (its ``type`` and
+        ``choices``): for a value given elsewhere, an environment variable. ``ValueError``
+        says what is wrong."""
+        try:
+            value = self.kwargs.get("type", str)(text)
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(str(exc)) from None
+        choices = self.kwargs.get("choices")
+        if choices is not None and value not in choices:
+            raise ValueError(f"{self.flag} is one of {', '.join(choices)}, not {text}")
+        return value
+
 
 OPTIONS: dict[str, Option] = {
     "job": Option("--job", "job", f"job id (0..{MAX_JOB_ID})",

@@ -253,11 +253,8 @@ def backend_options(args: argparse.Namespace, job: JobSpec) -> Any:
         return None
     from ncina.worker.torch_backend import NcinaOptions
 
-    return NcinaOptions(
-        aggregators=list(args.aggregator), job=job.job, result_format=job.result.name.lower(),
-        key=job.key, k=job.k, pool_size=job.pool_size, window_max=job.window_max, mtu=job.mtu,
-        deadline=args.deadline, seed=args.seed, exact_below=0,
-    )
+    return NcinaOptions.for_job(list(args.aggregator), job, deadline=args.deadline,
+                                seed=args.seed, exact_below=0)  # fmt: skip
 
 
 def backend_stats() -> tuple[dict[str, float], dict[str, int]]:
