@@ -343,11 +343,23 @@ class JobSpec:
             values.setdefault(name, None)
         return cls(**values)
 
-    def to_args(self, *names: str) -> list[str]:
+    def to_args(self, *names: str, role: str | None = None, lacks: Iterable[str] = ()) -> list[str]:
         """The options that give another command this job's fields ``names`` (all but ``key``,
-        which travels as a file, when none is named); a field that is None is left out."""
+        which travels as a file, when none is named; with ``role``, every field of that role
+        but those the command ``lacks`` and the key: ``add_arguments``'); a field that is None
+        is left out."""
+        if role is not None:
+            names = tuple(n for n in role_fields(role) if n not in (*lacks, "key"))
         return job_args(**{name: getattr(self, name)
                            for name in names or [n for n in OPTIONS if n != "key"]})  # fmt: skip
+
+    def record(self) -> dict[str, Any]:
+        """The job's fields by name as JSON holds them (a run's record): formats by their
+        option names, the key left out (a secret); ``JobSpec(**record)`` is the job again,
+        unkeyed."""
+        return {name: value.name.lower() if isinstance(value, Format) else value
+                for name in OPTIONS if name != "key"
+                for value in [getattr(self, name)]}  # fmt: skip
 
 
 def job_args(**values: Any) -> list[str]:

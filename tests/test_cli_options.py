@@ -176,6 +176,8 @@ ROLES: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {
     ("train",): ("worker", ("total_workers",)),
     ("bench", "allreduce"): ("run", ()),
     ("bench", "fabric"): ("run", ()),
+    ("topo",): ("run", ()),
+    ("bench", "ddp"): ("run", ("profile",)),
 }
 """Each job command's role (``ncina.proto.job.ROLE_LACKS``) and the fields it derives itself."""
 

@@ -48,6 +48,10 @@ from ncina.worker.client import MODES, check_mode
 from ncina.common.address import peer_address
 from ncina.common.options import deprecated_alias
 
+LACKS = ("total_workers",)
+"""The job fields of a worker's role that ``ncina train`` does not take: ``--workers`` and
+``--leaf-workers`` give the total."""
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``ncina train``."""
@@ -141,8 +145,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="JSON-lines file the events are appended to; {rank} in it is replaced "
                    "by the rank (one file per rank under torchrun)")
     p.add_argument("--log-every", type=int, default=1, help="print every Nth step")
-    # every field not placed above; --workers and --leaf-workers give the total
-    JobSpec.add_arguments(p, role="worker", lacks=("total_workers",))
+    JobSpec.add_arguments(p, role="worker", lacks=LACKS)  # every field not placed above
     return p
 
 
