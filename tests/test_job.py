@@ -235,15 +235,16 @@ def test_a_profile_mismatch_is_named() -> None:
 
 
 def test_every_field_is_an_option_of_ncina_aggregator() -> None:
-    """The benchmarks give their aggregators every field of the job (``JobSpec.to_args``), so
-    ``ncina aggregator`` must take each one, and read it back as the same job."""
+    """The benchmarks and the topology give their aggregators every field of the job that the
+    aggregator's role has (``JobSpec.to_args(role="aggregator")``), so ``ncina aggregator``
+    must take each one, and read it back as the same job."""
     from ncina.aggregator import cli as aggregator_cli
 
     parser = argparse.ArgumentParser()
     aggregator_cli.add_parser(parser.add_subparsers())
     spec = JobSpec(job=3, workers=4, k=12, pool_size=8, window_max=9, result="int", mtu=9000,
                    profile="tofino")  # fmt: skip
-    args = parser.parse_args(["aggregator", *spec.to_args()])
+    args = parser.parse_args(["aggregator", *spec.to_args(role="aggregator")])
     assert JobSpec.from_args(args) == spec
 
 

@@ -163,9 +163,9 @@ def accuracy(ref: Reference, result: np.ndarray, result_format: str) -> dict[str
 
 def aggregator_arguments(args: argparse.Namespace, stats_path: Path) -> list[str]:
     """``ncina aggregator`` options of the benchmark's job (backend and address aside): every
-    field of it (``JobSpec.to_args``)."""
+    field of it an aggregator takes (``JobSpec.to_args``, the aggregator's role)."""
     return [
-        *JobSpec.from_args(args, job=JOB).to_args(),
+        *JobSpec.from_args(args, job=JOB).to_args(role="aggregator"),
         "--seed", str(args.seed), "--stats", str(stats_path),
     ]  # fmt: skip
 
