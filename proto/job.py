@@ -59,6 +59,9 @@ DEFAULT_POOL_SIZE = 64
 """Slots in a job's pool when none is given."""
 DEFAULT_WINDOW_MAX = 10
 """A job's largest NC8 exponent, e_max, when none is given."""
+DEFAULT_RESTART_RETRIES = 3
+"""Aggregator restarts one call of a job's workers recovers from when none is given."""
+MAX_RESTART_RETRIES = 1000
 FORMATS = {"nc8": Format.NC8, "int": Format.INT, "int32": Format.INT32}
 """An INA job's result formats, by their option names."""
 UPLINKS = {"nc8": Format.NC8, "int": Format.INT}
@@ -120,6 +123,7 @@ class JobSpec:
     key: bytes | None = field(default=None, repr=False)
     mtu: int = DEFAULT_MTU
     profile: str = DEFAULT
+    restart_retries: int = DEFAULT_RESTART_RETRIES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "result", _format(self.result))
@@ -209,6 +213,8 @@ class JobSpec:
                 out.append(str(exc))
         if not any(out) and self.k > default_k(self.mtu, self._lane_format(), self.keyed):
             out.append(self._frame_problem())
+        out.append(range_problem("restart retries", self.restart_retries, 0,
+                                 MAX_RESTART_RETRIES))  # fmt: skip
         if self.profile not in PROFILES:
             out.append(f"a job's profile is one of {', '.join(PROFILES)}, not {self.profile}")
         elif self.profile == TOFINO:
@@ -471,22 +477,27 @@ OPTIONS: dict[str, Option] = {
         "lanes, codes up to 31 - ceil(log2 N) above the window's e_min, K <= 12, 30 workers, "
         "int32, int or nc8 results, no key: docs/tofino.md)", DEFAULT,
         kwargs={"choices": PROFILES}),
+    "restart_retries": Option(
+        "--restart-retries", "restart_retries", "aggregator restarts one all-reduce of the job "
+        "recovers from, with every other rank (docs/reliability.md): every worker of the job "
+        "takes the same; one more fails the call", DEFAULT_RESTART_RETRIES,
+        kwargs={"type": Ranged("restart retries", 0, MAX_RESTART_RETRIES), "metavar": "N"}),
 }  # fmt: skip
 """Every job field's option, by field name: the one place an option is spelled."""
 
 
 ROLE_LACKS: dict[str, tuple[str, ...]] = {
-    "aggregator": (),
+    "aggregator": ("restart_retries",),
     "worker": ("uplink",),
     "run": ("job", "total_workers", "uplink", "key"),
 }
 """The job fields each role of command does not offer (``JobSpec.add_arguments(parser,
 role=...)``); it offers every other, a new field included. ``aggregator``: ``ncina aggregator``,
-every field. ``worker``: ``ncina allreduce`` and ``ncina train``; a worker sends NC8 codes,
-only a leaf aggregator sends int uplinks. ``run``: a command that runs a whole job, its
-aggregators and workers (``ncina topo``, ``ncina bench allreduce|fabric|ddp``): the run picks
-its one job's id and its tree's shape, and a key travels as a file (``ncina topo --key-file``,
-its own option)."""
+every field but the workers' recovery (``restart_retries``). ``worker``: ``ncina allreduce``
+and ``ncina train``; a worker sends NC8 codes, only a leaf aggregator sends int uplinks.
+``run``: a command that runs a whole job, its aggregators and workers (``ncina topo``, ``ncina
+bench allreduce|fabric|ddp``): the run picks its one job's id and its tree's shape, and a key
+travels as a file (``ncina topo --key-file``, its own option)."""
 
 
 def role_fields(role: str) -> tuple[str, ...]:

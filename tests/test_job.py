@@ -287,3 +287,19 @@ def test_the_client_takes_the_jobs_default_k(given: dict) -> None:
     with AllreduceClient(("127.0.0.1", 9), job=1, rank=0, workers=4, handshake_timeout=None,
                          **client_keywords) as client:  # fmt: skip
         assert client.k == JobSpec(job=1, workers=4, **given).k
+
+
+def test_restart_retries_are_the_jobs_and_reach_its_clients() -> None:
+    """Every rank of a job must recover from the same aggregator restarts: a field of the job
+    (a worker's, not the aggregator's), checked, carried by ``AllreduceClient.for_job``."""
+    from ncina.proto.job import role_fields
+    from ncina.worker.client import AllreduceClient
+
+    with AllreduceClient.for_job(("127.0.0.1", 9), JobSpec(job=1, workers=2, restart_retries=0),
+                                 rank=0, handshake_timeout=None) as client:  # fmt: skip
+        assert client.restart_retries == 0
+    assert JobSpec(job=1, workers=2).restart_retries == 3
+    with pytest.raises(ValueError, match=r"restart retries must be in 0\.\.1000, not -1"):
+        JobSpec(job=1, workers=2, restart_retries=-1)
+    assert "restart_retries" in role_fields("worker")
+    assert "restart_retries" not in role_fields("aggregator")

@@ -63,7 +63,14 @@ from ncina.proto import tag
 from ncina.proto.compressors import Compressor, create
 from ncina.proto.compressors.base import largest_fitting
 from ncina.proto.header import Format
-from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, FORMATS, JobSpec, default_k
+from ncina.proto.job import (
+    DEFAULT_POOL_SIZE,
+    DEFAULT_RESTART_RETRIES,
+    DEFAULT_WINDOW_MAX,
+    FORMATS,
+    JobSpec,
+    default_k,
+)
 from ncina.proto.profiles import DEFAULT, PROFILES, job_window
 from ncina.proto.wire import DEFAULT_MTU, MAX_TOTAL_WORKERS, payload_room
 from ncina.worker.client.datapath import DATA_PATH_ENV, DATA_PATHS, DataPath
@@ -197,7 +204,7 @@ class AllreduceClient:
         cwnd: str | None = None,
         handshake_timeout: float | None = HANDSHAKE_TIMEOUT,
         total_workers: int | None = None,
-        restart_retries: int = 3,
+        restart_retries: int = DEFAULT_RESTART_RETRIES,
         profile: str = DEFAULT,
     ) -> None:
         if result_format not in FORMATS:
@@ -315,7 +322,7 @@ class AllreduceClient:
             "job": spec.job, "workers": spec.workers, "total_workers": spec.total_workers,
             "k": spec.k, "pool_size": spec.pool_size, "window_max": spec.window_max,
             "result_format": spec.result.name.lower(), "key": spec.key, "mtu": spec.mtu,
-            "profile": spec.profile,
+            "profile": spec.profile, "restart_retries": spec.restart_retries,
         }  # fmt: skip
         return cls(aggregator, rank=rank, **{**job, **settings})
 
