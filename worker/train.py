@@ -131,10 +131,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     JobSpec.add_arguments(p, "key")
     p.add_argument("--deadline", type=float, default=30.0,
                    help="seconds without progress before an all-reduce fails")
-    p.add_argument("--restart-retries", type=int, default=3, metavar="N",
-                   help="aggregator restarts one all-reduce recovers from (the workers redo "
-                   "the handshake and the bucket: docs/reliability.md); one more fails it "
-                   "(default: %(default)s)")
     p.add_argument("--fallback", choices=["gloo"],
                    help="when an INA all-reduce fails (aggregator gone past --deadline, more "
                    "restarts than --restart-retries), go on through gloo, said once and "

@@ -204,7 +204,6 @@ def make_fabric(args: argparse.Namespace, job: JobSpec) -> ShardedAllreduce:
                 seed=(args.seed << 16) + args.rank, deadline=args.deadline,
                 compressor=args.compressor, mode=args.mode, data_path=args.data_path,
                 cwnd=args.cwnd, handshake_timeout=args.handshake_timeout or None,
-                restart_retries=args.restart_retries,
             )
             for agg in args.aggregator
         ]
