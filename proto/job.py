@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ncina.proto.descriptor import (
@@ -310,8 +310,9 @@ class JobSpec:
             names = tuple(name for name in role_fields(role)
                           if name not in set(lacks) and OPTIONS[name].flag not in taken)
             given = set(required) | set(defaults) | set(rules or {})
-            if not given <= set(names):
-                raise ValueError(f"not a field left to the role: {', '.join(sorted(given))}")
+            if given - set(names):
+                raise ValueError("not a field left to the role: "
+                                 + ", ".join(sorted(given - set(names))))
             if not names:
                 return {}
         unknown = (set(names) | set(required) | set(defaults) | set(rules or {})) - OPTIONS.keys()
@@ -363,9 +364,9 @@ class JobSpec:
         """The job's fields by name as JSON holds them (a run's record): formats by their
         option names, the key left out (a secret); ``JobSpec(**record)`` is the job again,
         unkeyed."""
-        return {name: value.name.lower() if isinstance(value, Format) else value
-                for name in OPTIONS if name != "key"
-                for value in [getattr(self, name)]}  # fmt: skip
+        return {f.name: value.name.lower() if isinstance(value, Format) else value
+                for f in fields(self) if f.name != "key"
+                for value in [getattr(self, f.name)]}  # fmt: skip
 
 
 def job_args(**values: Any) -> list[str]:

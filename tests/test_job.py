@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import fields
+from unittest import mock
 
 import pytest
 from ncina.proto.descriptor import DESCRIPTOR_SIZE, Descriptor, mismatches
@@ -303,3 +304,24 @@ def test_restart_retries_are_the_jobs_and_reach_its_clients() -> None:
         JobSpec(job=1, workers=2, restart_retries=-1)
     assert "restart_retries" in role_fields("worker")
     assert "restart_retries" not in role_fields("aggregator")
+
+
+def test_a_role_registers_the_fields_a_command_has_not_placed() -> None:
+    """``add_arguments(role=...)`` adds the role's fields that a command has not placed (with
+    its own defaults) and does not lack; ``to_args(role=...)`` writes the same fields back."""
+    from ncina.proto.job import role_fields
+
+    parser = argparse.ArgumentParser()
+    JobSpec.add_arguments(parser, "k", k=256)
+    added = JobSpec.add_arguments(parser, role="worker", lacks=("total_workers",))
+    assert set(added) == set(role_fields("worker")) - {"k", "total_workers"}
+    assert parser.parse_args([]).k == 256
+    assert JobSpec.add_arguments(parser, role="worker") == {"total_workers": mock.ANY}
+    with pytest.raises(ValueError, match="not a field left to the role: k"):
+        JobSpec.add_arguments(parser, role="worker", k=3)
+    with pytest.raises(ValueError, match="a command's role is one of aggregator, worker, run"):
+        role_fields("switch")
+    spine = JobSpec(job=1, workers=2, uplink="int", total_workers=4)
+    assert "--uplink" in spine.to_args(role="aggregator")
+    assert "--uplink" not in spine.to_args(role="worker")
+    assert "--total-workers" not in spine.to_args(role="worker", lacks=("total_workers",))
