@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +115,7 @@ class TopoConfig:
 
     def __post_init__(self) -> None:
         if self.job is None:
-            self.job = JobSpec(**{**DEFAULT_JOB.record(), "workers": self.workers})
+            self.job = replace(DEFAULT_JOB, workers=self.workers)
         if self.job.workers != self.workers:
             raise ValueError(f"the job has {self.job.workers} workers, the topology "
                              f"{self.workers}")  # fmt: skip
