@@ -269,6 +269,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "more, comma-separated, the switch's ports 1, 2, ... (required)",
     )
     hierarchy.add_arguments(parser)
+    JobSpec.add_arguments(parser, role="aggregator")  # every field not placed above
     # Each backend's options (flag, dest, default), for check_backend_options.
     parser.set_defaults(backend_options={
         backend.name: [(a.option_strings[0], a.dest, a.default)

@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ncina.proto.job import JobSpec, default_k
+from ncina.proto.job import DEFAULT_POOL_SIZE, JobSpec, default_k
 from ncina.proto.profiles import DEFAULT, TOFINO_MAX_K
 from ncina.proto.tag import read_key_file
 from ncina.proto.wire import DEFAULT_MTU
-from ncina.topo.config import BMV2_POOL_SIZE, FIXED_K, TopoConfig
+from ncina.topo.config import BMV2_POOL_SIZE, FIXED_K, JOB, TopoConfig
 from ncina.worker import tuning
 from ncina.worker.client import MODES
 from ncina.worker.train import check_options
@@ -60,7 +60,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="aggregator link bandwidth in Mbit/s (default: unshaped, like the switch)")
     p.add_argument("--loss", type=float, default=d.loss,
                    help="percent of packets lost per worker link direction (iptables; default: 0)")
-    JobSpec.add_arguments(p, "mtu", mtu=d.mtu)
+    JobSpec.add_arguments(p, "mtu")
     p.add_argument("--model", default=d.model,
                    help="a name from ncina.worker.models.MODELS (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=d.epochs, help="default: %(default)s")
@@ -76,15 +76,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "global batch, after a 5-step warm-up)")
     p.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
     JobSpec.add_arguments(
-        p, "k", "pool_size", "window_max", "result", pool_size=None, window_max=d.window_max,
-        result=d.result, rules={
+        p, "k", "pool_size", "window_max", "result", pool_size=None, rules={
             "k": "the largest that fits --mtu, 1456 for nc8 results at 1500; "
             f"{FIXED_K} with --backend bmv2 or --mode server",
             "pool_size": "from --bw and K, ncina.worker.tuning.pool_size: 4 ms of the link, 34 "
-            f"at 100 Mbit/s and MTU 1500, 8 at --mtu 9000; unshaped {d.pool_size}, fewer for a "
-            f"larger K, so that about {d.pool_size} MTU-1500 chunks are in flight: 10 at --mtu "
-            f"9000; {BMV2_POOL_SIZE} with --backend bmv2, measured best through the switch "
-            "(docs/bmv2.md)",
+            f"at 100 Mbit/s and MTU 1500, 8 at --mtu 9000; unshaped {DEFAULT_POOL_SIZE}, "
+            f"fewer for a larger K, so that about {DEFAULT_POOL_SIZE} MTU-1500 chunks are in "
+            f"flight: 10 at --mtu 9000; {BMV2_POOL_SIZE} with --backend bmv2, measured best "
+            "through the switch (docs/bmv2.md)",
         },
     )  # fmt: skip
     JobSpec.add_arguments(p, "profile")  # tofino: a run under it beside the default's
@@ -121,6 +120,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     workdir = p.add_argument("--workdir", type=Path,
                              help="run directory (default: runs/<timestamp>)")
     deprecated_alias(p, "--out", workdir)
+    JobSpec.add_arguments(p, role="run")  # every field not placed above
     return p
 
 
@@ -133,19 +133,19 @@ def topo_k(
     leaves send int partial sums, for int)."""
     if backend == "bmv2" or mode == "server":
         return FIXED_K
-    return default_k(mtu, "int" if topo == "leafspine" else result, tagged)
+    return default_k(mtu, result, tagged, partial_sums=topo == "leafspine")
 
 
 def topo_pool_size(backend: str | None, k: int, bw: float | None = None) -> int:
     """The pool a topology's job gets without --pool-size: ``BMV2_POOL_SIZE`` on BMv2; on a
     link of ``bw`` Mbit/s, what ``ncina.worker.tuning.pool_size`` gives (a few ms of the link);
-    on an unshaped link ``TopoConfig.pool_size`` chunks of MTU 1500's K in bytes (at least 8, at
+    on an unshaped link ``DEFAULT_POOL_SIZE`` chunks of MTU 1500's K in bytes (at least 8, at
     most that many slots): a larger K needs fewer slots to keep a link busy, and more only queue
     in front of it, where their round trips grow until the retransmission timer fires."""
     if backend == "bmv2":
         return BMV2_POOL_SIZE
-    pool = TopoConfig.pool_size * default_k(DEFAULT_MTU, "nc8") // k
-    return tuning.pool_size(k, bw, unknown=max(8, min(TopoConfig.pool_size, pool)))
+    pool = DEFAULT_POOL_SIZE * default_k(DEFAULT_MTU, "nc8") // k
+    return tuning.pool_size(k, bw, unknown=max(8, min(DEFAULT_POOL_SIZE, pool)))
 
 
 FAITHFUL_MBIT_PER_CORE = 200.0
@@ -207,7 +207,6 @@ def run(args: argparse.Namespace) -> int:
             bw=args.bw,
             agg_bw=args.agg_bw,
             loss=args.loss,
-            mtu=args.mtu,
             model=args.model,
             epochs=args.epochs,
             max_steps=args.max_steps,
@@ -215,10 +214,10 @@ def run(args: argparse.Namespace) -> int:
             bucket_cap_mb=args.bucket_cap_mb or tuning.bucket_cap_mb(args.bw),
             lr=args.lr,
             seed=args.seed,
-            k=k,
-            pool_size=args.pool_size or topo_pool_size(args.backend, k, args.bw),
-            window_max=args.window_max,
-            result=args.result,
+            # every job option (the key travels as --key-file); the profile is a run's
+            job=JobSpec.from_args(args, job=JOB, k=k, key=None, profile=DEFAULT,
+                                  pool_size=args.pool_size or topo_pool_size(args.backend, k,
+                                                                             args.bw)),
             compressor=args.compressor,
             pcaps=args.pcaps,
             mode=args.mode,

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from ncina.aggregator.backends import names
 from ncina.proto.header import Format, largest_k
-from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX
+from ncina.proto.job import JobSpec
 from ncina.proto.profiles import DEFAULT
-from ncina.proto.wire import DEFAULT_MTU
 
 BMV2_POOL_SIZE = 8
 """The bmv2 backend's default pool: the best of the pools measured in training through the
@@ -24,6 +24,12 @@ measured in training through the switch (64, 128 and 256: docs/bmv2.md, "The top
 pool"; K = 256 compiles in about 2 minutes of CPU and 1.1 GB once), and in server mode, where a
 compressor's payload of K elements must fit a frame. Elsewhere ``ncina topo`` takes the largest
 K for MTU 1500."""
+
+JOB = 1
+"""The job id of every topology run."""
+DEFAULT_JOB = JobSpec(job=JOB, workers=4, k=FIXED_K)
+"""A topology run's job when none is given (``TopoConfig.job``): its default fields, K
+``FIXED_K``; ``ncina topo``'s defaults."""
 
 
 # Backends whose frames the aggregator host's netfilter never sees (the DPDK port takes them
@@ -50,10 +56,14 @@ class TopoConfig:
     leaves`` workers and a spine: python, socket or dpdk backend, INA mode, a K whose int
     partial sums fit ``mtu``); bw: Mbit/s per worker link (None: unshaped); agg_bw: the same
     per aggregator link (None: unshaped, the aggregators stand in for the switch); loss: percent
-    per worker link direction; mtu: of every link (the default K is the largest that fits it);
+    per worker link direction;
     batch_size: per worker; bucket_cap_mb: DDP's gradient bucket
-    size (smaller buckets start their exchange earlier in the backward pass); result: downlink
-    format (INA mode);
+    size (smaller buckets start their exchange earlier in the backward pass);
+    job: the run's job (``ncina.proto.job.JobSpec``) as every worker holds it, every field of it
+    given to every aggregator and worker (``JobSpec.to_args``; a leaf-spine's aggregators hold
+    it with their own workers, total workers and uplink); its ``workers`` are the topology's,
+    its ``mtu`` every link's, its key travels as ``key_file`` (None: ``DEFAULT_JOB`` of
+    ``workers``);
     compressor: the workers' gradient compressor spec (None: NC8 of the raw gradients) and mode
     where the sum is made, ``ina`` or ``server`` (the aggregators then run the same spec);
     key_file: the job's shared secret (hex) for the authentication tag, given to the aggregators
@@ -62,6 +72,9 @@ class TopoConfig:
     fp32; torch_backend: also train through the ncina process-group backend (DDP with no hook,
     ``ncina train --backend ncina``) beside the hook; repeat: training runs per mode on the
     same network (medians and spread reported);
+    profile: not the job's (``job.profile``) but a run's: ``tofino`` trains once more under it,
+    beside the job's run (BMv2: under it only, the switch runs the Tofino program's twin), with
+    int32 results, K of at most the design's lanes and a pool of ``profile_pool_size``;
     timeout: seconds one training run may take; prefix: of node and interface names (unique per
     process); offloads: the links' checksum offloads on, so that UDP GSO runs cross the fabric
     whole (``ncina.topo.topos.link_options``: a star on kernel sockets without loss only,
@@ -78,7 +91,6 @@ class TopoConfig:
     bw: float | None = None
     agg_bw: float | None = None
     loss: float = 0.0
-    mtu: int = DEFAULT_MTU
     model: str = "mlp"
     epochs: int = 10
     max_steps: int | None = None
@@ -86,10 +98,7 @@ class TopoConfig:
     bucket_cap_mb: float = 25.0
     lr: float | None = None  # None: the model's recipe (ncina.worker.models)
     seed: int = 0
-    k: int = FIXED_K
-    pool_size: int = DEFAULT_POOL_SIZE
-    window_max: int = DEFAULT_WINDOW_MAX
-    result: str = "nc8"
+    job: JobSpec | None = None  # None: DEFAULT_JOB of the workers (__post_init__)
     compressor: str | None = None
     mode: str = "ina"
     key_file: Path | None = None
@@ -101,13 +110,15 @@ class TopoConfig:
     timeout: float = 3600.0
     prefix: str = field(default_factory=lambda: f"n{os.getpid() % 100000}")
     offloads: bool | None = False
-    # The job's profile (ncina.proto.profiles): tofino trains once more under it, beside the
-    # default profile's run (BMv2: under it only, the switch runs the Tofino program's twin),
-    # with int results, K of at most the design's lanes and a pool of profile_pool_size.
     profile: str = DEFAULT
     profile_pool_size: int | None = None
 
     def __post_init__(self) -> None:
+        if self.job is None:
+            self.job = replace(DEFAULT_JOB, workers=self.workers)
+        if self.job.workers != self.workers:
+            raise ValueError(f"the job has {self.job.workers} workers, the topology "
+                             f"{self.workers}")  # fmt: skip
         # The C backends serve INA mode; server mode (decompress, average, re-compress) is the
         # Python backend's.
         if self.backend is None:
@@ -141,10 +152,11 @@ class TopoConfig:
         if not 1 <= self.leaves <= self.workers or self.workers % self.leaves:
             raise ValueError(f"--leaves {self.leaves}: the {self.workers} workers must split "
                              "evenly over the leaves")  # fmt: skip
-        largest = largest_k(self.mtu, Format.INT, self.key_file is not None)
-        if self.k > largest:
-            raise ValueError(f"k={self.k}: the leaves' int partial sums of K elements must fit "
-                             f"MTU {self.mtu} (the largest k is {largest})")  # fmt: skip
+        job = self.job
+        largest = largest_k(job.mtu, Format.INT, self.key_file is not None)
+        if job.k > largest:
+            raise ValueError(f"k={job.k}: the leaves' int partial sums of K elements must fit "
+                             f"MTU {job.mtu} (the largest k is {largest})")  # fmt: skip
         self.aggregators = self.leaves + 1
 
 
@@ -185,3 +197,11 @@ class SoakConfig:
     deadline: float = 30.0
     prefix: str = field(default_factory=lambda: f"k{os.getpid() % 100000}")
     profile: str = DEFAULT
+
+
+def record(cfg: TopoConfig) -> dict[str, Any]:
+    """``cfg`` as results.json records it (``config``): every setting, paths as text, the job
+    as ``JobSpec.record`` writes it."""
+    return {name: value.record() if isinstance(value, JobSpec)
+            else str(value) if isinstance(value, Path) else value
+            for name, value in vars(cfg).items()}  # fmt: skip

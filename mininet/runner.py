@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from ncina.proto.job import JobSpec
 from ncina.proto.profiles import DEFAULT, DEFAULT_RESULTS, TOFINO, TOFINO_MAX_K
 from ncina.proto.wire import DEFAULT_MTU
 from ncina.topo import report
-from ncina.topo.config import UPLINK_LOSS_AT_WORKER, TopoConfig
+from ncina.topo.config import UPLINK_LOSS_AT_WORKER, TopoConfig, record
 from ncina.topo.topos import (
     LeafSpineTopo,
     P4Switch,
@@ -48,6 +48,7 @@ from ncina.topo.topos import (
     worker_ip,
 )
 from ncina.worker import models
+from ncina.worker.train import LACKS as TRAIN_LACKS
 
 from mininet.net import Mininet
 from mininet.node import Host
@@ -56,25 +57,15 @@ from ncina.common import cpu
 from ncina.common.jsonlines import read_new_events
 
 NCINA = Path(sys.executable).with_name("ncina")  # the console script of this environment
-JOB = 1  # the job id of every run
-AGGREGATOR_JOB = ("job", "workers", "total_workers", "uplink", "k", "pool_size", "mtu",
-                  "window_max", "profile")  # fmt: skip
-"""The job fields every ``ncina aggregator`` of a topology is given (``--result`` in INA mode)."""
-
-
-def job_spec(cfg: TopoConfig) -> JobSpec:
-    """The run's job as every worker holds it (a star's aggregators too; a leaf-spine's differ
-    in workers, total workers and uplink). Its key travels as ``cfg.key_file``, not in it."""
-    return JobSpec(job=JOB, workers=cfg.workers, k=cfg.k, pool_size=cfg.pool_size,
-                   window_max=cfg.window_max, result=cfg.result, mtu=cfg.mtu,
-                   profile=cfg.profile)  # fmt: skip
 
 
 def profile_config(cfg: TopoConfig) -> TopoConfig:
     """The run under ``cfg.profile`` (``tofino``): the design's int32 results, at most its lanes
     per packet (``ncina.proto.profiles.TOFINO_MAX_K``) and the pool chosen for them."""
-    return replace(cfg, profile=TOFINO, result=DEFAULT_RESULTS[TOFINO], k=min(cfg.k, TOFINO_MAX_K),
-                   pool_size=cfg.profile_pool_size or cfg.pool_size)  # fmt: skip
+    job = cfg.job
+    return replace(cfg, job=replace(job, profile=TOFINO, result=DEFAULT_RESULTS[TOFINO],
+                                    k=min(job.k, TOFINO_MAX_K),
+                                    pool_size=cfg.profile_pool_size or job.pool_size))  # fmt: skip
 # The rendezvous port of each mode (no TIME_WAIT clash).
 GLOO_PORTS = {"ina": 29500, "gloo": 29501, "ncina": 29502, "tofino": 29503}
 STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
@@ -184,7 +175,7 @@ def start_aggregators(
     for j, name in enumerate(topo.aggregator_names or [topo.switch_name]):
         address = f"{aggregator_ip(j)}:{PORT}"
         log = run_dir / f"aggregator{j}.log"
-        argv = aggregator_argv(cfg, j, address, run_dir, job_spec(cfg))
+        argv = aggregator_argv(cfg, j, address, run_dir, cfg.job)
         argv += ["--seed", str(cfg.seed + j)]
         if cfg.backend == "dpdk":
             argv += _dpdk_host(net, cfg, name)
@@ -211,14 +202,14 @@ def aggregator_argv(
 ) -> list[str]:
     """``ncina aggregator`` for aggregator node ``j`` serving ``job``: its fields, the mode
     (server mode: the workers' compressor; INA: the result format), the key file."""
+    server = cfg.mode == "server"  # no result format: the workers' compressor's payloads
     argv = [
         str(NCINA), "aggregator", "--backend", cfg.backend, "--listen", address,
-        *job.to_args(*AGGREGATOR_JOB), "--stats", str(run_dir / f"aggregator{j}.json"),
+        *job.to_args(role="aggregator", lacks=("result",) if server else ()),
+        "--stats", str(run_dir / f"aggregator{j}.json"),
     ]  # fmt: skip
-    if cfg.mode == "server":  # the aggregator runs the workers' compressor
+    if server:  # the aggregator runs the workers' compressor
         argv += ["--mode", "server", "--compressor", str(cfg.compressor)]
-    else:
-        argv += job.to_args("result")
     if cfg.key_file is not None:
         argv += ["--key-file", str(cfg.key_file.resolve())]
     return argv
@@ -231,7 +222,7 @@ def start_tree(
     (``--upstream`` the spine), every one with the total of the workers (docs/protocol.md,
     "Hierarchical aggregation"); the leaves do the spine's handshake before they are ready."""
     leaves = len(topo.aggregator_names) - 1
-    star = job_spec(cfg)
+    star = cfg.job
     spine_address = f"{aggregator_ip(leaves)}:{PORT}"
     spine_job = replace(star, workers=leaves, total_workers=cfg.workers, uplink="int")
     argv = aggregator_argv(cfg, leaves, spine_address, run_dir, spine_job)
@@ -350,8 +341,7 @@ def start_workers(
         argv = [
             str(NCINA), "train", "--rank", str(rank),
             # --mtu too: a worker checks that K fits its own MTU (JobSpec)
-            *job_spec(cfg).to_args("job", "workers", "k", "pool_size", "window_max", "result",
-                                   "mtu", "profile"),
+            *cfg.job.to_args(role="worker", lacks=TRAIN_LACKS),
             "--master", master, "--iface", host.defaultIntf().name, "--model", cfg.model,
             "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
             "--bucket-cap-mb", str(cfg.bucket_cap_mb),
@@ -452,8 +442,6 @@ def run_mode(
     cfg = replace(cfg, seed=cfg.seed + repeat)
     if mode == "tofino" or (cfg.profile != DEFAULT and cfg.backend == "bmv2"):
         cfg = profile_config(cfg)  # BMv2: the switch runs the twin for every mode
-    else:
-        cfg = replace(cfg, profile=DEFAULT)
     run_dir = cfg.out / (f"{mode}-{repeat}" if repeat else mode)
     run_dir.mkdir(parents=True, exist_ok=True)
     label = report.LABELS[mode]
@@ -486,7 +474,7 @@ def run_mode(
 
 def run_topology(cfg: TopoConfig) -> dict[str, Any]:
     """Build the network, train with INA+NC8 (and the gloo baseline), write the results."""
-    check_backend(cfg.backend, cfg.aggregators, cfg.mtu, cfg.topo)
+    check_backend(cfg.backend, cfg.aggregators, cfg.job.mtu, cfg.topo)
     models.check(cfg.model)
     if not NCINA.exists():
         raise RuntimeError(f"{NCINA} not found: install ncina into this environment (make setup)")
@@ -499,8 +487,8 @@ def run_topology(cfg: TopoConfig) -> dict[str, Any]:
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         net.start()
-        if cfg.mtu != DEFAULT_MTU:
-            set_mtu(net, cfg.mtu)
+        if cfg.job.mtu != DEFAULT_MTU:
+            set_mtu(net, cfg.job.mtu)
         # --profile tofino: a run under it beside the default profile's (BMv2: instead of it)
         ina = ("ina",) if cfg.profile == DEFAULT or cfg.backend != "bmv2" else ()
         modes = (*ina, *(("tofino",) if cfg.profile != DEFAULT else ()),
@@ -517,5 +505,4 @@ def run_topology(cfg: TopoConfig) -> dict[str, Any]:
         net.stop()
         signal.signal(signal.SIGTERM, previous)
         PID_FILE.unlink(missing_ok=True)
-    config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
-    return report.write(cfg.out, config, repeats)
+    return report.write(cfg.out, record(cfg), repeats)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ncina.proto.descriptor import (
@@ -59,6 +59,9 @@ DEFAULT_POOL_SIZE = 64
 """Slots in a job's pool when none is given."""
 DEFAULT_WINDOW_MAX = 10
 """A job's largest NC8 exponent, e_max, when none is given."""
+DEFAULT_RESTART_RETRIES = 3
+"""Aggregator restarts one call of a job's workers recovers from when none is given."""
+MAX_RESTART_RETRIES = 1000
 FORMATS = {"nc8": Format.NC8, "int": Format.INT, "int32": Format.INT32}
 """An INA job's result formats, by their option names."""
 UPLINKS = {"nc8": Format.NC8, "int": Format.INT}
@@ -67,12 +70,22 @@ MTU_WHY = " (IPv4's minimum to a jumbo frame)"
 TOTAL_WHY = f" (a tree of {MAX_WORKERS} leaves of {MAX_WORKERS}: one aggregator serves at most 64)"
 
 
-def default_k(mtu: int, result_format: Format | str, tagged: bool = False) -> int:
-    """The chunk size a job gets when none is given: the largest whose datagrams both ways fit
-    one packet of ``mtu`` (``ncina.proto.header.largest_k``; 1456 for NC8 at MTU 1500)."""
+def default_k(
+    mtu: int, result_format: Format | str, tagged: bool = False, *, partial_sums: bool = False,
+    profile: str = DEFAULT,
+) -> int:  # fmt: skip
+    """The chunk size a job gets when none is given, the one rule every command and the client
+    use: the largest whose datagrams both ways fit one packet of ``mtu``
+    (``ncina.proto.header.largest_k``; 1456 for NC8 at MTU 1500), for int lanes where
+    ``partial_sums`` travel (a spine's uplink, the workers under a leaf), else for the result
+    format; at most the design's lanes under the ``tofino`` profile."""
     if isinstance(result_format, str):
         result_format = FORMATS[result_format]
-    return min(MAX_K, largest_k(mtu, result_format, tagged))
+    lanes = Format.INT if partial_sums else result_format
+    k = min(MAX_K, largest_k(mtu, lanes, tagged))
+    if profile == TOFINO:  # the design's lanes per pass for its results
+        k = min(k, tofino_max_k(result_format))
+    return k
 
 
 def _format(value: Format | str | int) -> Format | str:
@@ -110,14 +123,14 @@ class JobSpec:
     key: bytes | None = field(default=None, repr=False)
     mtu: int = DEFAULT_MTU
     profile: str = DEFAULT
+    restart_retries: int = DEFAULT_RESTART_RETRIES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "result", _format(self.result))
         object.__setattr__(self, "uplink", _format(self.uplink))
         if self.k is None and self._lanes_valid() and MIN_MTU <= self.mtu <= MAX_MTU:
-            k = default_k(self.mtu, self._lane_format(), self.keyed)
-            if self.profile == TOFINO:  # the design's lanes per pass for its results
-                k = min(k, tofino_max_k(self.result))
+            k = default_k(self.mtu, self.result, self.keyed,
+                          partial_sums=self._partial_sums(), profile=self.profile)  # fmt: skip
             object.__setattr__(self, "k", k)
         problems = self.problems()
         if problems:
@@ -143,14 +156,18 @@ class JobSpec:
     def _lanes_valid(self) -> bool:
         return self.result in RESULT_NAMES and self.uplink in UPLINK_FORMATS
 
-    def _lane_format(self) -> Format:
-        """The widest element a datagram of the job carries: int where int partial sums travel
-        (a spine's uplink, or the workers under a leaf), else the result format's."""
-        partial_sums = self.uplink == Format.INT or (
+    def _partial_sums(self) -> bool:
+        """Whether int partial sums travel in the job: a spine's uplink, or the workers under a
+        leaf."""
+        return self.uplink == Format.INT or (
             self.total_workers is not None and self.workers is not None
             and self.total_workers > self.workers
         )  # fmt: skip
-        return Format.INT if partial_sums else Format(self.result)
+
+    def _lane_format(self) -> Format:
+        """The widest element a datagram of the job carries: int where int partial sums travel
+        (a spine's uplink, or the workers under a leaf), else the result format's."""
+        return Format.INT if self._partial_sums() else Format(self.result)
 
     # ---- validation ----
 
@@ -196,6 +213,8 @@ class JobSpec:
                 out.append(str(exc))
         if not any(out) and self.k > default_k(self.mtu, self._lane_format(), self.keyed):
             out.append(self._frame_problem())
+        out.append(range_problem("restart retries", self.restart_retries, 0,
+                                 MAX_RESTART_RETRIES))  # fmt: skip
         if self.profile not in PROFILES:
             out.append(f"a job's profile is one of {', '.join(PROFILES)}, not {self.profile}")
         elif self.profile == TOFINO:
@@ -270,12 +289,32 @@ class JobSpec:
         *names: str,
         required: Iterable[str] = (),
         rules: Mapping[str, str] | None = None,
+        role: str | None = None,
+        lacks: Iterable[str] = (),
         **defaults: Any,
     ) -> dict[str, argparse.Action]:
         """Register the options of the fields ``names`` (all when none is named) on ``parser``
         and return their actions by field name. ``required`` names the fields a command must be
         given; ``defaults`` gives a command's own default for a field (``k=256``); ``rules``
-        says in the help what a default of None means where it is not the field's rule."""
+        says in the help what a default of None means where it is not the field's rule.
+
+        ``role`` instead of ``names`` (``ROLE_LACKS``: ``aggregator``, ``worker`` or ``run``)
+        registers every field of the role that ``parser`` has no option for yet, but those the
+        command ``lacks`` (it derives them): a command names fields only to place them or to
+        give them a default of its own, and ends with its role's call, through which a new
+        field becomes an option of every command of its role."""
+        if role is not None:
+            if names:
+                raise ValueError("give the fields by name or by role, not both")
+            taken = parser._option_string_actions  # a group shares its parser's
+            names = tuple(name for name in role_fields(role)
+                          if name not in set(lacks) and OPTIONS[name].flag not in taken)
+            given = set(required) | set(defaults) | set(rules or {})
+            if given - set(names):
+                raise ValueError("not a field left to the role: "
+                                 + ", ".join(sorted(given - set(names))))
+            if not names:
+                return {}
         unknown = (set(names) | set(required) | set(defaults) | set(rules or {})) - OPTIONS.keys()
         if unknown:
             raise ValueError(f"not a job option: {', '.join(sorted(unknown))}")
@@ -311,11 +350,23 @@ class JobSpec:
             values.setdefault(name, None)
         return cls(**values)
 
-    def to_args(self, *names: str) -> list[str]:
+    def to_args(self, *names: str, role: str | None = None, lacks: Iterable[str] = ()) -> list[str]:
         """The options that give another command this job's fields ``names`` (all but ``key``,
-        which travels as a file, when none is named); a field that is None is left out."""
+        which travels as a file, when none is named; with ``role``, every field of that role
+        but those the command ``lacks`` and the key: ``add_arguments``'); a field that is None
+        is left out."""
+        if role is not None:
+            names = tuple(n for n in role_fields(role) if n not in (*lacks, "key"))
         return job_args(**{name: getattr(self, name)
                            for name in names or [n for n in OPTIONS if n != "key"]})  # fmt: skip
+
+    def record(self) -> dict[str, Any]:
+        """The job's fields by name as JSON holds them (a run's record): formats by their
+        option names, the key left out (a secret); ``JobSpec(**record)`` is the job again,
+        unkeyed."""
+        return {f.name: value.name.lower() if isinstance(value, Format) else value
+                for f in fields(self) if f.name != "key"
+                for value in [getattr(self, f.name)]}  # fmt: skip
 
 
 def job_args(**values: Any) -> list[str]:
@@ -363,6 +414,19 @@ class Option:
     default: Any = None
     rule: str | None = None
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def parse(self, text: str) -> Any:
+        """The option's value of ``text``, as the command line parses it (its ``type`` and
+        ``choices``): for a value given elsewhere, an environment variable. ``ValueError``
+        says what is wrong."""
+        try:
+            value = self.kwargs.get("type", str)(text)
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(str(exc)) from None
+        choices = self.kwargs.get("choices")
+        if choices is not None and value not in choices:
+            raise ValueError(f"{self.flag} is one of {', '.join(choices)}, not {text}")
+        return value
 
 
 OPTIONS: dict[str, Option] = {
@@ -414,5 +478,31 @@ OPTIONS: dict[str, Option] = {
         "lanes, codes up to 31 - ceil(log2 N) above the window's e_min, K <= 12, 30 workers, "
         "int32, int or nc8 results, no key: docs/tofino.md)", DEFAULT,
         kwargs={"choices": PROFILES}),
+    "restart_retries": Option(
+        "--restart-retries", "restart_retries", "aggregator restarts one all-reduce of the job "
+        "recovers from, with every other rank (docs/reliability.md): every worker of the job "
+        "takes the same; one more fails the call", DEFAULT_RESTART_RETRIES,
+        kwargs={"type": Ranged("restart retries", 0, MAX_RESTART_RETRIES), "metavar": "N"}),
 }  # fmt: skip
 """Every job field's option, by field name: the one place an option is spelled."""
+
+
+ROLE_LACKS: dict[str, tuple[str, ...]] = {
+    "aggregator": ("restart_retries",),
+    "worker": ("uplink",),
+    "run": ("job", "total_workers", "uplink", "key"),
+}
+"""The job fields each role of command does not offer (``JobSpec.add_arguments(parser,
+role=...)``); it offers every other, a new field included. ``aggregator``: ``ncina aggregator``,
+every field but the workers' recovery (``restart_retries``). ``worker``: ``ncina allreduce``
+and ``ncina train``; a worker sends NC8 codes, only a leaf aggregator sends int uplinks.
+``run``: a command that runs a whole job, its aggregators and workers (``ncina topo``, ``ncina
+bench allreduce|fabric|ddp``): the run picks its one job's id and its tree's shape, and a key
+travels as a file (``ncina topo --key-file``, its own option)."""
+
+
+def role_fields(role: str) -> tuple[str, ...]:
+    """The job fields a command of ``role`` offers (``ROLE_LACKS``), in ``OPTIONS``' order."""
+    if role not in ROLE_LACKS:
+        raise ValueError(f"a command's role is one of {', '.join(ROLE_LACKS)}, not {role}")
+    return tuple(name for name in OPTIONS if name not in ROLE_LACKS[role])

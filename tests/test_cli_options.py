@@ -168,3 +168,35 @@ def test_another_backends_option_is_refused_in_one_line(
     err = capsys.readouterr().err
     assert status == 1
     assert err == f"ncina aggregator: error: {owner}, not {backend}\n"
+
+
+ROLES: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {
+    ("aggregator",): ("aggregator", ()),
+    ("allreduce",): ("worker", ()),
+    ("train",): ("worker", ("total_workers",)),
+    ("bench", "allreduce"): ("run", ()),
+    ("bench", "fabric"): ("run", ()),
+    ("topo",): ("run", ()),
+    ("bench", "ddp"): ("run", ("profile",)),
+}
+"""Each job command's role (``ncina.proto.job.ROLE_LACKS``) and the fields it derives itself."""
+
+
+def test_a_new_job_field_is_an_option_of_every_command_of_its_role(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A command's job options are its role's (``JobSpec.add_arguments(parser, role=...)``):
+    each offers every field of its role but those it derives, and a field added to ``OPTIONS``
+    alone becomes an option of every one of them, spelled and defaulted as there."""
+    from ncina.proto.job import OPTIONS, Option, role_fields
+
+    for command, (role, lacks) in ROLES.items():
+        flags = {OPTIONS[name].flag for name in role_fields(role) if name not in lacks}
+        assert flags <= _visible(COMMANDS[command]).keys(), command
+    monkeypatch.setitem(OPTIONS, "foo", Option("--foo", "foo", "a new field", 7,
+                                               kwargs={"type": int}))  # fmt: skip
+    commands = _commands()
+    for command in ROLES:
+        parser = commands[command]
+        foo = _visible(parser)["--foo"]
+        assert (foo.dest, foo.default, foo.type) == ("foo", 7, int), command

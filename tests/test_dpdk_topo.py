@@ -52,7 +52,7 @@ def test_star_trains_through_the_dpdk_aggregator(
     ina = results["runs"]["ina"]
     stats = json.loads((cfg.out / "ina" / "aggregator0.json").read_text())
     assert stats["backend"] == "dpdk"
-    chunks = math.ceil(17226 / cfg.k)  # the MLP's one bucket
+    chunks = math.ceil(17226 / cfg.job.k)  # the MLP's one bucket
     assert stats["jobs"]["1"]["slots_completed"] == 2 * chunks + 1  # +1: the agreement
     assert ina["steps"] == 2
     assert seen["unreachables"] == 0
@@ -63,18 +63,20 @@ def test_hierarchical_leafspine_trains_through_dpdk_leaves_and_spine(tmp_path: P
     """Two dpdk leaves of two workers under a dpdk spine (docs/dpdk.md, "A leaf"): each leaf
     resolves the spine's MAC by ARP on its host's interface, every bucket's chunks complete at
     both leaves and once at the spine, and each leaf's partial sums went up in frames."""
+    from ncina.proto.job import JobSpec
     from ncina.topo import runner
     from ncina.topo.config import TopoConfig
     from ncina.topo.report import RESULTS
 
-    cfg = TopoConfig(out=tmp_path / "run", topo="leafspine", leaves=2, workers=4, k=182,
+    cfg = TopoConfig(out=tmp_path / "run", topo="leafspine", leaves=2, workers=4,
+                     job=JobSpec(job=1, workers=4, k=182),
                      backend="dpdk", epochs=1, max_steps=2, bw=100, baseline=False,
                      prefix=f"d{os.getpid() % 100000}")  # fmt: skip
     runner.run_topology(cfg)
     ina = json.loads((cfg.out / RESULTS).read_text())["runs"]["ina"]
     # The MLP's one bucket, two steps; + 1: the workers' first call (zeros, as a flat job's
     # agreement)
-    slots = 2 * math.ceil(17226 / cfg.k) + 1
+    slots = 2 * math.ceil(17226 / cfg.job.k) + 1
     leaves = [json.loads((cfg.out / "ina" / f"aggregator{i}.json").read_text()) for i in (0, 1)]
     spine = json.loads((cfg.out / "ina" / "aggregator2.json").read_text())
     assert ina["steps"] == 2

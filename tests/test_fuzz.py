@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ncina.aggregator.process import free_udp_port
 from ncina.proto.header import HEADER
+from ncina.proto.job import JobSpec
 from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 from ncina_testlib import (
     AGGREGATOR_BACKENDS,
@@ -103,10 +104,10 @@ def test_hostile_datagrams_during_a_job(backend: str, tmp_path: Path) -> None:
             send(datagram)
 
     try:
+        spec = JobSpec(job=JOB, workers=WORKERS, k=k, pool_size=POOL, result="int",
+                       window_max=window_max, profile=profile)  # fmt: skip
         report = fuzz_during_allreduce(agg.address, host, ports, agg.stats, agg.process.pid,
-                                       fuzzer, job=JOB, k=k, pool_size=POOL,
-                                       elements=30_000, window_max=window_max,
-                                       profile=profile)  # fmt: skip
+                                       fuzzer, spec=spec, elements=30_000)  # fmt: skip
         assert agg.process.poll() is None, agg.log()
         print(f"\n{backend}: {report}")
         assert report.exact

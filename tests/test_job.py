@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import fields
+from unittest import mock
 
 import pytest
 from ncina.proto.descriptor import DESCRIPTOR_SIZE, Descriptor, mismatches
@@ -235,15 +236,16 @@ def test_a_profile_mismatch_is_named() -> None:
 
 
 def test_every_field_is_an_option_of_ncina_aggregator() -> None:
-    """The benchmarks give their aggregators every field of the job (``JobSpec.to_args``), so
-    ``ncina aggregator`` must take each one, and read it back as the same job."""
+    """The benchmarks and the topology give their aggregators every field of the job that the
+    aggregator's role has (``JobSpec.to_args(role="aggregator")``), so ``ncina aggregator``
+    must take each one, and read it back as the same job."""
     from ncina.aggregator import cli as aggregator_cli
 
     parser = argparse.ArgumentParser()
     aggregator_cli.add_parser(parser.add_subparsers())
     spec = JobSpec(job=3, workers=4, k=12, pool_size=8, window_max=9, result="int", mtu=9000,
                    profile="tofino")  # fmt: skip
-    args = parser.parse_args(["aggregator", *spec.to_args()])
+    args = parser.parse_args(["aggregator", *spec.to_args(role="aggregator")])
     assert JobSpec.from_args(args) == spec
 
 
@@ -271,3 +273,57 @@ def test_the_tofino_profile_re_compresses_nc8_results_for_at_most_7_lanes() -> N
     config = JobConfig.create(job=9, workers=4, k=7, result_format="nc8", profile="tofino")
     assert limits.refusal(config, 7) is None
     assert limits.refusal(config, 8) == f"K=8 with nc8 results: {LACKS['nc8_k']}"
+
+
+@pytest.mark.parametrize(
+    "given",
+    [{}, {"key": KEY}, {"result": "int"}, {"mtu": 9000}, {"total_workers": 8},
+     {"result": "int32", "profile": "tofino"}, {"result": "nc8", "profile": "tofino"}],
+)  # fmt: skip
+def test_the_client_takes_the_jobs_default_k(given: dict) -> None:
+    """One default-K rule (``default_k``): a client given no K takes the K its job's
+    ``JobSpec`` has (int lanes under a leaf, the design's lanes under the tofino profile)."""
+    from ncina.worker.client import AllreduceClient
+
+    client_keywords = {"result_format" if name == "result" else name: value
+                       for name, value in given.items()}  # fmt: skip
+    with AllreduceClient(("127.0.0.1", 9), job=1, rank=0, workers=4, handshake_timeout=None,
+                         **client_keywords) as client:  # fmt: skip
+        assert client.k == JobSpec(job=1, workers=4, **given).k
+
+
+def test_restart_retries_are_the_jobs_and_reach_its_clients() -> None:
+    """Every rank of a job must recover from the same aggregator restarts: a field of the job
+    (a worker's, not the aggregator's), checked, carried by ``AllreduceClient.for_job``."""
+    from ncina.proto.job import role_fields
+    from ncina.worker.client import AllreduceClient
+
+    with AllreduceClient.for_job(("127.0.0.1", 9), JobSpec(job=1, workers=2, restart_retries=0),
+                                 rank=0, handshake_timeout=None) as client:  # fmt: skip
+        assert client.restart_retries == 0
+    assert JobSpec(job=1, workers=2).restart_retries == 3
+    with pytest.raises(ValueError, match=r"restart retries must be in 0\.\.1000, not -1"):
+        JobSpec(job=1, workers=2, restart_retries=-1)
+    assert "restart_retries" in role_fields("worker")
+    assert "restart_retries" not in role_fields("aggregator")
+
+
+def test_a_role_registers_the_fields_a_command_has_not_placed() -> None:
+    """``add_arguments(role=...)`` adds the role's fields that a command has not placed (with
+    its own defaults) and does not lack; ``to_args(role=...)`` writes the same fields back."""
+    from ncina.proto.job import role_fields
+
+    parser = argparse.ArgumentParser()
+    JobSpec.add_arguments(parser, "k", k=256)
+    added = JobSpec.add_arguments(parser, role="worker", lacks=("total_workers",))
+    assert set(added) == set(role_fields("worker")) - {"k", "total_workers"}
+    assert parser.parse_args([]).k == 256
+    assert JobSpec.add_arguments(parser, role="worker") == {"total_workers": mock.ANY}
+    with pytest.raises(ValueError, match="not a field left to the role: k"):
+        JobSpec.add_arguments(parser, role="worker", k=3)
+    with pytest.raises(ValueError, match="a command's role is one of aggregator, worker, run"):
+        role_fields("switch")
+    spine = JobSpec(job=1, workers=2, uplink="int", total_workers=4)
+    assert "--uplink" in spine.to_args(role="aggregator")
+    assert "--uplink" not in spine.to_args(role="worker")
+    assert "--total-workers" not in spine.to_args(role="worker", lacks=("total_workers",))

@@ -16,6 +16,7 @@ import pytest
 from mininet.net import Mininet
 from mininet.nodelib import LinuxBridge
 from ncina.proto.header import FLAG_RESULT, FLAG_TAG
+from ncina.proto.job import JobSpec
 from ncina.topo.config import TopoConfig
 from ncina.topo.report import PLOT, RESULTS
 from ncina.topo.runner import build_net, run_topology, switch_arguments
@@ -75,7 +76,7 @@ def test_star_three_workers_two_steps_through_the_python_aggregator(tmp_path: Pa
     assert ina["verify"]["worst_ratio"] <= 1.0
     assert ina["verify"]["variance_ratio"] <= 2.0
     # Two steps of one bucket of ceil(17226 / 256) chunks, all through the aggregator.
-    chunks = math.ceil(PARAMETERS / cfg.k)
+    chunks = math.ceil(PARAMETERS / cfg.job.k)
     job = ina["aggregators"][0]["jobs"]["1"]
     assert job["slots_completed"] == 2 * chunks + 1  # +1: the agreement
     assert_sent_once_plus_retransmissions(ina["fabric"], 3 * (2 * chunks + 1))
@@ -106,7 +107,7 @@ def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
     assert ina["fabric"]["retransmissions"] > 0
     job = ina["aggregators"][0]["jobs"]["1"]
     # +1: the agreement the clients make after their handshake
-    assert job["slots_completed"] == LOSSY_STEPS * math.ceil(PARAMETERS / cfg.k) + 1
+    assert job["slots_completed"] == LOSSY_STEPS * math.ceil(PARAMETERS / cfg.job.k) + 1
     assert job["drops"]["bad_tag"] == 0 and ina["fabric"]["bad_tag"] == 0
     assert "tagged" in (cfg.out / "ina" / "aggregator0.log").read_text()  # the job has a key
     if TSHARK is None:  # the checks above passed; the capture's decoding was not checked
@@ -134,7 +135,7 @@ def test_server_mode_topk_through_the_aggregator(tmp_path: Path) -> None:
     ina = results["runs"]["ina"]
     assert results["config"]["mode"] == "server"
     assert ina["label"] == "server+ef+topk:ratio=0.1"
-    chunks = math.ceil(PARAMETERS / cfg.k)
+    chunks = math.ceil(PARAMETERS / cfg.job.k)
     job = ina["aggregators"][0]["jobs"]["1"]
     assert job["slots_completed"] == 3 * chunks and job["drops"]["bad_payload"] == 0
     fabric = ina["fabric"]
@@ -149,7 +150,7 @@ def test_multi_shards_each_bucket_across_the_aggregators(tmp_path: Path) -> None
                      max_steps=2, baseline=False, prefix=PREFIX)
     results = run_topology(cfg)
     ina = results["runs"]["ina"]
-    chunks = math.ceil(PARAMETERS / cfg.k)
+    chunks = math.ceil(PARAMETERS / cfg.job.k)
     # Each step's one bucket: chunks [0, 34) to the first aggregator, [34, 68) to the second;
     # + 1 at each: the agreement each client makes after its handshake.
     assert [a["jobs"]["1"]["slots_completed"] for a in ina["aggregators"]] == [
@@ -166,13 +167,14 @@ def test_leafspine_hierarchical_training_through_leaves_and_spine(
     chunks complete at both leaves and once at the spine, each leaf sends each partial sum up
     once at least, and the hook's gradients are within NC8's bounds against gloo's exact
     all-reduce."""
-    cfg = TopoConfig(out=tmp_path / "run", topo="leafspine", leaves=2, workers=4, k=182,
+    cfg = TopoConfig(out=tmp_path / "run", topo="leafspine", leaves=2, workers=4,
+                     job=JobSpec(job=1, workers=4, k=182),
                      backend=backend, epochs=1, max_steps=2, bw=100, verify=True,
                      baseline=False, prefix=PREFIX)  # fmt: skip
     results = run_topology(cfg)
     ina = results["runs"]["ina"]
     # + 1: the workers' first call (zeros, as a flat job's agreement)
-    slots = 2 * math.ceil(PARAMETERS / cfg.k) + 1
+    slots = 2 * math.ceil(PARAMETERS / cfg.job.k) + 1
     leaves, spine = ina["aggregators"][:2], ina["aggregators"][2]
     assert len(ina["aggregators"]) == 3
     for leaf in leaves:

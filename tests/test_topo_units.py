@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import itertools
 from collections.abc import Hashable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from mininet.util import buildTopo
+from ncina.proto.job import JobSpec
 from ncina.topo import cli as topo_cli
 from ncina.topo import report
 from ncina.topo import topos as topos_module
@@ -175,12 +177,15 @@ def test_hierarchical_leafspine_refuses_uneven_leaves(
 def test_hierarchical_leafspine_config_is_checked(
     tmp_path: Path, options: dict[str, Any], message: str
 ) -> None:
+    given = {"k": 182, **options}
+    job = JobSpec(job=1, workers=4, k=given.pop("k"))
     with pytest.raises(ValueError, match=message):
-        TopoConfig(out=tmp_path, topo="leafspine", workers=4, **{"k": 182, **options})
-    cfg = TopoConfig(out=tmp_path, topo="leafspine", workers=4, k=182)
+        TopoConfig(out=tmp_path, topo="leafspine", workers=4, job=job, **given)
+    job = JobSpec(job=1, workers=4, k=182)
+    cfg = TopoConfig(out=tmp_path, topo="leafspine", workers=4, job=job)
     assert (cfg.backend, cfg.aggregators) == ("python", 3)
     for backend in ("socket", "dpdk"):
-        assert TopoConfig(out=tmp_path, topo="leafspine", workers=4, k=182,
+        assert TopoConfig(out=tmp_path, topo="leafspine", workers=4, job=job,
                           backend=backend).backend == backend  # fmt: skip
     assert topo_cli.topo_k(None, "ina", "nc8", tagged=False, topo="leafspine") == 182
 
@@ -450,3 +455,38 @@ def test_topo_turns_the_offloads_on_where_the_star_allows_them(
     topo_cli.add_parser(parser.add_subparsers())
     assert topo_cli.run(parser.parse_args(["topo", "--workdir", "/nonexistent", *options])) == 0
     assert [cfg.offloads for cfg in given] == [offloads]
+
+
+def test_the_topology_passes_its_job_whole_to_every_aggregator_and_worker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``ncina topo`` holds its job as one ``JobSpec`` (``TopoConfig.job``, every job option
+    of the flags), each ``ncina aggregator`` and ``ncina train`` it starts reads the same job
+    back from its command line (``JobSpec.to_args``: every field of the command's role), and
+    results.json's ``config`` records it field by field."""
+    from ncina.topo import runner
+    from ncina.topo.config import record
+    from ncina.worker.train import job_spec
+
+    from ncina.cli import build_parser
+
+    given: list[TopoConfig] = []
+    monkeypatch.setattr(topo_cli.os, "geteuid", lambda: 0)
+    monkeypatch.setattr("ncina.topo.runner.run_topology", given.append)
+    parser = argparse.ArgumentParser()
+    topo_cli.add_parser(parser.add_subparsers())
+    flags = ["--k", "100", "--pool-size", "9", "--window-max", "12", "--result", "int",
+             "--mtu", "9000", "--workers", "3"]  # fmt: skip
+    assert topo_cli.run(parser.parse_args(["topo", "--workdir", "/x", *flags])) == 0
+    [cfg] = given
+    job = JobSpec(job=1, workers=3, k=100, pool_size=9, window_max=12, result="int", mtu=9000)
+    assert cfg.job == job
+    ncina = build_parser()
+    cfg.out = tmp_path
+    aggregator = runner.aggregator_argv(cfg, 0, "10.0.0.1:47000", tmp_path, job)
+    assert aggregator[:2] == [str(runner.NCINA), "aggregator"]
+    assert JobSpec.from_args(ncina.parse_args(aggregator[1:])) == job
+    worker = ["train", "--rank", "0", *job.to_args(role="worker", lacks=runner.TRAIN_LACKS)]
+    assert job_spec(ncina.parse_args(worker)) == replace(job, total_workers=3)
+    assert record(cfg)["job"] == {**job.record(), "result": "int", "uplink": "nc8"}
+    assert record(cfg)["workers"] == 3 and record(cfg)["out"] == str(tmp_path)

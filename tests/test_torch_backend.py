@@ -170,16 +170,42 @@ def test_options_from_the_environment(tmp_path: Path) -> None:
         "NCINA_AGGREGATOR": "10.0.0.1:47000,10.0.0.2:47001", "NCINA_JOB": "7",
         "NCINA_RESULT": "int", "NCINA_KEY_FILE": str(key), "NCINA_K": "128",
         "NCINA_POOL_SIZE": "8", "NCINA_WINDOW_MAX": "12", "NCINA_MTU": "9000",
-        "NCINA_DEADLINE": "5", "NCINA_SEED": "3"})  # fmt: skip
+        "NCINA_DEADLINE": "5", "NCINA_SEED": "3", "NCINA_PROFILE": "tofino"})  # fmt: skip
     assert options == NcinaOptions(
         aggregators=[("10.0.0.1", 47000), ("10.0.0.2", 47001)], job=7, result_format="int",
-        key=bytes(16), k=128, pool_size=8, window_max=12, mtu=9000, deadline=5.0, seed=3)
+        key=bytes(16), k=128, pool_size=8, window_max=12, mtu=9000, deadline=5.0, seed=3,
+        profile="tofino")  # fmt: skip
     with pytest.raises(ValueError, match=r"\$NCINA_JOB='one'"):
         NcinaOptions.from_env({"NCINA_JOB": "one"})
+    with pytest.raises(ValueError, match=r"\$NCINA_K='0': k \(elements per packet\) must be"):
+        NcinaOptions.from_env({"NCINA_K": "0"})  # parsed as --k is
     with pytest.raises(ValueError, match="NCINA_AGGREGATOR"):
         NcinaOptions.from_env({}).check()
     with pytest.raises(ValueError, match="result format"):
         NcinaOptions(aggregators=[("h", 1)], result_format="fp32").check()
+
+
+def test_every_job_field_is_an_option_and_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The group's job is ``JobSpec``'s fields but the workers (the world), each read from
+    ``NCINA_<its option in capitals>`` as its option parses it, and taken whole from a
+    ``JobSpec`` (``ncina train --backend ncina``): a field added to ``OPTIONS`` alone reaches
+    the group."""
+    from ncina.proto.job import OPTIONS, JobSpec, Option
+    from ncina.worker.torch_backend import NcinaOptions, job_fields
+
+    job = JobSpec(job=3, workers=2, k=12, pool_size=9, window_max=8, result="int32", mtu=9000,
+                  profile="tofino")  # fmt: skip
+    options = NcinaOptions.for_job([("h", 1)], job, seed=4)
+    assert options.job == {name: value for name, value in job.record().items()
+                           if name in job_fields() and value is not None}  # fmt: skip
+    assert (options.job["k"], options.job["result"], options.job["profile"]) == (
+        12, "int32", "tofino")
+    assert set(job_fields()) == set(OPTIONS) - {"workers", "total_workers", "uplink"}
+    monkeypatch.setitem(OPTIONS, "foo", Option("--foo-bar", "foo", "a new field", 7,
+                                               kwargs={"type": int}))  # fmt: skip
+    assert NcinaOptions.from_env({"NCINA_FOO_BAR": "5"}).job == {"job": 1, "foo": 5}
+    with pytest.raises(TypeError, match="uplink is no field of the job it carries"):
+        NcinaOptions(uplink="int")
 
 
 # ---- the rank process ----

@@ -57,14 +57,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--deadline", type=float, default=10.0, metavar="S",
         help="give up after this many seconds without progress (default: %(default)s)",
     )
-    p.add_argument(
-        "--restart-retries", type=int, default=3, metavar="N",
-        help="aggregator restarts the call recovers from, with every other rank "
-        "(docs/reliability.md); one more fails it (default: %(default)s)",
-    )
     JobSpec.add_arguments(p, "key")
     add_data_path_argument(p)
     p.add_argument("--stats", type=Path, default=None, metavar="FILE", help="counters as JSON")
+    JobSpec.add_arguments(p, role="worker")  # every field not placed above
     return p
 
 
@@ -117,7 +113,6 @@ def run(args: argparse.Namespace) -> int:
         data_path=args.data_path,
         cwnd=args.cwnd,
         handshake_timeout=args.handshake_timeout or None,
-        restart_retries=args.restart_retries,
     ) as client:
         result = client.allreduce(x, op=args.op)
         stats = client.stats

@@ -38,7 +38,9 @@ aggregator job (its workers are the world); a group made later with ``new_group(
 backend="ncina")`` sends everything to gloo.
 
 The job's parameters come from ``init_process_group(..., pg_options=NcinaOptions(...))`` or
-the ``NCINA_*`` environment variables (:meth:`NcinaOptions.from_env`). The group checks the job
+the ``NCINA_*`` environment variables (:meth:`NcinaOptions.from_env`): every field of the job
+but its workers (the world) by the field's name (``JobSpec``), its variable the name of its
+option in capitals (``--pool-size``: ``NCINA_POOL_SIZE``). The group checks the job
 with the aggregator when it is made (a one-element all-reduce on every rank): a job that differs
 (``JobMismatchError``, naming each parameter), no aggregator (``TimeoutError``) or any other
 failure raises ``torch.distributed.DistBackendError`` from ``init_process_group``; a later
@@ -52,16 +54,15 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, FORMATS, JobSpec
-from ncina.proto.tag import read_key_file
-from ncina.proto.wire import DEFAULT_MTU
+from ncina.proto.header import Format
+from ncina.proto.job import FORMATS, OPTIONS, JobSpec, role_fields
 from ncina.worker.client import AllreduceClient
 from ncina.worker.sharding import ShardedAllreduce
 from ncina.worker.torch_hook import InaHookState
@@ -73,18 +74,12 @@ NAME = "ncina"
 INA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INA_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "mean"}
 
-# Environment variable -> (NcinaOptions field, parser).
+# The group's own environment variables -> (NcinaOptions field, parser); a job field's is
+# job_variable's, parsed as its option is.
 ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any]]] = {
     "NCINA_AGGREGATOR": (
         "aggregators", lambda s: [parse_address(a, port_zero=False) for a in s.split(",")]
     ),
-    "NCINA_JOB": ("job", int),
-    "NCINA_RESULT": ("result_format", str),
-    "NCINA_KEY_FILE": ("key", read_key_file),
-    "NCINA_K": ("k", int),
-    "NCINA_POOL_SIZE": ("pool_size", int),
-    "NCINA_WINDOW_MAX": ("window_max", int),
-    "NCINA_MTU": ("mtu", int),
     "NCINA_DEADLINE": ("deadline", float),
     "NCINA_SEED": ("seed", int),
     "NCINA_EXACT_BELOW": ("exact_below", int),
@@ -105,27 +100,63 @@ def _flag(name: str, value: str) -> bool:
     return words[value.lower()]
 
 
-@dataclass
-class NcinaOptions:
-    """The job's parameters, as the aggregator holds them (``ncina aggregator``'s flags of the
-    same names; environment variables in :data:`ENVIRONMENT`). ``aggregators``: one or more
-    ``(host, port)`` (several shard every tensor, as ``ncina train`` does); ``seed`` seeds each
-    rank's stochastic rounding with ``(seed << 16) + rank``; ``deadline`` is the client's
-    longest wait for progress (s). ``exact_below``: an all-reduce of fewer elements is exact
-    (gloo); ``exact``: every all-reduce is (the group behaves as gloo, the aggregator idle)."""
+def job_fields() -> tuple[str, ...]:
+    """The job fields a group's options carry: a worker's (``ncina.proto.job.role_fields``),
+    but the workers and the total workers, which the world is (its size; one level)."""
+    return tuple(name for name in role_fields("worker")
+                 if name not in ("workers", "total_workers"))  # fmt: skip
 
-    aggregators: list[tuple[str, int]] = field(default_factory=list)
-    job: int = 1
-    result_format: str = "nc8"
-    key: bytes | None = None
-    k: int | None = None
-    pool_size: int = DEFAULT_POOL_SIZE
-    window_max: int = DEFAULT_WINDOW_MAX
-    mtu: int = DEFAULT_MTU
-    deadline: float = 30.0
-    seed: int = 0
-    exact_below: int = DEFAULT_EXACT_BELOW
-    exact: bool = False
+
+def job_variable(name: str) -> str:
+    """The environment variable of job field ``name``: its option's name in capitals,
+    ``NCINA_POOL_SIZE`` for ``--pool-size``, ``NCINA_KEY_FILE`` for the key's ``--key-file``."""
+    return "NCINA_" + OPTIONS[name].flag.removeprefix("--").upper().replace("-", "_")
+
+
+@dataclass(init=False)
+class NcinaOptions:
+    """The group's job and options. ``job`` holds the job's fields by ``JobSpec``'s names
+    (``NcinaOptions(job=7, k=128, result="int", profile="tofino")``; :func:`job_fields`: every
+    field but the workers; ``result_format`` is ``result``'s older name): as the aggregator
+    holds them, ``ncina aggregator``'s flags; unset ones take ``JobSpec``'s defaults, the job
+    id 1. ``aggregators``: one or more ``(host, port)`` (several shard every tensor, as ``ncina
+    train`` does); ``seed`` seeds each rank's stochastic rounding with ``(seed << 16) + rank``;
+    ``deadline`` is the client's longest wait for progress (s). ``exact_below``: an all-reduce
+    of fewer elements is exact (gloo); ``exact``: every all-reduce is (the group behaves as
+    gloo, the aggregator idle). Environment variables: :data:`ENVIRONMENT` and
+    :func:`job_variable`."""
+
+    aggregators: list[tuple[str, int]]
+    job: dict[str, Any]
+    deadline: float
+    seed: int
+    exact_below: int
+    exact: bool
+
+    def __init__(
+        self, aggregators: list[tuple[str, int]] | None = None, *, deadline: float = 30.0,
+        seed: int = 0, exact_below: int = DEFAULT_EXACT_BELOW, exact: bool = False,
+        result_format: str | None = None, **job: Any,
+    ) -> None:  # fmt: skip
+        unknown = job.keys() - set(job_fields())
+        if unknown:
+            raise TypeError(f"NcinaOptions: {', '.join(sorted(unknown))} is no field of the "
+                            f"job it carries ({', '.join(job_fields())})")  # fmt: skip
+        if result_format is not None:
+            job["result"] = result_format
+        if isinstance(job.get("result"), Format):
+            job["result"] = job["result"].name.lower()
+        self.aggregators = list(aggregators or [])
+        self.job = {"job": 1, **{name: value for name, value in job.items() if value is not None}}
+        self.deadline, self.seed, self.exact_below, self.exact = deadline, seed, exact_below, exact
+
+    @classmethod
+    def for_job(
+        cls, aggregators: list[tuple[str, int]], job: JobSpec, **options: Any
+    ) -> NcinaOptions:
+        """The options of ``job`` (every field a group carries, :func:`job_fields`) and the
+        group's own ``options`` (``deadline``, ``seed``, ...)."""
+        return cls(aggregators, **{name: getattr(job, name) for name in job_fields()}, **options)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> NcinaOptions:
@@ -133,7 +164,8 @@ class NcinaOptions:
         keep their defaults. ``ValueError`` names a variable whose value does not parse."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        for variable, (name, parse) in ENVIRONMENT.items():
+        job = [(job_variable(name), (name, OPTIONS[name].parse)) for name in job_fields()]
+        for variable, (name, parse) in [*ENVIRONMENT.items(), *job]:
             if variable in environ:
                 try:
                     values[name] = parse(environ[variable])
@@ -146,19 +178,15 @@ class NcinaOptions:
         if not self.aggregators:
             raise ValueError("the ncina backend needs an aggregator: set $NCINA_AGGREGATOR="
                              "HOST:PORT or pass pg_options=NcinaOptions(aggregators=[...])")
-        if self.result_format not in FORMATS:
-            raise ValueError(f"result format must be one of {sorted(FORMATS)}, "
-                             f"got {self.result_format!r}")  # fmt: skip
+        result = self.job.get("result", "nc8")
+        if result not in FORMATS:
+            raise ValueError(f"result format must be one of {sorted(FORMATS)}, got {result!r}")
 
 
 def make_fabric(options: NcinaOptions, rank: int, workers: int) -> ShardedAllreduce:
     """One client per aggregator of ``options`` for ``rank`` of ``workers``; the job is
     validated, and its K defaulted, as ``JobSpec`` does (``ValueError`` naming every problem)."""
-    job = JobSpec(
-        job=options.job, workers=workers, k=options.k, pool_size=options.pool_size,
-        window_max=options.window_max, result=options.result_format, key=options.key,
-        mtu=options.mtu,
-    )
+    job = JobSpec(workers=workers, **options.job)
     return ShardedAllreduce([
         AllreduceClient.for_job(
             address, job, rank=rank, seed=(options.seed << 16) + rank,

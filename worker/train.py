@@ -48,6 +48,10 @@ from ncina.worker.client import MODES, check_mode
 from ncina.common.address import peer_address
 from ncina.common.options import deprecated_alias
 
+LACKS = ("total_workers",)
+"""The job fields of a worker's role that ``ncina train`` does not take: ``--workers`` and
+``--leaf-workers`` give the total."""
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``ncina train``."""
@@ -127,10 +131,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     JobSpec.add_arguments(p, "key")
     p.add_argument("--deadline", type=float, default=30.0,
                    help="seconds without progress before an all-reduce fails")
-    p.add_argument("--restart-retries", type=int, default=3, metavar="N",
-                   help="aggregator restarts one all-reduce recovers from (the workers redo "
-                   "the handshake and the bucket: docs/reliability.md); one more fails it "
-                   "(default: %(default)s)")
     p.add_argument("--fallback", choices=["gloo"],
                    help="when an INA all-reduce fails (aggregator gone past --deadline, more "
                    "restarts than --restart-retries), go on through gloo, said once and "
@@ -141,6 +141,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="JSON-lines file the events are appended to; {rank} in it is replaced "
                    "by the rank (one file per rank under torchrun)")
     p.add_argument("--log-every", type=int, default=1, help="print every Nth step")
+    JobSpec.add_arguments(p, role="worker", lacks=LACKS)  # every field not placed above
     return p
 
 

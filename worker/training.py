@@ -204,7 +204,6 @@ def make_fabric(args: argparse.Namespace, job: JobSpec) -> ShardedAllreduce:
                 seed=(args.seed << 16) + args.rank, deadline=args.deadline,
                 compressor=args.compressor, mode=args.mode, data_path=args.data_path,
                 cwnd=args.cwnd, handshake_timeout=args.handshake_timeout or None,
-                restart_retries=args.restart_retries,
             )
             for agg in args.aggregator
         ]
@@ -253,11 +252,8 @@ def backend_options(args: argparse.Namespace, job: JobSpec) -> Any:
         return None
     from ncina.worker.torch_backend import NcinaOptions
 
-    return NcinaOptions(
-        aggregators=list(args.aggregator), job=job.job, result_format=job.result.name.lower(),
-        key=job.key, k=job.k, pool_size=job.pool_size, window_max=job.window_max, mtu=job.mtu,
-        deadline=args.deadline, seed=args.seed, exact_below=0,
-    )
+    return NcinaOptions.for_job(list(args.aggregator), job, deadline=args.deadline,
+                                seed=args.seed, exact_below=0)  # fmt: skip
 
 
 def backend_stats() -> tuple[dict[str, float], dict[str, int]]:

@@ -78,6 +78,7 @@ def add_common_arguments(p: argparse.ArgumentParser, backend: str, workers: int)
     p.add_argument("--seed", type=int, default=0, help="input and rounding seed")
     p.add_argument("--timeout", type=float, default=0.05, help="initial RTO (s)")
     p.add_argument("--deadline", type=float, default=30.0, help="worker deadline (s)")
+    JobSpec.add_arguments(p, role="run")  # every field not placed above
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -162,9 +163,9 @@ def accuracy(ref: Reference, result: np.ndarray, result_format: str) -> dict[str
 
 def aggregator_arguments(args: argparse.Namespace, stats_path: Path) -> list[str]:
     """``ncina aggregator`` options of the benchmark's job (backend and address aside): every
-    field of it (``JobSpec.to_args``)."""
+    field of it an aggregator takes (``JobSpec.to_args``, the aggregator's role)."""
     return [
-        *JobSpec.from_args(args, job=JOB).to_args(),
+        *JobSpec.from_args(args, job=JOB).to_args(role="aggregator"),
         "--seed", str(args.seed), "--stats", str(stats_path),
     ]  # fmt: skip
 

@@ -89,6 +89,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     workdir = p.add_argument("--workdir", type=Path, default=Path("runs/bench/ddp"),
                              help="where each run's directory goes (default: %(default)s)")
     deprecated_alias(p, "--out", workdir)
+    # every field not placed above; a run under the Tofino profile is ncina topo's --profile
+    JobSpec.add_arguments(p, role="run", lacks=("profile",))
     return p
 
 
@@ -118,13 +120,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.steps < 1 or args.repeat < 1 or args.workers < 2:
         raise ValueError("--steps and --repeat must be at least 1, --workers at least 2")
     from ncina.topo.cli import topo_k, topo_pool_size
-    from ncina.topo.config import TopoConfig
+    from ncina.topo.config import JOB, TopoConfig
     from ncina.topo.runner import run_topology
     from ncina.worker import tuning
 
-    k = args.k or topo_k(args.backend, "ina", "nc8", tagged=False, mtu=args.mtu)
+    k = args.k or topo_k(args.backend, "ina", args.result, tagged=False, mtu=args.mtu)
     pool_size = args.pool_size or topo_pool_size(args.backend, k, args.bw)
     bucket_cap_mb = args.bucket_cap_mb or tuning.bucket_cap_mb(args.bw)
+    job = JobSpec.from_args(args, job=JOB, k=k, pool_size=pool_size)  # every field of the flags
 
     runs = []
     for i in progress(range(args.repeat), desc="bench ddp", unit="run"):
@@ -132,8 +135,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cfg = TopoConfig(out=out, workers=args.workers, backend=args.backend, bw=args.bw,
                          model=args.model, epochs=EPOCHS, max_steps=args.steps,
                          batch_size=args.batch_size,
-                         bucket_cap_mb=bucket_cap_mb, mtu=args.mtu, k=k,
-                         pool_size=pool_size, torch_backend=args.torch_backend)  # fmt: skip
+                         bucket_cap_mb=bucket_cap_mb, torch_backend=args.torch_backend,
+                         job=job)  # fmt: skip
         runs.append({**ddp_figures(run_topology(cfg)), "out": str(out)})
     return {
         "model": args.model, "workers": args.workers, "bw_mbit": args.bw, "steps": args.steps,

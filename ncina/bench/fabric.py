@@ -89,7 +89,7 @@ from ncina.harness.links import (
 from ncina.harness.reference import Reference
 from ncina.harness.workers import START_TIMEOUT, run_workers
 from ncina.proto.header import PORT
-from ncina.proto.job import job_args
+from ncina.proto.job import JobSpec, job_args
 from ncina.proto.wire import DEFAULT_MTU
 
 FAITHFUL_LINK_FRACTION = 0.9
@@ -383,7 +383,9 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ncina-fabric-") as tmp:
         workdir = args.workdir or Path(tmp)
         cfg = TopoConfig(out=workdir, workers=args.workers, backend=args.backend, bw=args.bw,
-                         topo=args.topo, leaves=args.leaves, k=args.k,
+                         topo=args.topo, leaves=args.leaves,
+                         job=JobSpec(job=bench.JOB, workers=args.workers, k=args.k,
+                                     mtu=args.mtu),
                          prefix=f"b{os.getpid() % 100000}", offloads=args.offloads)  # fmt: skip
         args.offloads = cfg.offloads  # the default resolved: on where the fabric allows it
         ref = bench.reference(args)

@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from ncina.aggregator import process as aggproc
-from ncina.aggregator.jobs import JobConfig
 from ncina.common.progress import progress
 from ncina.harness.aggregators import start_aggregator
 from ncina.harness.faults import (
@@ -58,7 +57,9 @@ from ncina.worker.client import AllreduceClient
 
 # Concurrent jobs: (job id, workers, K, pool size); the first is the job of the flags. Results
 # are int, so that a job alone and among others must give the same bits.
-JOBS = ((JOB, 4, 128, 64), (22, 2, 64, 32), (23, 3, 100, 48), (24, 2, 182, 16))
+JOBS = tuple(JobSpec(job=job, workers=workers, k=k, pool_size=pool, result="int")
+             for job, workers, k, pool in ((JOB, 4, 128, 64), (22, 2, 64, 32), (23, 3, 100, 48),
+                                           (24, 2, 182, 16)))  # fmt: skip
 
 
 @dataclass
@@ -70,7 +71,7 @@ class JobsRun:
     retransmissions: int  # over every worker of every job
 
 
-def allreduce_jobs(jobs: Sequence[tuple[int, int, int, int]], elements: int, workdir: Path,
+def allreduce_jobs(jobs: Sequence[JobSpec], elements: int, workdir: Path,
                    seed: int) -> JobsRun:  # fmt: skip
     """All-reduce ``elements`` per worker in every job of ``jobs`` at the same time on one Python
     aggregator (the first job from its flags, the others from ``--jobs-dir``); worker ``r`` of
@@ -78,37 +79,34 @@ def allreduce_jobs(jobs: Sequence[tuple[int, int, int, int]], elements: int, wor
     jobs_dir = workdir / "jobs"
     jobs_dir.mkdir()
     first, *others = jobs
-    for job, workers, k, pool in others:
-        (jobs_dir / f"{job}.json").write_text(json.dumps(
-            {"job": job, "workers": workers, "k": k, "result_format": "int", "pool_size": pool}
+    for spec in others:  # a job file holds JobConfig's fields (docs/reliability.md)
+        (jobs_dir / f"{spec.job}.json").write_text(json.dumps(
+            {"job": spec.job, "workers": spec.workers, "k": spec.k,
+             "result_format": spec.result.name.lower(), "pool_size": spec.pool_size}
         ))  # fmt: skip
-    job, workers, k, pool = first
-    aggregator = start_aggregator(
-        "python", workdir, job=job, workers=workers, k=k, result="int",
-        extra=["--pool-size", str(pool), "--jobs-dir", str(jobs_dir)],
-    )  # fmt: skip
+    aggregator = start_aggregator("python", workdir, spec=first,
+                                  extra=["--jobs-dir", str(jobs_dir)])  # fmt: skip
     address = aggregator.address
     try:
-        wanted = {str(j[0]) for j in jobs}
+        wanted = {str(spec.job) for spec in jobs}
         while not wanted <= set(aggregator.stats()["jobs"]):
             time.sleep(0.05)  # the directory is read every 0.2 s
 
-        def worker(spec: tuple[int, int, int, int], rank: int) -> tuple[Any, ...]:
-            job, workers, k, pool = spec
+        def worker(spec: JobSpec, rank: int) -> tuple[Any, ...]:
+            job = spec.job
             x = np.random.default_rng((seed, job, rank)).standard_normal(elements)
-            with AllreduceClient(address, job=job, rank=rank, workers=workers, k=k,
-                                 pool_size=pool, result_format="int", seed=100 * job + rank,
-                                 timeout=0.02, max_timeout=0.2) as client:  # fmt: skip
+            with AllreduceClient.for_job(address, spec, rank=rank, seed=100 * job + rank,
+                                         timeout=0.02, max_timeout=0.2) as client:  # fmt: skip
                 began = time.monotonic()
                 out = client.allreduce(x.astype(np.float32), op="sum")
                 return job, rank, out, client.stats["retransmissions"], began, time.monotonic()
 
-        tasks = [(spec, rank) for spec in jobs for rank in range(spec[1])]
+        tasks = [(spec, rank) for spec in jobs for rank in range(spec.workers)]
         with ThreadPoolExecutor(len(tasks)) as pool_:
             done = list(pool_.map(lambda t: worker(*t), tasks))
     finally:
         aggregator.stop()
-    outputs: dict[int, list[np.ndarray]] = {j[0]: [] for j in jobs}
+    outputs: dict[int, list[np.ndarray]] = {spec.job: [] for spec in jobs}
     for job, _, out, *_ in done:
         outputs[job].append(out)
     return JobsRun(outputs, max(d[5] for d in done) - min(d[4] for d in done),
@@ -118,20 +116,17 @@ def allreduce_jobs(jobs: Sequence[tuple[int, int, int, int]], elements: int, wor
 def fuzz_row(workdir: Path, packets: int, elements: int) -> dict[str, Any]:
     """The hostile-input row: ``packets`` datagrams of ``hostile_datagrams`` during a job of
     three configured members on a Python aggregator."""
-    workers, k, pool = 3, 128, 64
-    ports = [aggproc.free_udp_port() for _ in range(workers)]
+    spec = JobSpec(job=JOB, workers=3, k=128, pool_size=64, result="int")
+    ports = [aggproc.free_udp_port() for _ in range(spec.workers)]
     members = [f"--member={r}=127.0.0.1:{p}" for r, p in enumerate(ports)]
-    aggregator = start_aggregator("python", workdir, job=JOB, workers=workers, k=k, result="int",
-                                  extra=["--pool-size", str(pool), *members])  # fmt: skip
+    aggregator = start_aggregator("python", workdir, spec=spec, extra=members)
     proc = aggregator.process
     try:
-        emin = JobConfig.create(job=JOB, workers=workers, k=k, result_format="int").window.e_min
-        datagrams = hostile_datagrams(packets, seed=7, job=JOB, workers=workers, k=k, emin=emin,
-                                      pool_size=pool)  # fmt: skip
+        datagrams = hostile_datagrams(packets, seed=7, job=JOB, workers=spec.workers, k=spec.k,
+                                      emin=spec.window.e_min, pool_size=spec.pool_size)
         report = fuzz_during_allreduce(
             aggregator.address, "127.0.0.1", ports, aggregator.stats,
-            proc.pid, lambda send: [send(d) for d in datagrams], job=JOB, k=k, pool_size=pool,
-            elements=elements,
+            proc.pid, lambda send: [send(d) for d in datagrams], spec=spec, elements=elements,
         )
         alive = proc.poll() is None
     finally:
@@ -215,9 +210,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(_recovery_row(args.elements, recoveries, baseline, chunks))
         alone = {}
         for spec in JOBS:
-            workdir = Path(tmp) / f"alone-{spec[0]}"
+            workdir = Path(tmp) / f"alone-{spec.job}"
             workdir.mkdir()
-            alone[spec[0]] = allreduce_jobs([spec], args.elements, workdir, args.seed)
+            alone[spec.job] = allreduce_jobs([spec], args.elements, workdir, args.seed)
         for count in (2, 4):
             workdir = Path(tmp) / f"jobs-{count}"
             workdir.mkdir()
@@ -233,10 +228,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "seconds": round(together.seconds, 3),
                 **vs_lossless(together.seconds, baseline),
                 "time_vs_alone_summed": round(
-                    together.seconds / sum(alone[j[0]].seconds for j in JOBS[:count]), 2),
+                    together.seconds / sum(alone[j.job].seconds for j in JOBS[:count]), 2),
                 "retransmissions": together.retransmissions,
-                "jobs": [{"job": j, "workers": n, "k": k, "pool": s}
-                         for j, n, k, s in JOBS[:count]],
+                "jobs": [{"job": j.job, "workers": j.workers, "k": j.k, "pool": j.pool_size}
+                         for j in JOBS[:count]],
             })  # fmt: skip
         if args.fuzz_packets:
             workdir = Path(tmp) / "fuzz"

@@ -50,9 +50,9 @@ from ncina.harness.soak_checks import (
     rss_summary,
 )
 from ncina.proto.header import MAX_GENERATION, PORT
-from ncina.proto.job import job_args
+from ncina.proto.job import JobSpec
 from ncina.proto.profiles import TOFINO, TOFINO_MAX_K
-from ncina.topo.config import SoakConfig, TopoConfig
+from ncina.topo.config import JOB, SoakConfig, TopoConfig
 from ncina.topo.runner import Processes, build_net, check_backend, start_aggregators, start_workers
 from ncina.topo.topos import PREFIX_LEN, InaHost, InaLink, aggregator_ip, worker_ip
 
@@ -80,12 +80,13 @@ class Soak:
         self.keyed = cfg.backend in names(keyed=True)
         twin = cfg.profile == TOFINO
         k = TOFINO_MAX_K if twin else topo_k(cfg.backend, "ina", "nc8", self.keyed)
+        job = JobSpec(job=JOB, workers=cfg.workers, k=k,
+                      pool_size=topo_pool_size(cfg.backend, k, cfg.bw),
+                      result="int" if twin else "nc8", profile=cfg.profile)  # fmt: skip
         self.topo_cfg = TopoConfig(
             out=cfg.out, workers=cfg.workers, backend=cfg.backend, bw=cfg.bw, loss=cfg.loss,
-            epochs=10_000, max_steps=cfg.steps_per_run, seed=cfg.seed, k=k,
-            pool_size=topo_pool_size(cfg.backend, k, cfg.bw),
+            epochs=10_000, max_steps=cfg.steps_per_run, seed=cfg.seed, job=job,
             key_file=key if self.keyed else None, baseline=False, prefix=cfg.prefix,
-            result="int" if twin else "nc8", profile=cfg.profile,
         )  # fmt: skip
         self.procs = Processes()
         self.generation = 0
@@ -202,7 +203,7 @@ class Soak:
         link_before = self.stranger_link(net)
         argv = [sys.executable, "-m", "ncina.harness.stranger",
                 "--aggregator", f"{aggregator_ip(0)}:{PORT}",
-                *job_args(job=1, k=self.topo_cfg.k, pool_size=self.topo_cfg.pool_size),
+                *self.topo_cfg.job.to_args("job", "k", "pool_size"),
                 "--seed", str(self.rnd.getrandbits(32)), "--fuzz", str(cfg.fuzz),
                 "--hellos", str(cfg.hellos), "--spoofed", str(cfg.spoofed),
                 "--forged", str(cfg.forged if members and self.keyed else 0)]  # fmt: skip

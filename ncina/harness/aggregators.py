@@ -20,7 +20,7 @@ from typing import Any
 
 from ncina.aggregator import process as aggproc
 from ncina.aggregator.backends import names
-from ncina.proto.job import job_args
+from ncina.proto.job import JobSpec, job_args
 
 Address = tuple[str, int]
 Command = Callable[[str, Sequence[str]], list[str]]
@@ -69,27 +69,32 @@ def launch_aggregator(
     backend: str,
     workdir: Path,
     *,
-    job: int,
-    workers: int,
-    k: int | None,
-    result: str | None,
+    job: int | None = None,
+    workers: int | None = None,
+    k: int | None = None,
+    result: str | None = None,
+    spec: JobSpec | None = None,
     extra: Sequence[str] = (),
     listen: str = "127.0.0.1:0",
     command: Command = local_command,
 ) -> RunningAggregator:
-    """Start an aggregator for one job without waiting for it (see ``wait_ready``); ``k=None``
-    leaves K to the aggregator (the largest that fits its MTU), ``result=None`` the result
-    format, ``extra`` are further options.
+    """Start an aggregator for one job without waiting for it (see ``wait_ready``): the job
+    ``spec``, every field of it (``JobSpec.to_args``; a key goes in ``extra`` as
+    ``--key-file``), or the loose fields ``job``,
+    ``workers``, ``k`` and ``result`` (``k=None`` leaves K to the aggregator, the largest that
+    fits its MTU; ``result=None`` the result format: server mode's); ``extra`` are further
+    options.
 
     Stats go to ``workdir/stats.json``, stderr and stdout to ``workdir/aggregator.log``.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     stats_path = workdir / "stats.json"
     log_path = workdir / "aggregator.log"
-    arguments = [
-        "--listen", listen, *job_args(job=job, workers=workers, k=k, result=result or None),
-        "--stats", str(stats_path), *extra,
-    ]  # fmt: skip
+    if spec is not None and (job, workers, k, result) != (None,) * 4:
+        raise ValueError("give the job as spec or as its loose fields, not both")
+    fields = (spec.to_args(role="aggregator") if spec is not None
+              else job_args(job=job, workers=workers, k=k, result=result or None))  # fmt: skip
+    arguments = ["--listen", listen, *fields, "--stats", str(stats_path), *extra]
     with log_path.open("wb") as log:  # a file, not a pipe: a full pipe would stall the process
         process = subprocess.Popen(
             command(backend, arguments),

@@ -29,7 +29,7 @@ import numpy as np
 
 from ncina.common.ratios import put_ratio, refusal
 from ncina.harness.aggregators import RunningAggregator, start_aggregator
-from ncina.proto.job import job_args
+from ncina.proto.job import JobSpec
 from ncina.worker.client import AggregatorRestartedError, AllreduceClient
 
 JOB = 21
@@ -73,16 +73,16 @@ def allreduce_with_faults(
     """Sum ``inputs`` (one tensor per rank) through a Python aggregator with the given fault
     probabilities (``FaultConfig`` field names); client ``r`` is seeded ``100 + r``."""
     workers = len(inputs)
+    spec = JobSpec(job=JOB, workers=workers, k=k, result=result)
     knobs = ["--seed", "3", "--fault-seed", str(fault_seed)]
     for name, p in faults.items():
         knobs += [f"--{name.replace('_', '-')}", str(p)]
-    aggregator = start_aggregator("python", workdir, job=JOB, workers=workers, k=k,
-                                  result=result, extra=knobs)  # fmt: skip
+    aggregator = start_aggregator("python", workdir, spec=spec, extra=knobs)
 
     def worker(rank: int) -> tuple[np.ndarray, dict[str, int], float, float]:
-        with AllreduceClient(
-            aggregator.address, job=JOB, rank=rank, workers=workers, k=k, result_format=result,
-            seed=100 + rank, timeout=timeout, max_timeout=max_timeout, deadline=deadline,
+        with AllreduceClient.for_job(
+            aggregator.address, spec, rank=rank, seed=100 + rank, timeout=timeout,
+            max_timeout=max_timeout, deadline=deadline,
         ) as client:  # fmt: skip
             began = time.monotonic()
             out = client.allreduce(inputs[rank], op="sum")
@@ -146,15 +146,15 @@ def kill_when(proc: subprocess.Popen[bytes], aggregator: RunningAggregator,
     return done, unfinished_at
 
 
-def _survivors(inputs: list[np.ndarray], address: tuple[str, int], ranks: range, *, k: int,
-               result: str, deadline: float, pool: ThreadPoolExecutor,
+def _survivors(inputs: list[np.ndarray], address: tuple[str, int], ranks: range, *,
+               spec: JobSpec, deadline: float, pool: ThreadPoolExecutor,
                restart_retries: int = 0) -> list[Any]:  # fmt: skip
-    """Start worker threads for ``ranks``; each future gives (result or exception, stats, end)."""
+    """Start worker threads for ``ranks`` of ``spec``; each future gives (result or exception,
+    stats, end)."""
     def worker(rank: int) -> tuple[np.ndarray | BaseException, dict[str, Any], float]:
-        with AllreduceClient(
-            address, job=JOB, rank=rank, workers=len(inputs), k=k, result_format=result,
-            seed=100 + rank, timeout=0.02, max_timeout=0.2, deadline=deadline,
-            restart_retries=restart_retries,
+        with AllreduceClient.for_job(
+            address, spec, rank=rank, seed=100 + rank, timeout=0.02, max_timeout=0.2,
+            deadline=deadline, restart_retries=restart_retries,
         ) as client:  # fmt: skip
             try:
                 out: np.ndarray | BaseException = client.allreduce(inputs[rank], op="sum")
@@ -185,8 +185,8 @@ def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: in
     """The last rank is an ``ncina allreduce`` process, SIGKILLed once the aggregator has
     completed ``at`` slots; the other ranks are threads of this process."""
     workers = len(inputs)
-    aggregator = start_aggregator("python", workdir, job=JOB, workers=workers, k=k,
-                                  result=result)  # fmt: skip
+    spec = JobSpec(job=JOB, workers=workers, k=k, result=result)
+    aggregator = start_aggregator("python", workdir, spec=spec)
     address = aggregator.address
     np.save(workdir / "x.npy", inputs[-1])
     try:
@@ -195,14 +195,14 @@ def allreduce_with_dead_worker(inputs: list[np.ndarray], workdir: Path, *, k: in
             child = subprocess.Popen([
                 sys.executable, "-m", "ncina.cli", "allreduce", "--aggregator",
                 f"{address[0]}:{address[1]}", "--rank", str(workers - 1),
-                *job_args(job=JOB, workers=workers, k=k, result=result),
+                *spec.to_args(role="worker"),
                 "--input", str(workdir / "x.npy"), "--output", str(workdir / "y.npy"),
             ], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                stderr=subprocess.DEVNULL)  # fmt: skip
             try:
                 _await_handshake(child, aggregator)
                 began = time.monotonic()
-                futures = _survivors(inputs, address, range(workers - 1), k=k, result=result,
+                futures = _survivors(inputs, address, range(workers - 1), spec=spec,
                                      deadline=deadline, pool=pool)  # fmt: skip
                 kill = kill_when(child, aggregator, at)
             finally:
@@ -223,19 +223,18 @@ def allreduce_across_restart(inputs: list[np.ndarray], workdir: Path, *, k: int,
     workers recover from ``restart_retries`` restarts (``AllreduceClient``; 0: the call
     fails)."""
     workers = len(inputs)
-    job = {"job": JOB, "workers": workers, "k": k, "result": result}
+    spec = JobSpec(job=JOB, workers=workers, k=k, result=result)
     first, second = (["--generation", str(g)] for g in generations)
-    aggregator = start_aggregator(backend, workdir / "first", extra=first, **job)
+    aggregator = start_aggregator(backend, workdir / "first", spec=spec, extra=first)
     address = aggregator.address
     try:
         with ThreadPoolExecutor(workers) as pool:
             began = time.monotonic()
-            futures = _survivors(inputs, address, range(workers), k=k, result=result,
-                                 deadline=deadline, pool=pool,
-                                 restart_retries=restart_retries)  # fmt: skip
+            futures = _survivors(inputs, address, range(workers), spec=spec, deadline=deadline,
+                                 pool=pool, restart_retries=restart_retries)  # fmt: skip
             kill = kill_when(aggregator.process, aggregator, at)
             aggregator = start_aggregator(backend, workdir / "second", listen=f"{address[0]}:"
-                                          f"{address[1]}", extra=second, **job)
+                                          f"{address[1]}", spec=spec, extra=second)
             return _fault_run(futures, began, kill, [], time.monotonic())
     finally:
         aggregator.stop()

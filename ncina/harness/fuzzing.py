@@ -26,6 +26,7 @@ import numpy as np
 
 from ncina.harness.reference import powers_of_two
 from ncina.proto.header import FLAG_TAG, HEADER, VERSION, pack
+from ncina.proto.job import JobSpec
 from ncina.proto.wire import DEFAULT_MTU, HEADER_SIZE, IPV4_UDP_HEADERS, TAG_SIZE
 from ncina.worker.client import AllreduceClient
 
@@ -179,29 +180,24 @@ def fuzz_during_allreduce(
     pid: int,
     fuzzer: Callable[[Callable[[bytes], None]], None],
     *,
-    job: int,
-    k: int,
-    pool_size: int,
+    spec: JobSpec,
     elements: int,
-    result: str = "int",
     seed: int = 0,
-    window_max: int = 10,
-    profile: str = "default",
 ) -> FuzzReport:
     """Run ``fuzzer(send)``, where ``send(datagram)`` sends to the aggregator at ``address``
     from a stranger's socket on ``host``, while one worker per port of ``ports`` (the job's
     configured members, bound to ``host``) sums powers of two, call after call until the fuzzer
     returns; ``stats`` returns the aggregator's stats document now, ``pid`` is its process (for
-    its memory); ``window_max`` is the job's e_max, ``profile`` its profile. ``send`` paces the
+    its memory); ``spec`` is the job, every field of it the workers'. ``send`` paces the
     datagrams so that no socket buffer overflows, and waits for the aggregator to have seen all
     but ``AHEAD`` of them every ``AHEAD``."""
-    workers = len(ports)
+    workers, job = len(ports), spec.job
+    if spec.workers != workers:
+        raise ValueError(f"a job of {spec.workers} workers, {workers} ports")
     inputs = [powers_of_two(elements, seed + rank, lowest=-20) for rank in range(workers)]
     exact = np.sum(np.stack(inputs).astype(np.float64), axis=0).astype(np.float32)
     clients = [
-        AllreduceClient(address, job=job, rank=r, workers=workers, k=k, pool_size=pool_size,
-                        result_format=result, seed=r, bind=(host, port), deadline=30.0,
-                        window_max=window_max, profile=profile)
+        AllreduceClient.for_job(address, spec, rank=r, seed=r, bind=(host, port), deadline=30.0)
         for r, port in enumerate(ports)
     ]
     stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -63,8 +63,15 @@ from ncina.proto import tag
 from ncina.proto.compressors import Compressor, create
 from ncina.proto.compressors.base import largest_fitting
 from ncina.proto.header import Format
-from ncina.proto.job import DEFAULT_POOL_SIZE, DEFAULT_WINDOW_MAX, FORMATS, JobSpec, default_k
-from ncina.proto.profiles import DEFAULT, PROFILES, TOFINO, job_window, tofino_max_k
+from ncina.proto.job import (
+    DEFAULT_POOL_SIZE,
+    DEFAULT_RESTART_RETRIES,
+    DEFAULT_WINDOW_MAX,
+    FORMATS,
+    JobSpec,
+    default_k,
+)
+from ncina.proto.profiles import DEFAULT, PROFILES, job_window
 from ncina.proto.wire import DEFAULT_MTU, MAX_TOTAL_WORKERS, payload_room
 from ncina.worker.client.datapath import DATA_PATH_ENV, DATA_PATHS, DataPath
 from ncina.worker.client.errors import Restart
@@ -197,7 +204,7 @@ class AllreduceClient:
         cwnd: str | None = None,
         handshake_timeout: float | None = HANDSHAKE_TIMEOUT,
         total_workers: int | None = None,
-        restart_retries: int = 3,
+        restart_retries: int = DEFAULT_RESTART_RETRIES,
         profile: str = DEFAULT,
     ) -> None:
         if result_format not in FORMATS:
@@ -205,9 +212,8 @@ class AllreduceClient:
         if k is None:
             # Under a leaf the tree's K is the leaf's: its partial sums go up as int lanes.
             under_leaf = total_workers is not None and total_workers > workers
-            fmt = Format.INT if under_leaf else FORMATS[result_format]
-            k = default_k(mtu, fmt, key is not None)
-            k = min(k, tofino_max_k(result_format)) if profile == TOFINO else k
+            k = default_k(mtu, result_format, key is not None, partial_sums=under_leaf,
+                          profile=profile)  # fmt: skip
         desc.check_job(job=job, workers=workers, k=k, pool_size=pool_size)
         desc.check_range("rank", rank, 0, workers - 1, f" (job of {workers} workers)")
         if handshake_timeout is not None and not handshake_timeout > 0:
@@ -316,7 +322,7 @@ class AllreduceClient:
             "job": spec.job, "workers": spec.workers, "total_workers": spec.total_workers,
             "k": spec.k, "pool_size": spec.pool_size, "window_max": spec.window_max,
             "result_format": spec.result.name.lower(), "key": spec.key, "mtu": spec.mtu,
-            "profile": spec.profile,
+            "profile": spec.profile, "restart_retries": spec.restart_retries,
         }  # fmt: skip
         return cls(aggregator, rank=rank, **{**job, **settings})
 
