@@ -92,6 +92,8 @@ def shape(profile: str = DEFAULT, result: str | None = None) -> Shape:
 BEYOND_THE_DESIGN = (
     ("transport_", "transport"),
     ("oversized_fragmented", "transport"),
+    ("oversized_count_match", "transport"),
+    ("both_versions_interleaved", "claim"),
     ("chunk_mismatch", "claim"),
     ("generation_not_joined", "joined"),
     ("resend_limit", "resend_limit"),
