@@ -18,8 +18,13 @@ from the first case, and are replayed in order: each case takes slots no other c
 What each backend must answer is what the Python reference answers (tests/test_conformance.py);
 the transport rule is in docs/protocol.md ("Transport").
 
-``python -m ncina.proto.corpus FILE`` writes the corpus as JSON (tests/conformance/corpus.json
-is that file; the test checks that it is up to date).
+The same generator makes the corpus within the Tofino design's limits (``shape(TOFINO,
+result)``: the design's K and code cap, the job under ``--profile tofino``); it leaves out the
+cases the design cannot match, which ``left_out`` lists with their ``profiles.LACKS`` reasons
+(docs/tofino.md, "The corpus within the design's limits").
+
+``python -m ncina.proto.corpus FILE`` writes the (default) corpus as JSON
+(tests/conformance/corpus.json is that file; the test checks that it is up to date).
 """
 
 from __future__ import annotations
