@@ -18,8 +18,13 @@ from the first case, and are replayed in order: each case takes slots no other c
 What each backend must answer is what the Python reference answers (tests/test_conformance.py);
 the transport rule is in docs/protocol.md ("Transport").
 
-``python -m ncina.proto.corpus FILE`` writes the corpus as JSON (tests/conformance/corpus.json
-is that file; the test checks that it is up to date).
+The same generator makes the corpus within the Tofino design's limits (``shape(TOFINO,
+result)``: the design's K and code cap, the job under ``--profile tofino``); it leaves out the
+cases the design cannot match, which ``left_out`` lists with their ``profiles.LACKS`` reasons
+(docs/tofino.md, "The corpus within the design's limits").
+
+``python -m ncina.proto.corpus FILE`` writes the (default) corpus as JSON
+(tests/conformance/corpus.json is that file; the test checks that it is up to date).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from ncina.proto.header import (
 )
 from ncina.proto.job import job_args
 from ncina.proto.nc8 import INT32_SUM_BITS
+from ncina.proto.profiles import DEFAULT, DEFAULT_RESULTS, LACKS, job_window, tofino_max_k
 from ncina.proto.wire import HEADER_SIZE, TAG_SIZE
 
 SCHEMA = 1
@@ -61,6 +67,45 @@ TOP = 62 - (WORKERS - 1).bit_length() + 1  # the largest valid exponent code, sp
 TOP_INT32 = INT32_SUM_BITS - (WORKERS - 1).bit_length() + 1  # the same of an int32 job's window
 E_MAX_INT32 = E_MIN + TOP_INT32 - 1  # the int32 job's --window-max: its window starts at E_MIN
 MTU_DATAGRAM = 1500 - 20 - 8  # the largest datagram in one IPv4 packet of MTU 1500
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a corpus is generated for (``shape`` makes one): its jobs' ``profile``
+    (``ncina.proto.profiles``), their elements per chunk ``k``, the largest valid code of the
+    int and nc8 jobs' window (``top``) and of the int32 job's (``top_int32``)."""
+
+    profile: str
+    k: int
+    top: int
+    top_int32: int
+
+
+def shape(profile: str = DEFAULT, result: str | None = None) -> Shape:
+    """The corpus of ``profile`` for the job of ``result`` results (``RESULTS``; None: the
+    profile's default): the default profile's is the same for every result format (``K``,
+    ``TOP``, ``TOP_INT32``); the tofino profile's holds as many lanes as the design does for
+    ``result`` (``profiles.tofino_max_k``: so its nc8 corpus is shorter) and its windows the
+    design's code cap."""
+    result = result or DEFAULT_RESULTS[profile]
+    k = K if profile == DEFAULT else tofino_max_k(result)
+    top = job_window(WORKERS, E_MAX, Format.INT, profile).span + 1
+    top_int32 = job_window(WORKERS, E_MAX_INT32, Format.INT32, profile).span + 1
+    return Shape(profile, k, top, top_int32)
+
+
+BEYOND_THE_DESIGN = (
+    ("transport_", "transport"),
+    ("oversized_fragmented", "transport"),
+    ("oversized_count_match", "transport"),
+    ("both_versions_interleaved", "claim"),
+    ("chunk_mismatch", "claim"),
+    ("generation_not_joined", "joined"),
+    ("resend_limit", "resend_limit"),
+)
+"""The cases (by name prefix) a corpus of the tofino profile leaves out, each with the feature
+the Tofino design lacks for it (``profiles.LACKS``; docs/tofino.md, "The corpus within the
+design's limits", prints the list)."""
 
 
 @dataclass(frozen=True)
@@ -112,17 +157,18 @@ class Case:
 
 def datagram(
     *, slot: int, codes: bytes | Sequence[int], rank: int = 0, offset: int | None = None,
-    **fields: Any,
+    k: int = K, **fields: Any,
 ) -> bytes:  # fmt: skip
-    """An uplink datagram of the corpus job built with the scapy layer; ``fields`` override any
-    header field (``version``, ``flags``, ``format``, ``emin``, ``job``, ``count`` ...)."""
+    """An uplink datagram of the corpus job built with the scapy layer (a chunk of ``slot`` at
+    offset ``slot * k`` unless ``offset`` is given); ``fields`` override any header field
+    (``version``, ``flags``, ``format``, ``emin``, ``job``, ``count`` ...)."""
     from ncina.proto.layers import NcinaHeader
     from scapy.packet import Raw
 
     payload = bytes(codes)
     header: dict[str, Any] = {
         "flags": 0, "format": Format.NC8, "emin": E_MIN, "job": JOB, "rank": rank,
-        "slot": slot, "count": len(payload), "offset": slot * K if offset is None else offset,
+        "slot": slot, "count": len(payload), "offset": slot * k if offset is None else offset,
     }  # fmt: skip
     header.update(fields)
     return bytes(NcinaHeader(**header) / Raw(payload))
@@ -147,66 +193,68 @@ class _Slots:
         return first
 
 
-def _codes(rnd: random.Random, count: int = K) -> list[int]:
-    """Valid codes of both signs, about 20 % zeros, in every result format's window (up to
-    ``TOP_INT32``; ``window_edges`` has the others' top codes)."""
-    return [rnd.choice((0, 0x80)) | rnd.randint(1, TOP_INT32) if rnd.random() < 0.8 else 0
-            for _ in range(count)]  # fmt: skip
+def _codes(rnd: random.Random, s: Shape, count: int | None = None) -> list[int]:
+    """``count`` (None: ``s.k``) valid codes of both signs, about 20 % zeros, in every result
+    format's window (up to ``s.top_int32``; ``window_edges`` has the others' top codes)."""
+    return [rnd.choice((0, 0x80)) | rnd.randint(1, s.top_int32) if rnd.random() < 0.8 else 0
+            for _ in range(s.k if count is None else count)]  # fmt: skip
 
 
-def _reduction(slot: int, codes: Sequence[Sequence[int]], **fields: Any) -> list[Step]:
+def _reduction(s: Shape, slot: int, codes: Sequence[Sequence[int]], **fields: Any) -> list[Step]:
     """Every rank's contribution to ``slot``, rank 0 first."""
-    return [Step(r, datagram(slot=slot, codes=c, rank=r, **fields)) for r, c in enumerate(codes)]
+    return [Step(r, datagram(k=s.k, slot=slot, codes=c, rank=r, **fields))
+            for r, c in enumerate(codes)]  # fmt: skip
 
 
-def _basics(slots: _Slots) -> Iterator[Case]:
-    alone = [Step(r, datagram(slot=barrier_slot(r), codes=[1] * K, rank=r))
+def _basics(s: Shape, slots: _Slots) -> Iterator[Case]:
+    alone = [Step(r, datagram(k=s.k, slot=barrier_slot(r), codes=[1] * s.k, rank=r))
              for r in range(WORKERS)]
     yield Case("open", "every rank contributes 1s to slot 0: the members are learned; and each "
                "rank alone to its barrier slot (every case's barrier: barrier())",
-               (*_reduction(slots.take(), [[1] * K] * WORKERS), *alone))  # fmt: skip
-    edge = [TOP, TOP | 0x80, 1, 0x81, 0, 0x80] + [TOP] * (K - 6)
+               (*_reduction(s, slots.take(), [[1] * s.k] * WORKERS), *alone))  # fmt: skip
+    edge = [s.top, s.top | 0x80, 1, 0x81, 0, 0x80] + [s.top] * (s.k - 6)
+    above = " (bad_code at an int32 job)" if s.top > s.top_int32 else ""
     yield Case("window_edges", "the largest and smallest codes of both signs and both zeros: "
-               "exact int sums up to 3 * 2**60 (bad_code at an int32 job)",
-               tuple(_reduction(slots.take(), [edge] * 3)))
-    edge = [TOP_INT32, TOP_INT32 | 0x80, 1, 0x81, 0, 0x80] + [TOP_INT32] * (K - 6)
+               f"exact int sums up to 3 * 2**{s.top - 1}{above}",
+               tuple(_reduction(s, slots.take(), [edge] * 3)))
+    edge = [s.top_int32, s.top_int32 | 0x80, 1, 0x81, 0, 0x80] + [s.top_int32] * (s.k - 6)
     yield Case("window_edges_int32", "the int32 window's largest codes: its most positive and "
-               "most negative sums, +-3 * 2**28", tuple(_reduction(slots.take(), [edge] * 3)))
+               "most negative sums, +-3 * 2**28", tuple(_reduction(s, slots.take(), [edge] * 3)))
     rnd = random.Random(11)
     yield Case("short_chunk", "three elements at an arbitrary offset",
-               tuple(_reduction(slots.take(), [_codes(rnd, 3)] * 3, offset=12345)))
+               tuple(_reduction(s, slots.take(), [_codes(rnd, s, 3)] * 3, offset=12345)))
     yield Case("one_element", "count 1",
-               tuple(_reduction(slots.take(), [_codes(rnd, 1) for _ in range(3)])))
+               tuple(_reduction(s, slots.take(), [_codes(rnd, s, 1) for _ in range(3)])))
     yield Case("offset_max", "the largest offset, 2**32 - 1",
-               tuple(_reduction(slots.take(), [_codes(rnd) for _ in range(3)],
+               tuple(_reduction(s, slots.take(), [_codes(rnd, s) for _ in range(3)],
                                 offset=0xFFFFFFFF)))  # fmt: skip
     yield Case("last_slot", "slot POOL - 1",
-               tuple(_reduction(POOL - 1, [_codes(rnd) for _ in range(3)])))
+               tuple(_reduction(s, POOL - 1, [_codes(rnd, s) for _ in range(3)])))
     slot = slots.take()
     yield Case("pool_version_1", "a reduction in version 1 of a fresh slot",
-               tuple(_reduction(slot, [_codes(rnd) for _ in range(3)], flags=FLAG_POOL)))
+               tuple(_reduction(s, slot, [_codes(rnd, s) for _ in range(3)], flags=FLAG_POOL)))
     slot = slots.take()
     gen = GENERATION << GENERATION_SHIFT
     # Issue 37: the generation from a rank that said no hello to this start (a restart that
     # drew the same generation) is stale, and changes nothing (the slot is used next).
-    early = Step(0, datagram(slot=slot, codes=[1] * K, rank=0, flags=gen))
+    early = Step(0, datagram(k=s.k, slot=slot, codes=[1] * s.k, rank=0, flags=gen))
     yield Case("generation_not_joined", "a packet that carries the aggregator's generation from "
                "a rank that said no hello to this start: a restart notice; a probe (a hello with "
                "RETX) is answered with RETX and joins nothing",
-               (early, Step(0, _hello(0, probe=True)), early))  # fmt: skip
+               (early, Step(0, _hello(s, 0, probe=True)), early))  # fmt: skip
     yield Case("generation_joined", "every rank's hello joins it to this start",
-               tuple(Step(r, _hello(r)) for r in range(WORKERS)))
+               tuple(Step(r, _hello(s, r)) for r in range(WORKERS)))
     yield Case("generation_stamped", "uplink packets that carry the aggregator's generation, "
                "from ranks that said hello to this start",
-               tuple(_reduction(slot, [_codes(rnd) for _ in range(3)], flags=gen)))
+               tuple(_reduction(s, slot, [_codes(rnd, s) for _ in range(3)], flags=gen)))
 
 
-def _hello(rank: int, probe: bool = False, nonce: int = 0) -> bytes:
+def _hello(s: Shape, rank: int, probe: bool = False, nonce: int = 0) -> bytes:
     """Rank's hello to the corpus job (a ``probe``: one that does not join the rank) with its
     incarnation ``nonce`` (0: none)."""
     from ncina.proto.descriptor import Descriptor, pack_job_datagram
 
-    mine = Descriptor(mode=int(Format.NC8), workers=WORKERS, pool_size=POOL, k=K, e_max=E_MAX,
+    mine = Descriptor(mode=int(Format.NC8), workers=WORKERS, pool_size=POOL, k=s.k, e_max=E_MAX,
                       e_min=E_MIN, keyed=False, compressor=0)  # fmt: skip
     return pack_job_datagram(mine, job=JOB, rank=rank, probe=probe, nonce=nonce)
 
@@ -215,12 +263,12 @@ def _single(name: str, about: str, data: bytes, sender: int = 0) -> Case:
     return Case(name, about, (Step(sender, data),))
 
 
-def _handshakes(slots: _Slots) -> Iterator[Case]:
+def _handshakes(s: Shape, slots: _Slots) -> Iterator[Case]:
     """The job handshake (docs/protocol.md, "Job handshake"): hellos answered with the job's
     descriptor, "no such job" or "not authentic"; malformed job datagrams dropped."""
     from ncina.proto.descriptor import Descriptor, pack_job_datagram
 
-    mine = Descriptor(mode=int(Format.NC8), workers=WORKERS, pool_size=POOL, k=K, e_max=E_MAX,
+    mine = Descriptor(mode=int(Format.NC8), workers=WORKERS, pool_size=POOL, k=s.k, e_max=E_MAX,
                       e_min=E_MIN, keyed=False, compressor=0)  # fmt: skip
     hello = pack_job_datagram(mine, job=JOB, rank=0)
     yield _single("job_hello", "a hello: answered with the job's descriptor", hello)
@@ -235,30 +283,30 @@ def _handshakes(slots: _Slots) -> Iterator[Case]:
     yield _single("job_short", "a job datagram one byte short", hello[:-1])
     yield _single("job_count_2", "a job datagram of count 2", hello[:11] + b"\x02" + hello[12:])
     yield _single("job_chunk", "a job datagram (format 3) of a chunk's length",
-                  datagram(slot=slots.take(), codes=[1] * K, format=Format.JOB))
+                  datagram(k=s.k, slot=slots.take(), codes=[1] * s.k, format=Format.JOB))
 
 
-def _header_edges(slots: _Slots) -> Iterator[Case]:
+def _header_edges(s: Shape, slots: _Slots) -> Iterator[Case]:
     """One datagram each, to a fresh slot: every header field at and around its edges."""
-    good = [1] * K
+    good = [1] * s.k
     for version in (0, 2, 255):
         yield _single(f"version_{version}", "an unknown protocol version",
-                      datagram(slot=slots.take(), codes=good, version=version))
+                      datagram(k=s.k, slot=slots.take(), codes=good, version=version))
     for name, flags in (("result", FLAG_RESULT), ("retx", FLAG_RETX), ("pool", FLAG_POOL),
                         ("tag_unkeyed", FLAG_TAG), ("stale", STALE << GENERATION_SHIFT),
                         ("generation_15", 15 << GENERATION_SHIFT), ("all", 0xFF)):  # fmt: skip
         yield _single(f"flags_{name}", f"flags 0x{flags:02x}",
-                      datagram(slot=slots.take(), codes=good, flags=flags))
+                      datagram(k=s.k, slot=slots.take(), codes=good, flags=flags))
     for fmt in (Format.INT, Format.INT32):
         name = fmt.name.lower()
         yield _single(f"format_{name}_uplink", f"an {name} payload (a result's format) on uplink",
-                      datagram(slot=slots.take(), codes=bytes(ELEMENT_SIZE[fmt] * K), count=K,
-                               format=fmt))  # fmt: skip
+                      datagram(k=s.k, slot=slots.take(), codes=bytes(ELEMENT_SIZE[fmt] * s.k),
+                               count=s.k, format=fmt))  # fmt: skip
     for fmt in (5, 255):
         yield _single(f"format_{fmt}", "an undefined payload format",
-                      datagram(slot=slots.take(), codes=good, format=fmt))
-    yield from _handshakes(slots)
-    blob = bytes([0, 0, 0, 0, K]) + bytes(12)  # a compressor payload's head names K elements
+                      datagram(k=s.k, slot=slots.take(), codes=good, format=fmt))
+    yield from _handshakes(s, slots)
+    blob = bytes([0, 0, 0, 0, s.k]) + bytes(12)  # a compressor payload's head names K elements
     blobs = (
         ("blob", "a server-mode blob to an INA job", {}),
         ("blob_empty", "a blob without payload", {"codes": b""}),
@@ -270,54 +318,56 @@ def _header_edges(slots: _Slots) -> Iterator[Case]:
         ("blob_stale", "a blob of an earlier generation", {"flags": STALE << GENERATION_SHIFT}),
     )
     for name, about, fields in blobs:
-        fields = {"codes": blob, "count": K, "format": Format.BLOB, **fields}
-        yield _single(f"format_{name}", about, datagram(slot=slots.take(), **fields))
+        fields = {"codes": blob, "count": s.k, "format": Format.BLOB, **fields}
+        yield _single(f"format_{name}", about, datagram(k=s.k, slot=slots.take(), **fields))
     for emin in (E_MIN - 1, E_MIN + 1, -128, 127):
         yield _single(f"emin_{emin}", "another exponent window",
-                      datagram(slot=slots.take(), codes=good, emin=emin))
+                      datagram(k=s.k, slot=slots.take(), codes=good, emin=emin))
     for job in (JOB + 1, 0, 0xFFFF):
         yield _single(f"job_{job}", "a job nobody serves",
-                      datagram(slot=slots.take(), codes=good, job=job))
+                      datagram(k=s.k, slot=slots.take(), codes=good, job=job))
     for rank in (WORKERS, 0xFFFF):
         yield _single(f"rank_{rank}", "a rank beyond the job's",
-                      datagram(slot=slots.take(), codes=good, rank=rank))
+                      datagram(k=s.k, slot=slots.take(), codes=good, rank=rank))
     yield _single("rank_of_another_member", "rank 1 from rank 0's address",
-                  datagram(slot=slots.take(), codes=good, rank=1))
+                  datagram(k=s.k, slot=slots.take(), codes=good, rank=1))
     yield _single("stranger_as_rank_0", "rank 0 from an address that is no member",
-                  datagram(slot=slots.take(), codes=good), sender=STRANGER)
+                  datagram(k=s.k, slot=slots.take(), codes=good), sender=STRANGER)
     for slot in (POOL, 0xFFFF):
-        yield _single(f"slot_{slot}", "a slot beyond the pool", datagram(slot=slot, codes=good))
+        yield _single(f"slot_{slot}", "a slot beyond the pool",
+                      datagram(k=s.k, slot=slot, codes=good))
     yield _single("count_0", "zero elements and no payload",
-                  datagram(slot=slots.take(), codes=b""))
+                  datagram(k=s.k, slot=slots.take(), codes=b""))
     yield _single("count_0_payload", "count 0 with a payload",
-                  datagram(slot=slots.take(), codes=good, count=0))
+                  datagram(k=s.k, slot=slots.take(), codes=good, count=0))
     yield _single("count_k_plus_1", "K + 1 elements",
-                  datagram(slot=slots.take(), codes=[1] * (K + 1)))
+                  datagram(k=s.k, slot=slots.take(), codes=[1] * (s.k + 1)))
     yield _single("count_max", "count 65535 with K codes",
-                  datagram(slot=slots.take(), codes=good, count=0xFFFF))
+                  datagram(k=s.k, slot=slots.take(), codes=good, count=0xFFFF))
     yield _single("payload_short", "one code fewer than count",
-                  datagram(slot=slots.take(), codes=[1] * (K - 1), count=K))
+                  datagram(k=s.k, slot=slots.take(), codes=[1] * (s.k - 1), count=s.k))
     yield _single("payload_long", "one code more than count",
-                  datagram(slot=slots.take(), codes=[1] * (K + 1), count=K))
-    for code in (TOP + 1, 0x7F, 0xFF, (TOP + 1) | 0x80):
+                  datagram(k=s.k, slot=slots.take(), codes=[1] * (s.k + 1), count=s.k))
+    for code in (s.top + 1, 0x7F, 0xFF, (s.top + 1) | 0x80):
         yield _single(f"code_{code:#04x}", "a code above the window",
-                      datagram(slot=slots.take(), codes=[code] + [1] * (K - 1)))
+                      datagram(k=s.k, slot=slots.take(), codes=[code] + [1] * (s.k - 1)))
     slot = slots.take()
     for size in (0, 1, HEADER_SIZE - 1):
         yield _single(f"truncated_{size}", "shorter than the header",
-                      datagram(slot=slot, codes=good)[:size])
+                      datagram(k=s.k, slot=slot, codes=good)[:size])
     yield _single("header_only", "a header of 16 elements without payload",
-                  datagram(slot=slots.take(), codes=b"", count=K))
+                  datagram(k=s.k, slot=slots.take(), codes=b"", count=s.k))
     yield _single("tag_bytes_unkeyed", "a tagged datagram (8 tag bytes) to an unkeyed job",
-                  datagram(slot=slots.take(), codes=good + [0] * TAG_SIZE, count=K,
+                  datagram(k=s.k, slot=slots.take(), codes=good + [0] * TAG_SIZE, count=s.k,
                            flags=FLAG_TAG))  # fmt: skip
     yield _single("oversized_mtu", "the largest datagram of one 1500-byte IP packet",
-                  datagram(slot=slots.take(), codes=[1] * (MTU_DATAGRAM - HEADER_SIZE), count=K))
+                  datagram(k=s.k, slot=slots.take(), codes=[1] * (MTU_DATAGRAM - HEADER_SIZE),
+                           count=s.k))  # fmt: skip
     yield _single("oversized_count_match", "count 2000 with 2000 codes",
-                  datagram(slot=slots.take(), codes=[1] * 2000))
+                  datagram(k=s.k, slot=slots.take(), codes=[1] * 2000))
 
 
-def _transport(slots: _Slots) -> Iterator[Case]:
+def _transport(s: Shape, slots: _Slots) -> Iterator[Case]:
     """Rank 0's contribution travels oddly, then ranks 1 and 2 contribute plainly and rank 0
     retransmits plainly: whether the odd one arrived shows in what comes back."""
     rnd = random.Random(23)
@@ -350,65 +400,67 @@ def _transport(slots: _Slots) -> Iterator[Case]:
     ]
     for name, about, transport in variants:
         slot = slots.take()
-        codes = [_codes(rnd) for _ in range(WORKERS)]
-        plain = _reduction(slot, codes)
+        codes = [_codes(rnd, s) for _ in range(WORKERS)]
+        plain = _reduction(s, slot, codes)
         odd = Step(0, plain[0].datagram, transport)
         steps = (odd, *plain[1:], Step(0, retransmission(plain[0].datagram)))
         yield Case(f"transport_{name}", about, steps)
     slot = slots.take()
-    big = datagram(slot=slot, codes=[1] * 4000)
+    big = datagram(k=s.k, slot=slot, codes=[1] * 4000)
     yield Case("oversized_fragmented", "a 4016-byte datagram in three 1480-byte fragments",
                (Step(0, big, {"fragment": 1480}),))
     yield Case("oversized_fragmented_bad_checksum", "the same with a wrong UDP checksum",
                (Step(0, big, {"fragment": 1480, "udp_checksum": "bad"}),))
 
 
-def _recovery(slots: _Slots) -> Iterator[Case]:
+def _recovery(s: Shape, slots: _Slots) -> Iterator[Case]:
     """The slot rules of docs/protocol.md under loss, duplicates and reordering."""
     rnd = random.Random(31)
     slot = slots.take()
-    codes = [_codes(rnd) for _ in range(WORKERS)]
-    plain = _reduction(slot, codes)
+    codes = [_codes(rnd, s) for _ in range(WORKERS)]
+    plain = _reduction(s, slot, codes)
     yield Case("duplicate_before_completion", "rank 0 twice (once as RETX), then the others",
                (plain[0], plain[0], Step(0, retransmission(plain[0].datagram)), *plain[1:]))
-    done = _reduction(slots.take(), [_codes(rnd) for _ in range(3)])
+    done = _reduction(s, slots.take(), [_codes(rnd, s) for _ in range(3)])
     yield Case("resend_after_completion", "a completed slot's result asked for again",
                (*done, Step(1, retransmission(done[1].datagram))))
     slot = slots.take()
-    old, new = [_codes(rnd) for _ in range(3)], [_codes(rnd) for _ in range(3)]
-    first = _reduction(slot, old, offset=0)
-    second = _reduction(slot, new, flags=FLAG_POOL, offset=K)
+    old, new = [_codes(rnd, s) for _ in range(3)], [_codes(rnd, s) for _ in range(3)]
+    first = _reduction(s, slot, old, offset=0)
+    second = _reduction(s, slot, new, flags=FLAG_POOL, offset=s.k)
     yield Case("previous_version_resend", "rank 2 lost version 0's result while the others "
                "moved on to version 1",
                (*first, second[0], second[1], Step(2, retransmission(first[2].datagram)),
                 second[2]))  # fmt: skip
     slot = slots.take()
-    a = _reduction(slot, [_codes(rnd) for _ in range(3)])
-    b = _reduction(slot, [_codes(rnd) for _ in range(3)], flags=FLAG_POOL, offset=7 * K)
+    a = _reduction(s, slot, [_codes(rnd, s) for _ in range(3)])
+    b = _reduction(s, slot, [_codes(rnd, s) for _ in range(3)], flags=FLAG_POOL, offset=7 * s.k)
     yield Case("both_versions_interleaved", "versions 0 and 1 of one slot in flight at once",
                (a[0], b[0], a[1], b[1], b[2], a[2]))
     slot = slots.take()
-    c = _reduction(slot, [_codes(rnd) for _ in range(3)])
-    mismatch = Step(1, datagram(slot=slot, codes=_codes(rnd), rank=1, offset=slot * K + 1))
+    c = _reduction(s, slot, [_codes(rnd, s) for _ in range(3)])
+    mismatch = Step(1, datagram(k=s.k, slot=slot, codes=_codes(rnd, s), rank=1,
+                                offset=slot * s.k + 1))  # fmt: skip
     yield Case("chunk_mismatch", "rank 1 names another offset for the slot rank 0 started",
                (c[0], mismatch, c[1], c[2]))
     slot = slots.take()
-    d = _reduction(slot, [_codes(rnd) for _ in range(3)])
-    stale = Step(1, datagram(slot=slot, codes=[1] * K, rank=1, flags=STALE << GENERATION_SHIFT))
+    d = _reduction(s, slot, [_codes(rnd, s) for _ in range(3)])
+    stale = Step(1, datagram(k=s.k, slot=slot, codes=[1] * s.k, rank=1,
+                             flags=STALE << GENERATION_SHIFT))  # fmt: skip
     yield Case("stale_generation", "a packet of an earlier generation mid-reduction",
                (d[0], stale, d[1], d[2]))
-    short = Step(1, datagram(slot=slot, codes=[1], rank=1, flags=STALE << GENERATION_SHIFT))
+    short = Step(1, datagram(k=s.k, slot=slot, codes=[1], rank=1, flags=STALE << GENERATION_SHIFT))
     yield Case("stale_generation_short", "a stale packet of one code: a restart notice, the "
                "header alone (no amplified reflection)", (short,))
-    e = _reduction(slots.take(), [_codes(rnd) for _ in range(3)])
+    e = _reduction(s, slots.take(), [_codes(rnd, s) for _ in range(3)])
     yield Case("resend_limit", "rank 0 asks 6 times at once for a result it holds: a burst of 4 "
                "answers, then resend_limit", (*e, *[Step(0, retransmission(e[0].datagram))] * 6))
     for seed in range(3):
         yield Case(f"schedule_{seed}", "seeded loss, duplicates and reordering over reused "
-                   "slots (pool versions flip)", tuple(_schedule(slots.take(2), seed)))
+                   "slots (pool versions flip)", tuple(_schedule(s, slots.take(2), seed)))
 
 
-def _schedule(base: int, seed: int, rounds: int = 8) -> Iterator[Step]:
+def _schedule(s: Shape, base: int, seed: int, rounds: int = 8) -> Iterator[Step]:
     """SwitchML rounds over slots ``base`` and ``base + 1``: each round's packets shuffled, some
     lost (sent again later with RETX), some duplicated, results asked for again, and the
     previous round's packets retransmitted late."""
@@ -416,9 +468,9 @@ def _schedule(base: int, seed: int, rounds: int = 8) -> Iterator[Step]:
     previous: list[Step] = []
     for chunk in range(rounds):
         slot, version = base + chunk % 2, (chunk // 2) % 2
-        count = rnd.randint(1, K)
-        packets = [Step(r, datagram(slot=slot, codes=_codes(rnd, count), rank=r,
-                                    offset=(base + chunk) * K,
+        count = rnd.randint(1, s.k)
+        packets = [Step(r, datagram(k=s.k, slot=slot, codes=_codes(rnd, s, count), rank=r,
+                                    offset=(base + chunk) * s.k,
                                     flags=FLAG_POOL if version else 0))
                    for r in range(WORKERS)]  # fmt: skip
         sent = [p for p in packets if rnd.random() < 0.8]
@@ -433,31 +485,50 @@ def _schedule(base: int, seed: int, rounds: int = 8) -> Iterator[Step]:
         previous = packets
 
 
-def _new_sets(slots: _Slots) -> Iterator[Case]:
+def _new_sets(s: Shape, slots: _Slots) -> Iterator[Case]:
     """Issue 38, case 8: hellos with incarnation nonces (docs/protocol.md, "A new set of
     workers"). The barrier slots hold rounds partly filled, so even a rank's new nonce restarts
     nothing here (test_engine and test_reinit check the restart itself): every backend must keep
     the rounds and take the ranks' chunks."""
     rnd = random.Random(38)
-    nonces = [Step(r, _hello(r, nonce=0x1000 + r)) for r in range(WORKERS)]
+    nonces = [Step(r, _hello(s, r, nonce=0x1000 + r)) for r in range(WORKERS)]
     yield Case("hello_nonces", "hellos with nonces, one said again (the same nonce), a probe and "
                "a stranger's hello with other nonces, a rank's new nonce while rounds are partly "
                "filled: nothing restarts, the ranks' chunks still count",
-               (*nonces, nonces[1], Step(0, _hello(0, probe=True, nonce=0x2000)),
-                Step(STRANGER, _hello(0, nonce=0x3000)), Step(0, _hello(0, nonce=0x4000)),
-                *_reduction(slots.take(), [_codes(rnd) for _ in range(WORKERS)],
+               (*nonces, nonces[1], Step(0, _hello(s, 0, probe=True, nonce=0x2000)),
+                Step(STRANGER, _hello(s, 0, nonce=0x3000)), Step(0, _hello(s, 0, nonce=0x4000)),
+                *_reduction(s, slots.take(), [_codes(rnd, s) for _ in range(WORKERS)],
                             flags=GENERATION << GENERATION_SHIFT)))  # fmt: skip
 
 
-def generate() -> list[Case]:
-    """The corpus, in replay order (the opening reduction first)."""
+def _all(s: Shape) -> list[Case]:
+    """Every case of the corpus of ``s``, in replay order (the opening reduction first)."""
     slots = _Slots()
-    cases = [*_basics(slots), *_header_edges(slots), *_transport(slots), *_recovery(slots),
-             *_new_sets(slots)]
+    cases = [*_basics(s, slots), *_header_edges(s, slots), *_transport(s, slots),
+             *_recovery(s, slots), *_new_sets(s, slots)]  # fmt: skip
     names = [c.name for c in cases]
     if len(set(names)) != len(names):
         raise RuntimeError("corpus case names must be unique")
     return cases
+
+
+def generate(s: Shape | None = None) -> list[Case]:
+    """The corpus of ``s`` (None: the default profile's), in replay order (the opening
+    reduction first): every case within its profile's limits (``left_out`` names the others)."""
+    s = s or shape()
+    return [c for c in _all(s) if not _lacks(s, c.name)]
+
+
+def left_out(s: Shape) -> list[tuple[str, str]]:
+    """The cases the corpus of ``s`` leaves out, each with the profile's reason (``LACKS``)."""
+    return [(c.name, LACKS[lack]) for c in _all(s) if (lack := _lacks(s, c.name))]
+
+
+def _lacks(s: Shape, name: str) -> str | None:
+    """The ``LACKS`` feature a case needs that the profile of ``s`` lacks, or None."""
+    if s.profile == DEFAULT:
+        return None
+    return next((lack for prefix, lack in BEYOND_THE_DESIGN if name.startswith(prefix)), None)
 
 
 def barrier_slot(rank: int) -> int:
@@ -466,11 +537,12 @@ def barrier_slot(rank: int) -> int:
     return POOL - 2 - rank
 
 
-def barrier(rank: int) -> bytes:
+def barrier(rank: int, s: Shape | None = None) -> bytes:
     """What a replay sends from ``rank`` after each case: its contribution to its barrier slot
     again, a duplicate of an incomplete round, answered by a notice that comes after
     everything the case made (rule 3 has no budget, unlike rule 2's resends)."""
-    return retransmission(datagram(slot=barrier_slot(rank), codes=[1] * K, rank=rank))
+    k = (s or shape()).k
+    return retransmission(datagram(slot=barrier_slot(rank), codes=[1] * k, rank=rank, k=k))
 
 
 def window_max(result: str | None) -> int:
@@ -479,13 +551,16 @@ def window_max(result: str | None) -> int:
     return E_MAX_INT32 if result == "int32" else E_MAX
 
 
-def job_arguments(result: str | None = None) -> list[str]:
+def job_arguments(result: str | None = None, s: Shape | None = None) -> list[str]:
     """The ``ncina aggregator`` options of the corpus job with ``result`` (one of ``RESULTS``;
-    None: without ``--result``); add ``--listen`` and ``--stats``. Its hellos restart nothing
-    during a replay (``--restart-idle`` an hour), whatever the machine's pace."""
+    None: without ``--result``) for the corpus of ``s`` (None: the default profile's); add
+    ``--listen`` and ``--stats``. Its hellos restart nothing during a replay
+    (``--restart-idle`` an hour), whatever the machine's pace."""
+    s = s or shape()
     window = E_MAX_INT32 if result == "int32" else None
-    return [*job_args(job=JOB, workers=WORKERS, k=K, pool_size=POOL, result=result or None,
-                      window_max=window),
+    profile = None if s.profile == DEFAULT else s.profile
+    return [*job_args(job=JOB, workers=WORKERS, k=s.k, pool_size=POOL, result=result or None,
+                      window_max=window, profile=profile),
             "--generation", str(GENERATION), "--seed", str(SEED), "--restart-idle", "3600"]
 
 
