@@ -475,18 +475,25 @@ def test_the_member_digest_packs_the_packets_own_source_not_replys(
     apply = _block(ingress, r"\n    apply ")
     controls = {name: _block(text, rf"control {name}\(")
                 for name in re.findall(r"\ncontrol (\w+)\(", text)}  # fmt: skip
-    instances = dict((i, c) for c, i in re.findall(r"\b(\w+)\(\) (\w+);", ingress)
-                     if c in controls)  # fmt: skip
+
+    def instances(body: str) -> dict[str, str]:
+        return {i: c for c, i in re.findall(r"\b(\w+)\(\) (\w+);", body) if c in controls}
+
+    def written(control: str, field: str) -> bool:
+        """Whether ``control``, or a control it applies, writes ``field``."""
+        body = controls[control]
+        return _writes(body, field) or any(written(c, field) for c in instances(body).values())
 
     def writers(field: str) -> list[int]:
         """Where the ingress control's apply block applies a control that writes ``field``."""
-        return [m.start() for i, c in instances.items() if _writes(controls[c], field)
+        return [m.start() for i, c in instances(ingress).items() if written(c, field)
                 for m in re.finditer(rf"\b{i}\.apply\(", apply)]  # fmt: skip
 
     sources = []
     for field in fields:
         if not field.startswith("meta."):
-            assert not writers(field), f"{field} is packed after ingress rewrote it"
+            assert not writers(field) and not _writes(ingress, field), (
+                f"{field} is packed after ingress rewrote it")
             sources.append(field)
             continue
         copies = re.findall(rf"(?<![\w.]){re.escape(field)}\s*=\s*([\w.]+);", text)
