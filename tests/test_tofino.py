@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import zlib
 from pathlib import Path
 
@@ -489,3 +490,90 @@ def test_make_p4_tofino_nc8_builds_the_nc8_results_variant_whose_fit_is_committe
     for step in ("high", "round"):
         assert {t for t in tables if t.startswith(f"recompress.{step}_")} == {
             f"recompress.{step}_{i}" for i in range(TOFINO_NC8_MAX_K)}
+
+
+# --- the member digest (docs/tofino.md "How the twin learns members") -------------------------
+
+
+def _preprocessed(tmp_path: Path, dense: bool, nc8: bool) -> str:
+    """p4/tofino/ncina.p4 through the C preprocessor as p4c-barefoot sees it for Tofino, with
+    the generated config.p4 and lanes.p4 and empty stand-ins for core.p4 and tna.p4."""
+    gen_tofino.write(12 if not dense else 32, tmp_path, dense, nc8)
+    for stub in ("core.p4", "tna.p4", "t2na.p4"):
+        (tmp_path / stub).write_text("")
+    return subprocess.run(
+        ["cpp", "-P", "-nostdinc", "-undef", "-D__TARGET_TOFINO__=1", "-I", str(tmp_path),
+         str(tofino.SOURCE_DIR / tofino.MAIN)], check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+
+
+def _block(text: str, opening: str) -> str:
+    """The braced body that follows ``opening`` (a regular expression) in ``text``."""
+    found = re.search(opening, text)
+    assert found, opening
+    start = text.index("{", found.end())
+    depth = 0
+    for end in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            return text[start + 1:end]
+    raise AssertionError(f"unbalanced braces after {opening}")
+
+
+def _writes(body: str, field: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(field)}\s*=(?!=)", body) is not None
+
+
+@pytest.mark.parametrize(("dense", "nc8"), [(True, False), (False, False), (False, True)])
+def test_the_member_digest_packs_the_packets_own_source_not_replys(
+    tmp_path: Path, dense: bool, nc8: bool
+) -> None:
+    """The ingress deparser packs the member digest after the whole ingress control ran, Reply
+    included, which rewrites the source address of a packet that is answered (the one that
+    completes a slot: a job's last rank in its first round). Every field packed must be the
+    packet's as it came in: a header field no ingress control writes, or metadata copied once
+    from the packet's field by an action whose table is applied before any control that writes
+    that field. (Packing hdr.eth.src, hdr.ipv4.src and hdr.udp.src_port reported such a rank
+    with the aggregator's own address.)"""
+    text = _preprocessed(tmp_path, dense, nc8)
+    deparser = _block(text, r"control NcinaIngressDeparser\b")
+    packed = re.search(r"\.pack\(\{(.*?)\}\)", deparser, re.S)
+    assert packed
+    fields = [f.strip() for f in packed.group(1).split(",")]
+    ingress = _block(text, r"control NcinaIngress\(")
+    apply = _block(ingress, r"\n    apply ")
+    controls = {name: _block(text, rf"control {name}\(")
+                for name in re.findall(r"\ncontrol (\w+)\(", text)}  # fmt: skip
+
+    def instances(body: str) -> dict[str, str]:
+        return {i: c for c, i in re.findall(r"\b(\w+)\(\) (\w+);", body) if c in controls}
+
+    def written(control: str, field: str) -> bool:
+        """Whether ``control``, or a control it applies, writes ``field``."""
+        body = controls[control]
+        return _writes(body, field) or any(written(c, field) for c in instances(body).values())
+
+    def writers(field: str) -> list[int]:
+        """Where the ingress control's apply block applies a control that writes ``field``."""
+        return [m.start() for i, c in instances(ingress).items() if written(c, field)
+                for m in re.finditer(rf"\b{i}\.apply\(", apply)]  # fmt: skip
+
+    sources = []
+    for field in fields:
+        if not field.startswith("meta."):
+            assert not writers(field) and not _writes(ingress, field), (
+                f"{field} is packed after ingress rewrote it")
+            sources.append(field)
+            continue
+        copies = re.findall(rf"(?<![\w.]){re.escape(field)}\s*=\s*([\w.]+);", text)
+        assert len(copies) == 1 and copies[0].startswith("hdr."), (field, copies)
+        action = re.search(rf"action (\w+)\([^)]*\) {{[^}}]*?{re.escape(field)}\s*=", ingress)
+        assert action, f"{field} is not copied by an action of the ingress control"
+        table = re.search(rf"table (\w+) {{[^}}]*?actions = {{[^}}]*\b{action.group(1)}\b",
+                          ingress)  # fmt: skip
+        assert table, action.group(1)
+        copied = apply.index(f"{table.group(1)}.apply()")
+        assert all(copied < w for w in writers(copies[0])), f"{field} is copied too late"
+        sources.append(copies[0])
+    assert sources == ["hdr.nc.job", "hdr.nc.rank", "hdr.eth.src", "hdr.ipv4.src",
+                       "hdr.udp.src_port"]  # fmt: skip

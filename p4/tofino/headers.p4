@@ -350,6 +350,11 @@ struct meta_t {
 #ifdef NCINA_NC8_RESULTS
     bit<32> use;              // completions of the slot version before this result (uses)
 #endif
+    // The member digest's source address, copied before Reply rewrites the packet's (the job
+    // and rank it packs are the header's: ingress does not write them).
+    mac_t learned_mac;
+    ip4_t learned_ip;
+    bit<16> learned_port;
 }
 
 struct egress_meta_t {

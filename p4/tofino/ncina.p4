@@ -54,6 +54,9 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     action sizes() {
         meta.room = hdr.udp.len - (UDP_HEADER_BYTES + NCINA_HEADER_BYTES);
         meta.int_bytes = hdr.nc.count << 3;
+        meta.learned_mac = hdr.eth.src;  // the member digest's: Reply rewrites the source
+        meta.learned_ip = hdr.ipv4.src;
+        meta.learned_port = hdr.udp.src_port;
 #ifdef NCINA_DENSE
         meta.result_bytes = hdr.nc.count << 2;
 #endif

@@ -127,8 +127,8 @@ control NcinaIngressDeparser(packet_out pkt, inout headers_t hdr, in meta_t meta
 
     apply {
         if (dprsr.digest_type == DIGEST_MEMBER) {
-            learned.pack({hdr.nc.job, hdr.nc.rank, hdr.eth.src, hdr.ipv4.src,
-                          hdr.udp.src_port});
+            learned.pack({hdr.nc.job, hdr.nc.rank, meta.learned_mac, meta.learned_ip,
+                          meta.learned_port});
         }
         pkt.emit(hdr.bridge);
         pkt.emit(hdr.eth);
