@@ -21,12 +21,16 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from ncina.aggregator.backends.bmv2 import gen
 from ncina.aggregator.backends.bmv2.layout import DEFAULT_K
 from ncina.aggregator.backends.tofino import gen as gen_tofino
+from ncina.aggregator.process import BUILDING
 from ncina.proto.job import JobSpec
 
 from ncina.common.cbuild import cache_root
@@ -148,7 +152,7 @@ def build(k: int, directory: Path | None = None, *, force: bool = False,
     result.directory.mkdir(parents=True, exist_ok=True)
     # Aggregators started together share the build: one compiles, the others wait for it.
     with (result.directory / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock(lock, result)
         return _build_locked(result, force)
 
 
@@ -157,8 +161,24 @@ def build_echo(directory: Path | None = None, *, force: bool = False) -> Build:
     result = Build(0, directory or BUILD_DIR / "echo", ECHO)
     result.directory.mkdir(parents=True, exist_ok=True)
     with (result.directory / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock(lock, result)
         return _build_locked(result, force)
+
+
+def _lock(lock: IO[str], result: Build) -> None:
+    """Take the build's lock; a wait for another process's compile is announced on stderr
+    (``BUILDING``: an aggregator's ``wait_ready`` does not count it against its start)."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    began = time.monotonic()
+    print(f"{BUILDING}waiting for another process compiling {result.directory}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    print(f"waited {time.monotonic() - began:.0f} s for {result.directory}", file=sys.stderr,
+          flush=True)  # fmt: skip
 
 
 def _build_locked(result: Build, force: bool) -> Build:
@@ -174,7 +194,12 @@ def _build_locked(result: Build, force: bool) -> Build:
         gen.write_generated(result.directory, *_generated(result))
     command = compile_command(result)
     what = f" K={result.k}" if result.program != ECHO else ""
+    began = time.monotonic()
+    print(f"{BUILDING}p4/{result.program}{what} into {result.directory}", file=sys.stderr,
+          flush=True)  # fmt: skip
     proc = _run_with_progress(command, f"p4c-bm2-ss {result.program}{what}")
+    print(f"compiled p4/{result.program}{what} in {time.monotonic() - began:.0f} s",
+          file=sys.stderr, flush=True)  # fmt: skip
     if proc.returncode != 0:
         raise ToolchainError(
             f"{' '.join(command)} failed with status {proc.returncode}:\n"
