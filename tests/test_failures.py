@@ -542,10 +542,14 @@ def test_a_restart_between_two_ranks_handshakes_is_recovered(drawn: int, backend
         first = AllreduceClient(server.address, job=JOB, rank=0, workers=2, k=K,
                                 result_format="int", deadline=4.0)  # fmt: skip
         clients = [first]
+        answered = threading.Event()  # rank 0's hello answered by generation 3 (not a sleep:
+        # under load rank 1's hello could come first, and no rank would see a restart)
+        server.after_reply = lambda _, to: answered.set() if to[1] == first.address[1] else None
         try:
             with ThreadPoolExecutor(1) as pool:
                 ahead = pool.submit(first.allreduce, x, op="sum")
-                time.sleep(0.2)  # rank 0 handshakes with generation 3 and sends its chunks
+                assert answered.wait(30), "rank 0's hello was never answered"
+                server.after_reply = None
                 clients += clients_of(server, 2)[1:]
                 behind = clients[1].allreduce(x, op="sum")
                 assert ahead.result().tolist() == behind.tolist() == (2 * x).tolist()
