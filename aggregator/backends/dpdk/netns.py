@@ -20,12 +20,15 @@ may take the answer to its last datagram as proof that the earlier ones were han
 from __future__ import annotations
 
 import atexit
+import fcntl
 import ipaddress
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ncina.proto.header import PORT
@@ -111,12 +114,16 @@ class Star:
     @classmethod
     def create(cls, in_order: bool = False) -> Star:
         tag = f"{os.getpid() % 100000}"
-        subnet = _free_subnet()
         bridge = f"ncdb{tag}"
-        _ip("link", "add", bridge, "type", "bridge", "forward_delay", "0")
-        star = cls(bridge, subnet, _tag=tag, in_order=in_order)
-        atexit.register(star.close)
-        _ip("addr", "add", f"{star.host_ip}/{subnet.prefixlen}", "dev", bridge)
+        # Two processes at once (the sanitized suite's two groups) could both find one /24
+        # free and both take it: the choice and the address that takes it are one step.
+        with (Path(tempfile.gettempdir()) / "ncina-star-subnet.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            subnet = _free_subnet()
+            _ip("link", "add", bridge, "type", "bridge", "forward_delay", "0")
+            star = cls(bridge, subnet, _tag=tag, in_order=in_order)
+            atexit.register(star.close)
+            _ip("addr", "add", f"{star.host_ip}/{subnet.prefixlen}", "dev", bridge)
         _ip("link", "set", bridge, "up")
         return star
 
