@@ -198,7 +198,7 @@ def _build_locked(result: Build, force: bool) -> Build:
     print(f"{BUILDING}p4/{result.program}{what} into {result.directory}", file=sys.stderr,
           flush=True)  # fmt: skip
     proc = _run_with_progress(command, f"p4c-bm2-ss {result.program}{what}")
-    print(f"compiled p4/{result.program}{what} in {time.monotonic() - began:.0f} s",
+    print(f"p4c-bm2-ss p4/{result.program}{what} ended after {time.monotonic() - began:.0f} s",
           file=sys.stderr, flush=True)  # fmt: skip
     if proc.returncode != 0:
         raise ToolchainError(
