@@ -204,9 +204,10 @@ def test_a_compile_the_aggregator_announces_is_not_counted_against_its_start(
     """Issue 37 (the suite under load): ``wait_ready``'s timeout is for a start. The twin's
     K = 12, compiled by its first aggregator, took 127 s of wall time under load, and its 19
     packet tests failed "not ready within 60 s". While the log's last line is a ``BUILDING``
-    line (toolchain.build prints one before it compiles or waits for another process's
-    compile) the clock stands still; from the next line it runs again. The log starts with the
-    building line (however late the process starts) and the lines after it come in one write."""
+    line (the bmv2 aggregator logs one before toolchain.build compiles or waits for another
+    process's compile) the clock stands still; from the next line it runs again. The log
+    starts with the building line (however late the process starts) and the lines after it
+    come in one write."""
     from ncina.aggregator import process as aggproc
 
     ready = "ncina aggregator: listening on 127.0.0.1:7 (udp), backend bmv2, pid 1"
