@@ -24,6 +24,12 @@ from ncina.common.address import Address
 READY = re.compile(r"listening on (\S+):(\d+) ")
 """The readiness line names the address the aggregator serves (see :func:`ready_line`)."""
 
+BUILDING = "building: "
+"""The start of a line printed before a compile that can take minutes (a P4 program, or the
+wait for another process compiling it); the next line ends it. ``wait_ready``'s clock stands
+still while it is the log's last line: its timeout is for a start, not for a compile (the
+twin's K = 12 took 127 s of wall time under two CPU hogs)."""
+
 
 def free_udp_port(host: str = "127.0.0.1") -> int:
     """A UDP port that was free a moment ago, for a member address to configure before its
@@ -67,16 +73,20 @@ def wait_ready(proc: subprocess.Popen[bytes], log_path: Path, timeout: float = 6
     """Wait for the readiness line in ``log_path`` and return the address it names.
 
     Raises ``RuntimeError`` with the end of the log if the process exits first or stays silent
-    for ``timeout`` seconds (generous by default: a first start may compile a C extension).
+    for ``timeout`` seconds (generous by default: a first start may compile a C extension),
+    not counting a compile it announces (``BUILDING``).
     """
     deadline = time.monotonic() + timeout
     while True:
         try:
-            found = READY.search(log_path.read_text(errors="replace"))
+            text = log_path.read_text(errors="replace")
         except FileNotFoundError:
-            found = None
+            text = ""
+        found = READY.search(text)
         if found:
             return found.group(1), int(found.group(2))
+        if text.rstrip("\n").rpartition("\n")[2].startswith(BUILDING):
+            deadline = time.monotonic() + timeout
         if proc.poll() is not None:
             raise RuntimeError(
                 f"aggregator exited with status {proc.returncode} before it was ready "

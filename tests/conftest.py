@@ -24,7 +24,7 @@ _warmup: subprocess.Popen[bytes] | None = None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Under ``NCINA_P4_WARMUP=1`` (``make test``), start ``p4_warmup.py`` at nice 10 once the
+    """Under ``NCINA_P4_WARMUP=1`` (``make test``), start ``p4_warmup.py`` once the
     run has selected a test that starts a P4 program; its output goes to ``build/p4-warmup.log``."""
     global _warmup
     if os.environ.get("NCINA_P4_WARMUP") != "1" or session.config.option.collectonly:
@@ -35,7 +35,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     os.makedirs(log_dir, exist_ok=True)
     with open(os.path.join(log_dir, "p4-warmup.log"), "wb") as log:
         _warmup = subprocess.Popen(
-            ["nice", "-n", "10", sys.executable, os.path.join(_ROOT, "tests", "p4_warmup.py")],
+            # At the tests' own priority: a test that needs a build waits for the warm-up's
+            # compile under way, and at nice 10 beside two CPU hogs that compile got a tenth of
+            # a core (the twin's K = 12 is 38 s of CPU): minutes, past the test's timeout.
+            [sys.executable, os.path.join(_ROOT, "tests", "p4_warmup.py")],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_ROOT,
             start_new_session=True,  # its compilers too can be stopped as one group
         )

@@ -23,6 +23,7 @@ same way on socket, dpdk (af_packet) and the twin (``bmv2-tofino``), all under
 from __future__ import annotations
 
 import copy
+import os
 import socket
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -522,3 +523,18 @@ def test_a_frame_from_a_group_or_zero_source_gets_no_reply(
         for s in socks:
             s.close()
         assert agg.stop() == 0, agg.log()
+
+
+def test_the_tests_star_queues_each_direction_on_one_cpu() -> None:
+    """The replays send a case's steps back to back, from several sockets and a packet socket,
+    and compare each address's answers in order: the corpus's order is the claim. A veth
+    queues a frame on its sender's CPU, so a sender that changes CPU could see a later frame
+    overtake an earlier one; both ends of each of the star's veths steer every frame they
+    receive to one CPU's queue instead (``netns.steer_to_one_cpu``), one FIFO each way."""
+    _, site = site_for("python")
+    mask = 1 << min(os.sched_getaffinity(0))
+    for dev, where in ((site.peer, []), (site.iface, ["ip", "netns", "exec", site.ns])):
+        read = f"cat /sys/class/net/{dev}/queues/rx-*/rps_cpus"
+        masks = subprocess.run([*where, "sh", "-c", read], capture_output=True, text=True,
+                               check=True).stdout.split()  # fmt: skip
+        assert masks and {int(m.replace(",", ""), 16) for m in masks} == {mask}, (dev, masks)

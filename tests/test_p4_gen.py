@@ -607,3 +607,21 @@ def test_generated_lane_sums_are_the_exact_sums_of_the_codes() -> None:
             for code in (0, top, 1):  # as the parser sets it, lane by lane
                 fields.meta.codes_seen |= 1 << code
             assert eval(mask, {}, fields) == (top > max_code), (max_code, top)
+
+
+def test_a_compile_is_announced_with_a_building_line_and_an_up_to_date_build_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: the aggregator's log gets a ``BUILDING`` line before a compile (its
+    ``wait_ready`` does not count the compile against the start: test_bmv2_control) and one
+    line after; a build found up to date says nothing."""
+    from ncina.aggregator.process import BUILDING
+
+    monkeypatch.setenv("NCINA_P4C", str(_fake_p4c(tmp_path / "p4c", WRITE_OUTPUTS)))
+    lines: list[str] = []
+    toolchain.build(8, tmp_path / "k8", announce=lines.append)
+    first, after = lines
+    assert first == f"{BUILDING}compiling p4/ncina.p4 K=8 into {tmp_path / 'k8'}", lines
+    assert not after.startswith(BUILDING) and after.startswith("compiling p4/ncina.p4 K=8")
+    toolchain.build(8, tmp_path / "k8", announce=lines.append)
+    assert len(lines) == 2

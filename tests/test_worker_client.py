@@ -110,6 +110,7 @@ class FakeAggregator(threading.Thread):
         # meanwhile a re-sent copy of them is answered with a notice (this rank is held).
         self.wait = wait
         self.waiting: dict[int, tuple[bytes, tuple[str, int]]] = {}
+        self.probes: list[int] = []  # chunks whose re-sent copy got a notice, in arrival order
         self.wait_began = 0.0
         self.released_at = 0.0
         self.stopping = threading.Event()
@@ -216,6 +217,7 @@ class FakeAggregator(threading.Thread):
             return True
         if chunk not in self.waiting:
             return False
+        self.probes.append(chunk)
         hdr, _ = parse(data)
         self.sock.sendto(pack(
             job=hdr.job, rank=hdr.rank, slot=hdr.slot, offset=hdr.offset, count=0, emin=hdr.emin,
@@ -574,10 +576,15 @@ def test_a_stalled_window_re_sends_one_chunk_per_check(cwnd: str) -> None:
         assert resent == set(range(8)) and stats["held_back"] == 0
         assert stats["cwnd"] == 8.0 and stats["stalls"] == 0
     else:
-        # One probe per stall, in chunk order, each chunk once (a notice answers it).
-        assert resent == set(range(len(resent))) and len(resent) < 8
-        assert stats["retransmissions"] == len(resent) <= stats["stalls"]
-        assert stats["held_back"] >= 7 * len(resent) and stats["stalls"] >= 2
+        # While the window waits: one probe per stall, in chunk order, each chunk once (a
+        # notice answers it), the others held back. Once the straggler's results go out they
+        # may reach the client one by one (under load, 4 of 8 came before a timer check, which
+        # re-sent the held chunks 4-7 as plain timeouts: issue 37), so copies after the
+        # release are not probes, and only the fake's notices count them.
+        probes = agg.probes
+        assert probes == list(range(len(probes))) and len(probes) < 8, probes
+        assert len(probes) <= stats["stalls"] and stats["retransmissions"] >= len(probes)
+        assert stats["held_back"] >= 7 * len(probes) and stats["stalls"] >= 2
         assert stats["cwnd"] == 8.0  # slow start reached the pool again
 
 

@@ -149,6 +149,12 @@ def _mac(iface: str) -> str:
         raise ValueError(f"--iface {iface}: no such network interface") from None
 
 
+def _to_log(line: str) -> None:
+    """A build's line on the aggregator's log (stderr): a compile before the switch starts is
+    announced, so that ``wait_ready`` does not count it against the start."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def serve(config: JobConfig, options: Bmv2Options) -> int:
     """Run the bmv2 backend for ``config`` until SIGTERM/SIGINT."""
     if not options.iface:
@@ -188,7 +194,8 @@ def serve(config: JobConfig, options: Bmv2Options) -> int:
         raise ValueError(f"the bmv2 backend cannot run: {reason}")
     [job] = entries.place([config], generation, k)
     forward = options.mode == "forward"
-    build = toolchain.build_echo() if forward else toolchain.build(k, profile=profile)
+    build = (toolchain.build_echo(announce=_to_log) if forward
+             else toolchain.build(k, profile=profile, announce=_to_log))  # fmt: skip
     switch = Switch(
         SwitchConfig(
             ports=ports,

@@ -16,17 +16,22 @@ no ``__init__.py``: a regular package there would shadow p4runtime's ``p4``).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from ncina.aggregator.backends.bmv2 import gen
 from ncina.aggregator.backends.bmv2.layout import DEFAULT_K
 from ncina.aggregator.backends.tofino import gen as gen_tofino
+from ncina.aggregator.process import BUILDING
 from ncina.proto.job import JobSpec
 
 from ncina.common.cbuild import cache_root
@@ -135,9 +140,11 @@ def _generated(build: Build) -> tuple[str, str]:
 
 
 def build(k: int, directory: Path | None = None, *, force: bool = False,
-          profile: str = "default") -> Build:  # fmt: skip
+          profile: str = "default", announce: Announce | None = None) -> Build:  # fmt: skip
     """Generate and compile the program of ``profile`` (``PROFILES``) for ``k`` lanes (unless
-    an up-to-date build exists): ``build/p4/k<K>/``, the twin's ``build/p4/tofino-k<K>/``."""
+    an up-to-date build exists): ``build/p4/k<K>/``, the twin's ``build/p4/tofino-k<K>/``.
+    ``announce`` is given a line before a compile, or a wait for another process's, and one
+    after it (see ``_announced``)."""
     program = PROFILES[profile]
     if program == TWIN:
         k = gen_tofino.twin_k(k)  # (pairs: an odd K's jobs run on the build for K + 1)
@@ -148,20 +155,54 @@ def build(k: int, directory: Path | None = None, *, force: bool = False,
     result.directory.mkdir(parents=True, exist_ok=True)
     # Aggregators started together share the build: one compiles, the others wait for it.
     with (result.directory / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build_locked(result, force)
+        _lock(lock, result, announce)
+        return _build_locked(result, force, announce)
 
 
-def build_echo(directory: Path | None = None, *, force: bool = False) -> Build:
-    """Compile the no-op forwarder ``p4/echo/echo.p4`` (unless an up-to-date build exists)."""
+def build_echo(directory: Path | None = None, *, force: bool = False,
+               announce: Announce | None = None) -> Build:  # fmt: skip
+    """Compile the no-op forwarder ``p4/echo/echo.p4`` (unless an up-to-date build exists);
+    ``announce`` as for ``build``."""
     result = Build(0, directory or BUILD_DIR / "echo", ECHO)
     result.directory.mkdir(parents=True, exist_ok=True)
     with (result.directory / ".lock").open("w") as lock:
+        _lock(lock, result, announce)
+        return _build_locked(result, force, announce)
+
+
+Announce = Callable[[str], None]
+"""Where a build says that it compiles, or waits for another process's compile (the
+aggregator: a line on its log)."""
+
+
+@contextlib.contextmanager
+def _announced(announce: Announce | None, what: str) -> Iterator[None]:
+    """Around a step that can take minutes: a ``BUILDING`` line first, which an aggregator's
+    ``wait_ready`` does not count against its start while it is the log's last line, and a
+    line with the time taken after."""
+    if announce is None:
+        yield
+        return
+    began = time.monotonic()
+    announce(f"{BUILDING}{what}")
+    try:
+        yield
+    finally:
+        announce(f"{what}: {time.monotonic() - began:.0f} s")
+
+
+def _lock(lock: IO[str], result: Build, announce: Announce | None) -> None:
+    """Take the build's lock, announcing a wait for another process's compile."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    with _announced(announce, f"waiting for another process compiling {result.directory}"):
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build_locked(result, force)
 
 
-def _build_locked(result: Build, force: bool) -> Build:
+def _build_locked(result: Build, force: bool, announce: Announce | None) -> Build:
     stamp = result.directory / "inputs.sha256"
     digest = _digest(result)
     if (not force and result.json.exists() and result.p4info.exists() and stamp.exists()
@@ -174,7 +215,8 @@ def _build_locked(result: Build, force: bool) -> Build:
         gen.write_generated(result.directory, *_generated(result))
     command = compile_command(result)
     what = f" K={result.k}" if result.program != ECHO else ""
-    proc = _run_with_progress(command, f"p4c-bm2-ss {result.program}{what}")
+    with _announced(announce, f"compiling p4/{result.program}{what} into {result.directory}"):
+        proc = _run_with_progress(command, f"p4c-bm2-ss {result.program}{what}")
     if proc.returncode != 0:
         raise ToolchainError(
             f"{' '.join(command)} failed with status {proc.returncode}:\n"

@@ -8,17 +8,27 @@ port unreachable, no ARP): the data plane answers ARP for its own address itself
 
 Names start with ``ncd`` and carry the process id, so concurrent runs do not collide, and
 everything made here is removed by ``Star.close`` (and at exit). Needs root.
+
+The tests' star (``shared_star``) delivers in send order: a veth hands each frame to the backlog
+queue of the CPU that sent it, so a sender that changes CPU between two datagrams can see the
+second overtake the first while the first CPU's queue waits for its softirq (under load, for
+ksoftirqd); CI saw a twin's answers to two hellos swapped. Both ends of each of its veths steer
+every frame to one CPU's queue (RPS, ``rps_cpus``), which keeps one FIFO per direction, so a test
+may take the answer to its last datagram as proof that the earlier ones were handled.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import ipaddress
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ncina.proto.header import PORT
@@ -98,16 +108,22 @@ class Star:
     subnet: ipaddress.IPv4Network
     sites: list[Site] = field(default_factory=list)
     _tag: str = ""
+    in_order: bool = False
+    """Every site's veth delivers in send order both ways (``steer_to_one_cpu``)."""
 
     @classmethod
-    def create(cls) -> Star:
+    def create(cls, in_order: bool = False) -> Star:
         tag = f"{os.getpid() % 100000}"
-        subnet = _free_subnet()
         bridge = f"ncdb{tag}"
-        _ip("link", "add", bridge, "type", "bridge", "forward_delay", "0")
-        star = cls(bridge, subnet, _tag=tag)
-        atexit.register(star.close)
-        _ip("addr", "add", f"{star.host_ip}/{subnet.prefixlen}", "dev", bridge)
+        # Two processes at once (the sanitized suite's two groups) could both find one /24
+        # free and both take it: the choice and the address that takes it are one step.
+        with (Path(tempfile.gettempdir()) / "ncina-star-subnet.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            subnet = _free_subnet()
+            _ip("link", "add", bridge, "type", "bridge", "forward_delay", "0")
+            star = cls(bridge, subnet, _tag=tag, in_order=in_order)
+            atexit.register(star.close)
+            _ip("addr", "add", f"{star.host_ip}/{subnet.prefixlen}", "dev", bridge)
         _ip("link", "set", bridge, "up")
         return star
 
@@ -143,6 +159,8 @@ class Star:
         for dev, where in ((peer, []), (iface, ["ip", "netns", "exec", ns])):
             subprocess.run([*where, "ethtool", "-K", dev, "tx", "off", "rx", "off"],
                            capture_output=True, check=False)  # fmt: skip
+            if self.in_order:
+                steer_to_one_cpu(dev, where)
         return site
 
     def close(self) -> None:
@@ -154,14 +172,29 @@ class Star:
         _ip("link", "del", self.bridge, check=False)
 
 
+def steer_to_one_cpu(dev: str, where: Sequence[str] = ()) -> None:
+    """Steer every frame ``dev`` receives to the backlog queue of one CPU (the lowest this
+    process may use), whichever CPU sent it: RPS with a one-CPU mask on each of its RX queues,
+    set through ``where`` (a command prefix that enters its namespace). A veth otherwise queues
+    a frame on its sender's CPU, and two frames queued on two CPUs may arrive in either order.
+    The mask must be set in the device's final namespace (moving a device drops it)."""
+    mask = f"{1 << min(os.sched_getaffinity(0)):x}"
+    script = f"for q in /sys/class/net/{dev}/queues/rx-*/rps_cpus; do echo {mask} > $q; done"
+    proc = subprocess.run([*where, "sh", "-c", script], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"cannot steer {dev}'s frames to one CPU: {proc.stderr.strip()}")
+
+
 _STAR: Star | None = None
 
 
 def shared_star() -> Star:
-    """The process's one star (made on first use)."""
+    """The process's one star (made on first use), delivering in send order (``in_order``):
+    the tests synchronise on the answer to their last datagram."""
     global _STAR
     if _STAR is None:
-        _STAR = Star.create()
+        _STAR = Star.create(in_order=True)
     return _STAR
 
 
