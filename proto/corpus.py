@@ -188,8 +188,9 @@ class _Slots:
     def take(self, n: int = 1) -> int:
         first = self.next
         self.next += n
-        if self.next > barrier_slot(WORKERS - 1):  # the barriers' and last_slot's are kept
-            raise RuntimeError(f"the corpus needs more than {barrier_slot(WORKERS - 1)} slots")
+        if self.next > introduction_slot(WORKERS - 1):  # introductions', barriers', last_slot's
+            raise RuntimeError(f"the corpus needs more than {introduction_slot(WORKERS - 1)} "
+                               "slots")  # fmt: skip
         return first
 
 
@@ -535,6 +536,22 @@ def barrier_slot(rank: int) -> int:
     """The slot ``rank`` alone contributes to in the opening case (a round that never
     completes), out of the slots ``_Slots`` hands out and below ``last_slot``'s."""
     return POOL - 2 - rank
+
+
+def introduction_slot(rank: int) -> int:
+    """The slot ``rank`` alone contributes to before a replay of the profile corpus (a round
+    that never completes), below the barrier slots and out of the slots ``_Slots`` hands out."""
+    return barrier_slot(WORKERS - 1) - 1 - rank
+
+
+def introductions(s: Shape) -> list[Step]:
+    """What a replay of the corpus within the Tofino design's limits sends before its first
+    case, from every rank: a contribution to its ``introduction_slot``. The twin learns a rank
+    through a digest and its control plane's entries, and drops a result's copy for a rank not
+    learned yet (docs/tofino.md, "How the twin learns members"), so the opening reduction's
+    results would depend on how fast its control plane is; the reference replays them too."""
+    return [Step(r, datagram(k=s.k, slot=introduction_slot(r), codes=[1] * s.k, rank=r))
+            for r in range(WORKERS)]  # fmt: skip
 
 
 def barrier(rank: int, s: Shape | None = None) -> bytes:
