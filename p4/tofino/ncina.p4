@@ -19,6 +19,9 @@
 #include "events.p4"
 #include "rewrite.p4"
 
+#ifdef NCINA_PHV_PRAGMAS
+NCINA_PHV_PRAGMAS  // (config.p4: above 32 lanes, where the compiler's own choice fails)
+#endif
 control NcinaIngress(inout headers_t hdr, inout meta_t meta,
                      in ingress_intrinsic_metadata_t ig_md,
                      in ingress_intrinsic_metadata_from_parser_t prsr,
@@ -32,6 +35,9 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     Events() events;
 #ifdef NCINA_DENSE
     LaneSums() sums;
+#endif
+#ifdef NCINA_PASSES
+    Decode() decode;
 #endif
 
     // The aggregator's own address (one entry): aggregated on its UDP port.
@@ -78,18 +84,55 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     action from_harvest() {
         meta.local = 1;
         meta.port_diff_local = 0;
+#ifdef NCINA_PASSES
+        meta.verdict = hdr.harvest.verdict;  // the pairs' rows: VERDICT_SECOND_* or _HARVEST
+        meta.group = hdr.harvest.group;
+        meta.in_port = hdr.harvest.port;
+#else
         meta.verdict = VERDICT_HARVEST;
+#endif
         meta.lane_op = LANE_HARVEST;
+#ifdef NCINA_PASSES
+        meta.pair_slot = hdr.harvest.slot;
+#endif
         meta.slot_index = hdr.harvest.slot;
         meta.job_index = hdr.harvest.job_index;
         meta.sent_index = hdr.harvest.sent;
         meta.send = hdr.harvest.send;
     }
 #endif
+#ifdef NCINA_PASSES
+    // Two passes (64 lanes): a packet of more than 32 lanes, whose first pass added lanes
+    // 32-63 at the slot's second index region, goes round again whatever the decision, so that
+    // lanes 0-31 get the same operation; a result then goes round twice more for the pairs'
+    // upper sums (48-63, then 16-31: docs/tofino.md, "64 elements per packet").
+    action to_pass(bit<8> phase, bit<8> verdict, bit<16> region) {
+        meta.then = meta.send;
+        meta.send = OUT_HARVEST;
+        tm.ucast_egress_port = RECIRC_PORT;
+        tm.mcast_grp_a = 0;
+        meta.phase = phase;
+        meta.next_verdict = verdict;
+        meta.next_slot = meta.pair_slot + region;
+    }
+
+    action to_second() {
+        meta.then = meta.send;
+        meta.send = OUT_HARVEST;
+        tm.ucast_egress_port = RECIRC_PORT;
+        tm.mcast_grp_a = 0;
+        meta.phase = PASS_SECOND;
+        meta.next_verdict = meta.lane_op + VERDICT_HARVEST;  // VERDICT_SECOND_FIRST/ADD/READ
+        meta.next_slot = meta.pair_slot - NCINA_SLOTS;  // lanes 0-31
+    }
+#endif
 
     // Every lookup that depends on nothing but the headers runs first, side by side (a Tofino
     // pipeline is 12 stages deep); admission only computes metadata.
     apply {
+#ifdef NCINA_PASSES
+        decode.apply(hdr);  // the pass's lanes' codes as integers (a pass that adds)
+#endif
 #ifdef NCINA_HARVEST
         if (hdr.harvest.isValid()) {
             from_harvest();  // the slot path below reads the pairs' upper sums, nothing else
@@ -139,7 +182,34 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         sums.apply(hdr, meta);
         if (meta.ours == 1) {
             events.apply(hdr, meta);
-#ifdef NCINA_HARVEST
+#ifdef NCINA_PASSES
+            if (meta.lane_op == LANE_HARVEST) {
+                if (hdr.harvest.phase == PASS_HARVEST) {  // sent as the first pass decided
+                    if (meta.send == OUT_MULTICAST) {
+                        tm.mcast_grp_a = hdr.harvest.group;
+                    } else {
+                        tm.ucast_egress_port = hdr.harvest.port;
+                    }
+                } else if (hdr.harvest.phase == PASS_SECOND) {
+                    if (meta.send != OUT_NONE) {  // a result: lanes 48-63 next
+                        to_pass(PASS_HARVEST_SECOND, VERDICT_HARVEST, NCINA_SLOTS);
+                    }
+                } else {  // then lanes 16-31, at the first index region
+                    to_pass(PASS_HARVEST, VERDICT_HARVEST, -(bit<16>)NCINA_SLOTS);
+                }
+            } else {
+                if (meta.send != OUT_NONE) {
+                    reply.apply(hdr, meta, ig_md, tm);
+                }
+                if (meta.lane_op != LANE_NONE) {
+                    if (hdr.block.isValid()) {
+                        to_second();  // lanes 0-31
+                    } else if (meta.send != OUT_NONE) {
+                        to_pass(PASS_HARVEST, VERDICT_HARVEST, 0);  // 32 lanes at most
+                    }
+                }
+            }
+#elif defined(NCINA_HARVEST)
             if (meta.lane_op == LANE_HARVEST) {  // sent as the first pass decided
                 if (meta.send == OUT_MULTICAST) {
                     tm.mcast_grp_a = hdr.harvest.group;
@@ -167,11 +237,20 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         hdr.bridge.job_index = meta.job_index;
         hdr.bridge.sent = meta.sent_index;
         hdr.bridge.wide = meta.wide;
+#ifdef NCINA_PASSES
+        hdr.bridge.ingress_port = meta.in_port;
+        hdr.bridge.then = meta.then;
+        hdr.bridge.slot = meta.next_slot;
+        hdr.bridge.group = meta.group;
+        hdr.bridge.phase = meta.phase;
+        hdr.bridge.verdict = meta.next_verdict;
+#else
         hdr.bridge.ingress_port = ig_md.ingress_port;
 #ifdef NCINA_HARVEST
         hdr.bridge.then = meta.then;
         hdr.bridge.slot = meta.slot_index;
         hdr.bridge.group = meta.group;
+#endif
 #endif
 #ifdef NCINA_NC8_RESULTS
         hdr.bridge.use = meta.use;

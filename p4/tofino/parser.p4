@@ -49,6 +49,13 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
         meta.ours = 0;
         meta.relation = 0;  // the pairs' key: 0, the slot rules never saw the packet
 #endif
+#ifdef NCINA_PASSES
+        meta.in_port = ig_md.ingress_port;
+        meta.region = 0;
+        meta.phase = 0;
+        meta.next_verdict = 0;
+        meta.next_slot = 0;
+#endif
 #ifdef NCINA_HARVEST
         meta.then = OUT_NONE;
         transition select(ig_md.ingress_port) {
@@ -64,11 +71,23 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
         pkt.extract(hdr.ipv4);
         pkt.extract(hdr.udp);
         pkt.extract(hdr.nc);
+#ifdef NCINA_PASSES
+        transition select(hdr.harvest.phase, hdr.nc.count) {
+            (PASS_HARVEST, 1 .. NCINA_K): parse_sum_0;  // lanes 0-31 (32-63 stay payload)
+            (PASS_SECOND, _): parse_low_lane_0;         // lanes 0-31's codes, 32-63's sums
+            (PASS_HARVEST_SECOND, _): parse_rest_0;     // both regions' sums
+            default: accept;
+        }
+    }
+
+    NCINA_PASS_STATES
+#else
         transition select(hdr.nc.count) {
             1 .. NCINA_K: parse_sum_0;
             default: accept;
         }
     }
+#endif
 
     NCINA_SUM_STATES
 
@@ -115,7 +134,14 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
     }
 
     state parse_lanes {
+#ifdef NCINA_PASSES
+        transition select(hdr.nc.count) {
+            1 .. NCINA_REGION: parse_lane_0;
+            default: parse_block;  // lanes 0-31 as one block, 32-63 one by one
+        }
+#else
         transition parse_lane_0;
+#endif
     }
 
     NCINA_LANE_STATES

@@ -49,6 +49,48 @@ LANES_PER_STACK = 32
 (at K = 40 the compiler refused one stack of codes, and one of int32 results: "a slice list of
 33 bits ... no_split"), so lanes from 32 on go to further stacks."""
 
+REGION = LANES_PER_STACK
+"""Lanes one pass adds in the two-pass layout (``passes=2``, docs/tofino.md "64 elements per
+packet"): the dense layout's 32 (16 pairs, 12 of 12 stages); lanes 32-63 at a second index
+region of the same pair registers, in the first pass of a packet of more than 32 lanes, 0-31 in
+its second."""
+
+NC_BYTES_8BIT = ("version", "flags", "format", "emin")
+"""The ncina header's first four bytes, each pinned to an 8-bit PHV container above 32 lanes
+(``@pa_container_size``, config.p4's ``NCINA_PHV_PRAGMAS``). At K = 40 the compiler put them in
+one wider container (the codes took the 8-bit ones), and the reply's actions, which write
+three of the four bytes from several metadata fields (flags in slices: the POOL bit stays),
+then needed up to 8 sources for one container: "This program violates action constraints
+imposed by Tofino", "Action NcinaIngress.reply.as_result must be rewritten, because it
+requires too many sources ... Tofino supports only two PHV sources" (as_answer and as_notice
+too; docs/tofino.md "What limits the lanes"). At K = 32 the compiler had chosen 8- and 16-bit
+containers itself."""
+
+PASS_ROWS: tuple[tuple[dict[str, str], str], ...] = (
+    ({"verdict": "VERDICT_SECOND_FIRST"}, "first"),
+    ({"verdict": "VERDICT_SECOND_ADD"}, "add"),
+    ({"verdict": "VERDICT_SECOND_READ"}, "read"),
+)
+"""A pair's rows for the second pass of the two-pass layout: the first pass's decision
+(``lane_op``), carried in the pass header as the second pass's verdict
+(``VERDICT_HARVEST + lane_op``), applied to lanes 0-31 (the first pass added 32-63)."""
+
+PASS_DEFINES = {
+    "NCINA_PASSES": 2,
+    "NCINA_REGION": REGION,
+    "NCINA_LANE_PAIRS": REGION // 2,
+    "NCINA_LANE_HEADERS": f"lane_h[{REGION}] lanes; code_block_h block;",
+    "NCINA_EMIT_LANES": "pkt.emit(hdr.rest); pkt.emit(hdr.block); pkt.emit(hdr.lanes);",
+    "NCINA_SUM_HEADERS": " ".join(f"sum_lane_h[{REGION}] {s};" for s in ("sums", "rest", "upper")),
+    "NCINA_EMIT_SUMS": "pkt.emit(hdr.sums); pkt.emit(hdr.upper);",
+}
+"""config.p4's definitions of the two-pass layout: one pass's REGION codes (``lanes``, and
+lanes 0-31 as a ``block`` in the first pass of a longer packet) and int32 results (``sums``);
+the other region's results carried before them (``rest``) or after (``upper``). The emit order
+makes each pass's frame what the next one parses (``_pass_states``): [block][sums] after the
+first, [sums][upper] after the second, [rest][sums] after its harvest, [sums] and the payload
+after the last."""
+
 
 def stacks(name: str, k: int) -> list[tuple[str, int]]:
     """``(name, size)`` of the header stacks that hold ``k`` lanes: ``name``, ``name1``, ..."""
@@ -78,10 +120,11 @@ def _stack_defines(header: str, name: str, macro: str, k: int) -> dict[str, str]
             f"NCINA_EMIT_{macro}S": " ".join(f"pkt.emit(hdr.{s});" for s, _ in parts)}
 
 
-def config_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
+def config_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -> str:
     """``config.p4``: the ``#define``s and the per-lane metadata structs for ``k`` lanes
     (``dense``: the pair-register layout with int32 results, ``lanes_p4``; ``nc8``: NC8 results
-    re-compressed in egress, ``recompress_p4``)."""
+    re-compressed in egress, ``recompress_p4``; ``passes`` 2: the dense layout adding REGION
+    lanes per pass, ``pass_lanes_p4``)."""
     values = defines(k)
     values["NCINA_MAX_WORKERS"] = TOFINO_MAX_WORKERS
     values["NCINA_PAIRS"] = SLOTS // 2
@@ -93,6 +136,11 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
         values["NCINA_DENSE"] = 1
         values["NCINA_LANE_PAIRS"] = k // 2
         values.update(_stack_defines("sum_lane_h", "sums", "SUM", k))
+    if dense and k > LANES_PER_STACK:
+        values["NCINA_PHV_PRAGMAS"] = " ".join(
+            f'@pa_container_size("ingress", "hdr.nc.{field}", 8)' for field in NC_BYTES_8BIT)
+    if dense and passes > 1:
+        values.update(PASS_DEFINES)
     if nc8:
         values["NCINA_NC8_RESULTS"] = 1
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
@@ -109,10 +157,21 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
     lines += [
         "// The parser's lane states: lane i, then accept after `count` lanes.",
         "#define NCINA_LANE_STATES \\",
-        *_lane_states(k, also_valid="sums" if dense else ""),
+        *_lane_states(REGION if passes > 1 else k, also_valid="sums" if dense else ""),
         "",
     ]
-    if dense:
+    if dense and passes > 1:
+        lines += ["// The last harvest pass: lanes 0-31's int32 results (32-63's stay payload).",
+                  "#define NCINA_SUM_STATES \\", *_lane_states(REGION, "sums", "parse_sum"), "",
+                  "// More than 32 lanes: lanes 0-31 as one block and 32-63 one by one (the first",
+                  "// pass), lanes 0-31 one by one and 32-63's sums (the second), both regions'",
+                  "// sums (the second's harvest).",
+                  "#define NCINA_PASS_STATES \\", *_pass_states(), "",
+                  "// Lanes 0-31's codes in the first pass of a packet of more than 32 lanes: one",
+                  "// header, so that they share PHV containers (a lane_h takes an 8-bit one).",
+                  "header code_block_h {", *(f"    bit<8> c{i};" for i in range(REGION)), "}",
+                  ""]
+    elif dense:
         lines += ["// The harvest pass: a result's int32 lanes, as the first pass wrote them.",
                   "#define NCINA_SUM_STATES \\", *_lane_states(k, "sums", "parse_sum"), ""]
     else:
@@ -231,6 +290,41 @@ def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane",
             )
         else:
             out.append("        transition accept; }")
+    return out
+
+
+def _chain(state: str, body: str, then: str, count_from: int | None) -> list[str]:
+    # REGION states `state`_i doing `body` (with {i}); after each, accept at count
+    # count_from + i + 1 (None: never), after the last go to `then`.
+    out = []
+    for i in range(REGION):
+        out.append(f"    state {state}_{i} {{ {body.format(i=i)} \\")
+        nxt = f"{state}_{i + 1}" if i + 1 < REGION else then
+        if count_from is not None and i + 1 < REGION:
+            out.append(f"        transition select(hdr.nc.count) {{ {count_from + i + 1}: accept; "
+                       f"default: {nxt}; }} }} \\")  # fmt: skip
+        else:
+            out.append(f"        transition {nxt}; }} \\")
+    return out
+
+
+def _pass_states() -> list[str]:
+    """The ingress parser's states of the two-pass layout for a packet of more than REGION
+    lanes. First pass (``parse_lanes``): lanes 0-31's codes as one block (``parse_block``, the
+    second index region for the pairs), 32-63's into ``lanes``, decoded into ``sums``. Second
+    pass (``parse_harvest``, PASS_SECOND): lanes 0-31's codes into ``lanes`` and ``sums``, then
+    32-63's int32 results (``upper``). Its harvest (PASS_HARVEST_SECOND): lanes 0-31's results
+    (``rest``), 32-63's (``sums``). The last harvest: NCINA_SUM_STATES."""
+    out = ["    state parse_block { pkt.extract(hdr.block); meta.region = NCINA_SLOTS; \\",
+           "        transition parse_high_lane_0; } \\"]  # fmt: skip
+    out += _chain("parse_high_lane", "pkt.extract(hdr.lanes[{i}]); hdr.sums[{i}].setValid();",
+                  "accept", REGION)  # fmt: skip
+    out += _chain("parse_low_lane", "pkt.extract(hdr.lanes[{i}]); hdr.sums[{i}].setValid();",
+                  "parse_upper_0", None)  # fmt: skip
+    out += _chain("parse_upper", "pkt.extract(hdr.upper[{i}]);", "accept", REGION)
+    out += _chain("parse_rest", "pkt.extract(hdr.rest[{i}]);", "parse_high_sum_0", None)
+    out += _chain("parse_high_sum", "pkt.extract(hdr.sums[{i}]);", "accept", REGION)
+    out[-1] = out[-1].removesuffix(" \\")
     return out
 
 
@@ -598,9 +692,12 @@ def recompress_p4(k: int) -> list[str]:
     ]
 
 
-def lanes_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
+def lanes_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -> str:
     """``lanes.p4``: the controls ``CheckCodes`` and ``LaneSums`` for ``k`` lanes (``dense``:
-    ``dense_lanes_p4``; ``nc8``: with the slot versions' uses and egress's ``Recompress``)."""
+    ``dense_lanes_p4``; ``nc8``: with the slot versions' uses and egress's ``Recompress``;
+    ``passes`` 2: ``pass_lanes_p4``)."""
+    if dense and passes > 1:
+        return pass_lanes_p4(k)
     if dense:
         return dense_lanes_p4(k)
     out = [
@@ -725,6 +822,35 @@ def _window_table(k: int, g: int) -> Iterator[str]:
     yield "}"
 
 
+def _block_window_table(g: int) -> Iterator[str]:
+    # The two-pass layout's window check over GROUP of the block's codes (lanes 0-31 of a
+    # packet of more than 32 lanes, in its first pass): window_rows, one validity bit.
+    rows = window_rows()
+    codes = range((g - 4) * GROUP, (g - 3) * GROUP)
+    yield f"action above_{g}() {{"
+    yield f"    meta.checks.codes_bad_{g} = 1;"
+    yield "}"
+    yield f"table codes_{g} {{"
+    yield "    key = {"
+    yield '        meta.code_offset: ternary @name("code_offset");'
+    yield "        hdr.block.isValid(): ternary;"
+    for i in codes:
+        yield f'        hdr.block.c{i}[6:0]: ternary @name("block_{i}");'
+    yield "    }"
+    yield f"    actions = {{ above_{g}; NoAction; }}"
+    yield "    default_action = NoAction();"
+    yield f"    size = {GROUP * len(rows)};"
+    yield "    const entries = {"
+    for n in range(GROUP):
+        for (offset, omask), (code, cmask) in rows:
+            fields = ["_"] * GROUP
+            fields[n] = f"7w0x{code:02X} &&& 7w0x{cmask:02X}"
+            key = f"8w0x{offset:02X} &&& 8w0x{omask:02X}"
+            yield f"        ({key}, true, {', '.join(fields)}): above_{g}();"
+    yield "    }"
+    yield "}"
+
+
 def _dense_check_codes(k: int) -> list[str]:
     """``CheckCodes`` of the dense layout: a lane's decode table runs for a parsed lane only and
     writes the integer into the lane's int32 result header."""
@@ -754,9 +880,15 @@ _PAIR_BODIES = (
 )  # fmt: skip
 
 
-def _pair_sums(j: int, pairs: int) -> Iterator[str]:
+def _pair_index(passes: int) -> str:
+    # The pairs' register index: the slot's, or (two passes) the pass's region of it.
+    return "meta.slot_index" if passes == 1 else "meta.pair_slot"
+
+
+def _pair_sums(j: int, pairs: int, passes: int = 1) -> Iterator[str]:
     lo, hi = sum_lane(j), sum_lane(j + pairs)
-    yield f"Register<lane_pair_t, bit<16>>(NCINA_SLOTS, {{0, 0}}) sums_{j};"
+    size = "NCINA_SLOTS" if passes == 1 else "NCINA_PASSES * NCINA_SLOTS"
+    yield f"Register<lane_pair_t, bit<16>>({size}, {{0, 0}}) sums_{j};"
     actions = [(name, a.format(lo=lo, hi=hi), b.format(lo=lo, hi=hi))
                for name, a, b in _PAIR_BODIES]  # fmt: skip
     for name, body_lo, body_hi in actions:
@@ -817,15 +949,17 @@ or refused chunk, a duplicate, a packet the slot rules never saw: ``relation`` 0
 row and leaves the pair alone."""
 
 
-def pair_rows(harvest: bool = False) -> list[tuple[tuple[str, ...], str]]:
+def pair_rows(harvest: bool = False, passes: int = 1) -> list[tuple[tuple[str, ...], str]]:
     """The const entries of a pair's table: ``(key values in PAIR_KEY's order, "_" for any,
-    operation)``; ``harvest``: the harvest pass's row first (``verdict`` VERDICT_HARVEST)."""
+    operation)``; ``harvest``: the harvest pass's row first (``verdict`` VERDICT_HARVEST);
+    ``passes`` 2: the second pass's rows (PASS_ROWS) before the first pass's."""
     rows = [({"verdict": "VERDICT_HARVEST"}, "harvest")] if harvest else []
+    rows += list(PASS_ROWS) if passes > 1 else []
     rows += list(PAIR_ROWS)
     return [(tuple(fields.get(name, "_") for _, name, _ in PAIR_KEY), op) for fields, op in rows]
 
 
-def _pair_table(j: int, pairs: int) -> Iterator[str]:
+def _pair_table(j: int, pairs: int, passes: int = 1) -> Iterator[str]:
     # One table per pair register, its action chosen by the decision's inputs (PAIR_ROWS): a
     # logical table per register (a stage holds 16), not one per register action. Placed in
     # preference to the replies and counters, which need the decision's answer a stage later.
@@ -833,15 +967,15 @@ def _pair_table(j: int, pairs: int) -> Iterator[str]:
     for _, name in _PAIR_OPS:
         yield f"action do_{name}_{j}() {{"
         yield "#if __TARGET_TOFINO__ == 2"
-        yield (f"    {lo}.value = {name}_{j}.execute(index=meta.slot_index, "
+        yield (f"    {lo}.value = {name}_{j}.execute(index={_pair_index(passes)}, "
                f"rv2={hi}.value);")  # fmt: skip
         yield "#else"
-        yield f"    {lo}.value = {name}_{j}.execute(meta.slot_index);"
+        yield f"    {lo}.value = {name}_{j}.execute({_pair_index(passes)});"
         yield "#endif"
         yield "}"
     yield "#ifdef NCINA_HARVEST"
     yield f"action do_harvest_{j}() {{"
-    yield f"    {hi}.value = harvest_{j}.execute(meta.slot_index);"
+    yield f"    {hi}.value = harvest_{j}.execute({_pair_index(passes)});"
     yield "}"
     yield "#endif"
     yield "@placement_priority(1)"
@@ -857,10 +991,10 @@ def _pair_table(j: int, pairs: int) -> Iterator[str]:
     yield "#endif"
     yield "        NoAction; }"
     yield "    const default_action = NoAction();"
-    yield f"    size = {len(PAIR_ROWS) + 1};"
+    yield f"    size = {len(PAIR_ROWS) + 1 + (len(PASS_ROWS) if passes > 1 else 0)};"
     yield "    const entries = {"
     for harvest in (True, False):
-        rows = pair_rows(harvest)[:1] if harvest else pair_rows()
+        rows = pair_rows(harvest)[:1] if harvest else pair_rows(passes=passes)
         if harvest:
             yield "#ifdef NCINA_HARVEST"
         for values, op in rows:
@@ -900,6 +1034,74 @@ def dense_lanes_p4(k: int) -> str:
         "    apply {",
         *(f"        pair_{j}.apply();" for j in range(pairs)),
         "        if (meta.send != OUT_NONE) {",
+        "            as_sums();",
+        "        }",
+        "    }",
+        "}",
+        "",
+        "#endif",
+        "",
+    ])
+
+
+def pass_lanes_p4(k: int) -> str:
+    """``lanes.p4`` of the two-pass layout (``k`` = 2 * REGION, Tofino 1): the dense layout's
+    REGION // 2 pair registers at two index regions, lanes 0-31 at the slot's index, lanes
+    32-63 at it + NCINA_SLOTS. A packet of more than REGION lanes adds 32-63 in its first pass
+    and 0-31 in a second (a recirculation); the window check covers all its codes in the first
+    (``CheckCodes``, in admission). The decode tables (``Decode``) and the pairs serve the
+    pass's REGION lanes, which the parser puts in ``lanes`` and ``sums`` in either pass
+    (docs/tofino.md, "64 elements per packet")."""
+    check_dense_k(k, 2)
+    pairs = REGION // 2
+    groups = _groups(k)
+    return "\n".join([
+        BANNER.format(k=k),
+        "#ifndef NCINA_LANES_P4",
+        "#define NCINA_LANES_P4",
+        "",
+        "// Admission: whether any of the packet's codes is above the job's window (bad_code),",
+        "// all of them in the first pass, before anything is added: lanes 0-31 or 32-63",
+        "// (`lanes`), and lanes 0-31 (`block`) of a packet of more than 32.",
+        "control CheckCodes(inout headers_t hdr, inout meta_t meta) {",
+        *_each(groups // 2, lambda g: _window_table(REGION, g), 4),
+        *_each(groups // 2, lambda g: _block_window_table(g + groups // 2), 4),
+        "",
+        "    apply {",
+        "        meta.codes_bad = 0;",
+        *(f"        meta.checks.codes_bad_{g} = 0;" for g in range(1, groups)),
+        *(f"        codes_{g}.apply();" for g in range(groups)),
+        "    }",
+        "}",
+        "",
+        "// Each parsed lane's code as an integer in its result header (a table per lane of a",
+        "// pass: the pass's lanes, 0-31 or 32-63, are in hdr.lanes).",
+        "control Decode(inout headers_t hdr) {",
+        *_each(REGION, _dense_decode, 4),
+        "",
+        "    apply {",
+        "        if (hdr.lanes[0].isValid()) {  // (no codes in a harvest pass)",
+        *(f"            decode_{i}.apply();" for i in range(REGION)),
+        "        }",
+        "    }",
+        "}",
+        "",
+        "// The slot's lanes in pair registers: pair j holds the sums of lanes j (lo) and",
+        f"// j + {pairs} (hi) of a pass's {REGION}, at the slot's index (lanes 0-31) or at it +",
+        "// NCINA_SLOTS (lanes 32-63: meta.pair_slot); what to do, the slot decision's inputs say",
+        "// in the first pass, the pass header's verdict in the others.",
+        "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
+        *_each(pairs, lambda j: _pair_sums(j, pairs, 2), 4),
+        *_each(pairs, lambda j: _pair_table(j, pairs, 2), 4),
+        "",
+        "    // A pass that adds leaves with its lanes' sums, not their codes.",
+        "    action as_sums() {",
+        *(f"        {code_lane(i)}.setInvalid();" for i in range(REGION)),
+        "    }",
+        "",
+        "    apply {",
+        *(f"        pair_{j}.apply();" for j in range(pairs)),
+        "        if (meta.lane_op != LANE_NONE) {",
         "            as_sums();",
         "        }",
         "    }",
@@ -1067,18 +1269,27 @@ def twin_lanes_p4(k: int) -> str:
     return "\n".join(out)
 
 
-def write(k: int, out: Path, dense: bool = False, nc8: bool = False) -> list[Path]:
+def write(k: int, out: Path, dense: bool = False, nc8: bool = False,
+          passes: int = 1) -> list[Path]:  # fmt: skip
     """Write ``config.p4`` and ``lanes.p4`` for ``k`` lanes into ``out``; return their paths."""
     check_k(k)
     if dense:
-        check_dense_k(k)
-    return write_generated(out, config_p4(k, dense, nc8), lanes_p4(k, dense, nc8))
+        check_dense_k(k, passes)
+    elif passes != 1:
+        raise ValueError("two passes are built on the dense layout only")
+    return write_generated(out, config_p4(k, dense, nc8, passes),
+                           lanes_p4(k, dense, nc8, passes))  # fmt: skip
 
 
-def check_dense_k(k: int) -> None:
-    """Raise ``ValueError`` unless the dense layout can be built for ``k`` lanes (pairs)."""
+def check_dense_k(k: int, passes: int = 1) -> None:
+    """Raise ``ValueError`` unless the dense layout can be built for ``k`` lanes (pairs) in
+    ``passes`` passes (2: ``k`` = 2 * REGION)."""
     if k % 2:
         raise ValueError(f"K must be even for the dense layout (lanes in pairs), not {k}")
+    if passes not in (1, 2):
+        raise ValueError(f"the dense layout adds its lanes in 1 or 2 passes, not {passes}")
+    if passes == 2 and k != 2 * REGION:
+        raise ValueError(f"K must be {2 * REGION} for two passes ({REGION} lanes each), not {k}")
 
 
 def write_twin(k: int, out: Path) -> list[Path]:
