@@ -437,11 +437,9 @@ def _parser_states(config: str) -> dict[str, tuple[list[str], str]]:
     return states
 
 
-def _walk(states: dict[str, tuple[list[str], str]], state: str, count: int,
-          phase: int = 0) -> list[str]:  # fmt: skip
+def _walk(states: dict[str, tuple[list[str], str]], state: str, count: int) -> list[str]:
     """The headers the generated states extract from ``state`` on, for ``count`` lanes: a
-    count select accepts at its value, a phase select takes PASS_SECOND or its default."""
-    c = _p4_constants()
+    count select accepts at its value."""
     out: list[str] = []
     while state != "accept":
         extracted, transition = states[state]
@@ -449,9 +447,6 @@ def _walk(states: dict[str, tuple[list[str], str]], state: str, count: int,
         if (m := re.match(r"transition select\(hdr\.nc\.count\) \{ (\d+): accept; "
                           r"default: (\w+); \}", transition)):  # fmt: skip
             state = "accept" if int(m.group(1)) == count else m.group(2)
-        elif (m := re.match(r"transition select\(hdr\.harvest\.phase\) \{ PASS_SECOND: (\w+); "
-                            r"default: (\w+); \}", transition)):  # fmt: skip
-            state = m.group(1) if phase == c["PASS_SECOND"] else m.group(2)
         else:
             state = re.match(r"transition (\w+);", transition).group(1)
     return out
@@ -459,7 +454,8 @@ def _walk(states: dict[str, tuple[list[str], str]], state: str, count: int,
 
 def test_two_passes_carry_64_lanes_to_one_result_in_lane_order(tmp_path: Path) -> None:
     """The two-pass layout at K = 64 (generated states; parser.p4 picks the first one: by the
-    count from the wire, by the phase from the recirculation port): the first pass parses all
+    count from the wire, by the pass header's verdict from the recirculation port, which the
+    test reads there): the first pass parses all
     the codes, lanes 0-31 as one block and 32-63 into `lanes` (decoded into `sums`); what each
     pass emits (config.p4's emit order, the headers it leaves valid) is what the next one
     parses: the second pass gets lanes 0-31's codes and 32-63's sums (`upper`), its harvest
@@ -487,6 +483,13 @@ def test_two_passes_carry_64_lanes_to_one_result_in_lane_order(tmp_path: Path) -
         # The frame behind the ncina header: each valid header's lanes, in the emit order.
         return [lane for name in emitted for lane in valid.get(name, [])]
 
+    parser = (Path(__file__).parent.parent / "p4" / "tofino" / "parser.p4").read_text()
+    for verdict, first in (("VERDICT_HARVEST, 1 .. NCINA_K", "parse_sum_0"),
+                           ("VERDICT_HARVEST_SECOND, _", "parse_rest_0"),
+                           ("VERDICT_SECOND_FIRST .. VERDICT_SECOND_READ, _", "parse_low_lane_0"),
+                           ):  # fmt: skip
+        assert f"({verdict}): {first};" in parser
+    assert "1 .. NCINA_REGION: parse_lane_0;" in parser and "default: parse_block;" in parser
     codes = [f"code{i}" for i in range(k)]
     sums = [f"sum{i}" for i in range(k)]
     for count in (33, 50, 64):
@@ -494,19 +497,18 @@ def test_two_passes_carry_64_lanes_to_one_result_in_lane_order(tmp_path: Path) -
         # Pass 1, from the wire: every code (the window check); lanes 32-63 decoded.
         assert _walk(states, "parse_block", count) == ["block"] + [
             f"lanes[{i}]" for i in range(high)]
-        assert "state parse_block { pkt.extract(hdr.block); meta.region = NCINA_SLOTS;" in text
         frame = emit({"block": codes[:region], "sums": sums[region:count]})
-        # Pass 2 (PASS_SECOND): lanes 0-31's codes (decoded into `sums`), 32-63's sums.
+        # Pass 2 (VERDICT_SECOND_*): lanes 0-31's codes (decoded into `sums`), 32-63's sums.
         assert frame == codes[:region] + sums[region:count]
         assert _walk(states, "parse_low_lane_0", count) == [
             f"lanes[{i}]" for i in range(region)] + [f"upper[{i}]" for i in range(high)]
         frame = emit({"sums": sums[:region], "upper": frame[region:]})
-        # Pass 3 (PASS_HARVEST_SECOND): both regions' sums; lanes 48-63 read.
+        # Pass 3 (VERDICT_HARVEST_SECOND): both regions' sums; lanes 48-63 read.
         assert frame == sums[:count]
         assert _walk(states, "parse_rest_0", count) == [
             f"rest[{i}]" for i in range(region)] + [f"sums[{i}]" for i in range(high)]
         frame = emit({"rest": frame[:region], "sums": frame[region:]})
-        # Pass 4 (PASS_HARVEST): lanes 0-31's sums (16-31 read); 32-63's stay payload.
+        # Pass 4 (VERDICT_HARVEST): lanes 0-31's sums (16-31 read); 32-63's stay payload.
         assert _walk(states, "parse_sum_0", count) == [f"sums[{i}]" for i in range(region)]
         frame = emit({"sums": frame[:region]}) + frame[region:]
         assert frame == sums[:count]
@@ -560,13 +562,23 @@ def test_two_pass_layout_checks_every_code_and_adds_32_lanes_per_pass(tmp_path: 
         assert f"value.lo + hdr.sums[{j}].value" in add
         assert f"value.hi + hdr.sums[{j + 16}].value" in add
         for verdict, op in (("SECOND_FIRST", "first"), ("SECOND_ADD", "add"),
-                            ("SECOND_READ", "read"), ("HARVEST", "harvest")):  # fmt: skip
+                            ("SECOND_READ", "read"), ("HARVEST", "harvest"),
+                            ("HARVEST_SECOND", "harvest")):  # fmt: skip
             assert f"(VERDICT_{verdict}, _, _, _, _, _): do_{op}_{j}();" in body
     assert "sums1" not in body and "hdr.sums[32]" not in body and "hdr.lanes[32]" not in body
-    assert body.count("execute(meta.pair_slot)") == 4 * 16 and "meta.slot_index" not in body
+    assert body.count("execute(meta.pair_slot)") == 4 * 16
+    assert "execute(meta.slot_index)" not in body and "index=meta.slot_index" not in body
     assert "if (meta.lane_op != LANE_NONE) {\n            as_sums();" in body
-    pragmas = re.search(r"#define NCINA_PHV_PRAGMAS (.*)\n", text).group(1)
-    assert pragmas.count("@pa_container_size") == 4 and '"hdr.nc.flags", 8)' in pragmas
+    pragmas = re.findall(r'@pa_container_size\("ingress", "([^"]+)", (\d+)\)',
+                         re.search(r"#define NCINA_PHV_PRAGMAS (.*)\n", text).group(1))  # fmt: skip
+    assert pragmas == [(f"hdr.nc.{f}", "16") for f in ("version", "flags", "format", "emin")] + [
+        (f"hdr.sums[{i}].value", "32") for i in range(32)] + [
+        (f"hdr.block.c{i}", "16") for i in range(32)]
+    # The pairs' index: the slot's, or its second region after a block (the first pass).
+    assert "const entries = { true: region(NCINA_SLOTS); }" in body
+    assert "hdr.block.isValid(): exact" in body and "regions.apply();" in body
+    one_pass = re.search(r"#define NCINA_PHV_PRAGMAS (.*)\n", gen_tofino.config_p4(40, dense=True))
+    assert one_pass.group(1).count("@pa_container_size") == 4  # K = 40 in one pass: the header's
     assert "NCINA_PHV_PRAGMAS" not in gen_tofino.config_p4(32, dense=True)
     assert "NCINA_PASSES" not in gen_tofino.config_p4(k, dense=True)
     for bad in ((40, 2), (64, 3)):
@@ -574,14 +586,15 @@ def test_two_pass_layout_checks_every_code_and_adds_32_lanes_per_pass(tmp_path: 
             gen_tofino.write(bad[0], tmp_path, dense=True, passes=bad[1])
 
 
-def test_second_pass_rows_repeat_the_first_pass_decision_on_lanes_32_to_63(
+def test_second_pass_rows_repeat_the_first_pass_decision_on_lanes_0_to_31(
     tmp_path: Path,
 ) -> None:
     """A pair's table in the two-pass layout: for every verdict a pass can carry (the first
     pass's admission verdicts with the slot decision's inputs, the second pass's
-    VERDICT_SECOND_*, the harvests' VERDICT_HARVEST), the first matching row does what the
-    decision said: the second pass's rows the operation the first pass's lane_op named (their
-    relation is 0: the slot rules never run there), the first pass's rows as in one pass."""
+    VERDICT_SECOND_*, the harvests' VERDICT_HARVEST and _SECOND), the first matching row does
+    what the decision said: the second pass's rows the operation the first pass's lane_op
+    named (their relation is 0: the slot rules never run there), the harvests read the upper
+    sums, the first pass's rows as in one pass."""
     c = _p4_constants()
     _, lanes = gen_tofino.write(64, tmp_path, dense=True, passes=2)
     table = re.search(r"table pair_5 \{.*?\n    \}\n", lanes.read_text(), re.S).group(0)
@@ -598,7 +611,8 @@ def test_second_pass_rows_repeat_the_first_pass_decision_on_lanes_32_to_63(
         for bits in np.ndindex(2, 2, 2, 2):
             key = (c[f"VERDICT_SECOND_{op}"], 0, *bits)
             assert first(key) == op.lower(), key
-            assert first((c["VERDICT_HARVEST"], 0, *bits)) == "harvest"
+            for harvest in ("VERDICT_HARVEST", "VERDICT_HARVEST_SECOND"):
+                assert first((c[harvest], 0, *bits)) == "harvest"
     rank_bit = 1 << 3
     for relation in (0, c["OFFSET_OLDER"], c["OFFSET_NEWER"], c["OFFSET_SAME"]):
         for there, here, seen_there, seen_here in np.ndindex(2, 2, 2, 2):

@@ -92,9 +92,6 @@ control Admission(inout headers_t hdr, inout meta_t meta,
         meta.full_less_rank = meta.full - meta.rank_bit;
         meta.nc8_excess = meta.room - hdr.nc.count;
         meta.int_excess = meta.room - meta.int_bytes;
-#ifdef NCINA_PASSES
-        meta.pair_slot = meta.slot_index + meta.region;
-#endif
     }
 
     table measures {

@@ -134,8 +134,7 @@ header harvest_h {
     @padding bit<7> _pad;
     PortId_t port;            // the sender's port (OUT_REPLY)
 #ifdef NCINA_PASSES
-    bit<8> phase;             // PASS_*: what this pass does
-    bit<8> verdict;           // what the pairs do (their key): VERDICT_SECOND_* or _HARVEST
+    bit<8> verdict;           // what the pass does (the pairs' key): VERDICT_SECOND_*, _HARVEST*
 #endif
 }
 #endif
@@ -174,8 +173,7 @@ header bridge_h {
     bit<16> slot;
     MulticastGroupId_t group;
 #ifdef NCINA_PASSES
-    bit<8> phase;             // the next pass's harvest_h.phase and .verdict
-    bit<8> verdict;
+    bit<8> verdict;           // the next pass's harvest_h.verdict
 #endif
 #endif
 #ifdef NCINA_NC8_RESULTS
@@ -255,11 +253,8 @@ const bit<8> VERDICT_HARVEST = 4;  // a result's harvest pass (NCINA_HARVEST)
 const bit<8> VERDICT_SECOND_FIRST = 5;
 const bit<8> VERDICT_SECOND_ADD = 6;
 const bit<8> VERDICT_SECOND_READ = 7;
-// What a later pass does (harvest_h.phase): add lanes 0-31 (and read 0-15), read 48-63,
-// read 16-31 (the last: the result leaves as the first pass decided).
-const bit<8> PASS_SECOND = 2;
-const bit<8> PASS_HARVEST_SECOND = 3;
-const bit<8> PASS_HARVEST = 4;
+// A result's harvest of lanes 48-63; then VERDICT_HARVEST reads 16-31 and sends it.
+const bit<8> VERDICT_HARVEST_SECOND = 8;
 #endif
 
 // The held offset of a slot version against the packet's (the predicate of the offsets
@@ -335,11 +330,9 @@ struct meta_t {
     bit<1> ours;              // a datagram to the aggregator's port: counted, maybe answered
 #endif
 #ifdef NCINA_PASSES
-    bit<16> region;           // NCINA_SLOTS: the first pass of more than 32 lanes adds 32-63
-    bit<16> pair_slot;        // the pairs' index: slot_index + region (a later pass: its own)
+    bit<16> pair_slot;        // the pairs' index: slot_index (+ NCINA_SLOTS: lanes 32-63)
     PortId_t in_port;         // the sender's port (a later pass: the first pass's)
-    bit<8> phase;             // the next pass's (PASS_*), its pairs' verdict and index
-    bit<8> next_verdict;
+    bit<8> next_verdict;      // the next pass's verdict and its pairs' index
     bit<16> next_slot;
 #endif
     bit<16> nc8_excess;       // room - count

@@ -106,12 +106,11 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     // 32-63 at the slot's second index region, goes round again whatever the decision, so that
     // lanes 0-31 get the same operation; a result then goes round twice more for the pairs'
     // upper sums (48-63, then 16-31: docs/tofino.md, "64 elements per packet").
-    action to_pass(bit<8> phase, bit<8> verdict, bit<16> region) {
+    action to_pass(bit<8> verdict, bit<16> region) {
         meta.then = meta.send;
         meta.send = OUT_HARVEST;
         tm.ucast_egress_port = RECIRC_PORT;
         tm.mcast_grp_a = 0;
-        meta.phase = phase;
         meta.next_verdict = verdict;
         meta.next_slot = meta.pair_slot + region;
     }
@@ -121,7 +120,6 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         meta.send = OUT_HARVEST;
         tm.ucast_egress_port = RECIRC_PORT;
         tm.mcast_grp_a = 0;
-        meta.phase = PASS_SECOND;
         meta.next_verdict = meta.lane_op + VERDICT_HARVEST;  // VERDICT_SECOND_FIRST/ADD/READ
         meta.next_slot = meta.pair_slot - NCINA_SLOTS;  // lanes 0-31
     }
@@ -184,18 +182,16 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
             events.apply(hdr, meta);
 #ifdef NCINA_PASSES
             if (meta.lane_op == LANE_HARVEST) {
-                if (hdr.harvest.phase == PASS_HARVEST) {  // sent as the first pass decided
+                if (meta.verdict == VERDICT_HARVEST) {  // sent as the first pass decided
                     if (meta.send == OUT_MULTICAST) {
                         tm.mcast_grp_a = hdr.harvest.group;
                     } else {
                         tm.ucast_egress_port = hdr.harvest.port;
                     }
-                } else if (hdr.harvest.phase == PASS_SECOND) {
-                    if (meta.send != OUT_NONE) {  // a result: lanes 48-63 next
-                        to_pass(PASS_HARVEST_SECOND, VERDICT_HARVEST, NCINA_SLOTS);
-                    }
-                } else {  // then lanes 16-31, at the first index region
-                    to_pass(PASS_HARVEST, VERDICT_HARVEST, -(bit<16>)NCINA_SLOTS);
+                } else if (meta.verdict == VERDICT_HARVEST_SECOND) {  // then lanes 16-31
+                    to_pass(VERDICT_HARVEST, -(bit<16>)NCINA_SLOTS);
+                } else if (meta.send != OUT_NONE) {  // the second pass of a result: 48-63 next
+                    to_pass(VERDICT_HARVEST_SECOND, NCINA_SLOTS);
                 }
             } else {
                 if (meta.send != OUT_NONE) {
@@ -205,7 +201,7 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
                     if (hdr.block.isValid()) {
                         to_second();  // lanes 0-31
                     } else if (meta.send != OUT_NONE) {
-                        to_pass(PASS_HARVEST, VERDICT_HARVEST, 0);  // 32 lanes at most
+                        to_pass(VERDICT_HARVEST, 0);  // 32 lanes at most
                     }
                 }
             }
@@ -242,7 +238,6 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         hdr.bridge.then = meta.then;
         hdr.bridge.slot = meta.next_slot;
         hdr.bridge.group = meta.group;
-        hdr.bridge.phase = meta.phase;
         hdr.bridge.verdict = meta.next_verdict;
 #else
         hdr.bridge.ingress_port = ig_md.ingress_port;

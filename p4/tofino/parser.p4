@@ -51,8 +51,6 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
 #endif
 #ifdef NCINA_PASSES
         meta.in_port = ig_md.ingress_port;
-        meta.region = 0;
-        meta.phase = 0;
         meta.next_verdict = 0;
         meta.next_slot = 0;
 #endif
@@ -72,11 +70,11 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
         pkt.extract(hdr.udp);
         pkt.extract(hdr.nc);
 #ifdef NCINA_PASSES
-        transition select(hdr.harvest.phase, hdr.nc.count) {
-            (PASS_HARVEST, 1 .. NCINA_K): parse_sum_0;  // lanes 0-31 (32-63 stay payload)
-            (PASS_SECOND, _): parse_low_lane_0;         // lanes 0-31's codes, 32-63's sums
-            (PASS_HARVEST_SECOND, _): parse_rest_0;     // both regions' sums
-            default: accept;
+        transition select(hdr.harvest.verdict, hdr.nc.count) {
+            (VERDICT_HARVEST, 1 .. NCINA_K): parse_sum_0;  // lanes 0-31 (32-63 stay payload)
+            (VERDICT_HARVEST_SECOND, _): parse_rest_0;     // both regions' sums
+            (VERDICT_SECOND_FIRST .. VERDICT_SECOND_READ, _): parse_low_lane_0;  // the second
+            default: accept;                               // pass: 0-31's codes, 32-63's sums
         }
     }
 

@@ -36,7 +36,6 @@ control Rewrite(inout egress_headers_t hdr, in egress_intrinsic_metadata_t eg_md
             hdr.harvest.group = hdr.bridge.group;
             hdr.harvest.port = hdr.bridge.ingress_port;
 #ifdef NCINA_PASSES
-            hdr.harvest.phase = hdr.bridge.phase;
             hdr.harvest.verdict = hdr.bridge.verdict;
 #endif
         }

@@ -66,14 +66,50 @@ requires too many sources ... Tofino supports only two PHV sources" (as_answer a
 too; docs/tofino.md "What limits the lanes"). At K = 32 the compiler had chosen 8- and 16-bit
 containers itself."""
 
+REGIONS = (
+    "    // The pairs' index: the slot's (lanes 0-31), or + NCINA_SLOTS for lanes 32-63, which",
+    "    // the first pass of a packet of more than 32 lanes adds (its codes 0-31 are a block).",
+    "    action region(bit<16> offset) {",
+    "        meta.pair_slot = meta.slot_index + offset;",
+    "    }",
+    "",
+    "    table regions {",
+    "        key = { hdr.block.isValid(): exact @name(\"high\"); }",
+    "        actions = { region; }",
+    "        const default_action = region(0);",
+    "        size = 2;",
+    "        const entries = { true: region(NCINA_SLOTS); }",
+    "    }",
+)
+"""The two-pass layout's ``CheckCodes`` table that sets the pairs' index in the first pass (after
+the job lookup, beside the window check)."""
+
+
+def _phv_sizes(passes: int) -> list[tuple[str, int]]:
+    """``(field, container bits)`` pinned above 32 lanes (config.p4's ``NCINA_PHV_PRAGMAS``):
+    NC_BYTES_8BIT in 8-bit containers (one pass) or, with two passes, in 16-bit ones, each lane's
+    int32 result in a 32-bit container and the block's codes in 16-bit ones. Ingress has 48
+    8-bit containers and a one-byte lane header takes one of its own: unpinned, the compiler
+    split the results into bytes in 8-bit containers, and then the header's bytes in 8-bit
+    ones still left 5 lanes without one ("PHV allocation was not successful", lanes 27-31's
+    codes unallocated, docs/tofino.md "64 elements per packet")."""
+    sizes = [(f"hdr.nc.{field}", 8 if passes == 1 else 16) for field in NC_BYTES_8BIT]
+    if passes > 1:
+        sizes += [(f"hdr.sums[{i}].value", 32) for i in range(REGION)]
+        sizes += [(f"hdr.block.c{i}", 16) for i in range(REGION)]
+    return sizes
+
+
 PASS_ROWS: tuple[tuple[dict[str, str], str], ...] = (
+    ({"verdict": "VERDICT_HARVEST_SECOND"}, "harvest"),
     ({"verdict": "VERDICT_SECOND_FIRST"}, "first"),
     ({"verdict": "VERDICT_SECOND_ADD"}, "add"),
     ({"verdict": "VERDICT_SECOND_READ"}, "read"),
 )
-"""A pair's rows for the second pass of the two-pass layout: the first pass's decision
-(``lane_op``), carried in the pass header as the second pass's verdict
-(``VERDICT_HARVEST + lane_op``), applied to lanes 0-31 (the first pass added 32-63)."""
+"""A pair's rows for the later passes of the two-pass layout, whose verdict the pass header
+carries (it also says what the parser takes): the harvest of lanes 48-63; the second pass,
+which applies the first pass's decision (``lane_op``, as ``VERDICT_HARVEST + lane_op``) to
+lanes 0-31 (the first pass added 32-63)."""
 
 PASS_DEFINES = {
     "NCINA_PASSES": 2,
@@ -138,7 +174,8 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -
         values.update(_stack_defines("sum_lane_h", "sums", "SUM", k))
     if dense and k > LANES_PER_STACK:
         values["NCINA_PHV_PRAGMAS"] = " ".join(
-            f'@pa_container_size("ingress", "hdr.nc.{field}", 8)' for field in NC_BYTES_8BIT)
+            f'@pa_container_size("ingress", "{field}", {size})'
+            for field, size in _phv_sizes(passes))  # fmt: skip
     if dense and passes > 1:
         values.update(PASS_DEFINES)
     if nc8:
@@ -310,12 +347,12 @@ def _chain(state: str, body: str, then: str, count_from: int | None) -> list[str
 
 def _pass_states() -> list[str]:
     """The ingress parser's states of the two-pass layout for a packet of more than REGION
-    lanes. First pass (``parse_lanes``): lanes 0-31's codes as one block (``parse_block``, the
-    second index region for the pairs), 32-63's into ``lanes``, decoded into ``sums``. Second
-    pass (``parse_harvest``, PASS_SECOND): lanes 0-31's codes into ``lanes`` and ``sums``, then
-    32-63's int32 results (``upper``). Its harvest (PASS_HARVEST_SECOND): lanes 0-31's results
+    lanes. First pass (``parse_lanes``): lanes 0-31's codes as one block (``parse_block``: the
+    pairs take the second index region), 32-63's into ``lanes``, decoded into ``sums``. Second
+    pass (``parse_harvest``, VERDICT_SECOND_*): lanes 0-31's codes into ``lanes`` and ``sums``, then
+    32-63's int32 results (``upper``). Its harvest (VERDICT_HARVEST_SECOND): lanes 0-31's results
     (``rest``), 32-63's (``sums``). The last harvest: NCINA_SUM_STATES."""
-    out = ["    state parse_block { pkt.extract(hdr.block); meta.region = NCINA_SLOTS; \\",
+    out = ["    state parse_block { pkt.extract(hdr.block); \\",
            "        transition parse_high_lane_0; } \\"]  # fmt: skip
     out += _chain("parse_high_lane", "pkt.extract(hdr.lanes[{i}]); hdr.sums[{i}].setValid();",
                   "accept", REGION)  # fmt: skip
@@ -1066,8 +1103,10 @@ def pass_lanes_p4(k: int) -> str:
         "control CheckCodes(inout headers_t hdr, inout meta_t meta) {",
         *_each(groups // 2, lambda g: _window_table(REGION, g), 4),
         *_each(groups // 2, lambda g: _block_window_table(g + groups // 2), 4),
+        *REGIONS,
         "",
         "    apply {",
+        "        regions.apply();",
         "        meta.codes_bad = 0;",
         *(f"        meta.checks.codes_bad_{g} = 0;" for g in range(1, groups)),
         *(f"        codes_{g}.apply();" for g in range(groups)),
