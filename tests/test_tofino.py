@@ -571,9 +571,11 @@ def test_two_pass_layout_checks_every_code_and_adds_32_lanes_per_pass(tmp_path: 
     assert "if (meta.lane_op != LANE_NONE) {\n            as_sums();" in body
     pragmas = re.findall(r'@pa_container_size\("ingress", "([^"]+)", (\d+)\)',
                          re.search(r"#define NCINA_PHV_PRAGMAS (.*)\n", text).group(1))  # fmt: skip
-    assert pragmas == [(f"hdr.nc.{f}", "16") for f in ("version", "flags", "format", "emin")] + [
+    assert pragmas == [(f"hdr.nc.{f}", str(n)) for f, n in gen_tofino.PASS_NC_SIZES.items()] + [
         (f"hdr.sums[{i}].value", "32") for i in range(32)] + [
-        (f"hdr.block.c{i}", "16") for i in range(32)]
+        (f"hdr.block.c{i}", "16") for i in range(32)] + [
+        (field, "16") for field in gen_tofino.PASS_16BIT]
+    assert tuple(gen_tofino.PASS_NC_SIZES) == gen_tofino.NC_BYTES_8BIT
     # The pairs' index: the slot's, or its second region after a block (the first pass).
     assert "const entries = { true: region(NCINA_SLOTS); }" in body
     assert "hdr.block.isValid(): exact" in body and "regions.apply();" in body

@@ -332,8 +332,6 @@ struct meta_t {
 #ifdef NCINA_PASSES
     bit<16> pair_slot;        // the pairs' index: slot_index (+ NCINA_SLOTS: lanes 32-63)
     PortId_t in_port;         // the sender's port (a later pass: the first pass's)
-    bit<8> next_verdict;      // the next pass's verdict and its pairs' index
-    bit<16> next_slot;
 #endif
     bit<16> nc8_excess;       // room - count
     bit<16> int_excess;       // room - count * 8

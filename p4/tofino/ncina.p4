@@ -106,22 +106,24 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     // 32-63 at the slot's second index region, goes round again whatever the decision, so that
     // lanes 0-31 get the same operation; a result then goes round twice more for the pairs'
     // upper sums (48-63, then 16-31: docs/tofino.md, "64 elements per packet").
+    // (What the next pass needs goes straight into the bridge header, valid from the start:
+    // no metadata for it, the PHV is full.)
     action to_pass(bit<8> verdict, bit<16> region) {
-        meta.then = meta.send;
+        hdr.bridge.then = meta.send;
         meta.send = OUT_HARVEST;
         tm.ucast_egress_port = RECIRC_PORT;
         tm.mcast_grp_a = 0;
-        meta.next_verdict = verdict;
-        meta.next_slot = meta.pair_slot + region;
+        hdr.bridge.verdict = verdict;
+        hdr.bridge.slot = meta.pair_slot + region;
     }
 
     action to_second() {
-        meta.then = meta.send;
+        hdr.bridge.then = meta.send;
         meta.send = OUT_HARVEST;
         tm.ucast_egress_port = RECIRC_PORT;
         tm.mcast_grp_a = 0;
-        meta.next_verdict = meta.lane_op + VERDICT_HARVEST;  // VERDICT_SECOND_FIRST/ADD/READ
-        meta.next_slot = meta.pair_slot - NCINA_SLOTS;  // lanes 0-31
+        hdr.bridge.verdict = meta.lane_op + VERDICT_HARVEST;  // VERDICT_SECOND_FIRST/ADD/READ
+        hdr.bridge.slot = meta.pair_slot - NCINA_SLOTS;  // lanes 0-31
     }
 #endif
 
@@ -129,6 +131,7 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     // pipeline is 12 stages deep); admission only computes metadata.
     apply {
 #ifdef NCINA_PASSES
+        hdr.bridge.setValid();
         decode.apply(hdr);  // the pass's lanes' codes as integers (a pass that adds)
 #endif
 #ifdef NCINA_HARVEST
@@ -235,10 +238,7 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         hdr.bridge.wide = meta.wide;
 #ifdef NCINA_PASSES
         hdr.bridge.ingress_port = meta.in_port;
-        hdr.bridge.then = meta.then;
-        hdr.bridge.slot = meta.next_slot;
         hdr.bridge.group = meta.group;
-        hdr.bridge.verdict = meta.next_verdict;
 #else
         hdr.bridge.ingress_port = ig_md.ingress_port;
 #ifdef NCINA_HARVEST

@@ -51,8 +51,6 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
 #endif
 #ifdef NCINA_PASSES
         meta.in_port = ig_md.ingress_port;
-        meta.next_verdict = 0;
-        meta.next_slot = 0;
 #endif
 #ifdef NCINA_HARVEST
         meta.then = OUT_NONE;

@@ -85,6 +85,21 @@ REGIONS = (
 the job lookup, beside the window check)."""
 
 
+PASS_NC_SIZES = {"version": 8, "flags": 16, "format": 16, "emin": 8}
+"""The ncina header's first four bytes in the two-pass layout: what the compiler chose itself
+at K = 32 (flags and format share a 16-bit container), which leaves the 8-bit containers to
+the lanes' codes; all four in 8-bit ones left five lanes without one, all four in 16-bit ones
+broke the reply's action constraints again."""
+
+PASS_16BIT = ("hdr.notice.high",)
+"""Fields the two-pass layout keeps out of the 8-bit PHV containers besides those
+(``_phv_sizes``): a notice's upper word, always 0 (the compiler put its four bytes in one).
+Fields copied to or from others cannot move alone: an action's operands share a container
+size (pinning ``meta.emin_diff`` alone failed, "Cannot find a slicing to satisfy
+@pa_container_size pragma(s)"; the bridge's `send` and `then`, which sit in a slice list with
+the bridge's odd bytes, too)."""
+
+
 def _phv_sizes(passes: int) -> list[tuple[str, int]]:
     """``(field, container bits)`` pinned above 32 lanes (config.p4's ``NCINA_PHV_PRAGMAS``):
     NC_BYTES_8BIT in 8-bit containers (one pass) or, with two passes, in 16-bit ones, each lane's
@@ -93,10 +108,12 @@ def _phv_sizes(passes: int) -> list[tuple[str, int]]:
     split the results into bytes in 8-bit containers, and then the header's bytes in 8-bit
     ones still left 5 lanes without one ("PHV allocation was not successful", lanes 27-31's
     codes unallocated, docs/tofino.md "64 elements per packet")."""
-    sizes = [(f"hdr.nc.{field}", 8 if passes == 1 else 16) for field in NC_BYTES_8BIT]
+    sizes = [(f"hdr.nc.{field}", 8 if passes == 1 else PASS_NC_SIZES[field])
+             for field in NC_BYTES_8BIT]  # fmt: skip
     if passes > 1:
         sizes += [(f"hdr.sums[{i}].value", 32) for i in range(REGION)]
         sizes += [(f"hdr.block.c{i}", 16) for i in range(REGION)]
+        sizes += [(field, 16) for field in PASS_16BIT]
     return sizes
 
 
