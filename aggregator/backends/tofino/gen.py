@@ -179,6 +179,7 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -
     re-compressed in egress, ``recompress_p4``; ``passes`` 2: the dense layout adding REGION
     lanes per pass, ``pass_lanes_p4``)."""
     values = defines(k)
+    checks = _check_groups(k, passes)  # bad_code flags
     values["NCINA_MAX_WORKERS"] = TOFINO_MAX_WORKERS
     values["NCINA_PAIRS"] = SLOTS // 2
     values["OFFSET_UNUSED"] = f"0x{OFFSET_UNUSED:08X}"
@@ -202,9 +203,9 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -
     lines += [f"#define RANK_BIT_ENTRIES {ranks}", ""]
     lines += [
         "// Admission's verdicts: the first failed check (Admission.verdicts).",
-        f"#define VERDICT_ENTRIES {' '.join(verdict_entries(_groups(k) - 1 if dense else 0))}",
+        f"#define VERDICT_ENTRIES {' '.join(verdict_entries(checks - 1 if dense else 0))}",
         "#define NCINA_CODES_BAD_KEYS "
-        + (" ".join(f"meta.checks.codes_bad_{g}: ternary;" for g in range(1, _groups(k)))
+        + (" ".join(f"meta.checks.codes_bad_{g}: ternary;" for g in range(1, checks))
            if dense else ""),
         "",
     ]
@@ -237,7 +238,7 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -
     if dense:  # the window is checked by the decode tables themselves (_dense_decode)
         lines += ["// bad_code of each group of GROUP lanes after the first (codes_bad).",
                   "struct lane_checks_t {",
-                  *(f"    bit<1> codes_bad_{g};" for g in range(1, _groups(k))), "}", "",
+                  *(f"    bit<1> codes_bad_{g};" for g in range(1, checks)), "}", "",
                   "#define NCINA_CODE_OFFSETS(x)", "", "#endif", ""]  # fmt: skip
         return "\n".join(lines)
     lines += [
@@ -323,6 +324,11 @@ def verdict_entries(more_codes: int = 0) -> list[str]:
 
 def _groups(k: int) -> int:
     return (k + GROUP - 1) // GROUP
+
+
+def _check_groups(k: int, passes: int) -> int:
+    # bad_code flags (window-check tables): one per GROUP lanes, per 2 * GROUP with two passes.
+    return _groups(k) if passes == 1 else _groups(k) // 2
 
 
 def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane",
@@ -876,31 +882,41 @@ def _window_table(k: int, g: int) -> Iterator[str]:
     yield "}"
 
 
-def _block_window_table(g: int) -> Iterator[str]:
-    # The two-pass layout's window check over GROUP of the block's codes (lanes 0-31 of a
-    # packet of more than 32 lanes, in its first pass): window_rows, one validity bit.
+def _pass_window_table(g: int) -> Iterator[str]:
+    # The two-pass layout's window check over GROUP lanes of `lanes` and GROUP of the block
+    # (lanes 0-31 of a packet of more than 32 lanes, in its first pass): window_rows for each
+    # code. One table and flag per 16 codes, not per 8: the PHV had no room for 8 flags, each
+    # written by its own table in one stage (docs/tofino.md, "64 elements per packet").
     rows = window_rows()
-    codes = range((g - 4) * GROUP, (g - 3) * GROUP)
+    codes = range(g * GROUP, (g + 1) * GROUP)
+    flag = "meta.codes_bad" if g == 0 else f"meta.checks.codes_bad_{g}"
     yield f"action above_{g}() {{"
-    yield f"    meta.checks.codes_bad_{g} = 1;"
+    yield f"    {flag} = 1;"
     yield "}"
     yield f"table codes_{g} {{"
     yield "    key = {"
     yield '        meta.code_offset: ternary @name("code_offset");'
+    for i in codes:
+        yield f"        hdr.lanes[{i}].isValid(): ternary;"
+        yield f'        hdr.lanes[{i}].code[6:0]: ternary @name("code_{i}");'
     yield "        hdr.block.isValid(): ternary;"
     for i in codes:
         yield f'        hdr.block.c{i}[6:0]: ternary @name("block_{i}");'
     yield "    }"
     yield f"    actions = {{ above_{g}; NoAction; }}"
     yield "    default_action = NoAction();"
-    yield f"    size = {GROUP * len(rows)};"
+    yield f"    size = {2 * GROUP * len(rows)};"
     yield "    const entries = {"
-    for n in range(GROUP):
+    for n in range(2 * GROUP):
         for (offset, omask), (code, cmask) in rows:
-            fields = ["_"] * GROUP
-            fields[n] = f"7w0x{code:02X} &&& 7w0x{cmask:02X}"
+            fields = ["_"] * (3 * GROUP + 1)
+            value = f"7w0x{code:02X} &&& 7w0x{cmask:02X}"
+            if n < GROUP:
+                fields[2 * n], fields[2 * n + 1] = "true", value
+            else:
+                fields[2 * GROUP], fields[2 * GROUP + 1 + n - GROUP] = "true", value
             key = f"8w0x{offset:02X} &&& 8w0x{omask:02X}"
-            yield f"        ({key}, true, {', '.join(fields)}): above_{g}();"
+            yield f"        ({key}, {', '.join(fields)}): above_{g}();"
     yield "    }"
     yield "}"
 
@@ -1108,7 +1124,7 @@ def pass_lanes_p4(k: int) -> str:
     (docs/tofino.md, "64 elements per packet")."""
     check_dense_k(k, 2)
     pairs = REGION // 2
-    groups = _groups(k)
+    groups = _check_groups(k, 2)
     return "\n".join([
         BANNER.format(k=k),
         "#ifndef NCINA_LANES_P4",
@@ -1118,8 +1134,7 @@ def pass_lanes_p4(k: int) -> str:
         "// all of them in the first pass, before anything is added: lanes 0-31 or 32-63",
         "// (`lanes`), and lanes 0-31 (`block`) of a packet of more than 32.",
         "control CheckCodes(inout headers_t hdr, inout meta_t meta) {",
-        *_each(groups // 2, lambda g: _window_table(REGION, g), 4),
-        *_each(groups // 2, lambda g: _block_window_table(g + groups // 2), 4),
+        *_each(groups, _pass_window_table, 4),
         *REGIONS,
         "",
         "    apply {",
