@@ -330,8 +330,6 @@ struct meta_t {
     bit<1> ours;              // a datagram to the aggregator's port: counted, maybe answered
 #endif
 #ifdef NCINA_PASSES
-    bit<16> pair_slot;        // the pairs' index: slot_index (+ NCINA_SLOTS: lanes 32-63)
-    PortId_t in_port;         // the sender's port (a later pass: the first pass's)
 #endif
     bit<16> nc8_excess;       // room - count
     bit<16> int_excess;       // room - count * 8

@@ -87,14 +87,11 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
 #ifdef NCINA_PASSES
         meta.verdict = hdr.harvest.verdict;  // the pairs' rows: VERDICT_SECOND_* or _HARVEST
         meta.group = hdr.harvest.group;
-        meta.in_port = hdr.harvest.port;
+        hdr.bridge.ingress_port = hdr.harvest.port;  // the sender's (OUT_REPLY)
 #else
         meta.verdict = VERDICT_HARVEST;
 #endif
         meta.lane_op = LANE_HARVEST;
-#ifdef NCINA_PASSES
-        meta.pair_slot = hdr.harvest.slot;
-#endif
         meta.slot_index = hdr.harvest.slot;
         meta.job_index = hdr.harvest.job_index;
         meta.sent_index = hdr.harvest.sent;
@@ -114,7 +111,7 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         tm.ucast_egress_port = RECIRC_PORT;
         tm.mcast_grp_a = 0;
         hdr.bridge.verdict = verdict;
-        hdr.bridge.slot = meta.pair_slot + region;
+        hdr.bridge.slot = meta.slot_index + region;
     }
 
     action to_second() {
@@ -123,7 +120,7 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         tm.ucast_egress_port = RECIRC_PORT;
         tm.mcast_grp_a = 0;
         hdr.bridge.verdict = meta.lane_op + VERDICT_HARVEST;  // VERDICT_SECOND_FIRST/ADD/READ
-        hdr.bridge.slot = meta.pair_slot - NCINA_SLOTS;  // lanes 0-31
+        hdr.bridge.slot = meta.slot_index - NCINA_SLOTS;  // lanes 0-31
     }
 #endif
 
@@ -132,6 +129,7 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     apply {
 #ifdef NCINA_PASSES
         hdr.bridge.setValid();
+        hdr.bridge.ingress_port = ig_md.ingress_port;
         decode.apply(hdr);  // the pass's lanes' codes as integers (a pass that adds)
 #endif
 #ifdef NCINA_HARVEST
@@ -237,7 +235,6 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         hdr.bridge.sent = meta.sent_index;
         hdr.bridge.wide = meta.wide;
 #ifdef NCINA_PASSES
-        hdr.bridge.ingress_port = meta.in_port;
         hdr.bridge.group = meta.group;
 #else
         hdr.bridge.ingress_port = ig_md.ingress_port;

@@ -49,9 +49,6 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
         meta.ours = 0;
         meta.relation = 0;  // the pairs' key: 0, the slot rules never saw the packet
 #endif
-#ifdef NCINA_PASSES
-        meta.in_port = ig_md.ingress_port;
-#endif
 #ifdef NCINA_HARVEST
         meta.then = OUT_NONE;
         transition select(ig_md.ingress_port) {

@@ -68,9 +68,11 @@ containers itself."""
 
 REGIONS = (
     "    // The pairs' index: the slot's (lanes 0-31), or + NCINA_SLOTS for lanes 32-63, which",
-    "    // the first pass of a packet of more than 32 lanes adds (its codes 0-31 are a block).",
+    "    // the first pass of a packet of more than 32 lanes adds (its codes 0-31 are a block);",
+    "    // after the slot rules' offsets, which read the slot's index (no metadata of its own:",
+    "    // the PHV is full).",
     "    action region(bit<16> offset) {",
-    "        meta.pair_slot = meta.slot_index + offset;",
+    "        meta.slot_index = meta.slot_index + offset;",
     "    }",
     "",
     "    table regions {",
@@ -81,8 +83,8 @@ REGIONS = (
     "        const entries = { true: region(NCINA_SLOTS); }",
     "    }",
 )
-"""The two-pass layout's ``CheckCodes`` table that sets the pairs' index in the first pass (after
-the job lookup, beside the window check)."""
+"""The two-pass layout's ``LaneSums`` table that moves the slot's index to the pairs' index
+region in the first pass (a later pass gets its index in the pass header)."""
 
 
 PASS_NC_SIZES = {"version": 8, "flags": 16, "format": 16, "emin": 8}
@@ -950,11 +952,6 @@ _PAIR_BODIES = (
 )  # fmt: skip
 
 
-def _pair_index(passes: int) -> str:
-    # The pairs' register index: the slot's, or (two passes) the pass's region of it.
-    return "meta.slot_index" if passes == 1 else "meta.pair_slot"
-
-
 def _pair_sums(j: int, pairs: int, passes: int = 1) -> Iterator[str]:
     lo, hi = sum_lane(j), sum_lane(j + pairs)
     size = "NCINA_SLOTS" if passes == 1 else "NCINA_PASSES * NCINA_SLOTS"
@@ -1037,15 +1034,15 @@ def _pair_table(j: int, pairs: int, passes: int = 1) -> Iterator[str]:
     for _, name in _PAIR_OPS:
         yield f"action do_{name}_{j}() {{"
         yield "#if __TARGET_TOFINO__ == 2"
-        yield (f"    {lo}.value = {name}_{j}.execute(index={_pair_index(passes)}, "
+        yield (f"    {lo}.value = {name}_{j}.execute(index=meta.slot_index, "
                f"rv2={hi}.value);")  # fmt: skip
         yield "#else"
-        yield f"    {lo}.value = {name}_{j}.execute({_pair_index(passes)});"
+        yield f"    {lo}.value = {name}_{j}.execute(meta.slot_index);"
         yield "#endif"
         yield "}"
     yield "#ifdef NCINA_HARVEST"
     yield f"action do_harvest_{j}() {{"
-    yield f"    {hi}.value = harvest_{j}.execute({_pair_index(passes)});"
+    yield f"    {hi}.value = harvest_{j}.execute(meta.slot_index);"
     yield "}"
     yield "#endif"
     yield "@placement_priority(1)"
@@ -1135,10 +1132,8 @@ def pass_lanes_p4(k: int) -> str:
         "// (`lanes`), and lanes 0-31 (`block`) of a packet of more than 32.",
         "control CheckCodes(inout headers_t hdr, inout meta_t meta) {",
         *_each(groups, _pass_window_table, 4),
-        *REGIONS,
         "",
         "    apply {",
-        "        regions.apply();",
         "        meta.codes_bad = 0;",
         *(f"        meta.checks.codes_bad_{g} = 0;" for g in range(1, groups)),
         *(f"        codes_{g}.apply();" for g in range(groups)),
@@ -1159,11 +1154,12 @@ def pass_lanes_p4(k: int) -> str:
         "",
         "// The slot's lanes in pair registers: pair j holds the sums of lanes j (lo) and",
         f"// j + {pairs} (hi) of a pass's {REGION}, at the slot's index (lanes 0-31) or at it +",
-        "// NCINA_SLOTS (lanes 32-63: meta.pair_slot); what to do, the slot decision's inputs say",
+        "// NCINA_SLOTS (lanes 32-63: regions); what to do, the slot decision's inputs say",
         "// in the first pass, the pass header's verdict in the others.",
         "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
         *_each(pairs, lambda j: _pair_sums(j, pairs, 2), 4),
         *_each(pairs, lambda j: _pair_table(j, pairs, 2), 4),
+        *REGIONS,
         "",
         "    // A pass that adds leaves with its lanes' sums, not their codes.",
         "    action as_sums() {",
@@ -1171,6 +1167,7 @@ def pass_lanes_p4(k: int) -> str:
         "    }",
         "",
         "    apply {",
+        "        regions.apply();",
         *(f"        pair_{j}.apply();" for j in range(pairs)),
         "        if (meta.lane_op != LANE_NONE) {",
         "            as_sums();",
