@@ -32,7 +32,8 @@ PROFILE ?= default
 K ?= $(if $(filter tofino,$(PROFILE)),32,64)
 # make p4-tofino: lanes per pass and device of the Tofino program (docs/tofino.md). By default the
 # dense layout (pair registers, int32 results, a harvest pass on Tofino 1; docs/tofino.md,
-# "Density") at 32 lanes, which fits Tofino's 12 stages (about 2 minutes of CPU); TOFINO_DENSE=
+# "Density") at 32 lanes, which fits Tofino's 12 stages (about 2 minutes of CPU); TOFINO_K=64: the
+# dense layout's 64 elements per packet in two passes (tofino: 15 of 12 stages, not yet a fit); TOFINO_DENSE=
 # (empty): one register per lane, 12 lanes (the largest K of that layout that fits); TOFINO_NC8=1:
 # one register per lane with NC8 results re-compressed in egress, 7 lanes (the largest that fits).
 TOFINO_DENSE ?= 1
@@ -51,6 +52,7 @@ help:
 	@echo "             PROFILE=tofino: the Tofino program's dense layout's v1model twin p4/twin/, K<=32"
 	@echo "make p4-tofino  compile p4/tofino/ for TOFINO_K lanes with p4c-barefoot, print its resources;"
 	@echo "             (default: the dense layout, pair registers, int32 results, 32 lanes;"
+	@echo "             TOFINO_K=64 : 64 elements per packet, two passes of 32 lanes;"
 	@echo "             TOFINO_DENSE= : one register per lane, 12 lanes;"
 	@echo "             TOFINO_NC8=1 : one register per lane with NC8 results, 7 lanes)"
 	@echo "make dissector  install the Wireshark dissector (tools/wireshark/ncina.lua) for this user"

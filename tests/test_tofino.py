@@ -577,3 +577,234 @@ def test_the_member_digest_packs_the_packets_own_source_not_replys(
         sources.append(copies[0])
     assert sources == ["hdr.nc.job", "hdr.nc.rank", "hdr.eth.src", "hdr.ipv4.src",
                        "hdr.udp.src_port"]  # fmt: skip
+
+
+# --- 64 elements per packet: two passes (docs/tofino.md, "64 elements per packet") -----------
+
+
+def _parser_states(config: str) -> dict[str, tuple[list[str], str]]:
+    """The generated parser states (config.p4's macros): name -> (the headers it extracts, in
+    order, and its transition text)."""
+    states = {}
+    joined = re.sub(r" \\\n\s*", " ", config)
+    pattern = r"state (\w+) \{ (.*?transition (?:select\([^)]*\) \{[^}]*\}|\w+;)) \}"
+    for name, body in re.findall(pattern, joined):
+        states[name] = (re.findall(r"pkt\.extract\(hdr\.(\w+(?:\[\d+\])?)\)", body),
+                        body[body.index("transition"):])  # fmt: skip
+    return states
+
+
+def _walk(states: dict[str, tuple[list[str], str]], state: str, count: int) -> list[str]:
+    """The headers the generated states extract from ``state`` on, for ``count`` lanes: a
+    count select accepts at its value."""
+    out: list[str] = []
+    while state != "accept":
+        extracted, transition = states[state]
+        out += extracted
+        if (m := re.match(r"transition select\(hdr\.nc\.count\) \{ (\d+): accept; "
+                          r"default: (\w+); \}", transition)):  # fmt: skip
+            state = "accept" if int(m.group(1)) == count else m.group(2)
+        else:
+            state = re.match(r"transition (\w+);", transition).group(1)
+    return out
+
+
+def test_two_passes_carry_64_lanes_to_one_result_in_lane_order(tmp_path: Path) -> None:
+    """The two-pass layout at K = 64 (generated states; parser.p4 picks the first one: by the
+    count from the wire, by the pass header's verdict from the recirculation port, which the
+    test reads there): the first pass parses all
+    the codes, lanes 0-31 as one block and 32-63 into `lanes` (decoded into `sums`); what each
+    pass emits (config.p4's emit order, the headers it leaves valid) is what the next one
+    parses: the second pass gets lanes 0-31's codes and 32-63's sums (`upper`), its harvest
+    both regions' sums (`rest`, `sums`), the last harvest lanes 0-31 with 32-63 behind them as
+    payload: the result is the count's int32 lanes in lane order, as the one-pass build gives
+    two 32-lane chunks, for every count from 33 to 64; 32 lanes at most take one pass."""
+    c = _p4_constants()
+    assert (c["VERDICT_SECOND_FIRST"], c["VERDICT_SECOND_ADD"], c["VERDICT_SECOND_READ"]) == tuple(
+        c["VERDICT_HARVEST"] + c[op] for op in ("LANE_FIRST", "LANE_ADD", "LANE_READ"))
+    k, region = 2 * gen_tofino.REGION, gen_tofino.REGION
+    config, _ = gen_tofino.write(k, tmp_path, dense=True, passes=2)
+    text = config.read_text()
+    defines = dict(re.findall(r"#define (\w+) (.*)\n", text))
+    assert defines["NCINA_PASSES"] == "2" and defines["NCINA_LANE_PAIRS"] == "16"
+    assert defines["NCINA_REGION"] == "32"
+    assert defines["NCINA_LANE_HEADERS"] == "lane_h[32] lanes; code_block_h block;"
+    assert defines["NCINA_SUM_HEADERS"] == (
+        "sum_lane_h[32] sums; sum_lane_h[32] rest; sum_lane_h[32] upper;")
+    assert re.search(r"header code_block_h \{\n(    bit<8> c\d+;\n){32}\}", text)
+    emitted = re.findall(r"pkt\.emit\(hdr\.(\w+)\);",
+                         defines["NCINA_EMIT_LANES"] + defines["NCINA_EMIT_SUMS"])  # fmt: skip
+    states = _parser_states(text)
+
+    def emit(valid: dict[str, list[str]]) -> list[str]:
+        # The frame behind the ncina header: each valid header's lanes, in the emit order.
+        return [lane for name in emitted for lane in valid.get(name, [])]
+
+    parser = (Path(__file__).parent.parent / "p4" / "tofino" / "parser.p4").read_text()
+    for verdict, first in (("VERDICT_HARVEST, 1 .. NCINA_K", "parse_sum_0"),
+                           ("VERDICT_HARVEST_SECOND, _", "parse_rest_0"),
+                           ("VERDICT_SECOND_FIRST .. VERDICT_SECOND_READ, _", "parse_low_lane_0"),
+                           ):  # fmt: skip
+        assert f"({verdict}): {first};" in parser
+    assert "1 .. NCINA_REGION: parse_lane_0;" in parser and "default: parse_block;" in parser
+    codes = [f"code{i}" for i in range(k)]
+    sums = [f"sum{i}" for i in range(k)]
+    for count in (33, 50, 64):
+        high = count - region
+        # Pass 1, from the wire: every code (the window check); lanes 32-63 decoded.
+        assert _walk(states, "parse_block", count) == ["block"] + [
+            f"lanes[{i}]" for i in range(high)]
+        frame = emit({"block": codes[:region], "sums": sums[region:count]})
+        # Pass 2 (VERDICT_SECOND_*): lanes 0-31's codes (decoded into `sums`), 32-63's sums.
+        assert frame == codes[:region] + sums[region:count]
+        assert _walk(states, "parse_low_lane_0", count) == [
+            f"lanes[{i}]" for i in range(region)] + [f"upper[{i}]" for i in range(high)]
+        frame = emit({"sums": sums[:region], "upper": frame[region:]})
+        # Pass 3 (VERDICT_HARVEST_SECOND): both regions' sums; lanes 48-63 read.
+        assert frame == sums[:count]
+        assert _walk(states, "parse_rest_0", count) == [
+            f"rest[{i}]" for i in range(region)] + [f"sums[{i}]" for i in range(high)]
+        frame = emit({"rest": frame[:region], "sums": frame[region:]})
+        # Pass 4 (VERDICT_HARVEST): lanes 0-31's sums (16-31 read); 32-63's stay payload.
+        assert _walk(states, "parse_sum_0", count) == [f"sums[{i}]" for i in range(region)]
+        frame = emit({"sums": frame[:region]}) + frame[region:]
+        assert frame == sums[:count]
+    # Up to 32 lanes a packet takes the one-pass build's path: lanes 0-31, their harvest.
+    for count in (1, 20, 32):
+        assert _walk(states, "parse_lane_0", count) == [f"lanes[{i}]" for i in range(count)]
+        assert emit({"sums": sums[:count]}) == sums[:count]
+        assert _walk(states, "parse_sum_0", count) == [f"sums[{i}]" for i in range(count)]
+    for i in range(region):
+        assert f"state parse_lane_{i} {{ pkt.extract(hdr.lanes[{i}]); hdr.sums[{i}].setValid();" \
+            in text
+
+
+def test_two_pass_layout_checks_every_code_and_adds_32_lanes_per_pass(tmp_path: Path) -> None:
+    """The two-pass layout's lanes.p4: the window check covers all 64 codes (a table per
+    GROUP lanes, a verdict row each), the 32 decode tables and 16 pairs serve either pass's
+    lanes (pair j: lanes j and j + 16 of the pass), the pair registers hold two index regions;
+    the pragmas that K = 40 needed are there above 32 lanes, not at 32 (the one-pass build's
+    text, and K = 64 for one pass stays one pass)."""
+    k = 2 * gen_tofino.REGION
+    config, lanes = gen_tofino.write(k, tmp_path, dense=True, passes=2)
+    text, body = config.read_text(), lanes.read_text()
+    assert sorted(int(g) for g in re.findall(r"table codes_(\d+) \{", body)) == list(range(4))
+    for i in range(32):  # lanes 0-31 or 32-63 one by one, lanes 0-31 as the block
+        assert f'hdr.lanes[{i}].code[6:0]: ternary @name("code_{i}");' in body
+        assert f'hdr.block.c{i}[6:0]: ternary @name("block_{i}");' in body
+    table = re.search(r"table codes_1 \{.*?\n    \}\n", body, re.S).group(0)
+    assert table.count("hdr.block.isValid(): ternary;") == 1
+    rows = [[tuple(int(x, 16) for x in re.findall(r"w0x(\w+)", f)) for f in row.split(", ")]
+            for row in re.findall(r"\((8w.*?)\): above_1\(\);", table)]  # fmt: skip
+    assert len(rows) == 2 * gen_tofino.GROUP * len(gen_tofino.window_rows())
+    offsets, codes = np.arange(256)[:, None], np.arange(128)[None, :]
+    want = np.array([[gen_tofino.code_above_window(int(c), int(o)) for c in codes[0]]
+                     for o in offsets[:, 0]])  # fmt: skip
+    # Key fields: code_offset, (valid, code) per lane, the block's valid, its codes.
+    for position in (2, 2 + 2 * 5, 18, 18 + 7):  # one code on the grid, the others 0
+        hit = np.zeros((256, 128), bool)
+        for (ov, om), *fields in rows:
+            p, (cv, cm) = next((i + 1, f) for i, f in enumerate(fields) if len(f) == 2)
+            hit |= (offsets & om == ov) & ((codes if p == position else 0) & cm == cv)
+        assert (hit == want).all(), position
+    verdicts = re.search(r"#define VERDICT_ENTRIES (.*)\n", text).group(1)
+    assert verdicts.count("EV_BAD_CODE") == 4
+    decode = re.search(r"control Decode\(inout headers_t hdr\) \{.*?\n\}\n", body, re.S).group(0)
+    assert sorted(int(i) for i in re.findall(r"table decode_(\d+)", decode)) == list(range(32))
+    assert "if (hdr.lanes[0].isValid()) {" in decode and "table decode_" not in body.replace(
+        decode, "")
+    assert len(re.findall(r"Register<lane_pair_t, bit<16>>\(NCINA_PASSES \* NCINA_SLOTS, "
+                          r"\{0, 0\}\) sums_\d+;", body)) == 16  # fmt: skip
+    for j in range(16):
+        add = re.search(rf"\) add_{j} = {{.*?\n    }};", body, re.S).group(0)
+        assert f"value.lo + hdr.sums[{j}].value" in add
+        assert f"value.hi + hdr.sums[{j + 16}].value" in add
+        for verdict, op in (("SECOND_FIRST", "first"), ("SECOND_ADD", "add"),
+                            ("SECOND_READ", "read"), ("HARVEST", "harvest"),
+                            ("HARVEST_SECOND", "harvest")):  # fmt: skip
+            assert f"(VERDICT_{verdict}, _, _, _, _, _): do_{op}_{j}();" in body
+    assert "sums1" not in body and "hdr.sums[32]" not in body and "hdr.lanes[32]" not in body
+    # The pairs' index: the slot's, moved to its second region after the slot rules' offsets
+    # when lanes 0-31 came as a block (the first pass of a longer packet).
+    sums = re.search(r"control LaneSums\(.*?\n\}\n", body, re.S).group(0)
+    assert sums.count("execute(meta.slot_index)") == 4 * 16
+    assert "const entries = { true: region(NCINA_SLOTS); }" in sums
+    assert "meta.slot_index = meta.slot_index + offset;" in sums
+    assert sums.index("regions.apply();") < sums.index("pair_0.apply();")
+    assert "if (meta.lane_op != LANE_NONE) {\n            as_sums();" in body
+    pragmas = re.findall(r'@pa_container_size\("ingress", "([^"]+)", (\d+)\)',
+                         re.search(r"#define NCINA_PHV_PRAGMAS (.*)\n", text).group(1))  # fmt: skip
+    assert pragmas == [(f"hdr.nc.{f}", str(n)) for f, n in gen_tofino.PASS_NC_SIZES.items()] + [
+        (f"hdr.sums[{i}].value", "32") for i in range(32)] + [
+        (f"hdr.block.c{i}", "16") for i in range(32)] + [
+        (field, "16") for field in gen_tofino.PASS_16BIT]
+    assert tuple(gen_tofino.PASS_NC_SIZES) == gen_tofino.NC_BYTES_8BIT
+    one_pass = re.search(r"#define NCINA_PHV_PRAGMAS (.*)\n", gen_tofino.config_p4(40, dense=True))
+    assert one_pass.group(1).count("@pa_container_size") == 4  # K = 40 in one pass: the header's
+    assert "NCINA_PHV_PRAGMAS" not in gen_tofino.config_p4(32, dense=True)
+    assert "NCINA_PASSES" not in gen_tofino.config_p4(k, dense=True)
+    for bad in ((40, 2), (64, 3)):
+        with pytest.raises(ValueError, match=r"two passes|1 or 2 passes"):
+            gen_tofino.write(bad[0], tmp_path, dense=True, passes=bad[1])
+
+
+def test_second_pass_rows_repeat_the_first_pass_decision_on_lanes_0_to_31(
+    tmp_path: Path,
+) -> None:
+    """A pair's table in the two-pass layout: for every verdict a pass can carry (the first
+    pass's admission verdicts with the slot decision's inputs, the second pass's
+    VERDICT_SECOND_*, the harvests' VERDICT_HARVEST and _SECOND), the first matching row does
+    what the decision said: the second pass's rows the operation the first pass's lane_op
+    named (their relation is 0: the slot rules never run there), the harvests read the upper
+    sums, the first pass's rows as in one pass."""
+    c = _p4_constants()
+    _, lanes = gen_tofino.write(64, tmp_path, dense=True, passes=2)
+    table = re.search(r"table pair_5 \{.*?\n    \}\n", lanes.read_text(), re.S).group(0)
+    entries = re.findall(r"\(([^()]*)\): do_(\w+)_5\(\);", table)
+    assert len(entries) == len(gen_tofino.PAIR_ROWS) + 1 + len(gen_tofino.PASS_ROWS)
+    rows = [([None if v == "_" else c[v] if v in c else int(v) for v in values.split(", ")],
+             op) for values, op in entries]  # fmt: skip
+
+    def first(key: tuple[int, ...]) -> str | None:
+        return next((op for values, op in rows if all(
+            v is None or v == x for v, x in zip(values, key, strict=True))), None)
+
+    for op in ("FIRST", "ADD", "READ"):
+        for bits in np.ndindex(2, 2, 2, 2):
+            key = (c[f"VERDICT_SECOND_{op}"], 0, *bits)
+            assert first(key) == op.lower(), key
+            for harvest in ("VERDICT_HARVEST", "VERDICT_HARVEST_SECOND"):
+                assert first((c[harvest], 0, *bits)) == "harvest"
+    rank_bit = 1 << 3
+    for relation in (0, c["OFFSET_OLDER"], c["OFFSET_NEWER"], c["OFFSET_SAME"]):
+        for there, here, seen_there, seen_here in np.ndindex(2, 2, 2, 2):
+            key = (c["VERDICT_ACCEPT"], relation, there, here, seen_there * rank_bit,
+                   seen_here * rank_bit)  # fmt: skip
+            assert first(key) == _slot_decision(*key[1:]), key
+
+
+def test_make_p4_tofino_at_64_lanes_builds_two_passes_on_tofino(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make p4-tofino TOFINO_K=64`` (the toolchain with ``--k 64``) builds the two-pass layout
+    for Tofino 1, one pass for Tofino 2 (a register action hands back both words, 20 stages);
+    ``--passes`` says it outright; two passes elsewhere are refused in one sentence."""
+    calls = []
+
+    def build(k: int, target: str, **kwargs: bool) -> tofino.Resources:
+        calls.append((k, target, kwargs["passes"]))
+        raise ToolchainError("not compiled here")
+
+    monkeypatch.setattr(tofino, "build", build)
+    assert tofino.main(["--k", "64"]) == 1
+    assert tofino.main(["--k", "64", "--target", "tofino2"]) == 1
+    assert tofino.main(["--k", "64", "--passes", "1"]) == 1 and tofino.main([]) == 1
+    assert calls == [(64, "tofino", 2), (64, "tofino2", 1), (64, "tofino", 1), (32, "tofino", 1)]
+    assert tofino.report_name(64, "tofino", True, passes=2) == "tofino-k64-dense-2pass.json"
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="Tofino 1"):
+        tofino.build(64, "tofino2", dense=True, passes=2)
+    with pytest.raises(ValueError, match="dense layout only"):
+        tofino.build(64, "tofino", passes=2)
+    capsys.readouterr()
+

@@ -10,6 +10,11 @@
 #if defined(NCINA_DENSE) && __TARGET_TOFINO__ == 1
 #define NCINA_HARVEST
 #endif
+// The two-pass layout (config.p4's NCINA_PASSES, docs/tofino.md "64 elements per packet"):
+// lanes 0-31 in the first pass, 32-63 in a second, then the harvest passes (Tofino 1).
+#if defined(NCINA_PASSES) && !defined(NCINA_HARVEST)
+#error "the two-pass layout is built for Tofino 1 (--target tofino)"
+#endif
 
 typedef bit<48> mac_t;
 typedef bit<32> ip4_t;
@@ -128,6 +133,9 @@ header harvest_h {
     MulticastGroupId_t group;
     @padding bit<7> _pad;
     PortId_t port;            // the sender's port (OUT_REPLY)
+#ifdef NCINA_PASSES
+    bit<8> verdict;           // what the pass does (the pairs' key): VERDICT_SECOND_*, _HARVEST*
+#endif
 }
 #endif
 
@@ -164,6 +172,9 @@ header bridge_h {
     bit<8> then;              // OUT_HARVEST: how the result leaves after the harvest pass
     bit<16> slot;
     MulticastGroupId_t group;
+#ifdef NCINA_PASSES
+    bit<8> verdict;           // the next pass's harvest_h.verdict
+#endif
 #endif
 #ifdef NCINA_NC8_RESULTS
     bit<32> use;              // the slot version's use of a result (egress's Recompress)
@@ -236,6 +247,15 @@ const bit<8> VERDICT_ACCEPT = 1;
 const bit<8> VERDICT_STALE = 2;
 const bit<8> VERDICT_HANDSHAKE = 3;
 const bit<8> VERDICT_HARVEST = 4;  // a result's harvest pass (NCINA_HARVEST)
+#ifdef NCINA_PASSES
+// The second pass of the two-pass layout: lanes 0-31 get what the first pass's decision
+// gave lanes 32-63 (VERDICT_HARVEST + its lane_op).
+const bit<8> VERDICT_SECOND_FIRST = 5;
+const bit<8> VERDICT_SECOND_ADD = 6;
+const bit<8> VERDICT_SECOND_READ = 7;
+// A result's harvest of lanes 48-63; then VERDICT_HARVEST reads 16-31 and sends it.
+const bit<8> VERDICT_HARVEST_SECOND = 8;
+#endif
 
 // The held offset of a slot version against the packet's (the predicate of the offsets
 // register action: bit (cmplo + 2 cmphi), cmplo = newer, cmphi = same).
@@ -308,6 +328,8 @@ struct meta_t {
 #endif
 #ifdef NCINA_DENSE
     bit<1> ours;              // a datagram to the aggregator's port: counted, maybe answered
+#endif
+#ifdef NCINA_PASSES
 #endif
     bit<16> nc8_excess;       // room - count
     bit<16> int_excess;       // room - count * 8

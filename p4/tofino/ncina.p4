@@ -19,6 +19,9 @@
 #include "events.p4"
 #include "rewrite.p4"
 
+#ifdef NCINA_PHV_PRAGMAS
+NCINA_PHV_PRAGMAS  // (config.p4: above 32 lanes, where the compiler's own choice fails)
+#endif
 control NcinaIngress(inout headers_t hdr, inout meta_t meta,
                      in ingress_intrinsic_metadata_t ig_md,
                      in ingress_intrinsic_metadata_from_parser_t prsr,
@@ -32,6 +35,9 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     Events() events;
 #ifdef NCINA_DENSE
     LaneSums() sums;
+#endif
+#ifdef NCINA_PASSES
+    Decode() decode;
 #endif
 
     // The aggregator's own address (one entry): aggregated on its UDP port.
@@ -81,7 +87,13 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     action from_harvest() {
         meta.local = 1;
         meta.port_diff_local = 0;
+#ifdef NCINA_PASSES
+        meta.verdict = hdr.harvest.verdict;  // the pairs' rows: VERDICT_SECOND_* or _HARVEST
+        meta.group = hdr.harvest.group;
+        hdr.bridge.ingress_port = hdr.harvest.port;  // the sender's (OUT_REPLY)
+#else
         meta.verdict = VERDICT_HARVEST;
+#endif
         meta.lane_op = LANE_HARVEST;
         meta.slot_index = hdr.harvest.slot;
         meta.job_index = hdr.harvest.job_index;
@@ -89,10 +101,40 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         meta.send = hdr.harvest.send;
     }
 #endif
+#ifdef NCINA_PASSES
+    // Two passes (64 lanes): a packet of more than 32 lanes, whose first pass added lanes
+    // 32-63 at the slot's second index region, goes round again whatever the decision, so that
+    // lanes 0-31 get the same operation; a result then goes round twice more for the pairs'
+    // upper sums (48-63, then 16-31: docs/tofino.md, "64 elements per packet").
+    // (What the next pass needs goes straight into the bridge header, valid from the start:
+    // no metadata for it, the PHV is full.)
+    action to_pass(bit<8> verdict, bit<16> region) {
+        hdr.bridge.then = meta.send;
+        meta.send = OUT_HARVEST;
+        tm.ucast_egress_port = RECIRC_PORT;
+        tm.mcast_grp_a = 0;
+        hdr.bridge.verdict = verdict;
+        hdr.bridge.slot = meta.slot_index + region;
+    }
+
+    action to_second() {
+        hdr.bridge.then = meta.send;
+        meta.send = OUT_HARVEST;
+        tm.ucast_egress_port = RECIRC_PORT;
+        tm.mcast_grp_a = 0;
+        hdr.bridge.verdict = meta.lane_op + VERDICT_HARVEST;  // VERDICT_SECOND_FIRST/ADD/READ
+        hdr.bridge.slot = meta.slot_index - NCINA_SLOTS;  // lanes 0-31
+    }
+#endif
 
     // Every lookup that depends on nothing but the headers runs first, side by side (a Tofino
     // pipeline is 12 stages deep); admission only computes metadata.
     apply {
+#ifdef NCINA_PASSES
+        hdr.bridge.setValid();
+        hdr.bridge.ingress_port = ig_md.ingress_port;
+        decode.apply(hdr);  // the pass's lanes' codes as integers (a pass that adds)
+#endif
 #ifdef NCINA_HARVEST
         if (hdr.harvest.isValid()) {
             from_harvest();  // the slot path below reads the pairs' upper sums, nothing else
@@ -142,7 +184,32 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         sums.apply(hdr, meta);
         if (meta.ours == 1) {
             events.apply(hdr, meta);
-#ifdef NCINA_HARVEST
+#ifdef NCINA_PASSES
+            if (meta.lane_op == LANE_HARVEST) {
+                if (meta.verdict == VERDICT_HARVEST) {  // sent as the first pass decided
+                    if (meta.send == OUT_MULTICAST) {
+                        tm.mcast_grp_a = hdr.harvest.group;
+                    } else {
+                        tm.ucast_egress_port = hdr.harvest.port;
+                    }
+                } else if (meta.verdict == VERDICT_HARVEST_SECOND) {  // then lanes 16-31
+                    to_pass(VERDICT_HARVEST, -(bit<16>)NCINA_SLOTS);
+                } else if (meta.send != OUT_NONE) {  // the second pass of a result: 48-63 next
+                    to_pass(VERDICT_HARVEST_SECOND, NCINA_SLOTS);
+                }
+            } else {
+                if (meta.send != OUT_NONE) {
+                    reply.apply(hdr, meta, ig_md, tm);
+                }
+                if (meta.lane_op != LANE_NONE) {
+                    if (hdr.block.isValid()) {
+                        to_second();  // lanes 0-31
+                    } else if (meta.send != OUT_NONE) {
+                        to_pass(VERDICT_HARVEST, 0);  // 32 lanes at most
+                    }
+                }
+            }
+#elif defined(NCINA_HARVEST)
             if (meta.lane_op == LANE_HARVEST) {  // sent as the first pass decided
                 if (meta.send == OUT_MULTICAST) {
                     tm.mcast_grp_a = hdr.harvest.group;
@@ -170,11 +237,15 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         hdr.bridge.job_index = meta.job_index;
         hdr.bridge.sent = meta.sent_index;
         hdr.bridge.wide = meta.wide;
+#ifdef NCINA_PASSES
+        hdr.bridge.group = meta.group;
+#else
         hdr.bridge.ingress_port = ig_md.ingress_port;
 #ifdef NCINA_HARVEST
         hdr.bridge.then = meta.then;
         hdr.bridge.slot = meta.slot_index;
         hdr.bridge.group = meta.group;
+#endif
 #endif
 #ifdef NCINA_NC8_RESULTS
         hdr.bridge.use = meta.use;

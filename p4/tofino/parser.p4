@@ -64,11 +64,23 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
         pkt.extract(hdr.ipv4);
         pkt.extract(hdr.udp);
         pkt.extract(hdr.nc);
+#ifdef NCINA_PASSES
+        transition select(hdr.harvest.verdict, hdr.nc.count) {
+            (VERDICT_HARVEST, 1 .. NCINA_K): parse_sum_0;  // lanes 0-31 (32-63 stay payload)
+            (VERDICT_HARVEST_SECOND, _): parse_rest_0;     // both regions' sums
+            (VERDICT_SECOND_FIRST .. VERDICT_SECOND_READ, _): parse_low_lane_0;  // the second
+            default: accept;                               // pass: 0-31's codes, 32-63's sums
+        }
+    }
+
+    NCINA_PASS_STATES
+#else
         transition select(hdr.nc.count) {
             1 .. NCINA_K: parse_sum_0;
             default: accept;
         }
     }
+#endif
 
     NCINA_SUM_STATES
 
@@ -115,7 +127,14 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
     }
 
     state parse_lanes {
+#ifdef NCINA_PASSES
+        transition select(hdr.nc.count) {
+            1 .. NCINA_REGION: parse_lane_0;
+            default: parse_block;  // lanes 0-31 as one block, 32-63 one by one
+        }
+#else
         transition parse_lane_0;
+#endif
     }
 
     NCINA_LANE_STATES

@@ -35,6 +35,9 @@ control Rewrite(inout egress_headers_t hdr, in egress_intrinsic_metadata_t eg_md
             hdr.harvest.slot = hdr.bridge.slot;
             hdr.harvest.group = hdr.bridge.group;
             hdr.harvest.port = hdr.bridge.ingress_port;
+#ifdef NCINA_PASSES
+            hdr.harvest.verdict = hdr.bridge.verdict;
+#endif
         }
 #endif
         if (hdr.bridge.send == OUT_MULTICAST) {

@@ -55,6 +55,103 @@ LANES_PER_STACK = 32
 (at K = 40 the compiler refused one stack of codes, and one of int32 results: "a slice list of
 33 bits ... no_split"), so lanes from 32 on go to further stacks."""
 
+REGION = LANES_PER_STACK
+"""Lanes one pass adds in the two-pass layout (``passes=2``, docs/tofino.md "64 elements per
+packet"): the dense layout's 32 (16 pairs, 12 of 12 stages); lanes 32-63 at a second index
+region of the same pair registers, in the first pass of a packet of more than 32 lanes, 0-31 in
+its second."""
+
+NC_BYTES_8BIT = ("version", "flags", "format", "emin")
+"""The ncina header's first four bytes, each pinned to an 8-bit PHV container above 32 lanes
+(``@pa_container_size``, config.p4's ``NCINA_PHV_PRAGMAS``). At K = 40 the compiler put them in
+one wider container (the codes took the 8-bit ones), and the reply's actions, which write
+three of the four bytes from several metadata fields (flags in slices: the POOL bit stays),
+then needed up to 8 sources for one container: "This program violates action constraints
+imposed by Tofino", "Action NcinaIngress.reply.as_result must be rewritten, because it
+requires too many sources ... Tofino supports only two PHV sources" (as_answer and as_notice
+too; docs/tofino.md "What limits the lanes"). At K = 32 the compiler had chosen 8- and 16-bit
+containers itself."""
+
+REGIONS = (
+    "    // The pairs' index: the slot's (lanes 0-31), or + NCINA_SLOTS for lanes 32-63, which",
+    "    // the first pass of a packet of more than 32 lanes adds (its codes 0-31 are a block);",
+    "    // after the slot rules' offsets, which read the slot's index (no metadata of its own:",
+    "    // the PHV is full).",
+    "    action region(bit<16> offset) {",
+    "        meta.slot_index = meta.slot_index + offset;",
+    "    }",
+    "",
+    "    table regions {",
+    "        key = { hdr.block.isValid(): exact @name(\"high\"); }",
+    "        actions = { region; }",
+    "        const default_action = region(0);",
+    "        size = 2;",
+    "        const entries = { true: region(NCINA_SLOTS); }",
+    "    }",
+)
+"""The two-pass layout's ``LaneSums`` table that moves the slot's index to the pairs' index
+region in the first pass (a later pass gets its index in the pass header)."""
+
+
+PASS_NC_SIZES = {"version": 8, "flags": 16, "format": 16, "emin": 8}
+"""The ncina header's first four bytes in the two-pass layout: what the compiler chose itself
+at K = 32 (flags and format share a 16-bit container), which leaves the 8-bit containers to
+the lanes' codes; all four in 8-bit ones left five lanes without one, all four in 16-bit ones
+broke the reply's action constraints again."""
+
+PASS_16BIT = ("hdr.notice.high",)
+"""Fields the two-pass layout keeps out of the 8-bit PHV containers besides those
+(``_phv_sizes``): a notice's upper word, always 0 (the compiler put its four bytes in one).
+Fields copied to or from others cannot move alone: an action's operands share a container
+size (pinning ``meta.emin_diff`` alone failed, "Cannot find a slicing to satisfy
+@pa_container_size pragma(s)"; the bridge's `send` and `then`, which sit in a slice list with
+the bridge's odd bytes, too)."""
+
+
+def _phv_sizes(passes: int) -> list[tuple[str, int]]:
+    """``(field, container bits)`` pinned above 32 lanes (config.p4's ``NCINA_PHV_PRAGMAS``):
+    NC_BYTES_8BIT in 8-bit containers (one pass) or, with two passes, in 16-bit ones, each lane's
+    int32 result in a 32-bit container and the block's codes in 16-bit ones. Ingress has 48
+    8-bit containers and a one-byte lane header takes one of its own: unpinned, the compiler
+    split the results into bytes in 8-bit containers, and then the header's bytes in 8-bit
+    ones still left 5 lanes without one ("PHV allocation was not successful", lanes 27-31's
+    codes unallocated, docs/tofino.md "64 elements per packet")."""
+    sizes = [(f"hdr.nc.{field}", 8 if passes == 1 else PASS_NC_SIZES[field])
+             for field in NC_BYTES_8BIT]  # fmt: skip
+    if passes > 1:
+        sizes += [(f"hdr.sums[{i}].value", 32) for i in range(REGION)]
+        sizes += [(f"hdr.block.c{i}", 16) for i in range(REGION)]
+        sizes += [(field, 16) for field in PASS_16BIT]
+    return sizes
+
+
+PASS_ROWS: tuple[tuple[dict[str, str], str], ...] = (
+    ({"verdict": "VERDICT_HARVEST_SECOND"}, "harvest"),
+    ({"verdict": "VERDICT_SECOND_FIRST"}, "first"),
+    ({"verdict": "VERDICT_SECOND_ADD"}, "add"),
+    ({"verdict": "VERDICT_SECOND_READ"}, "read"),
+)
+"""A pair's rows for the later passes of the two-pass layout, whose verdict the pass header
+carries (it also says what the parser takes): the harvest of lanes 48-63; the second pass,
+which applies the first pass's decision (``lane_op``, as ``VERDICT_HARVEST + lane_op``) to
+lanes 0-31 (the first pass added 32-63)."""
+
+PASS_DEFINES = {
+    "NCINA_PASSES": 2,
+    "NCINA_REGION": REGION,
+    "NCINA_LANE_PAIRS": REGION // 2,
+    "NCINA_LANE_HEADERS": f"lane_h[{REGION}] lanes; code_block_h block;",
+    "NCINA_EMIT_LANES": "pkt.emit(hdr.rest); pkt.emit(hdr.block); pkt.emit(hdr.lanes);",
+    "NCINA_SUM_HEADERS": " ".join(f"sum_lane_h[{REGION}] {s};" for s in ("sums", "rest", "upper")),
+    "NCINA_EMIT_SUMS": "pkt.emit(hdr.sums); pkt.emit(hdr.upper);",
+}
+"""config.p4's definitions of the two-pass layout: one pass's REGION codes (``lanes``, and
+lanes 0-31 as a ``block`` in the first pass of a longer packet) and int32 results (``sums``);
+the other region's results carried before them (``rest``) or after (``upper``). The emit order
+makes each pass's frame what the next one parses (``_pass_states``): [block][sums] after the
+first, [sums][upper] after the second, [rest][sums] after its harvest, [sums] and the payload
+after the last."""
+
 
 def stacks(name: str, k: int) -> list[tuple[str, int]]:
     """``(name, size)`` of the header stacks that hold ``k`` lanes: ``name``, ``name1``, ..."""
@@ -84,11 +181,13 @@ def _stack_defines(header: str, name: str, macro: str, k: int) -> dict[str, str]
             f"NCINA_EMIT_{macro}S": " ".join(f"pkt.emit(hdr.{s});" for s, _ in parts)}
 
 
-def config_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
+def config_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -> str:
     """``config.p4``: the ``#define``s and the per-lane metadata structs for ``k`` lanes
     (``dense``: the pair-register layout with int32 results, ``lanes_p4``; ``nc8``: NC8 results
-    re-compressed in egress, ``recompress_p4``)."""
+    re-compressed in egress, ``recompress_p4``; ``passes`` 2: the dense layout adding REGION
+    lanes per pass, ``pass_lanes_p4``)."""
     values = defines(k)
+    checks = _check_groups(k, passes)  # bad_code flags
     values["NCINA_MAX_WORKERS"] = TOFINO_MAX_WORKERS
     values["NCINA_PAIRS"] = SLOTS // 2
     values["OFFSET_UNUSED"] = f"0x{OFFSET_UNUSED:08X}"
@@ -99,6 +198,12 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
         values["NCINA_DENSE"] = 1
         values["NCINA_LANE_PAIRS"] = k // 2
         values.update(_stack_defines("sum_lane_h", "sums", "SUM", k))
+    if dense and k > LANES_PER_STACK:
+        values["NCINA_PHV_PRAGMAS"] = " ".join(
+            f'@pa_container_size("ingress", "{field}", {size})'
+            for field, size in _phv_sizes(passes))  # fmt: skip
+    if dense and passes > 1:
+        values.update(PASS_DEFINES)
     if nc8:
         values["NCINA_NC8_RESULTS"] = 1
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
@@ -106,19 +211,30 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
     lines += [f"#define RANK_BIT_ENTRIES {ranks}", ""]
     lines += [
         "// Admission's verdicts: the first failed check (Admission.verdicts).",
-        f"#define VERDICT_ENTRIES {' '.join(verdict_entries(_groups(k) - 1 if dense else 0))}",
+        f"#define VERDICT_ENTRIES {' '.join(verdict_entries(checks - 1 if dense else 0))}",
         "#define NCINA_CODES_BAD_KEYS "
-        + (" ".join(f"meta.checks.codes_bad_{g}: ternary;" for g in range(1, _groups(k)))
+        + (" ".join(f"meta.checks.codes_bad_{g}: ternary;" for g in range(1, checks))
            if dense else ""),
         "",
     ]
     lines += [
         "// The parser's lane states: lane i, then accept after `count` lanes.",
         "#define NCINA_LANE_STATES \\",
-        *_lane_states(k, also_valid="sums" if dense else ""),
+        *_lane_states(REGION if passes > 1 else k, also_valid="sums" if dense else ""),
         "",
     ]
-    if dense:
+    if dense and passes > 1:
+        lines += ["// The last harvest pass: lanes 0-31's int32 results (32-63's stay payload).",
+                  "#define NCINA_SUM_STATES \\", *_lane_states(REGION, "sums", "parse_sum"), "",
+                  "// More than 32 lanes: lanes 0-31 as one block and 32-63 one by one (the first",
+                  "// pass), lanes 0-31 one by one and 32-63's sums (the second), both regions'",
+                  "// sums (the second's harvest).",
+                  "#define NCINA_PASS_STATES \\", *_pass_states(), "",
+                  "// Lanes 0-31's codes in the first pass of a packet of more than 32 lanes: one",
+                  "// header, so that they share PHV containers (a lane_h takes an 8-bit one).",
+                  "header code_block_h {", *(f"    bit<8> c{i};" for i in range(REGION)), "}",
+                  ""]
+    elif dense:
         lines += ["// The harvest pass: a result's int32 lanes, as the first pass wrote them.",
                   "#define NCINA_SUM_STATES \\", *_lane_states(k, "sums", "parse_sum"), ""]
     else:
@@ -130,7 +246,7 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
     if dense:  # the window is checked by the decode tables themselves (_dense_decode)
         lines += ["// bad_code of each group of GROUP lanes after the first (codes_bad).",
                   "struct lane_checks_t {",
-                  *(f"    bit<1> codes_bad_{g};" for g in range(1, _groups(k))), "}", "",
+                  *(f"    bit<1> codes_bad_{g};" for g in range(1, checks)), "}", "",
                   "#define NCINA_CODE_OFFSETS(x)", "", "#endif", ""]  # fmt: skip
         return "\n".join(lines)
     lines += [
@@ -218,6 +334,11 @@ def _groups(k: int) -> int:
     return (k + GROUP - 1) // GROUP
 
 
+def _check_groups(k: int, passes: int) -> int:
+    # bad_code flags (window-check tables): one per GROUP lanes, per 2 * GROUP with two passes.
+    return _groups(k) if passes == 1 else _groups(k) // 2
+
+
 def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane",
                  also_valid: str = "") -> list[str]:  # fmt: skip
     # A parser counter loop trips the compiler (a bug in its parser state merging): unrolled.
@@ -237,6 +358,41 @@ def _lane_states(k: int, stack: str = "lanes", state: str = "parse_lane",
             )
         else:
             out.append("        transition accept; }")
+    return out
+
+
+def _chain(state: str, body: str, then: str, count_from: int | None) -> list[str]:
+    # REGION states `state`_i doing `body` (with {i}); after each, accept at count
+    # count_from + i + 1 (None: never), after the last go to `then`.
+    out = []
+    for i in range(REGION):
+        out.append(f"    state {state}_{i} {{ {body.format(i=i)} \\")
+        nxt = f"{state}_{i + 1}" if i + 1 < REGION else then
+        if count_from is not None and i + 1 < REGION:
+            out.append(f"        transition select(hdr.nc.count) {{ {count_from + i + 1}: accept; "
+                       f"default: {nxt}; }} }} \\")  # fmt: skip
+        else:
+            out.append(f"        transition {nxt}; }} \\")
+    return out
+
+
+def _pass_states() -> list[str]:
+    """The ingress parser's states of the two-pass layout for a packet of more than REGION
+    lanes. First pass (``parse_lanes``): lanes 0-31's codes as one block (``parse_block``: the
+    pairs take the second index region), 32-63's into ``lanes``, decoded into ``sums``. Second
+    pass (``parse_harvest``, VERDICT_SECOND_*): lanes 0-31's codes into ``lanes`` and ``sums``, then
+    32-63's int32 results (``upper``). Its harvest (VERDICT_HARVEST_SECOND): lanes 0-31's results
+    (``rest``), 32-63's (``sums``). The last harvest: NCINA_SUM_STATES."""
+    out = ["    state parse_block { pkt.extract(hdr.block); \\",
+           "        transition parse_high_lane_0; } \\"]  # fmt: skip
+    out += _chain("parse_high_lane", "pkt.extract(hdr.lanes[{i}]); hdr.sums[{i}].setValid();",
+                  "accept", REGION)  # fmt: skip
+    out += _chain("parse_low_lane", "pkt.extract(hdr.lanes[{i}]); hdr.sums[{i}].setValid();",
+                  "parse_upper_0", None)  # fmt: skip
+    out += _chain("parse_upper", "pkt.extract(hdr.upper[{i}]);", "accept", REGION)
+    out += _chain("parse_rest", "pkt.extract(hdr.rest[{i}]);", "parse_high_sum_0", None)
+    out += _chain("parse_high_sum", "pkt.extract(hdr.sums[{i}]);", "accept", REGION)
+    out[-1] = out[-1].removesuffix(" \\")
     return out
 
 
@@ -636,9 +792,12 @@ def recompress_p4(k: int) -> list[str]:
     ]
 
 
-def lanes_p4(k: int, dense: bool = False, nc8: bool = False) -> str:
+def lanes_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -> str:
     """``lanes.p4``: the controls ``CheckCodes`` and ``LaneSums`` for ``k`` lanes (``dense``:
-    ``dense_lanes_p4``; ``nc8``: with the slot versions' uses and egress's ``Recompress``)."""
+    ``dense_lanes_p4``; ``nc8``: with the slot versions' uses and egress's ``Recompress``;
+    ``passes`` 2: ``pass_lanes_p4``)."""
+    if dense and passes > 1:
+        return pass_lanes_p4(k)
     if dense:
         return dense_lanes_p4(k)
     out = [
@@ -764,6 +923,45 @@ def _window_table(k: int, g: int, twin: bool = False) -> Iterator[str]:
     yield "}"
 
 
+def _pass_window_table(g: int) -> Iterator[str]:
+    # The two-pass layout's window check over GROUP lanes of `lanes` and GROUP of the block
+    # (lanes 0-31 of a packet of more than 32 lanes, in its first pass): window_rows for each
+    # code. One table and flag per 16 codes, not per 8: the PHV had no room for 8 flags, each
+    # written by its own table in one stage (docs/tofino.md, "64 elements per packet").
+    rows = window_rows()
+    codes = range(g * GROUP, (g + 1) * GROUP)
+    flag = "meta.codes_bad" if g == 0 else f"meta.checks.codes_bad_{g}"
+    yield f"action above_{g}() {{"
+    yield f"    {flag} = 1;"
+    yield "}"
+    yield f"table codes_{g} {{"
+    yield "    key = {"
+    yield '        meta.code_offset: ternary @name("code_offset");'
+    for i in codes:
+        yield f"        hdr.lanes[{i}].isValid(): ternary;"
+        yield f'        hdr.lanes[{i}].code[6:0]: ternary @name("code_{i}");'
+    yield "        hdr.block.isValid(): ternary;"
+    for i in codes:
+        yield f'        hdr.block.c{i}[6:0]: ternary @name("block_{i}");'
+    yield "    }"
+    yield f"    actions = {{ above_{g}; NoAction; }}"
+    yield "    default_action = NoAction();"
+    yield f"    size = {2 * GROUP * len(rows)};"
+    yield "    const entries = {"
+    for n in range(2 * GROUP):
+        for (offset, omask), (code, cmask) in rows:
+            fields = ["_"] * (3 * GROUP + 1)
+            value = f"7w0x{code:02X} &&& 7w0x{cmask:02X}"
+            if n < GROUP:
+                fields[2 * n], fields[2 * n + 1] = "true", value
+            else:
+                fields[2 * GROUP], fields[2 * GROUP + 1 + n - GROUP] = "true", value
+            key = f"8w0x{offset:02X} &&& 8w0x{omask:02X}"
+            yield f"        ({key}, {', '.join(fields)}): above_{g}();"
+    yield "    }"
+    yield "}"
+
+
 def _dense_check_codes(k: int, twin: bool = False) -> list[str]:
     """``CheckCodes`` of the dense layout: a lane's decode table runs for a parsed lane only and
     writes the integer into the lane's int32 result header (``twin``: the window check's
@@ -794,9 +992,10 @@ _PAIR_BODIES = (
 )  # fmt: skip
 
 
-def _pair_sums(j: int, pairs: int) -> Iterator[str]:
+def _pair_sums(j: int, pairs: int, passes: int = 1) -> Iterator[str]:
     lo, hi = sum_lane(j), sum_lane(j + pairs)
-    yield f"Register<lane_pair_t, bit<16>>(NCINA_SLOTS, {{0, 0}}) sums_{j};"
+    size = "NCINA_SLOTS" if passes == 1 else "NCINA_PASSES * NCINA_SLOTS"
+    yield f"Register<lane_pair_t, bit<16>>({size}, {{0, 0}}) sums_{j};"
     actions = [(name, a.format(lo=lo, hi=hi), b.format(lo=lo, hi=hi))
                for name, a, b in _PAIR_BODIES]  # fmt: skip
     for name, body_lo, body_hi in actions:
@@ -857,15 +1056,17 @@ or refused chunk, a duplicate, a packet the slot rules never saw: ``relation`` 0
 row and leaves the pair alone."""
 
 
-def pair_rows(harvest: bool = False) -> list[tuple[tuple[str, ...], str]]:
+def pair_rows(harvest: bool = False, passes: int = 1) -> list[tuple[tuple[str, ...], str]]:
     """The const entries of a pair's table: ``(key values in PAIR_KEY's order, "_" for any,
-    operation)``; ``harvest``: the harvest pass's row first (``verdict`` VERDICT_HARVEST)."""
+    operation)``; ``harvest``: the harvest pass's row first (``verdict`` VERDICT_HARVEST);
+    ``passes`` 2: the second pass's rows (PASS_ROWS) before the first pass's."""
     rows = [({"verdict": "VERDICT_HARVEST"}, "harvest")] if harvest else []
+    rows += list(PASS_ROWS) if passes > 1 else []
     rows += list(PAIR_ROWS)
     return [(tuple(fields.get(name, "_") for _, name, _ in PAIR_KEY), op) for fields, op in rows]
 
 
-def _pair_table(j: int, pairs: int) -> Iterator[str]:
+def _pair_table(j: int, pairs: int, passes: int = 1) -> Iterator[str]:
     # One table per pair register, its action chosen by the decision's inputs (PAIR_ROWS): a
     # logical table per register (a stage holds 16), not one per register action. Placed in
     # preference to the replies and counters, which need the decision's answer a stage later.
@@ -897,10 +1098,10 @@ def _pair_table(j: int, pairs: int) -> Iterator[str]:
     yield "#endif"
     yield "        NoAction; }"
     yield "    const default_action = NoAction();"
-    yield f"    size = {len(PAIR_ROWS) + 1};"
+    yield f"    size = {len(PAIR_ROWS) + 1 + (len(PASS_ROWS) if passes > 1 else 0)};"
     yield "    const entries = {"
     for harvest in (True, False):
-        rows = pair_rows(harvest)[:1] if harvest else pair_rows()
+        rows = pair_rows(harvest)[:1] if harvest else pair_rows(passes=passes)
         if harvest:
             yield "#ifdef NCINA_HARVEST"
         for values, op in rows:
@@ -940,6 +1141,75 @@ def dense_lanes_p4(k: int) -> str:
         "    apply {",
         *(f"        pair_{j}.apply();" for j in range(pairs)),
         "        if (meta.send != OUT_NONE) {",
+        "            as_sums();",
+        "        }",
+        "    }",
+        "}",
+        "",
+        "#endif",
+        "",
+    ])
+
+
+def pass_lanes_p4(k: int) -> str:
+    """``lanes.p4`` of the two-pass layout (``k`` = 2 * REGION, Tofino 1): the dense layout's
+    REGION // 2 pair registers at two index regions, lanes 0-31 at the slot's index, lanes
+    32-63 at it + NCINA_SLOTS. A packet of more than REGION lanes adds 32-63 in its first pass
+    and 0-31 in a second (a recirculation); the window check covers all its codes in the first
+    (``CheckCodes``, in admission). The decode tables (``Decode``) and the pairs serve the
+    pass's REGION lanes, which the parser puts in ``lanes`` and ``sums`` in either pass
+    (docs/tofino.md, "64 elements per packet")."""
+    check_dense_k(k, 2)
+    pairs = REGION // 2
+    groups = _check_groups(k, 2)
+    return "\n".join([
+        BANNER.format(k=k),
+        "#ifndef NCINA_LANES_P4",
+        "#define NCINA_LANES_P4",
+        "",
+        "// Admission: whether any of the packet's codes is above the job's window (bad_code),",
+        "// all of them in the first pass, before anything is added: lanes 0-31 or 32-63",
+        "// (`lanes`), and lanes 0-31 (`block`) of a packet of more than 32.",
+        "control CheckCodes(inout headers_t hdr, inout meta_t meta) {",
+        *_each(groups, _pass_window_table, 4),
+        "",
+        "    apply {",
+        "        meta.codes_bad = 0;",
+        *(f"        meta.checks.codes_bad_{g} = 0;" for g in range(1, groups)),
+        *(f"        codes_{g}.apply();" for g in range(groups)),
+        "    }",
+        "}",
+        "",
+        "// Each parsed lane's code as an integer in its result header (a table per lane of a",
+        "// pass: the pass's lanes, 0-31 or 32-63, are in hdr.lanes).",
+        "control Decode(inout headers_t hdr) {",
+        *_each(REGION, _dense_decode, 4),
+        "",
+        "    apply {",
+        "        if (hdr.lanes[0].isValid()) {  // (no codes in a harvest pass)",
+        *(f"            decode_{i}.apply();" for i in range(REGION)),
+        "        }",
+        "    }",
+        "}",
+        "",
+        "// The slot's lanes in pair registers: pair j holds the sums of lanes j (lo) and",
+        f"// j + {pairs} (hi) of a pass's {REGION}, at the slot's index (lanes 0-31) or at it +",
+        "// NCINA_SLOTS (lanes 32-63: regions); what to do, the slot decision's inputs say",
+        "// in the first pass, the pass header's verdict in the others.",
+        "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
+        *_each(pairs, lambda j: _pair_sums(j, pairs, 2), 4),
+        *_each(pairs, lambda j: _pair_table(j, pairs, 2), 4),
+        *REGIONS,
+        "",
+        "    // A pass that adds leaves with its lanes' sums, not their codes.",
+        "    action as_sums() {",
+        *(f"        {code_lane(i)}.setInvalid();" for i in range(REGION)),
+        "    }",
+        "",
+        "    apply {",
+        "        regions.apply();",
+        *(f"        pair_{j}.apply();" for j in range(pairs)),
+        "        if (meta.lane_op != LANE_NONE) {",
         "            as_sums();",
         "        }",
         "    }",
@@ -1157,18 +1427,27 @@ def twin_lanes_p4(k: int) -> str:
     return "\n".join(out)
 
 
-def write(k: int, out: Path, dense: bool = False, nc8: bool = False) -> list[Path]:
+def write(k: int, out: Path, dense: bool = False, nc8: bool = False,
+          passes: int = 1) -> list[Path]:  # fmt: skip
     """Write ``config.p4`` and ``lanes.p4`` for ``k`` lanes into ``out``; return their paths."""
     check_k(k)
     if dense:
-        check_dense_k(k)
-    return write_generated(out, config_p4(k, dense, nc8), lanes_p4(k, dense, nc8))
+        check_dense_k(k, passes)
+    elif passes != 1:
+        raise ValueError("two passes are built on the dense layout only")
+    return write_generated(out, config_p4(k, dense, nc8, passes),
+                           lanes_p4(k, dense, nc8, passes))  # fmt: skip
 
 
-def check_dense_k(k: int) -> None:
-    """Raise ``ValueError`` unless the dense layout can be built for ``k`` lanes (pairs)."""
+def check_dense_k(k: int, passes: int = 1) -> None:
+    """Raise ``ValueError`` unless the dense layout can be built for ``k`` lanes (pairs) in
+    ``passes`` passes (2: ``k`` = 2 * REGION)."""
     if k % 2:
         raise ValueError(f"K must be even for the dense layout (lanes in pairs), not {k}")
+    if passes not in (1, 2):
+        raise ValueError(f"the dense layout adds its lanes in 1 or 2 passes, not {passes}")
+    if passes == 2 and k != 2 * REGION:
+        raise ValueError(f"K must be {2 * REGION} for two passes ({REGION} lanes each), not {k}")
 
 
 def write_twin(k: int, out: Path) -> list[Path]:

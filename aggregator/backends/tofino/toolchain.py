@@ -51,6 +51,9 @@ DENSE_K = 32
 is ``docs/tofino-resources/tofino-k32-dense.json``)."""
 DEFAULT_DENSE = True
 """``make p4-tofino`` builds the dense layout (DENSE_K lanes per pass fit Tofino 1)."""
+PASSES_K = 2 * gen.REGION
+"""Elements per packet of the two-pass layout (``--passes 2``, docs/tofino.md "64 elements per
+packet"): DENSE_K lanes per pass, two passes that add."""
 REPORTS = ROOT / "docs" / "tofino-resources"
 """The committed fit reports (``--report``): one JSON file per variant (``report_name``)."""
 
@@ -91,6 +94,8 @@ class Resources:
     nc8: bool = False
     """One register per lane with NC8 results re-compressed in egress (``gen.lanes_p4(k,
     nc8=True)``)."""
+    passes: int = 1
+    """Passes that add a packet's lanes (2: the two-pass layout, ``gen.pass_lanes_p4``)."""
 
     @property
     def fits(self) -> bool:
@@ -101,6 +106,7 @@ class Resources:
         fits = "yes" if self.fits else "no"
         target = f"{self.target} dense" if self.dense else self.target
         target = f"{target} nc8" if self.nc8 else target
+        target = f"{target}, {self.passes} passes" if self.passes > 1 else target
         return (
             f"| {target} | {self.k} | {self.stages} of {self.device_stages} | "
             f"{self.sram_blocks} | {self.tcam_blocks} | {self.stateful_alus} | "
@@ -109,7 +115,7 @@ class Resources:
 
 
 def read_resources(
-    out: Path, target: str, k: int, dense: bool = False, nc8: bool = False
+    out: Path, target: str, k: int, dense: bool = False, nc8: bool = False, passes: int = 1
 ) -> Resources:
     """Sum the compiler's per-stage report in ``out/pipe/logs`` (compiled with ``-g``)."""
     logs = out / "pipe" / "logs"
@@ -134,6 +140,7 @@ def read_resources(
         phv_capacity=capacity,
         dense=dense,
         nc8=nc8,
+        passes=passes,
     )
 
 
@@ -156,10 +163,11 @@ def stages_of(out: Path) -> list[dict[str, object]]:
     return sorted(out_stages, key=lambda st: int(st["stage"]))  # type: ignore[call-overload]
 
 
-def report_name(k: int, target: str, dense: bool, nc8: bool = False) -> str:
+def report_name(k: int, target: str, dense: bool, nc8: bool = False, passes: int = 1) -> str:
     """The file name of a variant's fit report, e.g. ``tofino-k32-dense.json``,
-    ``tofino-k7-nc8.json``."""
-    return f"{target}-k{k}{'-dense' if dense else ''}{'-nc8' if nc8 else ''}.json"
+    ``tofino-k7-nc8.json``, ``tofino-k64-dense-2pass.json``."""
+    more = f"-{passes}pass" if passes > 1 else ""
+    return f"{target}-k{k}{'-dense' if dense else ''}{'-nc8' if nc8 else ''}{more}.json"
 
 
 def sources() -> list[Path]:
@@ -173,44 +181,52 @@ def compile_command(k: int, target: str, directory: Path) -> list[str]:
             "-I", str(directory), "-o", str(directory / "out"), str(SOURCE_DIR / MAIN)]  # fmt: skip
 
 
-def inputs_digest(k: int, target: str, dense: bool, nc8: bool = False) -> str:
+def inputs_digest(k: int, target: str, dense: bool, nc8: bool = False, passes: int = 1) -> str:
     """What a build is compiled from: K, the target, the compiler's name, ``p4/tofino/*.p4`` and
     the generated ``config.p4`` and ``lanes.p4`` (a build, and a fit report, is of this)."""
     h = hashlib.sha256(f"k={k}\ntarget={target}\n{compiler()}\n".encode())
     for path in sources():
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    h.update(gen.config_p4(k, dense, nc8).encode() + gen.lanes_p4(k, dense, nc8).encode())
+    h.update(gen.config_p4(k, dense, nc8, passes).encode()
+             + gen.lanes_p4(k, dense, nc8, passes).encode())  # fmt: skip
     return h.hexdigest()
 
 
 def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = None, *,
-          force: bool = False, dense: bool = False, nc8: bool = False) -> Resources:  # fmt: skip
+          force: bool = False, dense: bool = False, nc8: bool = False,
+          passes: int = 1) -> Resources:  # fmt: skip
     """Generate and compile the program for ``k`` lanes (unless an up-to-date build exists);
     return its resources. ``dense``: the pair-register layout with int32 results
     (docs/tofino.md, "Density"); ``nc8``: one register per lane with NC8 results (docs/tofino.md,
-    "NC8 results on the switch"). A compile error is a ``ToolchainError`` with the compiler's
-    words."""
+    "NC8 results on the switch"); ``passes`` 2: the dense layout adding ``k / 2`` lanes per pass
+    (Tofino 1, docs/tofino.md "64 elements per packet"). A compile error is a
+    ``ToolchainError`` with the compiler's words."""
     if target not in STAGES:
         raise ValueError(f"target must be one of {', '.join(STAGES)}, not {target}")
     gen.check_k(k)
     if dense:
-        gen.check_dense_k(k)
+        gen.check_dense_k(k, passes)
+    elif passes != 1:
+        raise ValueError("two passes are built on the dense layout only")
+    if passes != 1 and target != "tofino":
+        raise ValueError("two passes are built for Tofino 1 (--target tofino) only")
     if dense and nc8:
         raise ValueError("NC8 results are built on the one-register-per-lane layout only")
-    directory = directory or BUILD_DIR / report_name(k, target, dense, nc8).removesuffix(".json")
+    name = report_name(k, target, dense, nc8, passes)
+    directory = directory or BUILD_DIR / name.removesuffix(".json")
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         stamp = directory / "inputs.sha256"
         summary = directory / "resources.json"
-        digest = inputs_digest(k, target, dense, nc8)
+        digest = inputs_digest(k, target, dense, nc8, passes)
         if (not force and summary.exists() and stamp.exists()
                 and stamp.read_text().strip() == digest):  # fmt: skip
             return Resources(**json.loads(summary.read_text()))
         reason = missing()
         if reason:
             raise ToolchainError(f"cannot compile p4/tofino/{MAIN}: {reason}")
-        gen.write(k, directory, dense, nc8)
+        gen.write(k, directory, dense, nc8, passes)
         command = compile_command(k, target, directory)
         started = time.monotonic()
         proc = _run_with_progress(command, f"p4c-barefoot {target} K={k}")
@@ -221,7 +237,7 @@ def build(k: int = DEFAULT_K, target: str = "tofino", directory: Path | None = N
                 f"{' '.join(command)} failed with status {proc.returncode}:\n"
                 + "\n".join(errors[:20] or [(proc.stderr or proc.stdout).strip()])
             )
-        resources = read_resources(directory / "out", target, k, dense, nc8)
+        resources = read_resources(directory / "out", target, k, dense, nc8, passes)
         summary.write_text(json.dumps(asdict(resources), indent=1) + "\n")
         report = {
             "resources": asdict(resources),
@@ -258,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     layout.add_argument("--nc8", action="store_true",
                         help="one register per lane with NC8 results re-compressed in egress "
                         "(docs/tofino.md, \"NC8 results on the switch\"; fits 7 lanes)")
+    parser.add_argument("--passes", type=int, choices=(1, 2), default=None,
+                        help=f"passes that add a packet's lanes: 2 adds {DENSE_K} lanes per pass, "
+                        f"{PASSES_K} per packet (the dense layout on tofino; the default at "
+                        f"--k {PASSES_K} there, docs/tofino.md \"64 elements per packet\")")
     parser.add_argument("--force", action="store_true", help="compile even if up to date")
     parser.add_argument("--report", action="store_true", help=f"copy the fit report (stages "
                         f"and tables, resources, the inputs' digest) into {REPORTS}/")  # fmt: skip
@@ -265,13 +285,16 @@ def main(argv: list[str] | None = None) -> int:
     args.dense = args.dense and not args.nc8
     if args.k is None:
         args.k = TOFINO_NC8_MAX_K if args.nc8 else DENSE_K if args.dense else DEFAULT_K
+    if args.passes is None:
+        args.passes = 2 if args.dense and args.k == PASSES_K and args.target == "tofino" else 1
     try:
-        res = build(args.k, args.target, force=args.force, dense=args.dense, nc8=args.nc8)
+        res = build(args.k, args.target, force=args.force, dense=args.dense, nc8=args.nc8,
+                    passes=args.passes)  # fmt: skip
     except (ToolchainError, ValueError) as exc:
         print(f"make p4-tofino: {exc}", file=sys.stderr)
         return 1
     if args.report:
-        name = report_name(args.k, args.target, args.dense, args.nc8)
+        name = report_name(args.k, args.target, args.dense, args.nc8, args.passes)
         REPORTS.mkdir(parents=True, exist_ok=True)
         directory = BUILD_DIR / name.removesuffix(".json")
         shutil.copyfile(directory / "report.json", REPORTS / name)
