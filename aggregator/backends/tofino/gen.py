@@ -1066,6 +1066,14 @@ def pair_rows(harvest: bool = False, passes: int = 1) -> list[tuple[tuple[str, .
     return [(tuple(fields.get(name, "_") for _, name, _ in PAIR_KEY), op) for fields, op in rows]
 
 
+def _pair_key() -> Iterator[str]:
+    # A pair's table key, the slot decision's inputs (PAIR_KEY): the TNA program's and the twin's.
+    yield "    key = {"
+    for field, name, _ in PAIR_KEY:
+        yield f'        {field}: ternary @name("{name}");'
+    yield "    }"
+
+
 def _pair_table(j: int, pairs: int, passes: int = 1) -> Iterator[str]:
     # One table per pair register, its action chosen by the decision's inputs (PAIR_ROWS): a
     # logical table per register (a stage holds 16), not one per register action. Placed in
@@ -1087,10 +1095,7 @@ def _pair_table(j: int, pairs: int, passes: int = 1) -> Iterator[str]:
     yield "#endif"
     yield "@placement_priority(1)"
     yield f"table pair_{j} {{"
-    yield "    key = {"
-    for field, name, _ in PAIR_KEY:
-        yield f'        {field}: ternary @name("{name}");'
-    yield "    }"
+    yield from _pair_key()
     names = [name for _, name in _PAIR_OPS]
     yield f"    actions = {{ {' '.join(f'do_{n}_{j};' for n in names)}"
     yield "#ifdef NCINA_HARVEST"
@@ -1242,10 +1247,7 @@ def _twin_pair(j: int, pairs: int) -> Iterator[str]:
         yield f"    {hi}.value = value.hi;"
         yield "}"
     yield f"table pair_{j} {{"
-    yield "    key = {"
-    for field, name, _ in PAIR_KEY:
-        yield f'        {field}: ternary @name("{name}");'
-    yield "    }"
+    yield from _pair_key()
     yield f"    actions = {{ {' '.join(f'do_{n}_{j};' for _, n in _PAIR_OPS)} NoAction; }}"
     yield "    const default_action = NoAction();"
     yield f"    size = {len(PAIR_ROWS) + 1};"
