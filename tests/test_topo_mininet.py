@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,10 +117,15 @@ def test_lossy_links_are_repaired_by_retransmission(tmp_path: Path) -> None:
     pieces = [d for payload, _ in datagrams for d in segments(payload)]
     assert all(d[1] & FLAG_TAG for d in pieces)
     # Every rank's chunk of every completed slot went up and its result came down (some more
-    # than once: the links lose packets beyond the capture); (rank, offset) names each.
+    # than once: the links lose packets beyond the capture); (rank, offset) names each. The
+    # capture itself may miss frames (tcpdump says how many at exit: under two CPU hogs it
+    # missed 2 of 3,634), each at most one of them: exact when it missed none.
+    tcpdump = (cfg.out / "ina" / "pcaps" / "tcpdump0.log").read_text()
+    missed = int(re.search(r"(\d+) packets? dropped by kernel", tcpdump).group(1))
     for what in ("chunk", "result"):
         seen = {(d[6:8], d[12:16]) for d in pieces if kind(d, what == "chunk") == (what, None)}
-        assert len(seen) == 2 * job["slots_completed"], what
+        assert 2 * job["slots_completed"] - missed <= len(seen) <= 2 * job["slots_completed"], (
+            what, missed)
     kinds = {kind(d, not d[1] & FLAG_RESULT)[0] for d in pieces}
     assert {"hello", "handshake answer", "chunk", "result"} <= kinds
     assert kinds <= {"hello", "handshake answer", "chunk", "result", "notice"}
