@@ -962,6 +962,13 @@ def _pass_window_table(g: int) -> Iterator[str]:
     yield "}"
 
 
+def _cleared_code_flags(groups: int) -> list[str]:
+    # The window check's bad_code flags, one per table, cleared before the tables run: the one
+    # in meta, the others in meta.checks (the dense and the two-pass layouts' CheckCodes).
+    return ["        meta.codes_bad = 0;",
+            *(f"        meta.checks.codes_bad_{g} = 0;" for g in range(1, groups))]
+
+
 def _dense_check_codes(k: int, twin: bool = False) -> list[str]:
     """``CheckCodes`` of the dense layout: a lane's decode table runs for a parsed lane only and
     writes the integer into the lane's int32 result header (``twin``: the window check's
@@ -975,8 +982,7 @@ def _dense_check_codes(k: int, twin: bool = False) -> list[str]:
         *_each(_groups(k), lambda g: _window_table(k, g, twin), 4),
         "",
         "    apply {",
-        "        meta.codes_bad = 0;",
-        *(f"        meta.checks.codes_bad_{g} = 0;" for g in range(1, _groups(k))),
+        *_cleared_code_flags(_groups(k)),
         *(f"        decode_{i}.apply();" for i in range(k)),
         *(f"        codes_{g}.apply();" for g in range(_groups(k))),
         "    }",
@@ -1179,8 +1185,7 @@ def pass_lanes_p4(k: int) -> str:
         *_each(groups, _pass_window_table, 4),
         "",
         "    apply {",
-        "        meta.codes_bad = 0;",
-        *(f"        meta.checks.codes_bad_{g} = 0;" for g in range(1, groups)),
+        *_cleared_code_flags(groups),
         *(f"        codes_{g}.apply();" for g in range(groups)),
         "    }",
         "}",
