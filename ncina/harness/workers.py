@@ -11,7 +11,8 @@ modes:
 
 Both do the same steps, so the two timings compare like with like: build the input
 (``ncina.harness.reference.worker_input``), rendezvous and warm up with an all-reduce of one
-element (the aggregator learns the worker's address; gloo connects its pairs), write
+element (the aggregator learns the worker's address; gloo connects its pairs; the INA client
+reserves its buffers for the timed size, ``AllreduceClient.reserve``), write
 ``ready-RANK`` into the spec's directory, wait for the ``go`` file, which holds a
 ``CLOCK_MONOTONIC`` instant shared by every process of the machine (network namespaces share the
 clock), start at that instant, time the all-reduce call alone, and write ``report-RANK.json``:
@@ -121,6 +122,7 @@ def run_ina(spec: dict[str, Any], rank: int, x: np.ndarray, directory: Path) -> 
         timeout=spec["timeout"], deadline=spec["deadline"],
     ) as client:  # fmt: skip
         client.allreduce(WARMUP)
+        client.reserve(x.size)  # the buffers a training step's calls reuse
         before = client.stats
         ready_path(directory, rank).touch()
         wait_for_go(directory, time.monotonic() + spec["start_timeout"])

@@ -451,6 +451,21 @@ class AllreduceClient:
             np.copyto(dest, total)
         return out
 
+    def reserve(self, elements: int) -> None:
+        """Allocate now, and touch, the buffers this client keeps between INA calls for calls
+        of up to ``elements`` elements: the two buffers a restart recovery keeps results in
+        (one call's, the one before's, in turn) and, on the C data path, the scratch an
+        in-place call (``out`` is ``x``) decodes into. Without it the first two calls of a new
+        size allocate them, and the kernel zeroes their pages in the middle of those calls:
+        at 10M elements and K = 64, more than half of a worker's CPU in the call
+        (docs/performance.md, "The issue 36 targets"). Calls reuse them either way; a client
+        that does not recover from restarts keeps none. The benchmarks reserve the timed
+        call's size in their warm-up."""
+        if elements < 0:
+            raise ValueError(f"cannot reserve {elements} elements")
+        if self.mode != "server":
+            self._recovery.reserve(elements)
+
     def recover_if_restarted(self, timeout: float = PROBE_TIMEOUT) -> bool:
         """Between two calls, while this rank waits for the others somewhere else (a gloo
         collective, such as the DDP hook's per-call agreement): ask the aggregator with one

@@ -150,14 +150,32 @@ class Recovery:
                                        "completed a call this rank has not started"))
             return True
 
+    def reserve(self, n: int) -> None:
+        """``AllreduceClient.reserve``: make this client's buffers for an INA call of ``n``
+        elements now (both keep buffers, and on the C path the scratch an in-place call
+        decodes into) and write every page of them, so that the kernel zeroes their pages here
+        rather than inside the calls that first use them."""
+        if not self.recovers:
+            return
+        if self.path.c is not None and self._scratch.size < n:
+            self._scratch = np.empty(n, dtype=np.float32)
+            self._scratch.fill(0)
+        for which in (0, 1):
+            if self._kept[which].size < self._keep_bytes(n):
+                self._keep_room(which, n).fill(0)
+
     def _keep_room(self, which: int, n: int) -> np.ndarray:
         """Keep buffer ``which`` (0 or 1), grown to hold ``n`` results (NC8 codes, 1 byte each;
         int sums, float32): reused from call to call, so that after the first call of a size
         keeping the results costs no allocation, no page faults, no pass of its own."""
-        need = n * (1 if self.path.format == Format.NC8 else 4)
+        need = self._keep_bytes(n)
         if self._kept[which].size < need:
             self._kept[which] = np.empty(need, dtype=np.uint8)
         return self._kept[which][:need]
+
+    def _keep_bytes(self, n: int) -> int:
+        """The bytes a keep buffer needs for ``n`` results (NC8 codes, or float32 sums)."""
+        return n * (1 if self.path.format == Format.NC8 else 4)
 
     def _last_sum(self) -> np.ndarray:
         """The sum (float32) of the last call this client completed, as it was computed."""
