@@ -4,7 +4,8 @@ Each repeat starts a fresh aggregator (``ncina aggregator --backend B``, its sta
 file) and ``--workers`` worker processes (``ncina.harness.workers``), every one all-reducing
 ``--elements`` random normal float32 elements (seeded by rank) through one ``AllreduceClient``;
 then as many processes all-reduce the same tensors with ``torch.distributed``'s gloo backend
-(ring all-reduce of float32) on loopback. Both sides warm up with an all-reduce of one element,
+(ring all-reduce of float32) on loopback. Both sides warm up with an all-reduce of one element
+(the INA client then reserves its buffers for the timed size: ``AllreduceClient.reserve``),
 start at one instant and time the all-reduce call alone; a run's wall time is the earliest start
 to the latest end. ``--backend dpdk`` puts the aggregator in its own network namespace behind a
 veth pair (needs root and DPDK); the workers stay in this namespace.
