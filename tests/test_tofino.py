@@ -724,13 +724,13 @@ def test_two_pass_layout_checks_every_code_and_adds_32_lanes_per_pass(tmp_path: 
                             ("HARVEST_SECOND", "harvest")):  # fmt: skip
             assert f"(VERDICT_{verdict}, _, _, _, _, _): do_{op}_{j}();" in body
     assert "sums1" not in body and "hdr.sums[32]" not in body and "hdr.lanes[32]" not in body
-    # The pairs' index: the slot's, moved to its second region after the slot rules' offsets
-    # when lanes 0-31 came as a block (the first pass of a longer packet).
+    # The pairs' index: the slot's, moved to its second region by Regions (the next test).
     sums = re.search(r"control LaneSums\(.*?\n\}\n", body, re.S).group(0)
     assert sums.count("execute(meta.slot_index)") == 4 * 16
-    assert "const entries = { true: region(NCINA_SLOTS); }" in sums
-    assert "meta.slot_index = meta.slot_index + offset;" in sums
-    assert sums.index("regions.apply();") < sums.index("pair_0.apply();")
+    assert "regions" not in sums and not _writes(sums, "meta.slot_index")
+    # The decode tables are placed after the slot rules' tables where both have room.
+    assert body.count("@placement_priority(-1)\n    table decode_") == 32
+    assert "@placement_priority(-1)" not in gen_tofino.dense_lanes_p4(32)
     assert "if (meta.lane_op != LANE_NONE) {\n            as_sums();" in body
     pragmas = re.findall(r'@pa_container_size\("ingress", "([^"]+)", (\d+)\)',
                          re.search(r"#define NCINA_PHV_PRAGMAS (.*)\n", text).group(1))  # fmt: skip
@@ -746,6 +746,62 @@ def test_two_pass_layout_checks_every_code_and_adds_32_lanes_per_pass(tmp_path: 
     for bad in ((40, 2), (64, 3)):
         with pytest.raises(ValueError, match=r"two passes|1 or 2 passes"):
             gen_tofino.write(bad[0], tmp_path, dense=True, passes=bad[1])
+
+
+def test_each_pass_indexes_its_lanes_region_ready_before_the_tallies(tmp_path: Path) -> None:
+    """The two-pass program (ncina.p4 through cpp): the pairs' index is the slot's index moved
+    to its lanes' region by ``Regions``, which the slot rules apply right after the offsets
+    register has read the slot's index and before the tallies (applied after the slot rules'
+    block it took a stage after the tallies: 15 of 12 stages); a later pass's comes in the
+    pass header, as the pass that sent it round wrote it. Evaluated for the passes of a
+    packet of more than 32 lanes (lanes 32-63 at slot + NCINA_SLOTS, then 0-31 at the slot; a
+    result's harvests 48-63, then 16-31) and of at most 32 (the slot, its harvest there)."""
+    gen_tofino.write(64, tmp_path, True, False, 2)
+    for stub in ("core.p4", "tna.p4", "t2na.p4"):
+        (tmp_path / stub).write_text("")
+    text = subprocess.run(
+        ["cpp", "-P", "-nostdinc", "-undef", "-D__TARGET_TOFINO__=1", "-I", str(tmp_path),
+         str(tofino.SOURCE_DIR / tofino.MAIN)], check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    slots = layout.SLOTS
+    rules = _block(_block(text, r"control Slots\("), r"\n    apply ")
+    assert (rules.index("meta.relation = claim.execute(meta.slot_index);")
+            < rules.index("regions.apply(hdr, meta);") < rules.index("tallies.apply();"))
+    assert rules.count("regions.apply(") == 1 and not _writes(rules, "meta.slot_index")
+    regions = _block(text, r"control Regions\(")
+    assert "meta.slot_index = meta.slot_index + offset;" in regions
+    assert re.search(r"key = \{ hdr\.block\.isValid\(\): exact", regions)
+    assert f"const entries = {{ true: region({slots}); }}" in regions
+    assert "const default_action = region(0);" in regions
+    ingress = _block(text, r"control NcinaIngress\(")
+    assert "meta.slot_index = hdr.harvest.slot;" in _block(ingress, r"action from_harvest\(")
+    assert "hdr.harvest.slot = hdr.bridge.slot;" in _block(text, r"control Rewrite\(")
+
+    def moved(action: str, slot: int, region: int = 0) -> int:
+        # The pass header's slot as `action` writes it from the pass's index.
+        expr = re.search(r"hdr\.bridge\.slot = ([^;]+);", _block(ingress, rf"action {action}\(")
+                         ).group(1).replace("(bit<16>)", "")  # fmt: skip
+        terms = re.split(r" ([-+]) ", expr)
+        env = {"meta.slot_index": slot, "region": region}
+        value = env[terms[0]]
+        for op, term in zip(terms[1::2], terms[2::2], strict=True):
+            x = env[term] if term in env else int(term)
+            value = value + x if op == "+" else value - x
+        return value & 0xFFFF
+
+    apply = _block(ingress, r"\n    apply ")
+    calls = {(verdict, int(region.replace("(bit<16>)", "")))
+             for verdict, region in re.findall(r"to_pass\((VERDICT_\w+), ([^;]*)\);", apply)}
+    assert calls == {("VERDICT_HARVEST", -slots), ("VERDICT_HARVEST_SECOND", slots),
+                     ("VERDICT_HARVEST", 0)}  # fmt: skip
+    for slot in (0, 5, slots - 1):
+        first = slot + slots  # lanes 32-63: Regions' row for a block
+        second = moved("to_second", first)  # lanes 0-31
+        assert second == slot
+        third = moved("to_pass", second, slots)  # a result's harvest of 48-63
+        assert third == slot + slots
+        assert moved("to_pass", third, -slots) == slot  # then 16-31
+        assert moved("to_pass", slot, 0) == slot  # at most 32 lanes: its harvest
 
 
 def test_second_pass_rows_repeat_the_first_pass_decision_on_lanes_0_to_31(

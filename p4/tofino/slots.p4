@@ -16,6 +16,9 @@ control Slots(inout headers_t hdr, inout meta_t meta) {
 #ifndef NCINA_DENSE
     LaneSums() sums;
 #endif
+#ifdef NCINA_PASSES
+    Regions() regions;  // (lanes.p4: the pairs' index region)
+#endif
 
     // The offset of each slot version's chunk. OFFSET_UNUSED: every offset in [0, 2^30) is
     // newer (serial arithmetic mod 2^32), so a version's first chunk claims it.
@@ -121,6 +124,9 @@ control Slots(inout headers_t hdr, inout meta_t meta) {
             return;
         }
         meta.relation = claim.execute(meta.slot_index);
+#ifdef NCINA_PASSES
+        regions.apply(hdr, meta);  // the pairs' index, once claim has read the slot's
+#endif
         if (meta.relation == OFFSET_OLDER) {
             late();  // L2-L4: a chunk before the held one
             return;

@@ -73,10 +73,12 @@ too; docs/tofino.md "What limits the lanes"). At K = 32 the compiler had chosen 
 containers itself."""
 
 REGIONS = (
-    "    // The pairs' index: the slot's (lanes 0-31), or + NCINA_SLOTS for lanes 32-63, which",
-    "    // the first pass of a packet of more than 32 lanes adds (its codes 0-31 are a block);",
-    "    // after the slot rules' offsets, which read the slot's index (no metadata of its own:",
-    "    // the PHV is full).",
+    "// The pairs' index: the slot's (lanes 0-31), or + NCINA_SLOTS for lanes 32-63, which the",
+    "// first pass of a packet of more than 32 lanes adds (its codes 0-31 are a block). Slots",
+    "// applies it right after its offsets have read the slot's index, before the tallies",
+    "// (no metadata of its own: the PHV is full; a later pass gets its index in the pass",
+    "// header).",
+    "control Regions(in headers_t hdr, inout meta_t meta) {",
     "    action region(bit<16> offset) {",
     "        meta.slot_index = meta.slot_index + offset;",
     "    }",
@@ -88,9 +90,23 @@ REGIONS = (
     "        size = 2;",
     "        const entries = { true: region(NCINA_SLOTS); }",
     "    }",
+    "",
+    "    apply {",
+    "        regions.apply();",
+    "    }",
+    "}",
+    "",
 )
-"""The two-pass layout's ``LaneSums`` table that moves the slot's index to the pairs' index
-region in the first pass (a later pass gets its index in the pass header)."""
+"""The two-pass layout's ``Regions``, which moves the slot's index to the pairs' index region
+in the first pass: p4/tofino/slots.p4 applies it right after the offsets register has read
+the slot's index, so it is ready before the tallies, as the pairs are. (Applied in
+``LaneSums``, after the slot rules' block, it took a stage after the tallies and the pairs
+three more: 15 of 12 stages, docs/tofino.md "64 elements per packet".)"""
+
+DECODE_PRIORITY = -1
+"""``@placement_priority`` of the two-pass layout's decode tables: after the slot rules' tables
+when a stage has room for both. Placed first, 16 of them filled stage 4's logical tables and
+the slot rules' offsets took stage 5 (4 at K = 32, where they sit in admission)."""
 
 
 PASS_NC_SIZES = {"version": 8, "flags": 16, "format": 16, "emin": 8}
@@ -422,10 +438,14 @@ def _decode(i: int) -> Iterator[str]:
     yield from _decode_table(i, "0, 0x7F", lambda value, code: f"32w0x{value:08X}, {code}")
 
 
-def _decode_table(i: int, default: str, data: Callable[[int, int], str]) -> Iterator[str]:
+def _decode_table(i: int, default: str, data: Callable[[int, int], str],
+                  priority: int = 0) -> Iterator[str]:  # fmt: skip
     """Lane ``i``'s exact table on its code byte: ``decode_entries``' 64 rows, each calling
     ``set_v{i}`` with ``data(value, code)`` (its 32-bit integer and the code's magnitude), a
-    code no row holds calling it with ``default``."""
+    code no row holds calling it with ``default``; ``priority``: its ``@placement_priority``
+    (0: none)."""
+    if priority:
+        yield f"@placement_priority({priority})"
     yield f"table decode_{i} {{"
     yield f"    key = {{ {code_lane(i)}.code: exact; }}"
     yield f"    actions = {{ set_v{i}; }}"
@@ -875,7 +895,7 @@ def window_rows() -> list[tuple[tuple[int, int], tuple[int, int]]]:
     return rows
 
 
-def _dense_decode(i: int) -> Iterator[str]:
+def _dense_decode(i: int, priority: int = 0) -> Iterator[str]:
     # An exact table on the code alone (64 entries, SRAM), as the default layout's: it depends
     # on nothing but the header, so the compiler may place it in any stage before the lane's
     # pair register (a range key on the job's code_offset made it a TCAM table placed after
@@ -887,7 +907,7 @@ def _dense_decode(i: int) -> Iterator[str]:
     yield f"action set_v{i}(bit<32> v) {{"
     yield f"    {sum_lane(i)}.value = v;"
     yield "}"
-    yield from _decode_table(i, "0", lambda value, code: f"32w0x{value:08X}")
+    yield from _decode_table(i, "0", lambda value, code: f"32w0x{value:08X}", priority)
 
 
 def _window_table(k: int, g: int, twin: bool = False) -> Iterator[str]:
@@ -1193,7 +1213,7 @@ def pass_lanes_p4(k: int) -> str:
         "// Each parsed lane's code as an integer in its result header (a table per lane of a",
         "// pass: the pass's lanes, 0-31 or 32-63, are in hdr.lanes).",
         "control Decode(inout headers_t hdr) {",
-        *_each(REGION, _dense_decode, 4),
+        *_each(REGION, lambda i: _dense_decode(i, DECODE_PRIORITY), 4),
         "",
         "    apply {",
         "        if (hdr.lanes[0].isValid()) {  // (no codes in a harvest pass)",
@@ -1202,14 +1222,14 @@ def pass_lanes_p4(k: int) -> str:
         "    }",
         "}",
         "",
+        *REGIONS,
         "// The slot's lanes in pair registers: pair j holds the sums of lanes j (lo) and",
         f"// j + {pairs} (hi) of a pass's {REGION}, at the slot's index (lanes 0-31) or at it +",
-        "// NCINA_SLOTS (lanes 32-63: regions); what to do, the slot decision's inputs say",
-        "// in the first pass, the pass header's verdict in the others.",
+        "// NCINA_SLOTS (lanes 32-63: Regions); what to do, the slot decision's inputs say in",
+        "// the first pass, the pass header's verdict in the others.",
         "control LaneSums(inout headers_t hdr, inout meta_t meta) {",
         *_each(pairs, lambda j: _pair_sums(j, pairs, 2), 4),
         *_each(pairs, lambda j: _pair_table(j, pairs, 2), 4),
-        *REGIONS,
         "",
         "    // A pass that adds leaves with its lanes' sums, not their codes.",
         "    action as_sums() {",
@@ -1217,7 +1237,6 @@ def pass_lanes_p4(k: int) -> str:
         "    }",
         "",
         "    apply {",
-        "        regions.apply();",
         *(f"        pair_{j}.apply();" for j in range(pairs)),
         "        if (meta.lane_op != LANE_NONE) {",
         "            as_sums();",
