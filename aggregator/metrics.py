@@ -12,7 +12,9 @@ the other counters). The I/O section of the socket and dpdk backends becomes
 ``ncina_<backend>_<counter>_total`` with ``job="global"`` (the dpdk backend's per-lane
 counters, a list in the document, are not exported: their sums are). Prometheus renames a
 target's own ``job`` label to ``exported_job`` unless the scrape config sets
-``honor_labels: true`` (docs/deploy.md).
+``honor_labels: true`` (docs/deploy.md). One gauge, ``ncina_stats_time_seconds``, is the
+document's ``time`` (Unix time its counters were read): a reader that also reads the ``--stats``
+file knows from it whether the two are the same document.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 GLOBAL = "global"
@@ -33,7 +35,7 @@ class StatsCollector(Collector):
     def __init__(self) -> None:
         self.document: Mapping[str, Any] | None = None
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         document = self.document
         if document is None:
             return
@@ -67,6 +69,11 @@ class StatsCollector(Collector):
         if isinstance(io, Mapping):
             section(f"{backend}_", GLOBAL, io)
         yield from families.values()
+        taken = document.get("time")
+        if isinstance(taken, int | float):
+            yield GaugeMetricFamily("ncina_stats_time_seconds",
+                                    "Unix time the published stats document's counters were read",
+                                    value=taken)  # fmt: skip
 
 
 _collector: StatsCollector | None = None

@@ -13,6 +13,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -312,16 +313,25 @@ def finish(procs: Ranks, metrics: list[Path]) -> list[dict[str, Any]]:
 
 def outputs_of(procs: Ranks, timeout: float) -> list[str]:
     """Each rank's output; every rank must exit 0 within ``timeout`` seconds (one still running
-    after that is killed)."""
+    after that is killed). A failure shows every rank's output: a rank that waits in gloo for
+    another says nothing of why the other did not come."""
+    limit = time.monotonic() + timeout
+    outputs = []
     try:
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+        for p in procs:
+            try:
+                outputs.append(p.communicate(timeout=max(limit - time.monotonic(), 0.1))[0])
+            except subprocess.TimeoutExpired:
+                p.kill()
+                outputs.append(f"{p.communicate()[0]}\n(killed: still running after {timeout:g} s)")
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out
+    assert all(p.returncode == 0 for p in procs), "\n".join(
+        f"--- rank {rank}, exit status {p.returncode}:\n{out}"
+        for rank, (p, out) in enumerate(zip(procs, outputs, strict=True)))
     return outputs
 
 
