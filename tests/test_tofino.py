@@ -804,6 +804,57 @@ def test_each_pass_indexes_its_lanes_region_ready_before_the_tallies(tmp_path: P
         assert moved("to_pass", slot, 0) == slot  # at most 32 lanes: its harvest
 
 
+def _run_assignments(body: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` after the plain assignments of an action's ``body`` (``x = y;`` and local
+    declarations ``type x = y;``), run in order as P4 runs them; other statements ignored."""
+    env = dict(env)
+    for target, source in re.findall(r"^\s*(?:[\w<>]+ )?([\w.]+) = ([\w.]+);", body, re.M):
+        env[target] = env.get(source, source)
+    return env
+
+
+def test_two_pass_member_digest_packs_the_source_reply_swapped_out(tmp_path: Path) -> None:
+    """The two-pass program has no PHV for a copy of the source address from stage 0 on (4
+    flags went unallocated with one): its member digest packs meta.local_*, which hold the
+    packet's own source address by the deparser whatever the packet's path. Reply's actions
+    swap the aggregator's address (local_*) with the source they rewrite; a digest packet
+    Reply does not answer (meta.send OUT_NONE: Reply runs only otherwise) copies its source
+    there; nothing else in ingress writes local_* after the lookup that sets them."""
+    gen_tofino.write(64, tmp_path, True, False, 2)
+    for stub in ("core.p4", "tna.p4", "t2na.p4"):
+        (tmp_path / stub).write_text("")
+    text = subprocess.run(
+        ["cpp", "-P", "-nostdinc", "-undef", "-D__TARGET_TOFINO__=1", "-I", str(tmp_path),
+         str(tofino.SOURCE_DIR / tofino.MAIN)], check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    packed = re.search(r"\.pack\(\{(.*?)\}\)", _block(text, r"control NcinaIngressDeparser\b"),
+                       re.S)  # fmt: skip
+    assert packed
+    fields = [f.strip() for f in packed.group(1).split(",")]
+    assert fields == ["hdr.nc.job", "hdr.nc.rank", "meta.local_mac", "meta.local_ip",
+                      "meta.local_port"]  # fmt: skip
+    source = {"hdr.eth.src": "sender mac", "hdr.ipv4.src": "sender ip",
+              "hdr.udp.src_port": "sender port"}  # fmt: skip
+    ours = {"meta.local_mac": "our mac", "meta.local_ip": "our ip", "meta.local_port": "our port"}
+    wanted = dict(zip(fields[2:], source.values(), strict=True))
+    reply = _block(text, r"control Reply\(")
+    ingress = _block(text, r"control NcinaIngress\(")
+    for action in ("to_sender", "to_group"):
+        after = _run_assignments(_block(reply, rf"action {action}\("), source | ours)
+        assert {f: after[f] for f in wanted} == wanted, action
+        assert {f: after[f] for f in source} == dict(zip(source, ours.values(), strict=True))
+    after = _run_assignments(_block(ingress, r"action keep_source\("), source | ours)
+    assert {f: after[f] for f in wanted} == wanted
+    apply = _block(ingress, r"\n    apply ")
+    assert re.search(r"dprsr\.digest_type = DIGEST_MEMBER;[^}]*?if \(meta\.send == OUT_NONE\) "
+                     r"\{\s*keep_source\(\);", apply)  # fmt: skip
+    for call in re.finditer(r"reply\.apply\(", apply):
+        assert apply[:call.start()].rstrip().endswith("if (meta.send != OUT_NONE) {")
+    writers = {name for name, body in re.findall(r"action (\w+)\([^)]*\) \{(.*?)\n    \}", text,
+                                                  re.S) if any(_writes(body, f) for f in wanted)}
+    assert writers == {"aggregator", "keep_source", "to_sender", "to_group"}
+
+
 def test_second_pass_rows_repeat_the_first_pass_decision_on_lanes_0_to_31(
     tmp_path: Path,
 ) -> None:
