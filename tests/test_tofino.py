@@ -855,6 +855,41 @@ def test_two_pass_member_digest_packs_the_source_reply_swapped_out(tmp_path: Pat
     assert writers == {"aggregator", "keep_source", "to_sender", "to_group"}
 
 
+def test_two_pass_admission_keeps_its_differences_in_place_of_what_they_subtract(
+    tmp_path: Path,
+) -> None:
+    """The two-pass program keeps admission's differences rank - workers, slot - pool,
+    k - count and room - int_bytes in the field each subtracts (ingress's PHV is full: four
+    16-bit containers fewer). That is right only if nothing reads those fields after
+    ``measure`` but the checks of the difference: each is written once before (the job's
+    entry, ``prepare``), then by ``measure``, and read nowhere else in the program."""
+    gen_tofino.write(64, tmp_path, True, False, 2)
+    for stub in ("core.p4", "tna.p4", "t2na.p4"):
+        (tmp_path / stub).write_text("")
+    text = subprocess.run(
+        ["cpp", "-P", "-nostdinc", "-undef", "-D__TARGET_TOFINO__=1", "-I", str(tmp_path),
+         str(tofino.SOURCE_DIR / tofino.MAIN)], check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    admission = _block(text, r"control Admission\(")
+    measure = _block(admission, r"action measure\(")
+    checks = _block(admission, r"\n    apply ")
+    differences = {"meta.workers": ("hdr.nc.rank - meta.workers", "meta.workers[15:15] == 0"),
+                   "meta.pool": ("hdr.nc.slot - meta.pool", "meta.pool[15:15] == 0"),
+                   "meta.k": ("meta.k - hdr.nc.count", "meta.k[15:15] == 1"),
+                   "meta.int_bytes": ("meta.room - meta.int_bytes", "meta.int_bytes != 0")}
+    for field, (difference, check) in differences.items():
+        assert f"{field} = {difference};" in measure
+        assert check in checks
+    first = _block(admission, r"action set_job\(") + _block(text, r"action sizes\(")
+    for field in differences:
+        def uses(body: str, field: str = field) -> int:
+            return len(re.findall(rf"(?<![\w.]){re.escape(field)}(?![\w])", body))
+        assert uses(first) == 1
+        assert uses(text) == uses(first) + uses(measure) + uses(checks), field
+    for field in ("meta.rank_room", "meta.slot_room", "meta.count_room", "meta.int_excess"):
+        assert f"{field} =" not in text
+
+
 def test_second_pass_rows_repeat_the_first_pass_decision_on_lanes_0_to_31(
     tmp_path: Path,
 ) -> None:
