@@ -728,9 +728,6 @@ def test_two_pass_layout_checks_every_code_and_adds_32_lanes_per_pass(tmp_path: 
     sums = re.search(r"control LaneSums\(.*?\n\}\n", body, re.S).group(0)
     assert sums.count("execute(meta.slot_index)") == 4 * 16
     assert "regions" not in sums and not _writes(sums, "meta.slot_index")
-    # The decode tables are placed after the slot rules' tables where both have room.
-    assert body.count("@placement_priority(-1)\n    table decode_") == 32
-    assert "@placement_priority(-1)" not in gen_tofino.dense_lanes_p4(32)
     assert "if (meta.lane_op != LANE_NONE) {\n            as_sums();" in body
     pragmas = re.findall(r'@pa_container_size\("ingress", "([^"]+)", (\d+)\)',
                          re.search(r"#define NCINA_PHV_PRAGMAS (.*)\n", text).group(1))  # fmt: skip
