@@ -728,9 +728,6 @@ def test_two_pass_layout_checks_every_code_and_adds_32_lanes_per_pass(tmp_path: 
     sums = re.search(r"control LaneSums\(.*?\n\}\n", body, re.S).group(0)
     assert sums.count("execute(meta.slot_index)") == 4 * 16
     assert "regions" not in sums and not _writes(sums, "meta.slot_index")
-    # The decode tables are placed after the slot rules' tables where both have room.
-    assert body.count("@placement_priority(-1)\n    table decode_") == 32
-    assert "@placement_priority(-1)" not in gen_tofino.dense_lanes_p4(32)
     assert "if (meta.lane_op != LANE_NONE) {\n            as_sums();" in body
     pragmas = re.findall(r'@pa_container_size\("ingress", "([^"]+)", (\d+)\)',
                          re.search(r"#define NCINA_PHV_PRAGMAS (.*)\n", text).group(1))  # fmt: skip
@@ -802,6 +799,92 @@ def test_each_pass_indexes_its_lanes_region_ready_before_the_tallies(tmp_path: P
         assert third == slot + slots
         assert moved("to_pass", third, -slots) == slot  # then 16-31
         assert moved("to_pass", slot, 0) == slot  # at most 32 lanes: its harvest
+
+
+def _run_assignments(body: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` after the plain assignments of an action's ``body`` (``x = y;`` and local
+    declarations ``type x = y;``), run in order as P4 runs them; other statements ignored."""
+    env = dict(env)
+    for target, source in re.findall(r"^\s*(?:[\w<>]+ )?([\w.]+) = ([\w.]+);", body, re.M):
+        env[target] = env.get(source, source)
+    return env
+
+
+def test_two_pass_member_digest_packs_the_source_reply_swapped_out(tmp_path: Path) -> None:
+    """The two-pass program has no PHV for a copy of the source address from stage 0 on (4
+    flags went unallocated with one): its member digest packs meta.local_*, which hold the
+    packet's own source address by the deparser whatever the packet's path. Reply's actions
+    swap the aggregator's address (local_*) with the source they rewrite; a digest packet
+    Reply does not answer (meta.send OUT_NONE: Reply runs only otherwise) copies its source
+    there; nothing else in ingress writes local_* after the lookup that sets them."""
+    gen_tofino.write(64, tmp_path, True, False, 2)
+    for stub in ("core.p4", "tna.p4", "t2na.p4"):
+        (tmp_path / stub).write_text("")
+    text = subprocess.run(
+        ["cpp", "-P", "-nostdinc", "-undef", "-D__TARGET_TOFINO__=1", "-I", str(tmp_path),
+         str(tofino.SOURCE_DIR / tofino.MAIN)], check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    packed = re.search(r"\.pack\(\{(.*?)\}\)", _block(text, r"control NcinaIngressDeparser\b"),
+                       re.S)  # fmt: skip
+    assert packed
+    fields = [f.strip() for f in packed.group(1).split(",")]
+    assert fields == ["hdr.nc.job", "hdr.nc.rank", "meta.local_mac", "meta.local_ip",
+                      "meta.local_port"]  # fmt: skip
+    source = {"hdr.eth.src": "sender mac", "hdr.ipv4.src": "sender ip",
+              "hdr.udp.src_port": "sender port"}  # fmt: skip
+    ours = {"meta.local_mac": "our mac", "meta.local_ip": "our ip", "meta.local_port": "our port"}
+    wanted = dict(zip(fields[2:], source.values(), strict=True))
+    reply = _block(text, r"control Reply\(")
+    ingress = _block(text, r"control NcinaIngress\(")
+    for action in ("to_sender", "to_group"):
+        after = _run_assignments(_block(reply, rf"action {action}\("), source | ours)
+        assert {f: after[f] for f in wanted} == wanted, action
+        assert {f: after[f] for f in source} == dict(zip(source, ours.values(), strict=True))
+    after = _run_assignments(_block(ingress, r"action keep_source\("), source | ours)
+    assert {f: after[f] for f in wanted} == wanted
+    apply = _block(ingress, r"\n    apply ")
+    assert re.search(r"dprsr\.digest_type = DIGEST_MEMBER;[^}]*?if \(meta\.send == OUT_NONE\) "
+                     r"\{\s*keep_source\(\);", apply)  # fmt: skip
+    for call in re.finditer(r"reply\.apply\(", apply):
+        assert apply[:call.start()].rstrip().endswith("if (meta.send != OUT_NONE) {")
+    writers = {name for name, body in re.findall(r"action (\w+)\([^)]*\) \{(.*?)\n    \}", text,
+                                                  re.S) if any(_writes(body, f) for f in wanted)}
+    assert writers == {"aggregator", "keep_source", "to_sender", "to_group"}
+
+
+def test_two_pass_admission_keeps_its_differences_in_place_of_what_they_subtract(
+    tmp_path: Path,
+) -> None:
+    """The two-pass program keeps admission's differences rank - workers, slot - pool,
+    k - count and room - int_bytes in the field each subtracts (ingress's PHV is full: four
+    16-bit containers fewer). That is right only if nothing reads those fields after
+    ``measure`` but the checks of the difference: each is written once before (the job's
+    entry, ``prepare``), then by ``measure``, and read nowhere else in the program."""
+    gen_tofino.write(64, tmp_path, True, False, 2)
+    for stub in ("core.p4", "tna.p4", "t2na.p4"):
+        (tmp_path / stub).write_text("")
+    text = subprocess.run(
+        ["cpp", "-P", "-nostdinc", "-undef", "-D__TARGET_TOFINO__=1", "-I", str(tmp_path),
+         str(tofino.SOURCE_DIR / tofino.MAIN)], check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    admission = _block(text, r"control Admission\(")
+    measure = _block(admission, r"action measure\(")
+    checks = _block(admission, r"\n    apply ")
+    differences = {"meta.workers": ("hdr.nc.rank - meta.workers", "meta.workers[15:15] == 0"),
+                   "meta.pool": ("hdr.nc.slot - meta.pool", "meta.pool[15:15] == 0"),
+                   "meta.k": ("meta.k - hdr.nc.count", "meta.k[15:15] == 1"),
+                   "meta.int_bytes": ("meta.room - meta.int_bytes", "meta.int_bytes != 0")}
+    for field, (difference, check) in differences.items():
+        assert f"{field} = {difference};" in measure
+        assert check in checks
+    first = _block(admission, r"action set_job\(") + _block(text, r"action sizes\(")
+    for field in differences:
+        def uses(body: str, field: str = field) -> int:
+            return len(re.findall(rf"(?<![\w.]){re.escape(field)}(?![\w])", body))
+        assert uses(first) == 1
+        assert uses(text) == uses(first) + uses(measure) + uses(checks), field
+    for field in ("meta.rank_room", "meta.slot_room", "meta.count_room", "meta.int_excess"):
+        assert f"{field} =" not in text
 
 
 def test_second_pass_rows_repeat_the_first_pass_decision_on_lanes_0_to_31(

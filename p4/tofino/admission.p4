@@ -7,6 +7,21 @@
 #ifndef NCINA_TOFINO_ADMISSION_P4
 #define NCINA_TOFINO_ADMISSION_P4
 
+// Where admission's differences are kept: a field of their own each; with two passes (64
+// lanes: ingress's PHV is full) in place of the field each subtracts, which nothing else reads,
+// so that four 16-bit containers hold what took eight.
+#ifdef NCINA_PASSES
+#define RANK_ROOM meta.workers
+#define SLOT_ROOM meta.pool
+#define COUNT_ROOM meta.k
+#define INT_EXCESS meta.int_bytes
+#else
+#define RANK_ROOM meta.rank_room
+#define SLOT_ROOM meta.slot_room
+#define COUNT_ROOM meta.count_room
+#define INT_EXCESS meta.int_excess
+#endif
+
 control Admission(inout headers_t hdr, inout meta_t meta,
                   in ingress_intrinsic_metadata_from_parser_t prsr) {
     CheckCodes() check_codes;
@@ -81,14 +96,14 @@ control Admission(inout headers_t hdr, inout meta_t meta,
     // Every comparison of two fields is a difference (Tofino compares a field with a constant
     // only), computed in a table's action so that the compiler keeps it a field.
     action measure() {
-        meta.rank_room = hdr.nc.rank - meta.workers;
-        meta.slot_room = hdr.nc.slot - meta.pool;
-        meta.count_room = meta.k - hdr.nc.count;
+        RANK_ROOM = hdr.nc.rank - meta.workers;
+        SLOT_ROOM = hdr.nc.slot - meta.pool;
+        COUNT_ROOM = meta.k - hdr.nc.count;
         meta.emin_diff = hdr.nc.emin ^ meta.emin;
         meta.generation_diff = hdr.nc.flags[6:3] ^ meta.generation;
         meta.full_less_rank = meta.full - meta.rank_bit;
         meta.nc8_excess = meta.room - hdr.nc.count;
-        meta.int_excess = meta.room - meta.int_bytes;
+        INT_EXCESS = meta.room - meta.int_bytes;
     }
 
     table measures {
@@ -181,7 +196,7 @@ control Admission(inout headers_t hdr, inout meta_t meta,
                 meta.f_len = 1;
             }
         } else if (hdr.nc.format == FORMAT_INT) {
-            if ((tagged && meta.int_excess != TAG_BYTES) || (!tagged && meta.int_excess != 0)) {
+            if ((tagged && INT_EXCESS != TAG_BYTES) || (!tagged && INT_EXCESS != 0)) {
                 meta.f_len = 1;
             }
         } else if (hdr.nc.format == FORMAT_BLOB) {
@@ -192,7 +207,7 @@ control Admission(inout headers_t hdr, inout meta_t meta,
         if (hdr.nc.format != FORMAT_NC8) {
             meta.f_not_nc8 = 1;
         }
-        if (!rank_known || meta.rank_room[15:15] == 0) {  // rank >= workers
+        if (!rank_known || RANK_ROOM[15:15] == 0) {  // rank >= workers
             meta.f_rank = 1;
         }
         if (has_address && !is_member) {
@@ -204,10 +219,10 @@ control Admission(inout headers_t hdr, inout meta_t meta,
         if (meta.emin_diff != 0) {
             meta.f_emin = 1;
         }
-        if (hdr.nc.slot[15:10] != 0 || meta.slot_room[15:15] == 0) {
+        if (hdr.nc.slot[15:10] != 0 || SLOT_ROOM[15:15] == 0) {
             meta.f_slot = 1;
         }
-        if (meta.count_room[15:15] == 1) {
+        if (COUNT_ROOM[15:15] == 1) {
             meta.f_count = 1;
         }
         if (hdr.nc.flags[6:3] != 0 && meta.generation_diff != 0) {

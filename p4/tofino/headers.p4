@@ -372,11 +372,13 @@ struct meta_t {
 #ifdef NCINA_NC8_RESULTS
     bit<32> use;              // completions of the slot version before this result (uses)
 #endif
+#ifndef NCINA_PASSES
     // The member digest's source address, copied before Reply rewrites the packet's (the job
-    // and rank it packs are the header's: ingress does not write them).
+    // and rank it packs are the header's: ingress does not write them; two passes: local_*).
     mac_t learned_mac;
     ip4_t learned_ip;
     bit<16> learned_port;
+#endif
 }
 
 struct egress_meta_t {

@@ -60,9 +60,11 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
     action sizes() {
         meta.room = hdr.udp.len - (UDP_HEADER_BYTES + NCINA_HEADER_BYTES);
         meta.int_bytes = hdr.nc.count << 3;
+#ifndef NCINA_PASSES
         meta.learned_mac = hdr.eth.src;  // the member digest's: Reply rewrites the source
         meta.learned_ip = hdr.ipv4.src;
         meta.learned_port = hdr.udp.src_port;
+#endif
 #ifdef NCINA_DENSE
         meta.result_bytes = hdr.nc.count << 2;
 #endif
@@ -73,6 +75,16 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         const default_action = sizes();
         size = 1;
     }
+#ifdef NCINA_PASSES
+    // The member digest packs meta.local_*, which hold the packet's source address by the
+    // deparser: Reply swaps them with the source it rewrites, and a packet Reply does not answer
+    // gets them here (no PHV for a copy of its own: docs/tofino.md, "64 elements per packet").
+    action keep_source() {
+        meta.local_mac = hdr.eth.src;
+        meta.local_ip = hdr.ipv4.src;
+        meta.local_port = hdr.udp.src_port;
+    }
+#endif
 
 #ifdef NCINA_HARVEST
     // A result leaves through the recirculation port: its upper lanes are read in a second
@@ -161,6 +173,11 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
                 slots.apply(hdr, meta);
                 if (meta.unknown_rank == 1 && meta.verdict == VERDICT_ACCEPT) {
                     dprsr.digest_type = DIGEST_MEMBER;  // the control plane learns the rank
+#ifdef NCINA_PASSES
+                    if (meta.send == OUT_NONE) {
+                        keep_source();  // (an answered packet's: Reply's swap)
+                    }
+#endif
                 }
             }
 #ifdef NCINA_DENSE

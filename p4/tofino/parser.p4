@@ -146,8 +146,13 @@ control NcinaIngressDeparser(packet_out pkt, inout headers_t hdr, in meta_t meta
 
     apply {
         if (dprsr.digest_type == DIGEST_MEMBER) {
+#ifdef NCINA_PASSES
+            learned.pack({hdr.nc.job, hdr.nc.rank, meta.local_mac, meta.local_ip,
+                          meta.local_port});
+#else
             learned.pack({hdr.nc.job, hdr.nc.rank, meta.learned_mac, meta.learned_ip,
                           meta.learned_port});
+#endif
         }
         pkt.emit(hdr.bridge);
         pkt.emit(hdr.eth);

@@ -70,6 +70,11 @@ control Reply(inout headers_t hdr, inout meta_t meta, in ingress_intrinsic_metad
 
     // From the aggregator's address, back to the sender or to the job's multicast group.
     action to_sender() {
+#ifdef NCINA_PASSES
+        mac_t sender_mac = hdr.eth.src;  // kept in meta.local_* for the member digest
+        ip4_t sender_ip = hdr.ipv4.src;
+        bit<16> sender_port = hdr.udp.src_port;
+#endif
         hdr.eth.dst = hdr.eth.src;
         hdr.eth.src = meta.local_mac;
         hdr.ipv4.dst = hdr.ipv4.src;
@@ -77,15 +82,30 @@ control Reply(inout headers_t hdr, inout meta_t meta, in ingress_intrinsic_metad
         hdr.ipv4.ttl = 64;
         hdr.udp.dst_port = hdr.udp.src_port;
         hdr.udp.src_port = meta.local_port;
+#ifdef NCINA_PASSES
+        meta.local_mac = sender_mac;
+        meta.local_ip = sender_ip;
+        meta.local_port = sender_port;
+#endif
         hdr.udp.checksum = 0;
         tm.ucast_egress_port = ig_md.ingress_port;
     }
 
     action to_group() {
+#ifdef NCINA_PASSES
+        mac_t sender_mac = hdr.eth.src;
+        ip4_t sender_ip = hdr.ipv4.src;
+        bit<16> sender_port = hdr.udp.src_port;
+#endif
         hdr.eth.src = meta.local_mac;
         hdr.ipv4.src = meta.local_ip;
         hdr.ipv4.ttl = 64;
         hdr.udp.src_port = meta.local_port;
+#ifdef NCINA_PASSES
+        meta.local_mac = sender_mac;
+        meta.local_ip = sender_ip;
+        meta.local_port = sender_port;
+#endif
         hdr.udp.checksum = 0;
         tm.mcast_grp_a = meta.group;
     }

@@ -103,12 +103,6 @@ the slot's index, so it is ready before the tallies, as the pairs are. (Applied 
 ``LaneSums``, after the slot rules' block, it took a stage after the tallies and the pairs
 three more: 15 of 12 stages, docs/tofino.md "64 elements per packet".)"""
 
-DECODE_PRIORITY = -1
-"""``@placement_priority`` of the two-pass layout's decode tables: after the slot rules' tables
-when a stage has room for both. Placed first, 16 of them filled stage 4's logical tables and
-the slot rules' offsets took stage 5 (4 at K = 32, where they sit in admission)."""
-
-
 PASS_NC_SIZES = {"version": 8, "flags": 16, "format": 16, "emin": 8}
 """The ncina header's first four bytes in the two-pass layout: what the compiler chose itself
 at K = 32 (flags and format share a 16-bit container), which leaves the 8-bit containers to
@@ -438,14 +432,10 @@ def _decode(i: int) -> Iterator[str]:
     yield from _decode_table(i, "0, 0x7F", lambda value, code: f"32w0x{value:08X}, {code}")
 
 
-def _decode_table(i: int, default: str, data: Callable[[int, int], str],
-                  priority: int = 0) -> Iterator[str]:  # fmt: skip
+def _decode_table(i: int, default: str, data: Callable[[int, int], str]) -> Iterator[str]:
     """Lane ``i``'s exact table on its code byte: ``decode_entries``' 64 rows, each calling
     ``set_v{i}`` with ``data(value, code)`` (its 32-bit integer and the code's magnitude), a
-    code no row holds calling it with ``default``; ``priority``: its ``@placement_priority``
-    (0: none)."""
-    if priority:
-        yield f"@placement_priority({priority})"
+    code no row holds calling it with ``default``."""
     yield f"table decode_{i} {{"
     yield f"    key = {{ {code_lane(i)}.code: exact; }}"
     yield f"    actions = {{ set_v{i}; }}"
@@ -895,7 +885,7 @@ def window_rows() -> list[tuple[tuple[int, int], tuple[int, int]]]:
     return rows
 
 
-def _dense_decode(i: int, priority: int = 0) -> Iterator[str]:
+def _dense_decode(i: int) -> Iterator[str]:
     # An exact table on the code alone (64 entries, SRAM), as the default layout's: it depends
     # on nothing but the header, so the compiler may place it in any stage before the lane's
     # pair register (a range key on the job's code_offset made it a TCAM table placed after
@@ -907,7 +897,7 @@ def _dense_decode(i: int, priority: int = 0) -> Iterator[str]:
     yield f"action set_v{i}(bit<32> v) {{"
     yield f"    {sum_lane(i)}.value = v;"
     yield "}"
-    yield from _decode_table(i, "0", lambda value, code: f"32w0x{value:08X}", priority)
+    yield from _decode_table(i, "0", lambda value, code: f"32w0x{value:08X}")
 
 
 def _window_table(k: int, g: int, twin: bool = False) -> Iterator[str]:
@@ -1213,7 +1203,7 @@ def pass_lanes_p4(k: int) -> str:
         "// Each parsed lane's code as an integer in its result header (a table per lane of a",
         "// pass: the pass's lanes, 0-31 or 32-63, are in hdr.lanes).",
         "control Decode(inout headers_t hdr) {",
-        *_each(REGION, lambda i: _dense_decode(i, DECODE_PRIORITY), 4),
+        *_each(REGION, _dense_decode, 4),
         "",
         "    apply {",
         "        if (hdr.lanes[0].isValid()) {  // (no codes in a harvest pass)",
