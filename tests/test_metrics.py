@@ -129,6 +129,7 @@ def test_scrape_matches_stats_file(tmp_path: Path, backend: str) -> None:
             if final[("time", "", "")] == document["time"]:
                 break
             assert time.monotonic() < deadline + 10, "no scrape of the document on disk"
+            time.sleep(INTERVAL / 4)
         for c in clients:
             c.close()
     finally:
