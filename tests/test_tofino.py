@@ -495,10 +495,11 @@ def test_make_p4_tofino_nc8_builds_the_nc8_results_variant_whose_fit_is_committe
 # --- the member digest (docs/tofino.md "How the twin learns members") -------------------------
 
 
-def _preprocessed(tmp_path: Path, dense: bool, nc8: bool) -> str:
+def _preprocessed(tmp_path: Path, dense: bool, nc8: bool, k: int = 0, passes: int = 1) -> str:
     """p4/tofino/ncina.p4 through the C preprocessor as p4c-barefoot sees it for Tofino, with
-    the generated config.p4 and lanes.p4 and empty stand-ins for core.p4 and tna.p4."""
-    gen_tofino.write(12 if not dense else 32, tmp_path, dense, nc8)
+    the generated config.p4 and lanes.p4 (K ``k``, default 12, or 32 dense; ``passes``) and
+    empty stand-ins for core.p4 and tna.p4."""
+    gen_tofino.write(k or (32 if dense else 12), tmp_path, dense, nc8, passes)
     for stub in ("core.p4", "tna.p4", "t2na.p4"):
         (tmp_path / stub).write_text("")
     return subprocess.run(
@@ -753,13 +754,7 @@ def test_each_pass_indexes_its_lanes_region_ready_before_the_tallies(tmp_path: P
     pass header, as the pass that sent it round wrote it. Evaluated for the passes of a
     packet of more than 32 lanes (lanes 32-63 at slot + NCINA_SLOTS, then 0-31 at the slot; a
     result's harvests 48-63, then 16-31) and of at most 32 (the slot, its harvest there)."""
-    gen_tofino.write(64, tmp_path, True, False, 2)
-    for stub in ("core.p4", "tna.p4", "t2na.p4"):
-        (tmp_path / stub).write_text("")
-    text = subprocess.run(
-        ["cpp", "-P", "-nostdinc", "-undef", "-D__TARGET_TOFINO__=1", "-I", str(tmp_path),
-         str(tofino.SOURCE_DIR / tofino.MAIN)], check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+    text = _preprocessed(tmp_path, dense=True, nc8=False, k=64, passes=2)
     slots = layout.SLOTS
     rules = _block(_block(text, r"control Slots\("), r"\n    apply ")
     assert (rules.index("meta.relation = claim.execute(meta.slot_index);")
@@ -817,13 +812,7 @@ def test_two_pass_member_digest_packs_the_source_reply_swapped_out(tmp_path: Pat
     swap the aggregator's address (local_*) with the source they rewrite; a digest packet
     Reply does not answer (meta.send OUT_NONE: Reply runs only otherwise) copies its source
     there; nothing else in ingress writes local_* after the lookup that sets them."""
-    gen_tofino.write(64, tmp_path, True, False, 2)
-    for stub in ("core.p4", "tna.p4", "t2na.p4"):
-        (tmp_path / stub).write_text("")
-    text = subprocess.run(
-        ["cpp", "-P", "-nostdinc", "-undef", "-D__TARGET_TOFINO__=1", "-I", str(tmp_path),
-         str(tofino.SOURCE_DIR / tofino.MAIN)], check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+    text = _preprocessed(tmp_path, dense=True, nc8=False, k=64, passes=2)
     packed = re.search(r"\.pack\(\{(.*?)\}\)", _block(text, r"control NcinaIngressDeparser\b"),
                        re.S)  # fmt: skip
     assert packed
@@ -860,13 +849,7 @@ def test_two_pass_admission_keeps_its_differences_in_place_of_what_they_subtract
     16-bit containers fewer). That is right only if nothing reads those fields after
     ``measure`` but the checks of the difference: each is written once before (the job's
     entry, ``prepare``), then by ``measure``, and read nowhere else in the program."""
-    gen_tofino.write(64, tmp_path, True, False, 2)
-    for stub in ("core.p4", "tna.p4", "t2na.p4"):
-        (tmp_path / stub).write_text("")
-    text = subprocess.run(
-        ["cpp", "-P", "-nostdinc", "-undef", "-D__TARGET_TOFINO__=1", "-I", str(tmp_path),
-         str(tofino.SOURCE_DIR / tofino.MAIN)], check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+    text = _preprocessed(tmp_path, dense=True, nc8=False, k=64, passes=2)
     admission = _block(text, r"control Admission\(")
     measure = _block(admission, r"action measure\(")
     checks = _block(admission, r"\n    apply ")
