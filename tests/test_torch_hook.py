@@ -249,6 +249,75 @@ state.close()
     assert recorded in proc.stdout, proc.stdout
 
 
+# One rank of the fallback tests: four buckets of four elements (rank r, bucket i: each element
+# r + 10 i) through a stand-in fabric that answers bucket i with 1000 + i on every rank, or fails
+# the buckets listed for this rank as a real client fails at its deadline; the hook falls back
+# to gloo (a group of its own, as ``ncina train`` gives it). Prints what the rank ended with.
+FALLBACK_RANK = """
+import json, sys
+from datetime import timedelta
+import numpy as np, torch, torch.distributed as dist
+from ncina.worker.torch_hook import InaHookState
+rank, fails, rendezvous = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2,
+                        timeout=timedelta(seconds=20))
+
+class Fabric:
+    def allreduce(self, x, tensor, out, op="mean"):
+        if tensor in fails:
+            raise TimeoutError(f"allreduce: no result for bucket {tensor}")
+        out[:] = 1000 + tensor
+        return out
+
+state = InaHookState(Fabric(), fallback="gloo", group=dist.new_group(backend="gloo"))
+futures = [state.submit(torch.full((4,), rank + 10.0 * i), i) for i in range(4)]
+results = [f.wait().tolist() for f in futures]
+state.close()
+print(json.dumps({"results": results, "fallen_back": state.fallen_back,
+                  "fallback_buckets": state.fallback_buckets}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("fails", "bucket_1"),
+    [
+        (([1], []), 1001.0),  # rank 1 completes bucket 1 and waits to agree on bucket 2
+        (([1], [1]), 10.5),  # both fail bucket 1: gloo's mean of 1 and 11
+    ],
+    ids=["one-rank-ahead", "same-bucket"],
+)
+def test_fallback_meets_a_rank_that_completed_the_failed_bucket(
+    tmp_path: Path, fails: tuple[list[int], list[int]], bucket_1: float
+) -> None:
+    """``fallback="gloo"`` with ranks one bucket apart: rank 0's fabric fails bucket 1, rank 1's
+    completes it and goes on to agree on bucket 2 in the hook's own group. Rank 0's fallback
+    must meet it there (it once waited on the default group instead, and both ranks hung until
+    gloo's timeout): rank 0 takes rank 1's result of bucket 1, and both all-reduce buckets 2
+    and 3 through gloo. When both fail bucket 1, gloo all-reduces it."""
+    rendezvous = str(tmp_path / "rendezvous")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FALLBACK_RANK, str(rank), json.dumps(fails[rank]), rendezvous],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for rank in range(WORLD)
+    ]
+    ends = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        ends.append(json.loads(out))
+    for end in ends:
+        assert end["results"] == [[1000.0] * 4, [bucket_1] * 4, [20.5] * 4, [30.5] * 4]
+    assert ends[0]["fallen_back"] == "TimeoutError: allreduce: no result for bucket 1"
+    if fails[1]:
+        assert ends[1]["fallen_back"] == ends[0]["fallen_back"]
+        assert [end["fallback_buckets"] for end in ends] == [3, 3]
+    else:
+        assert ends[1]["fallen_back"] == "another rank's INA all-reduce failed"
+        assert [end["fallback_buckets"] for end in ends] == [2, 2]  # bucket 1 came from rank 1
+
+
 def rank_main(spec: dict[str, Any]) -> None:
     """One rank: DDP over the branches, the verifying INA hook, ``ITERATIONS`` backward passes."""
     rank = spec["rank"]

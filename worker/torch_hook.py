@@ -12,14 +12,17 @@ failed all-reduce (aggregator gone, deadline, more restarts than the clients rec
 ``AllreduceClient``'s ``restart_retries``) completes its future with the exception, so
 ``backward()`` raises it instead of hanging; the client then refuses later calls, which fail
 the same way. With ``InaHookState(fallback="gloo")`` the failed bucket and every later one go
-through gloo instead (``_fall_back``: the ranks first agree on where each one is, and a rank
-that completed one bucket more than another hands its result over, so that no rank keeps a
-result the others do not have); ``fallen_back`` says why, ``fallback_buckets`` counts them.
+through gloo instead, on every rank: the rank whose call failed says so in the per-call
+agreement's all-reduce (below), where the others meet it whether they failed the same bucket
+or completed it and wait to agree on the next one; a rank one bucket ahead hands its result of
+the failed bucket over (``_fall_back``), so that no rank keeps a result the others do not have.
+``fallen_back`` says why, ``fallback_buckets`` counts the buckets.
 
 **Agreed per call** (docs/pytorch.md, "Exact, lossy, non-finite, range"): before each
-all-reduce the ranks agree, with one exact 16-byte all-reduce (MAX) on :attr:`InaHookState.group`,
-on whether any rank's tensor holds an infinity or a NaN and on the largest magnitude of the
-call. A non-finite value anywhere sends the call, on every rank, through that gloo group
+all-reduce the ranks agree, with one exact 40-byte all-reduce (MAX) on :attr:`InaHookState.group`,
+on whether any rank's tensor holds an infinity or a NaN, on the largest magnitude of the call,
+on how many buckets each rank has completed and on whether a rank is falling back. A
+non-finite value anywhere sends the call, on every rank, through that gloo group
 (exact: the infinities and NaNs land where gloo puts them, so AMP's ``GradScaler`` sees them).
 Otherwise the tensor is scaled by an exact power of two, ``2**shift``, that puts the agreed
 largest magnitude just below the job's ``2**e_max`` (``shift = e_max - 1 - floor(log2(peak))``)
@@ -90,6 +93,22 @@ MAX_OPTIONS.reduceOp = dist.ReduceOp.MAX
 # whether they restarted (the module doc): a rank still computing its gradients makes it wait
 # too, and costs one hello per aggregator per period.
 PROBE_AFTER_S = 0.5
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What the ranks agreed before a call (:meth:`InaHookState._exchange`): whether a rank is
+    falling back to gloo, whether a tensor holds an infinity or a NaN, the largest magnitude,
+    the group's size, the most and the fewest buckets a rank has completed, and the lowest rank
+    that completed the most."""
+
+    fall_back: bool
+    nonfinite: bool
+    peak: float
+    world: int
+    most_done: int
+    least_done: int
+    first_ahead: int
 
 
 @dataclass
@@ -250,9 +269,13 @@ class InaHookState:
         try:
             host = buffer.detach() if slot is None else self.staging.host(slot)
             if self.fallen_back:
-                self._gloo(host)
+                self._gloo(host, op)
                 return
-            shift = self._agree(host)
+            agreed = self._agree(host)
+            if agreed is not None and agreed.fall_back:  # another rank's fabric call failed
+                self._fall_back(host, op, agreed, "another rank's INA all-reduce failed")
+                return
+            shift = 0 if agreed is None else self._plan(agreed.nonfinite, agreed.peak, agreed.world)
             if shift is None:  # exact, on every rank
                 self._exact(host, op)
             else:
@@ -265,10 +288,11 @@ class InaHookState:
                     if shift:
                         np.ldexp(array, -shift, out=array)
                 except Exception as exc:
-                    if backup is None:
+                    if backup is None or self._group() is None:
                         raise
                     host.copy_(backup)
-                    self._fall_back(host, exc)
+                    agreed = self._exchange(host, falling_back=True)
+                    self._fall_back(host, op, agreed, f"{type(exc).__name__}: {exc}")
                     return
             self._done += 1
             if self.fallback:
@@ -284,19 +308,33 @@ class InaHookState:
             return self.group
         return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
 
-    def _agree(self, host: torch.Tensor) -> int | None:
-        """Agree with the other ranks on this call (module doc): None to go exact, else the
-        power of two to scale the tensor by before the fabric (0: as it is)."""
+    def _agree(self, host: torch.Tensor) -> Agreement | None:
+        """Agree with the other ranks on this call (module doc); None without a group or for an
+        empty tensor (the tensor goes to the fabric as it is)."""
+        if self._group() is None or host.numel() == 0:
+            return None
+        return self._exchange(host, falling_back=False)
+
+    def _exchange(self, host: torch.Tensor, falling_back: bool) -> Agreement:
+        """The agreement's one all-reduce (MAX, 40 bytes) on :meth:`_group`, which a rank whose
+        fabric call failed joins too (``falling_back``): whatever the other ranks are doing
+        there, agreeing on their next call or falling back themselves, they all learn it
+        (:meth:`_fall_back`). A rank that falls back does not ask its aggregators while it
+        waits: its own clients just failed."""
         group = self._group()
-        if group is None or host.numel() == 0:
-            return 0
+        world, rank = group.size(), group.rank()
         low, high = (float(v) for v in torch.aminmax(host))  # NaN propagates, inf is kept
         finite = math.isfinite(low) and math.isfinite(high)
-        flags = torch.tensor([0.0 if finite else 1.0, max(-low, high) if finite else 0.0],
-                             dtype=torch.float64)  # fmt: skip
-        wait_between_calls(group.allreduce([flags], MAX_OPTIONS), self.clients())
-        nonfinite, peak = float(flags[0]), float(flags[1])
-        return self._plan(nonfinite > 0, peak, group.size())
+        place = self._done * world + (world - 1 - rank)  # its MAX: the lowest rank of the most
+        flags = torch.tensor([float(falling_back), 0.0 if finite else 1.0,
+                              max(-low, high) if finite else 0.0, float(place),
+                              float(-self._done)], dtype=torch.float64)  # fmt: skip
+        wait_between_calls(group.allreduce([flags], MAX_OPTIONS),
+                           () if falling_back else self.clients())  # fmt: skip
+        fall_back, nonfinite, peak, best, fewest = (float(v) for v in flags)
+        return Agreement(fall_back=fall_back > 0, nonfinite=nonfinite > 0, peak=peak,
+                         world=world, most_done=int(best) // world, least_done=-int(fewest),
+                         first_ahead=world - 1 - int(best) % world)  # fmt: skip
 
     def clients(self) -> tuple[Any, ...]:
         """The fabric's INA clients (one per aggregator), or none for another fabric."""
@@ -329,37 +367,34 @@ class InaHookState:
         if op == "mean":
             host.div_(group.size())
 
-    def _fall_back(self, host: torch.Tensor, exc: Exception) -> None:
-        """The fabric failed on this bucket (``host``, its input restored): from now on every
-        bucket goes through gloo. The ranks may fail one bucket apart (a rank that completed a
-        bucket before the aggregator went is in the next one when it fails), so they first
-        agree, through gloo, on how many buckets each one completed: equal counts all-reduce
-        this bucket; otherwise the lowest rank that is one bucket ahead broadcasts the mean it
-        has of the bucket the others are failing on, and then all-reduces its current one."""
-        self.fallen_back = f"{type(exc).__name__}: {exc}"
-        counts = torch.tensor([self._done, -self._done], dtype=torch.int64)
-        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-        high, low = int(counts[0]), -int(counts[1])
-        if high == low:
-            self._gloo(host)
+    def _fall_back(self, host: torch.Tensor, op: str, agreed: Agreement, why: str) -> None:
+        """From now on every bucket goes through gloo (``why``: the fabric's failure). A rank
+        whose fabric call failed restored ``host`` (its input) and joined the agreement's
+        all-reduce saying so (:meth:`_exchange`); every other rank learns it there too, whether
+        it failed the same bucket or, having completed it, waits to agree on the next one
+        (``host``: that next bucket). So the ranks may be one bucket apart: equal counts
+        all-reduce ``host`` through gloo; otherwise the lowest rank that is one bucket ahead
+        broadcasts the result it has of the bucket the others failed (its last), which they
+        take as theirs, and the ranks ahead then all-reduce their current one."""
+        self.fallen_back = why
+        most, least = agreed.most_done, agreed.least_done
+        if most == least:
+            self._gloo(host, op)
             return
-        if high - low > 1 or (self._done == high and self._last is None):
-            raise RuntimeError(f"gloo fallback: ranks completed {low} to {high} buckets") from exc
-        ahead = self._done == high
-        world = dist.get_world_size()
-        source = torch.tensor([dist.get_rank() if ahead else world], dtype=torch.int64)
-        dist.all_reduce(source, op=dist.ReduceOp.MIN)
-        if ahead:
+        if most - least > 1 or (self._done == most and self._last is None):
+            raise RuntimeError(f"gloo fallback: ranks completed {least} to {most} buckets")
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = agreed.first_ahead, 0
+        if self._done == most:
             assert self._last is not None
-            dist.broadcast(self._last, src=int(source))
-            self._gloo(host)
+            self._group().broadcast([self._last], options).wait()
+            self._gloo(host, op)
         else:
-            dist.broadcast(host, src=int(source))
+            self._group().broadcast([host], options).wait()
 
-    def _gloo(self, host: torch.Tensor) -> None:
-        """The mean of ``host`` over the ranks through gloo (the same bits on every rank)."""
-        dist.all_reduce(host)
-        host.div_(dist.get_world_size())
+    def _gloo(self, host: torch.Tensor, op: str) -> None:
+        """``host``'s mean (or sum) over the ranks through gloo, after falling back."""
+        self._exact(host, op)
         self.fallback_buckets += 1
 
     def _fail(
