@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ncina.aggregator.backends import names
+from ncina.proto.header import FLAG_RESULT, HEADER, Format
 from ncina.proto.layers import NcinaHeader
 from scapy.packet import Raw
 
@@ -395,15 +396,19 @@ class RankRelay(threading.Thread):
 
 
 class HoldingRelay(RankRelay):
-    """A ``RankRelay``, started at once, that stops forwarding either way once rank 0 has
-    received ``hold_after`` datagrams from the aggregator: the workers then stand still at that
-    point, whatever the machine's speed, until :meth:`release` (a test restarts the aggregator
-    meanwhile). ``held`` is set while it holds."""
+    """A ``RankRelay``, started at once, that stops forwarding either way at a chosen point of
+    the job, whatever the machine's speed: the workers then stand still there until
+    :meth:`release` (a test restarts the aggregator meanwhile). ``held`` is set while it
+    holds. ``received`` counts the datagrams rank 0 got from the aggregator, ``results`` each
+    rank's distinct results (their ``offset``, the chunk's sequence number: a result resent
+    after a retransmission counts once)."""
 
     def __init__(self, aggregator: Address, ranks: int) -> None:
         super().__init__(aggregator, ranks)
-        self.received = 0  # datagrams rank 0 got from the aggregator
-        self.hold_after: int | None = None
+        self.received = 0
+        self.results: list[set[int]] = [set() for _ in range(ranks)]
+        self.hold_after: int | None = None  # datagrams to rank 0
+        self.hold_before: int | None = None  # distinct results to any rank
         self.held = threading.Event()
         self.start()
 
@@ -412,8 +417,16 @@ class HoldingRelay(RankRelay):
         self.held.clear()
         self.hold_after = count
 
+    def hold_before_result(self, count: int) -> None:
+        """Hold as soon as some rank is about to receive its ``count``-th distinct result (held
+        too). A call's results exist only once every rank has completed the call before, so
+        holding before the first result of call ``n`` leaves every rank with ``n - 1`` calls
+        completed and none with ``n``: all of them fail call ``n`` together."""
+        self.held.clear()
+        self.hold_before = count
+
     def release(self) -> None:
-        self.hold_after = None
+        self.hold_after = self.hold_before = None
         self.held.clear()
 
     def uplink(self, rank: int, data: bytes) -> bool:
@@ -422,6 +435,14 @@ class HoldingRelay(RankRelay):
     def downlink(self, rank: int, data: bytes) -> bool:
         if self.held.is_set():
             return False
+        if len(data) >= HEADER.size:
+            _, flags, fmt, _, _, _, _, count, offset = HEADER.unpack_from(data)
+            result = flags & FLAG_RESULT and count and fmt != Format.JOB  # not a notice, a hello
+            if result and offset not in self.results[rank]:
+                if self.hold_before is not None and len(self.results[rank]) + 1 >= self.hold_before:
+                    self.held.set()
+                    return False
+                self.results[rank].add(offset)
         if rank == 0:
             self.received += 1
             if self.hold_after is not None and self.received >= self.hold_after:
