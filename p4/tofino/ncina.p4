@@ -96,22 +96,18 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         tm.mcast_grp_a = 0;
     }
 
+#ifndef NCINA_PASSES  // (two passes: Admission's, in the job lookup's place)
     action from_harvest() {
         meta.local = 1;
         meta.port_diff_local = 0;
-#ifdef NCINA_PASSES
-        meta.verdict = hdr.harvest.verdict;  // the pairs' rows: VERDICT_SECOND_* or _HARVEST
-        meta.group = hdr.harvest.group;
-        hdr.bridge.ingress_port = hdr.harvest.port;  // the sender's (OUT_REPLY)
-#else
         meta.verdict = VERDICT_HARVEST;
-#endif
         meta.lane_op = LANE_HARVEST;
         meta.slot_index = hdr.harvest.slot;
         meta.job_index = hdr.harvest.job_index;
         meta.sent_index = hdr.harvest.sent;
         meta.send = hdr.harvest.send;
     }
+#endif
 #endif
 #ifdef NCINA_PASSES
     // Two passes (64 lanes): a packet of more than 32 lanes, whose first pass added lanes
@@ -146,7 +142,17 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         hdr.bridge.setValid();
         hdr.bridge.ingress_port = ig_md.ingress_port;
         decode.apply(hdr);  // the pass's lanes' codes as integers (a pass that adds)
-#endif
+        // No branch around admission for a pass from the recirculation port: Tofino 1 places
+        // a branch's tables whole before anything after it (no long branches), and the
+        // decode tables waited for admission's 4 stages. Admission takes such a pass's job,
+        // slot and verdict from its pass header instead of the job lookup (from_harvest);
+        // its checks run, their verdict not taken (docs/tofino.md, "64 elements per packet").
+        if (hdr.ipv4.isValid() && !hdr.harvest.isValid()) {
+            local_address.apply();
+        }
+        prepare.apply();
+        admission.apply(hdr, meta, prsr);
+#else
 #ifdef NCINA_HARVEST
         if (hdr.harvest.isValid()) {
             from_harvest();  // the slot path below reads the pairs' upper sums, nothing else
@@ -159,6 +165,7 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         admission.apply(hdr, meta, prsr);
 #ifdef NCINA_HARVEST
         }
+#endif
 #endif
         if (hdr.arp.isValid()) {
             arp.apply(hdr, meta, ig_md, tm);
