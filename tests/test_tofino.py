@@ -833,8 +833,14 @@ def test_two_pass_member_digest_packs_the_source_reply_swapped_out(tmp_path: Pat
     after = _run_assignments(_block(ingress, r"action keep_source\("), source | ours)
     assert {f: after[f] for f in wanted} == wanted
     apply = _block(ingress, r"\n    apply ")
-    assert re.search(r"dprsr\.digest_type = DIGEST_MEMBER;[^}]*?if \(meta\.send == OUT_NONE\) "
-                     r"\{\s*keep_source\(\);", apply)  # fmt: skip
+    # keep_source runs where Reply does not, for every packet of the slot rules' branch (a
+    # digest packet: a verdict of a packet from the wire, never a pass's LANE_HARVEST).
+    digest = _enclosing(apply, apply.index("dprsr.digest_type = DIGEST_MEMBER;"))
+    assert digest[-1] == "meta.unknown_rank == 1 && meta.verdict == VERDICT_ACCEPT"
+    assert _enclosing(apply, apply.index("meta.ours = 1;")) == digest[:1]
+    assert apply.count("keep_source();") == 1
+    assert _enclosing(apply, apply.index("keep_source();")) == [
+        "meta.ours == 1", "else of meta.lane_op == LANE_HARVEST", "else of meta.send != OUT_NONE"]
     for call in re.finditer(r"reply\.apply\(", apply):
         assert apply[:call.start()].rstrip().endswith("if (meta.send != OUT_NONE) {")
     writers = {name for name, body in re.findall(r"action (\w+)\([^)]*\) \{(.*?)\n    \}", text,

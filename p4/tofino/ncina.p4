@@ -78,7 +78,8 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
 #ifdef NCINA_PASSES
     // The member digest packs meta.local_*, which hold the packet's source address by the
     // deparser: Reply swaps them with the source it rewrites, and a packet Reply does not answer
-    // gets them here (no PHV for a copy of its own: docs/tofino.md, "64 elements per packet").
+    // gets them here (no PHV for a copy of its own: docs/tofino.md, "64 elements per packet";
+    // only Reply and the digest read them).
     action keep_source() {
         meta.local_mac = hdr.eth.src;
         meta.local_ip = hdr.ipv4.src;
@@ -180,11 +181,6 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
                 slots.apply(hdr, meta);
                 if (meta.unknown_rank == 1 && meta.verdict == VERDICT_ACCEPT) {
                     dprsr.digest_type = DIGEST_MEMBER;  // the control plane learns the rank
-#ifdef NCINA_PASSES
-                    if (meta.send == OUT_NONE) {
-                        keep_source();  // (an answered packet's: Reply's swap)
-                    }
-#endif
                 }
             }
 #ifdef NCINA_DENSE
@@ -222,8 +218,13 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
                     to_pass(VERDICT_HARVEST_SECOND, NCINA_SLOTS);
                 }
             } else {
+                // keep_source where Reply does not run (an answered packet's source: Reply's
+                // swap), so that both take one stage: keep_source in the slot rules' branch,
+                // after the decision, made that branch a stage longer, and the pairs follow it.
                 if (meta.send != OUT_NONE) {
                     reply.apply(hdr, meta, ig_md, tm);
+                } else {
+                    keep_source();
                 }
                 if (meta.lane_op != LANE_NONE) {
                     if (hdr.block.isValid()) {
