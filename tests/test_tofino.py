@@ -766,7 +766,8 @@ def test_each_pass_indexes_its_lanes_region_ready_before_the_tallies(tmp_path: P
     assert f"const entries = {{ true: region({slots}); }}" in regions
     assert "const default_action = region(0);" in regions
     ingress = _block(text, r"control NcinaIngress\(")
-    assert "meta.slot_index = hdr.harvest.slot;" in _block(ingress, r"action from_harvest\(")
+    admission = _block(text, r"control Admission\(")
+    assert "meta.slot_index = hdr.harvest.slot;" in _block(admission, r"action from_harvest\(")
     assert "hdr.harvest.slot = hdr.bridge.slot;" in _block(text, r"control Rewrite\(")
 
     def moved(action: str, slot: int, region: int = 0) -> int:
@@ -832,8 +833,14 @@ def test_two_pass_member_digest_packs_the_source_reply_swapped_out(tmp_path: Pat
     after = _run_assignments(_block(ingress, r"action keep_source\("), source | ours)
     assert {f: after[f] for f in wanted} == wanted
     apply = _block(ingress, r"\n    apply ")
-    assert re.search(r"dprsr\.digest_type = DIGEST_MEMBER;[^}]*?if \(meta\.send == OUT_NONE\) "
-                     r"\{\s*keep_source\(\);", apply)  # fmt: skip
+    # keep_source runs where Reply does not, for every packet of the slot rules' branch (a
+    # digest packet: a verdict of a packet from the wire, never a pass's LANE_HARVEST).
+    digest = _enclosing(apply, apply.index("dprsr.digest_type = DIGEST_MEMBER;"))
+    assert digest[-1] == "meta.unknown_rank == 1 && meta.verdict == VERDICT_ACCEPT"
+    assert _enclosing(apply, apply.index("meta.ours = 1;")) == digest[:1]
+    assert apply.count("keep_source();") == 1
+    assert _enclosing(apply, apply.index("keep_source();")) == [
+        "meta.ours == 1", "else of meta.lane_op == LANE_HARVEST", "else of meta.send != OUT_NONE"]
     for call in re.finditer(r"reply\.apply\(", apply):
         assert apply[:call.start()].rstrip().endswith("if (meta.send != OUT_NONE) {")
     writers = {name for name, body in re.findall(r"action (\w+)\([^)]*\) \{(.*?)\n    \}", text,
@@ -868,6 +875,70 @@ def test_two_pass_admission_keeps_its_differences_in_place_of_what_they_subtract
         assert uses(text) == uses(first) + uses(measure) + uses(checks), field
     for field in ("meta.rank_room", "meta.slot_room", "meta.count_room", "meta.int_excess"):
         assert f"{field} =" not in text
+
+
+def _enclosing(body: str, at: int) -> list[str]:
+    """The conditions of the blocks of ``body`` (an apply block) that enclose position ``at``,
+    outermost first: an ``if``'s condition, ``else of <condition>`` for its else block."""
+    stack: list[str] = []
+    closed = ""  # the condition of the block that closed last
+    for brace in re.finditer(r"[{}]", body[:at]):
+        if brace.group() == "}":
+            closed = stack.pop()
+            continue
+        line = body[body.rfind("\n", 0, brace.start()) + 1:brace.start()]
+        if condition := re.search(r"\bif \((.*)\)\s*$", line):
+            stack.append(condition.group(1))
+        else:
+            stack.append(f"else of {closed}" if re.search(r"\belse\s*$", line) else "")
+    return [c for c in stack if c]
+
+
+def test_two_pass_admission_and_decode_tables_are_no_blocks_tofino_1_places_whole(
+    tmp_path: Path,
+) -> None:
+    """Tofino 1 has no long branches: the compiler places every table under a condition before
+    any table that follows the condition's block (p4c-barefoot's table placement). A condition
+    around admission for a pass from the recirculation port, and one around the 32 decode
+    tables, made both blocks of several stages that could not share a stage's middle: the
+    decode tables waited for admission's verdict (stages 3 and 4, 15 of 12). So the two-pass
+    program applies admission under no condition and each decode table under its own lane's
+    (the parser makes a lane's result header valid with the lane's code: the other tests). A
+    pass from the recirculation port still takes from admission only what its pass header
+    says: the tables before the slot rules that write what ``from_harvest`` writes, or what the
+    counters test (``job_hit``, ``global_event``), run only for a packet from the wire."""
+    text = _preprocessed(tmp_path, dense=True, nc8=False, k=64, passes=2)
+    ingress = _block(text, r"control NcinaIngress\(")
+    apply = _block(ingress, r"\n    apply ")
+    admission = _block(text, r"control Admission\(")
+    checks = _block(admission, r"\n    apply ")
+    decode = _block(_block(text, r"control Decode\("), r"\n    apply ")
+    assert _enclosing(apply, apply.index("admission.apply(")) == []
+    assert _enclosing(apply, apply.index("decode.apply(")) == []
+    for i in range(gen_tofino.REGION):
+        assert _enclosing(decode, decode.index(f"decode_{i}.apply();")) == [
+            f"hdr.lanes[{i}].isValid()"]
+    harvest = _block(admission, r"action from_harvest\(")
+    fields = {*re.findall(r"([\w.]+) = ", harvest), "meta.job_hit", "meta.global_event"}
+    assert {"meta.verdict", "meta.slot_index", "meta.job_index", "meta.send"} < fields
+    assert _enclosing(checks, checks.index("from_harvest();")) == ["hdr.harvest.isValid()"]
+    before = apply[:apply.index("admission.apply(")]
+    writers = {}
+    for body, where in ((ingress, before), (admission, checks)):
+        assert not any(_writes(where, f) for f in fields - {"hdr.bridge.ingress_port"})
+        for table in re.findall(r"\b(\w+)\.apply\(\)", where):
+            if not re.search(rf"\btable {table} \{{", body):
+                continue  # a control's
+            declared = _block(body, rf"\btable {table} ")
+            listed = re.search(r"actions = \{([^}]*)\}", declared).group(1)
+            actions = [_block(body, rf"action {a}\(") for a in re.findall(r"\w+", listed)
+                       if re.search(rf"action {a}\(", body)]  # fmt: skip
+            if any(_writes(a, f) for a in actions for f in fields):
+                writers[table] = _enclosing(where, where.index(f"{table}.apply()"))
+    assert set(writers) == {"local_address", "jobs", "verdicts"}
+    for table, conditions in writers.items():
+        assert any("!hdr.harvest.isValid()" in c or c == "else of hdr.harvest.isValid()"
+                   for c in conditions), (table, conditions)  # fmt: skip
 
 
 def test_second_pass_rows_repeat_the_first_pass_decision_on_lanes_0_to_31(

@@ -112,6 +112,24 @@ control Admission(inout headers_t hdr, inout meta_t meta,
         size = 1;
     }
 
+#ifdef NCINA_PASSES
+    // A pass from the recirculation port (a packet's second pass, a result's harvest) does
+    // what its pass header says: the job, the slot and the verdict come from there, not from
+    // the job lookup and the checks (which run, unread: `verdicts` is not applied).
+    action from_harvest() {
+        meta.local = 1;
+        meta.port_diff_local = 0;
+        meta.verdict = hdr.harvest.verdict;  // the pairs' rows: VERDICT_SECOND_* or _HARVEST
+        meta.group = hdr.harvest.group;
+        hdr.bridge.ingress_port = hdr.harvest.port;  // the sender's (OUT_REPLY)
+        meta.lane_op = LANE_HARVEST;
+        meta.slot_index = hdr.harvest.slot;
+        meta.job_index = hdr.harvest.job_index;
+        meta.sent_index = hdr.harvest.sent;
+        meta.send = hdr.harvest.send;
+    }
+#endif
+
     action verdict(bit<8> v, bit<16> event, bit<8> status) {
         meta.verdict = v;
         meta.event = event;
@@ -156,7 +174,15 @@ control Admission(inout headers_t hdr, inout meta_t meta,
     }
 
     apply {
+#ifdef NCINA_PASSES
+        if (hdr.harvest.isValid()) {  // (one branch, one stage: beside the other lookups)
+            from_harvest();
+        } else {
+            jobs.apply();
+        }
+#else
         jobs.apply();
+#endif
         bool rank_known = rank_bits.apply().hit;
         bool has_address = ranks.apply().hit;
         bool is_member = members.apply().hit;
@@ -228,7 +254,13 @@ control Admission(inout headers_t hdr, inout meta_t meta,
         if (hdr.nc.flags[6:3] != 0 && meta.generation_diff != 0) {
             meta.f_generation = 1;
         }
+#ifdef NCINA_PASSES
+        if (!hdr.harvest.isValid()) {
+            verdicts.apply();
+        }
+#else
         verdicts.apply();
+#endif
     }
 }
 

@@ -78,7 +78,8 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
 #ifdef NCINA_PASSES
     // The member digest packs meta.local_*, which hold the packet's source address by the
     // deparser: Reply swaps them with the source it rewrites, and a packet Reply does not answer
-    // gets them here (no PHV for a copy of its own: docs/tofino.md, "64 elements per packet").
+    // gets them here (no PHV for a copy of its own: docs/tofino.md, "64 elements per packet";
+    // only Reply and the digest read them).
     action keep_source() {
         meta.local_mac = hdr.eth.src;
         meta.local_ip = hdr.ipv4.src;
@@ -96,22 +97,18 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         tm.mcast_grp_a = 0;
     }
 
+#ifndef NCINA_PASSES  // (two passes: Admission's, in the job lookup's place)
     action from_harvest() {
         meta.local = 1;
         meta.port_diff_local = 0;
-#ifdef NCINA_PASSES
-        meta.verdict = hdr.harvest.verdict;  // the pairs' rows: VERDICT_SECOND_* or _HARVEST
-        meta.group = hdr.harvest.group;
-        hdr.bridge.ingress_port = hdr.harvest.port;  // the sender's (OUT_REPLY)
-#else
         meta.verdict = VERDICT_HARVEST;
-#endif
         meta.lane_op = LANE_HARVEST;
         meta.slot_index = hdr.harvest.slot;
         meta.job_index = hdr.harvest.job_index;
         meta.sent_index = hdr.harvest.sent;
         meta.send = hdr.harvest.send;
     }
+#endif
 #endif
 #ifdef NCINA_PASSES
     // Two passes (64 lanes): a packet of more than 32 lanes, whose first pass added lanes
@@ -146,7 +143,17 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         hdr.bridge.setValid();
         hdr.bridge.ingress_port = ig_md.ingress_port;
         decode.apply(hdr);  // the pass's lanes' codes as integers (a pass that adds)
-#endif
+        // No branch around admission for a pass from the recirculation port: Tofino 1 places
+        // a branch's tables whole before anything after it (no long branches), and the
+        // decode tables waited for admission's 4 stages. Admission takes such a pass's job,
+        // slot and verdict from its pass header instead of the job lookup (from_harvest);
+        // its checks run, their verdict not taken (docs/tofino.md, "64 elements per packet").
+        if (hdr.ipv4.isValid() && !hdr.harvest.isValid()) {
+            local_address.apply();
+        }
+        prepare.apply();
+        admission.apply(hdr, meta, prsr);
+#else
 #ifdef NCINA_HARVEST
         if (hdr.harvest.isValid()) {
             from_harvest();  // the slot path below reads the pairs' upper sums, nothing else
@@ -159,6 +166,7 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
         admission.apply(hdr, meta, prsr);
 #ifdef NCINA_HARVEST
         }
+#endif
 #endif
         if (hdr.arp.isValid()) {
             arp.apply(hdr, meta, ig_md, tm);
@@ -173,11 +181,6 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
                 slots.apply(hdr, meta);
                 if (meta.unknown_rank == 1 && meta.verdict == VERDICT_ACCEPT) {
                     dprsr.digest_type = DIGEST_MEMBER;  // the control plane learns the rank
-#ifdef NCINA_PASSES
-                    if (meta.send == OUT_NONE) {
-                        keep_source();  // (an answered packet's: Reply's swap)
-                    }
-#endif
                 }
             }
 #ifdef NCINA_DENSE
@@ -215,8 +218,13 @@ control NcinaIngress(inout headers_t hdr, inout meta_t meta,
                     to_pass(VERDICT_HARVEST_SECOND, NCINA_SLOTS);
                 }
             } else {
+                // keep_source where Reply does not run (an answered packet's source: Reply's
+                // swap), so that both take one stage: keep_source in the slot rules' branch,
+                // after the decision, made that branch a stage longer, and the pairs follow it.
                 if (meta.send != OUT_NONE) {
                     reply.apply(hdr, meta, ig_md, tm);
+                } else {
+                    keep_source();
                 }
                 if (meta.lane_op != LANE_NONE) {
                     if (hdr.block.isValid()) {

@@ -900,6 +900,13 @@ def _dense_decode(i: int) -> Iterator[str]:
     yield from _decode_table(i, "0", lambda value, code: f"32w0x{value:08X}")
 
 
+def _gated_decode(i: int) -> Iterator[str]:
+    # Lane i's decode table where the parser made the lane (and its result header) valid.
+    yield f"if ({code_lane(i)}.isValid()) {{"
+    yield f"    decode_{i}.apply();"
+    yield "}"
+
+
 def _window_table(k: int, g: int, twin: bool = False) -> Iterator[str]:
     # A ternary table per GROUP lanes over the codes themselves and the job's code_offset
     # (window_rows): it needs only the job lookup, so admission's verdict is not delayed by the
@@ -1201,14 +1208,15 @@ def pass_lanes_p4(k: int) -> str:
         "}",
         "",
         "// Each parsed lane's code as an integer in its result header (a table per lane of a",
-        "// pass: the pass's lanes, 0-31 or 32-63, are in hdr.lanes).",
+        "// pass: the pass's lanes, 0-31 or 32-63, are in hdr.lanes; no codes in a harvest pass).",
+        "// Each table has a condition of its own: one around all 32 made them a block that",
+        "// Tofino 1 (no long branches) places whole before or after admission's, not beside it",
+        "// (docs/tofino.md, \"64 elements per packet\").",
         "control Decode(inout headers_t hdr) {",
         *_each(REGION, _dense_decode, 4),
         "",
         "    apply {",
-        "        if (hdr.lanes[0].isValid()) {  // (no codes in a harvest pass)",
-        *(f"            decode_{i}.apply();" for i in range(REGION)),
-        "        }",
+        *_each(REGION, _gated_decode, 8),
         "    }",
         "}",
         "",
