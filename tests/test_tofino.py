@@ -680,10 +680,46 @@ def test_two_passes_carry_64_lanes_to_one_result_in_lane_order(tmp_path: Path) -
             in text
 
 
+def test_two_pass_paired_decode_gives_both_lanes_integers_for_every_byte() -> None:
+    """The two-pass layout's decode tables, two lanes each (16 logical tables for 32 lanes):
+    simulated as exact matches from the generated text for every pair of bytes, a table writes
+    lane 2m's integer and lane 2m + 1's (``decode_entries``, the one-lane tables' rows) when
+    lane 2m's byte is a decodable code, whatever lane 2m + 1's byte (an invalid last lane of an
+    odd count holds any byte); a byte of lane 2m no row holds writes 0 (the window check drops
+    its packet), as the one-lane table did."""
+    body = gen_tofino.pass_lanes_p4(2 * gen_tofino.REGION)
+    one_lane = {sign << 7 | code: value for sign, code, value in gen_tofino.decode_entries()}
+    bits = gen_tofino.MAGNITUDE_BITS
+    for m in (0, 5, 15):
+        table = re.search(rf"    table decode_{m} \{{.*?\n    \}}\n", body, re.S).group(0)
+        a, b = f"hdr.sums[{2 * m}].value", f"hdr.sums[{2 * m + 1}].value"
+        assert re.search(rf"action set_w{m}\(bit<32> a, bit<32> b\) \{{\n\s+{re.escape(a)} = a;"
+                         rf"\n\s+{re.escape(b)} = b;", body)  # fmt: skip
+        assert f"hdr.lanes[{2 * m}].code: exact" in table
+        assert f"hdr.lanes[{2 * m + 1}].code[7:7]: exact" in table
+        assert f"hdr.lanes[{2 * m + 1}].code[{bits - 1}:0]: exact" in table
+        assert f"default_action = set_w{m}(0, 0);" in table
+        rows = {}
+        for key, data in re.findall(rf"\((8w.*?)\): set_w{m}\((.*?)\);", table):
+            first, sign, low = (int(x.split("w")[1], 16) for x in key.split(", "))
+            assert (first, sign, low) not in rows
+            rows[first, sign, low] = tuple(int(x.split("w")[1], 16) for x in data.split(", "))
+        assert len(rows) == len(one_lane) ** 2 == int(re.search(r"size = (\d+);", table)[1])
+        for first in range(256):
+            for second in range(256):
+                got = rows.get((first, second >> 7, second & ((1 << bits) - 1)), (0, 0))
+                if first in one_lane:
+                    want_b = one_lane[second & 0x80 | second & ((1 << bits) - 1)]
+                    assert got == (one_lane[first], want_b), (first, second)
+                else:
+                    assert got == (0, 0), (first, second)
+
+
 def test_two_pass_layout_checks_every_code_and_adds_32_lanes_per_pass(tmp_path: Path) -> None:
     """The two-pass layout's lanes.p4: the window check covers all 64 codes (a table per
-    GROUP lanes, a verdict row each), the 32 decode tables and 16 pairs serve either pass's
-    lanes (pair j: lanes j and j + 16 of the pass), the pair registers hold two index regions;
+    GROUP lanes, a verdict row each), the 16 decode tables (two lanes each) and 16 pairs serve
+    either pass's lanes (pair j: lanes j and j + 16 of the pass), the pair registers hold two
+    index regions;
     the pragmas that K = 40 needed are there above 32 lanes, not at 32 (the one-pass build's
     text, and K = 64 for one pass stays one pass)."""
     k = 2 * gen_tofino.REGION
@@ -711,7 +747,7 @@ def test_two_pass_layout_checks_every_code_and_adds_32_lanes_per_pass(tmp_path: 
     verdicts = re.search(r"#define VERDICT_ENTRIES (.*)\n", text).group(1)
     assert verdicts.count("EV_BAD_CODE") == 4
     decode = re.search(r"control Decode\(inout headers_t hdr\) \{.*?\n\}\n", body, re.S).group(0)
-    assert sorted(int(i) for i in re.findall(r"table decode_(\d+)", decode)) == list(range(32))
+    assert sorted(int(i) for i in re.findall(r"table decode_(\d+)", decode)) == list(range(16))
     assert "if (hdr.lanes[0].isValid()) {" in decode and "table decode_" not in body.replace(
         decode, "")
     assert len(re.findall(r"Register<lane_pair_t, bit<16>>\(NCINA_PASSES \* NCINA_SLOTS, "
@@ -902,8 +938,9 @@ def test_two_pass_admission_and_decode_tables_are_no_blocks_tofino_1_places_whol
     around admission for a pass from the recirculation port, and one around the 32 decode
     tables, made both blocks of several stages that could not share a stage's middle: the
     decode tables waited for admission's verdict (stages 3 and 4, 15 of 12). So the two-pass
-    program applies admission under no condition and each decode table under its own lane's
-    (the parser makes a lane's result header valid with the lane's code: the other tests). A
+    program applies admission under no condition and each decode table (two lanes, 2m and
+    2m + 1) under lane 2m's validity (the parser makes a lane's result header valid with the
+    lane's code: the other tests). A
     pass from the recirculation port still takes from admission only what its pass header
     says: the tables before the slot rules that write what ``from_harvest`` writes, or what the
     counters test (``job_hit``, ``global_event``), run only for a packet from the wire."""
@@ -915,9 +952,9 @@ def test_two_pass_admission_and_decode_tables_are_no_blocks_tofino_1_places_whol
     decode = _block(_block(text, r"control Decode\("), r"\n    apply ")
     assert _enclosing(apply, apply.index("admission.apply(")) == []
     assert _enclosing(apply, apply.index("decode.apply(")) == []
-    for i in range(gen_tofino.REGION):
-        assert _enclosing(decode, decode.index(f"decode_{i}.apply();")) == [
-            f"hdr.lanes[{i}].isValid()"]
+    for m in range(gen_tofino.REGION // 2):
+        assert _enclosing(decode, decode.index(f"decode_{m}.apply();")) == [
+            f"hdr.lanes[{2 * m}].isValid()"]
     harvest = _block(admission, r"action from_harvest\(")
     fields = {*re.findall(r"([\w.]+) = ", harvest), "meta.job_hit", "meta.global_event"}
     assert {"meta.verdict", "meta.slot_index", "meta.job_index", "meta.send"} < fields

@@ -900,10 +900,62 @@ def _dense_decode(i: int) -> Iterator[str]:
     yield from _decode_table(i, "0", lambda value, code: f"32w0x{value:08X}")
 
 
-def _gated_decode(i: int) -> Iterator[str]:
-    # Lane i's decode table where the parser made the lane (and its result header) valid.
-    yield f"if ({code_lane(i)}.isValid()) {{"
-    yield f"    decode_{i}.apply();"
+MAGNITUDE_BITS = TOFINO_MAX_CODE.bit_length()
+"""The low bits of a code's magnitude that the paired decode tables key the second code on
+(TOFINO_MAX_CODE is all ones in them: every byte's sign and low bits name a decodable code)."""
+assert TOFINO_MAX_CODE == (1 << MAGNITUDE_BITS) - 1
+
+
+def pair_decode_entries() -> list[tuple[int, int, int, int]]:
+    """``(first code byte, second code's sign and magnitude, first value, second value)``: the
+    rows of the two-pass layout's paired decode table (``_pair_decode``), every pair of
+    ``decode_entries``' codes. The second code's key is its sign (bit 7) and its magnitude's
+    low MAGNITUDE_BITS (``second`` = sign << MAGNITUDE_BITS | magnitude), so every byte of the
+    second lane matches a row: an invalid lane (an odd count's last pair) never hides the first
+    lane's integer; a code of magnitude above TOFINO_MAX_CODE in a valid lane drops the packet
+    (the window check) whatever its integer."""
+    codes = decode_entries()
+    return [(s0 << 7 | c0, s1 << MAGNITUDE_BITS | c1, v0, v1)
+            for s0, c0, v0 in codes for s1, c1, v1 in codes]  # fmt: skip
+
+
+def _pair_decode(m: int) -> Iterator[str]:
+    # Lanes 2m and 2m + 1 in one exact table (4,096 entries, SRAM): 16 logical tables for a
+    # pass's 32 lanes, not 32 (32 did not fit beside admission's flag tables in stages 0-4:
+    # docs/tofino.md, "64 elements per packet"). The first code keyed as the one-lane tables'
+    # (a byte no row holds writes 0 to both: its packet is dropped by the window check), the
+    # second by its sign and low bits (every byte hits).
+    a, b = sum_lane(2 * m), sum_lane(2 * m + 1)
+    second = code_lane(2 * m + 1)
+    yield f"action set_w{m}(bit<32> a, bit<32> b) {{"
+    yield f"    {a}.value = a;"
+    yield f"    {b}.value = b;"
+    yield "}"
+    yield f"table decode_{m} {{"
+    yield "    key = {"
+    yield f'        {code_lane(2 * m)}.code: exact @name("code_{2 * m}");'
+    yield f'        {second}.code[7:7]: exact @name("sign_{2 * m + 1}");'
+    yield f'        {second}.code[{MAGNITUDE_BITS - 1}:0]: exact @name("code_{2 * m + 1}");'
+    yield "    }"
+    yield f"    actions = {{ set_w{m}; }}"
+    yield f"    default_action = set_w{m}(0, 0);"
+    rows = pair_decode_entries()
+    yield f"    size = {len(rows)};"
+    yield "    const entries = {"
+    for first, second_key, v0, v1 in rows:
+        sign, magnitude = second_key >> MAGNITUDE_BITS, second_key & TOFINO_MAX_CODE
+        yield (f"        (8w0x{first:02X}, 1w{sign}, {MAGNITUDE_BITS}w0x{magnitude:02X}): "
+               f"set_w{m}(32w0x{v0:08X}, 32w0x{v1:08X});")
+    yield "    }"
+    yield "}"
+
+
+def _gated_pair_decode(m: int) -> Iterator[str]:
+    # Lanes 2m and 2m + 1's decode table where the parser made lane 2m (and its result header)
+    # valid: lane 2m + 1 is valid only with it (lanes come in order), and when it is not, what
+    # the table writes into its result header is never emitted.
+    yield f"if ({code_lane(2 * m)}.isValid()) {{"
+    yield f"    decode_{m}.apply();"
     yield "}"
 
 
@@ -1207,16 +1259,16 @@ def pass_lanes_p4(k: int) -> str:
         "    }",
         "}",
         "",
-        "// Each parsed lane's code as an integer in its result header (a table per lane of a",
-        "// pass: the pass's lanes, 0-31 or 32-63, are in hdr.lanes; no codes in a harvest pass).",
-        "// Each table has a condition of its own: one around all 32 made them a block that",
-        "// Tofino 1 (no long branches) places whole before or after admission's, not beside it",
-        "// (docs/tofino.md, \"64 elements per packet\").",
+        "// Each parsed lane's code as an integer in its result header (a table per two lanes",
+        "// of a pass: the pass's lanes, 0-31 or 32-63, are in hdr.lanes; no codes in a harvest",
+        "// pass). Each table has a condition of its own: one around all of them made them a",
+        "// block that Tofino 1 (no long branches) places whole before or after admission's, not",
+        "// beside it (docs/tofino.md, \"64 elements per packet\").",
         "control Decode(inout headers_t hdr) {",
-        *_each(REGION, _dense_decode, 4),
+        *_each(REGION // 2, _pair_decode, 4),
         "",
         "    apply {",
-        *_each(REGION, _gated_decode, 8),
+        *_each(REGION // 2, _gated_pair_decode, 8),
         "    }",
         "}",
         "",
