@@ -141,3 +141,46 @@ def test_hostile_datagrams_are_one_seeded_sequence_however_they_are_drawn() -> N
     assert len(first) == 300 and all(len(d) <= FUZZ_DATAGRAM for d in first)
     assert draw(7, meddle=True) == first
     assert draw(8, meddle=False) != first
+
+
+def test_a_hello_counted_while_the_first_document_is_read_is_not_taken_as_accepted(
+    tmp_path: Path,
+) -> None:
+    """Issue 37, loaded run 3: the twin's fuzz test found ``accepted`` 3, one per worker. A
+    switch's counters are read one after another, and each worker's first hello (sent as its
+    client is made, just before the harness's first document) could be counted between the
+    read of ``packets_in`` (first) and that of its handshake: that document held the handshake
+    without its packet, so the job's packets_in seemed one lower at the start and one datagram
+    later seemed neither dropped nor answered. The stand-in here is the reference aggregator,
+    whose first document is given the same tear (one handshake more than its packets); the
+    harness reads until two documents agree. Failed before: ``accepted`` was 1."""
+    host = worker_host("python")
+    ports = [free_udp_port(host) for _ in range(WORKERS)]
+    members = [f"--member={rank}={host}:{port}" for rank, port in enumerate(ports)]
+    agg = start_aggregator("python", tmp_path, job=JOB, workers=WORKERS, k=K, result="int",
+                           extra=[*members, "--pool-size", str(POOL)])  # fmt: skip
+    documents = [0]
+
+    def torn_first() -> dict:
+        document = agg.stats()
+        documents[0] += 1
+        if documents[0] == 1:
+            document["jobs"][str(JOB)]["handshakes"] += 1
+        return document
+
+    emin = window_e_min(WORKERS, 10)
+
+    def a_few(send: Callable[[bytes], None]) -> None:
+        for datagram in hostile_datagrams(20, seed=1, job=JOB, workers=WORKERS, k=K, emin=emin,
+                                          pool_size=POOL):  # fmt: skip
+            send(datagram)
+
+    try:
+        spec = JobSpec(job=JOB, workers=WORKERS, k=K, pool_size=POOL, result="int")
+        report = fuzz_during_allreduce(agg.address, host, ports, torn_first, agg.process.pid,
+                                       a_few, spec=spec, elements=2_000)  # fmt: skip
+        assert report.exact and report.sent == 20
+        assert report.dropped == report.sent and report.accepted == 0, report
+        assert documents[0] >= 3  # the torn one, then two that agree
+    finally:
+        assert agg.stop() == 0, agg.log()

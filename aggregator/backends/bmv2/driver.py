@@ -315,35 +315,36 @@ class _Server:
         self._stats_requested = True
 
     def stats_document(self) -> dict[str, Any]:
-        # Stamped before the first read: each read is a P4Runtime round trip (tens of ms under
-        # load), so a document stamped after them could hold counts older than its time.
+        # Stamped before the read: a P4Runtime round trip (tens of ms under load), so a
+        # document stamped after it could hold counts older than its time.
         taken = time.time()
         if self.forward:
             return snapshot(backend=NAME, started=self.started, global_stats=GlobalStats(),
                             jobs={self.job.config.job: JobStats()}, taken=taken)  # fmt: skip
         if self.profile == "tofino":  # the twin: one counter per event kind, no transport section
+            counts = self.controller.read_counters(
+                [twin_events.GLOBAL_COUNTER, *twin_events.JOB_COUNTERS])
             document = snapshot(
                 backend=NAME,
                 started=self.started,
-                global_stats=entries.global_stats(
-                    self.controller.read_counter(twin_events.GLOBAL_COUNTER)),
+                global_stats=entries.global_stats(counts[twin_events.GLOBAL_COUNTER]),
                 jobs={self.job.config.job: entries.job_stats(
-                    self.job, twin_events.job_counts(self.controller.read_counter))},
+                    self.job, twin_events.job_counts(counts))},
                 taken=taken,
             )  # fmt: skip
             if self.listener is not None:
                 document["learning"] = self.listener.learning.to_json()
             return document
+        counts = self.controller.read_counters(
+            [entries.GLOBAL_COUNTER, entries.JOB_COUNTER, entries.TRANSPORT_COUNTER])
         document = snapshot(
             backend=NAME,
             started=self.started,
-            global_stats=entries.global_stats(self.controller.read_counter(entries.GLOBAL_COUNTER)),
-            jobs={self.job.config.job: entries.job_stats(
-                self.job, self.controller.read_counter(entries.JOB_COUNTER))},
+            global_stats=entries.global_stats(counts[entries.GLOBAL_COUNTER]),
+            jobs={self.job.config.job: entries.job_stats(self.job, counts[entries.JOB_COUNTER])},
             taken=taken,
         )  # fmt: skip
-        document[NAME] = entries.transport_stats(
-            self.controller.read_counter(entries.TRANSPORT_COUNTER))
+        document[NAME] = entries.transport_stats(counts[entries.TRANSPORT_COUNTER])
         return document
 
     def write_stats(self, periodic: bool = False) -> None:

@@ -5,7 +5,7 @@ events; added up at each index they are the default program's ``job_events``, so
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 
 from ncina.aggregator.backends.bmv2.entries import Counts
 
@@ -29,6 +29,7 @@ def add(readings: Iterable[Counts]) -> Counts:
     return total
 
 
-def job_counts(read: Callable[[str], Counts]) -> Counts:
-    """Every job event's packets and bytes (``read``: a counter's name -> its readings)."""
-    return add(read(name) for name in JOB_COUNTERS)
+def job_counts(readings: Mapping[str, Counts]) -> Counts:
+    """Every job event's packets and bytes (``readings``: a counter's name -> its readings,
+    ``JOB_COUNTERS`` among them, read together)."""
+    return add(readings[name] for name in JOB_COUNTERS)
