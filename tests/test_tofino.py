@@ -580,6 +580,52 @@ def test_the_member_digest_packs_the_packets_own_source_not_replys(
                        "hdr.udp.src_port"]  # fmt: skip
 
 
+def _selected(select: str, values: tuple[str, ...]) -> str:
+    """The state a parser ``select``'s rows (``_block``'s body) go to for ``values``, by
+    their names (a row's ``_`` and ``default`` match anything)."""
+    for keys, state in re.findall(r"\n\s*\(?([\w ,.]+?)\)?: (\w+);", select):
+        row = [key.strip() for key in keys.split(",")]
+        if row == ["default"] or all(k in ("_", v) for k, v in zip(row, values, strict=True)):
+            return state
+    raise AssertionError(f"no row of the select matches {values}")
+
+
+@pytest.mark.parametrize(("dense", "k", "passes"), [(True, 32, 1), (True, 64, 2), (False, 12, 1)],
+                         ids=["dense", "two-pass", "one-per-lane"])  # fmt: skip
+def test_a_frame_switched_at_l2_leaves_with_the_headers_it_came_with(
+    tmp_path: Path, dense: bool, k: int, passes: int
+) -> None:
+    """The parser takes any UDP datagram's first bytes as an ncina header and its lanes, and
+    the dense layouts' parser makes each lane's int32 result header valid with it. A datagram
+    between two hosts that looks like a chunk then left the switch with its codes replaced by
+    4-byte integers (issue 33, found by reading: LaneSums invalidated the codes of anything
+    sent, sums kept), and egress recomputed any switched frame's IPv4 checksum. Now (ncina.p4
+    through cpp): both of Forward's actions invalidate every header the parser makes valid
+    without extracting it; LaneSums trades codes for sums only on the aggregator's own
+    datagrams; egress parses nothing of a switched frame (OUT_FORWARD, OUT_FLOOD) but the
+    bridge, while a reply's IPv4 header is still parsed for its checksum. (The twin shares
+    Forward and the parser's states: tests/test_switching.py sends such frames through it.)"""
+    text = _preprocessed(tmp_path, dense, False, k, passes)
+    parser = _block(text, r"parser NcinaIngressParser\(")
+    made_valid = set(re.findall(r"(hdr\.\w+\[\d+\])\.setValid\(\);", parser))
+    assert len(made_valid) == (gen_tofino.REGION if dense else 0)
+    forward = _block(text, r"control Forward\(")
+    for action in ("to_port", "flood"):
+        body = _block(forward, rf"action {action}\(")
+        assert set(re.findall(r"(hdr\.\w+\[\d+\])\.setInvalid\(\);", body)) == made_valid
+    if dense:
+        apply = _block(_block(text, r"control LaneSums\("), r"\n    apply ")
+        ours = "meta.ours == 1" if passes == 1 else "meta.lane_op != LANE_NONE"
+        assert re.search(rf"if \({re.escape(ours)}\) {{\s*as_sums\(\);\s*}}\s*$", apply)
+    egress = _block(_block(text, r"parser NcinaEgressParser\("), r"state start ")
+    select = _block(egress, r"transition select\(")
+    wide = () if dense else ("0",)
+    for send in ("OUT_FORWARD", "OUT_FLOOD"):
+        assert _selected(select, (send, *wide)) == "accept"
+    assert _selected(select, ("OUT_REPLY", *wide)) == "parse_frame"
+    assert "hdr.ipv4.checksum = ipv4_checksum.update(" in text
+
+
 # --- 64 elements per packet: two passes (docs/tofino.md, "64 elements per packet") -----------
 
 

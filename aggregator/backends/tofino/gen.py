@@ -184,6 +184,14 @@ def code_lane(i: int) -> str:
     return lane("lanes", i)
 
 
+def _no_sums(k: int) -> list[str]:
+    """The statements that invalidate the int32 result headers the parser makes valid with
+    ``k`` lanes (the dense layout's ``sums``): config.p4's ``NCINA_NO_SUMS``, which a frame
+    switched at L2 runs (p4/tofino/switching.p4: it leaves as it came), and the twin's
+    ``no_sums``."""
+    return [f"{sum_lane(i)}.setInvalid();" for i in range(k)]
+
+
 def _stack_defines(header: str, name: str, macro: str, k: int) -> dict[str, str]:
     # The stacks' declarations (headers.p4) and their emits in lane order (the deparser).
     parts = stacks(name, k)
@@ -208,6 +216,7 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -
         values["NCINA_DENSE"] = 1
         values["NCINA_LANE_PAIRS"] = k // 2
         values.update(_stack_defines("sum_lane_h", "sums", "SUM", k))
+        values["NCINA_NO_SUMS"] = " ".join(_no_sums(REGION if passes > 1 else k))
     if dense and k > LANES_PER_STACK:
         values["NCINA_PHV_PRAGMAS"] = " ".join(
             f'@pa_container_size("ingress", "{field}", {size})'
@@ -1213,14 +1222,15 @@ def dense_lanes_p4(k: int) -> str:
         *_each(pairs, lambda j: _pair_sums(j, pairs), 4),
         *_each(pairs, lambda j: _pair_table(j, pairs), 4),
         "",
-        "    // A result carries the sums, not the codes.",
+        "    // A result carries the sums, not the codes (a frame switched at L2 keeps its codes:",
+        "    // Forward invalidates its sums, NCINA_NO_SUMS).",
         "    action as_sums() {",
         *(f"        {code_lane(i)}.setInvalid();" for i in range(k)),
         "    }",
         "",
         "    apply {",
         *(f"        pair_{j}.apply();" for j in range(pairs)),
-        "        if (meta.send != OUT_NONE) {",
+        "        if (meta.ours == 1) {",
         "            as_sums();",
         "        }",
         "    }",
@@ -1281,7 +1291,8 @@ def pass_lanes_p4(k: int) -> str:
         *_each(pairs, lambda j: _pair_sums(j, pairs, 2), 4),
         *_each(pairs, lambda j: _pair_table(j, pairs, 2), 4),
         "",
-        "    // A pass that adds leaves with its lanes' sums, not their codes.",
+        "    // A pass that adds leaves with its lanes' sums, not their codes (a frame switched",
+        "    // at L2 keeps its codes: Forward invalidates its sums, NCINA_NO_SUMS).",
         "    action as_sums() {",
         *(f"        {code_lane(i)}.setInvalid();" for i in range(REGION)),
         "    }",
@@ -1478,7 +1489,7 @@ def twin_lanes_p4(k: int) -> str:
         "    // The int32 lanes leave only as an int32 result (the parser made them valid with",
         "    // the codes, for the decode tables and the pairs).",
         "    action no_sums() {",
-        *(f"        {sum_lane(i)}.setInvalid();" for i in range(k)),
+        *(f"        {line}" for line in _no_sums(k)),
         "    }",
         "",
         "    apply {",
