@@ -930,6 +930,92 @@ def test_two_pass_member_digest_packs_the_source_reply_swapped_out(tmp_path: Pat
     assert writers == {"aggregator", "keep_source", "to_sender", "to_group"}
 
 
+def _header_flags(rows: list[tuple[list[tuple[int, int] | None], list[int]]],
+                  key: tuple[int, ...]) -> dict[str, int]:  # fmt: skip
+    """What the two-pass layout's ``header_checks`` writes for ``key`` (HEADER_CHECK_KEY's
+    values): its first matching row's, else its default action's (bad_version)."""
+    for match, values in rows:
+        if all(m is None or v & m[1] == m[0] for m, v in zip(match, key, strict=True)):
+            return dict(zip(gen_tofino.HEADER_FLAGS, values, strict=True))
+    return {"bad_version": 1}
+
+
+def test_two_pass_header_checks_give_the_verdict_the_if_per_flag_gives(tmp_path: Path) -> None:
+    """The two-pass layout computes admission's checks that need no lookup in one ternary table
+    of their first failure (``header_checks``, generated rows), where one pass has an ``if`` per
+    flag (each a logical table of stages 1 to 3: docs/tofino.md, "64 elements per packet").
+    Only ``verdicts`` reads those flags, so the table must give the verdict the ``if``s give:
+    checked for every combination of UDP lengths at and around each boundary (the handshake's,
+    a blob's, room 0 to 8, a chunk's NC8 and int payload with and without a tag, the top bit of
+    the room), ncina versions, formats, counts, the tag flag, the parser's error, with and
+    without the job and the RESULT flag; the NC8 and int lengths (``measures``' differences)
+    are ``if``s in both. The table is parsed from the generated config.p4, and the ``if``s are
+    admission.p4's, transcribed here; builds of one pass keep them (no table)."""
+    c = _p4_constants()
+    config, _ = gen_tofino.write(64, tmp_path, dense=True, passes=2)
+    text = config.read_text()
+    entries = re.search(r"#define HEADER_CHECK_ENTRIES (.*)\n", text).group(1)
+    rows = []
+    for keys, values in re.findall(r"\(([^()]*)\): header_flags\(([^()]*)\);", entries):
+        match = [None if k == "_" else tuple(int(x.split("w")[1], 0) for x in k.split(" &&& "))
+                 for k in keys.split(", ")]  # fmt: skip
+        rows.append((match, [int(v) for v in values.split(", ")]))
+    assert len(rows) == len(gen_tofino.header_check_rows()) == int(
+        re.search(r"#define NCINA_HEADER_CHECK_ROWS (\d+)", text).group(1))
+    assert "table header_checks" not in _preprocessed(tmp_path / "one", True, False)
+    datagram = c["UDP_HEADER_BYTES"] + c["NCINA_HEADER_BYTES"]
+    tag, descriptor = c["TAG_BYTES"], c["DESCRIPTOR_BYTES"]
+    nc8, integer, blob, job = (c[f"FORMAT_{f}"] for f in ("NC8", "INT", "BLOB", "JOB"))
+
+    def lengths(flags: dict[str, int], room: int, fmt: int, count: int, tagged: int) -> None:
+        # The NC8 and int payloads' lengths, both builds' `if`s (measures' differences).
+        excess = {nc8: (room - count) & 0xFFFF, integer: (room - (count << 3)) & 0xFFFF}
+        if fmt in excess and excess[fmt] != (tag if tagged else 0):
+            flags["f_len"] = 1
+
+    def original(udp_len: int, version: int, fmt: int, count: int, tagged: int,
+                 short: int) -> dict[str, int]:  # fmt: skip
+        room = (udp_len - datagram) & 0xFFFF
+        f = dict.fromkeys(gen_tofino.HEADER_FLAGS, 0)
+        f["truncated"] = room >> 15
+        f["bad_version"] = int(version != c["NCINA_VERSION"])
+        if fmt == job:
+            f["handshake"] = 1
+            f["f_hs_len"] = int(bool(short) or room != descriptor + (tag if tagged else 0))
+            f["f_hs_count"] = int(count != 1)
+        else:
+            f["f_format"] = int(fmt > blob)
+            f["f_count0"] = int(count == 0)
+            f["f_len"] = int(bool(short) or (tagged == 1 and room >> 3 == 0))
+        lengths(f, room, fmt, count, tagged)
+        if fmt == blob and room == (tag if tagged else 0):
+            f["f_len"] = 1
+        f["f_not_nc8"] = int(fmt != nc8)
+        return f
+
+    lens = {0, 23, 32791, 32792, 0xFFFF} | {datagram + r for r in (0, 1, 7, 8, 9, 16)}
+    lens |= {datagram + descriptor + t + d for t in (0, tag) for d in (-1, 0, 1)}
+    lens |= {datagram + n + t for n in (4, 32) for t in (0, tag)}
+    checked = 0
+    for udp_len in sorted(lens):
+        for version in (0, 1, 2):
+            for fmt in (nc8, integer, blob, job, c["FORMAT_INT32"], 0xFF):
+                for count in (0, 1, 4):
+                    for tagged in (0, 1):
+                        for short in (0, 1):
+                            key = (udp_len, version, fmt, count, tagged, short)
+                            new = _header_flags(rows, key)
+                            lengths(new, (udp_len - datagram) & 0xFFFF, fmt, count, tagged)
+                            old = original(*key)
+                            for job_hit in (0, 1):
+                                for result in (0, 1):
+                                    more = {"job_hit": job_hit, "result": result, "tag": tagged}
+                                    assert _first_match({**new, **more}) == _first_match(
+                                        {**old, **more}), (key, more, new, old)
+                                    checked += 1
+    assert checked == len(lens) * 3 * 6 * 3 * 2 * 2 * 4
+
+
 def test_two_pass_admission_keeps_its_differences_in_place_of_what_they_subtract(
     tmp_path: Path,
 ) -> None:
