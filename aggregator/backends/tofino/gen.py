@@ -1014,9 +1014,7 @@ def pair_decode_entries() -> list[tuple[int, int, int, int]]:
 def _pair_decode(m: int) -> Iterator[str]:
     # Lanes 2m and 2m + 1 in one exact table (4,096 entries, SRAM): 16 logical tables for a
     # pass's 32 lanes, not 32 (32 did not fit beside admission's flag tables in stages 0-4:
-    # docs/tofino.md, "64 elements per packet"). Placed in preference: with admission's header
-    # checks in one table, the compiler left stages 0, 1, 3 and 4 without a decode table and put
-    # 11 after the slot rules' branch (14 stages). The first code keyed as the one-lane tables'
+    # docs/tofino.md, "64 elements per packet"). The first code keyed as the one-lane tables'
     # (a byte no row holds writes 0 to both: its packet is dropped by the window check), the
     # second by its sign and low bits (every byte hits).
     a, b = sum_lane(2 * m), sum_lane(2 * m + 1)
@@ -1025,7 +1023,6 @@ def _pair_decode(m: int) -> Iterator[str]:
     yield f"    {a}.value = a;"
     yield f"    {b}.value = b;"
     yield "}"
-    yield "@placement_priority(1)  // before the slot rules' branch, whose start they may share"
     yield f"table decode_{m} {{"
     yield "    key = {"
     yield f'        {code_lane(2 * m)}.code: exact @name("code_{2 * m}");'
