@@ -580,6 +580,52 @@ def test_the_member_digest_packs_the_packets_own_source_not_replys(
                        "hdr.udp.src_port"]  # fmt: skip
 
 
+def _selected(select: str, values: tuple[str, ...]) -> str:
+    """The state a parser ``select``'s rows (``_block``'s body) go to for ``values``, by
+    their names (a row's ``_`` and ``default`` match anything)."""
+    for keys, state in re.findall(r"\n\s*\(?([\w ,.]+?)\)?: (\w+);", select):
+        row = [key.strip() for key in keys.split(",")]
+        if row == ["default"] or all(k in ("_", v) for k, v in zip(row, values, strict=True)):
+            return state
+    raise AssertionError(f"no row of the select matches {values}")
+
+
+@pytest.mark.parametrize(("dense", "k", "passes"), [(True, 32, 1), (True, 64, 2), (False, 12, 1)],
+                         ids=["dense", "two-pass", "one-per-lane"])  # fmt: skip
+def test_a_frame_switched_at_l2_leaves_with_the_headers_it_came_with(
+    tmp_path: Path, dense: bool, k: int, passes: int
+) -> None:
+    """The parser takes any UDP datagram's first bytes as an ncina header and its lanes, and
+    the dense layouts' parser makes each lane's int32 result header valid with it. A datagram
+    between two hosts that looks like a chunk then left the switch with its codes replaced by
+    4-byte integers (issue 33, found by reading: LaneSums invalidated the codes of anything
+    sent, sums kept), and egress recomputed any switched frame's IPv4 checksum. Now (ncina.p4
+    through cpp): both of Forward's actions invalidate every header the parser makes valid
+    without extracting it; LaneSums trades codes for sums only on the aggregator's own
+    datagrams; egress parses nothing of a switched frame (OUT_FORWARD, OUT_FLOOD) but the
+    bridge, while a reply's IPv4 header is still parsed for its checksum. (The twin shares
+    Forward and the parser's states: tests/test_switching.py sends such frames through it.)"""
+    text = _preprocessed(tmp_path, dense, False, k, passes)
+    parser = _block(text, r"parser NcinaIngressParser\(")
+    made_valid = set(re.findall(r"(hdr\.\w+\[\d+\])\.setValid\(\);", parser))
+    assert len(made_valid) == (gen_tofino.REGION if dense else 0)
+    forward = _block(text, r"control Forward\(")
+    for action in ("to_port", "flood"):
+        body = _block(forward, rf"action {action}\(")
+        assert set(re.findall(r"(hdr\.\w+\[\d+\])\.setInvalid\(\);", body)) == made_valid
+    if dense:
+        apply = _block(_block(text, r"control LaneSums\("), r"\n    apply ")
+        ours = "meta.ours == 1" if passes == 1 else "meta.lane_op != LANE_NONE"
+        assert re.search(rf"if \({re.escape(ours)}\) {{\s*as_sums\(\);\s*}}\s*$", apply)
+    egress = _block(_block(text, r"parser NcinaEgressParser\("), r"state start ")
+    select = _block(egress, r"transition select\(")
+    wide = () if dense else ("0",)
+    for send in ("OUT_FORWARD", "OUT_FLOOD"):
+        assert _selected(select, (send, *wide)) == "accept"
+    assert _selected(select, ("OUT_REPLY", *wide)) == "parse_frame"
+    assert "hdr.ipv4.checksum = ipv4_checksum.update(" in text
+
+
 # --- 64 elements per packet: two passes (docs/tofino.md, "64 elements per packet") -----------
 
 
@@ -882,6 +928,92 @@ def test_two_pass_member_digest_packs_the_source_reply_swapped_out(tmp_path: Pat
     writers = {name for name, body in re.findall(r"action (\w+)\([^)]*\) \{(.*?)\n    \}", text,
                                                   re.S) if any(_writes(body, f) for f in wanted)}
     assert writers == {"aggregator", "keep_source", "to_sender", "to_group"}
+
+
+def _header_flags(rows: list[tuple[list[tuple[int, int] | None], list[int]]],
+                  key: tuple[int, ...]) -> dict[str, int]:  # fmt: skip
+    """What the two-pass layout's ``header_checks`` writes for ``key`` (HEADER_CHECK_KEY's
+    values): its first matching row's, else its default action's (bad_version)."""
+    for match, values in rows:
+        if all(m is None or v & m[1] == m[0] for m, v in zip(match, key, strict=True)):
+            return dict(zip(gen_tofino.HEADER_FLAGS, values, strict=True))
+    return {"bad_version": 1}
+
+
+def test_two_pass_header_checks_give_the_verdict_the_if_per_flag_gives(tmp_path: Path) -> None:
+    """The two-pass layout computes admission's checks that need no lookup in one ternary table
+    of their first failure (``header_checks``, generated rows), where one pass has an ``if`` per
+    flag (each a logical table of stages 1 to 3: docs/tofino.md, "64 elements per packet").
+    Only ``verdicts`` reads those flags, so the table must give the verdict the ``if``s give:
+    checked for every combination of UDP lengths at and around each boundary (the handshake's,
+    a blob's, room 0 to 8, a chunk's NC8 and int payload with and without a tag, the top bit of
+    the room), ncina versions, formats, counts, the tag flag, the parser's error, with and
+    without the job and the RESULT flag; the NC8 and int lengths (``measures``' differences)
+    are ``if``s in both. The table is parsed from the generated config.p4, and the ``if``s are
+    admission.p4's, transcribed here; builds of one pass keep them (no table)."""
+    c = _p4_constants()
+    config, _ = gen_tofino.write(64, tmp_path, dense=True, passes=2)
+    text = config.read_text()
+    entries = re.search(r"#define HEADER_CHECK_ENTRIES (.*)\n", text).group(1)
+    rows = []
+    for keys, values in re.findall(r"\(([^()]*)\): header_flags\(([^()]*)\);", entries):
+        match = [None if k == "_" else tuple(int(x.split("w")[1], 0) for x in k.split(" &&& "))
+                 for k in keys.split(", ")]  # fmt: skip
+        rows.append((match, [int(v) for v in values.split(", ")]))
+    assert len(rows) == len(gen_tofino.header_check_rows()) == int(
+        re.search(r"#define NCINA_HEADER_CHECK_ROWS (\d+)", text).group(1))
+    assert "table header_checks" not in _preprocessed(tmp_path / "one", True, False)
+    datagram = c["UDP_HEADER_BYTES"] + c["NCINA_HEADER_BYTES"]
+    tag, descriptor = c["TAG_BYTES"], c["DESCRIPTOR_BYTES"]
+    nc8, integer, blob, job = (c[f"FORMAT_{f}"] for f in ("NC8", "INT", "BLOB", "JOB"))
+
+    def lengths(flags: dict[str, int], room: int, fmt: int, count: int, tagged: int) -> None:
+        # The NC8 and int payloads' lengths, both builds' `if`s (measures' differences).
+        excess = {nc8: (room - count) & 0xFFFF, integer: (room - (count << 3)) & 0xFFFF}
+        if fmt in excess and excess[fmt] != (tag if tagged else 0):
+            flags["f_len"] = 1
+
+    def original(udp_len: int, version: int, fmt: int, count: int, tagged: int,
+                 short: int) -> dict[str, int]:  # fmt: skip
+        room = (udp_len - datagram) & 0xFFFF
+        f = dict.fromkeys(gen_tofino.HEADER_FLAGS, 0)
+        f["truncated"] = room >> 15
+        f["bad_version"] = int(version != c["NCINA_VERSION"])
+        if fmt == job:
+            f["handshake"] = 1
+            f["f_hs_len"] = int(bool(short) or room != descriptor + (tag if tagged else 0))
+            f["f_hs_count"] = int(count != 1)
+        else:
+            f["f_format"] = int(fmt > blob)
+            f["f_count0"] = int(count == 0)
+            f["f_len"] = int(bool(short) or (tagged == 1 and room >> 3 == 0))
+        lengths(f, room, fmt, count, tagged)
+        if fmt == blob and room == (tag if tagged else 0):
+            f["f_len"] = 1
+        f["f_not_nc8"] = int(fmt != nc8)
+        return f
+
+    lens = {0, 23, 32791, 32792, 0xFFFF} | {datagram + r for r in (0, 1, 7, 8, 9, 16)}
+    lens |= {datagram + descriptor + t + d for t in (0, tag) for d in (-1, 0, 1)}
+    lens |= {datagram + n + t for n in (4, 32) for t in (0, tag)}
+    checked = 0
+    for udp_len in sorted(lens):
+        for version in (0, 1, 2):
+            for fmt in (nc8, integer, blob, job, c["FORMAT_INT32"], 0xFF):
+                for count in (0, 1, 4):
+                    for tagged in (0, 1):
+                        for short in (0, 1):
+                            key = (udp_len, version, fmt, count, tagged, short)
+                            new = _header_flags(rows, key)
+                            lengths(new, (udp_len - datagram) & 0xFFFF, fmt, count, tagged)
+                            old = original(*key)
+                            for job_hit in (0, 1):
+                                for result in (0, 1):
+                                    more = {"job_hit": job_hit, "result": result, "tag": tagged}
+                                    assert _first_match({**new, **more}) == _first_match(
+                                        {**old, **more}), (key, more, new, old)
+                                    checked += 1
+    assert checked == len(lens) * 3 * 6 * 3 * 2 * 2 * 4
 
 
 def test_two_pass_admission_keeps_its_differences_in_place_of_what_they_subtract(

@@ -130,6 +130,42 @@ control Admission(inout headers_t hdr, inout meta_t meta,
     }
 #endif
 
+#ifdef NCINA_PASSES
+    // The checks that need no lookup, one ternary table of their first failure in `verdicts`'
+    // order (generated rows: gen_tofino.header_check_rows), in place of an `if` per flag: each
+    // took a logical table of stages 1 to 3, where the decode tables wait for room (docs/
+    // tofino.md, "64 elements per packet"). The UDP length stands for the room `prepare`
+    // computes from it, so the table needs nothing before it.
+    action header_flags(bit<1> truncated, bit<1> bad_version, bit<1> handshake, bit<1> hs_len,
+                        bit<1> hs_count, bit<1> format, bit<1> count0, bit<1> len,
+                        bit<1> not_nc8) {
+        meta.truncated = truncated;
+        meta.bad_version = bad_version;
+        meta.handshake = handshake;
+        meta.f_hs_len = hs_len;
+        meta.f_hs_count = hs_count;
+        meta.f_format = format;
+        meta.f_count0 = count0;
+        meta.f_len = len;
+        meta.f_not_nc8 = not_nc8;
+    }
+
+    table header_checks {
+        key = {
+            hdr.udp.len: ternary;
+            hdr.nc.version: ternary;
+            hdr.nc.format: ternary;
+            hdr.nc.count: ternary;
+            hdr.nc.flags[7:7]: ternary @name("tagged");
+            prsr.parser_err: ternary;
+        }
+        actions = { header_flags; }
+        const default_action = header_flags(0, 1, 0, 0, 0, 0, 0, 0, 0);  // another version
+        size = NCINA_HEADER_CHECK_ROWS;
+        const entries = { HEADER_CHECK_ENTRIES }
+    }
+#endif
+
     action verdict(bit<8> v, bit<16> event, bit<8> status) {
         meta.verdict = v;
         meta.event = event;
@@ -189,6 +225,9 @@ control Admission(inout headers_t hdr, inout meta_t meta,
         check_codes.apply(hdr, meta);
         measures.apply();
         bool tagged = hdr.nc.flags[7:7] == 1;
+#ifdef NCINA_PASSES
+        header_checks.apply();  // truncated ... f_not_nc8, but the lengths measures computes
+#else
         bool short = prsr.parser_err != 0;
         if (meta.room[15:15] == 1) {  // a UDP length below 24
             meta.truncated = 1;
@@ -216,6 +255,7 @@ control Admission(inout headers_t hdr, inout meta_t meta,
                 meta.f_len = 1;
             }
         }
+#endif
         // The payload is room - 8 with a tag: each length with and without one.
         if (hdr.nc.format == FORMAT_NC8) {
             if ((tagged && meta.nc8_excess != TAG_BYTES) || (!tagged && meta.nc8_excess != 0)) {
@@ -225,14 +265,18 @@ control Admission(inout headers_t hdr, inout meta_t meta,
             if ((tagged && INT_EXCESS != TAG_BYTES) || (!tagged && INT_EXCESS != 0)) {
                 meta.f_len = 1;
             }
+#ifndef NCINA_PASSES
         } else if (hdr.nc.format == FORMAT_BLOB) {
             if ((tagged && meta.room == TAG_BYTES) || (!tagged && meta.room == 0)) {
                 meta.f_len = 1;
             }
+#endif
         }
+#ifndef NCINA_PASSES
         if (hdr.nc.format != FORMAT_NC8) {
             meta.f_not_nc8 = 1;
         }
+#endif
         if (!rank_known || RANK_ROOM[15:15] == 0) {  // rank >= workers
             meta.f_rank = 1;
         }

@@ -180,13 +180,15 @@ parser NcinaEgressParser(packet_in pkt, out egress_headers_t hdr, out egress_met
         transition select(hdr.bridge.send) {
             OUT_HARVEST: accept;  // the frame goes round as it is
             OUT_MULTICAST: parse_result;
-            default: parse_frame;
+            OUT_REPLY: parse_frame;
+            default: accept;  // switched at L2 (or ARP's answer): it leaves as it came
         }
 #else
         transition select(hdr.bridge.send, hdr.bridge.wide) {
             (OUT_MULTICAST, _): parse_result;
             (_, 1): parse_result;
-            default: parse_frame;
+            (OUT_REPLY, _): parse_frame;
+            default: accept;  // switched at L2 (or ARP's answer): it leaves as it came
         }
 #endif
     }
@@ -210,7 +212,9 @@ parser NcinaEgressParser(packet_in pkt, out egress_headers_t hdr, out egress_met
     NCINA_WIDE_STATES
 #endif
 
-    // Anything else: its IPv4 header, if any, for the checksum.
+    // Any other datagram the aggregator sends (a notice, a handshake's answer): its IPv4
+    // header, for the checksum. A frame switched at L2 is not parsed: its checksum, right or
+    // wrong, leaves as it came.
     state parse_frame {
         pkt.extract(hdr.eth);
         transition select(hdr.eth.ether_type) {
@@ -225,7 +229,8 @@ parser NcinaEgressParser(packet_in pkt, out egress_headers_t hdr, out egress_met
     }
 }
 
-// Every frame that leaves gets a fresh IPv4 header checksum (as p4/checksum.p4).
+// Every datagram the aggregator sends gets a fresh IPv4 header checksum (as p4/checksum.p4);
+// a switched frame's IPv4 header is not parsed in egress (it leaves as it came).
 control NcinaEgressDeparser(packet_out pkt, inout egress_headers_t hdr, in egress_meta_t meta,
                             in egress_intrinsic_metadata_for_deparser_t dprsr) {
     Checksum() ipv4_checksum;

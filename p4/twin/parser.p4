@@ -2,8 +2,9 @@
 // IPv4 (no options, not a fragment) and UDP; every UDP datagram's first 16 bytes as the ncina
 // header and, for NC8 payloads of 1 to NCINA_K elements, `count` lanes (the generated states);
 // a larger count parses no lanes and admission drops it as bad_count. No checksum is verified
-// (the TNA program verifies none); every frame that leaves gets a fresh IPv4 header checksum,
-// as the TNA egress deparser writes it.
+// (the TNA program verifies none); every datagram the aggregator sends gets a fresh IPv4 header
+// checksum, as the TNA egress deparser writes it, and a frame switched at L2 keeps its own (the
+// TNA egress parser does not parse it).
 #ifndef NCINA_TWIN_PARSER_P4
 #define NCINA_TWIN_PARSER_P4
 
@@ -100,7 +101,7 @@ control NcinaVerifyChecksum(inout headers_t hdr, inout meta_t meta) {
 control NcinaComputeChecksum(inout headers_t hdr, inout meta_t meta) {
     apply {
         update_checksum(
-            hdr.ipv4.isValid(),
+            hdr.ipv4.isValid() && (meta.send == OUT_MULTICAST || meta.send == OUT_REPLY),
             { hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.tos, hdr.ipv4.total_len, hdr.ipv4.id,
               hdr.ipv4.flags, hdr.ipv4.frag_offset, hdr.ipv4.ttl, hdr.ipv4.protocol,
               hdr.ipv4.src, hdr.ipv4.dst },
