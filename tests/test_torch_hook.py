@@ -218,6 +218,7 @@ def test_backward_raises_when_the_aggregator_never_answers(tmp_path: Path) -> No
     future fails (the client's job handshake gets no answer) and ``backward()`` raises, instead
     of hanging."""
     script = f"""
+import gc
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from ncina.aggregator.process import free_udp_port
@@ -237,6 +238,9 @@ except Exception as exc:
     print("raised:", type(exc).__name__, exc)
 print("recorded:", type(state.error).__name__, state.error)
 state.close()
+del model  # DDP, then the process group, while Python is alive (training.release_ddp)
+gc.collect()
+dist.destroy_process_group()
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, check=False)  # fmt: skip
@@ -273,6 +277,7 @@ state = InaHookState(Fabric(), fallback="gloo", group=dist.new_group(backend="gl
 futures = [state.submit(torch.full((4,), rank + 10.0 * i), i) for i in range(4)]
 results = [f.wait().tolist() for f in futures]
 state.close()
+dist.destroy_process_group()  # gloo's threads end while Python is alive (training.release_ddp)
 print(json.dumps({"results": results, "fallen_back": state.fallen_back,
                   "fallback_buckets": state.fallback_buckets}))
 """
