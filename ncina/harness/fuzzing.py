@@ -176,7 +176,7 @@ def _steady(stats: Callable[[], dict[str, Any]], job: int) -> tuple[int, dict[st
     """``_totals`` of two stats documents in a row that agree (at most ``SETTLE_S`` of
     reading): the workers' first hellos, sent as their clients are made, may be counted while
     a document is read, and a switch's counters are not read at one instant, so one document
-    alone may hold a hello's ``packets_in`` and not its handshake (issue 37: the twin's fuzz
+    alone may hold a hello's handshake and not its ``packets_in`` (issue 37: the twin's fuzz
     test saw ``accepted`` 3 under load, one per worker)."""
     totals = _totals(stats(), job)
     end = time.monotonic() + SETTLE_S

@@ -147,7 +147,7 @@ class Controller:
         """Every index of each counter of ``names`` (name -> index -> (packets, bytes)), in one
         P4Runtime read: the switch answers them one after the other in one request, where a
         read per counter let packets arrive between two round trips (tens of ms under load), so
-        one document could hold a packet's ``packets_in`` and not its event (issue 37: the
+        one document could hold a packet's event and not its ``packets_in`` (issue 37: the
         twin's fuzz test saw three datagrams neither dropped nor answered)."""
         from p4.v1 import p4runtime_pb2
 
