@@ -185,7 +185,17 @@ def test_int_results_are_identical_to_the_lossless_run(
     job = stats["jobs"][str(JOB)]
     chunks = -(-ELEMENTS // K)
     assert job["slots_completed"] == chunks + 1  # every slot once, and the agreement's
-    assert sum(job["drops"].values()) == 0
+    # The only drop loss may cost: rule 2's budget (a burst of RESEND_BURST copies of a result
+    # per member and slot version, then one per RESEND_INTERVAL). A worker whose result copies
+    # are lost, or whose asks pile up behind a descheduled aggregator (a loaded machine), may
+    # spend it; it then waits for the interval, and its result is still exact (above).
+    # Deterministically: test_engine.py's burst test. Without duplicated datagrams, each such
+    # drop, like each resend and ignored duplicate, is a retransmission the aggregator saw.
+    drops = {reason: n for reason, n in job["drops"].items() if n}
+    assert set(drops) <= {"resend_limit"}, drops
+    if "duplicate" not in faults:
+        assert (job["results_resent"] + job["duplicates"] + drops.get("resend_limit", 0)
+                <= job["retx_seen"])  # fmt: skip
     if "drop_up" in faults or "drop_down" in faults:
         lost = counted["dropped_up"] + counted["dropped_down"]
         assert lost > 0
