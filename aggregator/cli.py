@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import secrets
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,8 @@ aggregation") a spine (--uplink int) and a leaf (--upstream) run on python, sock
 dpdk leaf resolves its spine's MAC by ARP); --jobs-dir works on every backend but bmv2.
 
 On start it prints one line on stderr, "ncina aggregator: listening on HOST:PORT ...", once the
-socket is bound. SIGUSR1 writes the stats now; SIGTERM and SIGINT write them and exit with 0.
+socket is bound. SIGUSR1 writes the stats now; SIGTERM and SIGINT write them and exit with 0;
+SIGUSR2 prints every thread's Python stack on stderr (where a stop that does not end is stuck).
 Limits: 1 <= --workers <= {MAX_WORKERS}, 1 <= --k <= {MAX_K}, 1 <= --pool-size <= {MAX_POOL_SIZE},
 {MIN_MTU} <= --mtu <= {MAX_MTU}, and a full result frame (Ethernet + IPv4 + UDP + 16-byte header +
 K elements, in server mode the compressor's largest payload of K elements) must fit --mtu.
@@ -299,6 +303,8 @@ def check_backend_options(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """Validate the job, start the chosen backend and serve until SIGTERM/SIGINT."""
     check_backend_options(args)
+    if sys.__stderr__ is not None:  # the process's own stderr (a test's capture has no fd)
+        faulthandler.register(signal.SIGUSR2, file=sys.__stderr__, all_threads=True)
     if (args.mode == "server") != (args.compressor is not None):
         raise ValueError("--compressor goes with --mode server, and --mode server needs one")
     if args.mode == "ina" and args.result is None:

@@ -119,14 +119,21 @@ def request_stats(
     raise RuntimeError(f"no stats written to {stats_path} within {timeout:g} s of SIGUSR1")
 
 
+STACKS_WAIT = 1.0
+"""Seconds ``stop`` gives an aggregator that outlived its grace to print its stacks."""
+
+
 def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> int:
     """SIGTERM by PID (the aggregator writes its final stats), SIGKILL after ``grace`` seconds;
-    return the exit status."""
+    return the exit status. Before the SIGKILL, SIGUSR2 has the aggregator print every thread's
+    Python stack on its log: a stop that did not end says where it was stuck."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(grace)
         except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR2)
+            time.sleep(STACKS_WAIT)
             proc.kill()
             proc.wait()
     return proc.returncode

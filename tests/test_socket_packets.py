@@ -6,7 +6,8 @@
 - bound to 0.0.0.0, every reply comes from the address the worker sent to (IP_PKTINFO);
 - real ``AllreduceClient`` workers all-reduce through it with exact results, also with 5 % of
   the datagrams lost both ways (iptables on loopback, root only);
-- what it refuses (``--jobs-dir``), the socket section of its stats, a prompt stop when idle.
+- what it refuses (``--jobs-dir``), the socket section of its stats, a prompt stop when idle,
+  every thread's stack on SIGUSR2 (what ``aggproc.stop`` asks for before a SIGKILL).
 
 The scenario suite and the fuzz test run on socket through test_aggregator_packets.py and
 test_fuzz.py.
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -173,6 +176,45 @@ def test_socket_section_of_the_stats_and_a_prompt_idle_stop(tmp_path: Path) -> N
     assert section["rx_datagrams"] == 1 and section["tx_datagrams"] == 1
     assert section["send_errors"] == 0
     assert stats["jobs"][str(JOB)]["slots_completed"] == 1
+
+
+def test_sigusr2_prints_where_every_thread_is_and_serving_goes_on(tmp_path: Path) -> None:
+    """What ``aggproc.stop`` asks for before a SIGKILL: every thread's Python stack on the log,
+    the main thread in its poll and the C loop's thread in its call; the aggregator serves on."""
+    agg = start_aggregator("socket", tmp_path, job=JOB, workers=1, k=4, result="int")
+    try:
+        agg.process.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 10
+        while "in _loop" not in agg.log() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        worker = Worker(agg.address)
+        worker.send(uplink(job=JOB, rank=0, slot=0, offset=0, codes=[1], emin=window_e_min(1)))
+        _, payload = dissect(worker.receive())
+        worker.close()
+    finally:
+        assert agg.stop() == 0, agg.log()
+    stacks = agg.log()
+    assert "in _poll" in stacks and "in _loop" in stacks, stacks
+    assert payload == (1).to_bytes(8, "big")  # code 1: one unit of the window
+
+
+def test_a_stop_that_outlives_its_grace_gets_the_stacks_then_sigkill(tmp_path: Path) -> None:
+    """A process that ignores SIGTERM (as a stuck aggregator does): ``stop`` sends SIGUSR2,
+    gives it ``STACKS_WAIT`` to print, then kills it."""
+    log_path = tmp_path / "stuck.log"
+    script = ("import faulthandler, signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "faulthandler.register(signal.SIGUSR2, all_threads=True)\n"
+              "print('ready', flush=True)\n"
+              "def stuck_here():\n    time.sleep(60)\n"
+              "stuck_here()\n")  # fmt: skip
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=log)
+    deadline = time.monotonic() + 30
+    while "ready" not in log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert aggproc.stop(proc, grace=0.2) == -signal.SIGKILL
+    assert "in stuck_here" in log_path.read_text()
 
 
 @pytest.mark.parametrize(
