@@ -15,6 +15,7 @@ test_fuzz.py.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -196,6 +198,48 @@ def test_sigusr2_prints_where_every_thread_is_and_serving_goes_on(tmp_path: Path
     stacks = agg.log()
     assert "in _poll" in stacks and "in _loop" in stacks, stacks
     assert payload == (1).to_bytes(8, "big")  # code 1: one unit of the window
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_signal_handled_inside_the_polls_wait_ends_the_run() -> None:
+    """Stop 47's CI: a C-engine aggregator that never ended after SIGTERM. Its handler ran in
+    the main thread just after the poll's ``Event.wait`` had re-taken its lock on a timeout,
+    and set that Event, which waited on the lock for good. Here the signal is sent at exactly
+    that point (a trace function on the lock's re-take within ``_poll``); ``run`` must end."""
+    from ncina.aggregator.backends.socket.driver import SocketBackend
+    from ncina.aggregator.jobs import JobConfig
+
+    config = JobConfig.create(job=JOB, workers=1, k=4, result_format="int", seed=1)
+    backend = SocketBackend([config], ("127.0.0.1", 0), log=io.StringIO())
+    sent: list[bool] = []
+
+    def in_poll(frame: Any) -> bool:
+        while frame is not None:
+            if frame.f_code.co_name == "_poll":
+                return True
+            frame = frame.f_back
+        return False
+
+    def on_call(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name == "_acquire_restore" and in_poll(frame):
+            return on_return
+        return None
+
+    def on_return(frame: Any, event: str, arg: Any) -> Any:
+        if event == "return" and not sent:  # the wait's lock is held again
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return on_return
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    sys.settrace(on_call)
+    try:
+        status = backend.run()
+    finally:
+        sys.settrace(None)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert sent and status == 0
 
 
 def test_a_stop_that_outlives_its_grace_gets_the_stacks_then_sigkill(tmp_path: Path) -> None:

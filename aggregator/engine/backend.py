@@ -69,7 +69,12 @@ class EngineBackend:
         self.log = log
         self.started = time.time()
         self.address: Address = ("0.0.0.0", 0)
-        self._stop = threading.Event()
+        self._loop_ended = threading.Event()  # set by the loop's thread
+        # Set by a signal handler (or ``request_stop``), which must take no lock: a handler runs
+        # in the main thread between two bytecodes, and that thread may hold the lock of the
+        # poll's wait (``Event.wait`` re-takes it after its timeout), so ``Event.set`` there
+        # would wait on it for good (the -9 of stop 47's CI).
+        self._stopping = False
         self._stats_requested = False
         self._waiting = False  # in the poll's wait (``_on_stats_signal``)
         self._run_rc = 0
@@ -175,7 +180,7 @@ class EngineBackend:
             reason = self.plane.ffi.string(self.plane.lib.nce_error()).decode(errors="replace")
             print(f"ncina aggregator: the {self.name} loop stopped: {reason}", file=self.log,
                   flush=True)  # fmt: skip
-        self._stop.set()
+        self._loop_ended.set()
 
     def _poll(self) -> None:
         next_write = time.monotonic() + self.stats_interval
@@ -183,9 +188,9 @@ class EngineBackend:
         next_control = 0.0
         while True:
             self._waiting = True  # a stats signal meanwhile writes them at once
-            stopped = self._stop.wait(POLL_SECONDS)
+            ended = self._loop_ended.wait(POLL_SECONDS)
             self._waiting = False
-            if stopped:
+            if ended or self._stopping:
                 break
             if self.control is not None and time.monotonic() >= next_control:
                 next_control = time.monotonic() + CONTROL_INTERVAL
@@ -200,7 +205,7 @@ class EngineBackend:
 
     def request_stop(self) -> None:
         """Make ``run`` return within one poll period."""
-        self._stop.set()
+        self._stopping = True
 
     def stats_document(self) -> dict[str, Any]:
         """The stats document (``ncina.aggregator.stats`` schema) plus the I/O section, stamped
@@ -229,7 +234,7 @@ class EngineBackend:
         publish(self.stats_document(), self.stats_path, self.log, periodic=periodic)
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
-        self._stop.set()
+        self._stopping = True  # no lock (see ``__init__``): the poll sees it within its period
 
     def _on_stats_signal(self, signum: int, frame: object) -> None:
         """Write the stats at once when the main thread waits between polls (it is not in the
