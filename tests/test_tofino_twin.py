@@ -423,7 +423,8 @@ def test_the_control_plane_learns_each_rank_once_in_the_tna_order() -> None:
     rank: its copies' address first, ``ranks`` last (until then its packets are accepted, not
     ``non_member``); a configured member: its copies' address only (its MAC address, which
     the job does not name); a second digest for a rank, from another address too: nothing;
-    when the job goes, every entry, in the reverse order."""
+    a rank counted as addressed only once its entries are written; when the job goes, every
+    entry, in the reverse order."""
     from ncina.aggregator.backends.bmv2 import entries
     from ncina.aggregator.backends.tofino.twin import learning
     from ncina.aggregator.jobs import JobConfig
@@ -459,8 +460,13 @@ def test_the_control_plane_learns_each_rank_once_in_the_tna_order() -> None:
     assert learned.entries(member) == []
     configured = learned.entries(digest(1, bytes([10, 0, 0, 7]), 4000))
     assert [e.table for e in configured] == [learning.ADDRESSES_TABLE, learning.ADDRESSED_TABLE]
-    assert learned.to_json() == {"digests": 4, "lists": 0, "members": 2, "entries_installed": 6,
+    # Until the entries are written, no rank is counted as addressed (nor its entries installed).
+    assert learned.to_json() == {"digests": 4, "lists": 0, "members": 0, "entries_installed": 0,
                                  "duplicates": 2, "entries_removed": 0}  # fmt: skip
+    assert learned.entries(member) == []  # pending: a duplicate too
+    learned.installed()
+    assert learned.to_json() == {"digests": 5, "lists": 0, "members": 2, "entries_installed": 6,
+                                 "duplicates": 3, "entries_removed": 0}  # fmt: skip
     forgotten = learned.forget()
     assert forgotten == (made + configured)[::-1]
     assert learned.to_json()["members"] == 0 and learned.to_json()["entries_removed"] == 6

@@ -52,12 +52,16 @@ def decode(data: Any) -> Member:
 class Learning:
     """The learned members of one installed job, and the stats document's ``learning``
     section: ``digests`` (digest data received), ``lists`` (digest lists, each acknowledged),
-    ``members`` (ranks whose copies are addressed), ``entries_installed``, ``duplicates``
-    (digests that installed nothing), ``entries_removed`` (when the job went)."""
+    ``members`` (ranks whose copies are addressed: their entries are in the switch),
+    ``entries_installed``, ``duplicates`` (digests that installed nothing), ``entries_removed``
+    (when the job went). A member is ``pending`` from its digest until ``installed`` says its
+    entries were written: the stats never count a rank whose copies the switch cannot address
+    yet (a test that waited for ``members`` once read the log before the rank's line)."""
 
     def __init__(self, job: InstalledJob) -> None:
         self.job = job
         self.addressed: dict[int, Member] = {}
+        self.pending: dict[int, tuple[Member, int]] = {}  # rank: its member, entries to write
         self.digests = 0
         self.lists = 0
         self.entries_installed = 0
@@ -65,15 +69,23 @@ class Learning:
         self.entries_removed = 0
 
     def entries(self, member: Member) -> list[Entry]:
-        """What to install for one digest, in order (empty: a duplicate)."""
+        """What to install for one digest, in order (empty: a duplicate); the member is
+        pending until ``installed``."""
         self.digests += 1
-        if member.job != self.job.config.job or member.rank in self.addressed:
+        rank = member.rank
+        if member.job != self.job.config.job or rank in self.addressed or rank in self.pending:
             self.duplicates += 1
             return []
-        self.addressed[member.rank] = member
-        made = _entries(self.job, member, configured=member.rank in self.job.config.members)
-        self.entries_installed += len(made)
+        made = _entries(self.job, member, configured=rank in self.job.config.members)
+        self.pending[rank] = (member, len(made))
         return made
+
+    def installed(self) -> None:
+        """The pending members' entries are in the switch: their copies are addressed."""
+        for rank, (member, made) in self.pending.items():
+            self.addressed[rank] = member
+            self.entries_installed += made
+        self.pending.clear()
 
     def forget(self) -> list[Entry]:
         """Every learned entry, to delete (``ranks`` first: the reverse order), and nothing
@@ -133,7 +145,8 @@ class Listener(threading.Thread):
                 made = [e for member, _ in members for e in self.learning.entries(member)]
                 if made:
                     self.controller.insert_all(made)
-                    self._report(members)
+                    self._report(members)  # the lines first, then the counts that wait for them
+                    self.learning.installed()
                 for d in lists:
                     self.controller.acknowledge(d)
         except Bmv2Error as exc:
@@ -145,7 +158,7 @@ class Listener(threading.Thread):
         list's time stamp; BMv2 stamps a list with the monotonic clock)."""
         now, monotonic = time.time(), time.monotonic_ns()
         for m, generated in members:
-            if self.learning.addressed.get(m.rank) == m:
+            if self.learning.pending.get(m.rank, (None, 0))[0] == m:
                 print(f"ncina aggregator: learned job {m.job} rank {m.rank} at {m.ip}:{m.port} "
                       f"({m.mac}): entries in at {now:.6f}, "
                       f"{(monotonic - generated) / 1e6:.1f} ms after its digest",
