@@ -43,6 +43,7 @@ from ncina_testlib import (
     uplink,
     window_e_min,
 )
+from test_jobs import wait_for_log
 
 from ncina.harness.aggregators import wait_ready
 from ncina.harness.reference import powers_of_two
@@ -186,9 +187,7 @@ def test_sigusr2_prints_where_every_thread_is_and_serving_goes_on(tmp_path: Path
     agg = start_aggregator("socket", tmp_path, job=JOB, workers=1, k=4, result="int")
     try:
         agg.process.send_signal(signal.SIGUSR2)
-        deadline = time.monotonic() + 10
-        while "in _loop" not in agg.log() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_log(agg, "in _loop")
         worker = Worker(agg.address)
         worker.send(uplink(job=JOB, rank=0, slot=0, offset=0, codes=[1], emin=window_e_min(1)))
         _, payload = dissect(worker.receive())
@@ -232,11 +231,12 @@ def test_a_stop_signal_handled_inside_the_polls_wait_ends_the_run() -> None:
         return on_return
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    previous = sys.gettrace()
     sys.settrace(on_call)
     try:
         status = backend.run()
     finally:
-        sys.settrace(None)
+        sys.settrace(previous)
         for number, handler in handlers.items():
             signal.signal(number, handler)
     assert sent and status == 0
