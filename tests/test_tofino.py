@@ -1016,6 +1016,25 @@ def test_two_pass_header_checks_give_the_verdict_the_if_per_flag_gives(tmp_path:
     assert checked == len(lens) * 3 * 6 * 3 * 2 * 2 * 4
 
 
+def test_two_pass_header_checks_come_first_reading_only_headers(tmp_path: Path) -> None:
+    """``header_checks`` needs nothing before it (its key: headers and the parser's error, no
+    metadata), so the two-pass program applies it first in admission, under no condition and
+    pinned to stage 0: after the harvest branch it went to stage 1, where its TCAM pushed a
+    window-check table into stage 3 and ``verdicts`` into 4 (docs/tofino.md, "64 elements per
+    packet")."""
+    text = _preprocessed(tmp_path, dense=True, nc8=False, k=64, passes=2)
+    admission = _block(text, r"control Admission\(")
+    checks = _block(admission, r"\n    apply ")
+    first = re.search(r"\S[^;]*;", checks).group(0)
+    assert first == "header_checks.apply();"
+    assert _enclosing(checks, checks.index(first)) == []
+    found = re.search(r"(@stage\(0\)\s+)?table header_checks ", admission)
+    assert found and found.group(1), "pinned to stage 0"
+    key = re.search(r"key = \{([^}]*)\}", _block(admission, r"table header_checks ")).group(1)
+    fields = re.findall(r"([\w.\[\]:]+): ternary", key)
+    assert fields and all(f.startswith(("hdr.", "prsr.")) for f in fields), fields
+
+
 def test_two_pass_admission_keeps_its_differences_in_place_of_what_they_subtract(
     tmp_path: Path,
 ) -> None:

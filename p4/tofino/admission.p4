@@ -150,6 +150,7 @@ control Admission(inout headers_t hdr, inout meta_t meta,
         meta.f_not_nc8 = not_nc8;
     }
 
+    @stage(0)
     table header_checks {
         key = {
             hdr.udp.len: ternary;
@@ -211,6 +212,9 @@ control Admission(inout headers_t hdr, inout meta_t meta,
 
     apply {
 #ifdef NCINA_PASSES
+        // truncated ... f_not_nc8, but the lengths measures computes: first, so that it sits in
+        // stage 0 (after the branch below, stage 1's TCAM took it from the window check)
+        header_checks.apply();
         if (hdr.harvest.isValid()) {  // (one branch, one stage: beside the other lookups)
             from_harvest();
         } else {
@@ -225,9 +229,7 @@ control Admission(inout headers_t hdr, inout meta_t meta,
         check_codes.apply(hdr, meta);
         measures.apply();
         bool tagged = hdr.nc.flags[7:7] == 1;
-#ifdef NCINA_PASSES
-        header_checks.apply();  // truncated ... f_not_nc8, but the lengths measures computes
-#else
+#ifndef NCINA_PASSES  // (two passes: header_checks, above)
         bool short = prsr.parser_err != 0;
         if (meta.room[15:15] == 1) {  // a UDP length below 24
             meta.truncated = 1;
