@@ -949,7 +949,8 @@ def test_two_pass_header_checks_give_the_verdict_the_if_per_flag_gives(tmp_path:
     a blob's, room 0 to 8, a chunk's NC8 and int payload with and without a tag, the top bit of
     the room), ncina versions, formats, counts, the tag flag, the parser's error, with and
     without the job and the RESULT flag; the NC8 and int lengths (``measures``' differences)
-    are ``if``s in both. The table is parsed from the generated config.p4, and the ``if``s are
+    are modelled as the one-pass ``if``s in both (the two-pass ``verdicts`` checks them in its
+    own rows: the next test). The table is parsed from the generated config.p4, and the ``if``s are
     admission.p4's, transcribed here; builds of one pass keep them (no table)."""
     c = _p4_constants()
     config, _ = gen_tofino.write(64, tmp_path, dense=True, passes=2)
@@ -968,7 +969,7 @@ def test_two_pass_header_checks_give_the_verdict_the_if_per_flag_gives(tmp_path:
     nc8, integer, blob, job = (c[f"FORMAT_{f}"] for f in ("NC8", "INT", "BLOB", "JOB"))
 
     def lengths(flags: dict[str, int], room: int, fmt: int, count: int, tagged: int) -> None:
-        # The NC8 and int payloads' lengths, both builds' `if`s (measures' differences).
+        # The NC8 and int payloads' lengths, the one-pass `if`s (measures' differences).
         excess = {nc8: (room - count) & 0xFFFF, integer: (room - (count << 3)) & 0xFFFF}
         if fmt in excess and excess[fmt] != (tag if tagged else 0):
             flags["f_len"] = 1
@@ -1035,22 +1036,105 @@ def test_two_pass_header_checks_come_first_reading_only_headers(tmp_path: Path) 
     assert fields and all(f.startswith(("hdr.", "prsr.")) for f in fields), fields
 
 
+def test_two_pass_verdicts_read_the_lookups_and_differences_the_one_pass_ifs_read(
+    tmp_path: Path,
+) -> None:
+    """The two-pass ``verdicts`` has no flags for the checks the one-pass program makes after
+    ``measures`` (an ``if`` each, a logical table each in stages 2 and 3: docs/tofino.md, "64
+    elements per packet"): its key holds what those ``if``s read, and its rows (generated:
+    ``gen_tofino.pass_verdict_rows``) each check's condition. So its first match must be the
+    one-pass verdict over the flags the ``if``s compute: checked for 20,000 keys drawn (fixed
+    seed) from every boundary of each field, every row of VERDICT_ROWS reached. The rows are
+    parsed from the generated config.p4, the ``if``s are admission.p4's, transcribed here; the
+    key's order is admission.p4's (``@name``s)."""
+    import random
+
+    c = _p4_constants()
+    config, _ = gen_tofino.write(64, tmp_path, dense=True, passes=2)
+    text = config.read_text()
+    more = re.findall(r"meta\.checks\.(codes_bad_\d+): ternary;", text)  # the window check's
+    entries = re.search(r"#define VERDICT_ENTRIES (.*)\n", text).group(1)
+    rows = []
+    for keys, action in re.findall(r"\(([^()]*)\): ((?:global|verdict)\([^()]*\));", entries):
+        match = [None if k == "_" else tuple(int(x.split("w")[1], 0) for x in k.split(" &&& "))
+                 for k in keys.split(", ")]  # fmt: skip
+        rows.append(([(i, v, m) for i, x in enumerate(match) if x for v, m in [x]], action))
+    assert len(rows) == int(re.search(r"#define NCINA_VERDICT_ROWS (\d+)", text).group(1))
+    names = [name for name, _ in gen_tofino.PASS_VERDICT_KEY] + more
+    assert all(len(match) and max(i for i, _, _ in match) < len(names) for match, _ in rows)
+    admission = _block(_preprocessed(tmp_path / "p4", dense=True, nc8=False, k=64, passes=2),
+                       r"control Admission\(")
+    key = re.search(r"key = \{([^}]*)\}", _block(admission, r"table verdicts ")).group(1)
+    declared = [m.group(2) or m.group(1).split(".")[-1] for m in re.finditer(
+        r"([\w.\[\]:]+): ternary(?: @name\(\"(\w+)\"\))?;", key)]
+    aliases = {"result_flag": "result", "tag_flag": "tag"}
+    assert [aliases.get(n, n) for n in declared] == names
+    between = _block(admission, r"\n    apply ").split("measures.apply();")[1]
+    between = between.split("verdicts.apply();")[0]
+    assert re.findall(r"\bif \((.*)\)", between) == ["!hdr.harvest.isValid()"], between
+
+    tag, nc8, integer = c["TAG_BYTES"], c["FORMAT_NC8"], c["FORMAT_INT"]
+    formats = [nc8, integer, c["FORMAT_BLOB"], c["FORMAT_JOB"], c["FORMAT_INT32"], 0xFF, nc8 ^ 0x80]
+    excess = [0, tag, 0x8000, 0xFFFF] + [w ^ (1 << b) for w in (0, tag) for b in range(16)]
+    choices = {"format": formats, "nc8_excess": excess, "int_excess": excess,
+               "emin_diff": [0, 0, 1, 0x80, 0x10], "slot_high": [0, 0, 1, 0x20],
+               "generation_flag": [0, 0, 1, 8, 0xF], "generation_diff": [0, 0, 1, 8, 0xF],
+               "generation": [0, 3]}  # fmt: skip
+
+    def original(f: dict[str, int]) -> str:
+        # admission.p4's ifs after measures (one pass), then VERDICT_ROWS over the flags
+        flags = dict(f)
+        want = tag if f["tag"] else 0
+        if ((f["format"] == nc8 and f["nc8_excess"] != want)
+                or (f["format"] == integer and f["int_excess"] != want)):
+            flags["f_len"] = 1
+        flags["f_rank"] = int(f["no_rank"] == 1 or f["rank_room"] == 0)
+        flags["f_address"] = int(f["unknown_rank"] == 0 and f["not_member"] == 1)
+        flags["f_emin"] = int(f["emin_diff"] != 0)
+        flags["f_slot"] = int(f["slot_high"] != 0 or f["slot_room"] == 0)
+        flags["f_count"] = int(f["count_room"] == 1)
+        flags["f_generation"] = int(f["generation_flag"] != 0 and f["generation_diff"] != 0)
+        for fields, action in gen_tofino.VERDICT_ROWS:
+            if all(flags.get(n, 0) == v for n, v in fields.items()):
+                return action
+        return next((gen_tofino.VERDICT_ROWS[-1][1] for n in more if flags[n]), "accept")
+
+    def two_pass(f: dict[str, int]) -> str:
+        values = [f[n] for n in names]
+        for match, action in rows:
+            if all(values[i] & m == v for i, v, m in match):
+                return action
+        return "accept"
+
+    rng = random.Random(33)
+    reached = set()
+    for _ in range(20_000):
+        f = {n: rng.choice(choices[n]) if n in choices else int(rng.random() < 0.12)
+             for n in names}  # fmt: skip
+        f["job_hit"], f["rank_room"], f["slot_room"] = (int(rng.random() < 0.9) for _ in "abc")
+        want = original(f)
+        assert two_pass(f) == want, f
+        reached.add(want)
+    assert reached == {action for _, action in gen_tofino.VERDICT_ROWS} | {"accept"}
+
+
 def test_two_pass_admission_keeps_its_differences_in_place_of_what_they_subtract(
     tmp_path: Path,
 ) -> None:
     """The two-pass program keeps admission's differences rank - workers, slot - pool,
     k - count and room - int_bytes in the field each subtracts (ingress's PHV is full: four
     16-bit containers fewer). That is right only if nothing reads those fields after
-    ``measure`` but the checks of the difference: each is written once before (the job's
-    entry, ``prepare``), then by ``measure``, and read nowhere else in the program."""
+    ``measure`` but the checks of the difference (``verdicts``' key: its rows check them): each
+    is written once before (the job's entry, ``prepare``), then by ``measure``, and read
+    nowhere else in the program."""
     text = _preprocessed(tmp_path, dense=True, nc8=False, k=64, passes=2)
     admission = _block(text, r"control Admission\(")
     measure = _block(admission, r"action measure\(")
-    checks = _block(admission, r"\n    apply ")
-    differences = {"meta.workers": ("hdr.nc.rank - meta.workers", "meta.workers[15:15] == 0"),
-                   "meta.pool": ("hdr.nc.slot - meta.pool", "meta.pool[15:15] == 0"),
-                   "meta.k": ("meta.k - hdr.nc.count", "meta.k[15:15] == 1"),
-                   "meta.int_bytes": ("meta.room - meta.int_bytes", "meta.int_bytes != 0")}
+    checks = _block(admission, r"table verdicts ")
+    differences = {"meta.workers": ("hdr.nc.rank - meta.workers", "meta.workers[15:15]: ternary"),
+                   "meta.pool": ("hdr.nc.slot - meta.pool", "meta.pool[15:15]: ternary"),
+                   "meta.k": ("meta.k - hdr.nc.count", "meta.k[15:15]: ternary"),
+                   "meta.int_bytes": ("meta.room - meta.int_bytes", "meta.int_bytes: ternary")}
     for field, (difference, check) in differences.items():
         assert f"{field} = {difference};" in measure
         assert check in checks

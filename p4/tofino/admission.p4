@@ -64,10 +64,31 @@ control Admission(inout headers_t hdr, inout meta_t meta,
         meta.rank_bit = bit_;
     }
 
+#ifdef NCINA_PASSES
+    // Two passes: each lookup's miss is a flag that `verdicts` reads (the one-pass `if`s on
+    // the hits took a logical table each before it: docs/tofino.md, "64 elements per packet").
+    action no_rank_bit() {
+        meta.no_rank = 1;
+    }
+
+    action unknown_address() {
+        meta.unknown_rank = 1;
+    }
+
+    action not_member() {
+        meta.not_member = 1;
+    }
+#endif
+
     table rank_bits {
         key = { hdr.nc.rank: exact; }
+#ifdef NCINA_PASSES
+        actions = { set_rank_bit; no_rank_bit; }
+        default_action = no_rank_bit();
+#else
         actions = { set_rank_bit; NoAction; }
         default_action = NoAction();
+#endif
         size = NCINA_MAX_WORKERS;
         const entries = { RANK_BIT_ENTRIES }
     }
@@ -78,7 +99,12 @@ control Admission(inout headers_t hdr, inout meta_t meta,
             hdr.nc.job: exact;
             hdr.nc.rank: exact;
         }
+#ifdef NCINA_PASSES
+        actions = { NoAction; unknown_address; }
+        default_action = unknown_address();
+#else
         actions = { NoAction; }
+#endif
         size = NCINA_JOBS * NCINA_MAX_WORKERS;
     }
 
@@ -89,7 +115,12 @@ control Admission(inout headers_t hdr, inout meta_t meta,
             hdr.ipv4.src: exact;
             hdr.udp.src_port: exact;
         }
+#ifdef NCINA_PASSES
+        actions = { NoAction; not_member; }
+        default_action = not_member();
+#else
         actions = { NoAction; }
+#endif
         size = NCINA_JOBS * NCINA_MAX_WORKERS;
     }
 
@@ -194,19 +225,40 @@ control Admission(inout headers_t hdr, inout meta_t meta,
             hdr.nc.flags[0:0]: ternary @name("result_flag");
             hdr.nc.flags[7:7]: ternary @name("tag_flag");
             meta.f_not_nc8: ternary;
+#ifdef NCINA_PASSES
+            // What the flags below read (gen_tofino.PASS_VERDICT_KEY: the rows' order)
+            hdr.nc.format: ternary @name("format");
+            meta.nc8_excess: ternary;
+            INT_EXCESS: ternary @name("int_excess");
+            meta.no_rank: ternary;
+            RANK_ROOM[15:15]: ternary @name("rank_room");
+            meta.unknown_rank: ternary;
+            meta.not_member: ternary;
+            meta.emin_diff: ternary;
+            hdr.nc.slot[15:10]: ternary @name("slot_high");
+            SLOT_ROOM[15:15]: ternary @name("slot_room");
+            COUNT_ROOM[15:15]: ternary @name("count_room");
+            hdr.nc.flags[6:3]: ternary @name("generation_flag");
+            meta.generation_diff: ternary;
+#else
             meta.f_rank: ternary;
             meta.f_address: ternary;
             meta.f_emin: ternary;
             meta.f_slot: ternary;
             meta.f_count: ternary;
             meta.f_generation: ternary;
+#endif
             meta.generation: ternary;
             meta.codes_bad: ternary;
             NCINA_CODES_BAD_KEYS
         }
         actions = { verdict; global; }
         default_action = verdict(VERDICT_ACCEPT, 0, 0);
+#ifdef NCINA_PASSES
+        size = NCINA_VERDICT_ROWS;
+#else
         size = 64;
+#endif
         const entries = { VERDICT_ENTRIES }
     }
 
@@ -223,13 +275,21 @@ control Admission(inout headers_t hdr, inout meta_t meta,
 #else
         jobs.apply();
 #endif
+#ifdef NCINA_PASSES
+        rank_bits.apply();  // each miss a flag for `verdicts`
+        ranks.apply();
+        members.apply();
+        check_codes.apply(hdr, meta);
+        measures.apply();
+        // The checks of the lookups and of measures' differences are `verdicts`' own rows
+        // (gen_tofino.pass_verdict_rows); the others are header_checks', above.
+#else
         bool rank_known = rank_bits.apply().hit;
         bool has_address = ranks.apply().hit;
         bool is_member = members.apply().hit;
         check_codes.apply(hdr, meta);
         measures.apply();
         bool tagged = hdr.nc.flags[7:7] == 1;
-#ifndef NCINA_PASSES  // (two passes: header_checks, above)
         bool short = prsr.parser_err != 0;
         if (meta.room[15:15] == 1) {  // a UDP length below 24
             meta.truncated = 1;
@@ -257,7 +317,6 @@ control Admission(inout headers_t hdr, inout meta_t meta,
                 meta.f_len = 1;
             }
         }
-#endif
         // The payload is room - 8 with a tag: each length with and without one.
         if (hdr.nc.format == FORMAT_NC8) {
             if ((tagged && meta.nc8_excess != TAG_BYTES) || (!tagged && meta.nc8_excess != 0)) {
@@ -267,18 +326,14 @@ control Admission(inout headers_t hdr, inout meta_t meta,
             if ((tagged && INT_EXCESS != TAG_BYTES) || (!tagged && INT_EXCESS != 0)) {
                 meta.f_len = 1;
             }
-#ifndef NCINA_PASSES
         } else if (hdr.nc.format == FORMAT_BLOB) {
             if ((tagged && meta.room == TAG_BYTES) || (!tagged && meta.room == 0)) {
                 meta.f_len = 1;
             }
-#endif
         }
-#ifndef NCINA_PASSES
         if (hdr.nc.format != FORMAT_NC8) {
             meta.f_not_nc8 = 1;
         }
-#endif
         if (!rank_known || RANK_ROOM[15:15] == 0) {  // rank >= workers
             meta.f_rank = 1;
         }
@@ -300,6 +355,7 @@ control Admission(inout headers_t hdr, inout meta_t meta,
         if (hdr.nc.flags[6:3] != 0 && meta.generation_diff != 0) {
             meta.f_generation = 1;
         }
+#endif
 #ifdef NCINA_PASSES
         if (!hdr.harvest.isValid()) {
             verdicts.apply();

@@ -309,12 +309,17 @@ struct meta_t {
     bit<1> f_count0;
     bit<1> f_len;
     bit<1> f_not_nc8;
+#ifdef NCINA_PASSES
+    bit<1> no_rank;           // no rank bit: rank >= the switch's 32 (rank_bits' miss)
+    bit<1> not_member;        // another address than the member's, or none (members' miss)
+#else
     bit<1> f_rank;
     bit<1> f_address;
     bit<1> f_emin;
     bit<1> f_slot;
     bit<1> f_count;
     bit<1> f_generation;
+#endif
     bit<1> codes_bad;
     bit<1> retx;              // the packet's RETX flag (the reply rewrites the flags)
     bit<1> unknown_rank;      // no address for the rank yet: this packet's is learned

@@ -37,12 +37,17 @@ parser NcinaIngressParser(packet_in pkt, out headers_t hdr, out meta_t meta,
         meta.f_count0 = 0;
         meta.f_len = 0;
         meta.f_not_nc8 = 0;
+#ifdef NCINA_PASSES
+        meta.no_rank = 0;
+        meta.not_member = 0;
+#else
         meta.f_rank = 0;
         meta.f_address = 0;
         meta.f_emin = 0;
         meta.f_slot = 0;
         meta.f_count = 0;
         meta.f_generation = 0;
+#endif
         meta.codes_bad = 0;
         meta.unknown_rank = 0;
 #ifdef NCINA_DENSE

@@ -227,6 +227,7 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -
     if dense and passes > 1:
         values.update(PASS_DEFINES)
         values["NCINA_HEADER_CHECK_ROWS"] = len(header_check_rows())
+        values["NCINA_VERDICT_ROWS"] = len(pass_verdict_rows(checks - 1))
     if nc8:
         values["NCINA_NC8_RESULTS"] = 1
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
@@ -234,7 +235,9 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -
     lines += [f"#define RANK_BIT_ENTRIES {ranks}", ""]
     lines += [
         "// Admission's verdicts: the first failed check (Admission.verdicts).",
-        f"#define VERDICT_ENTRIES {' '.join(verdict_entries(checks - 1 if dense else 0))}",
+        f"#define VERDICT_ENTRIES {' '.join(verdict_entries(checks - 1 if dense else 0))}"
+        if not (dense and passes > 1) else
+        f"#define VERDICT_ENTRIES {' '.join(pass_verdict_entries(checks - 1))}",
         *(["// The first failed check of those that read only the headers (two passes:",
            "// Admission.header_checks).",
            f"#define HEADER_CHECK_ENTRIES {' '.join(header_check_entries())}"]
@@ -384,7 +387,7 @@ def header_check_rows() -> list[tuple[dict[str, Ternary], tuple[str, ...]]]:
     first failure in ``Admission.verdicts``' order gives the same verdict (only ``verdicts``
     reads them: tests/test_tofino.py checks every combination), and with ``f_not_nc8`` and
     ``handshake`` what the later rows of ``verdicts`` read. The lengths of an NC8 or int
-    payload stay ``if``s: they need ``measures``' differences."""
+    payload need ``measures``' differences: ``verdicts``' own rows (``pass_verdict_rows``)."""
     datagram = UDP_HEADER + HEADER_SIZE  # room = udp.len - datagram
 
     def exact(value: int, bits: int) -> Ternary:
@@ -419,6 +422,88 @@ def header_check_rows() -> list[tuple[dict[str, Ternary], tuple[str, ...]]]:
              for cover in ternary_cover(Format.INT, Format.BLOB, 8)]  # fmt: skip
     rows.append((version, ("f_len",)))  # the parser stopped short
     return rows
+
+
+PASS_VERDICT_KEY = (
+    ("truncated", 1), ("bad_version", 1), ("f_hs_len", 1), ("f_hs_count", 1), ("f_format", 1),
+    ("f_count0", 1), ("f_len", 1), ("job_hit", 1), ("handshake", 1), ("result", 1), ("tag", 1),
+    ("f_not_nc8", 1), ("format", 8), ("nc8_excess", 16), ("int_excess", 16), ("no_rank", 1),
+    ("rank_room", 1), ("unknown_rank", 1), ("not_member", 1), ("emin_diff", 8),
+    ("slot_high", 6), ("slot_room", 1), ("count_room", 1), ("generation_flag", 4),
+    ("generation_diff", 4), ("generation", 4), ("codes_bad", 1),
+)
+"""The key of the two-pass layout's ``Admission.verdicts``, ``(name, bits)`` in order
+(p4/tofino/admission.p4, its ``@name``s): the flags of ``header_checks`` and the job lookup
+as the one-pass key, and in place of the flags the one-pass program computes after
+``measures`` (an ``if`` each: a logical table each in stages 2 and 3), what each reads: the
+format and the payload's differences, the rank and member lookups' misses, ``measures``'
+differences and the header's slot and generation bits."""
+
+_LOOKUP_FLAGS: dict[str, list[dict[str, Ternary]]] = {
+    "f_rank": [{"no_rank": (1, 1)}, {"rank_room": (0, 1)}],  # no rank bit, or rank >= workers
+    "f_address": [{"unknown_rank": (0, 1), "not_member": (1, 1)}],  # another rank's address
+    "f_emin": [{"emin_diff": (1 << b, 1 << b)} for b in range(8)],  # emin_diff != 0
+    "f_slot": [*({"slot_high": (1 << b, 1 << b)} for b in range(6)),  # slot >= 1024
+               {"slot_room": (0, 1)}],  # slot >= pool
+    "f_count": [{"count_room": (1, 1)}],  # count > k
+    "f_generation": [{"generation_flag": (1 << a, 1 << a), "generation_diff": (1 << b, 1 << b)}
+                     for a in range(4) for b in range(4)],  # stamped, another generation
+}
+
+
+def _payload_length_terms() -> list[dict[str, Ternary]]:
+    # f_len of an NC8 or int payload: its difference (room - count, room - count * 8) is not
+    # the tag's bytes with a tag, or not 0 without: one term per bit that differs.
+    terms = []
+    for fmt, excess in ((Format.NC8, "nc8_excess"), (Format.INT, "int_excess")):
+        for tagged, want in ((1, TAG_SIZE), (0, 0)):
+            terms += [{"format": (fmt, 0xFF), "tag": (tagged, 1),
+                       excess: ((want >> b & 1 ^ 1) << b, 1 << b)} for b in range(16)]
+    return terms
+
+
+def _merge(a: dict[str, Ternary], b: dict[str, Ternary]) -> dict[str, Ternary] | None:
+    # The conjunction of two ternary terms, or None where no key matches both.
+    out = dict(a)
+    for name, (value, mask) in b.items():
+        if name in out:
+            v, m = out[name]
+            if (v ^ value) & m & mask:
+                return None
+            value, mask = v | value, m | mask
+        out[name] = (value & mask, mask)
+    return out
+
+
+def pass_verdict_rows(more_codes: int = 0) -> list[tuple[dict[str, Ternary], str]]:
+    """The two-pass layout's ``verdicts`` rows, first match first: VERDICT_ROWS with each flag
+    the one-pass program computes after ``measures`` replaced by the ternary terms of its
+    condition (``_LOOKUP_FLAGS``; ``f_len``: the header_checks flag or a payload's length),
+    one row per combination. A row of VERDICT_ROWS matches exactly when one of its rows here
+    does, so the first match gives the one-pass verdict (tests/test_tofino.py checks it)."""
+    extra = tuple(({f"codes_bad_{g}": 1}, VERDICT_ROWS[-1][1]) for g in range(1, more_codes + 1))
+    flags = {**_LOOKUP_FLAGS, "f_len": [{"f_len": (1, 1)}, *_payload_length_terms()]}
+    widths = dict(PASS_VERDICT_KEY) | {f"codes_bad_{g}": 1 for g in range(1, more_codes + 1)}
+    out = []
+    for fields, action in VERDICT_ROWS + extra:
+        terms: list[dict[str, Ternary]] = [{}]
+        for name, value in fields.items():
+            choices = flags[name] if name in flags else [{name: (value, (1 << widths[name]) - 1)}]
+            assert name not in flags or value == 1, (name, value)
+            terms = [t for a in terms for b in choices if (t := _merge(a, b)) is not None]
+        out += [(term, action) for term in terms]
+    return out
+
+
+def pass_verdict_entries(more_codes: int = 0) -> list[str]:
+    """``pass_verdict_rows`` as the const entries of the two-pass ``verdicts``."""
+    key = [*PASS_VERDICT_KEY, *((f"codes_bad_{g}", 1) for g in range(1, more_codes + 1))]
+    out = []
+    for match, action in pass_verdict_rows(more_codes):
+        keys = [f"{bits}w0x{match[name][0]:X} &&& {bits}w0x{match[name][1]:X}"
+                if name in match else "_" for name, bits in key]  # fmt: skip
+        out.append(f"({', '.join(keys)}): {action};")
+    return out
 
 
 def header_check_entries() -> list[str]:
