@@ -745,6 +745,8 @@ def test_two_pass_paired_decode_gives_both_lanes_integers_for_every_byte() -> No
         assert f"hdr.lanes[{2 * m + 1}].code[7:7]: exact" in table
         assert f"hdr.lanes[{2 * m + 1}].code[{bits - 1}:0]: exact" in table
         assert f"default_action = set_w{m}(0, 0);" in table
+        stage = gen_tofino.DECODE_STAGES[m // gen_tofino.DECODE_PER_STAGE]
+        assert re.search(rf"@stage\({stage}\)\n    table decode_{m} ", body)
         rows = {}
         for key, data in re.findall(rf"\((8w.*?)\): set_w{m}\((.*?)\);", table):
             first, sign, low = (int(x.split("w")[1], 16) for x in key.split(", "))

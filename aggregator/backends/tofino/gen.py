@@ -1096,6 +1096,15 @@ def pair_decode_entries() -> list[tuple[int, int, int, int]]:
             for s0, c0, v0 in codes for s1, c1, v1 in codes]  # fmt: skip
 
 
+DECODE_STAGES = (2, 3)
+"""The stages of the two-pass layout's paired decode tables, 8 each (decode_0-7, decode_8-15):
+beside the window check's second table and ``verdicts``, before the slot rules (stage 4).
+Left to itself the compiler places them, which nothing reads before the pairs, after the slot
+rules' branch, and the pairs after them (docs/tofino.md, "64 elements per packet"); 8 is the
+most paired tables a stage took in every compile."""
+DECODE_PER_STAGE = 8
+
+
 def _pair_decode(m: int) -> Iterator[str]:
     # Lanes 2m and 2m + 1 in one exact table (4,096 entries, SRAM): 16 logical tables for a
     # pass's 32 lanes, not 32 (32 did not fit beside admission's flag tables in stages 0-4:
@@ -1108,6 +1117,7 @@ def _pair_decode(m: int) -> Iterator[str]:
     yield f"    {a}.value = a;"
     yield f"    {b}.value = b;"
     yield "}"
+    yield f"@stage({DECODE_STAGES[m // DECODE_PER_STAGE]})"
     yield f"table decode_{m} {{"
     yield "    key = {"
     yield f'        {code_lane(2 * m)}.code: exact @name("code_{2 * m}");'
