@@ -319,6 +319,30 @@ def test_make_p4_tofino_builds_the_dense_layout_whose_fit_is_committed(
     assert min(pairs.values()) > tallies
 
 
+def test_the_committed_two_pass_report_fits_64_elements_in_12_stages() -> None:
+    """The committed fit report of ``make p4-tofino TOFINO_K=64`` (two passes, CI compiles it
+    after the suite: .ci/run) fits Tofino's 12 stages with the design's stages in the order
+    docs/tofino.md gives: the 16 paired decode tables where DECODE_STAGES pins them, all before
+    the slot rules' first table and the window check whole before ``verdicts``; a stateful ALU
+    per pair (REGION / 2) and for the offsets, held and mirror registers; every pair after the
+    tallies."""
+    k = tofino.PASSES_K
+    report = json.loads((tofino.REPORTS / tofino.report_name(k, "tofino", True, passes=2))
+                        .read_text())  # fmt: skip
+    res = report["resources"]
+    assert report["fits"] and res["k"] == k and res["dense"] and res["passes"] == 2
+    assert res["stages"] <= res["device_stages"] == tofino.STAGES["tofino"]
+    assert res["stateful_alus"] == gen_tofino.REGION // 2 + 3
+    stage = {t.split(".")[-1]: s["stage"] for s in report["stages"] for t in s["tables"]}
+    for m in range(gen_tofino.REGION // 2):
+        assert stage[f"decode_{m}"] == gen_tofino.DECODE_STAGES[m // gen_tofino.DECODE_PER_STAGE]
+    first_rule = min(stage[t] for t in stage if t.startswith("tbl_slots"))
+    assert max(stage[f"decode_{m}"] for m in range(gen_tofino.REGION // 2)) < first_rule
+    assert max(stage[f"codes_{g}"] for g in range(4)) < stage["verdicts"] < first_rule
+    pairs = [stage[f"pair_{j}"] for j in range(gen_tofino.REGION // 2)]
+    assert min(pairs) > stage["tallies"]
+
+
 # --- the v1model twin (p4/twin/, docs/tofino.md "The v1model twin") ---------------------------
 
 P4 = Path(__file__).resolve().parent.parent / "p4"
