@@ -209,6 +209,8 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -
     lanes per pass, ``pass_lanes_p4``)."""
     values = defines(k)
     checks = _check_groups(k, passes)  # bad_code flags
+    verdicts = (pass_verdict_entries(checks - 1) if dense and passes > 1
+                else verdict_entries(checks - 1 if dense else 0))  # fmt: skip
     values["NCINA_MAX_WORKERS"] = TOFINO_MAX_WORKERS
     values["NCINA_PAIRS"] = SLOTS // 2
     values["OFFSET_UNUSED"] = f"0x{OFFSET_UNUSED:08X}"
@@ -227,7 +229,7 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -
     if dense and passes > 1:
         values.update(PASS_DEFINES)
         values["NCINA_HEADER_CHECK_ROWS"] = len(header_check_rows())
-        values["NCINA_VERDICT_ROWS"] = len(pass_verdict_rows(checks - 1))
+        values["NCINA_VERDICT_ROWS"] = len(verdicts)
     if nc8:
         values["NCINA_NC8_RESULTS"] = 1
     lines = [BANNER.format(k=k), "#ifndef NCINA_CONFIG_P4", "#define NCINA_CONFIG_P4", ""]
@@ -235,9 +237,7 @@ def config_p4(k: int, dense: bool = False, nc8: bool = False, passes: int = 1) -
     lines += [f"#define RANK_BIT_ENTRIES {ranks}", ""]
     lines += [
         "// Admission's verdicts: the first failed check (Admission.verdicts).",
-        f"#define VERDICT_ENTRIES {' '.join(verdict_entries(checks - 1 if dense else 0))}"
-        if not (dense and passes > 1) else
-        f"#define VERDICT_ENTRIES {' '.join(pass_verdict_entries(checks - 1))}",
+        f"#define VERDICT_ENTRIES {' '.join(verdicts)}",
         *(["// The first failed check of those that read only the headers (two passes:",
            "// Admission.header_checks).",
            f"#define HEADER_CHECK_ENTRIES {' '.join(header_check_entries())}"]
